@@ -1,0 +1,158 @@
+//! Engine benchmark on the trace workload: single-threaded replay (write throughput, match
+//! latency, bytes per holder-block) and a concurrent run (one writer applying every event
+//! while a reader queries) that measures write-lock hold times and query latency under
+//! writes. The side-by-side peer comparison is `make bench-peers` (bench/peers).
+//!
+//!   cargo run --release -p prefixlog-engine --example engine-bench -- --help
+
+use clap::Parser;
+use prefixlog_engine::{Engine, EngineConfig, HolderKey, KeyspaceId, MatchOptions};
+use prefixlog_workload::{generate, load_trace, resident_holder_blocks, FleetConfig, Step};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+#[derive(Parser)]
+#[command(about = "Replay the trace workload through prefixlog's engine and report throughput and latency")]
+struct Args {
+    /// Mooncake-format JSONL trace.
+    #[arg(long, env = "PREFIXLOG_TRACE", default_value = "../shared/data/mooncake/conversation_trace.jsonl")]
+    trace: PathBuf,
+    /// Simulated workers.
+    #[arg(long, default_value_t = 256)]
+    workers: usize,
+    /// LRU capacity of each worker, in blocks.
+    #[arg(long, default_value_t = 8192)]
+    capacity: usize,
+    /// Blocks per trace id.
+    #[arg(long, default_value_t = 8)]
+    stretch: usize,
+    /// Disjoint interleaved copies of the trace.
+    #[arg(long, default_value_t = 2)]
+    copies: usize,
+}
+
+fn pct(v: &mut [u64], p: f64) -> f64 {
+    v.sort_unstable();
+    v.get(((v.len() as f64 * p) as usize).min(v.len().saturating_sub(1))).map_or(f64::NAN, |&x| x as f64 / 1e3)
+}
+
+fn apply(e: &Engine, id: &KeyspaceId, step: &Step, t: u64) -> u64 {
+    let start = Instant::now();
+    match step {
+        Step::Stored { worker, parent_ext, blocks } => {
+            let _ = e.store(id, HolderKey::new(u64::from(*worker), 0, 0), *parent_ext, blocks, t);
+        }
+        Step::Removed { worker, exts } => {
+            e.remove(id, HolderKey::new(u64::from(*worker), 0, 0), exts, t);
+        }
+        Step::Match { .. } => {}
+    }
+    start.elapsed().as_nanos() as u64
+}
+
+fn main() -> anyhow::Result<()> {
+    let a = Args::parse();
+    let cfg = FleetConfig { workers: a.workers, capacity_blocks: a.capacity, stretch: a.stretch, copies: a.copies, seed: 1 };
+    let trace = load_trace(&a.trace)?;
+    let steps = Arc::new(generate(&trace, &cfg));
+    let writes: u64 = steps.iter().map(|s| s.write_blocks() as u64).sum();
+    println!(
+        "workload: {} requests x {} copies, stretch {}, {} workers, {}-block LRU: {} steps, {} write blocks, {} resident holder-blocks",
+        trace.len(), a.copies, a.stretch, a.workers, a.capacity, steps.len(), writes, resident_holder_blocks(&steps)
+    );
+    let id = KeyspaceId::new("trace", 64, 1);
+
+    // 1. Single-threaded replay.
+    let e = Engine::new(EngineConfig::default());
+    let (mut write_ns, mut lat) = (0u64, Vec::new());
+    for (t, s) in steps.iter().enumerate() {
+        if let Step::Match { locals } = s {
+            let q = Instant::now();
+            let r = e.match_chain(&id, locals, &MatchOptions::default());
+            lat.push(q.elapsed().as_nanos() as u64);
+            std::hint::black_box(r);
+        } else {
+            write_ns += apply(&e, &id, s, t as u64);
+        }
+    }
+    let ks = e.keyspace(&id).expect("keyspace");
+    let (nodes, hb, heap) = {
+        let g = ks.read();
+        (g.node_count(), g.holder_blocks(), g.heap_bytes())
+    };
+    println!("\n| run | writes (M blocks/s) | match p50 µs | match p99 µs | match max µs |");
+    println!("|---|---:|---:|---:|---:|");
+    println!(
+        "| single thread | {:.2} | {:.1} | {:.1} | {:.1} |",
+        writes as f64 / (write_ns as f64 / 1e9) / 1e6,
+        pct(&mut lat, 0.5),
+        pct(&mut lat, 0.99),
+        pct(&mut lat, 1.0)
+    );
+
+    // 2. One writer applying every event, one reader querying concurrently.
+    let e = Arc::new(Engine::new(EngineConfig::default()));
+    e.keyspace_or_create(&id);
+    let done = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (e, steps, id, done) = (e.clone(), steps.clone(), id.clone(), done.clone());
+        std::thread::spawn(move || {
+            let mut holds = Vec::with_capacity(steps.len());
+            let start = Instant::now();
+            for (t, s) in steps.iter().enumerate() {
+                if !matches!(s, Step::Match { .. }) {
+                    holds.push(apply(&e, &id, s, t as u64));
+                }
+            }
+            let el = start.elapsed();
+            done.store(true, Ordering::Release);
+            (holds, el)
+        })
+    };
+    let queries: Vec<&Vec<u64>> =
+        steps.iter().filter_map(|s| if let Step::Match { locals } = s { Some(locals) } else { None }).collect();
+    let (mut lat, mut waits) = (Vec::new(), Vec::new());
+    let ks = e.keyspace(&id).expect("keyspace");
+    let mut i = 0;
+    while !done.load(Ordering::Acquire) {
+        let q = Instant::now();
+        let guard = ks.read();
+        waits.push(q.elapsed().as_nanos() as u64);
+        std::hint::black_box(guard.match_chain(queries[i % queries.len()], &MatchOptions::default()));
+        drop(guard);
+        lat.push(q.elapsed().as_nanos() as u64);
+        i += 1;
+    }
+    let (mut events, el) = writer.join().expect("writer");
+    println!(
+        "| writer + concurrent reader | {:.2} | {:.1} | {:.1} | {:.1} |",
+        writes as f64 / el.as_secs_f64() / 1e6,
+        pct(&mut lat, 0.5),
+        pct(&mut lat, 0.99),
+        pct(&mut lat, 1.0)
+    );
+    println!(
+        "\napply time per event (write lock taken once per {} blocks): p50 {:.1} µs, p99 {:.1} µs, p99.9 {:.1} µs, max {:.1} µs ({} events, {} concurrent queries)",
+        EngineConfig::default().max_blocks_per_lock,
+        pct(&mut events, 0.5),
+        pct(&mut events, 0.99),
+        pct(&mut events, 0.999),
+        pct(&mut events, 1.0),
+        events.len(),
+        lat.len()
+    );
+    println!(
+        "query wait for the read lock while the writer applies: p50 {:.1} µs, p99 {:.1} µs, p99.9 {:.1} µs, max {:.1} µs",
+        pct(&mut waits, 0.5),
+        pct(&mut waits, 0.99),
+        pct(&mut waits, 0.999),
+        pct(&mut waits, 1.0)
+    );
+    println!(
+        "state: {nodes} nodes, {hb} holder-blocks, ~{:.0} B/holder-block (arena + tables estimate; the peer harness measures allocator bytes)",
+        heap as f64 / hb.max(1) as f64
+    );
+    Ok(())
+}

@@ -1,0 +1,52 @@
+//! Hash mixing for node identity, table lookups and digests.
+//!
+//! Digests are sums (mod 2^64) of well-mixed per-block terms: order independent, O(1) to
+//! update on insert and remove, and bound to a block's position because a block's term is
+//! derived from the chained hash of every local hash on its path from the root.
+
+use crate::types::HolderKey;
+
+/// The path hash of the (virtual) root.
+pub const ROOT_PATH: u64 = 0x243f_6a88_85a3_08d3;
+const INFERRED_SALT: u64 = 0x1319_8a2e_0370_7344;
+
+/// murmur3's 64-bit finaliser.
+#[inline]
+pub fn mix64(mut x: u64) -> u64 {
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    x ^ (x >> 33)
+}
+
+/// 64×64→128 multiply folded to 64 bits: a fast, well-distributed table hash.
+#[inline]
+pub fn fold_mul(a: u64, b: u64) -> u64 {
+    let p = u128::from(a) * u128::from(b);
+    (p as u64) ^ ((p >> 64) as u64)
+}
+
+/// Chained path hash of a child from its parent's path hash and its local hash.
+#[inline]
+pub fn child_path(parent_path: u64, local: u64) -> u64 {
+    mix64(parent_path.rotate_left(23) ^ mix64(local ^ 0x0a40_9382_2299_f31d))
+}
+
+/// The digest term of one held block. Inferred (placement) blocks digest differently from
+/// event-fed ones so that the two never compare equal.
+#[inline]
+pub fn block_term(path: u64, inferred: bool) -> u64 {
+    mix64(path ^ if inferred { INFERRED_SALT } else { 0 })
+}
+
+/// The term a holder contributes to its keyspace and partition digests. Empty holders
+/// contribute nothing, so "no holder" and "an empty holder" digest alike.
+#[inline]
+pub fn holder_term(key: &HolderKey, blocks: u32, digest: u64) -> u64 {
+    if blocks == 0 {
+        return 0;
+    }
+    let k = mix64(key.worker ^ mix64((u64::from(key.dp_rank) << 32) | u64::from(key.lane)));
+    mix64(k ^ digest.rotate_left(7) ^ u64::from(blocks))
+}

@@ -1,0 +1,185 @@
+//! Enumerate and rebuild: the complete state of a keyspace as plain data.
+//!
+//! A dump carries everything that influences later behaviour — not only the block sets but
+//! the operation records and stamps that decide future capacity eviction and TTL expiry —
+//! so a rebuilt keyspace answers, digests and evolves exactly like the original.
+
+use crate::holder::{Holder, Record};
+use crate::keyspace::Keyspace;
+use crate::trie::{Member, ROOT};
+use crate::types::{partition_of, EngineConfig, HolderKey, KeyspaceId, KeyspaceStats, LogTime};
+use rustc_hash::FxHashMap;
+
+/// A node; `parent` is an index into [`KeyspaceDump::nodes`] plus one (0 is the root), and
+/// always refers to an earlier entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DumpNode {
+    pub parent: u32,
+    pub local: u64,
+    pub ext: Option<u64>,
+}
+
+/// A holder; node references use the same numbering as [`DumpNode::parent`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DumpHolder {
+    pub key: HolderKey,
+    pub fed: bool,
+    pub gapped: bool,
+    pub next_stamp: u32,
+    pub last_time: LogTime,
+    /// `(stamp, leaf, len, time)` in record order.
+    pub records: Vec<(u32, u32, u32, LogTime)>,
+    /// `(node, stamp)`, ascending by node.
+    pub members: Vec<(u32, u32)>,
+    /// `(ext, node)`, ascending by ext.
+    pub overrides: Vec<(u64, u32)>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyspaceDump {
+    pub id: KeyspaceId,
+    pub nodes: Vec<DumpNode>,
+    pub holders: Vec<DumpHolder>,
+    pub stats: KeyspaceStats,
+}
+
+impl KeyspaceDump {
+    /// Resident (holder, block) pairs in the dump.
+    pub fn holder_blocks(&self) -> u64 {
+        self.holders.iter().map(|h| h.members.len() as u64).sum()
+    }
+}
+
+impl Keyspace {
+    /// Enumerates the full state. Nodes are numbered in breadth-first order from the root,
+    /// children by (local) so the numbering depends only on the trie's content.
+    pub fn dump(&self) -> KeyspaceDump {
+        let nodes_in = &self.arena.nodes;
+        let mut kids: FxHashMap<u32, Vec<u32>> = FxHashMap::default();
+        for (i, n) in nodes_in.iter().enumerate().skip(1) {
+            if n.live {
+                kids.entry(n.parent).or_default().push(i as u32);
+            }
+        }
+        let mut number: FxHashMap<u32, u32> = FxHashMap::default();
+        number.insert(ROOT, 0);
+        let mut nodes = Vec::with_capacity(self.arena.len());
+        let mut order = vec![ROOT];
+        let mut head = 0;
+        while head < order.len() {
+            let n = order[head];
+            head += 1;
+            if let Some(mut ch) = kids.remove(&n) {
+                ch.sort_unstable_by_key(|&c| nodes_in[c as usize].local);
+                for c in ch {
+                    let node = &nodes_in[c as usize];
+                    nodes.push(DumpNode {
+                        parent: number[&node.parent],
+                        local: node.local,
+                        ext: node.has_ext.then_some(node.ext),
+                    });
+                    number.insert(c, nodes.len() as u32);
+                    order.push(c);
+                }
+            }
+        }
+        let mut members: FxHashMap<u32, Vec<(u32, u32)>> = FxHashMap::default();
+        for (i, n) in nodes_in.iter().enumerate().skip(1) {
+            if n.live {
+                for m in n.members.iter() {
+                    members.entry(m.holder).or_default().push((number[&(i as u32)], m.stamp));
+                }
+            }
+        }
+        let holders = self
+            .holders
+            .sorted()
+            .into_iter()
+            .map(|hi| {
+                let h = self.holders.at(hi);
+                let mut mem = members.remove(&hi).unwrap_or_default();
+                mem.sort_unstable();
+                let mut overrides: Vec<(u64, u32)> =
+                    h.overrides.iter().map(|(&e, &n)| (e, number[&n])).collect();
+                overrides.sort_unstable();
+                DumpHolder {
+                    key: h.key,
+                    fed: h.fed,
+                    gapped: h.gapped,
+                    next_stamp: h.next_stamp,
+                    last_time: h.last_time,
+                    records: h.records.iter().map(|r| (r.stamp, number[&r.leaf], r.len, r.time)).collect(),
+                    members: mem,
+                    overrides,
+                }
+            })
+            .collect();
+        KeyspaceDump { id: self.id.clone(), nodes, holders, stats: self.stats.clone() }
+    }
+
+    /// Rebuilds a keyspace from a dump. Fails on a dump that is not internally consistent
+    /// (a forward or out-of-range node reference, a duplicate child), never panics.
+    pub fn rebuild(dump: &KeyspaceDump, cfg: EngineConfig) -> Result<Keyspace, String> {
+        let mut ks = Keyspace::new(dump.id.clone(), cfg);
+        let mut idx: Vec<u32> = Vec::with_capacity(dump.nodes.len() + 1);
+        idx.push(ROOT);
+        for (i, n) in dump.nodes.iter().enumerate() {
+            if n.parent as usize > i {
+                return Err(format!("node {}: parent {} is not an earlier node", i + 1, n.parent));
+            }
+            let parent = idx[n.parent as usize];
+            if ks.arena.child(parent, n.local).is_some() {
+                return Err(format!("node {}: duplicate child of {}", i + 1, n.parent));
+            }
+            let c = ks.arena.child_or_insert(parent, n.local);
+            if let Some(e) = n.ext {
+                if !ks.arena.bind_ext(c, e) {
+                    return Err(format!("node {}: ext {e:#x} bound twice", i + 1));
+                }
+            }
+            idx.push(c);
+        }
+        let node = |r: u32| -> Result<u32, String> {
+            idx.get(r as usize).copied().filter(|&n| n != ROOT).ok_or_else(|| format!("bad node reference {r}"))
+        };
+        for dh in &dump.holders {
+            if ks.holders.get(&dh.key).is_some() {
+                return Err(format!("{}: duplicate holder", dh.key));
+            }
+            let mut h = Holder::new(dh.key, partition_of(dh.key.worker, ks.cfg.partitions));
+            h.fed = dh.fed;
+            h.gapped = dh.gapped;
+            h.next_stamp = dh.next_stamp;
+            h.last_time = dh.last_time;
+            for &(ext, n) in &dh.overrides {
+                let n = node(n)?;
+                h.overrides.insert(ext, n);
+                h.override_of.insert(n, ext);
+            }
+            let hi = ks.holders.insert(h);
+            let mut blocks = 0u32;
+            let mut digest = 0u64;
+            for &(n, stamp) in &dh.members {
+                let n = node(n)?;
+                let nd = &mut ks.arena.nodes[n as usize];
+                if nd.member(hi).is_some() {
+                    return Err(format!("{}: duplicate member", dh.key));
+                }
+                nd.members.push(Member { holder: hi, stamp });
+                blocks += 1;
+                digest = digest.wrapping_add(crate::digest::block_term(nd.path, !dh.fed));
+            }
+            for &(stamp, leaf, len, time) in &dh.records {
+                let leaf = node(leaf)?;
+                ks.arena.nodes[leaf as usize].pins += 1;
+                ks.holders.at_mut(hi).records.push_back(Record { stamp, leaf, len, time });
+            }
+            let h = ks.holders.at_mut(hi);
+            h.blocks = blocks;
+            h.digest = digest;
+        }
+        ks.stats = dump.stats.clone();
+        ks.recompute_aggregates();
+        Ok(ks)
+    }
+}

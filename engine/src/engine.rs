@@ -1,0 +1,151 @@
+//! The engine: every keyspace of a replica, each behind its own reader-writer lock.
+//!
+//! Locking: one `parking_lot::RwLock` per keyspace. A write holds the write lock for at most
+//! `max_blocks_per_lock` blocks and releases it with `unlock_fair`, which hands the lock to
+//! queued readers (a plain unlock lets a busy writer re-acquire before a parked reader wakes,
+//! measured as 60 µs median waits during catch-up). Queries of different keyspaces never
+//! contend. The keyspace map itself is only
+//! write-locked when a keyspace is created.
+
+use crate::keyspace::Keyspace;
+use crate::types::{ApplyError, EngineConfig, HolderKey, HolderMatch, KeyspaceId, LogTime, MatchOptions};
+use parking_lot::{RwLock, RwLockWriteGuard};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+pub type SharedKeyspace = Arc<RwLock<Keyspace>>;
+
+pub struct Engine {
+    cfg: EngineConfig,
+    keyspaces: RwLock<BTreeMap<KeyspaceId, SharedKeyspace>>,
+}
+
+impl Engine {
+    pub fn new(cfg: EngineConfig) -> Self {
+        Self { cfg, keyspaces: RwLock::new(BTreeMap::new()) }
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    /// The keyspace, if any write has created it.
+    pub fn keyspace(&self, id: &KeyspaceId) -> Option<SharedKeyspace> {
+        self.keyspaces.read().get(id).cloned()
+    }
+
+    /// The keyspace, created empty on first use.
+    pub fn keyspace_or_create(&self, id: &KeyspaceId) -> SharedKeyspace {
+        if let Some(k) = self.keyspace(id) {
+            return k;
+        }
+        self.keyspaces
+            .write()
+            .entry(id.clone())
+            .or_insert_with(|| Arc::new(RwLock::new(Keyspace::new(id.clone(), self.cfg.clone()))))
+            .clone()
+    }
+
+    /// Stores `blocks` under `parent_ext`, in chunks of `max_blocks_per_lock` (each chunk
+    /// extends the previous one), releasing the write lock between chunks. Readers may observe
+    /// a prefix of the chain in between: an undercount, never an overcount.
+    pub fn store(
+        &self,
+        id: &KeyspaceId,
+        key: HolderKey,
+        parent_ext: Option<u64>,
+        blocks: &[(u64, u64)],
+        t: LogTime,
+    ) -> Result<u32, ApplyError> {
+        let ks = self.keyspace_or_create(id);
+        let mut parent = parent_ext;
+        let mut added = 0;
+        let chunk = self.cfg.max_blocks_per_lock.max(1);
+        if blocks.is_empty() {
+            return ks.write().store(key, parent, blocks, t);
+        }
+        for c in blocks.chunks(chunk) {
+            let mut g = ks.write();
+            let r = g.store(key, parent, c, t);
+            RwLockWriteGuard::unlock_fair(g);
+            added += r?;
+            parent = c.last().map(|b| b.0);
+        }
+        Ok(added)
+    }
+
+    /// Removes blocks by ext, in chunks of `max_blocks_per_lock`. Returns `(removed, unknown)`.
+    pub fn remove(&self, id: &KeyspaceId, key: HolderKey, exts: &[u64], t: LogTime) -> (u32, u32) {
+        let ks = self.keyspace_or_create(id);
+        let (mut removed, mut unknown) = (0, 0);
+        for c in exts.chunks(self.cfg.max_blocks_per_lock.max(1)) {
+            let mut g = ks.write();
+            let (r, u) = g.remove(key, c, t);
+            RwLockWriteGuard::unlock_fair(g);
+            removed += r;
+            unknown += u;
+        }
+        (removed, unknown)
+    }
+
+    /// Installs a rebuilt keyspace, replacing any existing one.
+    pub fn install(&self, ks: Keyspace) {
+        self.keyspaces.write().insert(ks.id().clone(), Arc::new(RwLock::new(ks)));
+    }
+
+    /// Keyspace ids in order.
+    pub fn keyspace_ids(&self) -> Vec<KeyspaceId> {
+        self.keyspaces.read().keys().cloned().collect()
+    }
+
+    /// All keyspaces in id order.
+    pub fn keyspaces(&self) -> Vec<SharedKeyspace> {
+        self.keyspaces.read().values().cloned().collect()
+    }
+
+    /// Matches in one keyspace; `None` when the keyspace does not exist.
+    pub fn match_chain(&self, id: &KeyspaceId, locals: &[u64], opts: &MatchOptions) -> Option<Vec<HolderMatch>> {
+        let ks = self.keyspace(id)?;
+        let guard = ks.read();
+        Some(guard.match_chain(locals, opts))
+    }
+
+    /// Digest of every keyspace's holders of partition `p`, combined in keyspace order.
+    pub fn partition_digest(&self, p: u32) -> u64 {
+        let mut d = 0u64;
+        for (id, ks) in self.keyspaces.read().iter() {
+            let kd = ks.read().partition_digest(p);
+            if kd != 0 {
+                d = crate::digest::mix64(d ^ keyspace_salt(id)).wrapping_add(kd);
+            }
+        }
+        d
+    }
+
+    /// Digest of the whole engine.
+    pub fn digest(&self) -> u64 {
+        let mut d = 0u64;
+        for (id, ks) in self.keyspaces.read().iter() {
+            let kd = ks.read().digest();
+            if kd != 0 {
+                d = crate::digest::mix64(d ^ keyspace_salt(id)).wrapping_add(kd);
+            }
+        }
+        d
+    }
+
+    /// Resident (holder, block) pairs over all keyspaces.
+    pub fn holder_blocks(&self) -> u64 {
+        self.keyspaces.read().values().map(|k| k.read().holder_blocks()).sum()
+    }
+}
+
+fn keyspace_salt(id: &KeyspaceId) -> u64 {
+    let mut h = crate::digest::mix64(u64::from(id.block_size) << 32 | u64::from(id.scheme));
+    for chunk in id.model.as_bytes().chunks(8) {
+        let mut b = [0u8; 8];
+        b[..chunk.len()].copy_from_slice(chunk);
+        h = crate::digest::mix64(h ^ u64::from_le_bytes(b));
+    }
+    h
+}

@@ -1,0 +1,120 @@
+//! Per-holder bookkeeping: counts, digest, and the operation records that drive eviction.
+//!
+//! Every store or placement gets a per-holder stamp; each block it touches is (re)stamped with
+//! it and a [`Record`] remembers the operation's window (its last node and length). A block
+//! belongs to exactly one record: the one whose stamp it carries. Clearing a holder, evicting
+//! its least-recently-stored blocks for capacity, and expiring placements all walk records,
+//! so no per-holder block list is needed.
+
+use crate::types::{HolderKey, LogTime};
+use rustc_hash::FxHashMap;
+use std::collections::VecDeque;
+
+/// One store or placement operation of a holder.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Record {
+    pub stamp: u32,
+    /// Last node of the window; pinned while the record exists.
+    pub leaf: u32,
+    /// Nodes in the window, counted from `leaf` towards the root.
+    pub len: u32,
+    pub time: LogTime,
+}
+
+pub struct Holder {
+    pub key: HolderKey,
+    pub group: u32,
+    pub blocks: u32,
+    /// Sum of the held blocks' digest terms.
+    pub digest: u64,
+    /// Fed by its engine's KV events (truth) rather than by placements (inferred).
+    pub fed: bool,
+    /// A store referenced a parent this holder does not hold.
+    pub gapped: bool,
+    pub next_stamp: u32,
+    pub records: VecDeque<Record>,
+    /// Latest log time of any write to this holder.
+    pub last_time: LogTime,
+    /// ext → node for blocks this holder stored under an ext that is not the node's canonical
+    /// one (engines with per-process hash seeds). Empty in the common case.
+    pub overrides: FxHashMap<u64, u32>,
+    pub override_of: FxHashMap<u32, u64>,
+}
+
+impl Holder {
+    pub fn new(key: HolderKey, group: u32) -> Self {
+        Self {
+            key,
+            group,
+            blocks: 0,
+            digest: 0,
+            fed: false,
+            gapped: false,
+            next_stamp: 1,
+            records: VecDeque::new(),
+            last_time: 0,
+            overrides: FxHashMap::default(),
+            override_of: FxHashMap::default(),
+        }
+    }
+
+}
+
+/// Holders of a keyspace: a slab indexed by `u32` plus a key → index map.
+#[derive(Default)]
+pub struct Holders {
+    pub slots: Vec<Option<Holder>>,
+    free: Vec<u32>,
+    pub index: FxHashMap<HolderKey, u32>,
+}
+
+impl Holders {
+    pub fn get(&self, key: &HolderKey) -> Option<u32> {
+        self.index.get(key).copied()
+    }
+
+    pub fn insert(&mut self, h: Holder) -> u32 {
+        let key = h.key;
+        let idx = match self.free.pop() {
+            Some(i) => {
+                self.slots[i as usize] = Some(h);
+                i
+            }
+            None => {
+                self.slots.push(Some(h));
+                (self.slots.len() - 1) as u32
+            }
+        };
+        self.index.insert(key, idx);
+        idx
+    }
+
+    pub fn remove(&mut self, idx: u32) -> Option<Holder> {
+        let h = self.slots[idx as usize].take()?;
+        self.index.remove(&h.key);
+        self.free.push(idx);
+        Some(h)
+    }
+
+    #[inline]
+    pub fn at(&self, idx: u32) -> &Holder {
+        self.slots[idx as usize].as_ref().expect("live holder index")
+    }
+
+    #[inline]
+    pub fn at_mut(&mut self, idx: u32) -> &mut Holder {
+        self.slots[idx as usize].as_mut().expect("live holder index")
+    }
+
+    #[allow(clippy::len_without_is_empty)]
+    pub fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    /// Live holder indices in holder-key order (deterministic whatever the slot layout).
+    pub fn sorted(&self) -> Vec<u32> {
+        let mut v: Vec<(HolderKey, u32)> = self.index.iter().map(|(k, i)| (*k, *i)).collect();
+        v.sort_unstable();
+        v.into_iter().map(|(_, i)| i).collect()
+    }
+}

@@ -1,0 +1,41 @@
+//! prefixlog's engine: exact, deterministic prefix tries per keyspace. No I/O.
+//!
+//! The engine is the last stop of a record's journey (Kafka → `ingest` → here) and the first
+//! of a query's (`query` → here). It knows nothing about Kafka, RocksDB or gRPC: every write
+//! carries the log time it happened at, and the state is a pure function of the writes.
+//!
+//! Module map:
+//! - [`types`]: holder and keyspace ids, options, results, errors, [`partition_of`].
+//! - [`engine`]: [`Engine`], all keyspaces of a replica, one reader-writer lock each.
+//! - [`keyspace`]: [`Keyspace`], the write operations (store, remove, clear, place,
+//!   drop_worker, expire), capacity and TTL policy, digests.
+//! - `matching`: [`Keyspace::match_chain`], longest contiguous prefix per holder.
+//! - [`dump`]: enumerate ([`Keyspace::dump`]) and rebuild ([`Keyspace::rebuild`]).
+//! - `trie`: the node arena and its (parent, local) and ext lookup tables.
+//! - `holder`: per-holder counts, digest and operation records.
+//! - [`digest`]: the hash mixing behind node identity and digests.
+//!
+//! Guarantees (each has tests in `tests/`):
+//! - Never overcount: a holder's depth stops at the first position it does not hold.
+//! - Determinism: the same operations in the same order give the same answers and digests;
+//!   `dump` → `rebuild` preserves answers, digests and future behaviour.
+//! - Inferred (placement) state never overrides an event-fed holder.
+//! - Capacity: a holder over its bound loses the blocks of its least recently stored
+//!   operations first (whole store/placement operations, oldest first, skipping blocks that a
+//!   later operation stored again) until it is at 7/8 of the bound.
+
+pub mod digest;
+pub mod dump;
+pub mod engine;
+mod holder;
+pub mod keyspace;
+mod matching;
+mod trie;
+pub mod types;
+
+pub use dump::{DumpHolder, DumpNode, KeyspaceDump};
+pub use engine::{Engine, SharedKeyspace};
+pub use keyspace::{HolderSummary, Keyspace, PlaceOutcome};
+pub use types::{
+    partition_of, ApplyError, EngineConfig, HolderKey, HolderMatch, KeyspaceId, KeyspaceStats, LogTime, MatchOptions,
+};

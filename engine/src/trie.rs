@@ -1,0 +1,337 @@
+//! The node arena of one keyspace: a trie over local hashes with two lookup tables.
+//!
+//! Every block position is one node (no path compression: a node's holder set differs from
+//! its neighbours' often enough under eviction that splitting runs would cost more than it
+//! saves). Nodes live in fixed-size chunks with a free list; children are found through one
+//! keyspace-wide table keyed by `(parent, local)` and ext hashes through another keyed by a
+//! node's canonical ext. Both tables store only a `u32` node index (`hashbrown::HashTable`),
+//! the key lives in the node, so a lookup costs one probe plus one node read.
+//!
+//! No write may stall readers for long, so nothing here ever reallocates the whole state: the
+//! arena grows by one chunk at a time and each table is split into 256 shards, so a resize
+//! rehashes 1/256 of the entries.
+
+use crate::digest::{child_path, fold_mul, ROOT_PATH};
+use hashbrown::HashTable;
+use smallvec::SmallVec;
+
+pub const ROOT: u32 = 0;
+pub const NIL: u32 = u32::MAX;
+
+/// One holder's membership in a node, with the stamp of the operation that last stored it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Member {
+    pub holder: u32,
+    pub stamp: u32,
+}
+
+pub struct Node {
+    pub local: u64,
+    /// Chained hash of all locals from the root: the node's position-bound identity.
+    pub path: u64,
+    /// Canonical ext hash (valid when `has_ext`): the first ext a holder stored it under.
+    pub ext: u64,
+    pub parent: u32,
+    /// The first child created (`NIL` if none): chains are walked without a table probe.
+    /// Other children are in the edge table; a child is in exactly one of the two places.
+    pub first_child: u32,
+    pub children: u32,
+    /// Operation records whose window ends here; a pinned node is never freed.
+    pub pins: u32,
+    pub has_ext: bool,
+    pub live: bool,
+    pub members: SmallVec<[Member; 2]>,
+}
+
+impl Node {
+    pub fn member(&self, holder: u32) -> Option<usize> {
+        self.members.iter().position(|m| m.holder == holder)
+    }
+}
+
+const K_EDGE: u64 = 0x9e37_79b9_7f4a_7c15;
+const K_EXT: u64 = 0xd6e8_feb8_6659_fd93;
+
+#[inline]
+fn edge_hash(parent: u32, local: u64) -> u64 {
+    fold_mul(local ^ (u64::from(parent) << 29), K_EDGE)
+}
+
+#[inline]
+fn ext_hash(ext: u64) -> u64 {
+    fold_mul(ext, K_EXT)
+}
+
+const CHUNK_BITS: u32 = 14;
+const CHUNK: usize = 1 << CHUNK_BITS;
+const SHARDS: usize = 256;
+
+/// Nodes in chunks of `CHUNK`; a chunk is allocated once at full size and never moves.
+#[derive(Default)]
+pub struct Nodes {
+    chunks: Vec<Vec<Node>>,
+    len: usize,
+}
+
+impl Nodes {
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn push(&mut self, n: Node) {
+        if self.len == self.chunks.len() * CHUNK {
+            self.chunks.push(Vec::with_capacity(CHUNK));
+        }
+        self.chunks.last_mut().expect("chunk").push(n);
+        self.len += 1;
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Node> {
+        self.chunks.iter().flatten()
+    }
+
+    fn capacity(&self) -> usize {
+        self.chunks.len() * CHUNK
+    }
+}
+
+impl std::ops::Index<usize> for Nodes {
+    type Output = Node;
+    #[inline]
+    fn index(&self, i: usize) -> &Node {
+        &self.chunks[i >> CHUNK_BITS][i & (CHUNK - 1)]
+    }
+}
+
+impl std::ops::IndexMut<usize> for Nodes {
+    #[inline]
+    fn index_mut(&mut self, i: usize) -> &mut Node {
+        &mut self.chunks[i >> CHUNK_BITS][i & (CHUNK - 1)]
+    }
+}
+
+/// A `u32` hash table split into shards by middle bits of the hash (hashbrown uses the top 7
+/// bits as probe tags and the low bits as positions, so those must stay varied per shard).
+struct Sharded {
+    shards: Vec<HashTable<u32>>,
+}
+
+impl Sharded {
+    fn new() -> Self {
+        Self { shards: (0..SHARDS).map(|_| HashTable::new()).collect() }
+    }
+    #[inline]
+    fn shard(&self, h: u64) -> &HashTable<u32> {
+        &self.shards[(h >> 32) as usize & (SHARDS - 1)]
+    }
+    #[inline]
+    fn shard_mut(&mut self, h: u64) -> &mut HashTable<u32> {
+        &mut self.shards[(h >> 32) as usize & (SHARDS - 1)]
+    }
+    fn capacity(&self) -> usize {
+        self.shards.iter().map(|s| s.capacity()).sum()
+    }
+}
+
+pub struct Arena {
+    pub nodes: Nodes,
+    free: Vec<u32>,
+    edges: Sharded,
+    exts: Sharded,
+    live: usize,
+}
+
+impl Default for Arena {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Arena {
+    pub fn new() -> Self {
+        let root = Node {
+            local: 0,
+            path: ROOT_PATH,
+            ext: 0,
+            parent: ROOT,
+            first_child: NIL,
+            children: 0,
+            pins: 0,
+            has_ext: false,
+            live: true,
+            members: SmallVec::new(),
+        };
+        let mut nodes = Nodes::default();
+        nodes.push(root);
+        Self { nodes, free: Vec::new(), edges: Sharded::new(), exts: Sharded::new(), live: 0 }
+    }
+
+    /// Nodes other than the root.
+    #[allow(clippy::len_without_is_empty)]
+    pub fn len(&self) -> usize {
+        self.live
+    }
+
+    #[inline]
+    pub fn child(&self, parent: u32, local: u64) -> Option<u32> {
+        let fc = self.nodes[parent as usize].first_child;
+        if fc != NIL && self.nodes[fc as usize].local == local {
+            return Some(fc);
+        }
+        let children = self.nodes[parent as usize].children;
+        if children == 0 || (fc != NIL && children == 1) {
+            return None;
+        }
+        let nodes = &self.nodes;
+        let h = edge_hash(parent, local);
+        self.edges
+            .shard(h)
+            .find(h, |&i| {
+                let n = &nodes[i as usize];
+                n.parent == parent && n.local == local
+            })
+            .copied()
+    }
+
+    /// The child of `parent` with `local`, created if absent.
+    pub fn child_or_insert(&mut self, parent: u32, local: u64) -> u32 {
+        if let Some(c) = self.child(parent, local) {
+            return c;
+        }
+        let node = Node {
+            local,
+            path: child_path(self.nodes[parent as usize].path, local),
+            ext: 0,
+            parent,
+            first_child: NIL,
+            children: 0,
+            pins: 0,
+            has_ext: false,
+            live: true,
+            members: SmallVec::new(),
+        };
+        let idx = match self.free.pop() {
+            Some(i) => {
+                self.nodes[i as usize] = node;
+                i
+            }
+            None => {
+                self.nodes.push(node);
+                (self.nodes.len() - 1) as u32
+            }
+        };
+        let p = &mut self.nodes[parent as usize];
+        p.children += 1;
+        if p.first_child == NIL {
+            p.first_child = idx;
+        } else {
+            let nodes = &self.nodes;
+            let h = edge_hash(parent, local);
+            self.edges.shard_mut(h).insert_unique(h, idx, |&i| {
+                let n = &nodes[i as usize];
+                edge_hash(n.parent, n.local)
+            });
+        }
+        self.live += 1;
+        idx
+    }
+
+    /// The node whose canonical ext is `ext`.
+    #[inline]
+    pub fn by_ext(&self, ext: u64) -> Option<u32> {
+        let nodes = &self.nodes;
+        let h = ext_hash(ext);
+        self.exts.shard(h).find(h, |&i| nodes[i as usize].ext == ext).copied()
+    }
+
+    /// Makes `ext` the canonical ext of `node` if neither already has one. Returns whether
+    /// `ext` now resolves to `node` through the shared table.
+    pub fn bind_ext(&mut self, node: u32, ext: u64) -> bool {
+        match self.by_ext(ext) {
+            Some(n) => n == node,
+            None if !self.nodes[node as usize].has_ext => {
+                let n = &mut self.nodes[node as usize];
+                n.ext = ext;
+                n.has_ext = true;
+                let nodes = &self.nodes;
+                let h = ext_hash(ext);
+                self.exts.shard_mut(h).insert_unique(h, node, |&i| ext_hash(nodes[i as usize].ext));
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Frees `node` and then its ancestors while they are unheld, childless and unpinned.
+    pub fn release(&mut self, mut node: u32) {
+        while node != ROOT {
+            let n = &self.nodes[node as usize];
+            if !n.members.is_empty() || n.children > 0 || n.pins > 0 || !n.live {
+                return;
+            }
+            let (parent, local, has_ext, ext) = (n.parent, n.local, n.has_ext, n.ext);
+            if self.nodes[parent as usize].first_child == node {
+                self.nodes[parent as usize].first_child = NIL;
+            } else {
+                let h = edge_hash(parent, local);
+                if let Ok(e) = self.edges.shard_mut(h).find_entry(h, |&i| i == node) {
+                    e.remove();
+                }
+            }
+            if has_ext {
+                let h = ext_hash(ext);
+                if let Ok(e) = self.exts.shard_mut(h).find_entry(h, |&i| i == node) {
+                    e.remove();
+                }
+            }
+            let n = &mut self.nodes[node as usize];
+            n.live = false;
+            n.has_ext = false;
+            n.members = SmallVec::new();
+            self.free.push(node);
+            self.live -= 1;
+            self.nodes[parent as usize].children -= 1;
+            node = parent;
+        }
+    }
+
+    /// The `len` nodes ending at `leaf`, leaf first.
+    pub fn window(&self, leaf: u32, len: u32, out: &mut Vec<u32>) {
+        out.clear();
+        let mut n = leaf;
+        for _ in 0..len {
+            if n == ROOT {
+                break;
+            }
+            out.push(n);
+            n = self.nodes[n as usize].parent;
+        }
+    }
+
+    /// Local hashes from the root down to `node`.
+    pub fn chain_to(&self, mut node: u32) -> Vec<u64> {
+        let mut v = Vec::new();
+        while node != ROOT {
+            let n = &self.nodes[node as usize];
+            v.push(n.local);
+            node = n.parent;
+        }
+        v.reverse();
+        v
+    }
+
+    /// Approximate heap bytes (nodes, member spills and tables), for metrics.
+    pub fn heap_bytes(&self) -> usize {
+        let spilled: usize = self
+            .nodes
+            .iter()
+            .filter(|n| n.members.spilled())
+            .map(|n| n.members.capacity() * std::mem::size_of::<Member>())
+            .sum();
+        self.nodes.capacity() * std::mem::size_of::<Node>()
+            + self.free.capacity() * 4
+            + (self.edges.capacity() + self.exts.capacity()) * 5
+            + spilled
+    }
+}

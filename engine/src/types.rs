@@ -1,0 +1,136 @@
+//! Identifiers, options, results and errors shared by the engine's modules.
+
+use std::fmt;
+
+/// Log time in milliseconds (a Kafka record timestamp). Never the wall clock.
+pub type LogTime = u64;
+
+/// One independently evicted block set: a worker's data-parallel rank and cache lane.
+///
+/// Lanes exist for hybrid models (full attention, sliding window, state checkpoints each keep
+/// their own pool); plain models use lane 0.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HolderKey {
+    pub worker: u64,
+    pub dp_rank: u32,
+    pub lane: u32,
+}
+
+impl HolderKey {
+    pub const fn new(worker: u64, dp_rank: u32, lane: u32) -> Self {
+        Self { worker, dp_rank, lane }
+    }
+}
+
+impl fmt::Display for HolderKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "worker {} dp {} lane {}", self.worker, self.dp_rank, self.lane)
+    }
+}
+
+/// A keyspace: blocks only match within one model, block size and hash scheme.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct KeyspaceId {
+    pub model: String,
+    pub block_size: u32,
+    pub scheme: u32,
+}
+
+impl KeyspaceId {
+    pub fn new(model: impl Into<String>, block_size: u32, scheme: u32) -> Self {
+        Self { model: model.into(), block_size, scheme }
+    }
+}
+
+impl fmt::Display for KeyspaceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/bs{}/scheme{}", self.model, self.block_size, self.scheme)
+    }
+}
+
+/// Limits and expiry policy of a keyspace. All decisions use log time.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Per-holder bound for event-fed holders (a safety net for lost removal events).
+    pub holder_capacity: u32,
+    /// Per-holder bound for inferred (placement-only) holders.
+    pub inferred_capacity: u32,
+    /// Inferred blocks not placed again within this much log time expire.
+    pub placement_ttl_ms: u64,
+    /// Number of log partitions; holders are grouped by [`partition_of`] for digests.
+    pub partitions: u32,
+    /// Per-holder operation stamps are renumbered when they reach this value. Only tests set
+    /// it low, to exercise renumbering.
+    pub stamp_limit: u32,
+    /// [`crate::Engine`] applies a store or removal of more blocks than this as several
+    /// operations, taking the write lock once per chunk, so no write stalls readers for long.
+    /// Part of the applied semantics (each chunk is its own operation record): every replica
+    /// of a log must use the same value.
+    pub max_blocks_per_lock: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            holder_capacity: 1 << 22,
+            inferred_capacity: 1 << 16,
+            placement_ttl_ms: 120_000,
+            partitions: 1,
+            stamp_limit: u32::MAX - 1,
+            max_blocks_per_lock: 32,
+        }
+    }
+}
+
+/// The partition a worker's records live in. Publishers key records by worker and place them
+/// with this function, so every replica and every language agrees on it.
+pub fn partition_of(worker: u64, partitions: u32) -> u32 {
+    (crate::digest::mix64(worker ^ 0x7072_6566_6978_6c6f) % u64::from(partitions.max(1))) as u32
+}
+
+/// How much detail a match computes.
+#[derive(Clone, Debug, Default)]
+pub struct MatchOptions {
+    /// Report, per holder, the covered intervals of the query (and holders whose overlap does
+    /// not start at position 0). Without it the walk stops as soon as no holder can extend its
+    /// contiguous prefix.
+    pub intervals: bool,
+    /// Keep only the k best holders (by depth, then holder key).
+    pub top_k: Option<usize>,
+    /// Only holders of this lane.
+    pub lane: Option<u32>,
+}
+
+/// One holder's answer to a match.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HolderMatch {
+    pub holder: HolderKey,
+    /// Contiguous matched blocks from position 0.
+    pub depth: u32,
+    /// Blocks the holder holds in this keyspace.
+    pub total: u32,
+    /// True when the holder's blocks come from placements, not from its engine's events.
+    pub inferred: bool,
+    /// Half-open query-position intervals the holder covers (only with `intervals`).
+    pub intervals: Vec<(u32, u32)>,
+}
+
+/// A write that was refused. The state is unchanged apart from what the variant says.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ApplyError {
+    /// The holder does not hold the parent block; the holder is now marked gapped.
+    #[error("{holder}: parent block {parent_ext:#x} is not held (holder marked gapped)")]
+    MissingParent { holder: HolderKey, parent_ext: u64 },
+}
+
+/// Counters of what writes did; deterministic, part of the applied state.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KeyspaceStats {
+    pub blocks_stored: u64,
+    pub blocks_removed: u64,
+    pub removes_unknown: u64,
+    pub stores_rejected: u64,
+    pub placements_ignored: u64,
+    pub evicted_capacity: u64,
+    pub expired_ttl: u64,
+}

@@ -1,0 +1,276 @@
+//! A deliberately simple reference model of the engine's semantics, for differential tests.
+//!
+//! Per holder: the set of held paths (a path is the chain of locals from the root to a block,
+//! so position and content are both explicit), the ext → path map, and the operation records
+//! (stamp, paths, log time). No trie, no sharing, no tables: if the engine and this model
+//! disagree, the engine is wrong (or this documentation is).
+
+#![allow(dead_code)]
+
+use prefixlog_engine::digest::{block_term, child_path, holder_term, ROOT_PATH};
+use prefixlog_engine::{partition_of, EngineConfig, HolderKey, HolderMatch, KeyspaceStats, LogTime, MatchOptions};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+type Path = Vec<u64>;
+
+#[derive(Default)]
+pub struct RefHolder {
+    pub fed: bool,
+    pub gapped: bool,
+    pub last_time: LogTime,
+    pub blocks: BTreeMap<Path, u64>,
+    exts: HashMap<u64, Path>,
+    records: VecDeque<(u64, Vec<Path>, LogTime)>,
+    next_stamp: u64,
+}
+
+pub struct RefModel {
+    pub cfg: EngineConfig,
+    pub holders: BTreeMap<HolderKey, RefHolder>,
+    pub stats: KeyspaceStats,
+}
+
+pub fn path_hash(path: &[u64]) -> u64 {
+    path.iter().fold(ROOT_PATH, |h, &l| child_path(h, l))
+}
+
+impl RefHolder {
+    fn clear(&mut self) -> u32 {
+        let n = self.blocks.len() as u32;
+        self.blocks.clear();
+        self.exts.clear();
+        self.records.clear();
+        n
+    }
+
+    fn evict(&mut self, stamp: u64, paths: &[Path]) -> u32 {
+        let mut n = 0;
+        for p in paths {
+            if self.blocks.get(p) == Some(&stamp) {
+                self.blocks.remove(p);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    fn resolve(&self, ext: u64) -> Option<Path> {
+        self.exts.get(&ext).filter(|p| self.blocks.contains_key(*p)).cloned()
+    }
+
+    pub fn digest(&self) -> u64 {
+        self.blocks.keys().fold(0u64, |d, p| d.wrapping_add(block_term(path_hash(p), !self.fed)))
+    }
+}
+
+impl RefModel {
+    pub fn new(cfg: EngineConfig) -> Self {
+        Self { cfg, holders: BTreeMap::new(), stats: KeyspaceStats::default() }
+    }
+
+    fn after_write(&mut self, key: HolderKey) {
+        let h = self.holders.get_mut(&key).unwrap();
+        let cap = if h.fed { self.cfg.holder_capacity } else { self.cfg.inferred_capacity };
+        if h.blocks.len() as u32 > cap {
+            let low = cap - cap / 8;
+            while h.blocks.len() as u32 > low {
+                let Some((s, paths, _)) = h.records.pop_front() else { break };
+                self.stats.evicted_capacity += u64::from(h.evict(s, &paths));
+            }
+        }
+    }
+
+    pub fn store(&mut self, key: HolderKey, parent_ext: Option<u64>, blocks: &[(u64, u64)], t: LogTime) -> bool {
+        let h = self.holders.entry(key).or_default();
+        h.last_time = h.last_time.max(t);
+        if !h.fed {
+            h.clear();
+            h.fed = true;
+        }
+        let mut path = match parent_ext {
+            None => Vec::new(),
+            Some(p) => match h.resolve(p) {
+                Some(path) => path,
+                None => {
+                    h.gapped = true;
+                    self.stats.stores_rejected += 1;
+                    return false;
+                }
+            },
+        };
+        if blocks.is_empty() {
+            return true;
+        }
+        h.next_stamp += 1;
+        let stamp = h.next_stamp;
+        let mut paths = Vec::new();
+        let mut added = 0;
+        for &(ext, local) in blocks {
+            path.push(local);
+            if h.blocks.insert(path.clone(), stamp).is_none() {
+                added += 1;
+            }
+            h.exts.insert(ext, path.clone());
+            paths.push(path.clone());
+        }
+        h.records.push_back((stamp, paths, t));
+        self.stats.blocks_stored += added;
+        self.after_write(key);
+        true
+    }
+
+    pub fn remove(&mut self, key: HolderKey, exts: &[u64], t: LogTime) {
+        let Some(h) = self.holders.get_mut(&key) else {
+            self.stats.removes_unknown += exts.len() as u64;
+            return;
+        };
+        h.last_time = h.last_time.max(t);
+        if !h.fed {
+            h.clear();
+            h.fed = true;
+        }
+        for e in exts {
+            match h.resolve(*e) {
+                Some(p) => {
+                    h.blocks.remove(&p);
+                    self.stats.blocks_removed += 1;
+                }
+                None => self.stats.removes_unknown += 1,
+            }
+        }
+    }
+
+    pub fn clear(&mut self, key: HolderKey, t: LogTime) {
+        if let Some(h) = self.holders.get_mut(&key) {
+            h.last_time = h.last_time.max(t);
+            self.stats.blocks_removed += u64::from(h.clear());
+            h.fed = true;
+        }
+    }
+
+    pub fn drop_worker(&mut self, worker: u64) {
+        let keys: Vec<HolderKey> = self.holders.keys().filter(|k| k.worker == worker).copied().collect();
+        for k in keys {
+            let mut h = self.holders.remove(&k).unwrap();
+            self.stats.blocks_removed += u64::from(h.clear());
+        }
+    }
+
+    fn expire_holder(&mut self, key: HolderKey, now: LogTime) {
+        let ttl = self.cfg.placement_ttl_ms;
+        let h = self.holders.get_mut(&key).unwrap();
+        while let Some((s, paths, time)) = h.records.front().cloned() {
+            if time.saturating_add(ttl) > now {
+                break;
+            }
+            h.records.pop_front();
+            self.stats.expired_ttl += u64::from(h.evict(s, &paths));
+        }
+    }
+
+    fn gc(&mut self, key: HolderKey) {
+        let h = &self.holders[&key];
+        if !h.fed && h.blocks.is_empty() {
+            self.holders.remove(&key);
+        }
+    }
+
+    /// Returns false when ignored because the holder is event-fed.
+    pub fn place(&mut self, key: HolderKey, locals: &[u64], t: LogTime) -> bool {
+        let h = self.holders.entry(key).or_default();
+        if h.fed {
+            self.stats.placements_ignored += 1;
+            return false;
+        }
+        h.last_time = h.last_time.max(t);
+        self.expire_holder(key, t);
+        if locals.is_empty() {
+            self.gc(key);
+            return true;
+        }
+        let h = self.holders.get_mut(&key).unwrap();
+        h.next_stamp += 1;
+        let stamp = h.next_stamp;
+        let mut paths = Vec::new();
+        for i in 0..locals.len() {
+            let p = locals[..=i].to_vec();
+            h.blocks.insert(p.clone(), stamp);
+            paths.push(p);
+        }
+        h.records.push_back((stamp, paths, t));
+        self.after_write(key);
+        true
+    }
+
+    pub fn expire(&mut self, now: LogTime) {
+        let keys: Vec<HolderKey> = self.holders.iter().filter(|(_, h)| !h.fed).map(|(k, _)| *k).collect();
+        for k in keys {
+            self.expire_holder(k, now);
+            self.gc(k);
+        }
+    }
+
+    pub fn match_chain(&self, locals: &[u64], opts: &MatchOptions) -> Vec<HolderMatch> {
+        let mut out = Vec::new();
+        for (key, h) in &self.holders {
+            if opts.lane.is_some_and(|l| l != key.lane) {
+                continue;
+            }
+            let mut depth = 0u32;
+            let mut intervals: Vec<(u32, u32)> = Vec::new();
+            for i in 0..locals.len() {
+                if h.blocks.contains_key(&locals[..=i]) {
+                    let i = i as u32;
+                    if depth == i {
+                        depth += 1;
+                    }
+                    match intervals.last_mut() {
+                        Some(last) if last.1 == i => last.1 = i + 1,
+                        _ => intervals.push((i, i + 1)),
+                    }
+                }
+            }
+            let report = if opts.intervals { !intervals.is_empty() } else { depth > 0 };
+            if report {
+                out.push(HolderMatch {
+                    holder: *key,
+                    depth,
+                    total: h.blocks.len() as u32,
+                    inferred: !h.fed,
+                    intervals: if opts.intervals { intervals } else { Vec::new() },
+                });
+            }
+        }
+        out.sort_by(|a, b| b.depth.cmp(&a.depth).then(a.holder.cmp(&b.holder)));
+        if let Some(k) = opts.top_k {
+            out.truncate(k);
+        }
+        out
+    }
+
+    pub fn digest(&self) -> u64 {
+        self.holders
+            .iter()
+            .fold(0u64, |d, (k, h)| d.wrapping_add(holder_term(k, h.blocks.len() as u32, h.digest())))
+    }
+
+    pub fn partition_digest(&self, p: u32) -> u64 {
+        self.holders
+            .iter()
+            .filter(|(k, _)| partition_of(k.worker, self.cfg.partitions) == p)
+            .fold(0u64, |d, (k, h)| d.wrapping_add(holder_term(k, h.blocks.len() as u32, h.digest())))
+    }
+
+    pub fn holder_blocks(&self) -> u64 {
+        self.holders.values().map(|h| h.blocks.len() as u64).sum()
+    }
+
+    /// Held paths of a holder, as the engine's `holder_chains` reports them.
+    pub fn chains(&self, key: &HolderKey) -> Vec<Path> {
+        self.holders.get(key).map(|h| h.blocks.keys().cloned().collect()).unwrap_or_default()
+    }
+
+    pub fn held_paths(&self, key: &HolderKey) -> Vec<Path> {
+        self.chains(key)
+    }
+}

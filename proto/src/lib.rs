@@ -1,0 +1,4 @@
+//! placeholder
+pub mod v1 {
+    tonic::include_proto!("prefixlog.v1");
+}

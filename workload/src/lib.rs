@@ -1,0 +1,148 @@
+//! Trace-driven workload: a simulated fleet of inference workers with LRU block caches.
+//!
+//! This is the one workload generator that the engine benchmark, the peer comparison
+//! (`bench/peers`), the Kafka benchmarks and the demo share, so their numbers describe the
+//! same stream.
+//!
+//! Module map:
+//! - [`trace`]: loading the Mooncake-format JSONL trace (`hash_ids` are chained 512-token blocks)
+//!   and expanding a request into a chain of `(ext, local)` block hashes.
+//! - [`fleet`]: per-worker LRU caches that turn "this worker serves this chain" into the
+//!   `stored` / `removed` events a real engine (vLLM, SGLang) would publish.
+//! - [`generate`]: the fixed-routing event stream used by the benchmarks: a match query before
+//!   every request, then the worker's events.
+
+pub mod fleet;
+pub mod trace;
+
+pub use fleet::{Event, Fleet};
+pub use trace::{expand_request, load_trace, TraceRequest};
+
+/// Shape of the simulated fleet and of the trace expansion.
+#[derive(Clone, Debug)]
+pub struct FleetConfig {
+    /// Number of workers requests are spread over.
+    pub workers: usize,
+    /// LRU capacity of each worker, in blocks.
+    pub capacity_blocks: usize,
+    /// Each trace id becomes this many consecutive blocks (a 512-token id at block size 64 is 8).
+    pub stretch: usize,
+    /// Disjoint copies of the trace, interleaved request by request (more distinct prefixes).
+    pub copies: usize,
+    /// Seed of the request → worker assignment.
+    pub seed: u64,
+}
+
+impl Default for FleetConfig {
+    fn default() -> Self {
+        Self { workers: 256, capacity_blocks: 8192, stretch: 8, copies: 2, seed: 1 }
+    }
+}
+
+/// One step of a generated stream, in the order it must be applied.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// A match query for a request's whole chain of local hashes (issued before routing it).
+    Match { locals: Vec<u64> },
+    /// A worker stored `blocks` (as `(ext, local)`) extending the chain that ends at `parent_ext`.
+    Stored { worker: u32, parent_ext: Option<u64>, blocks: Vec<(u64, u64)> },
+    /// A worker evicted the blocks with these ext hashes.
+    Removed { worker: u32, exts: Vec<u64> },
+}
+
+impl Step {
+    /// Number of blocks this step writes (0 for queries).
+    pub fn write_blocks(&self) -> usize {
+        match self {
+            Step::Match { .. } => 0,
+            Step::Stored { blocks, .. } => blocks.len(),
+            Step::Removed { exts, .. } => exts.len(),
+        }
+    }
+}
+
+/// The fixed-routing stream: every request (of every copy) is routed to a worker chosen by a
+/// seeded hash of its conversation (its second trace id, the first being the shared root), so
+/// follow-up turns of a conversation land on the same worker, as a good router would do.
+pub fn generate(trace: &[TraceRequest], cfg: &FleetConfig) -> Vec<Step> {
+    let mut fleet = Fleet::new(cfg.workers, cfg.capacity_blocks);
+    let mut steps = Vec::with_capacity(trace.len() * cfg.copies * 3);
+    for req in trace {
+        for copy in 0..cfg.copies {
+            let chain = expand_request(req, copy, cfg.stretch);
+            if chain.is_empty() {
+                continue;
+            }
+            steps.push(Step::Match { locals: chain.iter().map(|b| b.1).collect() });
+            let worker = route_by_conversation(req, copy, cfg);
+            for ev in fleet.serve(worker, &chain) {
+                steps.push(match ev {
+                    Event::Stored { worker, parent_ext, blocks } => {
+                        Step::Stored { worker, parent_ext, blocks }
+                    }
+                    Event::Removed { worker, exts } => Step::Removed { worker, exts },
+                });
+            }
+        }
+    }
+    steps
+}
+
+/// Blocks resident per worker at the end of a stream: stored minus removed.
+pub fn resident_holder_blocks(steps: &[Step]) -> u64 {
+    let mut n: i64 = 0;
+    for s in steps {
+        match s {
+            Step::Stored { blocks, .. } => n += blocks.len() as i64,
+            Step::Removed { exts, .. } => n -= exts.len() as i64,
+            Step::Match { .. } => {}
+        }
+    }
+    n.max(0) as u64
+}
+
+fn route_by_conversation(req: &TraceRequest, copy: usize, cfg: &FleetConfig) -> u32 {
+    let conv = req.hash_ids.get(1).or(req.hash_ids.first()).copied().unwrap_or(0);
+    let h = trace::mix64(conv ^ trace::mix64(copy as u64 ^ cfg.seed));
+    (h % cfg.workers.max(1) as u64) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_stream_is_consistent() {
+        let trace: Vec<TraceRequest> = (0..200u64)
+            .map(|i| TraceRequest { timestamp_ms: i, hash_ids: vec![0, 1 + i % 7, 100 + i] })
+            .collect();
+        let cfg = FleetConfig { workers: 4, capacity_blocks: 20, stretch: 2, copies: 2, seed: 3 };
+        let steps = generate(&trace, &cfg);
+        // Replay into a per-worker set of exts: every removal names a held block, every parent is
+        // held, and no worker ever exceeds its capacity.
+        let mut held: Vec<rustc_hash::FxHashSet<u64>> = vec![Default::default(); 4];
+        for s in &steps {
+            match s {
+                Step::Stored { worker, parent_ext, blocks } => {
+                    let h = &mut held[*worker as usize];
+                    if let Some(p) = parent_ext {
+                        assert!(h.contains(p), "parent not held");
+                    }
+                    for (e, _) in blocks {
+                        assert!(h.insert(*e), "stored twice");
+                    }
+                    assert!(h.len() <= 20);
+                }
+                Step::Removed { worker, exts } => {
+                    for e in exts {
+                        assert!(held[*worker as usize].remove(e), "removed unheld");
+                    }
+                }
+                Step::Match { .. } => {}
+            }
+        }
+        let resident: usize = held.iter().map(|h| h.len()).sum();
+        assert_eq!(resident as u64, resident_holder_blocks(&steps));
+        assert!(steps.iter().any(|s| matches!(s, Step::Removed { .. })));
+    }
+}

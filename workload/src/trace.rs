@@ -1,0 +1,57 @@
+//! The Mooncake trace format and its expansion into block hashes.
+
+use anyhow::Context;
+use serde::Deserialize;
+use std::io::BufRead;
+use std::path::Path;
+
+/// One request of the trace: arrival time and its chain of 512-token block ids.
+#[derive(Clone, Debug, Deserialize)]
+pub struct TraceRequest {
+    #[serde(rename = "timestamp")]
+    pub timestamp_ms: u64,
+    pub hash_ids: Vec<u64>,
+}
+
+/// Reads a Mooncake-format JSONL trace.
+pub fn load_trace(path: &Path) -> anyhow::Result<Vec<TraceRequest>> {
+    let f = std::fs::File::open(path).with_context(|| format!("opening trace {}", path.display()))?;
+    let mut out = Vec::new();
+    for (i, line) in std::io::BufReader::new(f).lines().enumerate() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let r: TraceRequest = serde_json::from_str(&line)
+            .with_context(|| format!("{}:{}: not a trace request", path.display(), i + 1))?;
+        out.push(r);
+    }
+    Ok(out)
+}
+
+/// Expands a request into its chain of `(ext, local)` hashes.
+///
+/// `local` stands for the canonical content hash of a block's tokens (it depends only on the
+/// block, not on its parent), `ext` for the engine's chained sequence hash (it depends on the
+/// whole prefix). Copies are disjoint: copy `c` hashes different content from copy `c'`.
+pub fn expand_request(req: &TraceRequest, copy: usize, stretch: usize) -> Vec<(u64, u64)> {
+    let mut out = Vec::with_capacity(req.hash_ids.len() * stretch);
+    let mut ext = 0x9e37_79b9_7f4a_7c15u64 ^ copy as u64;
+    for &id in &req.hash_ids {
+        for j in 0..stretch.max(1) {
+            let local = mix64(mix64(id.wrapping_mul(0x100) ^ j as u64) ^ (copy as u64) << 56);
+            ext = mix64(ext.rotate_left(17) ^ local);
+            out.push((ext, local));
+        }
+    }
+    out
+}
+
+/// A 64-bit finaliser (murmur3 fmix64), used to spread ids into hashes.
+pub fn mix64(mut x: u64) -> u64 {
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    x ^ (x >> 33)
+}
