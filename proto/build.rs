@@ -1,5 +1,5 @@
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let files = ["proto/prefixlog.proto"];
+    let files = ["proto/records.proto"];
     for f in files {
         println!("cargo:rerun-if-changed={f}");
     }

@@ -35,7 +35,8 @@ struct Args {
 
 fn pct(v: &mut [u64], p: f64) -> f64 {
     v.sort_unstable();
-    v.get(((v.len() as f64 * p) as usize).min(v.len().saturating_sub(1))).map_or(f64::NAN, |&x| x as f64 / 1e3)
+    v.get(((v.len() as f64 * p) as usize).min(v.len().saturating_sub(1)))
+        .map_or(f64::NAN, |&x| x as f64 / 1e3)
 }
 
 fn apply(e: &Engine, id: &KeyspaceId, step: &Step, t: u64) -> u64 {
@@ -54,7 +55,13 @@ fn apply(e: &Engine, id: &KeyspaceId, step: &Step, t: u64) -> u64 {
 
 fn main() -> anyhow::Result<()> {
     let a = Args::parse();
-    let cfg = FleetConfig { workers: a.workers, capacity_blocks: a.capacity, stretch: a.stretch, copies: a.copies, seed: 1 };
+    let cfg = FleetConfig {
+        workers: a.workers,
+        capacity_blocks: a.capacity,
+        stretch: a.stretch,
+        copies: a.copies,
+        seed: 1,
+    };
     let trace = load_trace(&a.trace)?;
     let steps = Arc::new(generate(&trace, &cfg));
     let writes: u64 = steps.iter().map(|s| s.write_blocks() as u64).sum();
@@ -111,8 +118,10 @@ fn main() -> anyhow::Result<()> {
             (holds, el)
         })
     };
-    let queries: Vec<&Vec<u64>> =
-        steps.iter().filter_map(|s| if let Step::Match { locals } = s { Some(locals) } else { None }).collect();
+    let queries: Vec<&Vec<u64>> = steps
+        .iter()
+        .filter_map(|s| if let Step::Match { locals } = s { Some(locals) } else { None })
+        .collect();
     let (mut lat, mut waits) = (Vec::new(), Vec::new());
     let ks = e.keyspace(&id).expect("keyspace");
     let mut i = 0;

@@ -140,7 +140,10 @@ impl Keyspace {
             idx.push(c);
         }
         let node = |r: u32| -> Result<u32, String> {
-            idx.get(r as usize).copied().filter(|&n| n != ROOT).ok_or_else(|| format!("bad node reference {r}"))
+            idx.get(r as usize)
+                .copied()
+                .filter(|&n| n != ROOT)
+                .ok_or_else(|| format!("bad node reference {r}"))
         };
         for dh in &dump.holders {
             if ks.holders.get(&dh.key).is_some() {

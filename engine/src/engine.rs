@@ -104,7 +104,12 @@ impl Engine {
     }
 
     /// Matches in one keyspace; `None` when the keyspace does not exist.
-    pub fn match_chain(&self, id: &KeyspaceId, locals: &[u64], opts: &MatchOptions) -> Option<Vec<HolderMatch>> {
+    pub fn match_chain(
+        &self,
+        id: &KeyspaceId,
+        locals: &[u64],
+        opts: &MatchOptions,
+    ) -> Option<Vec<HolderMatch>> {
         let ks = self.keyspace(id)?;
         let guard = ks.read();
         Some(guard.match_chain(locals, opts))

@@ -57,7 +57,6 @@ impl Holder {
             override_of: FxHashMap::default(),
         }
     }
-
 }
 
 /// Holders of a keyspace: a slab indexed by `u32` plus a key → index map.

@@ -403,7 +403,8 @@ impl Keyspace {
         self.arena.window(rec.leaf, rec.len, &mut buf);
         let mut n = 0;
         for &node in &buf {
-            let owned = self.arena.nodes[node as usize].members.iter().any(|m| m.holder == h && m.stamp == rec.stamp);
+            let owned =
+                self.arena.nodes[node as usize].members.iter().any(|m| m.holder == h && m.stamp == rec.stamp);
             if owned {
                 self.remove_member(h, node);
                 n += 1;
@@ -513,7 +514,9 @@ impl Keyspace {
         if rec.leaf != node {
             return;
         }
-        let owned = |arena: &Arena, n: u32| arena.nodes[n as usize].members.iter().any(|m| m.holder == h && m.stamp == stamp);
+        let owned = |arena: &Arena, n: u32| {
+            arena.nodes[n as usize].members.iter().any(|m| m.holder == h && m.stamp == stamp)
+        };
         while rec.len > 0 && !owned(&self.arena, rec.leaf) {
             rec.leaf = self.arena.nodes[rec.leaf as usize].parent;
             rec.len -= 1;

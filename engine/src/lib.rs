@@ -37,5 +37,6 @@ pub use dump::{DumpHolder, DumpNode, KeyspaceDump};
 pub use engine::{Engine, SharedKeyspace};
 pub use keyspace::{HolderSummary, Keyspace, PlaceOutcome};
 pub use types::{
-    partition_of, ApplyError, EngineConfig, HolderKey, HolderMatch, KeyspaceId, KeyspaceStats, LogTime, MatchOptions,
+    partition_of, ApplyError, EngineConfig, HolderKey, HolderMatch, KeyspaceId, KeyspaceStats, LogTime,
+    MatchOptions,
 };

@@ -20,13 +20,18 @@ fn cfg() -> EngineConfig {
         placement_ttl_ms: 400,
         partitions: 3,
         stamp_limit: 6,
+        max_blocks_per_lock: 32,
     }
 }
 
 /// Ext namespace of a holder: most share one (engines with a fixed hash seed), workers
 /// divisible by 3 have their own (per-process seeds), which exercises ext overrides.
 fn ext_of(key: &HolderKey, path: &[u64]) -> u64 {
-    let ns = if key.worker % 3 == 0 { mix64(key.worker ^ u64::from(key.lane) << 40 ^ u64::from(key.dp_rank) << 20) } else { 7 };
+    let ns = if key.worker.is_multiple_of(3) {
+        mix64(key.worker ^ u64::from(key.lane) << 40 ^ u64::from(key.dp_rank) << 20)
+    } else {
+        7
+    };
     path.iter().fold(mix64(ns), |h, &l| mix64(h.rotate_left(13) ^ l))
 }
 
@@ -71,7 +76,12 @@ fn check(ks: &Keyspace, model: &RefModel, g: &mut Gen, step: usize, seed: u64) {
     assert_eq!(summaries.len(), model.holders.len(), "holders, {}", ctx());
     for (s, (k, h)) in summaries.iter().zip(model.holders.iter()) {
         assert_eq!(s.key, *k, "{}", ctx());
-        assert_eq!((s.blocks, s.fed, s.gapped, s.last_time), (h.blocks.len() as u32, h.fed, h.gapped, h.last_time), "holder {k}, {}", ctx());
+        assert_eq!(
+            (s.blocks, s.fed, s.gapped, s.last_time),
+            (h.blocks.len() as u32, h.fed, h.gapped, h.last_time),
+            "holder {k}, {}",
+            ctx()
+        );
         assert_eq!(s.digest, h.digest(), "holder {k} digest, {}", ctx());
     }
     for _ in 0..4 {
@@ -81,7 +91,12 @@ fn check(ks: &Keyspace, model: &RefModel, g: &mut Gen, step: usize, seed: u64) {
             top_k: g.rng.random_bool(0.2).then(|| g.rng.random_range(1..4)),
             lane: g.rng.random_bool(0.2).then(|| g.rng.random_range(0..2)),
         };
-        assert_eq!(ks.match_chain(&q, &opts), model.match_chain(&q, &opts), "match {q:?} {opts:?}, {}", ctx());
+        assert_eq!(
+            ks.match_chain(&q, &opts),
+            model.match_chain(&q, &opts),
+            "match {q:?} {opts:?}, {}",
+            ctx()
+        );
     }
 }
 

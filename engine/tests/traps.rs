@@ -1,7 +1,8 @@
 //! The overcounting traps other implementations fell into, plus determinism and rebuild.
 
 use prefixlog_engine::{
-    ApplyError, Engine, EngineConfig, HolderKey, HolderMatch, Keyspace, KeyspaceId, MatchOptions, PlaceOutcome,
+    ApplyError, Engine, EngineConfig, HolderKey, HolderMatch, Keyspace, KeyspaceId, MatchOptions,
+    PlaceOutcome,
 };
 
 const A: HolderKey = HolderKey::new(1, 0, 0);
@@ -27,7 +28,9 @@ fn depth(ks: &Keyspace, q: &[u64], h: HolderKey) -> u32 {
 }
 
 fn full(ks: &Keyspace, q: &[u64], h: HolderKey) -> Option<HolderMatch> {
-    ks.match_chain(q, &MatchOptions { intervals: true, ..Default::default() }).into_iter().find(|m| m.holder == h)
+    ks.match_chain(q, &MatchOptions { intervals: true, ..Default::default() })
+        .into_iter()
+        .find(|m| m.holder == h)
 }
 
 #[test]

@@ -1,4 +1,14 @@
-//! placeholder
+//! prefixlog's schemas, generated at build time from `proto/*.proto` with prost (and tonic for
+//! the service), compiled by the pure-Rust `protox` so no `protoc` is needed.
+//!
+//! Module map:
+//! - [`v1`]: log records (`records.proto`: what bridges and gateways append to Kafka).
+
+/// Version 1 of the log schema.
 pub mod v1 {
+    #![allow(clippy::all)]
     tonic::include_proto!("prefixlog.v1");
 }
+
+/// The record schema version this build writes and understands.
+pub const RECORD_VERSION: u32 = 1;

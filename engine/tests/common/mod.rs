@@ -8,7 +8,9 @@
 #![allow(dead_code)]
 
 use prefixlog_engine::digest::{block_term, child_path, holder_term, ROOT_PATH};
-use prefixlog_engine::{partition_of, EngineConfig, HolderKey, HolderMatch, KeyspaceStats, LogTime, MatchOptions};
+use prefixlog_engine::{
+    partition_of, EngineConfig, HolderKey, HolderMatch, KeyspaceStats, LogTime, MatchOptions,
+};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 type Path = Vec<u64>;
@@ -80,7 +82,13 @@ impl RefModel {
         }
     }
 
-    pub fn store(&mut self, key: HolderKey, parent_ext: Option<u64>, blocks: &[(u64, u64)], t: LogTime) -> bool {
+    pub fn store(
+        &mut self,
+        key: HolderKey,
+        parent_ext: Option<u64>,
+        blocks: &[(u64, u64)],
+        t: LogTime,
+    ) -> bool {
         let h = self.holders.entry(key).or_default();
         h.last_time = h.last_time.max(t);
         if !h.fed {

@@ -1,0 +1,289 @@
+//! Log records: encoding for publishers, decoding and validation for replicas.
+//!
+//! Decoding turns bytes into an [`Op`] or a [`BadReason`]; nothing here panics on any input.
+
+use prefixlog_engine::{partition_of, HolderKey, KeyspaceId};
+use prefixlog_proto::v1 as pb;
+use prefixlog_proto::RECORD_VERSION;
+use prost::Message;
+
+/// Why a record was skipped. Each reason is a metric label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum BadReason {
+    /// Not a protobuf `Record` (or no value at all).
+    Undecodable,
+    /// A schema version this build does not know.
+    UnknownVersion,
+    /// No kind set: a kind added by a newer writer, or an empty record.
+    UnknownKind,
+    /// A KV event with no event set (a newer event type).
+    UnknownEvent,
+    /// Keyspace missing, or block size 0, or empty model.
+    InvalidKeyspace,
+    /// `ext` and `local` of a stored event differ in length.
+    LengthMismatch,
+    /// More blocks than the configured per-record limit.
+    TooManyBlocks,
+    /// The record's worker does not belong to the partition it was read from (a publisher
+    /// not using `partition_of`); applying it would break per-worker ordering.
+    WrongPartition,
+}
+
+impl BadReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BadReason::Undecodable => "undecodable",
+            BadReason::UnknownVersion => "unknown_version",
+            BadReason::UnknownKind => "unknown_kind",
+            BadReason::UnknownEvent => "unknown_event",
+            BadReason::InvalidKeyspace => "invalid_keyspace",
+            BadReason::LengthMismatch => "length_mismatch",
+            BadReason::TooManyBlocks => "too_many_blocks",
+            BadReason::WrongPartition => "wrong_partition",
+        }
+    }
+
+    pub const ALL: [BadReason; 8] = [
+        BadReason::Undecodable,
+        BadReason::UnknownVersion,
+        BadReason::UnknownKind,
+        BadReason::UnknownEvent,
+        BadReason::InvalidKeyspace,
+        BadReason::LengthMismatch,
+        BadReason::TooManyBlocks,
+        BadReason::WrongPartition,
+    ];
+}
+
+impl std::fmt::Display for BadReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One KV event of a batch, validated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KvOp {
+    Stored { lane: u32, parent_ext: Option<u64>, blocks: Vec<(u64, u64)> },
+    Removed { lane: u32, exts: Vec<u64> },
+    Cleared { lane: u32 },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Lifecycle {
+    Added,
+    Removed,
+    Restarted { new_epoch: u64 },
+}
+
+/// A validated record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    KvEvents {
+        keyspace: KeyspaceId,
+        worker: u64,
+        dp_rank: u32,
+        epoch: u64,
+        seq: u64,
+        gap_before: bool,
+        events: Vec<KvOp>,
+    },
+    Placement {
+        keyspace: KeyspaceId,
+        holder: HolderKey,
+        locals: Vec<u64>,
+        answered_at: Vec<(u32, i64)>,
+    },
+    Lifecycle {
+        worker: u64,
+        change: Lifecycle,
+    },
+    Tick {
+        worker: u64,
+    },
+}
+
+impl Op {
+    pub fn worker(&self) -> u64 {
+        match self {
+            Op::KvEvents { worker, .. } | Op::Lifecycle { worker, .. } | Op::Tick { worker } => *worker,
+            Op::Placement { holder, .. } => holder.worker,
+        }
+    }
+}
+
+fn keyspace(k: Option<&pb::Keyspace>) -> Result<KeyspaceId, BadReason> {
+    match k {
+        Some(k) if k.block_size > 0 && !k.model.is_empty() => {
+            Ok(KeyspaceId::new(k.model.clone(), k.block_size, k.hash_scheme))
+        }
+        _ => Err(BadReason::InvalidKeyspace),
+    }
+}
+
+/// Decodes and validates a record value read from `partition` (of `partitions`).
+pub fn decode(
+    value: Option<&[u8]>,
+    partition: u32,
+    partitions: u32,
+    max_blocks: usize,
+) -> Result<Op, BadReason> {
+    let rec = pb::Record::decode(value.ok_or(BadReason::Undecodable)?).map_err(|_| BadReason::Undecodable)?;
+    if rec.version != RECORD_VERSION {
+        return Err(BadReason::UnknownVersion);
+    }
+    let op = match rec.kind.ok_or(BadReason::UnknownKind)? {
+        pb::record::Kind::KvEvents(b) => {
+            let keyspace = keyspace(b.keyspace.as_ref())?;
+            let mut total = 0usize;
+            let mut events = Vec::with_capacity(b.events.len());
+            for e in b.events {
+                let lane = e.lane;
+                events.push(match e.event.ok_or(BadReason::UnknownEvent)? {
+                    pb::kv_event::Event::Stored(s) => {
+                        if s.ext.len() != s.local.len() {
+                            return Err(BadReason::LengthMismatch);
+                        }
+                        total += s.ext.len();
+                        KvOp::Stored { lane, parent_ext: s.parent_ext, blocks: s.ext.into_iter().zip(s.local).collect() }
+                    }
+                    pb::kv_event::Event::Removed(r) => {
+                        total += r.ext.len();
+                        KvOp::Removed { lane, exts: r.ext }
+                    }
+                    pb::kv_event::Event::Cleared(_) => KvOp::Cleared { lane },
+                });
+                if total > max_blocks {
+                    return Err(BadReason::TooManyBlocks);
+                }
+            }
+            Op::KvEvents {
+                keyspace,
+                worker: b.worker,
+                dp_rank: b.dp_rank,
+                epoch: b.epoch,
+                seq: b.seq,
+                gap_before: b.gap_before,
+                events,
+            }
+        }
+        pb::record::Kind::Placement(p) => {
+            if p.local.len() > max_blocks {
+                return Err(BadReason::TooManyBlocks);
+            }
+            Op::Placement {
+                keyspace: keyspace(p.keyspace.as_ref())?,
+                holder: HolderKey::new(p.worker, p.dp_rank, p.lane),
+                locals: p.local,
+                answered_at: p.answered_at.iter().map(|o| (o.partition, o.offset)).collect(),
+            }
+        }
+        pb::record::Kind::Lifecycle(l) => Op::Lifecycle {
+            worker: l.worker,
+            change: match l.change.ok_or(BadReason::UnknownKind)? {
+                pb::worker_lifecycle::Change::Added(_) => Lifecycle::Added,
+                pb::worker_lifecycle::Change::Removed(_) => Lifecycle::Removed,
+                pb::worker_lifecycle::Change::Restarted(r) => Lifecycle::Restarted { new_epoch: r.new_epoch },
+            },
+        },
+        pb::record::Kind::Tick(t) => Op::Tick { worker: t.worker },
+    };
+    if partition_of(op.worker(), partitions) != partition {
+        return Err(BadReason::WrongPartition);
+    }
+    Ok(op)
+}
+
+/// The Kafka key of a worker's records.
+pub fn worker_key(worker: u64) -> [u8; 8] {
+    worker.to_be_bytes()
+}
+
+fn pb_keyspace(k: &KeyspaceId) -> pb::Keyspace {
+    pb::Keyspace { model: k.model.clone(), block_size: k.block_size, hash_scheme: k.scheme }
+}
+
+fn wrap(kind: pb::record::Kind) -> Vec<u8> {
+    pb::Record { version: RECORD_VERSION, kind: Some(kind) }.encode_to_vec()
+}
+
+/// Encodes a KV event batch.
+pub fn encode_kv_events(
+    keyspace: &KeyspaceId,
+    worker: u64,
+    dp_rank: u32,
+    epoch: u64,
+    seq: u64,
+    gap_before: bool,
+    events: &[KvOp],
+) -> Vec<u8> {
+    let events = events
+        .iter()
+        .map(|e| match e {
+            KvOp::Stored { lane, parent_ext, blocks } => pb::KvEvent {
+                lane: *lane,
+                event: Some(pb::kv_event::Event::Stored(pb::BlocksStored {
+                    parent_ext: *parent_ext,
+                    ext: blocks.iter().map(|b| b.0).collect(),
+                    local: blocks.iter().map(|b| b.1).collect(),
+                })),
+            },
+            KvOp::Removed { lane, exts } => pb::KvEvent {
+                lane: *lane,
+                event: Some(pb::kv_event::Event::Removed(pb::BlocksRemoved { ext: exts.clone() })),
+            },
+            KvOp::Cleared { lane } => {
+                pb::KvEvent { lane: *lane, event: Some(pb::kv_event::Event::Cleared(pb::AllBlocksCleared {})) }
+            }
+        })
+        .collect();
+    wrap(pb::record::Kind::KvEvents(pb::KvEventBatch {
+        worker,
+        dp_rank,
+        keyspace: Some(pb_keyspace(keyspace)),
+        epoch,
+        seq,
+        events,
+        gap_before,
+    }))
+}
+
+/// Encodes a placement.
+pub fn encode_placement(
+    keyspace: &KeyspaceId,
+    holder: HolderKey,
+    locals: &[u64],
+    answered_at: &[(u32, i64)],
+    gateway: &str,
+) -> Vec<u8> {
+    wrap(pb::record::Kind::Placement(pb::Placement {
+        worker: holder.worker,
+        dp_rank: holder.dp_rank,
+        lane: holder.lane,
+        keyspace: Some(pb_keyspace(keyspace)),
+        local: locals.to_vec(),
+        answered_at: answered_at.iter().map(|&(partition, offset)| pb::PartitionOffset { partition, offset }).collect(),
+        gateway: gateway.to_string(),
+    }))
+}
+
+/// Encodes a worker lifecycle change.
+pub fn encode_lifecycle(worker: u64, change: &Lifecycle) -> Vec<u8> {
+    use pb::worker_lifecycle::Change;
+    let change = match change {
+        Lifecycle::Added => Change::Added(pb::WorkerAdded::default()),
+        Lifecycle::Removed => Change::Removed(pb::WorkerRemoved {}),
+        Lifecycle::Restarted { new_epoch } => Change::Restarted(pb::WorkerRestarted { new_epoch: *new_epoch }),
+    };
+    wrap(pb::record::Kind::Lifecycle(pb::WorkerLifecycle { worker, change: Some(change) }))
+}
+
+/// Encodes a tick for the partition of `worker`.
+pub fn encode_tick(worker: u64) -> Vec<u8> {
+    wrap(pb::record::Kind::Tick(pb::Tick { worker }))
+}
+
+/// Some worker id that maps to `partition`: ticks and other per-partition records need one.
+pub fn worker_for_partition(partition: u32, partitions: u32) -> u64 {
+    (0u64..).find(|&w| partition_of(w, partitions) == partition).expect("every partition has a worker")
+}

@@ -1,0 +1,202 @@
+//! The applier without Kafka: determinism across partition interleavings and batching, and
+//! the feed policy (duplicates, epochs, gaps, bad records).
+
+use prefixlog_engine::{partition_of, Engine, EngineConfig, HolderKey, KeyspaceId, MatchOptions};
+use prefixlog_ingest::record::{encode_kv_events, encode_lifecycle, encode_placement, encode_tick};
+use prefixlog_ingest::{Applier, ApplyConfig, BadReason, KvOp, Lifecycle, Outcome};
+use prefixlog_workload::{generate, FleetConfig, Step, TraceRequest};
+use rand::{Rng, SeedableRng};
+use std::sync::Arc;
+
+const P: u32 = 4;
+
+fn ks() -> KeyspaceId {
+    KeyspaceId::new("m", 16, 1)
+}
+
+fn applier() -> Applier {
+    let e = Arc::new(Engine::new(EngineConfig { partitions: P, ..Default::default() }));
+    Applier::new(e, ApplyConfig { partitions: P, max_blocks_per_record: 64, expiry_interval_ms: 100 })
+}
+
+/// A partitioned log from the trace workload: per partition, (timestamp, value).
+fn log() -> Vec<Vec<(u64, Vec<u8>)>> {
+    let trace: Vec<TraceRequest> = (0..300u64)
+        .map(|i| TraceRequest { timestamp_ms: i, hash_ids: vec![0, 1 + i % 11, 20 + i % 37, 100 + i] })
+        .collect();
+    let steps = generate(&trace, &FleetConfig { workers: 9, capacity_blocks: 40, stretch: 2, copies: 1, seed: 5 });
+    let mut parts = vec![Vec::new(); P as usize];
+    let mut seq = vec![0u64; 9];
+    for (i, s) in steps.iter().enumerate() {
+        let t = 1_000 + i as u64 * 7;
+        let (w, v) = match s {
+            Step::Stored { worker, parent_ext, blocks } => {
+                let w = *worker as usize;
+                seq[w] += 1;
+                let ev = KvOp::Stored { lane: 0, parent_ext: *parent_ext, blocks: blocks.clone() };
+                (*worker as u64, encode_kv_events(&ks(), *worker as u64, 0, 1, seq[w], false, &[ev]))
+            }
+            Step::Removed { worker, exts } => {
+                let w = *worker as usize;
+                seq[w] += 1;
+                let ev = KvOp::Removed { lane: 0, exts: exts.clone() };
+                (*worker as u64, encode_kv_events(&ks(), *worker as u64, 0, 1, seq[w], false, &[ev]))
+            }
+            Step::Match { locals } => {
+                let w = 100 + (i as u64 % 5); // placement-only workers
+                (w, encode_placement(&ks(), HolderKey::new(w, 0, 0), locals, &[], "g"))
+            }
+        };
+        parts[partition_of(w, P) as usize].push((t, v));
+    }
+    for (p, part) in parts.iter_mut().enumerate() {
+        let w = prefixlog_ingest::record::worker_for_partition(p as u32, P);
+        part.push((1_000_000, encode_tick(w)));
+    }
+    parts
+}
+
+fn digests(a: &Applier) -> Vec<u64> {
+    (0..P).map(|p| a.partition_digest(p)).collect()
+}
+
+#[test]
+fn interleaving_of_partitions_does_not_change_digests() {
+    let log = log();
+    let mut reference = applier();
+    for (p, part) in log.iter().enumerate() {
+        for (o, (t, v)) in part.iter().enumerate() {
+            assert_eq!(reference.apply(p as u32, o as i64, *t, Some(v)), Outcome::Applied);
+        }
+    }
+    let want = digests(&reference);
+    assert!(want.iter().filter(|&&d| d != 0).count() >= 2, "most partitions hold state: {want:?}");
+    for seed in 0..20u64 {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let mut a = applier();
+        let mut next = vec![0usize; P as usize];
+        loop {
+            let open: Vec<usize> = (0..P as usize).filter(|&p| next[p] < log[p].len()).collect();
+            if open.is_empty() {
+                break;
+            }
+            let p = open[rng.random_range(0..open.len())];
+            // A random batch of this partition's records.
+            for _ in 0..rng.random_range(1..6) {
+                if next[p] < log[p].len() {
+                    let (t, v) = &log[p][next[p]];
+                    a.apply(p as u32, next[p] as i64, *t, Some(v));
+                    next[p] += 1;
+                }
+            }
+        }
+        assert_eq!(digests(&a), want, "seed {seed}");
+        // Same answers, too.
+        let q: Vec<u64> = prefixlog_workload::expand_request(&TraceRequest { timestamp_ms: 0, hash_ids: vec![0, 3, 23] }, 0, 2)
+            .iter()
+            .map(|b| b.1)
+            .collect();
+        let o = MatchOptions { intervals: true, ..Default::default() };
+        assert_eq!(
+            a.engine().match_chain(&ks(), &q, &o),
+            reference.engine().match_chain(&ks(), &q, &o)
+        );
+    }
+    // Re-delivery of already applied offsets is a no-op.
+    let (t, v) = &log[0][0];
+    assert_eq!(reference.apply(0, 0, *t, Some(v)), Outcome::AlreadyApplied);
+    assert_eq!(digests(&reference), want);
+}
+
+fn stored(parent: Option<u64>, blocks: &[(u64, u64)]) -> KvOp {
+    KvOp::Stored { lane: 0, parent_ext: parent, blocks: blocks.to_vec() }
+}
+
+fn depth(a: &Applier, w: u64, q: &[u64]) -> u32 {
+    a.engine()
+        .match_chain(&ks(), q, &MatchOptions::default())
+        .unwrap_or_default()
+        .iter()
+        .find(|m| m.holder.worker == w)
+        .map_or(0, |m| m.depth)
+}
+
+#[test]
+fn duplicates_epochs_gaps_and_bad_records() {
+    let w = 7u64;
+    let p = partition_of(w, P);
+    let mut a = applier();
+    let mut off = 0i64;
+    let mut put = |a: &mut Applier, v: Vec<u8>| {
+        off += 1;
+        a.apply(p, off, 10 + off as u64, Some(&v))
+    };
+    let b1 = encode_kv_events(&ks(), w, 0, 1, 1, false, &[stored(None, &[(11, 1), (12, 2)])]);
+    assert_eq!(put(&mut a, b1.clone()), Outcome::Applied);
+    let d = a.partition_digest(p);
+    assert_eq!(put(&mut a, b1), Outcome::Duplicate, "a bridge retry");
+    assert_eq!(a.partition_digest(p), d);
+    assert_eq!(depth(&a, w, &[1, 2]), 2);
+
+    // A poison record in the middle is skipped, later records still apply.
+    assert_eq!(put(&mut a, b"\xff\xfe garbage".to_vec()), Outcome::Bad(BadReason::Undecodable));
+    let too_many: Vec<(u64, u64)> = (0..65).map(|i| (1000 + i, i)).collect();
+    assert_eq!(
+        put(&mut a, encode_kv_events(&ks(), w, 0, 1, 2, false, &[stored(None, &too_many)])),
+        Outcome::Bad(BadReason::TooManyBlocks)
+    );
+    let other = (0..).find(|&x| partition_of(x, P) != p).unwrap();
+    assert_eq!(
+        put(&mut a, encode_kv_events(&ks(), other, 0, 1, 1, false, &[])),
+        Outcome::Bad(BadReason::WrongPartition)
+    );
+    assert_eq!(a.partition(p).counters.bad.values().sum::<u64>(), 3);
+
+    // A gap (seq 3 → 5) is applied and marks the holder gapped.
+    let b = encode_kv_events(&ks(), w, 0, 1, 5, false, &[stored(Some(12), &[(13, 3)])]);
+    assert_eq!(put(&mut a, b), Outcome::Applied);
+    assert_eq!(depth(&a, w, &[1, 2, 3]), 3);
+    let h = HolderKey::new(w, 0, 0);
+    assert!(a.engine().keyspace(&ks()).unwrap().read().holder(&h).unwrap().gapped);
+    assert_eq!(a.partition(p).counters.gaps, 1);
+
+    // An older epoch is stale; a newer epoch clears first and un-gaps.
+    assert_eq!(put(&mut a, encode_kv_events(&ks(), w, 0, 0, 9, false, &[])), Outcome::StaleEpoch);
+    let b = encode_kv_events(&ks(), w, 0, 2, 1, false, &[stored(None, &[(21, 9)])]);
+    assert_eq!(put(&mut a, b), Outcome::Applied);
+    assert_eq!(depth(&a, w, &[1, 2, 3]), 0, "new epoch cleared the old blocks");
+    assert_eq!(depth(&a, w, &[9]), 1);
+    assert!(!a.engine().keyspace(&ks()).unwrap().read().holder(&h).unwrap().gapped);
+
+    // Restarted lifecycle clears too; removed drops the worker.
+    assert_eq!(put(&mut a, encode_lifecycle(w, &Lifecycle::Restarted { new_epoch: 3 })), Outcome::Applied);
+    assert_eq!(depth(&a, w, &[9]), 0);
+    let b = encode_kv_events(&ks(), w, 0, 3, 1, false, &[stored(None, &[(31, 4)])]);
+    assert_eq!(put(&mut a, b), Outcome::Applied);
+    assert_eq!(depth(&a, w, &[4]), 1);
+    assert_eq!(put(&mut a, encode_lifecycle(w, &Lifecycle::Removed)), Outcome::Applied);
+    assert_eq!(depth(&a, w, &[4]), 0);
+    assert!(a.partition(p).feeds.is_empty());
+    assert_eq!(a.partition(p).next_offset, off + 1);
+}
+
+#[test]
+fn placements_expire_by_log_time_of_their_partition_only() {
+    let e = Arc::new(Engine::new(EngineConfig { partitions: P, placement_ttl_ms: 500, ..Default::default() }));
+    let mut a = Applier::new(e, ApplyConfig { partitions: P, max_blocks_per_record: 64, expiry_interval_ms: 100 });
+    let w = 3u64;
+    let p = partition_of(w, P);
+    let q = (0..P).find(|&x| x != p).unwrap();
+    a.apply(p, 0, 1_000, Some(&encode_placement(&ks(), HolderKey::new(w, 0, 0), &[1, 2], &[], "g")));
+    assert_eq!(depth(&a, w, &[1, 2]), 2);
+    // Time passing on another partition does not expire it.
+    let tq = prefixlog_ingest::record::worker_for_partition(q, P);
+    a.apply(q, 0, 5_000, Some(&encode_tick(tq)));
+    assert_eq!(depth(&a, w, &[1, 2]), 2);
+    // A tick on its own partition does.
+    let tp = prefixlog_ingest::record::worker_for_partition(p, P);
+    a.apply(p, 1, 1_499, Some(&encode_tick(tp)));
+    assert_eq!(depth(&a, w, &[1, 2]), 2);
+    a.apply(p, 2, 1_600, Some(&encode_tick(tp)));
+    assert_eq!(depth(&a, w, &[1, 2]), 0);
+}
