@@ -9,6 +9,8 @@ echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 echo "==> cargo clippy (workspace, all targets, -D warnings)"
 cargo clippy --workspace --all-targets -- -D warnings
-echo "==> cargo test (workspace)"
-cargo test --workspace
+echo "==> cargo test (workspace, unit and crate tests)"
+cargo test --workspace --exclude prefixlog-tests
+echo "==> cargo test (cross-crate integration tests; prints which Kafka backends ran)"
+cargo test -p prefixlog-tests -- --nocapture
 echo "==> test suite finished in $(( $(date +%s) - start ))s"

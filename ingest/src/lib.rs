@@ -20,7 +20,7 @@ pub mod publisher;
 pub mod record;
 pub mod replica;
 
-pub use apply::{ApplyConfig, Applier, Outcome};
+pub use apply::{Applier, ApplyConfig, Outcome};
 pub use embedded::EmbeddedKafka;
 pub use publisher::{Landed, PublishError, Publisher, PublisherConfig};
 pub use record::{BadReason, KvOp, Lifecycle, Op};

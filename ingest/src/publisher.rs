@@ -8,7 +8,9 @@
 //! with a clear error — it never drops an acknowledged record. On success it returns the
 //! (partition, offset) the record landed at: the consistency token for read-your-writes.
 
-use crate::record::{encode_kv_events, encode_lifecycle, encode_placement, encode_tick, worker_key, KvOp, Lifecycle};
+use crate::record::{
+    encode_kv_events, encode_lifecycle, encode_placement, encode_tick, worker_key, KvOp, Lifecycle,
+};
 use prefixlog_engine::{partition_of, HolderKey, KeyspaceId};
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
@@ -88,7 +90,8 @@ impl Publisher {
     ) -> Result<Landed, PublishError> {
         let partition = partition_of(worker, self.cfg.partitions);
         let key = worker_key(worker);
-        let mut rec = FutureRecord::to(&self.cfg.topic).key(&key[..]).payload(value).partition(partition as i32);
+        let mut rec =
+            FutureRecord::to(&self.cfg.topic).key(&key[..]).payload(value).partition(partition as i32);
         if let Some(ts) = timestamp_ms {
             rec = rec.timestamp(ts);
         }

@@ -145,7 +145,11 @@ pub fn decode(
                             return Err(BadReason::LengthMismatch);
                         }
                         total += s.ext.len();
-                        KvOp::Stored { lane, parent_ext: s.parent_ext, blocks: s.ext.into_iter().zip(s.local).collect() }
+                        KvOp::Stored {
+                            lane,
+                            parent_ext: s.parent_ext,
+                            blocks: s.ext.into_iter().zip(s.local).collect(),
+                        }
                     }
                     pb::kv_event::Event::Removed(r) => {
                         total += r.ext.len();
@@ -232,9 +236,10 @@ pub fn encode_kv_events(
                 lane: *lane,
                 event: Some(pb::kv_event::Event::Removed(pb::BlocksRemoved { ext: exts.clone() })),
             },
-            KvOp::Cleared { lane } => {
-                pb::KvEvent { lane: *lane, event: Some(pb::kv_event::Event::Cleared(pb::AllBlocksCleared {})) }
-            }
+            KvOp::Cleared { lane } => pb::KvEvent {
+                lane: *lane,
+                event: Some(pb::kv_event::Event::Cleared(pb::AllBlocksCleared {})),
+            },
         })
         .collect();
     wrap(pb::record::Kind::KvEvents(pb::KvEventBatch {
@@ -262,7 +267,10 @@ pub fn encode_placement(
         lane: holder.lane,
         keyspace: Some(pb_keyspace(keyspace)),
         local: locals.to_vec(),
-        answered_at: answered_at.iter().map(|&(partition, offset)| pb::PartitionOffset { partition, offset }).collect(),
+        answered_at: answered_at
+            .iter()
+            .map(|&(partition, offset)| pb::PartitionOffset { partition, offset })
+            .collect(),
         gateway: gateway.to_string(),
     }))
 }
@@ -273,7 +281,9 @@ pub fn encode_lifecycle(worker: u64, change: &Lifecycle) -> Vec<u8> {
     let change = match change {
         Lifecycle::Added => Change::Added(pb::WorkerAdded::default()),
         Lifecycle::Removed => Change::Removed(pb::WorkerRemoved {}),
-        Lifecycle::Restarted { new_epoch } => Change::Restarted(pb::WorkerRestarted { new_epoch: *new_epoch }),
+        Lifecycle::Restarted { new_epoch } => {
+            Change::Restarted(pb::WorkerRestarted { new_epoch: *new_epoch })
+        }
     };
     wrap(pb::record::Kind::Lifecycle(pb::WorkerLifecycle { worker, change: Some(change) }))
 }

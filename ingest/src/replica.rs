@@ -77,7 +77,9 @@ impl ReplicaStatus {
     pub fn lag(&self) -> i64 {
         self.partitions
             .iter()
-            .map(|p| (p.high_watermark.load(Ordering::Acquire) - p.next_offset.load(Ordering::Acquire)).max(0))
+            .map(|p| {
+                (p.high_watermark.load(Ordering::Acquire) - p.next_offset.load(Ordering::Acquire)).max(0)
+            })
             .sum()
     }
 
@@ -140,7 +142,11 @@ impl Replica {
         let consumer: BaseConsumer = cc.create()?;
         let actual = topic_partitions(&consumer, &cfg.topic)?;
         if actual != cfg.partitions {
-            return Err(ReplicaError::PartitionMismatch { topic: cfg.topic, expected: cfg.partitions, actual });
+            return Err(ReplicaError::PartitionMismatch {
+                topic: cfg.topic,
+                expected: cfg.partitions,
+                actual,
+            });
         }
         let status = Arc::new(ReplicaStatus::new(cfg.partitions));
         let mut tpl = TopicPartitionList::new();
@@ -201,7 +207,8 @@ impl Drop for Replica {
 /// The topic's partition count from broker metadata.
 pub fn topic_partitions(consumer: &BaseConsumer, topic: &str) -> Result<u32, ReplicaError> {
     let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
-    let t = md.topics().iter().find(|t| t.name() == topic).ok_or_else(|| ReplicaError::NoTopic(topic.into()))?;
+    let t =
+        md.topics().iter().find(|t| t.name() == topic).ok_or_else(|| ReplicaError::NoTopic(topic.into()))?;
     if t.error().is_some() || t.partitions().is_empty() {
         return Err(ReplicaError::NoTopic(topic.into()));
     }
@@ -246,13 +253,17 @@ fn run(
             }
             None => {}
         }
-
     }
 }
 
 /// High watermarks come from broker round trips, so they are polled on their own thread (and
 /// client): a slow or unreachable broker never delays applying records already fetched.
-fn poll_watermarks(consumer: BaseConsumer, cfg: ReplicaConfig, status: Arc<ReplicaStatus>, stop: Arc<AtomicBool>) {
+fn poll_watermarks(
+    consumer: BaseConsumer,
+    cfg: ReplicaConfig,
+    status: Arc<ReplicaStatus>,
+    stop: Arc<AtomicBool>,
+) {
     while !stop.load(Ordering::Acquire) {
         let mut ok = true;
         for p in 0..cfg.partitions {

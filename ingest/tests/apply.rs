@@ -24,9 +24,10 @@ fn log() -> Vec<Vec<(u64, Vec<u8>)>> {
     let trace: Vec<TraceRequest> = (0..300u64)
         .map(|i| TraceRequest { timestamp_ms: i, hash_ids: vec![0, 1 + i % 11, 20 + i % 37, 100 + i] })
         .collect();
-    let steps = generate(&trace, &FleetConfig { workers: 9, capacity_blocks: 40, stretch: 2, copies: 1, seed: 5 });
+    let steps =
+        generate(&trace, &FleetConfig { workers: 9, capacity_blocks: 40, stretch: 2, copies: 1, seed: 5 });
     let mut parts = vec![Vec::new(); P as usize];
-    let mut seq = vec![0u64; 9];
+    let mut seq = [0u64; 9];
     for (i, s) in steps.iter().enumerate() {
         let t = 1_000 + i as u64 * 7;
         let (w, v) = match s {
@@ -92,15 +93,16 @@ fn interleaving_of_partitions_does_not_change_digests() {
         }
         assert_eq!(digests(&a), want, "seed {seed}");
         // Same answers, too.
-        let q: Vec<u64> = prefixlog_workload::expand_request(&TraceRequest { timestamp_ms: 0, hash_ids: vec![0, 3, 23] }, 0, 2)
-            .iter()
-            .map(|b| b.1)
-            .collect();
+        let q: Vec<u64> = prefixlog_workload::expand_request(
+            &TraceRequest { timestamp_ms: 0, hash_ids: vec![0, 3, 23] },
+            0,
+            2,
+        )
+        .iter()
+        .map(|b| b.1)
+        .collect();
         let o = MatchOptions { intervals: true, ..Default::default() };
-        assert_eq!(
-            a.engine().match_chain(&ks(), &q, &o),
-            reference.engine().match_chain(&ks(), &q, &o)
-        );
+        assert_eq!(a.engine().match_chain(&ks(), &q, &o), reference.engine().match_chain(&ks(), &q, &o));
     }
     // Re-delivery of already applied offsets is a no-op.
     let (t, v) = &log[0][0];
@@ -182,8 +184,10 @@ fn duplicates_epochs_gaps_and_bad_records() {
 
 #[test]
 fn placements_expire_by_log_time_of_their_partition_only() {
-    let e = Arc::new(Engine::new(EngineConfig { partitions: P, placement_ttl_ms: 500, ..Default::default() }));
-    let mut a = Applier::new(e, ApplyConfig { partitions: P, max_blocks_per_record: 64, expiry_interval_ms: 100 });
+    let e =
+        Arc::new(Engine::new(EngineConfig { partitions: P, placement_ttl_ms: 500, ..Default::default() }));
+    let mut a =
+        Applier::new(e, ApplyConfig { partitions: P, max_blocks_per_record: 64, expiry_interval_ms: 100 });
     let w = 3u64;
     let p = partition_of(w, P);
     let q = (0..P).find(|&x| x != p).unwrap();

@@ -1,1 +1,56 @@
-fn main() {}
+//! The `prefixlog` binary: one CLI, one subcommand per job.
+//!
+//! - `serve`: run an index replica (embedded broker when no `--brokers`).
+//! - `replay`: publish the trace workload's KV events to a log.
+//! - `bench-ingest`: Kafka → apply throughput next to raw consume throughput.
+
+mod bench_ingest;
+mod fleet_records;
+mod kafka_args;
+mod replay;
+mod serve;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "prefixlog",
+    version,
+    about = "A shared, replicated prefix-cache index for LLM inference routing",
+    long_about = "prefixlog keeps one exact index of which inference worker holds which KV-cache blocks. \
+Bridges and gateways append KV events and placements to Kafka (partitioned by worker); every replica \
+applies them deterministically and answers longest-prefix queries.\n\nRun `prefixlog serve` with no \
+arguments for a self-contained replica on an embedded broker."
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run an index replica: consume every partition, apply, report progress.
+    Serve(serve::Args),
+    /// Publish the trace workload (a simulated fleet's KV events) to the log.
+    Replay(replay::Args),
+    /// Measure Kafka → apply throughput against raw consume throughput (embedded broker).
+    BenchIngest(bench_ingest::Args),
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,rdkafka=warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let cli = Cli::parse();
+    let rt = tokio::runtime::Runtime::new()?;
+    match cli.cmd {
+        Cmd::Serve(a) => rt.block_on(serve::run(a)),
+        Cmd::Replay(a) => rt.block_on(replay::run(a)),
+        Cmd::BenchIngest(a) => rt.block_on(bench_ingest::run(a)),
+    }
+}

@@ -1,0 +1,68 @@
+//! The trace workload as log records: one KV event batch per engine event, per-worker seqs.
+
+use prefixlog_engine::KeyspaceId;
+use prefixlog_ingest::record::encode_kv_events;
+use prefixlog_ingest::KvOp;
+use prefixlog_workload::{generate, load_trace, FleetConfig, Step};
+use std::path::Path;
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct WorkloadArgs {
+    /// Mooncake-format JSONL trace.
+    #[arg(long, env = "PREFIXLOG_TRACE", default_value = "../shared/data/mooncake/conversation_trace.jsonl")]
+    pub trace: std::path::PathBuf,
+    /// Simulated workers.
+    #[arg(long, default_value_t = 256)]
+    pub workers: usize,
+    /// LRU capacity of each worker, in blocks.
+    #[arg(long, default_value_t = 8192)]
+    pub capacity: usize,
+    /// Blocks per trace id.
+    #[arg(long, default_value_t = 8)]
+    pub stretch: usize,
+    /// Disjoint interleaved copies of the trace.
+    #[arg(long, default_value_t = 1)]
+    pub copies: usize,
+}
+
+/// One encoded record: (worker, value, blocks it carries).
+pub struct FleetRecord {
+    pub worker: u64,
+    pub value: Vec<u8>,
+    pub blocks: usize,
+}
+
+pub fn keyspace() -> KeyspaceId {
+    KeyspaceId::new("trace", 64, 1)
+}
+
+pub fn fleet_records(a: &WorkloadArgs) -> anyhow::Result<Vec<FleetRecord>> {
+    let trace = load_trace(Path::new(&a.trace))?;
+    let cfg = FleetConfig {
+        workers: a.workers,
+        capacity_blocks: a.capacity,
+        stretch: a.stretch,
+        copies: a.copies,
+        seed: 1,
+    };
+    let mut seq = vec![0u64; a.workers];
+    let ks = keyspace();
+    let mut out = Vec::new();
+    for s in generate(&trace, &cfg) {
+        let (w, op, blocks) = match s {
+            Step::Stored { worker, parent_ext, blocks } => {
+                let n = blocks.len();
+                (worker, KvOp::Stored { lane: 0, parent_ext, blocks }, n)
+            }
+            Step::Removed { worker, exts } => {
+                let n = exts.len();
+                (worker, KvOp::Removed { lane: 0, exts }, n)
+            }
+            Step::Match { .. } => continue,
+        };
+        seq[w as usize] += 1;
+        let value = encode_kv_events(&ks, u64::from(w), 0, 1, seq[w as usize], false, &[op]);
+        out.push(FleetRecord { worker: u64::from(w), value, blocks });
+    }
+    Ok(out)
+}

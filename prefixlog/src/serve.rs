@@ -1,0 +1,111 @@
+//! `prefixlog serve`: an index replica.
+
+use crate::kafka_args::KafkaArgs;
+use prefixlog_engine::{Engine, EngineConfig};
+use prefixlog_ingest::{
+    Applier, ApplyConfig, EmbeddedKafka, Publisher, PublisherConfig, Replica, ReplicaConfig,
+};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub kafka: KafkaArgs,
+    /// How often to log progress (offsets, lag, state size).
+    #[arg(long, default_value = "10s", value_parser = humantime_secs)]
+    pub status_interval: Duration,
+    /// Append a tick record to every partition this often (0 disables), so that log time —
+    /// and with it placement expiry — advances on quiet partitions. Ticks are idempotent: any
+    /// number of replicas may publish them.
+    #[arg(long, default_value = "1s", value_parser = humantime_secs)]
+    pub tick_interval: Duration,
+    /// Placement TTL in log time.
+    #[arg(long, default_value = "120s", value_parser = humantime_secs)]
+    pub placement_ttl: Duration,
+}
+
+pub fn humantime_secs(s: &str) -> Result<Duration, String> {
+    let (num, unit) = s.find(|c: char| !c.is_ascii_digit()).map_or((s, "s"), |i| s.split_at(i));
+    let n: u64 = num.parse().map_err(|_| format!("expected a duration like 10s, 500ms or 2m, got {s:?}"))?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "s" => Ok(Duration::from_secs(n)),
+        "m" => Ok(Duration::from_secs(n * 60)),
+        _ => Err(format!("unknown duration unit in {s:?} (use ms, s or m)")),
+    }
+}
+
+pub async fn run(a: Args) -> anyhow::Result<()> {
+    let mut _embedded = None;
+    let brokers = match &a.kafka.brokers {
+        Some(b) => b.clone(),
+        None => {
+            let e = EmbeddedKafka::start(&a.kafka.topic, a.kafka.partitions)?;
+            let b = e.bootstrap_servers();
+            tracing::warn!(
+                bootstrap = %b,
+                topic = %a.kafka.topic,
+                partitions = a.kafka.partitions,
+                "no --brokers given: started librdkafka's embedded mock cluster in this process \
+                 (development only: its log lives as long as this process; publishers can connect to {b})"
+            );
+            _embedded = Some(e);
+            b
+        }
+    };
+    let engine = Arc::new(Engine::new(EngineConfig {
+        partitions: a.kafka.partitions,
+        placement_ttl_ms: a.placement_ttl.as_millis() as u64,
+        ..Default::default()
+    }));
+    let applier =
+        Applier::new(engine.clone(), ApplyConfig { partitions: a.kafka.partitions, ..Default::default() });
+    let replica = Replica::start(
+        ReplicaConfig {
+            brokers: brokers.clone(),
+            topic: a.kafka.topic.clone(),
+            partitions: a.kafka.partitions,
+            properties: a.kafka.property.clone(),
+        },
+        applier,
+    )?;
+    tracing::info!(%brokers, topic = %a.kafka.topic, partitions = a.kafka.partitions, "replica started; Ctrl-C stops");
+    let status = replica.status().clone();
+    if !a.tick_interval.is_zero() {
+        let mut pc = PublisherConfig::new(&brokers, &a.kafka.topic, a.kafka.partitions);
+        pc.properties = a.kafka.property.clone();
+        let publisher = Publisher::new(pc)?;
+        let every = a.tick_interval;
+        tokio::spawn(async move {
+            let mut t = tokio::time::interval(every);
+            loop {
+                t.tick().await;
+                if let Err(e) = publisher.publish_ticks(None).await {
+                    tracing::warn!(error = %e, "publishing ticks failed; log time may stall on quiet partitions");
+                }
+            }
+        });
+    }
+    let mut tick = tokio::time::interval(a.status_interval);
+    loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => break,
+            _ = tick.tick() => {
+                tracing::info!(
+                    applied = status.records_applied.load(Ordering::Relaxed),
+                    skipped = status.records_skipped.load(Ordering::Relaxed),
+                    lag = status.lag(),
+                    broker_ok = status.broker_ok.load(Ordering::Relaxed),
+                    keyspaces = engine.keyspace_ids().len(),
+                    holder_blocks = engine.holder_blocks(),
+                    "progress"
+                );
+            }
+        }
+    }
+    tracing::info!("stopping");
+    drop(replica.stop());
+    Ok(())
+}

@@ -1,0 +1,222 @@
+//! The log end to end over real Kafka clients, on every available backend: concurrent
+//! publishers, two replicas reaching identical per-partition digests, dedupe, a poison record,
+//! epoch bumps, lag, and a late replica catching up.
+
+use prefixlog_engine::{Engine, EngineConfig, HolderKey, KeyspaceId, MatchOptions};
+use prefixlog_ingest::{
+    Applier, ApplyConfig, KvOp, Landed, Publisher, PublisherConfig, Replica, ReplicaConfig,
+};
+use prefixlog_tests::{kafka_backends, unique_topic, KafkaBackend};
+use prefixlog_workload::{generate, FleetConfig, Step, TraceRequest};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+const P: u32 = 4;
+
+fn ks() -> KeyspaceId {
+    KeyspaceId::new("m", 16, 1)
+}
+
+fn replica(b: &KafkaBackend, topic: &str) -> Replica {
+    let engine = Arc::new(Engine::new(EngineConfig { partitions: P, ..Default::default() }));
+    let applier = Applier::new(engine, ApplyConfig { partitions: P, ..Default::default() });
+    let cfg =
+        ReplicaConfig { brokers: b.brokers.clone(), topic: topic.into(), partitions: P, properties: vec![] };
+    Replica::start(cfg, applier).expect("replica starts")
+}
+
+/// Highest landed offset per partition.
+fn token(landed: &[Landed]) -> Vec<(u32, i64)> {
+    let mut m: BTreeMap<u32, i64> = BTreeMap::new();
+    for l in landed {
+        let e = m.entry(l.partition).or_insert(l.offset);
+        *e = (*e).max(l.offset);
+    }
+    m.into_iter().collect()
+}
+
+fn digests(r: &Replica) -> Vec<u64> {
+    let a = r.applier().lock();
+    (0..P).map(|p| a.partition_digest(p)).collect()
+}
+
+/// Workers publish their own event streams concurrently (one task per worker).
+async fn publish_fleet(publisher: &Publisher) -> Vec<Landed> {
+    let trace: Vec<TraceRequest> = (0..240u64)
+        .map(|i| TraceRequest { timestamp_ms: i, hash_ids: vec![0, 1 + i % 13, 30 + i % 29, 100 + i] })
+        .collect();
+    let steps =
+        generate(&trace, &FleetConfig { workers: 6, capacity_blocks: 48, stretch: 2, copies: 1, seed: 2 });
+    let mut per_worker: BTreeMap<u32, Vec<KvOp>> = BTreeMap::new();
+    for s in steps {
+        match s {
+            Step::Stored { worker, parent_ext, blocks } => {
+                per_worker.entry(worker).or_default().push(KvOp::Stored { lane: 0, parent_ext, blocks })
+            }
+            Step::Removed { worker, exts } => {
+                per_worker.entry(worker).or_default().push(KvOp::Removed { lane: 0, exts })
+            }
+            Step::Match { .. } => {}
+        }
+    }
+    let mut tasks = Vec::new();
+    for (w, ops) in per_worker {
+        let publisher = publisher.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut landed = Vec::new();
+            for (i, op) in ops.into_iter().enumerate() {
+                let l = publisher
+                    .publish_kv_events(
+                        &ks(),
+                        u64::from(w),
+                        0,
+                        1,
+                        i as u64 + 1,
+                        false,
+                        &[op],
+                        Some(1_000 + i as i64),
+                    )
+                    .await
+                    .expect("publish");
+                landed.push(l);
+            }
+            landed
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    all
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_converge_and_late_replica_catches_up() {
+    let mut ran = Vec::new();
+    for b in kafka_backends().await {
+        let topic = unique_topic("prefixlog.converge");
+        b.create_topic(&topic, P).await.unwrap();
+        let publisher = Publisher::new(PublisherConfig::new(&b.brokers, &topic, P)).unwrap();
+        let r1 = replica(&b, &topic);
+        let r2 = replica(&b, &topic);
+        let landed = publish_fleet(&publisher).await;
+        let tok = token(&landed);
+        for r in [&r1, &r2] {
+            assert!(
+                r.status().wait_for(&tok, Duration::from_secs(60)).await,
+                "{}: replica caught up",
+                b.name
+            );
+        }
+        let d1 = digests(&r1);
+        assert_eq!(d1, digests(&r2), "{}: identical per-partition digests at equal offsets", b.name);
+        assert_eq!(r1.status().offsets(), r2.status().offsets());
+        assert!(d1.iter().any(|&d| d != 0));
+        // Lag is reported and drops to 0 once caught up (watermarks are polled).
+        let mut lag = i64::MAX;
+        for _ in 0..100 {
+            lag = r1.status().lag();
+            if lag == 0
+                && r1
+                    .status()
+                    .partitions
+                    .iter()
+                    .any(|p| p.high_watermark.load(std::sync::atomic::Ordering::Acquire) > 0)
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(lag, 0, "{}: lag drops to 0", b.name);
+        // A replica started after everything was published catches up to the same digests.
+        let late = replica(&b, &topic);
+        assert!(late.status().wait_for(&tok, Duration::from_secs(60)).await);
+        assert_eq!(digests(&late), d1, "{}: late replica agrees", b.name);
+        ran.push(b.name);
+    }
+    eprintln!("[kafka backend] ran: {ran:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicates_poison_and_epochs_over_kafka() {
+    let mut ran = Vec::new();
+    for b in kafka_backends().await {
+        let topic = unique_topic("prefixlog.policy");
+        b.create_topic(&topic, P).await.unwrap();
+        let publisher = Publisher::new(PublisherConfig::new(&b.brokers, &topic, P)).unwrap();
+        let r = replica(&b, &topic);
+        let w = 5u64;
+        let store = |parent: Option<u64>, blocks: &[(u64, u64)]| KvOp::Stored {
+            lane: 0,
+            parent_ext: parent,
+            blocks: blocks.to_vec(),
+        };
+        let mut landed = Vec::new();
+        landed.push(
+            publisher
+                .publish_kv_events(&ks(), w, 0, 1, 1, false, &[store(None, &[(11, 1), (12, 2)])], None)
+                .await
+                .unwrap(),
+        );
+        // A bridge retry of the same batch, then a poison record in the middle of the partition.
+        landed.push(
+            publisher
+                .publish_kv_events(&ks(), w, 0, 1, 1, false, &[store(None, &[(11, 1), (12, 2)])], None)
+                .await
+                .unwrap(),
+        );
+        landed.push(publisher.publish_raw(w, b"not a record", None).await.unwrap());
+        landed.push(
+            publisher
+                .publish_kv_events(&ks(), w, 0, 1, 2, false, &[store(Some(12), &[(13, 3)])], None)
+                .await
+                .unwrap(),
+        );
+        assert!(r.status().wait_for(&token(&landed), Duration::from_secs(30)).await);
+        let depth = |r: &Replica, q: &[u64]| {
+            r.applier()
+                .lock()
+                .engine()
+                .match_chain(&ks(), q, &MatchOptions::default())
+                .unwrap_or_default()
+                .iter()
+                .find(|m| m.holder == HolderKey::new(w, 0, 0))
+                .map_or(0, |m| m.depth)
+        };
+        assert_eq!(depth(&r, &[1, 2, 3]), 3, "{}: later records still apply after the poison", b.name);
+        {
+            let a = r.applier().lock();
+            let c = &a.partition(landed[0].partition).counters;
+            assert_eq!((c.duplicates, c.bad.values().sum::<u64>()), (1, 1), "{}", b.name);
+        }
+        // Epoch bump clears.
+        let l = publisher
+            .publish_kv_events(&ks(), w, 0, 2, 1, false, &[store(None, &[(21, 7)])], None)
+            .await
+            .unwrap();
+        assert!(r.status().wait_for(&[(l.partition, l.offset)], Duration::from_secs(30)).await);
+        assert_eq!(depth(&r, &[1, 2, 3]), 0, "{}", b.name);
+        assert_eq!(depth(&r, &[7]), 1, "{}", b.name);
+        ran.push(b.name);
+    }
+    eprintln!("[kafka backend] ran: {ran:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partition_count_mismatch_is_refused() {
+    for b in kafka_backends().await {
+        let topic = unique_topic("prefixlog.mismatch");
+        b.create_topic(&topic, 3).await.unwrap();
+        let engine = Arc::new(Engine::new(EngineConfig { partitions: P, ..Default::default() }));
+        let applier = Applier::new(engine, ApplyConfig { partitions: P, ..Default::default() });
+        let cfg = ReplicaConfig {
+            brokers: b.brokers.clone(),
+            topic: topic.clone(),
+            partitions: P,
+            properties: vec![],
+        };
+        let err = Replica::start(cfg, applier).err().expect("refused");
+        assert!(err.to_string().contains("has 3 partitions"), "{}: {err}", b.name);
+    }
+}
