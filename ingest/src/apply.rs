@@ -92,7 +92,8 @@ pub struct PartitionState {
     pub log_time: LogTime,
     pub feeds: BTreeMap<FeedKey, Feed>,
     pub counters: PartitionCounters,
-    expiry_bucket: u64,
+    /// The last placement-expiry bucket (log time / expiry interval) handled.
+    pub expiry_bucket: u64,
 }
 
 pub struct Applier {

@@ -24,4 +24,4 @@ pub use apply::{Applier, ApplyConfig, Outcome};
 pub use embedded::EmbeddedKafka;
 pub use publisher::{Landed, PublishError, Publisher, PublisherConfig};
 pub use record::{BadReason, KvOp, Lifecycle, Op};
-pub use replica::{Replica, ReplicaConfig, ReplicaError, ReplicaStatus};
+pub use replica::{probe_log, LogProbe, Replica, ReplicaConfig, ReplicaError, ReplicaStatus};

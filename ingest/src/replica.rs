@@ -280,3 +280,30 @@ fn poll_watermarks(
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+/// What the broker says about the log: its cluster id, the topic's partition count and the
+/// high watermark of each partition. Used at start to refuse checkpoints of another log.
+pub struct LogProbe {
+    pub cluster_id: String,
+    pub partitions: u32,
+    pub high_watermarks: Vec<i64>,
+    pub low_watermarks: Vec<i64>,
+}
+
+pub fn probe_log(cfg: &ReplicaConfig) -> Result<LogProbe, ReplicaError> {
+    let mut cc = ClientConfig::new();
+    cc.set("bootstrap.servers", &cfg.brokers).set("group.id", "prefixlog-probe-unused");
+    for (k, v) in &cfg.properties {
+        cc.set(k, v);
+    }
+    let consumer: BaseConsumer = cc.create()?;
+    let partitions = topic_partitions(&consumer, &cfg.topic)?;
+    let cluster_id = consumer.client().fetch_cluster_id(Duration::from_secs(10)).unwrap_or_default();
+    let (mut low, mut high) = (Vec::new(), Vec::new());
+    for p in 0..partitions {
+        let (l, h) = consumer.fetch_watermarks(&cfg.topic, p as i32, Duration::from_secs(10))?;
+        low.push(l);
+        high.push(h);
+    }
+    Ok(LogProbe { cluster_id, partitions, high_watermarks: high, low_watermarks: low })
+}

@@ -3,8 +3,11 @@
 //! - `serve`: run an index replica (embedded broker when no `--brokers`).
 //! - `replay`: publish the trace workload's KV events to a log.
 //! - `bench-ingest`: Kafka → apply throughput next to raw consume throughput.
+//! - `checkpoints`: list, show and verify a replica's RocksDB checkpoints.
 
 mod bench_ingest;
+mod checkpointing;
+mod checkpoints_cmd;
 mod fleet_records;
 mod kafka_args;
 mod replay;
@@ -35,6 +38,8 @@ enum Cmd {
     Replay(replay::Args),
     /// Measure Kafka → apply throughput against raw consume throughput (embedded broker).
     BenchIngest(bench_ingest::Args),
+    /// Inspect a replica's checkpoints: list, show, verify.
+    Checkpoints(checkpoints_cmd::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -52,5 +57,6 @@ fn main() -> anyhow::Result<()> {
         Cmd::Serve(a) => rt.block_on(serve::run(a)),
         Cmd::Replay(a) => rt.block_on(replay::run(a)),
         Cmd::BenchIngest(a) => rt.block_on(bench_ingest::run(a)),
+        Cmd::Checkpoints(a) => checkpoints_cmd::run(a),
     }
 }

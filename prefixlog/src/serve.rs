@@ -21,6 +21,22 @@ pub struct Args {
     /// number of replicas may publish them.
     #[arg(long, default_value = "1s", value_parser = humantime_secs)]
     pub tick_interval: Duration,
+    /// Directory of the RocksDB checkpoint store. Without it the replica keeps no checkpoints
+    /// and replays the whole log on every start.
+    #[arg(long, env = "PREFIXLOG_DATA_DIR")]
+    pub data_dir: Option<std::path::PathBuf>,
+    /// Take a checkpoint this often (wall time; 0 disables the timer).
+    #[arg(long, default_value = "60s", value_parser = humantime_secs)]
+    pub checkpoint_interval: Duration,
+    /// Also take a checkpoint after this many applied records (0 disables).
+    #[arg(long, default_value_t = 1_000_000)]
+    pub checkpoint_records: u64,
+    /// Retention: keep this many newest checkpoints...
+    #[arg(long, default_value_t = 3)]
+    pub keep_checkpoints: usize,
+    /// ...plus the oldest checkpoint of every hour of log time within this many hours (audits).
+    #[arg(long, default_value_t = 24)]
+    pub keep_hourly_for: u64,
     /// Placement TTL in log time.
     #[arg(long, default_value = "120s", value_parser = humantime_secs)]
     pub placement_ttl: Duration,
@@ -55,22 +71,28 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
             b
         }
     };
-    let engine = Arc::new(Engine::new(EngineConfig {
+    let engine_cfg = EngineConfig {
         partitions: a.kafka.partitions,
         placement_ttl_ms: a.placement_ttl.as_millis() as u64,
         ..Default::default()
-    }));
-    let applier =
-        Applier::new(engine.clone(), ApplyConfig { partitions: a.kafka.partitions, ..Default::default() });
-    let replica = Replica::start(
-        ReplicaConfig {
-            brokers: brokers.clone(),
-            topic: a.kafka.topic.clone(),
-            partitions: a.kafka.partitions,
-            properties: a.kafka.property.clone(),
-        },
-        applier,
-    )?;
+    };
+    let apply_cfg = ApplyConfig { partitions: a.kafka.partitions, ..Default::default() };
+    let replica_cfg = ReplicaConfig {
+        brokers: brokers.clone(),
+        topic: a.kafka.topic.clone(),
+        partitions: a.kafka.partitions,
+        properties: a.kafka.property.clone(),
+    };
+    let checkpoints = crate::checkpointing::open(&a, &replica_cfg)?;
+    let applier = match &checkpoints {
+        Some(c) => crate::checkpointing::restore_or_fresh(c, engine_cfg, apply_cfg)?,
+        None => Applier::new(Arc::new(Engine::new(engine_cfg)), apply_cfg),
+    };
+    let engine = applier.engine().clone();
+    let replica = Replica::start(replica_cfg, applier)?;
+    if let Some(c) = checkpoints {
+        crate::checkpointing::spawn_loop(c, &a, replica.applier().clone(), replica.status().clone());
+    }
     tracing::info!(%brokers, topic = %a.kafka.topic, partitions = a.kafka.partitions, "replica started; Ctrl-C stops");
     let status = replica.status().clone();
     if !a.tick_interval.is_zero() {
