@@ -94,6 +94,7 @@ pub fn spawn_loop(c: Checkpoints, a: &Args, applier: Arc<Mutex<Applier>>, status
                         tracing::info!(
                             checkpoint = meta.id,
                             holder_blocks = meta.holder_blocks(),
+                            log_records = meta.offsets.iter().sum::<i64>(),
                             ingest_pause_ms = pause.as_secs_f64() * 1e3,
                             total_ms = t.elapsed().as_secs_f64() * 1e3,
                             "checkpoint written"
