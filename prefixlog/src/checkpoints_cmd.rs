@@ -23,7 +23,8 @@ pub enum Cmd {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let store = CheckpointStore::open(&a.data_dir.join("checkpoints"))?;
+    // Read-only: works next to a running replica.
+    let store = CheckpointStore::open_read_only(&a.data_dir.join("checkpoints"))?;
     match a.cmd {
         Cmd::List => {
             println!("{:>6}  {:>14}  {:>12}  {:>9}  cluster/topic", "id", "log time (ms)", "holder-blks", "keyspaces");

@@ -25,11 +25,12 @@ pub struct WorkloadArgs {
     pub copies: usize,
 }
 
-/// One encoded record: (worker, value, blocks it carries).
+/// One encoded record: (worker, value, blocks it carries, trace time of its request).
 pub struct FleetRecord {
     pub worker: u64,
     pub value: Vec<u8>,
     pub blocks: usize,
+    pub time_ms: u64,
 }
 
 pub fn keyspace() -> KeyspaceId {
@@ -48,6 +49,9 @@ pub fn fleet_records(a: &WorkloadArgs) -> anyhow::Result<Vec<FleetRecord>> {
     let mut seq = vec![0u64; a.workers];
     let ks = keyspace();
     let mut out = Vec::new();
+    // generate() emits one Match per (request, copy) before that request's events.
+    let mut request = 0usize;
+    let mut time_ms = 0;
     for s in generate(&trace, &cfg) {
         let (w, op, blocks) = match s {
             Step::Stored { worker, parent_ext, blocks } => {
@@ -58,11 +62,15 @@ pub fn fleet_records(a: &WorkloadArgs) -> anyhow::Result<Vec<FleetRecord>> {
                 let n = exts.len();
                 (worker, KvOp::Removed { lane: 0, exts }, n)
             }
-            Step::Match { .. } => continue,
+            Step::Match { .. } => {
+                time_ms = trace.get(request / a.copies.max(1)).map_or(time_ms, |r| r.timestamp_ms);
+                request += 1;
+                continue;
+            }
         };
         seq[w as usize] += 1;
         let value = encode_kv_events(&ks, u64::from(w), 0, 1, seq[w as usize], false, &[op]);
-        out.push(FleetRecord { worker: u64::from(w), value, blocks });
+        out.push(FleetRecord { worker: u64::from(w), value, blocks, time_ms });
     }
     Ok(out)
 }

@@ -3,13 +3,19 @@
 //! - `serve`: run an index replica (embedded broker when no `--brokers`).
 //! - `replay`: publish the trace workload's KV events to a log.
 //! - `bench-ingest`: Kafka → apply throughput next to raw consume throughput.
+//! - `bench-query`: Match latency over gRPC (idle, ingesting) next to an Echo RPC.
+//! - `bench-restart`: restart from checkpoint + tail vs full replay.
+//! - `audit`: the index state at a past time or offsets, explain a placement, diff, verify.
 //! - `checkpoints`: list, show and verify a replica's RocksDB checkpoints.
 
+mod audit_cmd;
 mod bench_ingest;
+mod bench_restart;
 mod checkpointing;
 mod checkpoints_cmd;
 mod fleet_records;
 mod kafka_args;
+mod query_bench;
 mod replay;
 mod serve;
 
@@ -38,6 +44,12 @@ enum Cmd {
     Replay(replay::Args),
     /// Measure Kafka → apply throughput against raw consume throughput (embedded broker).
     BenchIngest(bench_ingest::Args),
+    /// Measure Match latency over gRPC, idle and while ingesting, next to an Echo RPC (embedded broker).
+    BenchQuery(query_bench::Args),
+    /// Measure time to ready from a checkpoint + tail against a full replay (embedded broker).
+    BenchRestart(bench_restart::Args),
+    /// Reconstruct past index state from checkpoints + log replay; explain routing decisions.
+    Audit(audit_cmd::Args),
     /// Inspect a replica's checkpoints: list, show, verify.
     Checkpoints(checkpoints_cmd::Args),
 }
@@ -57,6 +69,9 @@ fn main() -> anyhow::Result<()> {
         Cmd::Serve(a) => rt.block_on(serve::run(a)),
         Cmd::Replay(a) => rt.block_on(replay::run(a)),
         Cmd::BenchIngest(a) => rt.block_on(bench_ingest::run(a)),
+        Cmd::BenchQuery(a) => rt.block_on(query_bench::run(a)),
         Cmd::Checkpoints(a) => checkpoints_cmd::run(a),
+        Cmd::Audit(a) => audit_cmd::run(a),
+        Cmd::BenchRestart(a) => rt.block_on(bench_restart::run(a)),
     }
 }

@@ -194,6 +194,12 @@ fn decode_meta(id: u64, buf: &[u8]) -> Result<CheckpointMeta, StoreError> {
 }
 
 impl CheckpointStore {
+    /// Opens the store read-only, beside a running replica that holds it open (audits, CLI).
+    pub fn open_read_only(path: &Path) -> Result<Self, StoreError> {
+        let o = Options::default();
+        Ok(Self { db: DB::open_for_read_only(&o, path, false)? })
+    }
+
     pub fn open(path: &Path) -> Result<Self, StoreError> {
         let mut o = Options::default();
         o.create_if_missing(true);

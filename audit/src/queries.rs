@@ -1,0 +1,135 @@
+//! Match queries against reconstructed state, JSON in and out, and state summaries.
+
+use prefixlog_engine::{Engine, HolderKey, KeyspaceId, MatchOptions};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+pub struct KeyspaceJson {
+    pub model: String,
+    pub block_size: u32,
+    #[serde(default = "scheme_1")]
+    pub hash_scheme: u32,
+}
+
+fn scheme_1() -> u32 {
+    prefixlog_engine::scheme::SCHEME_XXH3_CHAINED
+}
+
+impl KeyspaceJson {
+    pub fn id(&self) -> KeyspaceId {
+        KeyspaceId::new(self.model.clone(), self.block_size, self.hash_scheme)
+    }
+}
+
+/// A 64-bit hash as a JSON number or a `"0x…"` string.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(untagged)]
+pub enum Hash {
+    Num(u64),
+    Hex(String),
+}
+
+impl Hash {
+    fn value(&self) -> Result<u64, String> {
+        match self {
+            Hash::Num(n) => Ok(*n),
+            Hash::Hex(s) => u64::from_str_radix(s.trim_start_matches("0x"), 16).map_err(|_| format!("bad hash {s:?}")),
+        }
+    }
+}
+
+/// One query: the prompt as token ids or as canonical block hashes.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+pub struct Query {
+    pub keyspace: KeyspaceJson,
+    #[serde(default)]
+    pub tokens: Option<Vec<u32>>,
+    #[serde(default)]
+    pub hashes: Option<Vec<Hash>>,
+    #[serde(default)]
+    pub top_k: Option<usize>,
+    #[serde(default)]
+    pub intervals: bool,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct WorkerScore {
+    pub worker: u64,
+    pub dp_rank: u32,
+    pub lane: u32,
+    pub depth: u32,
+    pub total: u32,
+    pub inferred: bool,
+    #[serde(skip_serializing_if = "Vec::is_empty", default)]
+    pub intervals: Vec<(u32, u32)>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Answer {
+    pub query_blocks: usize,
+    pub workers: Vec<WorkerScore>,
+}
+
+impl Query {
+    /// The chain of local hashes this query asks about.
+    pub fn locals(&self) -> Result<Vec<u64>, String> {
+        match (&self.tokens, &self.hashes) {
+            (Some(t), None) => {
+                if !prefixlog_engine::scheme::is_known(self.keyspace.hash_scheme) {
+                    return Err(format!("unknown hash scheme {}", self.keyspace.hash_scheme));
+                }
+                Ok(prefixlog_engine::scheme::block_hashes(t, self.keyspace.block_size as usize))
+            }
+            (None, Some(h)) => h.iter().map(Hash::value).collect(),
+            _ => Err("a query needs exactly one of `tokens` or `hashes`".into()),
+        }
+    }
+}
+
+/// Answers a query against an engine.
+pub fn answer(engine: &Engine, q: &Query) -> Result<Answer, String> {
+    let locals = q.locals()?;
+    let id = q.keyspace.id();
+    let opts = MatchOptions { intervals: q.intervals, top_k: q.top_k, lane: None };
+    let known = || engine.keyspace_ids().iter().map(|k| k.to_string()).collect::<Vec<_>>().join(", ");
+    let res = engine.match_chain(&id, &locals, &opts).ok_or_else(|| format!("no keyspace {id} (known: {})", known()))?;
+    Ok(Answer {
+        query_blocks: locals.len(),
+        workers: res
+            .into_iter()
+            .map(|m| WorkerScore {
+                worker: m.holder.worker,
+                dp_rank: m.holder.dp_rank,
+                lane: m.holder.lane,
+                depth: m.depth,
+                total: m.total,
+                inferred: m.inferred,
+                intervals: m.intervals,
+            })
+            .collect(),
+    })
+}
+
+/// Blocks per (keyspace, worker), summed over dp ranks and lanes.
+pub fn worker_blocks(engine: &Engine) -> BTreeMap<(KeyspaceId, u64), u64> {
+    let mut out = BTreeMap::new();
+    for ks in engine.keyspaces() {
+        let g = ks.read();
+        for h in g.holder_summaries() {
+            *out.entry((g.id().clone(), h.key.worker)).or_insert(0) += u64::from(h.blocks);
+        }
+    }
+    out
+}
+
+/// Every chain a holder holds, as hex local hashes from the root.
+pub fn holder_blocks(engine: &Engine, ks: &KeyspaceId, h: HolderKey) -> Vec<Vec<String>> {
+    engine
+        .keyspace(ks)
+        .map(|k| k.read().holder_chains(&h))
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| c.into_iter().map(|l| format!("{l:#018x}")).collect())
+        .collect()
+}

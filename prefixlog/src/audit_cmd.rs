@@ -1,0 +1,252 @@
+//! `prefixlog audit`: what the index said at any past point, and why a gateway routed as it did.
+
+use crate::kafka_args::KafkaArgs;
+use prefixlog_audit::queries::{answer, holder_blocks, worker_blocks, Query};
+use prefixlog_audit::{reconstruct, LogSource, Point};
+use prefixlog_engine::{EngineConfig, HolderKey, KeyspaceId};
+use prefixlog_ingest::record::{decode, Op};
+use prefixlog_ingest::{probe_log, ApplyConfig, ReplicaConfig};
+use prefixlog_snapshot::CheckpointStore;
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub kafka: KafkaArgs,
+    /// The replica's --data-dir (its retained checkpoints; opened read-only). Without it the
+    /// audit replays from the log start.
+    #[arg(long, env = "PREFIXLOG_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+#[derive(clap::Subcommand)]
+pub enum Cmd {
+    /// Reconstruct the state at a point and answer queries / summarise / dump a holder.
+    At {
+        /// Log time: RFC 3339 (2026-11-30T10:42:07Z) or milliseconds since the epoch.
+        #[arg(long, conflicts_with = "offsets", required_unless_present = "offsets")]
+        time: Option<String>,
+        /// Next offsets per partition, as a query response reports them: `0:120,1:98,...`.
+        #[arg(long)]
+        offsets: Option<String>,
+        /// JSON file with an array of queries ({"keyspace":{..},"tokens":[..]} or "hashes").
+        #[arg(long)]
+        queries: Option<PathBuf>,
+        /// Print blocks per keyspace and worker.
+        #[arg(long)]
+        summary: bool,
+        /// Dump one holder's blocks: `KEYSPACE_MODEL/BLOCK_SIZE/SCHEME@WORKER:DP:LANE`.
+        #[arg(long)]
+        holder: Option<String>,
+    },
+    /// For a placement record that carries the offsets the gateway routed on: every worker's
+    /// score at exactly those offsets, next to the worker chosen.
+    Explain {
+        /// `partition:offset` of the placement record.
+        #[arg(long)]
+        record: String,
+    },
+    /// Blocks gained and lost per keyspace and worker between two log times.
+    Diff {
+        #[arg(long)]
+        from: String,
+        #[arg(long)]
+        to: String,
+        /// Optionally, queries to score at both points.
+        #[arg(long)]
+        queries: Option<PathBuf>,
+    },
+    /// Replay a range and check that every retained checkpoint in it is reproduced exactly.
+    Verify {
+        #[arg(long, default_value = "0")]
+        from: String,
+        #[arg(long)]
+        to: Option<String>,
+    },
+}
+
+pub fn parse_time(s: &str) -> anyhow::Result<u64> {
+    if let Ok(ms) = s.parse::<u64>() {
+        return Ok(ms);
+    }
+    let t = humantime::parse_rfc3339_weak(s)
+        .map_err(|e| anyhow::anyhow!("{s:?} is neither RFC 3339 nor milliseconds: {e}"))?;
+    Ok(t.duration_since(std::time::UNIX_EPOCH)?.as_millis() as u64)
+}
+
+pub fn parse_offsets(s: &str) -> anyhow::Result<Vec<(u32, i64)>> {
+    s.split(',')
+        .filter(|x| !x.is_empty())
+        .map(|x| {
+            let (p, o) = x.split_once(':').ok_or_else(|| anyhow::anyhow!("expected partition:offset, got {x:?}"))?;
+            Ok((p.trim().parse()?, o.trim().parse()?))
+        })
+        .collect()
+}
+
+fn configs(partitions: u32) -> (EngineConfig, ApplyConfig) {
+    (EngineConfig { partitions, ..Default::default() }, ApplyConfig { partitions, ..Default::default() })
+}
+
+fn load_queries(p: &PathBuf) -> anyhow::Result<Vec<Query>> {
+    let text = std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("reading {}: {e}", p.display()))?;
+    Ok(serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: not a JSON array of queries: {e}", p.display()))?)
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let brokers = a.kafka.brokers.clone().ok_or_else(|| anyhow::anyhow!("audit needs --brokers (the log to replay)"))?;
+    let rcfg = ReplicaConfig {
+        brokers: brokers.clone(),
+        topic: a.kafka.topic.clone(),
+        partitions: a.kafka.partitions,
+        properties: a.kafka.property.clone(),
+    };
+    let probe = probe_log(&rcfg)?;
+    let log = LogSource {
+        brokers,
+        topic: a.kafka.topic.clone(),
+        partitions: probe.partitions,
+        properties: a.kafka.property.clone(),
+        low_watermarks: probe.low_watermarks,
+        high_watermarks: probe.high_watermarks,
+    };
+    let store = match &a.data_dir {
+        Some(d) => Some(CheckpointStore::open_read_only(&d.join("checkpoints"))?),
+        None => None,
+    };
+    let (ecfg, acfg) = configs(log.partitions);
+    let at = |point: Point| -> anyhow::Result<prefixlog_audit::Reconstructed> {
+        let r = reconstruct(store.as_ref(), &log, &point, ecfg.clone(), acfg.clone(), true)?;
+        eprintln!(
+            "reconstructed {point:?}: from {} + {} records; offsets {:?}",
+            r.checkpoint.map_or("the log start".to_string(), |c| format!("checkpoint {c}")),
+            r.replayed,
+            r.offsets()
+        );
+        Ok(r)
+    };
+    match a.cmd {
+        Cmd::At { time, offsets, queries, summary, holder } => {
+            let point = match (time, offsets) {
+                (Some(t), _) => Point::Time(parse_time(&t)?),
+                (_, Some(o)) => Point::Offsets(parse_offsets(&o)?),
+                _ => unreachable!("clap requires one"),
+            };
+            let r = at(point)?;
+            let engine = r.applier.engine();
+            if let Some(q) = queries {
+                let answers: Vec<serde_json::Value> = load_queries(&q)?
+                    .iter()
+                    .map(|q| match answer(engine, q) {
+                        Ok(a) => serde_json::to_value(a).expect("serialisable"),
+                        Err(e) => serde_json::json!({ "error": e }),
+                    })
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "offsets": r.offsets(), "answers": answers }))?);
+            }
+            if summary {
+                for ((ks, w), b) in worker_blocks(engine) {
+                    println!("{ks}\tworker {w}\t{b} blocks");
+                }
+            }
+            if let Some(h) = holder {
+                let (ks, key) = parse_holder(&h)?;
+                println!("{}", serde_json::to_string_pretty(&holder_blocks(engine, &ks, key))?);
+            }
+        }
+        Cmd::Explain { record } => {
+            let (p, o) = *parse_offsets(&record)?.first().ok_or_else(|| anyhow::anyhow!("--record p:o"))?;
+            let value = read_record(&log, p, o)?;
+            let op = decode(value.as_deref(), p, log.partitions, usize::MAX).map_err(|r| anyhow::anyhow!("record {p}:{o} is a bad record ({r})"))?;
+            let Op::Placement { keyspace, holder, locals, answered_at } = op else {
+                anyhow::bail!("record {p}:{o} is not a placement");
+            };
+            anyhow::ensure!(
+                !answered_at.is_empty(),
+                "placement {p}:{o} carries no answer offsets: the gateway routed without an index answer"
+            );
+            let r = at(Point::Offsets(answered_at.clone()))?;
+            let res = r.applier.engine().match_chain(&keyspace, &locals, &Default::default()).unwrap_or_default();
+            println!("placement {p}:{o}: {} blocks routed to {holder} in {keyspace}; the index at {answered_at:?} said:", locals.len());
+            println!("{:>10} {:>4} {:>5} {:>7} {:>8}  ", "worker", "dp", "lane", "depth", "total");
+            for m in &res {
+                let mark = if m.holder.worker == holder.worker { "  <- chosen" } else { "" };
+                println!("{:>10} {:>4} {:>5} {:>7} {:>8}{mark}", m.holder.worker, m.holder.dp_rank, m.holder.lane, m.depth, m.total);
+            }
+            if !res.iter().any(|m| m.holder.worker == holder.worker) {
+                println!("chosen worker {} held none of the prefix (depth 0)", holder.worker);
+            }
+        }
+        Cmd::Diff { from, to, queries } => {
+            let (t1, t2) = (parse_time(&from)?, parse_time(&to)?);
+            let r1 = at(Point::Time(t1))?;
+            let b1 = worker_blocks(r1.applier.engine());
+            let a1 = match &queries { Some(q) => Some(load_queries(q)?.iter().map(|q| answer(r1.applier.engine(), q)).collect::<Vec<_>>()), None => None };
+            drop(r1);
+            let r2 = at(Point::Time(t2))?;
+            let b2 = worker_blocks(r2.applier.engine());
+            let mut keys: Vec<&(KeyspaceId, u64)> = b1.keys().chain(b2.keys()).collect();
+            keys.sort();
+            keys.dedup();
+            println!("keyspace\tworker\tblocks@from\tblocks@to\tchange");
+            for k in keys {
+                let (x, y) = (b1.get(k).copied().unwrap_or(0), b2.get(k).copied().unwrap_or(0));
+                println!("{}\t{}\t{x}\t{y}\t{:+}", k.0, k.1, y as i64 - x as i64);
+            }
+            if let (Some(q), Some(a1)) = (queries, a1) {
+                for (i, (q, a1)) in load_queries(&q)?.iter().zip(a1).enumerate() {
+                    let a2 = answer(r2.applier.engine(), q);
+                    println!("query {i}: from {}\n         to   {}", serde_json::to_string(&a1.ok())?, serde_json::to_string(&a2.ok())?);
+                }
+            }
+        }
+        Cmd::Verify { from, to } => {
+            let store = store.as_ref().ok_or_else(|| anyhow::anyhow!("verify needs --data-dir (the checkpoints to check)"))?;
+            let (t1, t2) = (parse_time(&from)?, to.as_deref().map(parse_time).transpose()?.unwrap_or(u64::MAX));
+            let r = prefixlog_audit::verify(store, &log, t1, t2, ecfg, acfg, true)?;
+            for (id, p) in &r.mismatches {
+                println!("checkpoint {id} partition {p}: MISMATCH (replay does not reproduce its digest)");
+            }
+            println!("verified {} checkpoints: {} partition mismatches", r.checked, r.mismatches.len());
+            if !r.mismatches.is_empty() {
+                anyhow::bail!("determinism check failed");
+            }
+        }
+    }
+    Ok(())
+}
+
+fn parse_holder(s: &str) -> anyhow::Result<(KeyspaceId, HolderKey)> {
+    let err = || anyhow::anyhow!("expected MODEL/BLOCK_SIZE/SCHEME@WORKER:DP:LANE, got {s:?}");
+    let (ks, h) = s.split_once('@').ok_or_else(err)?;
+    let k: Vec<&str> = ks.rsplitn(3, '/').collect();
+    let h: Vec<&str> = h.split(':').collect();
+    if k.len() != 3 || h.len() != 3 {
+        return Err(err());
+    }
+    Ok((KeyspaceId::new(k[2], k[1].parse()?, k[0].parse()?), HolderKey::new(h[0].parse()?, h[1].parse()?, h[2].parse()?)))
+}
+
+fn read_record(log: &LogSource, p: u32, o: i64) -> anyhow::Result<Option<Vec<u8>>> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::Message;
+    let mut cc = rdkafka::config::ClientConfig::new();
+    cc.set("bootstrap.servers", &log.brokers).set("group.id", "prefixlog-audit-unused");
+    for (k, v) in &log.properties {
+        cc.set(k, v);
+    }
+    let c: BaseConsumer = cc.create()?;
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    tpl.add_partition_offset(&log.topic, p as i32, rdkafka::Offset::Offset(o))?;
+    c.assign(&tpl)?;
+    for _ in 0..100 {
+        if let Some(m) = c.poll(std::time::Duration::from_millis(100)) {
+            let m = m?;
+            anyhow::ensure!(m.offset() == o, "record {p}:{o} is not retained (first available: {})", m.offset());
+            return Ok(m.payload().map(<[u8]>::to_vec));
+        }
+    }
+    anyhow::bail!("record {p}:{o} not found (the partition ends at {})", log.high_watermarks.get(p as usize).copied().unwrap_or(0))
+}

@@ -1,0 +1,136 @@
+//! `prefixlog bench-restart`: time to ready from a checkpoint plus a tail, next to rebuilding
+//! the same state by replaying the whole log (same run, same records, embedded broker).
+
+use crate::fleet_records::{fleet_records, WorkloadArgs};
+use prefixlog_engine::{Engine, EngineConfig};
+use prefixlog_ingest::{Applier, ApplyConfig, EmbeddedKafka, Landed, Publisher, PublisherConfig, Replica, ReplicaConfig};
+use prefixlog_snapshot::{checkpoint, newest_usable, restore, CheckpointStore, LogIdentity};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub workload: WorkloadArgs,
+    /// Partitions of the benchmark topic.
+    #[arg(long, default_value_t = 16)]
+    pub partitions: u32,
+    /// The tail: records of the last this-many ms of trace time are published after the
+    /// checkpoint.
+    #[arg(long, default_value_t = 60_000)]
+    pub tail_ms: u64,
+}
+
+async fn publish(p: &Publisher, recs: &[&crate::fleet_records::FleetRecord]) -> anyhow::Result<Vec<Landed>> {
+    let mut by_worker: BTreeMap<u64, Vec<(Vec<u8>, u64)>> = BTreeMap::new();
+    for r in recs {
+        by_worker.entry(r.worker).or_default().push((r.value.clone(), r.time_ms));
+    }
+    let mut tasks = Vec::new();
+    for (w, vals) in by_worker {
+        let p = p.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut landed = Vec::new();
+            for (v, t) in vals {
+                landed.push(p.publish_raw(w, &v, Some(1_000_000 + t as i64)).await?);
+            }
+            Ok::<_, prefixlog_ingest::PublishError>(landed)
+        }));
+    }
+    let mut out = Vec::new();
+    for t in tasks {
+        out.extend(t.await??);
+    }
+    Ok(out)
+}
+
+fn ends(landed: &[Landed]) -> Vec<(u32, i64)> {
+    let mut m: BTreeMap<u32, i64> = BTreeMap::new();
+    for l in landed {
+        let e = m.entry(l.partition).or_insert(l.offset);
+        *e = (*e).max(l.offset);
+    }
+    m.into_iter().collect()
+}
+
+pub async fn run(a: Args) -> anyhow::Result<()> {
+    let topic = "prefixlog.bench-restart";
+    let kafka = EmbeddedKafka::start(topic, a.partitions)?;
+    let brokers = kafka.bootstrap_servers();
+    let records = fleet_records(&a.workload)?;
+    let end = records.iter().map(|r| r.time_ms).max().unwrap_or(0);
+    let cut = end.saturating_sub(a.tail_ms);
+    let (head, tail): (Vec<_>, Vec<_>) = records.iter().partition(|r| r.time_ms < cut);
+    let publisher = Publisher::new(PublisherConfig::new(&brokers, topic, a.partitions))?;
+    let ecfg = EngineConfig { partitions: a.partitions, ..Default::default() };
+    let acfg = ApplyConfig { partitions: a.partitions, ..Default::default() };
+    let rcfg = ReplicaConfig { brokers: brokers.clone(), topic: topic.into(), partitions: a.partitions, properties: vec![] };
+
+    // Head → a replica → checkpoint.
+    let head_landed = publish(&publisher, &head).await?;
+    let dir = tempdir()?;
+    let store = CheckpointStore::open(&dir.join("checkpoints"))?;
+    let identity = LogIdentity { cluster_id: "bench".into(), topic: topic.into(), partitions: a.partitions };
+    let r = Replica::start(rcfg.clone(), Applier::new(Arc::new(Engine::new(ecfg.clone())), acfg.clone()))?;
+    anyhow::ensure!(r.status().wait_for(&ends(&head_landed), Duration::from_secs(3600)).await, "head not applied");
+    let t = Instant::now();
+    let (meta, pause) = checkpoint(r.applier(), &store, &identity)?;
+    let write_s = t.elapsed().as_secs_f64();
+    drop(r);
+    let tail_landed = publish(&publisher, &tail).await?;
+    let all_ends = ends(&[head_landed, tail_landed.clone()].concat());
+    let hb = meta.holder_blocks();
+    println!(
+        "workload: {} records ({} head, {} in the last {} s of trace time), checkpoint of {hb} holder-blocks",
+        records.len(),
+        head.len(),
+        tail.len(),
+        a.tail_ms / 1000
+    );
+    println!("checkpoint: written in {write_s:.2} s (ingest paused {:.0} ms, queries not blocked)", pause.as_secs_f64() * 1e3);
+
+    // Restart: open store, verify + load newest, rebuild, replay the tail to the log end.
+    let t = Instant::now();
+    let store2 = CheckpointStore::open(&dir.join("checkpoints"))?;
+    let hw: Vec<i64> = vec![i64::MAX; a.partitions as usize];
+    let (loaded, _) = newest_usable(&store2, &identity, &hw);
+    let loaded = loaded.ok_or_else(|| anyhow::anyhow!("checkpoint not loadable"))?;
+    let load_s = t.elapsed().as_secs_f64();
+    let applier = restore(&loaded, ecfg.clone(), acfg.clone()).map_err(anyhow::Error::msg)?;
+    let restore_s = t.elapsed().as_secs_f64() - load_s;
+    let r = Replica::start(rcfg.clone(), applier)?;
+    anyhow::ensure!(r.status().wait_for(&all_ends, Duration::from_secs(3600)).await, "tail not applied");
+    let restart_s = t.elapsed().as_secs_f64();
+    let d_restart: Vec<u64> = (0..a.partitions).map(|p| r.applier().lock().partition_digest(p)).collect();
+    drop(r);
+
+    // Full replay from offset 0.
+    let t = Instant::now();
+    let r = Replica::start(rcfg, Applier::new(Arc::new(Engine::new(ecfg)), acfg))?;
+    anyhow::ensure!(r.status().wait_for(&all_ends, Duration::from_secs(3600)).await, "full replay incomplete");
+    let full_s = t.elapsed().as_secs_f64();
+    let d_full: Vec<u64> = (0..a.partitions).map(|p| r.applier().lock().partition_digest(p)).collect();
+    drop(r);
+    anyhow::ensure!(d_restart == d_full, "restarted replica's digests differ from the full replay's");
+
+    println!("\n| path | seconds |");
+    println!("|---|---:|");
+    println!("| restart: open + verify + load checkpoint | {load_s:.2} |");
+    println!("| restart: rebuild engine ({:.1} M holder-blocks/s) | {restore_s:.2} |", hb as f64 / restore_s / 1e6);
+    println!("| restart total to caught up (incl. tail replay) | {restart_s:.2} |");
+    println!("| full replay from offset 0 | {full_s:.2} |");
+    println!(
+        "\nfull replay / restart = {:.1}x (target ≥ 20x); load+rebuild rate {:.1} M holder-blocks/s; digests identical",
+        full_s / restart_s,
+        hb as f64 / (load_s + restore_s) / 1e6
+    );
+    std::fs::remove_dir_all(&dir).ok();
+    Ok(())
+}
+
+fn tempdir() -> anyhow::Result<std::path::PathBuf> {
+    let d = std::env::temp_dir().join(format!("prefixlog-bench-restart-{}", std::process::id()));
+    std::fs::create_dir_all(&d)?;
+    Ok(d)
+}
