@@ -92,7 +92,7 @@ fn configs(partitions: u32) -> (EngineConfig, ApplyConfig) {
 
 fn load_queries(p: &PathBuf) -> anyhow::Result<Vec<Query>> {
     let text = std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("reading {}: {e}", p.display()))?;
-    Ok(serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: not a JSON array of queries: {e}", p.display()))?)
+    serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: not a JSON array of queries: {e}", p.display()))
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
