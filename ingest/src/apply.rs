@@ -36,11 +36,22 @@ pub struct ApplyConfig {
     pub max_blocks_per_record: usize,
     /// Placement expiry granularity, in log time.
     pub expiry_interval_ms: u64,
+    /// Record a digest point for a partition every this many offsets (anti-entropy compares
+    /// replicas at these points; they are deterministic, so equal offsets mean equal digests).
+    pub digest_every: i64,
+    /// Digest points kept per partition.
+    pub digest_history: usize,
 }
 
 impl Default for ApplyConfig {
     fn default() -> Self {
-        Self { partitions: 16, max_blocks_per_record: 16_384, expiry_interval_ms: 1_000 }
+        Self {
+            partitions: 16,
+            max_blocks_per_record: 16_384,
+            expiry_interval_ms: 1_000,
+            digest_every: 1_000,
+            digest_history: 512,
+        }
     }
 }
 
@@ -96,10 +107,20 @@ pub struct PartitionState {
     pub expiry_bucket: u64,
 }
 
+/// A partition's digest after applying every record below `next_offset`. Also a time → offset
+/// index entry (audits): the log time at that offset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DigestPoint {
+    pub next_offset: i64,
+    pub log_time: LogTime,
+    pub digest: u64,
+}
+
 pub struct Applier {
     engine: Arc<Engine>,
     cfg: ApplyConfig,
     parts: Vec<PartitionState>,
+    points: Vec<std::collections::VecDeque<DigestPoint>>,
 }
 
 impl Applier {
@@ -110,7 +131,8 @@ impl Applier {
             "engine and applier must agree on the partition count"
         );
         let parts = (0..cfg.partitions).map(|_| PartitionState::default()).collect();
-        Self { engine, cfg, parts }
+        let points = (0..cfg.partitions).map(|_| Default::default()).collect();
+        Self { engine, cfg, parts, points }
     }
 
     pub fn engine(&self) -> &Arc<Engine> {
@@ -133,6 +155,11 @@ impl Applier {
     pub fn restore_partitions(&mut self, parts: Vec<PartitionState>) {
         assert_eq!(parts.len(), self.parts.len());
         self.parts = parts;
+    }
+
+    /// The recorded digest points of partition `p`, oldest first.
+    pub fn digest_points(&self, p: u32) -> impl Iterator<Item = &DigestPoint> {
+        self.points[p as usize].iter()
     }
 
     /// Digest of partition `p`: its holders' block sets and its feed table.
@@ -171,6 +198,19 @@ impl Applier {
             self.parts[partition as usize].counters.applied += 1;
         }
         self.maybe_expire(partition);
+        let next = offset + 1;
+        if self.cfg.digest_every > 0 && next % self.cfg.digest_every == 0 {
+            let point = DigestPoint {
+                next_offset: next,
+                log_time: self.parts[partition as usize].log_time,
+                digest: self.partition_digest(partition),
+            };
+            let h = &mut self.points[partition as usize];
+            if h.len() >= self.cfg.digest_history.max(1) {
+                h.pop_front();
+            }
+            h.push_back(point);
+        }
         outcome
     }
 

@@ -16,7 +16,7 @@ fn ecfg() -> EngineConfig {
     EngineConfig { partitions: P, holder_capacity: 60, placement_ttl_ms: 2_000, ..Default::default() }
 }
 fn acfg() -> ApplyConfig {
-    ApplyConfig { partitions: P, max_blocks_per_record: 4096, expiry_interval_ms: 100 }
+    ApplyConfig { partitions: P, max_blocks_per_record: 4096, expiry_interval_ms: 100, ..Default::default() }
 }
 fn applier() -> Applier {
     Applier::new(Arc::new(Engine::new(ecfg())), acfg())
