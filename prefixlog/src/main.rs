@@ -4,11 +4,13 @@
 //! - `replay`: publish the trace workload's KV events to a log.
 //! - `bench-ingest`: Kafka → apply throughput next to raw consume throughput.
 //! - `bench-query`: Match latency over gRPC (idle, ingesting) next to an Echo RPC.
+//! - `bench-audit`: reconstructing a past point vs a full replay.
 //! - `bench-restart`: restart from checkpoint + tail vs full replay.
 //! - `audit`: the index state at a past time or offsets, explain a placement, diff, verify.
 //! - `checkpoints`: list, show and verify a replica's RocksDB checkpoints.
 
 mod audit_cmd;
+mod bench_audit;
 mod bench_ingest;
 mod bench_restart;
 mod checkpointing;
@@ -46,6 +48,8 @@ enum Cmd {
     BenchIngest(bench_ingest::Args),
     /// Measure Match latency over gRPC, idle and while ingesting, next to an Echo RPC (embedded broker).
     BenchQuery(query_bench::Args),
+    /// Measure reconstructing a past point from checkpoints against a full replay.
+    BenchAudit(bench_audit::Args),
     /// Measure time to ready from a checkpoint + tail against a full replay (embedded broker).
     BenchRestart(bench_restart::Args),
     /// Reconstruct past index state from checkpoints + log replay; explain routing decisions.
@@ -73,5 +77,6 @@ fn main() -> anyhow::Result<()> {
         Cmd::Checkpoints(a) => checkpoints_cmd::run(a),
         Cmd::Audit(a) => audit_cmd::run(a),
         Cmd::BenchRestart(a) => rt.block_on(bench_restart::run(a)),
+        Cmd::BenchAudit(a) => rt.block_on(bench_audit::run(a)),
     }
 }

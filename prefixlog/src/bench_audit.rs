@@ -1,0 +1,135 @@
+//! `prefixlog bench-audit`: time to reconstruct the state at a point about an hour into a long
+//! log from retained checkpoints, next to a full replay from the start to the same point.
+
+use crate::fleet_records::{keyspace, WorkloadArgs};
+use prefixlog_audit::{reconstruct, LogSource, Point};
+use prefixlog_engine::{Engine, EngineConfig};
+use prefixlog_ingest::record::encode_kv_events;
+use prefixlog_ingest::{Applier, ApplyConfig, EmbeddedKafka, KvOp, Landed, Publisher, PublisherConfig, Replica, ReplicaConfig};
+use prefixlog_snapshot::{checkpoint, CheckpointStore, LogIdentity};
+use prefixlog_workload::{expand_request, load_trace, Event, Fleet};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub workload: WorkloadArgs,
+    /// Hours of log: the trace (one hour) is replayed this many times back to back, each time
+    /// with fresh content.
+    #[arg(long, default_value_t = 3)]
+    pub hours: u64,
+    /// A checkpoint is taken every this many minutes of log time.
+    #[arg(long, default_value_t = 5)]
+    pub checkpoint_minutes: u64,
+    /// The audited point, in seconds of log time from the start.
+    #[arg(long, default_value_t = 3750)]
+    pub at_secs: u64,
+    #[arg(long, default_value_t = 16)]
+    pub partitions: u32,
+}
+
+pub async fn run(a: Args) -> anyhow::Result<()> {
+    let topic = "prefixlog.bench-audit";
+    let kafka = EmbeddedKafka::start(topic, a.partitions)?;
+    let brokers = kafka.bootstrap_servers();
+    let trace = load_trace(&a.workload.trace)?;
+    let hour = 3_600_000u64;
+    let mut fleet = Fleet::new(a.workload.workers, a.workload.capacity);
+    let mut seq = vec![0u64; a.workload.workers];
+    // (time, worker, value)
+    let mut records: Vec<(u64, u64, Vec<u8>)> = Vec::new();
+    for h in 0..a.hours {
+        for req in &trace {
+            let chain = expand_request(req, h as usize, a.workload.stretch);
+            let conv = req.hash_ids.get(1).copied().unwrap_or(0);
+            let w = (prefixlog_engine::digest::mix64(conv ^ h) % a.workload.workers as u64) as u32;
+            for ev in fleet.serve(w, &chain) {
+                let (w, op) = match ev {
+                    Event::Stored { worker, parent_ext, blocks } => (worker, KvOp::Stored { lane: 0, parent_ext, blocks }),
+                    Event::Removed { worker, exts } => (worker, KvOp::Removed { lane: 0, exts }),
+                };
+                seq[w as usize] += 1;
+                let v = encode_kv_events(&keyspace(), u64::from(w), 0, 1, seq[w as usize], false, &[op]);
+                records.push((h * hour + req.timestamp_ms, u64::from(w), v));
+            }
+        }
+    }
+    let publisher = Publisher::new(PublisherConfig::new(&brokers, topic, a.partitions))?;
+    let ecfg = EngineConfig { partitions: a.partitions, ..Default::default() };
+    let acfg = ApplyConfig { partitions: a.partitions, ..Default::default() };
+    let rcfg = ReplicaConfig { brokers: brokers.clone(), topic: topic.into(), partitions: a.partitions, properties: vec![] };
+    let replica = Replica::start(rcfg.clone(), Applier::new(Arc::new(Engine::new(ecfg.clone())), acfg.clone()))?;
+    let dir = std::env::temp_dir().join(format!("prefixlog-bench-audit-{}", std::process::id()));
+    let store = CheckpointStore::open(&dir)?;
+    let identity = LogIdentity { cluster_id: "bench".into(), topic: topic.into(), partitions: a.partitions };
+    let step = a.checkpoint_minutes.max(1) * 60_000;
+    let mut i = 0;
+    let mut checkpoints = 0;
+    let t = Instant::now();
+    while i < records.len() {
+        let window_end = (records[i].0 / step + 1) * step;
+        let mut landed: BTreeMap<u32, i64> = BTreeMap::new();
+        let mut tasks: BTreeMap<u64, Vec<(u64, Vec<u8>)>> = BTreeMap::new();
+        while i < records.len() && records[i].0 < window_end {
+            tasks.entry(records[i].1).or_default().push((records[i].0, std::mem::take(&mut records[i].2)));
+            i += 1;
+        }
+        let mut handles = Vec::new();
+        for (w, vals) in tasks {
+            let p = publisher.clone();
+            handles.push(tokio::spawn(async move {
+                let mut out: Vec<Landed> = Vec::new();
+                for (ts, v) in vals {
+                    out.push(p.publish_raw(w, &v, Some(ts as i64)).await?);
+                }
+                Ok::<_, prefixlog_ingest::PublishError>(out)
+            }));
+        }
+        for h in handles {
+            for l in h.await?? {
+                let e = landed.entry(l.partition).or_insert(l.offset);
+                *e = (*e).max(l.offset);
+            }
+        }
+        let token: Vec<(u32, i64)> = landed.into_iter().collect();
+        anyhow::ensure!(replica.status().wait_for(&token, Duration::from_secs(600)).await, "ingest stalled");
+        checkpoint(replica.applier(), &store, &identity)?;
+        checkpoints += 1;
+    }
+    drop(replica);
+    println!(
+        "log: {} hours of trace time, {} records; {checkpoints} checkpoints (every {} min) written while ingesting in {:.1} s",
+        a.hours,
+        records.len(),
+        a.checkpoint_minutes,
+        t.elapsed().as_secs_f64()
+    );
+    let probe = prefixlog_ingest::probe_log(&rcfg)?;
+    let log = LogSource {
+        brokers,
+        topic: topic.into(),
+        partitions: a.partitions,
+        properties: vec![],
+        low_watermarks: probe.low_watermarks,
+        high_watermarks: probe.high_watermarks,
+    };
+    let point = Point::Time(a.at_secs * 1000);
+    let t = Instant::now();
+    let r = reconstruct(Some(&store), &log, &point, ecfg.clone(), acfg.clone(), false)?;
+    let audit_s = t.elapsed().as_secs_f64();
+    let (ck, replayed, d1) = (r.checkpoint, r.replayed, r.applier.engine().digest());
+    drop(r);
+    let t = Instant::now();
+    let f = reconstruct(None, &log, &point, ecfg, acfg, false)?;
+    let full_s = t.elapsed().as_secs_f64();
+    anyhow::ensure!(f.applier.engine().digest() == d1, "audit and full replay disagree");
+    println!("\n| path to the state at {} s of log time | records replayed | seconds |", a.at_secs);
+    println!("|---|---:|---:|");
+    println!("| audit: checkpoint {} + replay | {replayed} | {audit_s:.2} |", ck.map_or("-".into(), |c| c.to_string()));
+    println!("| full replay from offset 0 | {} | {full_s:.2} |", f.replayed);
+    println!("\naudit / full = {:.3} (target ≤ 0.1); identical digests", audit_s / full_s);
+    std::fs::remove_dir_all(&dir).ok();
+    Ok(())
+}
