@@ -1,9 +1,12 @@
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let files = ["proto/records.proto"];
+    let files = ["proto/records.proto", "proto/query.proto"];
     for f in files {
         println!("cargo:rerun-if-changed={f}");
     }
     let fds = protox::compile(files, ["proto"])?;
+    // The encoded descriptor set serves gRPC reflection (so grpcurl works without .proto files).
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
+    std::fs::write(out.join("prefixlog_descriptor.bin"), protox::prost::Message::encode_to_vec(&fds))?;
     tonic_prost_build::configure().compile_fds(fds)?;
     Ok(())
 }

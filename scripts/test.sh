@@ -13,4 +13,6 @@ echo "==> cargo test (workspace, unit and crate tests)"
 cargo test --workspace --exclude prefixlog-tests
 echo "==> cargo test (cross-crate integration tests; prints which Kafka backends ran)"
 cargo test -p prefixlog-tests -- --nocapture
+echo "==> python client (venv, stubs from proto/, pytest against a live replica)"
+bash python/run_tests.sh
 echo "==> test suite finished in $(( $(date +%s) - start ))s"

@@ -14,6 +14,7 @@
 //! - `trie`: the node arena and its (parent, local) and ext lookup tables.
 //! - `holder`: per-holder counts, digest and operation records.
 //! - [`digest`]: the hash mixing behind node identity and digests.
+//! - [`scheme`]: canonical block hashes of token ids (scheme 1: xxh3-64 chained), golden vectors.
 //!
 //! Guarantees (each has tests in `tests/`):
 //! - Never overcount: a holder's depth stops at the first position it does not hold.
@@ -30,6 +31,7 @@ pub mod engine;
 mod holder;
 pub mod keyspace;
 mod matching;
+pub mod scheme;
 mod trie;
 pub mod types;
 

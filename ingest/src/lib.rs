@@ -13,8 +13,11 @@
 //! - [`replica`]: the Kafka consumer loop and [`replica::ReplicaStatus`] (offsets, lag,
 //!   read-your-writes waits).
 //! - [`embedded`]: librdkafka's mock cluster as the zero-setup broker.
+//! - [`bridge`]: vLLM / SGLang KV events over ZeroMQ (both msgpack layouts) → KV event records:
+//!   sequence gaps, replay, epochs, canonical local hashes, counters.
 
 pub mod apply;
+pub mod bridge;
 pub mod embedded;
 pub mod publisher;
 pub mod record;

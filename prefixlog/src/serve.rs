@@ -40,6 +40,25 @@ pub struct Args {
     /// Placement TTL in log time.
     #[arg(long, default_value = "120s", value_parser = humantime_secs)]
     pub placement_ttl: Duration,
+    #[command(flatten)]
+    pub query: QueryArgs,
+}
+
+/// The query (gRPC) and admin (HTTP) ports.
+#[derive(clap::Args)]
+pub struct QueryArgs {
+    /// gRPC query service address (PrefixIndex, health, reflection).
+    #[arg(long, env = "PREFIXLOG_GRPC_ADDR", default_value = "127.0.0.1:50151")]
+    pub grpc_addr: std::net::SocketAddr,
+    /// Admin HTTP address (/metrics, /healthz, /readyz).
+    #[arg(long, env = "PREFIXLOG_ADMIN_ADDR", default_value = "127.0.0.1:9151")]
+    pub admin_addr: std::net::SocketAddr,
+    /// Reported in every query response (default: the host name, else replica-<pid>).
+    #[arg(long, env = "PREFIXLOG_REPLICA_ID")]
+    pub replica_id: Option<String>,
+    /// Ready (gRPC health SERVING, /readyz 200) once the total lag is at most this many records.
+    #[arg(long, default_value_t = 1000)]
+    pub ready_lag: i64,
 }
 
 pub fn humantime_secs(s: &str) -> Result<Duration, String> {
@@ -95,6 +114,20 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     }
     tracing::info!(%brokers, topic = %a.kafka.topic, partitions = a.kafka.partitions, "replica started; Ctrl-C stops");
     let status = replica.status().clone();
+    let replica_id = a.query.replica_id.clone().unwrap_or_else(prefixlog_query::service::default_replica_id);
+    let _query = prefixlog_query::start(
+        prefixlog_query::ServerConfig {
+            grpc_addr: a.query.grpc_addr,
+            admin_addr: Some(a.query.admin_addr),
+            ready_lag: a.query.ready_lag,
+            query: prefixlog_query::QueryConfig { replica_id, ..Default::default() },
+            ..Default::default()
+        },
+        engine.clone(),
+        status.clone(),
+        Some(replica.applier().clone()),
+    )
+    .await?;
     if !a.tick_interval.is_zero() {
         let mut pc = PublisherConfig::new(&brokers, &a.kafka.topic, a.kafka.partitions);
         pc.properties = a.kafka.property.clone();

@@ -2,7 +2,9 @@
 //! the service), compiled by the pure-Rust `protox` so no `protoc` is needed.
 //!
 //! Module map:
-//! - [`v1`]: log records (`records.proto`: what bridges and gateways append to Kafka).
+//! - [`v1`]: log records (`records.proto`: what bridges and gateways append to Kafka) and the
+//!   query service (`query.proto`: `PrefixIndex`, and the `Echo` benchmark baseline).
+//! - [`FILE_DESCRIPTOR_SET`]: every schema, encoded, for gRPC server reflection.
 
 /// Version 1 of the log schema.
 pub mod v1 {
@@ -12,3 +14,6 @@ pub mod v1 {
 
 /// The record schema version this build writes and understands.
 pub const RECORD_VERSION: u32 = 1;
+
+/// The encoded `FileDescriptorSet` of every `.proto` file (for `tonic-reflection`).
+pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/prefixlog_descriptor.bin"));

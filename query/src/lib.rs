@@ -1,1 +1,29 @@
-//! placeholder
+//! prefixlog's query side: the gRPC service replicas run, and the client gateways use.
+//!
+//! A query's path: gateway → [`client::IndexClient`] (endpoint choice, deadline, fail-open) →
+//! gRPC → [`service::QueryService`] (validation, canonical hashing, read-your-writes wait) →
+//! `prefixlog_engine::Engine` (read lock of one keyspace). Writes never take this path: they
+//! go through Kafka ([`client::IndexClient::publish_placement`] uses the ingest Publisher).
+//!
+//! Module map:
+//! - [`service`]: `PrefixIndex` (Match, MatchStream), [`service::QueryConfig`] limits.
+//! - [`server`]: starts the gRPC port (service + Echo + health + reflection) and admin port.
+//! - [`health`]: [`health::Readiness`] (caught up = lag ≤ threshold) driving `grpc.health.v1`.
+//! - [`admin`]: `/metrics`, `/healthz`, `/readyz` over HTTP/1.
+//! - [`metrics`]: Prometheus registry; query latency, offsets/lag, state size.
+//! - [`client`]: [`client::IndexClient`], the fail-open gateway client.
+
+pub mod admin;
+pub mod client;
+pub mod health;
+pub mod metrics;
+pub mod server;
+pub mod service;
+
+pub use client::{IndexClient, MatchOutcome, MatchQuery, Prompt, Unavailable};
+pub use server::{start, RunningServer, ServerConfig};
+pub use service::{QueryConfig, QueryService};
+
+/// Re-exported so tests, benchmarks and gateways use the exact versions this crate was built
+/// with (health checks, raw gRPC calls).
+pub use {prost, tokio_stream, tonic, tonic_health, tonic_reflection};

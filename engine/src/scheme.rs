@@ -1,0 +1,110 @@
+//! Canonical block hash schemes: how a prompt's token ids become the *local* hashes a keyspace
+//! is keyed by. Implemented once here; gateways in other languages reproduce it from the golden
+//! vectors in `python/golden_vectors.json` (checked by this module's tests and by the Python
+//! client's tests), so every language computes bit-identical hashes.
+//!
+//! Scheme 1 ([`SCHEME_XXH3_CHAINED`]): a prompt is cut into blocks of `block_size` tokens; the
+//! hash of block `i` is `xxh3_64_with_seed(bytes(block_i), seed = hash(block_{i-1}))`, with
+//! seed 0 for block 0, where `bytes` is the block's token ids as u32 little-endian. Chaining
+//! through the seed makes a block's hash depend on its whole prefix (the same tokens after a
+//! different prefix are a different block), exactly as engines' prefix caches behave. A
+//! trailing partial block is not hashed: engines only cache full blocks.
+
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+/// Scheme id 1: xxh3-64 of each full block's u32-LE token bytes, seeded with the parent hash.
+pub const SCHEME_XXH3_CHAINED: u32 = 1;
+
+/// Whether this build can hash token ids under `scheme`.
+pub fn is_known(scheme: u32) -> bool {
+    scheme == SCHEME_XXH3_CHAINED
+}
+
+/// The local hashes of every full block of `tokens` under scheme 1. `block_size` 0 gives none.
+pub fn block_hashes(tokens: &[u32], block_size: usize) -> Vec<u64> {
+    if block_size == 0 {
+        return Vec::new();
+    }
+    let mut out = Vec::with_capacity(tokens.len() / block_size);
+    let mut bytes = Vec::with_capacity(block_size * 4);
+    let mut parent = 0u64;
+    for block in tokens.chunks_exact(block_size) {
+        bytes.clear();
+        for t in block {
+            bytes.extend_from_slice(&t.to_le_bytes());
+        }
+        parent = xxh3_64_with_seed(&bytes, parent);
+        out.push(parent);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The golden cases: (name, tokens, block size). Shared with other languages through
+    /// `python/golden_vectors.json`; changing a hash here is a wire-incompatible change.
+    fn cases() -> Vec<(&'static str, Vec<u32>, usize)> {
+        vec![
+            ("empty", vec![], 4),
+            ("partial_only", vec![1, 2, 3], 4),
+            ("one_block", vec![1, 2, 3, 4], 4),
+            ("two_blocks_and_partial", (1..=10).collect(), 4),
+            ("large_ids", vec![0, u32::MAX, 151_643, 128_000, 7, 7, 7, 7], 4),
+            ("block16", (0..48).map(|i| i * 1_000 + 17).collect(), 16),
+        ]
+    }
+
+    fn golden_json() -> String {
+        let mut s = String::from("{\n  \"scheme\": 1,\n  \"description\": \"local_i = xxh3_64_with_seed(u32-LE bytes of block i, seed = local_{i-1}), seed 0 for block 0; trailing partial block not hashed\",\n  \"cases\": [\n");
+        let cs = cases();
+        for (n, (name, tokens, bs)) in cs.iter().enumerate() {
+            let toks: Vec<String> = tokens.iter().map(|t| t.to_string()).collect();
+            let hs: Vec<String> = block_hashes(tokens, *bs).iter().map(|h| format!("\"{h:016x}\"")).collect();
+            s += &format!(
+                "    {{\"name\": \"{name}\", \"block_size\": {bs}, \"tokens\": [{}], \"hashes\": [{}]}}{}\n",
+                toks.join(", "),
+                hs.join(", "),
+                if n + 1 < cs.len() { "," } else { "" }
+            );
+        }
+        s + "  ]\n}\n"
+    }
+
+    fn golden_path() -> std::path::PathBuf {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../python/golden_vectors.json")
+    }
+
+    /// Pinned hashes: a change to the scheme must fail here, not silently in production.
+    #[test]
+    fn pinned_vectors() {
+        let h = |t: &[u32], bs| block_hashes(t, bs).iter().map(|h| format!("{h:016x}")).collect::<Vec<_>>();
+        assert!(h(&[], 4).is_empty());
+        assert!(h(&[1, 2, 3], 4).is_empty());
+        assert_eq!(h(&[1, 2, 3, 4], 4), ["6fc1ebd4f4d6ea31"]);
+        let ten: Vec<u32> = (1..=10).collect();
+        assert_eq!(h(&ten, 4), ["6fc1ebd4f4d6ea31", "e31356ba2da654a2"]);
+    }
+
+    /// The JSON file other languages test against matches this implementation byte for byte.
+    /// `PREFIXLOG_WRITE_GOLDEN=1` rewrites it (only when the case list grows).
+    #[test]
+    fn golden_file_is_current() {
+        let want = golden_json();
+        if std::env::var_os("PREFIXLOG_WRITE_GOLDEN").is_some() {
+            std::fs::write(golden_path(), &want).unwrap();
+        }
+        let have = std::fs::read_to_string(golden_path()).expect("python/golden_vectors.json exists");
+        assert_eq!(have, want, "python/golden_vectors.json is stale; rerun with PREFIXLOG_WRITE_GOLDEN=1");
+    }
+
+    #[test]
+    fn chaining_depends_on_prefix() {
+        let a = block_hashes(&[1, 2, 9, 9], 2);
+        let b = block_hashes(&[3, 4, 9, 9], 2);
+        assert_ne!(a[1], b[1], "same block after a different prefix hashes differently");
+        assert_eq!(block_hashes(&[1, 2, 9, 9, 5], 2), a, "partial tail ignored");
+        assert!(block_hashes(&[1, 2], 0).is_empty());
+    }
+}

@@ -1,0 +1,363 @@
+//! The engine bridge: vLLM / SGLang KV events over ZeroMQ → log records.
+//!
+//! One [`EngineBridge`] per engine stream (an endpoint of one worker's data-parallel rank):
+//! a ZeroMQ SUB socket receives 3-frame messages ([`wire`] decodes both msgpack layouts), a
+//! [`session::Session`] classifies each sequence number and translates the events (canonical
+//! local hashes from token ids), and every engine message becomes one `KvEventBatch` record
+//! published through the [`crate::Publisher`], keyed by worker.
+//!
+//! - Gaps: when a replay endpoint is configured the missed messages are requested from the
+//!   engine's ROUTER socket and applied in order before the message that revealed the gap;
+//!   otherwise (or if the replay fails or does not reach back far enough) the next record is
+//!   published with `gap_before`, and replicas mark the holder gapped.
+//! - Restarts: a sequence number that goes back starts a new epoch (replicas clear the
+//!   holder). The first epoch is the bridge's start time in ms, so a restarted bridge also
+//!   supersedes what an earlier bridge published.
+//! - Lifecycle: `worker-added` on start, `worker-removed` on clean shutdown if asked. A silent
+//!   engine publishes nothing: staleness is the replica's policy.
+//! - Reconnects: the pure-Rust `zeromq` crate's SUB socket does not report a lost peer, so a
+//!   subscription silent for `idle_reconnect` is re-established (a restarted engine is found
+//!   again; messages lost meanwhile are a sequence gap, handled as above).
+//!
+//! Transport: the `zeromq` crate (tokio, no libzmq). Replay uses a DEALER socket speaking the
+//! REQ envelope (an empty delimiter frame, then the 8-byte big-endian start seq) because the
+//! engine answers one request with many messages (`[seq, payload]`…, then `[-1, b""]`), which a
+//! strict REQ socket cannot receive.
+
+pub mod metrics;
+pub mod session;
+pub mod wire;
+
+use crate::publisher::Publisher;
+use crate::record::{KvOp, Lifecycle};
+use bytes::Bytes;
+use metrics::BridgeMetrics;
+use prefixlog_engine::KeyspaceId;
+use session::{payload_digest, Arrival, Session};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, watch};
+use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
+
+/// One engine stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineSpec {
+    /// The engine's PUB endpoint (e.g. `tcp://10.0.0.5:5557`).
+    pub endpoint: String,
+    /// The engine's replay ROUTER endpoint, if it has one.
+    pub replay_endpoint: Option<String>,
+    pub worker: u64,
+    /// Overrides the batch's `data_parallel_rank` (default: the batch's, else 0).
+    pub dp_rank: Option<u32>,
+    /// ZeroMQ subscription prefix (vLLM's `topic`, default empty: everything).
+    pub topic: String,
+}
+
+#[derive(Clone, Debug)]
+pub struct BridgeOptions {
+    pub keyspace: KeyspaceId,
+    /// Epoch of the first session (default: now in ms).
+    pub start_epoch: u64,
+    /// Re-subscribe after this long without a message.
+    pub idle_reconnect: Duration,
+    /// Give up a replay request after this long (then publish the gap).
+    pub replay_timeout: Duration,
+    /// Log the counters this often (zero: never).
+    pub log_interval: Duration,
+}
+
+impl BridgeOptions {
+    pub fn new(keyspace: KeyspaceId) -> Self {
+        Self {
+            keyspace,
+            start_epoch: now_ms(),
+            idle_reconnect: Duration::from_secs(30),
+            replay_timeout: Duration::from_secs(5),
+            log_interval: Duration::from_secs(60),
+        }
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// What a replay request returned: `(seq, payload)` in the engine's order.
+pub type Replayed = Vec<(u64, Bytes)>;
+
+/// Requests messages from `start` over the engine's replay socket; reads until the end marker.
+pub async fn request_replay(endpoint: &str, start: u64, timeout: Duration) -> anyhow::Result<Replayed> {
+    let endpoint = endpoint.to_string();
+    // The socket runs in its own task: the zeromq crate panics (todo!) on some peer errors.
+    let task = tokio::spawn(async move {
+        let mut s = DealerSocket::new();
+        s.connect(&endpoint).await?;
+        let mut req = ZmqMessage::from(Bytes::new());
+        req.push_back(Bytes::copy_from_slice(&start.to_be_bytes()));
+        s.send(req).await?;
+        let mut out = Vec::new();
+        loop {
+            let frames = s.recv().await?.into_vec();
+            // Strip the REQ envelope's empty delimiter.
+            let f = match frames.first() {
+                Some(d) if d.is_empty() => &frames[1..],
+                _ => &frames[..],
+            };
+            let [seq, payload] = f else {
+                anyhow::bail!("replay answer with {} frames, expected 2", f.len());
+            };
+            if seq.as_ref() == (-1i64).to_be_bytes() {
+                return Ok(out);
+            }
+            out.push((wire::decode_seq(seq)?, payload.clone()));
+        }
+    });
+    let abort = task.abort_handle();
+    match tokio::time::timeout(timeout, task).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => anyhow::bail!("replay task failed: {e}"),
+        Err(_) => {
+            abort.abort();
+            anyhow::bail!("replay timed out after {timeout:?}")
+        }
+    }
+}
+
+/// One engine stream's bridge.
+pub struct EngineBridge {
+    spec: EngineSpec,
+    opts: BridgeOptions,
+    publisher: Publisher,
+    metrics: Arc<BridgeMetrics>,
+    session: Session,
+}
+
+impl EngineBridge {
+    pub fn new(spec: EngineSpec, opts: BridgeOptions, publisher: Publisher) -> Self {
+        let session = Session::new(opts.keyspace.block_size, opts.start_epoch);
+        Self { spec, opts, publisher, metrics: Arc::new(BridgeMetrics::default()), session }
+    }
+
+    pub fn metrics(&self) -> Arc<BridgeMetrics> {
+        self.metrics.clone()
+    }
+
+    pub fn spec(&self) -> &EngineSpec {
+        &self.spec
+    }
+
+    /// Subscribes and forwards until `stop` turns true.
+    pub async fn run(mut self, mut stop: watch::Receiver<bool>) -> anyhow::Result<()> {
+        let mut last_log = Instant::now();
+        'connect: loop {
+            let (tx, mut rx) = mpsc::channel::<Vec<Bytes>>(1024);
+            let endpoint = self.spec.endpoint.clone();
+            let topic = self.spec.topic.clone();
+            // The subscriber runs in its own task (see `request_replay`); frames come over a
+            // channel, and a closed channel means the subscription is gone.
+            let sub = tokio::spawn(async move {
+                let mut s = SubSocket::new();
+                s.connect(&endpoint).await?;
+                s.subscribe(&topic).await?;
+                loop {
+                    let m = s.recv().await?;
+                    if tx.send(m.into_vec()).await.is_err() {
+                        return Ok::<(), anyhow::Error>(());
+                    }
+                }
+            });
+            let abort = sub.abort_handle();
+            tracing::info!(endpoint = %self.spec.endpoint, worker = self.spec.worker, "bridge: subscribing");
+            loop {
+                if !self.opts.log_interval.is_zero() && last_log.elapsed() >= self.opts.log_interval {
+                    last_log = Instant::now();
+                    self.log_metrics();
+                }
+                tokio::select! {
+                    _ = stop.changed() => {
+                        abort.abort();
+                        return Ok(());
+                    }
+                    r = tokio::time::timeout(self.opts.idle_reconnect, rx.recv()) => match r {
+                        Ok(Some(frames)) => self.handle(frames).await,
+                        Ok(None) => {
+                            tracing::warn!(endpoint = %self.spec.endpoint, "bridge: subscriber ended, reconnecting");
+                            abort.abort();
+                            BridgeMetrics::inc(&self.metrics.reconnects);
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                            continue 'connect;
+                        }
+                        Err(_) => {
+                            tracing::debug!(endpoint = %self.spec.endpoint, "bridge: idle, re-subscribing");
+                            abort.abort();
+                            BridgeMetrics::inc(&self.metrics.reconnects);
+                            continue 'connect;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn log_metrics(&self) {
+        let nonzero: Vec<String> =
+            self.metrics.snapshot().into_iter().filter(|(_, v)| *v > 0).map(|(n, v)| format!("{n}={v}")).collect();
+        tracing::info!(
+            worker = self.spec.worker,
+            epoch = self.session.epoch(),
+            last_seq = ?self.session.last_seq(),
+            "bridge metrics: {}",
+            nonzero.join(" ")
+        );
+    }
+
+    /// Handles one live message.
+    pub async fn handle(&mut self, frames: Vec<Bytes>) {
+        let m = &self.metrics;
+        BridgeMetrics::inc(&m.messages_received);
+        let [_, seq, payload] = &frames[..] else {
+            BridgeMetrics::inc(&m.messages_undecodable);
+            tracing::warn!(frames = frames.len(), "bridge: message without 3 frames skipped");
+            return;
+        };
+        let Ok(seq) = wire::decode_seq(seq) else {
+            BridgeMetrics::inc(&m.messages_undecodable);
+            tracing::warn!("bridge: message with a bad sequence frame skipped");
+            return;
+        };
+        let digest = payload_digest(payload);
+        let from = loop {
+            match self.session.classify(seq, digest) {
+                Arrival::InOrder => break None,
+                Arrival::Duplicate => {
+                    BridgeMetrics::inc(&self.metrics.messages_duplicate);
+                    return;
+                }
+                Arrival::Restart => {
+                    BridgeMetrics::inc(&self.metrics.epochs);
+                    tracing::info!(
+                        worker = self.spec.worker,
+                        seq,
+                        last = ?self.session.last_seq(),
+                        new_epoch = self.session.epoch() + 1,
+                        "bridge: engine restarted (sequence went back), new epoch"
+                    );
+                    self.session.restart();
+                }
+                Arrival::Gap { from } => break Some(from),
+            }
+        };
+        if let Some(from) = from {
+            BridgeMetrics::inc(&self.metrics.gaps);
+            if let Some(ep) = self.spec.replay_endpoint.clone() {
+                match request_replay(&ep, from, self.opts.replay_timeout).await {
+                    Ok(items) => {
+                        BridgeMetrics::inc(&self.metrics.replays_ok);
+                        for (s, p) in items {
+                            if s < self.session.expected() || s >= seq {
+                                continue;
+                            }
+                            BridgeMetrics::inc(&self.metrics.messages_received);
+                            BridgeMetrics::inc(&self.metrics.replayed_batches);
+                            let gap = s != self.session.expected();
+                            self.process(s, &p, gap).await;
+                        }
+                    }
+                    Err(e) => {
+                        BridgeMetrics::inc(&self.metrics.replays_failed);
+                        tracing::warn!(worker = self.spec.worker, from, error = %e, "bridge: replay failed");
+                    }
+                }
+            }
+        }
+        let gap = seq != self.session.expected();
+        self.process(seq, payload, gap).await;
+    }
+
+    /// Decodes, translates and publishes message `seq` (the next one of the session).
+    async fn process(&mut self, seq: u64, payload: &[u8], gap_before: bool) {
+        let m = self.metrics.clone();
+        let batch = match wire::decode_batch(payload) {
+            Ok(b) => b,
+            Err(e) => {
+                // Still accepted (an empty record keeps the feed's sequence contiguous).
+                BridgeMetrics::inc(&m.messages_undecodable);
+                tracing::warn!(worker = self.spec.worker, seq, reason = e.as_str(), "bridge: undecodable payload");
+                wire::Batch { ts: 0.0, dp_rank: None, events: Vec::new(), ignored_fields: 0 }
+            }
+        };
+        let ops = self.session.accept(seq, payload_digest(payload), &batch, &m);
+        if gap_before {
+            BridgeMetrics::inc(&m.gaps_published);
+            tracing::warn!(worker = self.spec.worker, seq, "bridge: publishing a sequence gap");
+        }
+        let dp = self.spec.dp_rank.or(batch.dp_rank).unwrap_or(0);
+        self.publish(dp, seq, gap_before, &ops).await;
+    }
+
+    async fn publish(&self, dp: u32, seq: u64, gap_before: bool, ops: &[KvOp]) {
+        let m = &self.metrics;
+        let t = Instant::now();
+        // Log time is the bridge's clock (None = now), never the engine's `ts`: a skewed engine
+        // clock would move the partition's log time for every worker on it.
+        let r = self
+            .publisher
+            .publish_kv_events(
+                &self.opts.keyspace,
+                self.spec.worker,
+                dp,
+                self.session.epoch(),
+                seq,
+                gap_before,
+                ops,
+                None,
+            )
+            .await;
+        match r {
+            Ok(_) => {
+                m.record_latency(t.elapsed().as_micros() as u64);
+                BridgeMetrics::inc(&m.batches_published);
+                BridgeMetrics::add(&m.events_published, ops.len() as u64);
+            }
+            Err(e) => {
+                // The replica sees the missing seq as a gap; nothing else to do here.
+                BridgeMetrics::inc(&m.publish_errors);
+                tracing::error!(worker = self.spec.worker, seq, error = %e, "bridge: publish failed");
+            }
+        }
+    }
+}
+
+/// Runs one bridge per engine until `stop` turns true: publishes `worker-added` for each worker
+/// first and, with `remove_on_exit`, `worker-removed` after. Returns every engine's metrics.
+pub async fn run(
+    engines: Vec<EngineSpec>,
+    opts: BridgeOptions,
+    publisher: Publisher,
+    remove_on_exit: bool,
+    stop: watch::Receiver<bool>,
+) -> anyhow::Result<Vec<(EngineSpec, Arc<BridgeMetrics>)>> {
+    let mut workers: Vec<u64> = engines.iter().map(|e| e.worker).collect();
+    workers.sort_unstable();
+    workers.dedup();
+    for &w in &workers {
+        publisher.publish_lifecycle(w, &Lifecycle::Added).await?;
+    }
+    let mut tasks = Vec::new();
+    let mut out = Vec::new();
+    for spec in engines {
+        let b = EngineBridge::new(spec.clone(), opts.clone(), publisher.clone());
+        out.push((spec, b.metrics()));
+        tasks.push(tokio::spawn(b.run(stop.clone())));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    if remove_on_exit {
+        for &w in &workers {
+            publisher.publish_lifecycle(w, &Lifecycle::Removed).await?;
+        }
+    }
+    publisher.flush(Duration::from_secs(10))?;
+    Ok(out)
+}

@@ -1,0 +1,262 @@
+//! One engine stream's state: sequence tracking (in order, duplicate, gap, restart), epochs,
+//! and the translation of decoded events into log operations. Pure (no I/O), so the policy is
+//! unit-tested without sockets; `super::EngineBridge` does the I/O around it.
+//!
+//! Sequence policy (vLLM numbers batches 0, 1, 2, … per publisher process):
+//! - `seq == last + 1`: in order.
+//! - `seq > last + 1`: a gap from `last + 1`; the first message a session sees is treated as
+//!   following `-1`, so a bridge that joins a running engine (first seq > 0) reports a gap from
+//!   0 (the engine holds blocks the bridge never saw) unless replay recovers them.
+//! - `seq <= last` with the same payload digest as the message of that seq already handled:
+//!   a duplicate (ZeroMQ delivery is at-least-once, replays overlap the live stream).
+//! - `seq <= last` otherwise: the engine restarted (its counter went back, usually to 0): a new
+//!   epoch, which makes every replica clear the holder's old blocks.
+//!
+//! Hashing: each stored block's *local* hash is prefixlog's canonical scheme over its token
+//! ids, which chains through the parent block's local hash. The session keeps, per lane, the
+//! engine ext hash → local hash of every block it has seen stored and not removed, so a store
+//! whose parent is an earlier block can be hashed; when the parent's local is unknown the event
+//! is refused and counted (mis-hashing it would credit blocks at the wrong trie positions).
+
+use super::metrics::{BridgeMetrics, Refusal};
+use super::wire::{Batch, Event, Tokens};
+use crate::record::KvOp;
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+/// The storage medium whose events are indexed (vLLM's `MEDIUM_GPU`); `None` means GPU too
+/// (older engines send no medium).
+pub const MEDIUM_GPU: &str = "GPU";
+
+/// Canonical scheme-1 local hashes of the full blocks of `tokens`, continuing a chain whose
+/// previous block's local hash is `seed` (0 for the first block of a prompt). Reproduces
+/// `prefixlog_engine::scheme::block_hashes` exactly: `block_hashes(t, bs)` ==
+/// `chain_from(0, t, bs)`, and a prompt split at a block boundary hashes the same in two parts
+/// (tested in `ingest/tests/bridge_session.rs`).
+pub fn chain_from(seed: u64, tokens: &[u32], block_size: usize) -> Vec<u64> {
+    if block_size == 0 {
+        return Vec::new();
+    }
+    let mut out = Vec::with_capacity(tokens.len() / block_size);
+    let mut bytes = Vec::with_capacity(block_size * 4);
+    let mut parent = seed;
+    for block in tokens.chunks_exact(block_size) {
+        bytes.clear();
+        for t in block {
+            bytes.extend_from_slice(&t.to_le_bytes());
+        }
+        parent = xxh3_64_with_seed(&bytes, parent);
+        out.push(parent);
+    }
+    out
+}
+
+/// Digest of a message payload, to tell a duplicate from a restarted engine's message.
+pub fn payload_digest(payload: &[u8]) -> u64 {
+    xxh3_64_with_seed(payload, 0)
+}
+
+/// How a message's sequence number relates to the stream so far.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arrival {
+    InOrder,
+    Duplicate,
+    /// Messages `from..seq` are missing.
+    Gap {
+        from: u64,
+    },
+    /// The engine restarted: call [`Session::restart`], then classify again.
+    Restart,
+}
+
+#[derive(Debug)]
+pub struct Session {
+    block_size: usize,
+    epoch: u64,
+    last: Option<u64>,
+    /// The last `window` (seq, payload digest) pairs handled, for duplicate detection.
+    recent: VecDeque<(u64, u64)>,
+    recent_by_seq: HashMap<u64, u64>,
+    window: usize,
+    /// (lane, ext) → local of the blocks seen stored and not removed in this epoch.
+    locals: HashMap<(u32, u64), u64>,
+    max_tracked: usize,
+    lanes: BTreeSet<u32>,
+}
+
+impl Session {
+    /// A session for a keyspace of `block_size` tokens per block, starting at `epoch` (the
+    /// bridge uses its start time in ms, so a restarted bridge also starts a newer epoch).
+    pub fn new(block_size: u32, epoch: u64) -> Self {
+        Self {
+            block_size: block_size as usize,
+            epoch,
+            last: None,
+            recent: VecDeque::new(),
+            recent_by_seq: HashMap::new(),
+            window: 65_536,
+            locals: HashMap::new(),
+            max_tracked: 1 << 22,
+            lanes: BTreeSet::new(),
+        }
+    }
+
+    /// Bounds the ext → local table (blocks whose removals were lost would otherwise stay);
+    /// past the bound it is cleared, and stores under forgotten parents are refused.
+    pub fn with_max_tracked(mut self, n: usize) -> Self {
+        self.max_tracked = n.max(1);
+        self
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    pub fn last_seq(&self) -> Option<u64> {
+        self.last
+    }
+
+    /// The next sequence number expected.
+    pub fn expected(&self) -> u64 {
+        self.last.map_or(0, |l| l.wrapping_add(1))
+    }
+
+    /// Blocks whose local hash the session knows.
+    pub fn tracked(&self) -> usize {
+        self.locals.len()
+    }
+
+    pub fn classify(&self, seq: u64, digest: u64) -> Arrival {
+        match self.last {
+            Some(l) if seq <= l => {
+                if self.recent_by_seq.get(&seq) == Some(&digest) {
+                    Arrival::Duplicate
+                } else {
+                    Arrival::Restart
+                }
+            }
+            _ if seq == self.expected() => Arrival::InOrder,
+            _ => Arrival::Gap { from: self.expected() },
+        }
+    }
+
+    /// Starts a new epoch: forgets the sequence, the tracked blocks and the lanes.
+    pub fn restart(&mut self) {
+        self.epoch += 1;
+        self.last = None;
+        self.recent.clear();
+        self.recent_by_seq.clear();
+        self.locals.clear();
+        self.lanes.clear();
+    }
+
+    /// Accepts message `seq` (call in increasing seq order) and translates its events. Refused
+    /// and unknown events are counted in `m` and left out.
+    pub fn accept(&mut self, seq: u64, digest: u64, batch: &Batch, m: &BridgeMetrics) -> Vec<KvOp> {
+        self.last = Some(seq);
+        self.recent.push_back((seq, digest));
+        self.recent_by_seq.insert(seq, digest);
+        while self.recent.len() > self.window {
+            if let Some((s, _)) = self.recent.pop_front() {
+                self.recent_by_seq.remove(&s);
+            }
+        }
+        BridgeMetrics::add(&m.events_received, batch.events.len() as u64);
+        BridgeMetrics::add(&m.fields_ignored, batch.ignored_fields);
+        let mut ops = Vec::with_capacity(batch.events.len());
+        for e in &batch.events {
+            if let Event::Cleared = e {
+                // AllBlocksCleared → one `Cleared` per lane seen in this epoch (at least 0).
+                self.locals.clear();
+                self.lanes.insert(0);
+                ops.extend(self.lanes.iter().map(|&lane| KvOp::Cleared { lane }));
+                continue;
+            }
+            match self.translate(e) {
+                Ok(Some(op)) => ops.push(op),
+                Ok(None) => {}
+                Err(r) => {
+                    BridgeMetrics::inc(m.refused(r));
+                    tracing::warn!(reason = r.as_str(), seq, event = ?brief(e), "bridge: event refused");
+                }
+            }
+            if let Event::Unknown(_) = e {
+                BridgeMetrics::inc(&m.events_unknown_type);
+            }
+        }
+        if self.locals.len() > self.max_tracked {
+            tracing::warn!(tracked = self.locals.len(), "bridge: ext→local table over its bound, cleared");
+            self.locals.clear();
+        }
+        ops
+    }
+
+    fn translate(&mut self, e: &Event) -> Result<Option<KvOp>, Refusal> {
+        match e {
+            Event::Stored { hashes, parent, tokens, block_size, medium, group_idx, .. } => {
+                if medium.as_deref().is_some_and(|m| m != MEDIUM_GPU) {
+                    return Err(Refusal::Medium);
+                }
+                let Tokens::Ids(ids) = tokens else { return Err(Refusal::Tokens) };
+                let bs = self.block_size;
+                if bs == 0
+                    || block_size.is_some_and(|b| b != bs as u64)
+                    || ids.len() != hashes.len().saturating_mul(bs)
+                {
+                    return Err(Refusal::TokenCount);
+                }
+                let lane = group_idx.unwrap_or(0);
+                let seed = match parent {
+                    None => 0,
+                    Some(p) => *self.locals.get(&(lane, *p)).ok_or(Refusal::UnknownParent)?,
+                };
+                let locals = chain_from(seed, ids, bs);
+                self.lanes.insert(lane);
+                for (&ext, &local) in hashes.iter().zip(&locals) {
+                    self.locals.insert((lane, ext), local);
+                }
+                Ok(Some(KvOp::Stored {
+                    lane,
+                    parent_ext: *parent,
+                    blocks: hashes.iter().copied().zip(locals).collect(),
+                }))
+            }
+            Event::Removed { hashes, medium, group_idx } => {
+                if medium.as_deref().is_some_and(|m| m != MEDIUM_GPU) {
+                    return Err(Refusal::Medium);
+                }
+                let lane = group_idx.unwrap_or(0);
+                self.lanes.insert(lane);
+                for h in hashes {
+                    self.locals.remove(&(lane, *h));
+                }
+                Ok(Some(KvOp::Removed { lane, exts: hashes.clone() }))
+            }
+            // Handled by `accept` (one op per lane).
+            Event::Cleared | Event::Unknown(_) => Ok(None),
+            Event::Malformed(_) => Err(Refusal::Malformed),
+        }
+    }
+
+    /// Lanes seen in this epoch.
+    pub fn lanes(&self) -> Vec<u32> {
+        self.lanes.iter().copied().collect()
+    }
+}
+
+fn brief(e: &Event) -> String {
+    match e {
+        Event::Stored { hashes, parent, tokens, .. } => format!(
+            "BlockStored({} hashes, parent {parent:?}, {} tokens)",
+            hashes.len(),
+            match tokens {
+                Tokens::Ids(t) => t.len().to_string(),
+                Tokens::Unsupported => "unsupported".into(),
+            }
+        ),
+        Event::Removed { hashes, .. } => format!("BlockRemoved({} hashes)", hashes.len()),
+        Event::Cleared => "AllBlocksCleared".into(),
+        Event::Unknown(t) => format!("unknown event {t:?}"),
+        Event::Malformed(f) => format!("malformed ({f})"),
+    }
+}

@@ -1,0 +1,218 @@
+//! `prefixlog bench-query`: Match latency over gRPC on loopback, idle and while the replica
+//! ingests at full rate, next to a trivial Echo RPC in the same run (embedded broker).
+//!
+//! Method: the trace workload's KV events are published once. Phase "idle": a replica applies
+//! all of them, then one client (one HTTP/2 connection, one call in flight) alternates Match
+//! (the workload's own queries, as precomputed block hashes) and Echo (a payload of the same
+//! size as the Match request) calls, so both see the same conditions. Phase "ingesting": a
+//! fresh replica starts from offset 0 and the same alternating loop runs against it until it
+//! has caught up — the replica's ingest thread applies as fast as it can meanwhile.
+
+use crate::fleet_records::{fleet_records, keyspace, WorkloadArgs};
+use prefixlog_engine::{Engine, EngineConfig};
+use prefixlog_ingest::{
+    Applier, ApplyConfig, EmbeddedKafka, Publisher, PublisherConfig, Replica, ReplicaConfig,
+};
+use prefixlog_proto::v1::{
+    echo_client::EchoClient, match_request::Prompt, prefix_index_client::PrefixIndexClient, BlockHashes,
+    EchoMessage, MatchRequest,
+};
+use prefixlog_query::tonic::transport::{Channel, Endpoint};
+use prefixlog_workload::{generate, load_trace, FleetConfig, Step};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub workload: WorkloadArgs,
+    /// Partitions of the benchmark topic.
+    #[arg(long, default_value_t = 16)]
+    pub partitions: u32,
+    /// Match + Echo pairs in the idle phase.
+    #[arg(long, default_value_t = 20_000)]
+    pub idle_queries: usize,
+}
+
+struct Lat {
+    name: &'static str,
+    v: Vec<Duration>,
+}
+
+impl Lat {
+    /// The q-quantile in µs (`v` is sorted when measuring ends).
+    fn pct(&self, q: f64) -> f64 {
+        let i = ((self.v.len() as f64 - 1.0) * q).round() as usize;
+        self.v.get(i).map_or(f64::NAN, |d| d.as_secs_f64() * 1e6)
+    }
+}
+
+fn replica(brokers: &str, topic: &str, partitions: u32) -> anyhow::Result<(Arc<Engine>, Replica)> {
+    let engine = Arc::new(Engine::new(EngineConfig { partitions, ..Default::default() }));
+    let applier = Applier::new(engine.clone(), ApplyConfig { partitions, ..Default::default() });
+    let cfg = ReplicaConfig { brokers: brokers.into(), topic: topic.into(), partitions, properties: vec![] };
+    Ok((engine, Replica::start(cfg, applier)?))
+}
+
+async fn server(engine: Arc<Engine>, r: &Replica) -> anyhow::Result<prefixlog_query::RunningServer> {
+    let cfg = prefixlog_query::ServerConfig {
+        grpc_addr: ([127, 0, 0, 1], 0).into(),
+        admin_addr: None,
+        ..Default::default()
+    };
+    prefixlog_query::start(cfg, engine, r.status().clone(), None).await
+}
+
+async fn channel(s: &prefixlog_query::RunningServer) -> anyhow::Result<Channel> {
+    Ok(Endpoint::from_shared(format!("http://{}", s.grpc_addr))?.tcp_nodelay(true).connect().await?)
+}
+
+/// Alternates Match and Echo calls until `n` pairs are done or `stop()` says so.
+async fn measure(
+    ch: Channel,
+    queries: &[MatchRequest],
+    n: usize,
+    stop: impl Fn() -> bool,
+) -> anyhow::Result<(Lat, Lat, usize)> {
+    let mut m = PrefixIndexClient::new(ch.clone());
+    let mut e = EchoClient::new(ch);
+    let (mut lm, mut le) = (Lat { name: "Match", v: vec![] }, Lat { name: "Echo", v: vec![] });
+    let mut hits = 0;
+    for i in 0..n {
+        if stop() {
+            break;
+        }
+        let q = &queries[i % queries.len()];
+        let payload = vec![0u8; prost_len(q)];
+        let t = Instant::now();
+        let r = m.r#match(q.clone()).await?;
+        lm.v.push(t.elapsed());
+        hits += usize::from(!r.get_ref().scores.is_empty());
+        let t = Instant::now();
+        e.echo(EchoMessage { payload }).await?;
+        le.v.push(t.elapsed());
+    }
+    lm.v.sort_unstable();
+    le.v.sort_unstable();
+    Ok((lm, le, hits))
+}
+
+/// The encoded size of a Match request: the Echo payload size, so both RPCs move the same bytes
+/// (EchoMessage adds a tag and a length varint: a few bytes).
+fn prost_len(q: &MatchRequest) -> usize {
+    prefixlog_query::prost::Message::encoded_len(q)
+}
+
+pub async fn run(a: Args) -> anyhow::Result<()> {
+    let topic = "prefixlog.bench-query";
+    let kafka = EmbeddedKafka::start(topic, a.partitions)?;
+    let brokers = kafka.bootstrap_servers();
+    let records = fleet_records(&a.workload)?;
+    let blocks: usize = records.iter().map(|r| r.blocks).sum();
+    let trace = load_trace(std::path::Path::new(&a.workload.trace))?;
+    let cfg = FleetConfig {
+        workers: a.workload.workers,
+        capacity_blocks: a.workload.capacity,
+        stretch: a.workload.stretch,
+        copies: a.workload.copies,
+        seed: 1,
+    };
+    let ks = keyspace();
+    let queries: Vec<MatchRequest> = generate(&trace, &cfg)
+        .into_iter()
+        .filter_map(|s| match s {
+            Step::Match { locals } => Some(MatchRequest {
+                keyspace: Some(prefixlog_proto::v1::Keyspace {
+                    model: ks.model.clone(),
+                    block_size: ks.block_size,
+                    hash_scheme: ks.scheme,
+                }),
+                prompt: Some(Prompt::Hashes(BlockHashes { local: locals })),
+                ..Default::default()
+            }),
+            _ => None,
+        })
+        .collect();
+    let publisher = Publisher::new(PublisherConfig::new(&brokers, topic, a.partitions))?;
+    let n = crate::replay::publish_all(&publisher, &records).await?;
+    publisher.flush(Duration::from_secs(60))?;
+    let avg_blocks = queries.iter().map(prompt_blocks).sum::<usize>() as f64 / queries.len() as f64;
+    println!(
+        "workload: {n} records, {blocks} blocks, {} partitions; {} distinct queries, {avg_blocks:.0} blocks each on average",
+        a.partitions,
+        queries.len()
+    );
+
+    // Idle: caught up, nothing to apply.
+    let (engine, r1) = replica(&brokers, topic, a.partitions)?;
+    while r1.status().records_applied.load(Ordering::Acquire)
+        + r1.status().records_skipped.load(Ordering::Acquire)
+        < n as u64
+    {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let s1 = server(engine.clone(), &r1).await?;
+    let ch = channel(&s1).await?;
+    measure(ch.clone(), &queries, 2_000, || false).await?; // warm-up
+    let (im, ie, hits) = measure(ch, &queries, a.idle_queries, || false).await?;
+    let hb = engine.holder_blocks();
+
+    // Ingesting: a fresh replica catching up from offset 0 while it answers.
+    let (engine2, r2) = replica(&brokers, topic, a.partitions)?;
+    let s2 = server(engine2, &r2).await?;
+    let ch2 = channel(&s2).await?;
+    let st = r2.status().clone();
+    let caught_up = move || {
+        st.records_applied.load(Ordering::Acquire) + st.records_skipped.load(Ordering::Acquire) >= n as u64
+    };
+    let t = Instant::now();
+    let (lm, le, _) = measure(ch2, &queries, usize::MAX, caught_up).await?;
+    let ingest_s = t.elapsed().as_secs_f64();
+    drop((s1, s2, r1, r2));
+
+    println!("idle: {hits}/{} Match answers had scores; {hb} resident holder-blocks", im.v.len());
+    println!(
+        "ingesting: {:.2} s to apply {n} records ({:.2} M blocks/s) while answering {} Match calls\n",
+        ingest_s,
+        blocks as f64 / ingest_s / 1e6,
+        lm.v.len()
+    );
+    println!("| RPC | replica | calls | p50 µs | p99 µs | p99.9 µs |");
+    println!("|---|---|---:|---:|---:|---:|");
+    for (cond, l) in [("idle", &im), ("idle", &ie), ("ingesting", &lm), ("ingesting", &le)] {
+        println!(
+            "| {} | {cond} | {} | {:.1} | {:.1} | {:.1} |",
+            l.name,
+            l.v.len(),
+            l.pct(0.5),
+            l.pct(0.99),
+            l.pct(0.999)
+        );
+    }
+    let (m50, e50, i99, l99) = (im.pct(0.5), ie.pct(0.5), im.pct(0.99), lm.pct(0.99));
+    println!("\n| target | measured | target | met |");
+    println!("|---|---:|---:|---|");
+    println!("| idle Match p50 / idle Echo p50 | {:.2}× | ≤ 1.3× | {} |", m50 / e50, yes(m50 / e50 <= 1.3));
+    println!(
+        "| ingesting Match p99 / idle Match p99 | {:.2}× | ≤ 1.5× | {} |",
+        l99 / i99,
+        yes(l99 / i99 <= 1.5)
+    );
+    Ok(())
+}
+
+fn prompt_blocks(q: &MatchRequest) -> usize {
+    match &q.prompt {
+        Some(Prompt::Hashes(h)) => h.local.len(),
+        _ => 0,
+    }
+}
+
+fn yes(b: bool) -> &'static str {
+    if b {
+        "yes"
+    } else {
+        "**no**"
+    }
+}

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The Python client's tests against a live replica:
+#   1. a virtualenv under ~/.cache/prefixlog/venv with grpcio, grpcio-tools, xxhash, pytest;
+#   2. gRPC stubs generated from proto/ (not committed), the package installed into the venv;
+#   3. `prefixlog serve` (debug build) on free ports with its embedded broker, the trace
+#      replayed into it with `prefixlog replay`, then pytest; the server is killed on exit.
+set -euo pipefail
+source "$(dirname "$0")/../scripts/env.sh"
+cd "$PREFIXLOG_ROOT"
+VENV="${PREFIXLOG_VENV:-$HOME/.cache/prefixlog/venv}"
+PY="$VENV/bin/python"
+REQS="grpcio grpcio-tools grpcio-health-checking grpcio-reflection protobuf xxhash pytest"
+# Reinstall only when the requirement list changes (pip itself is slow to start on 2 cores).
+if [ ! -x "$PY" ] || [ "$(cat "$VENV/.prefixlog-reqs" 2>/dev/null)" != "$REQS" ]; then
+  echo "==> python venv: $VENV"
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install -q --disable-pip-version-check $REQS
+  echo "$REQS" > "$VENV/.prefixlog-reqs"
+fi
+echo "==> generating stubs from proto/ and installing prefixlog_client"
+(cd python && "$PY" -m prefixlog_client.codegen >/dev/null)
+"$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --force-reinstall --no-build-isolation ./python >/dev/null 2>&1 \
+  || "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --force-reinstall ./python
+
+cargo build -q -p prefixlog
+BIN="$CARGO_TARGET_DIR/debug/prefixlog"
+free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+GRPC_PORT=$(free_port); ADMIN_PORT=$(free_port)
+LOG=$(mktemp /tmp/prefixlog-pytest.XXXXXX.log)
+"$BIN" serve --partitions 4 --tick-interval 0 --ready-lag 0 --replica-id py-test \
+  --grpc-addr "127.0.0.1:$GRPC_PORT" --admin-addr "127.0.0.1:$ADMIN_PORT" >"$LOG" 2>&1 &
+SERVER=$!
+trap 'kill $SERVER 2>/dev/null || true; wait $SERVER 2>/dev/null || true' EXIT
+BROKERS=""
+for _ in $(seq 100); do
+  BROKERS=$(grep -o 'bootstrap=[0-9.:]*' "$LOG" | head -1 | cut -d= -f2 || true)
+  [ -n "$BROKERS" ] && break
+  kill -0 $SERVER 2>/dev/null || { cat "$LOG"; echo "prefixlog serve exited" >&2; exit 1; }
+  sleep 0.1
+done
+[ -n "$BROKERS" ] || { cat "$LOG"; echo "no broker address in the serve log" >&2; exit 1; }
+echo "==> replaying the trace into $BROKERS (8 workers, stretch 1)"
+"$BIN" replay --brokers "$BROKERS" --partitions 4 --workers 8 --stretch 1 --trace "$PREFIXLOG_TRACE"
+# Ready = caught up with every partition's high watermark (--ready-lag 0).
+"$PY" - "$ADMIN_PORT" <<'PYEOF'
+import sys, time, urllib.request, urllib.error
+url = f"http://127.0.0.1:{sys.argv[1]}/readyz"
+time.sleep(0.5)  # let the replica see the new high watermarks (polled every 200 ms)
+for _ in range(300):
+    try:
+        if urllib.request.urlopen(url, timeout=1).status == 200:
+            sys.exit(0)
+    except urllib.error.URLError:
+        pass
+    time.sleep(0.1)
+sys.exit("replica never became ready")
+PYEOF
+echo "==> pytest (python/tests) against 127.0.0.1:$GRPC_PORT"
+PREFIXLOG_GRPC="127.0.0.1:$GRPC_PORT" PREFIXLOG_TRACE="$PREFIXLOG_TRACE" \
+  "$PY" -m pytest -q -p no:cacheprovider python/tests

@@ -1,0 +1,105 @@
+"""Against a live replica (run_tests.sh starts `prefixlog serve` and replays the trace).
+
+PREFIXLOG_GRPC = the replica's gRPC address, PREFIXLOG_TRACE = the replayed trace (its last
+request's chain is resident on the worker that served it: nothing evicts after it).
+"""
+import json
+import os
+import time
+
+import grpc
+import pytest
+
+from prefixlog_client import IndexClient, match
+
+ADDR = os.environ.get("PREFIXLOG_GRPC")
+TRACE = os.environ.get("PREFIXLOG_TRACE")
+KS = ("trace", 64, 1)  # the replay's keyspace (prefixlog/src/fleet_records.rs)
+pytestmark = pytest.mark.skipif(not ADDR, reason="PREFIXLOG_GRPC not set (run python/run_tests.sh)")
+M = (1 << 64) - 1
+
+
+def mix64(x):
+    x ^= x >> 33
+    x = (x * 0xFF51AFD7ED558CCD) & M
+    x ^= x >> 33
+    x = (x * 0xC4CEB9FE1A85EC53) & M
+    return x ^ (x >> 33)
+
+
+def last_chain():
+    """The workload's local hashes of the trace's last request (copy 0, stretch 1), as in
+    workload/src/trace.rs expand_request."""
+    with open(TRACE) as f:
+        for line in f:
+            if line.strip():
+                last = json.loads(line)
+    return [mix64(mix64(((i * 0x100) & M) ^ 0) ^ 0) for i in last["hash_ids"]]
+
+
+def test_scores_for_resident_chain():
+    chain = last_chain()
+    c = IndexClient([ADDR], deadline=2.0)
+    t = time.monotonic()
+    while True:
+        r = c.match(KS, hashes=chain)
+        if r.outcome == "scores" and r.scores[0].depth == len(chain):
+            break
+        assert time.monotonic() - t < 30, r
+        time.sleep(0.2)
+    assert r.replica_id == "py-test"
+    depths = [s.depth for s in r.scores]
+    assert depths == sorted(depths, reverse=True)
+    assert all(0 < d <= len(chain) for d in depths)
+    assert len(r.applied) == 4 and sum(o for _, o in r.applied) > 0  # 8 workers need not fill 4 partitions
+    top2 = c.match(KS, hashes=chain, top_k=1)
+    assert [s.worker for s in top2.scores] == [r.scores[0].worker]
+    # Read-your-writes with the offsets just observed (applied = next offsets, a token names
+    # the last record wanted): reached, not stale.
+    again = c.match(KS, hashes=chain, min_offsets=[(p, o - 1) for p, o in r.applied if o > 0])
+    assert again.outcome == "scores" and not again.stale
+
+
+def test_statuses_fail_open():
+    c = IndexClient([ADDR], deadline=2.0)
+    r = c.match(("no-such-model", 64, 1), hashes=[1, 2])
+    assert r.outcome == "unavailable" and r.reason.startswith("rejected: NOT_FOUND"), r
+    assert "trace/bs64/scheme1" in r.reason
+    r = c.match(KS, tokens=[])
+    assert r.outcome == "unavailable" and "INVALID_ARGUMENT" in r.reason
+    r = c.match(KS, hashes=[12345])
+    assert r.outcome == "empty"
+    # Tokens are hashed by the replica with the keyspace's scheme; no worker holds these.
+    r = c.match(KS, tokens=list(range(128)))
+    assert r.outcome == "empty"
+    # Unreachable consistency token: DEADLINE_EXCEEDED -> "unavailable: timeout"; stale if allowed.
+    r = c.match(KS, hashes=[1], min_offsets=[(0, 10**12)], deadline=0.3)
+    assert (r.outcome, r.reason) == ("unavailable", "timeout"), r
+    r = c.match(KS, hashes=[1], min_offsets=[(0, 10**12)], allow_stale=True, deadline=0.3)
+    assert r.outcome == "empty" and r.stale
+
+
+def test_dead_endpoint_fails_open_and_over():
+    # Nothing listens on port 1: "unavailable", fast, no exception.
+    t = time.monotonic()
+    r = match("127.0.0.1:1", KS, deadline=0.05, hashes=[1])
+    assert r.outcome == "unavailable"
+    assert time.monotonic() - t < 1.0
+    # A dead endpoint first, the live one second: answered within the deadline.
+    c = IndexClient(["127.0.0.1:1", ADDR], deadline=2.0)
+    r = c.match(KS, hashes=last_chain())
+    assert r.outcome == "scores" and r.endpoint == ADDR
+
+
+def test_health_and_reflection():
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
+    ch = grpc.insecure_channel(ADDR)
+    h = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service="prefixlog.v1.PrefixIndex"), timeout=2)
+    assert h.status == health_pb2.HealthCheckResponse.SERVING
+    db = ProtoReflectionDescriptorDatabase(ch)
+    services = db.get_services()
+    assert "prefixlog.v1.PrefixIndex" in services and "grpc.health.v1.Health" in services
+    fd = db.FindFileContainingSymbol("prefixlog.v1.MatchRequest")
+    assert fd.name == "query.proto"

@@ -1,0 +1,165 @@
+//! Running the query port and the admin port of a replica.
+//!
+//! The gRPC server carries `PrefixIndex`, the `Echo` benchmark baseline, `grpc.health.v1`
+//! (driven by [`Readiness`]) and server reflection (v1 and v1alpha, so `grpcurl` works without
+//! `.proto` files). TLS is not implemented (see the README's Queries section).
+
+use crate::admin;
+use crate::health::Readiness;
+use crate::metrics::Metrics;
+use crate::service::{QueryConfig, QueryService};
+use parking_lot::Mutex;
+use prefixlog_engine::Engine;
+use prefixlog_ingest::{Applier, ReplicaStatus};
+use prefixlog_proto::v1::echo_server::{Echo, EchoServer};
+use prefixlog_proto::v1::prefix_index_server::PrefixIndexServer;
+use prefixlog_proto::v1::EchoMessage;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::task::JoinHandle;
+use tonic::codegen::http;
+use tonic::transport::server::TcpIncoming;
+use tonic::{Request, Response, Status};
+
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// gRPC listen address (port 0: any free port; see [`RunningServer::grpc_addr`]).
+    pub grpc_addr: SocketAddr,
+    /// Admin HTTP listen address; `None` runs no admin port.
+    pub admin_addr: Option<SocketAddr>,
+    /// Caught up (SERVING, `/readyz` 200) at total lag ≤ this many records.
+    pub ready_lag: i64,
+    /// See [`Readiness`].
+    pub watermark_grace: Duration,
+    pub query: QueryConfig,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            grpc_addr: ([127, 0, 0, 1], 50151).into(),
+            admin_addr: Some(([127, 0, 0, 1], 9151).into()),
+            ready_lag: 1000,
+            watermark_grace: Duration::from_secs(2),
+            query: QueryConfig::default(),
+        }
+    }
+}
+
+/// The benchmark baseline: returns its input.
+#[derive(Clone, Copy, Default)]
+pub struct EchoService;
+
+#[tonic::async_trait]
+impl Echo for EchoService {
+    async fn echo(&self, request: Request<EchoMessage>) -> Result<Response<EchoMessage>, Status> {
+        Ok(Response::new(request.into_inner()))
+    }
+}
+
+/// tonic refuses a request over `max_decoding_message_size` with OUT_OF_RANGE; the gRPC
+/// convention (grpc-go, grpc-java) and our API contract say RESOURCE_EXHAUSTED. The refusal is
+/// a trailers-only response, so the status is in the headers and can be rewritten here.
+fn oversize_is_resource_exhausted<B>(mut r: http::Response<B>) -> http::Response<B> {
+    let h = r.headers_mut();
+    let oversize = h.get("grpc-status").is_some_and(|v| v == "11")
+        && h.get("grpc-message").and_then(|m| m.to_str().ok()).is_some_and(|m| {
+            m.contains("message%20length%20too%20large") || m.contains("message length too large")
+        });
+    if oversize {
+        h.insert("grpc-status", http::HeaderValue::from_static("8"));
+    }
+    r
+}
+
+/// A running query server. Dropping it (or [`RunningServer::kill`]) stops accepting, sends
+/// every connection a GOAWAY and stops the admin port and health updates.
+pub struct RunningServer {
+    pub grpc_addr: SocketAddr,
+    pub admin_addr: Option<SocketAddr>,
+    pub metrics: Arc<Metrics>,
+    pub readiness: Arc<Readiness>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl RunningServer {
+    pub fn kill(&mut self) {
+        // tonic serves each connection on its own task, so aborting the accept loop alone
+        // would leave open connections answering; the shutdown signal closes them too.
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        for t in self.tasks.drain(..) {
+            t.abort();
+        }
+    }
+}
+
+impl Drop for RunningServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Binds both ports and starts serving on the current tokio runtime.
+pub async fn start(
+    cfg: ServerConfig,
+    engine: Arc<Engine>,
+    status: Arc<ReplicaStatus>,
+    applier: Option<Arc<Mutex<Applier>>>,
+) -> anyhow::Result<RunningServer> {
+    let metrics = Arc::new(Metrics::new(engine.clone(), status.clone(), applier)?);
+    let readiness = Arc::new(Readiness::new(status.clone(), cfg.ready_lag, cfg.watermark_grace));
+    let (reporter, health) = tonic_health::server::health_reporter();
+    let mut tasks = vec![tokio::spawn(readiness.clone().drive(reporter, Duration::from_millis(50)))];
+
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(prefixlog_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection_v1 = reflection().build_v1()?;
+    let reflection_v1alpha = reflection().build_v1alpha()?;
+    let max_msg = cfg.query.max_decoding_message_size;
+    let svc = QueryService::new(engine, status, cfg.query, metrics.query.clone());
+
+    let listener = tokio::net::TcpListener::bind(cfg.grpc_addr).await?;
+    let grpc_addr = listener.local_addr()?;
+    // Nagle would add up to 40 ms to small responses on some stacks; queries are latency-bound.
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let router = tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .layer(tower::util::MapResponseLayer::new(oversize_is_resource_exhausted))
+        .add_service(health)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(PrefixIndexServer::new(svc).max_decoding_message_size(max_msg))
+        .add_service(EchoServer::new(EchoService));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let grpc = tokio::spawn(async move {
+        let signal = async move {
+            let _ = stopped.await;
+        };
+        if let Err(e) = router.serve_with_incoming_shutdown(incoming, signal).await {
+            tracing::error!(error = %e, "gRPC server stopped");
+        }
+    });
+    // Not in `tasks`: aborting it would drop the shutdown before connections are told to go.
+    drop(grpc);
+
+    let mut admin_addr = None;
+    if let Some(a) = cfg.admin_addr {
+        let l = tokio::net::TcpListener::bind(a).await?;
+        admin_addr = Some(l.local_addr()?);
+        let app = admin::router(metrics.clone(), readiness.clone());
+        tasks.push(tokio::spawn(async move {
+            if let Err(e) = axum::serve(l, app).await {
+                tracing::error!(error = %e, "admin HTTP server stopped");
+            }
+        }));
+    }
+    tracing::info!(%grpc_addr, admin = ?admin_addr, "query service listening");
+    Ok(RunningServer { grpc_addr, admin_addr, metrics, readiness, stop: Some(stop), tasks })
+}
