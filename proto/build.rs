@@ -1,5 +1,5 @@
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let files = ["proto/records.proto", "proto/query.proto"];
+    let files = ["proto/records.proto", "proto/query.proto", "proto/peer.proto"];
     for f in files {
         println!("cargo:rerun-if-changed={f}");
     }

@@ -11,6 +11,9 @@ echo "==> cargo clippy (workspace, all targets, -D warnings)"
 cargo clippy --workspace --all-targets -- -D warnings
 echo "==> cargo test (workspace, unit and crate tests)"
 cargo test --workspace --exclude prefixlog-tests
+echo "==> python for the bridge end-to-end test (pyzmq + msgpack)"
+bash scripts/bridge-fixtures.sh
+export PREFIXLOG_BRIDGE_E2E=required  # tests/tests/bridge.rs fails instead of skipping
 echo "==> cargo test (cross-crate integration tests; prints which Kafka backends ran)"
 cargo test -p prefixlog-tests -- --nocapture
 echo "==> python client (venv, stubs from proto/, pytest against a live replica)"

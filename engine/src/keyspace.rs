@@ -531,6 +531,32 @@ impl Keyspace {
         }
     }
 
+    pub(crate) fn snap_term(&self, h: u32) -> (u64, u32) {
+        self.snap(h)
+    }
+
+    pub(crate) fn settle_term(&mut self, h: u32, snap: (u64, u32)) {
+        self.settle(h, snap)
+    }
+
+    pub(crate) fn clear_holder(&mut self, h: u32) -> u32 {
+        self.clear_blocks(h)
+    }
+
+    /// Test-only fault hook: silently drops one block of a holder, as memory corruption or a
+    /// bug would, so anti-entropy has a divergence to find. Returns whether a block was dropped.
+    #[doc(hidden)]
+    pub fn corrupt_for_test(&mut self, key: &HolderKey) -> bool {
+        let Some(h) = self.holders.get(key) else { return false };
+        let node = (1..self.arena.nodes.len() as u32)
+            .find(|&n| self.arena.nodes[n as usize].live && self.arena.nodes[n as usize].member(h).is_some());
+        let Some(node) = node else { return false };
+        let snap = self.snap(h);
+        self.remove_member(h, node);
+        self.settle(h, snap);
+        true
+    }
+
     /// The holder's aggregate term and block count before an operation.
     fn snap(&self, h: u32) -> (u64, u32) {
         let holder = self.holders.at(h);

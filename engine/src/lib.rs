@@ -11,6 +11,8 @@
 //!   drop_worker, expire), capacity and TTL policy, digests.
 //! - `matching`: [`Keyspace::match_chain`], longest contiguous prefix per holder.
 //! - [`dump`]: enumerate ([`Keyspace::dump`]) and rebuild ([`Keyspace::rebuild`]).
+//! - `transplant`: [`Keyspace::replace_group`], moving one partition's holders in from a
+//!   rebuilt keyspace (anti-entropy repair).
 //! - `trie`: the node arena and its (parent, local) and ext lookup tables.
 //! - `holder`: per-holder counts, digest and operation records.
 //! - [`digest`]: the hash mixing behind node identity and digests.
@@ -32,6 +34,7 @@ mod holder;
 pub mod keyspace;
 mod matching;
 pub mod scheme;
+mod transplant;
 mod trie;
 pub mod types;
 

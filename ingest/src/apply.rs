@@ -157,6 +157,22 @@ impl Applier {
         self.parts = parts;
     }
 
+    /// Replaces partition `p` — its holders in every keyspace, its feed table, counters and
+    /// digest points — with `src`'s (anti-entropy repair from a rebuilt applier).
+    pub fn replace_partition(&mut self, p: u32, src: &Applier) {
+        let mut ids: BTreeSet<KeyspaceId> = self.engine.keyspace_ids().into_iter().collect();
+        ids.extend(src.engine.keyspace_ids());
+        for id in ids {
+            let dst = self.engine.keyspace_or_create(&id);
+            match src.engine.keyspace(&id) {
+                Some(s) => dst.write().replace_group(p, &s.read()),
+                None => dst.write().replace_group(p, &prefixlog_engine::Keyspace::new(id, self.engine.config().clone())),
+            }
+        }
+        self.parts[p as usize] = src.parts[p as usize].clone();
+        self.points[p as usize] = src.points[p as usize].clone();
+    }
+
     /// The recorded digest points of partition `p`, oldest first.
     pub fn digest_points(&self, p: u32) -> impl Iterator<Item = &DigestPoint> {
         self.points[p as usize].iter()

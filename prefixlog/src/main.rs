@@ -2,6 +2,7 @@
 //!
 //! - `serve`: run an index replica (embedded broker when no `--brokers`).
 //! - `replay`: publish the trace workload's KV events to a log.
+//! - `bridge`: vLLM / SGLang KV events over ZeroMQ → the log (one process, several engines).
 //! - `bench-ingest`: Kafka → apply throughput next to raw consume throughput.
 //! - `bench-query`: Match latency over gRPC (idle, ingesting) next to an Echo RPC.
 //! - `bench-audit`: reconstructing a past point vs a full replay.
@@ -13,10 +14,12 @@ mod audit_cmd;
 mod bench_audit;
 mod bench_ingest;
 mod bench_restart;
+mod bridge_cmd;
 mod checkpointing;
 mod checkpoints_cmd;
 mod fleet_records;
 mod kafka_args;
+mod peering;
 mod query_bench;
 mod replay;
 mod serve;
@@ -44,6 +47,8 @@ enum Cmd {
     Serve(serve::Args),
     /// Publish the trace workload (a simulated fleet's KV events) to the log.
     Replay(replay::Args),
+    /// Bridge vLLM / SGLang KV events (ZeroMQ) into the log: one process, one or more engines.
+    Bridge(bridge_cmd::Args),
     /// Measure Kafka → apply throughput against raw consume throughput (embedded broker).
     BenchIngest(bench_ingest::Args),
     /// Measure Match latency over gRPC, idle and while ingesting, next to an Echo RPC (embedded broker).
@@ -72,6 +77,7 @@ fn main() -> anyhow::Result<()> {
     match cli.cmd {
         Cmd::Serve(a) => rt.block_on(serve::run(a)),
         Cmd::Replay(a) => rt.block_on(replay::run(a)),
+        Cmd::Bridge(a) => rt.block_on(bridge_cmd::run(a)),
         Cmd::BenchIngest(a) => rt.block_on(bench_ingest::run(a)),
         Cmd::BenchQuery(a) => rt.block_on(query_bench::run(a)),
         Cmd::Checkpoints(a) => checkpoints_cmd::run(a),

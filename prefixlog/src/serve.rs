@@ -42,6 +42,8 @@ pub struct Args {
     pub placement_ttl: Duration,
     #[command(flatten)]
     pub query: QueryArgs,
+    #[command(flatten)]
+    pub peer: crate::peering::PeerArgs,
 }
 
 /// The query (gRPC) and admin (HTTP) ports.
@@ -103,18 +105,30 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         properties: a.kafka.property.clone(),
     };
     let checkpoints = crate::checkpointing::open(&a, &replica_cfg)?;
+    crate::peering::maybe_bootstrap(&a.peer, checkpoints.as_ref()).await?;
     let applier = match &checkpoints {
-        Some(c) => crate::checkpointing::restore_or_fresh(c, engine_cfg, apply_cfg)?,
-        None => Applier::new(Arc::new(Engine::new(engine_cfg)), apply_cfg),
+        Some(c) => crate::checkpointing::restore_or_fresh(c, engine_cfg.clone(), apply_cfg.clone())?,
+        None => Applier::new(Arc::new(Engine::new(engine_cfg.clone())), apply_cfg.clone()),
     };
     let engine = applier.engine().clone();
-    let replica = Replica::start(replica_cfg, applier)?;
+    let replica = Replica::start(replica_cfg.clone(), applier)?;
+    let store = checkpoints.as_ref().map(|c| c.store.clone());
     if let Some(c) = checkpoints {
         crate::checkpointing::spawn_loop(c, &a, replica.applier().clone(), replica.status().clone());
     }
     tracing::info!(%brokers, topic = %a.kafka.topic, partitions = a.kafka.partitions, "replica started; Ctrl-C stops");
     let status = replica.status().clone();
     let replica_id = a.query.replica_id.clone().unwrap_or_else(prefixlog_query::service::default_replica_id);
+    let _anti_entropy = crate::peering::start(
+        &a.peer,
+        replica_id.clone(),
+        replica.applier().clone(),
+        store,
+        replica_cfg,
+        engine_cfg,
+        apply_cfg,
+    )
+    .await?;
     let _query = prefixlog_query::start(
         prefixlog_query::ServerConfig {
             grpc_addr: a.query.grpc_addr,

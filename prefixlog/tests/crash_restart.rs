@@ -75,6 +75,7 @@ fn serve(bin: &str, brokers: &str, dir: &std::path::Path, run: usize, interval: 
         .args(["serve", "--brokers", brokers, "--topic", TOPIC, "--partitions", "4"])
         .args(["--checkpoint-interval", interval, "--checkpoint-records", "40", "--tick-interval", "0s"])
         .args(["--status-interval", "60s", "--keep-checkpoints", "5"])
+        .args(["--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--peer-addr", "127.0.0.1:0"])
         .arg("--data-dir")
         .arg(dir.join("data"))
         .stdout(Stdio::null())

@@ -4,6 +4,7 @@
 //! Module map:
 //! - [`v1`]: log records (`records.proto`: what bridges and gateways append to Kafka) and the
 //!   query service (`query.proto`: `PrefixIndex`, and the `Echo` benchmark baseline).
+//!   `peer.proto`: `ReplicaPeer`, replica to replica (digests, checkpoint transfer).
 //! - [`FILE_DESCRIPTOR_SET`]: every schema, encoded, for gRPC server reflection.
 
 /// Version 1 of the log schema.

@@ -17,6 +17,7 @@ use std::path::Path;
 use xxhash_rust::xxh3::xxh3_64;
 
 pub const FORMAT_VERSION: u32 = 1;
+const EXPORT_MAGIC: &[u8] = b"PREFIXLOG-CHECKPOINT-1\n";
 const CHUNK: usize = 4 << 20;
 
 /// Which log a checkpoint belongs to. A checkpoint of another log is never applied.
@@ -230,23 +231,38 @@ impl CheckpointStore {
         keyspaces: &[KeyspaceDump],
         created_unix_ms: u64,
     ) -> Result<CheckpointMeta, StoreError> {
+        let pbytes = codec::encode_partitions(partitions);
+        let ks: Vec<(KeyspaceId, Vec<u8>, u64)> =
+            keyspaces.iter().map(|d| (d.id.clone(), codec::encode_keyspace(d), d.holder_blocks())).collect();
+        let offsets = partitions.iter().map(|p| p.next_offset).collect();
+        let log_times = partitions.iter().map(|p| p.log_time).collect();
+        self.write_encoded(identity, offsets, log_times, &pbytes, &ks, created_unix_ms)
+    }
+
+    fn write_encoded(
+        &self,
+        identity: &LogIdentity,
+        offsets: Vec<i64>,
+        log_times: Vec<u64>,
+        pbytes: &[u8],
+        keyspaces: &[(KeyspaceId, Vec<u8>, u64)],
+        created_unix_ms: u64,
+    ) -> Result<CheckpointMeta, StoreError> {
         let id = self.ids().first().map_or(1, |i| i + 1);
         let mut batch = WriteBatch::default();
-        let pbytes = codec::encode_partitions(partitions);
         let mut entries = Vec::with_capacity(keyspaces.len());
-        for (ki, d) in keyspaces.iter().enumerate() {
-            let bytes = codec::encode_keyspace(d);
+        for (ki, (ks_id, bytes, holder_blocks)) in keyspaces.iter().enumerate() {
             let mut chunks = 0u32;
             for (ci, c) in bytes.chunks(CHUNK).enumerate() {
                 batch.put(chunk_key(id, ki as u32, ci as u32), c);
                 chunks += 1;
             }
             entries.push(KeyspaceEntry {
-                id: d.id.clone(),
+                id: ks_id.clone(),
                 chunks,
                 bytes: bytes.len() as u64,
-                checksum: xxh3_64(&bytes),
-                holder_blocks: d.holder_blocks(),
+                checksum: xxh3_64(bytes),
+                holder_blocks: *holder_blocks,
             });
         }
         let meta = CheckpointMeta {
@@ -254,13 +270,13 @@ impl CheckpointStore {
             format: FORMAT_VERSION,
             created_unix_ms,
             identity: identity.clone(),
-            offsets: partitions.iter().map(|p| p.next_offset).collect(),
-            log_times: partitions.iter().map(|p| p.log_time).collect(),
+            offsets,
+            log_times,
             partitions_len: pbytes.len() as u64,
-            partitions_checksum: xxh3_64(&pbytes),
+            partitions_checksum: xxh3_64(pbytes),
             keyspaces: entries,
         };
-        batch.put(key(b'p', id), &pbytes);
+        batch.put(key(b'p', id), pbytes);
         batch.put(key(b'i', id), encode_meta(&meta));
         let mut wo = WriteOptions::default();
         wo.set_sync(true);
@@ -274,19 +290,55 @@ impl CheckpointStore {
         decode_meta(id, &v)
     }
 
-    /// Reads, checksums and decodes a whole checkpoint.
-    pub fn load(&self, id: u64) -> Result<Loaded, StoreError> {
+    /// A verified checkpoint as one self-describing byte string (for transfer to a new
+    /// replica): magic, then length-prefixed meta, partition state and keyspace values.
+    pub fn export(&self, id: u64) -> Result<Vec<u8>, StoreError> {
+        let (meta, pbytes, ks) = self.raw(id)?;
+        let mut w = Writer::default();
+        w.buf.extend_from_slice(EXPORT_MAGIC);
+        w.bytes(&encode_meta(&meta));
+        w.bytes(&pbytes);
+        for b in &ks {
+            w.bytes(b);
+        }
+        Ok(w.buf)
+    }
+
+    /// Verifies an exported checkpoint and stores it under a new local id.
+    pub fn import(&self, data: &[u8]) -> Result<CheckpointMeta, StoreError> {
+        let bad = |what: &str| StoreError::Invalid { id: 0, what: format!("imported checkpoint: {what}") };
+        let rest = data.strip_prefix(EXPORT_MAGIC).ok_or_else(|| bad("not a prefixlog checkpoint export"))?;
+        let mut r = Reader::new(rest);
+        let mb = r.bytes()?;
+        let peer_id = mb.get(4..12).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes"))).unwrap_or(0);
+        let meta = decode_meta(peer_id, mb)?;
+        let pbytes = r.bytes()?;
+        if pbytes.len() as u64 != meta.partitions_len || xxh3_64(pbytes) != meta.partitions_checksum {
+            return Err(bad("partition state checksum mismatch"));
+        }
+        codec::decode_partitions(pbytes)?;
+        let mut ks = Vec::with_capacity(meta.keyspaces.len());
+        for e in &meta.keyspaces {
+            let b = r.bytes()?;
+            if b.len() as u64 != e.bytes || xxh3_64(b) != e.checksum {
+                return Err(bad(&format!("keyspace {} checksum mismatch", e.id)));
+            }
+            codec::decode_keyspace(b)?;
+            ks.push((e.id.clone(), b.to_vec(), e.holder_blocks));
+        }
+        r.done()?;
+        self.write_encoded(&meta.identity, meta.offsets.clone(), meta.log_times.clone(), pbytes, &ks, meta.created_unix_ms)
+    }
+
+    /// Meta, partition bytes and keyspace bytes of a checkpoint, all checksums verified.
+    fn raw(&self, id: u64) -> Result<(CheckpointMeta, Vec<u8>, Vec<Vec<u8>>), StoreError> {
         let meta = self.meta(id)?;
         let invalid = |what: String| StoreError::Invalid { id, what };
         let pbytes = self.db.get(key(b'p', id))?.ok_or_else(|| invalid("partition state missing".into()))?;
         if pbytes.len() as u64 != meta.partitions_len || xxh3_64(&pbytes) != meta.partitions_checksum {
             return Err(invalid("partition state checksum mismatch".into()));
         }
-        let partitions = codec::decode_partitions(&pbytes)?;
-        if partitions.len() != meta.offsets.len() {
-            return Err(invalid("partition count differs from meta".into()));
-        }
-        let mut keyspaces = Vec::with_capacity(meta.keyspaces.len());
+        let mut out = Vec::with_capacity(meta.keyspaces.len());
         for (ki, e) in meta.keyspaces.iter().enumerate() {
             let mut bytes = Vec::with_capacity(e.bytes as usize);
             for ci in 0..e.chunks {
@@ -299,8 +351,19 @@ impl CheckpointStore {
             if bytes.len() as u64 != e.bytes || xxh3_64(&bytes) != e.checksum {
                 return Err(invalid(format!("keyspace {} checksum mismatch", e.id)));
             }
-            keyspaces.push(codec::decode_keyspace(&bytes)?);
+            out.push(bytes);
         }
+        Ok((meta, pbytes, out))
+    }
+
+    /// Reads, checksums and decodes a whole checkpoint.
+    pub fn load(&self, id: u64) -> Result<Loaded, StoreError> {
+        let (meta, pbytes, ks) = self.raw(id)?;
+        let partitions = codec::decode_partitions(&pbytes)?;
+        if partitions.len() != meta.offsets.len() {
+            return Err(StoreError::Invalid { id, what: "partition count differs from meta".into() });
+        }
+        let keyspaces = ks.iter().map(|b| codec::decode_keyspace(b)).collect::<Result<Vec<_>, _>>()?;
         Ok(Loaded { meta, partitions, keyspaces })
     }
 

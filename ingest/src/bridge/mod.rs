@@ -200,8 +200,13 @@ impl EngineBridge {
     }
 
     fn log_metrics(&self) {
-        let nonzero: Vec<String> =
-            self.metrics.snapshot().into_iter().filter(|(_, v)| *v > 0).map(|(n, v)| format!("{n}={v}")).collect();
+        let nonzero: Vec<String> = self
+            .metrics
+            .snapshot()
+            .into_iter()
+            .filter(|(_, v)| *v > 0)
+            .map(|(n, v)| format!("{n}={v}"))
+            .collect();
         tracing::info!(
             worker = self.spec.worker,
             epoch = self.session.epoch(),
@@ -282,7 +287,12 @@ impl EngineBridge {
             Err(e) => {
                 // Still accepted (an empty record keeps the feed's sequence contiguous).
                 BridgeMetrics::inc(&m.messages_undecodable);
-                tracing::warn!(worker = self.spec.worker, seq, reason = e.as_str(), "bridge: undecodable payload");
+                tracing::warn!(
+                    worker = self.spec.worker,
+                    seq,
+                    reason = e.as_str(),
+                    "bridge: undecodable payload"
+                );
                 wire::Batch { ts: 0.0, dp_rank: None, events: Vec::new(), ignored_fields: 0 }
             }
         };

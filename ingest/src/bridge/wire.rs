@@ -123,10 +123,15 @@ pub fn decode_message<F: AsRef<[u8]>>(frames: &[F]) -> Result<Message, WireError
     })
 }
 
+/// Nesting limit passed to rmpv (it counts about two per level).
+pub const MAX_DEPTH: usize = 64;
+
 /// Decodes a msgpack `KVEventBatch` payload (either layout).
 pub fn decode_batch(payload: &[u8]) -> Result<Batch, WireError> {
     let mut rd = payload;
-    let v = rmpv::decode::read_value(&mut rd).map_err(|_| WireError::Msgpack)?;
+    // Real batches nest ~6 levels (batch, events, event, extra_keys, tuple); rmpv counts two
+    // per level. The default limit (1024) overflows a 2 MiB thread stack in debug builds.
+    let v = rmpv::decode::read_value_with_max_depth(&mut rd, MAX_DEPTH).map_err(|_| WireError::Msgpack)?;
     let mut ignored = u64::from(!rd.is_empty());
     let (ts, events, dp) = match &v {
         Value::Array(a) => {
@@ -290,11 +295,10 @@ fn decode_positional(a: &[Value]) -> (Event, u64) {
         "BlockStored" => {
             // Which tail layout (see the module doc): upstream vLLM `group_idx, kind, window`
             // at 9..=11, or Dynamo's `block_mm_infos, group_idx, kind, window` at 9..=12.
-            let dynamo_tail = match (a.get(9), a.get(10)) {
-                (Some(Value::Array(_)), _) => true,
-                (Some(Value::Nil), Some(Value::Integer(_))) => true,
-                _ => false,
-            };
+            let dynamo_tail = matches!(
+                (a.get(9), a.get(10)),
+                (Some(Value::Array(_)), _) | (Some(Value::Nil), Some(Value::Integer(_)))
+            );
             let (g, known) = if dynamo_tail { (10, 13) } else { (9, 12) };
             let f = StoredFields {
                 block_hashes: a.get(1),

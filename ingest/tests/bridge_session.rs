@@ -1,0 +1,151 @@
+//! The bridge's session policy without sockets: canonical hashing across split prompts,
+//! parent tracking, refusals, lanes, duplicates, gaps and restarts.
+
+use prefixlog_engine::scheme::block_hashes;
+use prefixlog_ingest::bridge::metrics::BridgeMetrics;
+use prefixlog_ingest::bridge::session::{chain_from, Arrival, Session};
+use prefixlog_ingest::bridge::wire::{Batch, Event, Tokens};
+use prefixlog_ingest::KvOp;
+
+const BS: u32 = 4;
+
+fn toks(base: u32, n: u32) -> Vec<u32> {
+    (base..base + n).collect()
+}
+
+fn stored(hashes: &[u64], parent: Option<u64>, tokens: Vec<u32>) -> Event {
+    Event::Stored {
+        hashes: hashes.to_vec(),
+        parent,
+        tokens: Tokens::Ids(tokens),
+        block_size: Some(u64::from(BS)),
+        medium: Some("GPU".into()),
+        lora_name: None,
+        group_idx: None,
+        kv_cache_spec_kind: None,
+        kv_cache_spec_sliding_window: None,
+    }
+}
+
+fn batch(events: Vec<Event>) -> Batch {
+    Batch { ts: 0.0, dp_rank: None, events, ignored_fields: 0 }
+}
+
+#[test]
+fn chain_from_reproduces_the_canonical_scheme() {
+    for bs in [1usize, 4, 16] {
+        let t: Vec<u32> = (0..(bs as u32 * 7 + 3)).map(|i| i.wrapping_mul(2_654_435_761)).collect();
+        let whole = block_hashes(&t, bs);
+        assert_eq!(chain_from(0, &t, bs), whole);
+        for split in 0..=7 {
+            let (a, b) = t.split_at(split * bs);
+            let mut parts = chain_from(0, a, bs);
+            let seed = parts.last().copied().unwrap_or(0);
+            parts.extend(chain_from(seed, b, bs));
+            assert_eq!(parts, whole, "bs {bs}, split after block {split}");
+        }
+    }
+    assert!(chain_from(5, &[1, 2, 3], 0).is_empty());
+}
+
+#[test]
+fn stores_chain_through_known_parents_and_refuse_unknown_ones() {
+    let m = BridgeMetrics::default();
+    let mut s = Session::new(BS, 100);
+    let t = toks(1000, 16);
+    let want = block_hashes(&t, BS as usize);
+    let ops = s.accept(0, 1, &batch(vec![stored(&[11, 12], None, t[..8].to_vec())]), &m);
+    assert_eq!(
+        ops,
+        vec![KvOp::Stored { lane: 0, parent_ext: None, blocks: vec![(11, want[0]), (12, want[1])] }]
+    );
+    let ops = s.accept(1, 2, &batch(vec![stored(&[13], Some(12), t[8..12].to_vec())]), &m);
+    assert_eq!(ops, vec![KvOp::Stored { lane: 0, parent_ext: Some(12), blocks: vec![(13, want[2])] }]);
+    // Unknown parent: refused, never hashed from the wrong seed.
+    let ops = s.accept(2, 3, &batch(vec![stored(&[15], Some(14), t[12..16].to_vec())]), &m);
+    assert!(ops.is_empty());
+    assert_eq!(m.get("refused_unknown_parent"), Some(1));
+    // Removal forgets the block: its children can no longer be hashed.
+    let ops =
+        s.accept(3, 4, &batch(vec![Event::Removed { hashes: vec![13], medium: None, group_idx: None }]), &m);
+    assert_eq!(ops, vec![KvOp::Removed { lane: 0, exts: vec![13] }]);
+    assert!(s.accept(4, 5, &batch(vec![stored(&[14], Some(13), t[12..16].to_vec())]), &m).is_empty());
+    assert_eq!(m.get("refused_unknown_parent"), Some(2));
+    assert_eq!(s.tracked(), 2);
+}
+
+#[test]
+fn refusals_lanes_and_clears() {
+    let m = BridgeMetrics::default();
+    let mut s = Session::new(BS, 1);
+    let mut lane1 = stored(&[21], None, toks(0, 4));
+    if let Event::Stored { group_idx, .. } = &mut lane1 {
+        *group_idx = Some(1);
+    }
+    let mut cpu = stored(&[22], None, toks(0, 4));
+    if let Event::Stored { medium, .. } = &mut cpu {
+        *medium = Some("CPU".into());
+    }
+    let mut bigram = stored(&[23], None, vec![]);
+    if let Event::Stored { tokens, .. } = &mut bigram {
+        *tokens = Tokens::Unsupported;
+    }
+    let mut other_bs = stored(&[24], None, toks(0, 8));
+    if let Event::Stored { block_size, .. } = &mut other_bs {
+        *block_size = Some(8);
+    }
+    let events = vec![
+        lane1,
+        cpu,
+        bigram,
+        other_bs,
+        stored(&[25], None, toks(0, 6)),
+        Event::Unknown("X".into()),
+        Event::Malformed("block_hashes"),
+        Event::Cleared,
+    ];
+    let ops = s.accept(0, 0, &batch(events), &m);
+    let local = block_hashes(&toks(0, 4), 4)[0];
+    assert_eq!(
+        ops,
+        vec![
+            KvOp::Stored { lane: 1, parent_ext: None, blocks: vec![(21, local)] },
+            KvOp::Cleared { lane: 0 },
+            KvOp::Cleared { lane: 1 },
+        ]
+    );
+    for (name, n) in [
+        ("refused_medium", 1),
+        ("refused_tokens", 1),
+        ("refused_token_count", 2),
+        ("refused_malformed", 1),
+        ("events_unknown_type", 1),
+        ("events_received", 8),
+    ] {
+        assert_eq!(m.get(name), Some(n), "{name}");
+    }
+    assert_eq!(s.tracked(), 0, "a clear forgets every tracked block");
+}
+
+#[test]
+fn sequence_policy() {
+    let m = BridgeMetrics::default();
+    let mut s = Session::new(BS, 1_000);
+    // A bridge joining a running engine: the first seq > 0 is a gap from 0.
+    assert_eq!(s.classify(5, 50), Arrival::Gap { from: 0 });
+    assert_eq!(s.classify(0, 0), Arrival::InOrder);
+    s.accept(0, 0, &batch(vec![]), &m);
+    s.accept(1, 10, &batch(vec![]), &m);
+    assert_eq!(s.classify(2, 20), Arrival::InOrder);
+    assert_eq!(s.classify(4, 40), Arrival::Gap { from: 2 });
+    // At-least-once delivery: the same seq and payload again is a duplicate …
+    assert_eq!(s.classify(1, 10), Arrival::Duplicate);
+    // … a different payload at an old seq is a restarted engine.
+    assert_eq!(s.classify(0, 99), Arrival::Restart);
+    assert_eq!(s.classify(1, 11), Arrival::Restart);
+    s.restart();
+    assert_eq!((s.epoch(), s.last_seq()), (1_001, None));
+    assert_eq!(s.classify(0, 99), Arrival::InOrder);
+    // After a restart whose first messages were missed: a gap from 0.
+    assert_eq!(s.classify(3, 99), Arrival::Gap { from: 0 });
+}

@@ -1,0 +1,289 @@
+#!/usr/bin/env python3
+"""A stand-in for vLLM's / SGLang's KV-event publisher, for prefixlog's bridge tests.
+
+Sends exactly what the engines send (see shared/notes/kv-events.md, vLLM's
+`vllm/distributed/kv_events.py`): 3-frame messages [topic, seq (8-byte big-endian, from 0,
++1 per batch), msgpack(KVEventBatch)], and answers replay requests on a ROUTER socket
+([client_id, b"", start_seq] -> [client_id, b"", seq, payload]... then the end marker
+[client_id, b"", (-1).to_bytes(8, "big", signed=True), b""]), keeping the last batches in a
+ring buffer as `ZmqEventPublisher` does.
+
+msgspec (vLLM's encoder) and msgpack-python produce the same bytes for these values: ints in
+their shortest form (u64 above 2**63, i64 for SGLang's signed hashes), floats as float64,
+str as str. Two layouts: positional (msgspec `array_like=True`: batch `[ts, events, dp_rank]`,
+event `["BlockStored", hashes, parent, tokens, block_size, lora_id, medium, lora_name,
+extra_keys, group_idx, kind, window]`) and map (`{"ts", "events": [{"type": ...}],
+"data_parallel_rank"}`, defaults omitted as with `omit_defaults=True`).
+
+The only liberty: the data socket is an XPUB (wire-identical to PUB for subscribers) so the
+script can wait until the bridge has subscribed before sending, instead of sleeping.
+
+Usage:
+  publisher.py fixtures OUT_DIR        write the decoder fixtures (msgpack payloads)
+  publisher.py serve --a P --a-replay P --b P --c P --c-replay P
+                                       run the end-to-end scenario (see `serve`)
+Token ids and hashes here are mirrored in tests/tests/bridge.rs and ingest/tests/bridge_wire.rs.
+"""
+import argparse
+import collections
+import os
+import sys
+import time
+
+import msgpack
+
+BLOCK = 4
+END_SEQ = (-1).to_bytes(8, "big", signed=True)
+
+
+def toks(base, n):
+    return [base + i for i in range(n)]
+
+
+# --- event builders -------------------------------------------------------------------------
+
+def stored_array(hashes, parent, tokens, *, medium="GPU", lora_name=None, extra_keys=None,
+                 tail=None):
+    """vLLM >= 0.11 positional BlockStored; `tail` = [group_idx, kind, window, ...]."""
+    ev = ["BlockStored", hashes, parent, tokens, BLOCK, None, medium, lora_name, extra_keys]
+    return ev + (tail or [])
+
+
+def stored_short(hashes, parent, tokens):
+    """SGLang / vLLM 0.9 positional BlockStored: ends at lora_id."""
+    return ["BlockStored", hashes, parent, tokens, BLOCK, None]
+
+
+def stored_map(hashes, parent, tokens, *, medium="GPU", **optional):
+    """Map layout with omit_defaults: fields without a default always present, others only
+    when set (extra_keys, group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window)."""
+    ev = {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent,
+          "token_ids": tokens, "block_size": BLOCK, "lora_id": None, "medium": medium,
+          "lora_name": None}
+    ev.update(optional)
+    return ev
+
+
+def batch_array(events, dp_rank=0, ts=None):
+    return msgpack.packb([time.time() if ts is None else ts, events, dp_rank], use_bin_type=True)
+
+
+def batch_short(events, ts=None):
+    """SGLang EventBatch(ts, events): no data-parallel rank."""
+    return msgpack.packb([time.time() if ts is None else ts, events], use_bin_type=True)
+
+
+def batch_map(events, dp_rank=None, ts=None, **extra):
+    b = {"ts": time.time() if ts is None else ts, "events": events}
+    if dp_rank is not None:
+        b["data_parallel_rank"] = dp_rank
+    b.update(extra)
+    return msgpack.packb(b, use_bin_type=True)
+
+
+# --- the scenario's data (mirrored in tests/tests/bridge.rs) ----------------------------------
+
+A_TOKENS = toks(1000, 20)            # worker 1: 5 blocks
+A_HASH = [11, 2**64 - 12, 13, 14, 15]  # one above 2**63: sent as msgpack uint64
+B_TOKENS = toks(2000, 12)            # worker 2, dp rank 1
+B_HASH = [21, 22, 23, 24]
+C_OLD = toks(3000, 12)               # worker 3 before its restart
+C_HASH = [-31, -32, -33]             # SGLang: signed int64
+C_NEW = toks(4000, 8)
+D_HASH = [-41, -42]
+
+
+def fixtures(out):
+    """Decoder fixtures: deterministic payloads (fixed ts) of each layout."""
+    os.makedirs(out, exist_ok=True)
+    ts = 1700000000.25
+    files = {
+        # vLLM positional, full field list plus the upstream tail and one unknown extra element,
+        # an unknown event type, a removal with group_idx, and a clear.
+        "vllm_array.msgpack": batch_array([
+            stored_array(A_HASH[:2], None, A_TOKENS[:8]),
+            stored_array([A_HASH[2]], A_HASH[1], A_TOKENS[8:12], lora_name="sql-lora",
+                         extra_keys=[["salt"]], tail=[1, "sliding_window", 128, "future"]),
+            ["FutureEvent", 1, 2],
+            ["BlockRemoved", [A_HASH[2]], "GPU", 1],
+            ["AllBlocksCleared"],
+        ], dp_rank=2, ts=ts),
+        # Dynamo-style tail: block_mm_infos before group_idx.
+        "dynamo_tail.msgpack": batch_array([
+            stored_array([7], None, A_TOKENS[:4], tail=[[None], 3, "full_attention", None]),
+        ], ts=ts),
+        # Map layout (omit_defaults), an unknown key in the batch and in an event.
+        "vllm_map.msgpack": batch_map([
+            stored_map(B_HASH[:2], None, B_TOKENS[:8], future_key=1),
+            stored_map([B_HASH[2]], None, B_TOKENS[:4], group_idx=1,
+                       kv_cache_spec_kind="sliding_window", kv_cache_spec_sliding_window=128),
+            {"type": "BlockRemoved", "block_hashes": [B_HASH[0]], "medium": "CPU"},
+            {"type": "AllBlocksCleared"},
+            {"type": "SomethingNew", "x": 1},
+        ], dp_rank=1, ts=ts, future_batch_key="x"),
+        # SGLang: EventBatch(ts, events), short events, signed hashes, one event per page.
+        "sglang_short.msgpack": batch_short([
+            stored_short([C_HASH[0]], None, C_OLD[:4]),
+            stored_short([C_HASH[1]], C_HASH[0], C_OLD[4:8]),
+            ["BlockRemoved", [C_HASH[1]]],
+        ], ts=ts),
+    }
+    for name, payload in files.items():
+        with open(os.path.join(out, name), "wb") as f:
+            f.write(payload)
+        print(f"wrote {name} ({len(payload)} bytes)")
+
+
+# --- a fake engine ----------------------------------------------------------------------------
+
+class Engine:
+    """vLLM's ZmqEventPublisher, minus the threads: bind, publish, buffer, answer replays."""
+
+    def __init__(self, ctx, port, replay_port=None, buffer_steps=10_000):
+        import zmq
+        self.zmq = zmq
+        self.pub = ctx.socket(zmq.XPUB)
+        self.pub.setsockopt(zmq.XPUB_VERBOSE, 1)
+        self.pub.setsockopt(zmq.LINGER, 1000)
+        self.pub.bind(f"tcp://127.0.0.1:{port}")
+        self.replay = None
+        if replay_port:
+            self.replay = ctx.socket(zmq.ROUTER)
+            self.replay.setsockopt(zmq.LINGER, 1000)
+            self.replay.bind(f"tcp://127.0.0.1:{replay_port}")
+        self.buffer = collections.deque(maxlen=buffer_steps)
+        self.seq = 0
+        self.topic = b""
+        self.replays = 0
+
+    def pump(self, seconds):
+        """Answers replay requests and drains subscription messages for `seconds`; returns
+        True if a subscription arrived."""
+        zmq = self.zmq
+        poller = zmq.Poller()
+        poller.register(self.pub, zmq.POLLIN)
+        if self.replay is not None:
+            poller.register(self.replay, zmq.POLLIN)
+        subscribed = False
+        deadline = time.time() + seconds
+        while True:
+            left = deadline - time.time()
+            if left <= 0:
+                return subscribed
+            for sock, _ in poller.poll(int(left * 1000) + 1):
+                if sock is self.pub:
+                    msg = self.pub.recv()
+                    subscribed |= msg[:1] == b"\x01"
+                else:
+                    self.serve_replay()
+
+    def wait_subscriber(self, timeout=30.0):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.pump(0.05):
+                # Let the subscriber finish wiring up (and answer any replay meanwhile).
+                self.pump(0.1)
+                return
+        sys.exit("no subscriber connected")
+
+    def serve_replay(self):
+        frame = self.replay.recv_multipart()
+        if len(frame) != 3:
+            print(f"invalid replay request: {frame}", file=sys.stderr)
+            return
+        client_id, _, start_seq_bytes = frame
+        start_seq = int.from_bytes(start_seq_bytes, "big")
+        for seq, buf in self.buffer:
+            if seq >= start_seq:
+                self.replay.send_multipart((client_id, b"", seq.to_bytes(8, "big"), buf))
+        self.replay.send_multipart((client_id, b"", END_SEQ, b""))
+        self.replays += 1
+
+    def publish(self, payload, send=True):
+        """Buffers the batch; `send=False` simulates a message the subscriber lost."""
+        self.buffer.append((self.seq, payload))
+        if send:
+            self.pub.send_multipart((self.topic, self.seq.to_bytes(8, "big"), payload))
+        self.seq += 1
+
+    def close(self):
+        self.pub.close()
+        if self.replay is not None:
+            self.replay.close()
+
+
+def serve(a):
+    """Three engines, one after the other:
+    A (worker 1, vLLM positional, replay): seq 2 is lost and recovered over the replay socket.
+    B (worker 2 dp 1, map layout, no replay): seq 2 is lost for good (holder gapped); refused
+      events (token count, CPU medium) and a lane-1 store (group_idx 1).
+    C (worker 3, SGLang short positional, signed hashes): stores, removes, then the engine
+      restarts (new sockets, seq from 0) and stores a different chain.
+    """
+    import zmq
+    ctx = zmq.Context()
+    eng_a = Engine(ctx, a.a, a.a_replay)
+    eng_a.wait_subscriber()
+    eng_a.publish(batch_array([stored_array(A_HASH[:2], None, A_TOKENS[:8]),
+                               ["FutureEvent", 1, 2]]))
+    eng_a.publish(batch_array([stored_array([A_HASH[2]], A_HASH[1], A_TOKENS[8:12],
+                                            tail=[None, "full_attention", None, "future"])]))
+    eng_a.publish(batch_array([stored_array([A_HASH[3]], A_HASH[2], A_TOKENS[12:16])]), send=False)
+    eng_a.publish(batch_array([stored_array([A_HASH[4]], A_HASH[3], A_TOKENS[16:20])]))
+    eng_a.pump(1.0)  # answer the replay request
+    print(f"engine A done (replays answered: {eng_a.replays})", flush=True)
+
+    eng_b = Engine(ctx, a.b)
+    eng_b.wait_subscriber()
+    eng_b.publish(batch_map([stored_map(B_HASH[:2], None, B_TOKENS[:8], future_key=1)], dp_rank=1))
+    eng_b.publish(batch_map([
+        stored_map([B_HASH[2]], None, B_TOKENS[:4], group_idx=1,
+                   kv_cache_spec_kind="sliding_window", kv_cache_spec_sliding_window=128),
+        stored_map([99], None, B_TOKENS[:6]),                  # 6 tokens: refused
+        stored_map([98], None, B_TOKENS[:4], medium="CPU"),    # offload tier: refused
+    ], dp_rank=1))
+    eng_b.publish(batch_map([{"type": "BlockRemoved", "block_hashes": [B_HASH[1]]}], dp_rank=1),
+                  send=False)  # lost, and there is no replay socket
+    eng_b.publish(batch_map([stored_map([B_HASH[3]], B_HASH[1], B_TOKENS[8:12])], dp_rank=1))
+    eng_b.pump(0.5)
+    print("engine B done", flush=True)
+
+    eng_c = Engine(ctx, a.c, a.c_replay)
+    eng_c.wait_subscriber()
+    eng_c.publish(batch_short([stored_short([C_HASH[0]], None, C_OLD[:4]),
+                               stored_short([C_HASH[1]], C_HASH[0], C_OLD[4:8])]))
+    eng_c.publish(batch_short([stored_short([C_HASH[2]], C_HASH[1], C_OLD[8:12])]))
+    eng_c.publish(batch_short([["BlockRemoved", [C_HASH[2]]]]))
+    eng_c.pump(0.5)
+    eng_c.close()
+    time.sleep(0.5)
+    print("engine C restarting", flush=True)
+    eng_c = Engine(ctx, a.c, a.c_replay)
+    eng_c.wait_subscriber()
+    eng_c.publish(batch_short([stored_short([D_HASH[0]], None, C_NEW[:4])]))
+    eng_c.publish(batch_short([stored_short([D_HASH[1]], D_HASH[0], C_NEW[4:8])]))
+    eng_c.pump(0.5)
+    print("engine C done", flush=True)
+    for e in (eng_a, eng_b, eng_c):
+        e.close()
+    ctx.term()
+    print("DONE", flush=True)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    f = sub.add_parser("fixtures")
+    f.add_argument("out")
+    s = sub.add_parser("serve")
+    for name in ("a", "a-replay", "b", "c", "c-replay"):
+        s.add_argument(f"--{name}", type=int, required=True)
+    a = p.parse_args()
+    if a.cmd == "fixtures":
+        fixtures(a.out)
+    else:
+        serve(a)
+
+
+if __name__ == "__main__":
+    main()
