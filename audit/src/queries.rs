@@ -34,7 +34,9 @@ impl Hash {
     fn value(&self) -> Result<u64, String> {
         match self {
             Hash::Num(n) => Ok(*n),
-            Hash::Hex(s) => u64::from_str_radix(s.trim_start_matches("0x"), 16).map_err(|_| format!("bad hash {s:?}")),
+            Hash::Hex(s) => {
+                u64::from_str_radix(s.trim_start_matches("0x"), 16).map_err(|_| format!("bad hash {s:?}"))
+            }
         }
     }
 }
@@ -93,7 +95,9 @@ pub fn answer(engine: &Engine, q: &Query) -> Result<Answer, String> {
     let id = q.keyspace.id();
     let opts = MatchOptions { intervals: q.intervals, top_k: q.top_k, lane: None };
     let known = || engine.keyspace_ids().iter().map(|k| k.to_string()).collect::<Vec<_>>().join(", ");
-    let res = engine.match_chain(&id, &locals, &opts).ok_or_else(|| format!("no keyspace {id} (known: {})", known()))?;
+    let res = engine
+        .match_chain(&id, &locals, &opts)
+        .ok_or_else(|| format!("no keyspace {id} (known: {})", known()))?;
     Ok(Answer {
         query_blocks: locals.len(),
         workers: res

@@ -112,29 +112,43 @@ pub fn reconstruct(
     let log_from_start = log.low_watermarks.iter().all(|&l| l == 0);
     let (mut applier, checkpoint) = match &base {
         Some(meta) => {
-            let l = store.expect("store").load(meta.id).map_err(|e| AuditError::Checkpoint(meta.id, e.to_string()))?;
+            let l = store
+                .expect("store")
+                .load(meta.id)
+                .map_err(|e| AuditError::Checkpoint(meta.id, e.to_string()))?;
             let a = restore(&l, engine_cfg, apply_cfg).map_err(|e| AuditError::Checkpoint(meta.id, e))?;
             (a, Some(meta.id))
         }
-        None if log_from_start => (Applier::new(std::sync::Arc::new(Engine::new(engine_cfg)), apply_cfg), None),
+        None if log_from_start => {
+            (Applier::new(std::sync::Arc::new(Engine::new(engine_cfg)), apply_cfg), None)
+        }
         None => {
             let earliest = match &oldest {
-                Some(m) => format!(
-                    "checkpoint {} (log time {} ms, offsets {:?})",
-                    m.id,
-                    m.log_time(),
-                    m.offsets
+                Some(m) => {
+                    format!("checkpoint {} (log time {} ms, offsets {:?})", m.id, m.log_time(), m.offsets)
+                }
+                None => format!(
+                    "none: no retained checkpoint, and the log starts at offsets {:?}",
+                    log.low_watermarks
                 ),
-                None => format!("none: no retained checkpoint, and the log starts at offsets {:?}", log.low_watermarks),
             };
             return Err(AuditError::TooOld {
-                why: "no retained checkpoint is at or before it and the log no longer starts at offset 0".into(),
+                why: "no retained checkpoint is at or before it and the log no longer starts at offset 0"
+                    .into(),
                 earliest,
             });
         }
     };
     // For a checkpoint base, the log must still hold everything after it.
-    for (p, (&from, &low)) in applier.partitions().iter().map(|s| s.next_offset).collect::<Vec<_>>().iter().zip(&log.low_watermarks).enumerate() {
+    for (p, (&from, &low)) in applier
+        .partitions()
+        .iter()
+        .map(|s| s.next_offset)
+        .collect::<Vec<_>>()
+        .iter()
+        .zip(&log.low_watermarks)
+        .enumerate()
+    {
         if from < low {
             return Err(AuditError::TooOld {
                 why: format!("partition {p} would replay from offset {from} but the log starts at {low}"),
@@ -148,7 +162,12 @@ pub fn reconstruct(
 
 /// Applies records from the applier's current offsets up to `point` (for walking forward from
 /// one reconstructed point to a later one).
-pub fn advance(applier: &mut Applier, log: &LogSource, point: &Point, progress: bool) -> Result<u64, AuditError> {
+pub fn advance(
+    applier: &mut Applier,
+    log: &LogSource,
+    point: &Point,
+    progress: bool,
+) -> Result<u64, AuditError> {
     let target = target_offsets(point, log)?;
     replay(applier, log, point, target.as_deref(), progress)
 }
@@ -167,7 +186,9 @@ fn replay(
     };
     let mut open: Vec<bool> =
         (0..log.partitions as usize).map(|p| applier.partition(p as u32).next_offset < ends[p]).collect();
-    let total: i64 = (0..log.partitions as usize).map(|p| (ends[p] - applier.partition(p as u32).next_offset).max(0)).sum();
+    let total: i64 = (0..log.partitions as usize)
+        .map(|p| (ends[p] - applier.partition(p as u32).next_offset).max(0))
+        .sum();
     let bar = if progress { ProgressBar::new(total as u64) } else { ProgressBar::hidden() };
     bar.set_style(
         ProgressStyle::with_template("replaying {bar:40} {pos}/{len} records ({per_sec}, eta {eta})")
@@ -188,7 +209,11 @@ fn replay(
     let mut tpl = TopicPartitionList::new();
     for (p, &o) in open.iter().enumerate() {
         if o {
-            tpl.add_partition_offset(&log.topic, p as i32, Offset::Offset(applier.partition(p as u32).next_offset))?;
+            tpl.add_partition_offset(
+                &log.topic,
+                p as i32,
+                Offset::Offset(applier.partition(p as u32).next_offset),
+            )?;
         }
     }
     consumer.assign(&tpl)?;

@@ -5,7 +5,9 @@
 use prefixlog_audit::queries::{answer, Hash, KeyspaceJson, Query};
 use prefixlog_audit::{reconstruct, verify, AuditError, LogSource, Point};
 use prefixlog_engine::{Engine, EngineConfig, KeyspaceId};
-use prefixlog_ingest::{probe_log, Applier, ApplyConfig, EmbeddedKafka, KvOp, Publisher, PublisherConfig, Replica, ReplicaConfig};
+use prefixlog_ingest::{
+    probe_log, Applier, ApplyConfig, EmbeddedKafka, KvOp, Publisher, PublisherConfig, Replica, ReplicaConfig,
+};
 use prefixlog_snapshot::{capture, checkpoint, CheckpointStore, LogIdentity};
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,7 +19,10 @@ fn ks() -> KeyspaceId {
     KeyspaceId::new("m", 16, 1)
 }
 fn cfgs() -> (EngineConfig, ApplyConfig) {
-    (EngineConfig { partitions: P, ..Default::default() }, ApplyConfig { partitions: P, ..Default::default() })
+    (
+        EngineConfig { partitions: P, ..Default::default() },
+        ApplyConfig { partitions: P, ..Default::default() },
+    )
 }
 fn query(chain: &[u64]) -> Query {
     Query {
@@ -34,9 +39,12 @@ async fn audit_reproduces_live_answers_and_verifies_history() {
     let kafka = EmbeddedKafka::start(TOPIC, P).unwrap();
     let brokers = kafka.bootstrap_servers();
     let publisher = Publisher::new(PublisherConfig::new(&brokers, TOPIC, P)).unwrap();
-    let rcfg = ReplicaConfig { brokers: brokers.clone(), topic: TOPIC.into(), partitions: P, properties: vec![] };
+    let rcfg =
+        ReplicaConfig { brokers: brokers.clone(), topic: TOPIC.into(), partitions: P, properties: vec![] };
     let (ecfg, acfg) = cfgs();
-    let replica = Replica::start(rcfg.clone(), Applier::new(Arc::new(Engine::new(ecfg.clone())), acfg.clone())).unwrap();
+    let replica =
+        Replica::start(rcfg.clone(), Applier::new(Arc::new(Engine::new(ecfg.clone())), acfg.clone()))
+            .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let store = CheckpointStore::open(dir.path()).unwrap();
     let identity = LogIdentity { cluster_id: "c".into(), topic: TOPIC.into(), partitions: P };
@@ -55,7 +63,10 @@ async fn audit_reproduces_live_answers_and_verifies_history() {
             };
             let blocks: Vec<(u64, u64)> = chain.iter().map(|&l| (w << 32 | phase << 16 | l, l)).collect();
             let ops = [KvOp::Cleared { lane: 0 }, KvOp::Stored { lane: 0, parent_ext: None, blocks }];
-            let l = publisher.publish_kv_events(&ks(), w, 0, 1, seqs[w as usize], false, &ops, Some(t as i64)).await.unwrap();
+            let l = publisher
+                .publish_kv_events(&ks(), w, 0, 1, seqs[w as usize], false, &ops, Some(t as i64))
+                .await
+                .unwrap();
             landed.push((l.partition, l.offset));
         }
         assert!(replica.status().wait_for(&landed, Duration::from_secs(30)).await);
@@ -82,12 +93,21 @@ async fn audit_reproduces_live_answers_and_verifies_history() {
         high_watermarks: probe.high_watermarks.clone(),
     };
     for (offsets, t, answers) in &recorded {
-        let r = reconstruct(Some(&store), &log, &Point::Offsets(offsets.clone()), ecfg.clone(), acfg.clone(), false).unwrap();
+        let r = reconstruct(
+            Some(&store),
+            &log,
+            &Point::Offsets(offsets.clone()),
+            ecfg.clone(),
+            acfg.clone(),
+            false,
+        )
+        .unwrap();
         for (q, want) in queries.iter().zip(answers) {
             assert_eq!(&answer(r.applier.engine(), &query(q)).unwrap(), want, "offsets {offsets:?}");
         }
         // The same point by log time.
-        let rt = reconstruct(Some(&store), &log, &Point::Time(*t), ecfg.clone(), acfg.clone(), false).unwrap();
+        let rt =
+            reconstruct(Some(&store), &log, &Point::Time(*t), ecfg.clone(), acfg.clone(), false).unwrap();
         assert_eq!(rt.offsets(), r.offsets(), "time {t}");
     }
 
@@ -104,7 +124,8 @@ async fn audit_reproduces_live_answers_and_verifies_history() {
 
     // A point before the oldest retained checkpoint, with the log's head dropped by retention.
     let truncated = LogSource { low_watermarks: vec![1; P as usize], ..log.clone() };
-    let err = reconstruct(Some(&store), &truncated, &Point::Time(5_000), ecfg, acfg, false).err().expect("too old");
+    let err =
+        reconstruct(Some(&store), &truncated, &Point::Time(5_000), ecfg, acfg, false).err().expect("too old");
     assert!(matches!(err, AuditError::TooOld { .. }));
     assert!(err.to_string().contains("Earliest reachable point: checkpoint 1"), "{err}");
 }

@@ -22,7 +22,8 @@ impl Keyspace {
                 self.holders.remove(h);
             }
         }
-        let theirs: Vec<u32> = src.holders.sorted().into_iter().filter(|&h| src.holders.at(h).group == group).collect();
+        let theirs: Vec<u32> =
+            src.holders.sorted().into_iter().filter(|&h| src.holders.at(h).group == group).collect();
         if theirs.is_empty() {
             return;
         }

@@ -166,7 +166,9 @@ impl Applier {
             let dst = self.engine.keyspace_or_create(&id);
             match src.engine.keyspace(&id) {
                 Some(s) => dst.write().replace_group(p, &s.read()),
-                None => dst.write().replace_group(p, &prefixlog_engine::Keyspace::new(id, self.engine.config().clone())),
+                None => dst
+                    .write()
+                    .replace_group(p, &prefixlog_engine::Keyspace::new(id, self.engine.config().clone())),
             }
         }
         self.parts[p as usize] = src.parts[p as usize].clone();

@@ -16,7 +16,16 @@ fn ks() -> KeyspaceId {
 
 fn applier() -> Applier {
     let e = Arc::new(Engine::new(EngineConfig { partitions: P, ..Default::default() }));
-    Applier::new(e, ApplyConfig { partitions: P, max_blocks_per_record: 64, expiry_interval_ms: 100, digest_every: 7, digest_history: 1000 })
+    Applier::new(
+        e,
+        ApplyConfig {
+            partitions: P,
+            max_blocks_per_record: 64,
+            expiry_interval_ms: 100,
+            digest_every: 7,
+            digest_history: 1000,
+        },
+    )
 }
 
 /// A partitioned log from the trace workload: per partition, (timestamp, value).
@@ -194,8 +203,16 @@ fn duplicates_epochs_gaps_and_bad_records() {
 fn placements_expire_by_log_time_of_their_partition_only() {
     let e =
         Arc::new(Engine::new(EngineConfig { partitions: P, placement_ttl_ms: 500, ..Default::default() }));
-    let mut a =
-        Applier::new(e, ApplyConfig { partitions: P, max_blocks_per_record: 64, expiry_interval_ms: 100, digest_every: 7, digest_history: 1000 });
+    let mut a = Applier::new(
+        e,
+        ApplyConfig {
+            partitions: P,
+            max_blocks_per_record: 64,
+            expiry_interval_ms: 100,
+            digest_every: 7,
+            digest_history: 1000,
+        },
+    );
     let w = 3u64;
     let p = partition_of(w, P);
     let q = (0..P).find(|&x| x != p).unwrap();

@@ -20,7 +20,9 @@ fn stored(hashes: &[u64], parent: Option<u64>, tokens: Vec<u32>) -> Event {
         tokens: Tokens::Ids(tokens),
         block_size: Some(u64::from(BS)),
         medium: Some("GPU".into()),
+        lora_id: None,
         lora_name: None,
+        extra_keys: false,
         group_idx: None,
         kv_cache_spec_kind: None,
         kv_cache_spec_sliding_window: None,
@@ -94,7 +96,17 @@ fn refusals_lanes_and_clears() {
     if let Event::Stored { block_size, .. } = &mut other_bs {
         *block_size = Some(8);
     }
+    let mut lora = stored(&[26], None, toks(0, 4));
+    if let Event::Stored { lora_name, .. } = &mut lora {
+        *lora_name = Some("adapter".into());
+    }
+    let mut salted = stored(&[27], None, toks(0, 4));
+    if let Event::Stored { extra_keys, .. } = &mut salted {
+        *extra_keys = true;
+    }
     let events = vec![
+        lora,
+        salted,
         lane1,
         cpu,
         bigram,
@@ -120,7 +132,8 @@ fn refusals_lanes_and_clears() {
         ("refused_token_count", 2),
         ("refused_malformed", 1),
         ("events_unknown_type", 1),
-        ("events_received", 8),
+        ("refused_namespaced", 2),
+        ("events_received", 10),
     ] {
         assert_eq!(m.get(name), Some(n), "{name}");
     }

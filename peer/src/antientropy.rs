@@ -79,7 +79,9 @@ impl AntiEntropy {
 
     async fn compare(&self, peer: &str, report: &mut RoundReport) -> Result<(), String> {
         let url = if peer.contains("://") { peer.to_string() } else { format!("http://{peer}") };
-        let endpoint = tonic::transport::Endpoint::from_shared(url).map_err(|e| e.to_string())?.connect_timeout(Duration::from_secs(2));
+        let endpoint = tonic::transport::Endpoint::from_shared(url)
+            .map_err(|e| e.to_string())?
+            .connect_timeout(Duration::from_secs(2));
         let mut client = ReplicaPeerClient::new(endpoint.connect().await.map_err(|e| e.to_string())?);
         let theirs = client
             .digests(pb::DigestsRequest { partitions: vec![] })
@@ -94,7 +96,8 @@ impl AntiEntropy {
                 if pd.partition >= a.config().partitions {
                     continue;
                 }
-                let ours: BTreeMap<i64, u64> = a.digest_points(pd.partition).map(|d| (d.next_offset, d.digest)).collect();
+                let ours: BTreeMap<i64, u64> =
+                    a.digest_points(pd.partition).map(|d| (d.next_offset, d.digest)).collect();
                 let mut agreed = None;
                 let mut first_bad = None;
                 for pt in &pd.points {
@@ -123,19 +126,30 @@ impl AntiEntropy {
                 "anti-entropy: digest mismatch (a bug or corruption); self-checking this replica"
             );
             let (applier, ctx) = (self.applier.clone(), self.ctx.clone());
-            let outcome = tokio::task::spawn_blocking(move || self_check(&applier, &ctx, p, off, mine, agreed))
-                .await
-                .map_err(|e| e.to_string())?;
+            let outcome =
+                tokio::task::spawn_blocking(move || self_check(&applier, &ctx, p, off, mine, agreed))
+                    .await
+                    .map_err(|e| e.to_string())?;
             match outcome {
                 Ok(RepairOutcome::Consistent) => {
-                    tracing::warn!(partition = p, "self-check: this replica matches its log; the peer must repair")
+                    tracing::warn!(
+                        partition = p,
+                        "self-check: this replica matches its log; the peer must repair"
+                    )
                 }
                 Ok(RepairOutcome::Repaired { from_checkpoint, replayed_to }) => {
                     self.stats.repairs.fetch_add(1, Ordering::Relaxed);
                     report.repaired.push(p);
-                    tracing::warn!(partition = p, ?from_checkpoint, replayed_to, "self-check: diverged; partition rebuilt and swapped in");
+                    tracing::warn!(
+                        partition = p,
+                        ?from_checkpoint,
+                        replayed_to,
+                        "self-check: diverged; partition rebuilt and swapped in"
+                    );
                 }
-                Err(e) => tracing::error!(partition = p, error = %e, "self-check failed; will retry next round"),
+                Err(e) => {
+                    tracing::error!(partition = p, error = %e, "self-check failed; will retry next round")
+                }
             }
         }
         Ok(())
@@ -143,23 +157,45 @@ impl AntiEntropy {
 
     /// Holders whose (blocks, digest) differ from the peer's now (offsets may differ slightly,
     /// so this is a lead for the log, not a verdict).
-    async fn differing_holders(&self, client: &mut ReplicaPeerClient<tonic::transport::Channel>, p: u32) -> Vec<String> {
-        let Ok(theirs) = client.holder_digests(pb::HolderDigestsRequest { partition: p }).await else { return vec![] };
+    async fn differing_holders(
+        &self,
+        client: &mut ReplicaPeerClient<tonic::transport::Channel>,
+        p: u32,
+    ) -> Vec<String> {
+        let Ok(theirs) = client.holder_digests(pb::HolderDigestsRequest { partition: p }).await else {
+            return vec![];
+        };
         let theirs = theirs.into_inner();
         let key = |k: &Option<pb::Keyspace>, w: u64, d: u32, l: u32| {
             let k = k.clone().unwrap_or_default();
             format!("{}/bs{}/s{} worker {w} dp {d} lane {l}", k.model, k.block_size, k.hash_scheme)
         };
-        let mut map: BTreeMap<String, (u32, u64)> =
-            theirs.holders.iter().map(|h| (key(&h.keyspace, h.worker, h.dp_rank, h.lane), (h.blocks, h.digest))).collect();
+        let mut map: BTreeMap<String, (u32, u64)> = theirs
+            .holders
+            .iter()
+            .map(|h| (key(&h.keyspace, h.worker, h.dp_rank, h.lane), (h.blocks, h.digest)))
+            .collect();
         let mut out = Vec::new();
         let a = self.applier.lock();
         let n = a.config().partitions;
         for ks in a.engine().keyspaces() {
             let g = ks.read();
             let id = g.id().clone();
-            for h in g.holder_summaries().into_iter().filter(|h| prefixlog_engine::partition_of(h.key.worker, n) == p) {
-                let k = key(&Some(pb::Keyspace { model: id.model.clone(), block_size: id.block_size, hash_scheme: id.scheme }), h.key.worker, h.key.dp_rank, h.key.lane);
+            for h in g
+                .holder_summaries()
+                .into_iter()
+                .filter(|h| prefixlog_engine::partition_of(h.key.worker, n) == p)
+            {
+                let k = key(
+                    &Some(pb::Keyspace {
+                        model: id.model.clone(),
+                        block_size: id.block_size,
+                        hash_scheme: id.scheme,
+                    }),
+                    h.key.worker,
+                    h.key.dp_rank,
+                    h.key.lane,
+                );
                 if map.remove(&k) != Some((h.blocks, h.digest)) {
                     out.push(k);
                 }

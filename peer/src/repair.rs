@@ -38,9 +38,8 @@ fn log_source(ctx: &RepairContext) -> Result<LogSource, String> {
 
 /// Replays only partition `p` of `a` up to next offset `to`.
 fn advance_partition(a: &mut Applier, log: &LogSource, p: u32, to: i64) -> Result<(), String> {
-    let point: Vec<(u32, i64)> = (0..log.partitions)
-        .map(|q| (q, if q == p { to } else { a.partition(q).next_offset }))
-        .collect();
+    let point: Vec<(u32, i64)> =
+        (0..log.partitions).map(|q| (q, if q == p { to } else { a.partition(q).next_offset })).collect();
     advance(a, log, &Point::Offsets(point), false).map(|_| ()).map_err(|e| e.to_string())
 }
 
@@ -82,7 +81,10 @@ pub fn self_check(
     };
     advance_partition(&mut rebuilt, &log, p, point)?;
     if rebuilt.partition(p).next_offset != point {
-        return Err(format!("partition {p}: replay stopped at {} before {point}", rebuilt.partition(p).next_offset));
+        return Err(format!(
+            "partition {p}: replay stopped at {} before {point}",
+            rebuilt.partition(p).next_offset
+        ));
     }
     if rebuilt.partition_digest(p) == recorded {
         return Ok(RepairOutcome::Consistent);

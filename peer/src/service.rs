@@ -34,10 +34,17 @@ type ChunkStream = Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::Checkpoint
 
 #[tonic::async_trait]
 impl ReplicaPeer for PeerService {
-    async fn digests(&self, req: Request<pb::DigestsRequest>) -> Result<Response<pb::DigestsResponse>, Status> {
+    async fn digests(
+        &self,
+        req: Request<pb::DigestsRequest>,
+    ) -> Result<Response<pb::DigestsResponse>, Status> {
         let a = self.applier.lock();
         let n = a.config().partitions;
-        let want: Vec<u32> = if req.get_ref().partitions.is_empty() { (0..n).collect() } else { req.get_ref().partitions.clone() };
+        let want: Vec<u32> = if req.get_ref().partitions.is_empty() {
+            (0..n).collect()
+        } else {
+            req.get_ref().partitions.clone()
+        };
         let mut partitions = Vec::with_capacity(want.len());
         for p in want {
             if p >= n {
@@ -48,7 +55,11 @@ impl ReplicaPeer for PeerService {
                 next_offset: a.partition(p).next_offset,
                 points: a
                     .digest_points(p)
-                    .map(|d| pb::DigestPointMsg { next_offset: d.next_offset, log_time: d.log_time, digest: d.digest })
+                    .map(|d| pb::DigestPointMsg {
+                        next_offset: d.next_offset,
+                        log_time: d.log_time,
+                        digest: d.digest,
+                    })
                     .collect(),
             });
         }
@@ -98,7 +109,11 @@ impl ReplicaPeer for PeerService {
                 last_seq: f.last_seq,
             })
             .collect();
-        Ok(Response::new(pb::HolderDigestsResponse { next_offset: a.partition(p).next_offset, holders, feeds }))
+        Ok(Response::new(pb::HolderDigestsResponse {
+            next_offset: a.partition(p).next_offset,
+            holders,
+            feeds,
+        }))
     }
 
     type FetchCheckpointStream = ChunkStream;
@@ -107,7 +122,9 @@ impl ReplicaPeer for PeerService {
         &self,
         _req: Request<pb::FetchCheckpointRequest>,
     ) -> Result<Response<Self::FetchCheckpointStream>, Status> {
-        let store = self.store.clone().ok_or_else(|| Status::failed_precondition("this replica keeps no checkpoints (no --data-dir)"))?;
+        let store = self.store.clone().ok_or_else(|| {
+            Status::failed_precondition("this replica keeps no checkpoints (no --data-dir)")
+        })?;
         let data = tokio::task::spawn_blocking(move || {
             let id = *store.ids().first().ok_or_else(|| Status::unavailable("no checkpoint taken yet"))?;
             store.export(id).map(|d| (id, d)).map_err(|e| Status::internal(format!("checkpoint {id}: {e}")))

@@ -3,7 +3,9 @@
 //! self-checks as consistent; queries keep answering during the repair.
 
 use prefixlog_engine::{partition_of, Engine, EngineConfig, HolderKey, KeyspaceId, MatchOptions};
-use prefixlog_ingest::{Applier, ApplyConfig, EmbeddedKafka, KvOp, Publisher, PublisherConfig, Replica, ReplicaConfig};
+use prefixlog_ingest::{
+    Applier, ApplyConfig, EmbeddedKafka, KvOp, Publisher, PublisherConfig, Replica, ReplicaConfig,
+};
 use prefixlog_peer::{AntiEntropy, AntiEntropyStats, PeerService, RepairContext};
 use prefixlog_snapshot::{checkpoint, CheckpointStore, LogIdentity};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -28,11 +30,19 @@ struct Node {
 async fn node(brokers: &str, name: &str) -> Node {
     let ecfg = EngineConfig { partitions: P, ..Default::default() };
     let acfg = ApplyConfig { partitions: P, digest_every: 5, ..Default::default() };
-    let rcfg = ReplicaConfig { brokers: brokers.into(), topic: TOPIC.into(), partitions: P, properties: vec![] };
-    let replica = Replica::start(rcfg.clone(), Applier::new(Arc::new(Engine::new(ecfg.clone())), acfg.clone())).unwrap();
+    let rcfg =
+        ReplicaConfig { brokers: brokers.into(), topic: TOPIC.into(), partitions: P, properties: vec![] };
+    let replica =
+        Replica::start(rcfg.clone(), Applier::new(Arc::new(Engine::new(ecfg.clone())), acfg.clone()))
+            .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(CheckpointStore::open(dir.path()).unwrap());
-    let svc = PeerService { applier: replica.applier().clone(), store: Some(store.clone()), replica_id: name.into(), topic: TOPIC.into() };
+    let svc = PeerService {
+        applier: replica.applier().clone(),
+        store: Some(store.clone()),
+        replica_id: name.into(),
+        topic: TOPIC.into(),
+    };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     tokio::spawn(
@@ -50,7 +60,8 @@ async fn publish_phase(p: &Publisher, phase: u64, seqs: &mut [u64]) -> Vec<(u32,
         for w in 0..10u64 {
             seqs[w as usize] += 1;
             let base = phase * 100 + round * 10;
-            let blocks: Vec<(u64, u64)> = (0..4).map(|j| (w << 40 | (base + j) << 8 | j, 1 + (w + j) % 5 + base)).collect();
+            let blocks: Vec<(u64, u64)> =
+                (0..4).map(|j| (w << 40 | (base + j) << 8 | j, 1 + (w + j) % 5 + base)).collect();
             // Chains accumulate (no clears), so a corrupted block stays corrupted.
             let ops = [KvOp::Stored { lane: 0, parent_ext: None, blocks }];
             let l = p.publish_kv_events(&ks(), w, 0, 1, seqs[w as usize], false, &ops, None).await.unwrap();
@@ -61,7 +72,12 @@ async fn publish_phase(p: &Publisher, phase: u64, seqs: &mut [u64]) -> Vec<(u32,
 }
 
 fn anti_entropy(me: &Node, peer: &Node, stats: &Arc<AntiEntropyStats>) -> AntiEntropy {
-    AntiEntropy { applier: me.replica.applier().clone(), peers: vec![peer.addr.clone()], ctx: me.ctx.clone(), stats: stats.clone() }
+    AntiEntropy {
+        applier: me.replica.applier().clone(),
+        peers: vec![peer.addr.clone()],
+        ctx: me.ctx.clone(),
+        stats: stats.clone(),
+    }
 }
 
 fn digests(n: &Node) -> Vec<(i64, u64)> {
@@ -109,7 +125,8 @@ async fn mismatch_is_detected_and_the_corrupted_replica_repairs_itself() {
     let stop = Arc::new(AtomicBool::new(false));
     let answered = Arc::new(AtomicU64::new(0));
     let querier = {
-        let (engine, stop, answered) = (b.replica.applier().lock().engine().clone(), stop.clone(), answered.clone());
+        let (engine, stop, answered) =
+            (b.replica.applier().lock().engine().clone(), stop.clone(), answered.clone());
         std::thread::spawn(move || {
             while !stop.load(Ordering::Acquire) {
                 let q: Vec<u64> = (0..4).map(|j| 1 + (other + j) % 5 + 300 + 50).collect();
@@ -151,7 +168,12 @@ async fn unreachable_peer_is_reported_not_a_divergence_and_bootstrap_fetches_a_c
     let publisher = Publisher::new(PublisherConfig::new(&brokers, TOPIC, P)).unwrap();
     let a = node(&brokers, "a").await;
     let stats = Arc::new(AntiEntropyStats::default());
-    let ae = AntiEntropy { applier: a.replica.applier().clone(), peers: vec!["127.0.0.1:1".into()], ctx: a.ctx.clone(), stats: stats.clone() };
+    let ae = AntiEntropy {
+        applier: a.replica.applier().clone(),
+        peers: vec!["127.0.0.1:1".into()],
+        ctx: a.ctx.clone(),
+        stats: stats.clone(),
+    };
     let r = ae.round().await;
     assert_eq!(r.unreachable, vec!["127.0.0.1:1".to_string()]);
     assert!(r.mismatches.is_empty());
@@ -168,7 +190,8 @@ async fn unreachable_peer_is_reported_not_a_divergence_and_bootstrap_fetches_a_c
     let got = prefixlog_peer::fetch_checkpoint(&a.addr, &fresh).await.unwrap();
     assert_eq!((got.offsets.clone(), got.holder_blocks()), (meta.offsets.clone(), meta.holder_blocks()));
     let l = fresh.load(got.id).unwrap();
-    let restored = prefixlog_snapshot::restore(&l, a.ctx.engine_cfg.clone(), a.ctx.apply_cfg.clone()).unwrap();
+    let restored =
+        prefixlog_snapshot::restore(&l, a.ctx.engine_cfg.clone(), a.ctx.apply_cfg.clone()).unwrap();
     let want = digests(&a);
     for p in 0..P {
         assert_eq!(restored.partition_digest(p), want[p as usize].1);

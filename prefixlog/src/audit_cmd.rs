@@ -80,7 +80,8 @@ pub fn parse_offsets(s: &str) -> anyhow::Result<Vec<(u32, i64)>> {
     s.split(',')
         .filter(|x| !x.is_empty())
         .map(|x| {
-            let (p, o) = x.split_once(':').ok_or_else(|| anyhow::anyhow!("expected partition:offset, got {x:?}"))?;
+            let (p, o) =
+                x.split_once(':').ok_or_else(|| anyhow::anyhow!("expected partition:offset, got {x:?}"))?;
             Ok((p.trim().parse()?, o.trim().parse()?))
         })
         .collect()
@@ -92,11 +93,16 @@ fn configs(partitions: u32) -> (EngineConfig, ApplyConfig) {
 
 fn load_queries(p: &PathBuf) -> anyhow::Result<Vec<Query>> {
     let text = std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("reading {}: {e}", p.display()))?;
-    serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: not a JSON array of queries: {e}", p.display()))
+    serde_json::from_str(&text)
+        .map_err(|e| anyhow::anyhow!("{}: not a JSON array of queries: {e}", p.display()))
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let brokers = a.kafka.brokers.clone().ok_or_else(|| anyhow::anyhow!("audit needs --brokers (the log to replay)"))?;
+    let brokers = a
+        .kafka
+        .brokers
+        .clone()
+        .ok_or_else(|| anyhow::anyhow!("audit needs --brokers (the log to replay)"))?;
     let rcfg = ReplicaConfig {
         brokers: brokers.clone(),
         topic: a.kafka.topic.clone(),
@@ -144,7 +150,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                         Err(e) => serde_json::json!({ "error": e }),
                     })
                     .collect();
-                println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "offsets": r.offsets(), "answers": answers }))?);
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(
+                        &serde_json::json!({ "offsets": r.offsets(), "answers": answers })
+                    )?
+                );
             }
             if summary {
                 for ((ks, w), b) in worker_blocks(engine) {
@@ -159,7 +170,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         Cmd::Explain { record } => {
             let (p, o) = *parse_offsets(&record)?.first().ok_or_else(|| anyhow::anyhow!("--record p:o"))?;
             let value = read_record(&log, p, o)?;
-            let op = decode(value.as_deref(), p, log.partitions, usize::MAX).map_err(|r| anyhow::anyhow!("record {p}:{o} is a bad record ({r})"))?;
+            let op = decode(value.as_deref(), p, log.partitions, usize::MAX)
+                .map_err(|r| anyhow::anyhow!("record {p}:{o} is a bad record ({r})"))?;
             let Op::Placement { keyspace, holder, locals, answered_at } = op else {
                 anyhow::bail!("record {p}:{o} is not a placement");
             };
@@ -168,12 +180,16 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 "placement {p}:{o} carries no answer offsets: the gateway routed without an index answer"
             );
             let r = at(Point::Offsets(answered_at.clone()))?;
-            let res = r.applier.engine().match_chain(&keyspace, &locals, &Default::default()).unwrap_or_default();
+            let res =
+                r.applier.engine().match_chain(&keyspace, &locals, &Default::default()).unwrap_or_default();
             println!("placement {p}:{o}: {} blocks routed to {holder} in {keyspace}; the index at {answered_at:?} said:", locals.len());
             println!("{:>10} {:>4} {:>5} {:>7} {:>8}  ", "worker", "dp", "lane", "depth", "total");
             for m in &res {
                 let mark = if m.holder.worker == holder.worker { "  <- chosen" } else { "" };
-                println!("{:>10} {:>4} {:>5} {:>7} {:>8}{mark}", m.holder.worker, m.holder.dp_rank, m.holder.lane, m.depth, m.total);
+                println!(
+                    "{:>10} {:>4} {:>5} {:>7} {:>8}{mark}",
+                    m.holder.worker, m.holder.dp_rank, m.holder.lane, m.depth, m.total
+                );
             }
             if !res.iter().any(|m| m.holder.worker == holder.worker) {
                 println!("chosen worker {} held none of the prefix (depth 0)", holder.worker);
@@ -183,7 +199,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             let (t1, t2) = (parse_time(&from)?, parse_time(&to)?);
             let r1 = at(Point::Time(t1))?;
             let b1 = worker_blocks(r1.applier.engine());
-            let a1 = match &queries { Some(q) => Some(load_queries(q)?.iter().map(|q| answer(r1.applier.engine(), q)).collect::<Vec<_>>()), None => None };
+            let a1 = match &queries {
+                Some(q) => {
+                    Some(load_queries(q)?.iter().map(|q| answer(r1.applier.engine(), q)).collect::<Vec<_>>())
+                }
+                None => None,
+            };
             drop(r1);
             let r2 = at(Point::Time(t2))?;
             let b2 = worker_blocks(r2.applier.engine());
@@ -198,13 +219,20 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             if let (Some(q), Some(a1)) = (queries, a1) {
                 for (i, (q, a1)) in load_queries(&q)?.iter().zip(a1).enumerate() {
                     let a2 = answer(r2.applier.engine(), q);
-                    println!("query {i}: from {}\n         to   {}", serde_json::to_string(&a1.ok())?, serde_json::to_string(&a2.ok())?);
+                    println!(
+                        "query {i}: from {}\n         to   {}",
+                        serde_json::to_string(&a1.ok())?,
+                        serde_json::to_string(&a2.ok())?
+                    );
                 }
             }
         }
         Cmd::Verify { from, to } => {
-            let store = store.as_ref().ok_or_else(|| anyhow::anyhow!("verify needs --data-dir (the checkpoints to check)"))?;
-            let (t1, t2) = (parse_time(&from)?, to.as_deref().map(parse_time).transpose()?.unwrap_or(u64::MAX));
+            let store = store
+                .as_ref()
+                .ok_or_else(|| anyhow::anyhow!("verify needs --data-dir (the checkpoints to check)"))?;
+            let (t1, t2) =
+                (parse_time(&from)?, to.as_deref().map(parse_time).transpose()?.unwrap_or(u64::MAX));
             let r = prefixlog_audit::verify(store, &log, t1, t2, ecfg, acfg, true)?;
             for (id, p) in &r.mismatches {
                 println!("checkpoint {id} partition {p}: MISMATCH (replay does not reproduce its digest)");
@@ -226,7 +254,10 @@ fn parse_holder(s: &str) -> anyhow::Result<(KeyspaceId, HolderKey)> {
     if k.len() != 3 || h.len() != 3 {
         return Err(err());
     }
-    Ok((KeyspaceId::new(k[2], k[1].parse()?, k[0].parse()?), HolderKey::new(h[0].parse()?, h[1].parse()?, h[2].parse()?)))
+    Ok((
+        KeyspaceId::new(k[2], k[1].parse()?, k[0].parse()?),
+        HolderKey::new(h[0].parse()?, h[1].parse()?, h[2].parse()?),
+    ))
 }
 
 fn read_record(log: &LogSource, p: u32, o: i64) -> anyhow::Result<Option<Vec<u8>>> {
@@ -244,9 +275,16 @@ fn read_record(log: &LogSource, p: u32, o: i64) -> anyhow::Result<Option<Vec<u8>
     for _ in 0..100 {
         if let Some(m) = c.poll(std::time::Duration::from_millis(100)) {
             let m = m?;
-            anyhow::ensure!(m.offset() == o, "record {p}:{o} is not retained (first available: {})", m.offset());
+            anyhow::ensure!(
+                m.offset() == o,
+                "record {p}:{o} is not retained (first available: {})",
+                m.offset()
+            );
             return Ok(m.payload().map(<[u8]>::to_vec));
         }
     }
-    anyhow::bail!("record {p}:{o} not found (the partition ends at {})", log.high_watermarks.get(p as usize).copied().unwrap_or(0))
+    anyhow::bail!(
+        "record {p}:{o} not found (the partition ends at {})",
+        log.high_watermarks.get(p as usize).copied().unwrap_or(0)
+    )
 }

@@ -5,7 +5,9 @@ use crate::fleet_records::{keyspace, WorkloadArgs};
 use prefixlog_audit::{reconstruct, LogSource, Point};
 use prefixlog_engine::{Engine, EngineConfig};
 use prefixlog_ingest::record::encode_kv_events;
-use prefixlog_ingest::{Applier, ApplyConfig, EmbeddedKafka, KvOp, Landed, Publisher, PublisherConfig, Replica, ReplicaConfig};
+use prefixlog_ingest::{
+    Applier, ApplyConfig, EmbeddedKafka, KvOp, Landed, Publisher, PublisherConfig, Replica, ReplicaConfig,
+};
 use prefixlog_snapshot::{checkpoint, CheckpointStore, LogIdentity};
 use prefixlog_workload::{expand_request, load_trace, Event, Fleet};
 use std::collections::BTreeMap;
@@ -47,7 +49,9 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
             let w = (prefixlog_engine::digest::mix64(conv ^ h) % a.workload.workers as u64) as u32;
             for ev in fleet.serve(w, &chain) {
                 let (w, op) = match ev {
-                    Event::Stored { worker, parent_ext, blocks } => (worker, KvOp::Stored { lane: 0, parent_ext, blocks }),
+                    Event::Stored { worker, parent_ext, blocks } => {
+                        (worker, KvOp::Stored { lane: 0, parent_ext, blocks })
+                    }
                     Event::Removed { worker, exts } => (worker, KvOp::Removed { lane: 0, exts }),
                 };
                 seq[w as usize] += 1;
@@ -59,8 +63,14 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     let publisher = Publisher::new(PublisherConfig::new(&brokers, topic, a.partitions))?;
     let ecfg = EngineConfig { partitions: a.partitions, ..Default::default() };
     let acfg = ApplyConfig { partitions: a.partitions, ..Default::default() };
-    let rcfg = ReplicaConfig { brokers: brokers.clone(), topic: topic.into(), partitions: a.partitions, properties: vec![] };
-    let replica = Replica::start(rcfg.clone(), Applier::new(Arc::new(Engine::new(ecfg.clone())), acfg.clone()))?;
+    let rcfg = ReplicaConfig {
+        brokers: brokers.clone(),
+        topic: topic.into(),
+        partitions: a.partitions,
+        properties: vec![],
+    };
+    let replica =
+        Replica::start(rcfg.clone(), Applier::new(Arc::new(Engine::new(ecfg.clone())), acfg.clone()))?;
     let dir = std::env::temp_dir().join(format!("prefixlog-bench-audit-{}", std::process::id()));
     let store = CheckpointStore::open(&dir)?;
     let identity = LogIdentity { cluster_id: "bench".into(), topic: topic.into(), partitions: a.partitions };
@@ -127,7 +137,10 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     anyhow::ensure!(f.applier.engine().digest() == d1, "audit and full replay disagree");
     println!("\n| path to the state at {} s of log time | records replayed | seconds |", a.at_secs);
     println!("|---|---:|---:|");
-    println!("| audit: checkpoint {} + replay | {replayed} | {audit_s:.2} |", ck.map_or("-".into(), |c| c.to_string()));
+    println!(
+        "| audit: checkpoint {} + replay | {replayed} | {audit_s:.2} |",
+        ck.map_or("-".into(), |c| c.to_string())
+    );
     println!("| full replay from offset 0 | {} | {full_s:.2} |", f.replayed);
     println!("\naudit / full = {:.3} (target ≤ 0.1); identical digests", audit_s / full_s);
     std::fs::remove_dir_all(&dir).ok();

@@ -3,7 +3,9 @@
 
 use crate::fleet_records::{fleet_records, WorkloadArgs};
 use prefixlog_engine::{Engine, EngineConfig};
-use prefixlog_ingest::{Applier, ApplyConfig, EmbeddedKafka, Landed, Publisher, PublisherConfig, Replica, ReplicaConfig};
+use prefixlog_ingest::{
+    Applier, ApplyConfig, EmbeddedKafka, Landed, Publisher, PublisherConfig, Replica, ReplicaConfig,
+};
 use prefixlog_snapshot::{checkpoint, newest_usable, restore, CheckpointStore, LogIdentity};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -65,7 +67,12 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     let publisher = Publisher::new(PublisherConfig::new(&brokers, topic, a.partitions))?;
     let ecfg = EngineConfig { partitions: a.partitions, ..Default::default() };
     let acfg = ApplyConfig { partitions: a.partitions, ..Default::default() };
-    let rcfg = ReplicaConfig { brokers: brokers.clone(), topic: topic.into(), partitions: a.partitions, properties: vec![] };
+    let rcfg = ReplicaConfig {
+        brokers: brokers.clone(),
+        topic: topic.into(),
+        partitions: a.partitions,
+        properties: vec![],
+    };
 
     // Head → a replica → checkpoint.
     let head_landed = publish(&publisher, &head).await?;
@@ -73,7 +80,10 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     let store = CheckpointStore::open(&dir.join("checkpoints"))?;
     let identity = LogIdentity { cluster_id: "bench".into(), topic: topic.into(), partitions: a.partitions };
     let r = Replica::start(rcfg.clone(), Applier::new(Arc::new(Engine::new(ecfg.clone())), acfg.clone()))?;
-    anyhow::ensure!(r.status().wait_for(&ends(&head_landed), Duration::from_secs(3600)).await, "head not applied");
+    anyhow::ensure!(
+        r.status().wait_for(&ends(&head_landed), Duration::from_secs(3600)).await,
+        "head not applied"
+    );
     let t = Instant::now();
     let (meta, pause) = checkpoint(r.applier(), &store, &identity)?;
     let write_s = t.elapsed().as_secs_f64();
@@ -88,7 +98,10 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         tail.len(),
         a.tail_ms / 1000
     );
-    println!("checkpoint: written in {write_s:.2} s (ingest paused {:.0} ms, queries not blocked)", pause.as_secs_f64() * 1e3);
+    println!(
+        "checkpoint: written in {write_s:.2} s (ingest paused {:.0} ms, queries not blocked)",
+        pause.as_secs_f64() * 1e3
+    );
 
     // Restart: open store, verify + load newest, rebuild, replay the tail to the log end.
     let t = Instant::now();
@@ -108,7 +121,10 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     // Full replay from offset 0.
     let t = Instant::now();
     let r = Replica::start(rcfg, Applier::new(Arc::new(Engine::new(ecfg)), acfg))?;
-    anyhow::ensure!(r.status().wait_for(&all_ends, Duration::from_secs(3600)).await, "full replay incomplete");
+    anyhow::ensure!(
+        r.status().wait_for(&all_ends, Duration::from_secs(3600)).await,
+        "full replay incomplete"
+    );
     let full_s = t.elapsed().as_secs_f64();
     let d_full: Vec<u64> = (0..a.partitions).map(|p| r.applier().lock().partition_digest(p)).collect();
     drop(r);
@@ -117,7 +133,10 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     println!("\n| path | seconds |");
     println!("|---|---:|");
     println!("| restart: open + verify + load checkpoint | {load_s:.2} |");
-    println!("| restart: rebuild engine ({:.1} M holder-blocks/s) | {restore_s:.2} |", hb as f64 / restore_s / 1e6);
+    println!(
+        "| restart: rebuild engine ({:.1} M holder-blocks/s) | {restore_s:.2} |",
+        hb as f64 / restore_s / 1e6
+    );
     println!("| restart total to caught up (incl. tail replay) | {restart_s:.2} |");
     println!("| full replay from offset 0 | {full_s:.2} |");
     println!(

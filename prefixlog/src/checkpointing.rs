@@ -26,7 +26,8 @@ pub fn open(a: &Args, cfg: &ReplicaConfig) -> anyhow::Result<Option<Checkpoints>
     let store = CheckpointStore::open(&dir.join("checkpoints"))
         .map_err(|e| anyhow::anyhow!("opening checkpoint store in {}: {e}", dir.display()))?;
     let probe = probe_log(cfg)?;
-    let identity = LogIdentity { cluster_id: probe.cluster_id, topic: cfg.topic.clone(), partitions: probe.partitions };
+    let identity =
+        LogIdentity { cluster_id: probe.cluster_id, topic: cfg.topic.clone(), partitions: probe.partitions };
     Ok(Some(Checkpoints {
         store: Arc::new(store),
         identity,
@@ -36,14 +37,19 @@ pub fn open(a: &Args, cfg: &ReplicaConfig) -> anyhow::Result<Option<Checkpoints>
 }
 
 /// The newest usable checkpoint restored, or a fresh applier with the reasons logged.
-pub fn restore_or_fresh(c: &Checkpoints, engine_cfg: EngineConfig, apply_cfg: ApplyConfig) -> anyhow::Result<Applier> {
+pub fn restore_or_fresh(
+    c: &Checkpoints,
+    engine_cfg: EngineConfig,
+    apply_cfg: ApplyConfig,
+) -> anyhow::Result<Applier> {
     let t = Instant::now();
     let (loaded, skipped) = newest_usable(&c.store, &c.identity, &c.high_watermarks);
     for why in &skipped {
         tracing::warn!("{why}");
     }
     if let Some(l) = loaded {
-        let applier = restore(&l, engine_cfg, apply_cfg).map_err(|e| anyhow::anyhow!("restoring checkpoint {}: {e}", l.meta.id))?;
+        let applier = restore(&l, engine_cfg, apply_cfg)
+            .map_err(|e| anyhow::anyhow!("restoring checkpoint {}: {e}", l.meta.id))?;
         let hb = l.meta.holder_blocks();
         let secs = t.elapsed().as_secs_f64();
         tracing::info!(

@@ -27,7 +27,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let store = CheckpointStore::open_read_only(&a.data_dir.join("checkpoints"))?;
     match a.cmd {
         Cmd::List => {
-            println!("{:>6}  {:>14}  {:>12}  {:>9}  cluster/topic", "id", "log time (ms)", "holder-blks", "keyspaces");
+            println!(
+                "{:>6}  {:>14}  {:>12}  {:>9}  cluster/topic",
+                "id", "log time (ms)", "holder-blks", "keyspaces"
+            );
             for id in store.ids() {
                 match store.meta(id) {
                     Ok(m) => println!(
@@ -48,12 +51,18 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             let m = store.meta(id)?;
             println!("checkpoint {id} (format {})", m.format);
             println!("created (wall clock, unix ms): {}", m.created_unix_ms);
-            println!("log: cluster {:?}, topic {:?}, {} partitions", m.identity.cluster_id, m.identity.topic, m.identity.partitions);
+            println!(
+                "log: cluster {:?}, topic {:?}, {} partitions",
+                m.identity.cluster_id, m.identity.topic, m.identity.partitions
+            );
             for (p, (o, t)) in m.offsets.iter().zip(&m.log_times).enumerate() {
                 println!("  partition {p:>3}: next offset {o:>10}, log time {t}");
             }
             for k in &m.keyspaces {
-                println!("  keyspace {}: {} holder-blocks, {} bytes in {} chunks", k.id, k.holder_blocks, k.bytes, k.chunks);
+                println!(
+                    "  keyspace {}: {} holder-blocks, {} bytes in {} chunks",
+                    k.id, k.holder_blocks, k.bytes, k.chunks
+                );
             }
         }
         Cmd::Verify { id } => {

@@ -29,7 +29,9 @@ pub struct PeerArgs {
 
 pub async fn maybe_bootstrap(a: &PeerArgs, c: Option<&Checkpoints>) -> anyhow::Result<()> {
     let Some(peer) = &a.bootstrap_from else { return Ok(()) };
-    let c = c.ok_or_else(|| anyhow::anyhow!("--bootstrap-from needs --data-dir (where to store the checkpoint)"))?;
+    let c = c.ok_or_else(|| {
+        anyhow::anyhow!("--bootstrap-from needs --data-dir (where to store the checkpoint)")
+    })?;
     if newest_usable(&c.store, &c.identity, &c.high_watermarks).0.is_some() {
         tracing::info!(%peer, "a usable local checkpoint exists: not bootstrapping from the peer");
         return Ok(());
@@ -50,7 +52,8 @@ pub async fn start(
     engine_cfg: EngineConfig,
     apply_cfg: ApplyConfig,
 ) -> anyhow::Result<Arc<AntiEntropyStats>> {
-    let svc = PeerService { applier: applier.clone(), store: store.clone(), replica_id, topic: log.topic.clone() };
+    let svc =
+        PeerService { applier: applier.clone(), store: store.clone(), replica_id, topic: log.topic.clone() };
     let listener = tokio::net::TcpListener::bind(a.peer_addr)
         .await
         .map_err(|e| anyhow::anyhow!("binding --peer-addr {}: {e}", a.peer_addr))?;

@@ -25,13 +25,16 @@ fn records() -> Vec<(u64, Vec<u8>)> {
     let trace: Vec<TraceRequest> = (0..3000u64)
         .map(|i| TraceRequest { timestamp_ms: i, hash_ids: vec![0, 1 + i % 41, 50 + i % 97, 1000 + i] })
         .collect();
-    let steps = generate(&trace, &FleetConfig { workers: 12, capacity_blocks: 200, stretch: 2, copies: 1, seed: 4 });
+    let steps =
+        generate(&trace, &FleetConfig { workers: 12, capacity_blocks: 200, stretch: 2, copies: 1, seed: 4 });
     let ks = KeyspaceId::new("m", 16, 1);
     let mut seq = [0u64; 12];
     let mut out = Vec::new();
     for s in steps {
         let (w, op) = match s {
-            Step::Stored { worker, parent_ext, blocks } => (worker, KvOp::Stored { lane: 0, parent_ext, blocks }),
+            Step::Stored { worker, parent_ext, blocks } => {
+                (worker, KvOp::Stored { lane: 0, parent_ext, blocks })
+            }
             Step::Removed { worker, exts } => (worker, KvOp::Removed { lane: 0, exts }),
             Step::Match { .. } => continue,
         };
@@ -130,7 +133,9 @@ async fn kill_9_at_random_moments_never_loses_or_doubles_an_update() {
     child.wait().unwrap();
 
     let restored = (1..=runs)
-        .filter(|r| std::fs::read_to_string(dir.path().join(format!("run-{r}.log"))).unwrap().contains("restored"))
+        .filter(|r| {
+            std::fs::read_to_string(dir.path().join(format!("run-{r}.log"))).unwrap().contains("restored")
+        })
         .count();
     assert!(restored >= 2, "restarts restored from checkpoints ({restored} of {runs})");
 
@@ -155,9 +160,18 @@ async fn kill_9_at_random_moments_never_loses_or_doubles_an_update() {
                 reference.apply(p as u32, *o, *ts, Some(v));
             }
         }
-        let got = prefixlog_snapshot::restore(&l, EngineConfig { partitions: P, ..Default::default() }, ApplyConfig { partitions: P, ..Default::default() }).unwrap();
+        let got = prefixlog_snapshot::restore(
+            &l,
+            EngineConfig { partitions: P, ..Default::default() },
+            ApplyConfig { partitions: P, ..Default::default() },
+        )
+        .unwrap();
         for p in 0..P {
-            assert_eq!(got.partition_digest(p), reference.partition_digest(p), "checkpoint {id} partition {p}");
+            assert_eq!(
+                got.partition_digest(p),
+                reference.partition_digest(p),
+                "checkpoint {id} partition {p}"
+            );
             assert_eq!(got.partition(p), reference.partition(p), "checkpoint {id} partition {p} state");
         }
     }

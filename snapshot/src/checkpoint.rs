@@ -37,7 +37,9 @@ pub fn checkpoint(
     identity: &LogIdentity,
 ) -> Result<(CheckpointMeta, Duration), StoreError> {
     let c = capture(applier);
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
     let meta = store.write(identity, &c.partitions, &c.keyspaces, now)?;
     Ok((meta, c.ingest_pause))
 }
@@ -46,7 +48,9 @@ pub fn checkpoint(
 pub fn restore(loaded: &Loaded, engine_cfg: EngineConfig, apply_cfg: ApplyConfig) -> Result<Applier, String> {
     let engine = Engine::new(engine_cfg.clone());
     for d in &loaded.keyspaces {
-        engine.install(Keyspace::rebuild(d, engine_cfg.clone()).map_err(|e| format!("keyspace {}: {e}", d.id))?);
+        engine.install(
+            Keyspace::rebuild(d, engine_cfg.clone()).map_err(|e| format!("keyspace {}: {e}", d.id))?,
+        );
     }
     let mut applier = Applier::new(Arc::new(engine), apply_cfg);
     if loaded.partitions.len() != applier.partitions().len() {

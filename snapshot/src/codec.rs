@@ -54,7 +54,8 @@ impl<'a> Reader<'a> {
     }
     fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
         let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len());
-        let end = end.ok_or_else(|| DecodeError(format!("truncated at byte {} (need {n} more)", self.pos)))?;
+        let end =
+            end.ok_or_else(|| DecodeError(format!("truncated at byte {} (need {n} more)", self.pos)))?;
         let s = &self.buf[self.pos..end];
         self.pos = end;
         Ok(s)
@@ -120,7 +121,8 @@ fn stats_fields(s: &KeyspaceStats) -> [u64; 7] {
 
 /// Encodes a keyspace: columns of nodes, then holders.
 pub fn encode_keyspace(d: &KeyspaceDump) -> Vec<u8> {
-    let mut w = Writer { buf: Vec::with_capacity(d.nodes.len() * 21 + d.holder_blocks() as usize * 8 + 1024) };
+    let mut w =
+        Writer { buf: Vec::with_capacity(d.nodes.len() * 21 + d.holder_blocks() as usize * 8 + 1024) };
     put_keyspace_id(&mut w, &d.id);
     for v in stats_fields(&d.stats) {
         w.u64(v);
@@ -283,7 +285,12 @@ pub fn decode_partitions(buf: &[u8]) -> Result<Vec<PartitionState>, DecodeError>
     let n = r.len(8)?;
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
-        let mut p = PartitionState { next_offset: r.i64()?, log_time: r.u64()?, expiry_bucket: r.u64()?, ..Default::default() };
+        let mut p = PartitionState {
+            next_offset: r.i64()?,
+            log_time: r.u64()?,
+            expiry_bucket: r.u64()?,
+            ..Default::default()
+        };
         let mut c = PartitionCounters::default();
         for v in [
             &mut c.applied,
@@ -299,7 +306,9 @@ pub fn decode_partitions(buf: &[u8]) -> Result<Vec<PartitionState>, DecodeError>
         let mut bad = BTreeMap::new();
         for _ in 0..nb {
             let i = r.u8()? as usize;
-            let reason = *BadReason::ALL.get(i).ok_or_else(|| DecodeError(format!("unknown bad-record reason {i}")))?;
+            let reason = *BadReason::ALL
+                .get(i)
+                .ok_or_else(|| DecodeError(format!("unknown bad-record reason {i}")))?;
             bad.insert(reason, r.u64()?);
         }
         c.bad = bad;
@@ -316,7 +325,10 @@ pub fn decode_partitions(buf: &[u8]) -> Result<Vec<PartitionState>, DecodeError>
             for _ in 0..nl {
                 lanes.insert(r.u32()?);
             }
-            p.feeds.insert(key, Feed { epoch, last_seq: (flags & 1 != 0).then_some(seq), lanes, gapped: flags & 2 != 0 });
+            p.feeds.insert(
+                key,
+                Feed { epoch, last_seq: (flags & 1 != 0).then_some(seq), lanes, gapped: flags & 2 != 0 },
+            );
         }
         out.push(p);
     }

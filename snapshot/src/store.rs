@@ -17,6 +17,9 @@ use std::path::Path;
 use xxhash_rust::xxh3::xxh3_64;
 
 pub const FORMAT_VERSION: u32 = 1;
+
+/// Meta, encoded partition state and encoded keyspaces of one checkpoint.
+type RawCheckpoint = (CheckpointMeta, Vec<u8>, Vec<Vec<u8>>);
 const EXPORT_MAGIC: &[u8] = b"PREFIXLOG-CHECKPOINT-1\n";
 const CHUNK: usize = 4 << 20;
 
@@ -286,7 +289,10 @@ impl CheckpointStore {
 
     /// The meta of a checkpoint (its own checksum verified; contents not read).
     pub fn meta(&self, id: u64) -> Result<CheckpointMeta, StoreError> {
-        let v = self.db.get(key(b'i', id))?.ok_or(StoreError::Invalid { id, what: "no such checkpoint".into() })?;
+        let v = self
+            .db
+            .get(key(b'i', id))?
+            .ok_or(StoreError::Invalid { id, what: "no such checkpoint".into() })?;
         decode_meta(id, &v)
     }
 
@@ -327,11 +333,18 @@ impl CheckpointStore {
             ks.push((e.id.clone(), b.to_vec(), e.holder_blocks));
         }
         r.done()?;
-        self.write_encoded(&meta.identity, meta.offsets.clone(), meta.log_times.clone(), pbytes, &ks, meta.created_unix_ms)
+        self.write_encoded(
+            &meta.identity,
+            meta.offsets.clone(),
+            meta.log_times.clone(),
+            pbytes,
+            &ks,
+            meta.created_unix_ms,
+        )
     }
 
     /// Meta, partition bytes and keyspace bytes of a checkpoint, all checksums verified.
-    fn raw(&self, id: u64) -> Result<(CheckpointMeta, Vec<u8>, Vec<Vec<u8>>), StoreError> {
+    fn raw(&self, id: u64) -> Result<RawCheckpoint, StoreError> {
         let meta = self.meta(id)?;
         let invalid = |what: String| StoreError::Invalid { id, what };
         let pbytes = self.db.get(key(b'p', id))?.ok_or_else(|| invalid("partition state missing".into()))?;

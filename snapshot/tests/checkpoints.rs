@@ -3,7 +3,9 @@
 use prefixlog_engine::{partition_of, Engine, EngineConfig, HolderKey, KeyspaceId, MatchOptions};
 use prefixlog_ingest::record::{encode_kv_events, encode_placement};
 use prefixlog_ingest::{Applier, ApplyConfig, KvOp};
-use prefixlog_snapshot::{checkpoint, codec, newest_usable, restore, CheckpointStore, LogIdentity, Retention};
+use prefixlog_snapshot::{
+    checkpoint, codec, newest_usable, restore, CheckpointStore, LogIdentity, Retention,
+};
 use prefixlog_workload::{generate, FleetConfig, Step, TraceRequest};
 use std::sync::Arc;
 
@@ -30,7 +32,8 @@ fn log() -> Vec<(u32, u64, Vec<u8>)> {
     let trace: Vec<TraceRequest> = (0..400u64)
         .map(|i| TraceRequest { timestamp_ms: i, hash_ids: vec![0, 1 + i % 17, 40 + i % 31, 100 + i] })
         .collect();
-    let steps = generate(&trace, &FleetConfig { workers: 7, capacity_blocks: 50, stretch: 2, copies: 1, seed: 9 });
+    let steps =
+        generate(&trace, &FleetConfig { workers: 7, capacity_blocks: 50, stretch: 2, copies: 1, seed: 9 });
     let mut seq = [0u64; 7];
     let mut out = Vec::new();
     for (i, s) in steps.iter().enumerate() {
@@ -39,12 +42,18 @@ fn log() -> Vec<(u32, u64, Vec<u8>)> {
             Step::Stored { worker, parent_ext, blocks } => {
                 seq[*worker as usize] += 1;
                 let e = KvOp::Stored { lane: 0, parent_ext: *parent_ext, blocks: blocks.clone() };
-                (*worker as u64, encode_kv_events(&ks(), *worker as u64, 0, 1, seq[*worker as usize], false, &[e]))
+                (
+                    *worker as u64,
+                    encode_kv_events(&ks(), *worker as u64, 0, 1, seq[*worker as usize], false, &[e]),
+                )
             }
             Step::Removed { worker, exts } => {
                 seq[*worker as usize] += 1;
                 let e = KvOp::Removed { lane: 0, exts: exts.clone() };
-                (*worker as u64, encode_kv_events(&ks(), *worker as u64, 0, 1, seq[*worker as usize], false, &[e]))
+                (
+                    *worker as u64,
+                    encode_kv_events(&ks(), *worker as u64, 0, 1, seq[*worker as usize], false, &[e]),
+                )
             }
             Step::Match { locals } => {
                 let w = 50 + i as u64 % 3;

@@ -177,7 +177,12 @@ async fn python_engines_through_bridge_to_replica() {
         assert_eq!(get(1, "events_unknown_type"), 1, "{}", b.name);
         assert_eq!(get(1, "fields_ignored"), 1, "{}: the extra tail element", b.name);
         assert_eq!((get(2, "gaps"), get(2, "gaps_published")), (1, 1), "{}: B", b.name);
-        assert_eq!((get(2, "refused_token_count"), get(2, "refused_medium")), (1, 1), "{}", b.name);
+        assert_eq!(
+            (get(2, "refused_token_count"), get(2, "refused_medium"), get(2, "refused_namespaced")),
+            (1, 1, 2),
+            "{}",
+            b.name
+        );
         assert!(get(2, "fields_ignored") >= 1, "{}", b.name);
         assert_eq!(get(3, "epochs"), 1, "{}: C restarted once", b.name);
         assert_eq!(get(3, "gaps_published"), 0, "{}", b.name);

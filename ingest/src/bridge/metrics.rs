@@ -18,11 +18,21 @@ pub enum Refusal {
     Medium,
     /// A known event type with a missing or mistyped field.
     Malformed,
+    /// The engine's hash covers more than the token ids (LoRA adapter, cache salt, multimodal
+    /// inputs): the same tokens are a different cache entry, which the canonical token hash
+    /// cannot tell apart, so indexing it could credit blocks the worker does not hold.
+    Namespaced,
 }
 
 impl Refusal {
-    pub const ALL: [Refusal; 5] =
-        [Refusal::TokenCount, Refusal::Tokens, Refusal::UnknownParent, Refusal::Medium, Refusal::Malformed];
+    pub const ALL: [Refusal; 6] = [
+        Refusal::TokenCount,
+        Refusal::Tokens,
+        Refusal::UnknownParent,
+        Refusal::Medium,
+        Refusal::Malformed,
+        Refusal::Namespaced,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -31,6 +41,7 @@ impl Refusal {
             Refusal::UnknownParent => "unknown_parent",
             Refusal::Medium => "medium",
             Refusal::Malformed => "malformed",
+            Refusal::Namespaced => "namespaced",
         }
     }
 }
@@ -56,6 +67,7 @@ pub struct BridgeMetrics {
     pub refused_unknown_parent: AtomicU64,
     pub refused_medium: AtomicU64,
     pub refused_malformed: AtomicU64,
+    pub refused_namespaced: AtomicU64,
     /// Sequence gaps detected.
     pub gaps: AtomicU64,
     /// Gaps that could not be filled and were published (`gap_before`).
@@ -86,6 +98,7 @@ impl BridgeMetrics {
             Refusal::UnknownParent => &self.refused_unknown_parent,
             Refusal::Medium => &self.refused_medium,
             Refusal::Malformed => &self.refused_malformed,
+            Refusal::Namespaced => &self.refused_namespaced,
         }
     }
 
@@ -118,6 +131,7 @@ impl BridgeMetrics {
             ("refused_unknown_parent", g(&self.refused_unknown_parent)),
             ("refused_medium", g(&self.refused_medium)),
             ("refused_malformed", g(&self.refused_malformed)),
+            ("refused_namespaced", g(&self.refused_namespaced)),
             ("gaps", g(&self.gaps)),
             ("gaps_published", g(&self.gaps_published)),
             ("replays_ok", g(&self.replays_ok)),

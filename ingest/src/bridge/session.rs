@@ -193,9 +193,24 @@ impl Session {
 
     fn translate(&mut self, e: &Event) -> Result<Option<KvOp>, Refusal> {
         match e {
-            Event::Stored { hashes, parent, tokens, block_size, medium, group_idx, .. } => {
+            Event::Stored {
+                hashes,
+                parent,
+                tokens,
+                block_size,
+                medium,
+                group_idx,
+                lora_id,
+                lora_name,
+                extra_keys,
+                ..
+            } => {
                 if medium.as_deref().is_some_and(|m| m != MEDIUM_GPU) {
                     return Err(Refusal::Medium);
+                }
+                // vLLM sends lora_id 0 or nil for the base model.
+                if *extra_keys || lora_name.is_some() || lora_id.is_some_and(|id| id != 0) {
+                    return Err(Refusal::Namespaced);
                 }
                 let Tokens::Ids(ids) = tokens else { return Err(Refusal::Tokens) };
                 let bs = self.block_size;

@@ -47,7 +47,12 @@ pub enum Event {
         tokens: Tokens,
         block_size: Option<u64>,
         medium: Option<String>,
+        /// vLLM's deprecated integer LoRA id (SGLang's `lora_id`).
+        lora_id: Option<i64>,
         lora_name: Option<String>,
+        /// Whether any block carries extra hash keys (multimodal hashes, LoRA, cache salt,
+        /// prompt embeddings): then its engine hash covers more than its token ids.
+        extra_keys: bool,
         group_idx: Option<u32>,
         kv_cache_spec_kind: Option<String>,
         kv_cache_spec_sliding_window: Option<u64>,
@@ -243,7 +248,9 @@ struct StoredFields<'a> {
     token_ids: Option<&'a Value>,
     block_size: Option<&'a Value>,
     medium: Option<&'a Value>,
+    lora_id: Option<&'a Value>,
     lora_name: Option<&'a Value>,
+    extra_keys: Option<&'a Value>,
     group_idx: Option<&'a Value>,
     kind: Option<&'a Value>,
     window: Option<&'a Value>,
@@ -257,7 +264,16 @@ fn stored(f: StoredFields<'_>) -> Event {
     let Ok(medium) = opt_str(f.medium) else { return Event::Malformed("medium") };
     let Ok(group_idx) = opt_u32(f.group_idx) else { return Event::Malformed("group_idx") };
     // Metadata only: a wrong type here is ignored rather than fatal.
-    let lora_name = opt_str(f.lora_name).ok().flatten();
+    let lora_name = opt_str(f.lora_name).ok().flatten().filter(|s| !s.is_empty());
+    let lora_id = match f.lora_id {
+        None | Some(Value::Nil) => None,
+        Some(v) => Some(v.as_i64().unwrap_or(-1)),
+    };
+    let extra_keys = match f.extra_keys {
+        None | Some(Value::Nil) => false,
+        Some(Value::Array(a)) => a.iter().any(|k| !k.is_nil()),
+        Some(_) => true,
+    };
     let kv_cache_spec_kind = opt_str(f.kind).ok().flatten();
     let kv_cache_spec_sliding_window = opt_u64(f.window).ok().flatten();
     Event::Stored {
@@ -266,7 +282,9 @@ fn stored(f: StoredFields<'_>) -> Event {
         tokens,
         block_size,
         medium,
+        lora_id,
         lora_name,
+        extra_keys,
         group_idx,
         kv_cache_spec_kind,
         kv_cache_spec_sliding_window,
@@ -306,7 +324,9 @@ fn decode_positional(a: &[Value]) -> (Event, u64) {
                 token_ids: a.get(3),
                 block_size: a.get(4),
                 medium: a.get(6),
+                lora_id: a.get(5),
                 lora_name: a.get(7),
+                extra_keys: a.get(8),
                 group_idx: a.get(g),
                 kind: a.get(g + 1),
                 window: a.get(g + 2),
@@ -334,7 +354,9 @@ fn decode_map(m: &[(Value, Value)]) -> (Event, u64) {
                 token_ids: get("token_ids"),
                 block_size: get("block_size"),
                 medium: get("medium"),
+                lora_id: get("lora_id"),
                 lora_name: get("lora_name"),
+                extra_keys: get("extra_keys"),
                 group_idx: get("group_idx"),
                 kind: get("kv_cache_spec_kind"),
                 window: get("kv_cache_spec_sliding_window"),
