@@ -162,3 +162,21 @@ fn sequence_policy() {
     // After a restart whose first messages were missed: a gap from 0.
     assert_eq!(s.classify(3, 99), Arrival::Gap { from: 0 });
 }
+
+#[tokio::test]
+async fn bad_endpoints_are_refused_before_anything_is_published() {
+    use prefixlog_ingest::bridge::{run, BridgeOptions, EngineSpec};
+    use prefixlog_ingest::{Publisher, PublisherConfig};
+    let publisher = Publisher::new(PublisherConfig::new("127.0.0.1:1", "t", 1)).unwrap();
+    let spec = EngineSpec {
+        endpoint: "tcp://127.0.0.1:5557".into(),
+        replay_endpoint: Some("nonsense".into()),
+        worker: 9,
+        dp_rank: None,
+        topic: String::new(),
+    };
+    let (_stop, rx) = tokio::sync::watch::channel(false);
+    let opts = BridgeOptions::new(prefixlog_engine::KeyspaceId::new("m", BS, 1));
+    let err = run(vec![spec], opts, publisher, false, rx).await.unwrap_err();
+    assert!(err.to_string().contains("nonsense"), "{err}");
+}

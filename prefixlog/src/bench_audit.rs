@@ -1,17 +1,13 @@
 //! `prefixlog bench-audit`: time to reconstruct the state at a point about an hour into a long
 //! log from retained checkpoints, next to a full replay from the start to the same point.
 
+use crate::bench_env::{token, BenchLog};
 use crate::fleet_records::{keyspace, WorkloadArgs};
 use prefixlog_audit::{reconstruct, LogSource, Point};
-use prefixlog_engine::{Engine, EngineConfig};
 use prefixlog_ingest::record::encode_kv_events;
-use prefixlog_ingest::{
-    Applier, ApplyConfig, EmbeddedKafka, KvOp, Landed, Publisher, PublisherConfig, Replica, ReplicaConfig,
-};
+use prefixlog_ingest::{KvOp, Replica};
 use prefixlog_snapshot::{checkpoint, CheckpointStore, LogIdentity};
 use prefixlog_workload::{expand_request, load_trace, Event, Fleet};
-use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 #[derive(clap::Args)]
@@ -34,8 +30,8 @@ pub struct Args {
 
 pub async fn run(a: Args) -> anyhow::Result<()> {
     let topic = "prefixlog.bench-audit";
-    let kafka = EmbeddedKafka::start(topic, a.partitions)?;
-    let brokers = kafka.bootstrap_servers();
+    let env = BenchLog::start(topic, a.partitions)?;
+    let brokers = env.brokers().to_string();
     let trace = load_trace(&a.workload.trace)?;
     let hour = 3_600_000u64;
     let mut fleet = Fleet::new(a.workload.workers, a.workload.capacity);
@@ -60,17 +56,8 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
             }
         }
     }
-    let publisher = Publisher::new(PublisherConfig::new(&brokers, topic, a.partitions))?;
-    let ecfg = EngineConfig { partitions: a.partitions, ..Default::default() };
-    let acfg = ApplyConfig { partitions: a.partitions, ..Default::default() };
-    let rcfg = ReplicaConfig {
-        brokers: brokers.clone(),
-        topic: topic.into(),
-        partitions: a.partitions,
-        properties: vec![],
-    };
-    let replica =
-        Replica::start(rcfg.clone(), Applier::new(Arc::new(Engine::new(ecfg.clone())), acfg.clone()))?;
+    let (ecfg, acfg, rcfg) = (env.engine_cfg.clone(), env.apply_cfg.clone(), env.replica_cfg.clone());
+    let replica = Replica::start(rcfg.clone(), env.fresh_applier())?;
     let dir = std::env::temp_dir().join(format!("prefixlog-bench-audit-{}", std::process::id()));
     let store = CheckpointStore::open(&dir)?;
     let identity = LogIdentity { cluster_id: "bench".into(), topic: topic.into(), partitions: a.partitions };
@@ -80,30 +67,12 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     let t = Instant::now();
     while i < records.len() {
         let window_end = (records[i].0 / step + 1) * step;
-        let mut landed: BTreeMap<u32, i64> = BTreeMap::new();
-        let mut tasks: BTreeMap<u64, Vec<(u64, Vec<u8>)>> = BTreeMap::new();
+        let mut items = Vec::new();
         while i < records.len() && records[i].0 < window_end {
-            tasks.entry(records[i].1).or_default().push((records[i].0, std::mem::take(&mut records[i].2)));
+            items.push((records[i].1, records[i].0 as i64, std::mem::take(&mut records[i].2)));
             i += 1;
         }
-        let mut handles = Vec::new();
-        for (w, vals) in tasks {
-            let p = publisher.clone();
-            handles.push(tokio::spawn(async move {
-                let mut out: Vec<Landed> = Vec::new();
-                for (ts, v) in vals {
-                    out.push(p.publish_raw(w, &v, Some(ts as i64)).await?);
-                }
-                Ok::<_, prefixlog_ingest::PublishError>(out)
-            }));
-        }
-        for h in handles {
-            for l in h.await?? {
-                let e = landed.entry(l.partition).or_insert(l.offset);
-                *e = (*e).max(l.offset);
-            }
-        }
-        let token: Vec<(u32, i64)> = landed.into_iter().collect();
+        let token = token(&env.publish(items).await?);
         anyhow::ensure!(replica.status().wait_for(&token, Duration::from_secs(600)).await, "ingest stalled");
         checkpoint(replica.applier(), &store, &identity)?;
         checkpoints += 1;

@@ -1,14 +1,10 @@
 //! `prefixlog bench-restart`: time to ready from a checkpoint plus a tail, next to rebuilding
 //! the same state by replaying the whole log (same run, same records, embedded broker).
 
+use crate::bench_env::{token, BenchLog};
 use crate::fleet_records::{fleet_records, WorkloadArgs};
-use prefixlog_engine::{Engine, EngineConfig};
-use prefixlog_ingest::{
-    Applier, ApplyConfig, EmbeddedKafka, Landed, Publisher, PublisherConfig, Replica, ReplicaConfig,
-};
+use prefixlog_ingest::Replica;
 use prefixlog_snapshot::{checkpoint, newest_usable, restore, CheckpointStore, LogIdentity};
-use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 #[derive(clap::Args)]
@@ -24,72 +20,33 @@ pub struct Args {
     pub tail_ms: u64,
 }
 
-async fn publish(p: &Publisher, recs: &[&crate::fleet_records::FleetRecord]) -> anyhow::Result<Vec<Landed>> {
-    let mut by_worker: BTreeMap<u64, Vec<(Vec<u8>, u64)>> = BTreeMap::new();
-    for r in recs {
-        by_worker.entry(r.worker).or_default().push((r.value.clone(), r.time_ms));
-    }
-    let mut tasks = Vec::new();
-    for (w, vals) in by_worker {
-        let p = p.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut landed = Vec::new();
-            for (v, t) in vals {
-                landed.push(p.publish_raw(w, &v, Some(1_000_000 + t as i64)).await?);
-            }
-            Ok::<_, prefixlog_ingest::PublishError>(landed)
-        }));
-    }
-    let mut out = Vec::new();
-    for t in tasks {
-        out.extend(t.await??);
-    }
-    Ok(out)
-}
-
-fn ends(landed: &[Landed]) -> Vec<(u32, i64)> {
-    let mut m: BTreeMap<u32, i64> = BTreeMap::new();
-    for l in landed {
-        let e = m.entry(l.partition).or_insert(l.offset);
-        *e = (*e).max(l.offset);
-    }
-    m.into_iter().collect()
-}
-
 pub async fn run(a: Args) -> anyhow::Result<()> {
     let topic = "prefixlog.bench-restart";
-    let kafka = EmbeddedKafka::start(topic, a.partitions)?;
-    let brokers = kafka.bootstrap_servers();
+    let env = BenchLog::start(topic, a.partitions)?;
     let records = fleet_records(&a.workload)?;
     let end = records.iter().map(|r| r.time_ms).max().unwrap_or(0);
     let cut = end.saturating_sub(a.tail_ms);
     let (head, tail): (Vec<_>, Vec<_>) = records.iter().partition(|r| r.time_ms < cut);
-    let publisher = Publisher::new(PublisherConfig::new(&brokers, topic, a.partitions))?;
-    let ecfg = EngineConfig { partitions: a.partitions, ..Default::default() };
-    let acfg = ApplyConfig { partitions: a.partitions, ..Default::default() };
-    let rcfg = ReplicaConfig {
-        brokers: brokers.clone(),
-        topic: topic.into(),
-        partitions: a.partitions,
-        properties: vec![],
-    };
+    let (ecfg, acfg, rcfg) = (env.engine_cfg.clone(), env.apply_cfg.clone(), env.replica_cfg.clone());
 
     // Head → a replica → checkpoint.
-    let head_landed = publish(&publisher, &head).await?;
+    let stamp =
+        |r: &&crate::fleet_records::FleetRecord| (r.worker, 1_000_000 + r.time_ms as i64, r.value.clone());
+    let head_landed = env.publish(head.iter().map(stamp).collect()).await?;
     let dir = tempdir()?;
     let store = CheckpointStore::open(&dir.join("checkpoints"))?;
     let identity = LogIdentity { cluster_id: "bench".into(), topic: topic.into(), partitions: a.partitions };
-    let r = Replica::start(rcfg.clone(), Applier::new(Arc::new(Engine::new(ecfg.clone())), acfg.clone()))?;
+    let r = Replica::start(rcfg.clone(), env.fresh_applier())?;
     anyhow::ensure!(
-        r.status().wait_for(&ends(&head_landed), Duration::from_secs(3600)).await,
+        r.status().wait_for(&token(&head_landed), Duration::from_secs(3600)).await,
         "head not applied"
     );
     let t = Instant::now();
     let (meta, pause) = checkpoint(r.applier(), &store, &identity)?;
     let write_s = t.elapsed().as_secs_f64();
     drop(r);
-    let tail_landed = publish(&publisher, &tail).await?;
-    let all_ends = ends(&[head_landed, tail_landed.clone()].concat());
+    let tail_landed = env.publish(tail.iter().map(stamp).collect()).await?;
+    let all_ends = token(&[head_landed, tail_landed.clone()].concat());
     let hb = meta.holder_blocks();
     println!(
         "workload: {} records ({} head, {} in the last {} s of trace time), checkpoint of {hb} holder-blocks",
@@ -120,7 +77,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
 
     // Full replay from offset 0.
     let t = Instant::now();
-    let r = Replica::start(rcfg, Applier::new(Arc::new(Engine::new(ecfg)), acfg))?;
+    let r = Replica::start(rcfg, env.fresh_applier())?;
     anyhow::ensure!(
         r.status().wait_for(&all_ends, Duration::from_secs(3600)).await,
         "full replay incomplete"

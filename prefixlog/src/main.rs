@@ -12,6 +12,7 @@
 
 mod audit_cmd;
 mod bench_audit;
+mod bench_env;
 mod bench_ingest;
 mod bench_restart;
 mod bridge_cmd;

@@ -28,30 +28,12 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Publishes records with bounded concurrency, preserving per-worker order (each worker's
-/// records go out in order from one task). Returns the number published.
+/// Publishes the fleet's records, each worker's in order. Returns the number published.
 pub async fn publish_all(
     publisher: &Publisher,
     records: &[crate::fleet_records::FleetRecord],
 ) -> anyhow::Result<usize> {
-    use std::collections::BTreeMap;
-    let mut by_worker: BTreeMap<u64, Vec<Vec<u8>>> = BTreeMap::new();
-    for r in records {
-        by_worker.entry(r.worker).or_default().push(r.value.clone());
-    }
-    let mut tasks = Vec::new();
-    for (w, values) in by_worker {
-        let p = publisher.clone();
-        tasks.push(tokio::spawn(async move {
-            for (i, v) in values.iter().enumerate() {
-                p.publish_raw(w, v, Some(1_000 + i as i64)).await?;
-            }
-            Ok::<usize, prefixlog_ingest::PublishError>(values.len())
-        }));
-    }
-    let mut n = 0;
-    for t in tasks {
-        n += t.await??;
-    }
-    Ok(n)
+    let items =
+        records.iter().enumerate().map(|(i, r)| (r.worker, 1_000 + i as i64, r.value.clone())).collect();
+    Ok(crate::bench_env::publish_by_worker(publisher, items).await?.len())
 }

@@ -167,6 +167,7 @@ impl EngineBridge {
                 }
             });
             let abort = sub.abort_handle();
+            let mut sub = Some(sub);
             tracing::info!(endpoint = %self.spec.endpoint, worker = self.spec.worker, "bridge: subscribing");
             loop {
                 if !self.opts.log_interval.is_zero() && last_log.elapsed() >= self.opts.log_interval {
@@ -181,7 +182,15 @@ impl EngineBridge {
                     r = tokio::time::timeout(self.opts.idle_reconnect, rx.recv()) => match r {
                         Ok(Some(frames)) => self.handle(frames).await,
                         Ok(None) => {
-                            tracing::warn!(endpoint = %self.spec.endpoint, "bridge: subscriber ended, reconnecting");
+                            let why = match sub.take() {
+                                Some(h) => match h.await {
+                                    Ok(Ok(())) => "ended".to_string(),
+                                    Ok(Err(e)) => e.to_string(),
+                                    Err(e) => e.to_string(),
+                                },
+                                None => "ended".to_string(),
+                            };
+                            tracing::warn!(endpoint = %self.spec.endpoint, error = %why, "bridge: subscriber failed, reconnecting");
                             abort.abort();
                             BridgeMetrics::inc(&self.metrics.reconnects);
                             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -347,6 +356,12 @@ pub async fn run(
     remove_on_exit: bool,
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<Vec<(EngineSpec, Arc<BridgeMetrics>)>> {
+    for e in &engines {
+        for ep in std::iter::once(&e.endpoint).chain(&e.replay_endpoint) {
+            ep.parse::<zeromq::Endpoint>()
+                .map_err(|err| anyhow::anyhow!("worker {}: endpoint {ep:?}: {err}", e.worker))?;
+        }
+    }
     let mut workers: Vec<u64> = engines.iter().map(|e| e.worker).collect();
     workers.sort_unstable();
     workers.dedup();

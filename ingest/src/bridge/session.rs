@@ -176,8 +176,12 @@ impl Session {
                 Ok(Some(op)) => ops.push(op),
                 Ok(None) => {}
                 Err(r) => {
-                    BridgeMetrics::inc(m.refused(r));
-                    tracing::warn!(reason = r.as_str(), seq, event = ?brief(e), "bridge: event refused");
+                    // Logged at the 1st, 2nd, 4th, 8th … refusal of each reason: a steady
+                    // stream (LoRA traffic, an offload tier) must not flood the log.
+                    let n = m.refused(r).fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                    if n.is_power_of_two() {
+                        tracing::warn!(reason = r.as_str(), seq, refused = n, event = %brief(e), "bridge: event refused");
+                    }
                 }
             }
             if let Event::Unknown(_) = e {
