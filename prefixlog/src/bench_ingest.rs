@@ -1,16 +1,13 @@
 //! `prefixlog bench-ingest`: Kafka → apply throughput next to raw consume throughput, same run,
 //! same records, embedded broker.
 
+use crate::bench_env::BenchLog;
 use crate::fleet_records::{fleet_records, keyspace, WorkloadArgs};
-use prefixlog_engine::{Engine, EngineConfig};
-use prefixlog_ingest::{
-    Applier, ApplyConfig, EmbeddedKafka, Publisher, PublisherConfig, Replica, ReplicaConfig,
-};
+use prefixlog_ingest::Replica;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 #[derive(clap::Args)]
@@ -24,13 +21,13 @@ pub struct Args {
 
 pub async fn run(a: Args) -> anyhow::Result<()> {
     let topic = "prefixlog.bench";
-    let kafka = EmbeddedKafka::start(topic, a.partitions)?;
-    let brokers = kafka.bootstrap_servers();
+    let env = BenchLog::start(topic, a.partitions)?;
+    let brokers = env.brokers().to_string();
     let records = fleet_records(&a.workload)?;
     let blocks: usize = records.iter().map(|r| r.blocks).sum();
-    let publisher = Publisher::new(PublisherConfig::new(&brokers, topic, a.partitions))?;
+    let publisher = &env.publisher;
     let t = Instant::now();
-    let n = crate::replay::publish_all(&publisher, &records).await?;
+    let n = crate::replay::publish_all(publisher, &records).await?;
     publisher.flush(Duration::from_secs(60))?;
     let publish_s = t.elapsed().as_secs_f64();
     println!(
@@ -64,19 +61,10 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     drop(consumer);
 
     // Replica: consume + decode + apply.
-    let engine = Arc::new(Engine::new(EngineConfig { partitions: a.partitions, ..Default::default() }));
-    let applier =
-        Applier::new(engine.clone(), ApplyConfig { partitions: a.partitions, ..Default::default() });
+    let applier = env.fresh_applier();
+    let engine = applier.engine().clone();
     let t = Instant::now();
-    let replica = Replica::start(
-        ReplicaConfig {
-            brokers: brokers.clone(),
-            topic: topic.into(),
-            partitions: a.partitions,
-            properties: vec![],
-        },
-        applier,
-    )?;
+    let replica = Replica::start(env.replica_cfg.clone(), applier)?;
     while replica.status().records_applied.load(std::sync::atomic::Ordering::Acquire) < n as u64 {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
