@@ -8,7 +8,6 @@ use crate::holder::{Holder, Record};
 use crate::keyspace::Keyspace;
 use crate::trie::{Member, ROOT};
 use crate::types::{partition_of, EngineConfig, HolderKey, KeyspaceId, KeyspaceStats, LogTime};
-use rustc_hash::FxHashMap;
 
 /// A node; `parent` is an index into [`KeyspaceDump::nodes`] plus one (0 is the root), and
 /// always refers to an earlier entry.
@@ -53,42 +52,55 @@ impl KeyspaceDump {
 impl Keyspace {
     /// Enumerates the full state. Nodes are numbered in breadth-first order from the root,
     /// children by (local) so the numbering depends only on the trie's content.
+    ///
+    /// Flat arrays only (children as one CSR array, renumbering as a `Vec`): this runs while
+    /// ingest is paused for a checkpoint, over tens of millions of nodes.
     pub fn dump(&self) -> KeyspaceDump {
         let nodes_in = &self.arena.nodes;
-        let mut kids: FxHashMap<u32, Vec<u32>> = FxHashMap::default();
-        for (i, n) in nodes_in.iter().enumerate().skip(1) {
-            if n.live {
-                kids.entry(n.parent).or_default().push(i as u32);
+        let n = nodes_in.len();
+        // Children of every node, CSR: start[p]..start[p+1] in `kids`.
+        let mut start = vec![0u32; n + 1];
+        for node in nodes_in.iter().skip(1).filter(|x| x.live) {
+            start[node.parent as usize + 1] += 1;
+        }
+        for i in 0..n {
+            start[i + 1] += start[i];
+        }
+        let mut fill = start.clone();
+        let mut kids = vec![0u32; start[n] as usize];
+        for (i, node) in nodes_in.iter().enumerate().skip(1) {
+            if node.live {
+                let f = &mut fill[node.parent as usize];
+                kids[*f as usize] = i as u32;
+                *f += 1;
             }
         }
-        let mut number: FxHashMap<u32, u32> = FxHashMap::default();
-        number.insert(ROOT, 0);
-        let mut nodes = Vec::with_capacity(self.arena.len());
-        let mut order = vec![ROOT];
+        const NONE: u32 = u32::MAX;
+        let mut number = vec![NONE; n];
+        number[ROOT as usize] = 0;
+        let mut nodes = Vec::with_capacity(kids.len());
+        let mut order = Vec::with_capacity(kids.len() + 1);
+        order.push(ROOT);
+        let mut members: Vec<Vec<(u32, u32)>> = vec![Vec::new(); self.holders.slots.len()];
         let mut head = 0;
         while head < order.len() {
-            let n = order[head];
+            let p = order[head] as usize;
             head += 1;
-            if let Some(mut ch) = kids.remove(&n) {
-                ch.sort_unstable_by_key(|&c| nodes_in[c as usize].local);
-                for c in ch {
-                    let node = &nodes_in[c as usize];
-                    nodes.push(DumpNode {
-                        parent: number[&node.parent],
-                        local: node.local,
-                        ext: node.has_ext.then_some(node.ext),
-                    });
-                    number.insert(c, nodes.len() as u32);
-                    order.push(c);
+            let ch = &mut kids[start[p] as usize..start[p + 1] as usize];
+            ch.sort_unstable_by_key(|&c| nodes_in[c as usize].local);
+            for &c in ch.iter() {
+                let node = &nodes_in[c as usize];
+                nodes.push(DumpNode {
+                    parent: number[node.parent as usize],
+                    local: node.local,
+                    ext: node.has_ext.then_some(node.ext),
+                });
+                let num = nodes.len() as u32;
+                number[c as usize] = num;
+                for m in node.members.iter() {
+                    members[m.holder as usize].push((num, m.stamp));
                 }
-            }
-        }
-        let mut members: FxHashMap<u32, Vec<(u32, u32)>> = FxHashMap::default();
-        for (i, n) in nodes_in.iter().enumerate().skip(1) {
-            if n.live {
-                for m in n.members.iter() {
-                    members.entry(m.holder).or_default().push((number[&(i as u32)], m.stamp));
-                }
+                order.push(c);
             }
         }
         let holders = self
@@ -97,10 +109,8 @@ impl Keyspace {
             .into_iter()
             .map(|hi| {
                 let h = self.holders.at(hi);
-                let mut mem = members.remove(&hi).unwrap_or_default();
-                mem.sort_unstable();
                 let mut overrides: Vec<(u64, u32)> =
-                    h.overrides.iter().map(|(&e, &n)| (e, number[&n])).collect();
+                    h.overrides.iter().map(|(&e, &n)| (e, number[n as usize])).collect();
                 overrides.sort_unstable();
                 DumpHolder {
                     key: h.key,
@@ -108,8 +118,12 @@ impl Keyspace {
                     gapped: h.gapped,
                     next_stamp: h.next_stamp,
                     last_time: h.last_time,
-                    records: h.records.iter().map(|r| (r.stamp, number[&r.leaf], r.len, r.time)).collect(),
-                    members: mem,
+                    records: h
+                        .records
+                        .iter()
+                        .map(|r| (r.stamp, number[r.leaf as usize], r.len, r.time))
+                        .collect(),
+                    members: std::mem::take(&mut members[hi as usize]),
                     overrides,
                 }
             })

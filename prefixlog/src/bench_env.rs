@@ -9,11 +9,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 pub struct BenchLog {
-    _kafka: EmbeddedKafka,
     pub publisher: Publisher,
     pub engine_cfg: EngineConfig,
     pub apply_cfg: ApplyConfig,
     pub replica_cfg: ReplicaConfig,
+    /// Last: fields drop in order, and the broker must outlive its clients.
+    _kafka: EmbeddedKafka,
 }
 
 impl BenchLog {

@@ -41,6 +41,26 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         r.status().wait_for(&token(&head_landed), Duration::from_secs(3600)).await,
         "head not applied"
     );
+    {
+        let a = r.applier().lock();
+        if std::env::var("PREFIXLOG_BENCH_DEBUG").is_ok() {
+            let tok = token(&head_landed);
+            for (p, o) in &tok {
+                eprintln!("partition {p}: token {o}, next {}", a.partition(*p).next_offset);
+            }
+            eprintln!("landed {} records", head_landed.len());
+        }
+        let skipped: u64 = a
+            .partitions()
+            .iter()
+            .map(|p| p.counters.duplicates + p.counters.stale_epochs + p.counters.bad.values().sum::<u64>())
+            .sum();
+        println!(
+            "head applied: {} records applied, {skipped} skipped, {} holder-blocks",
+            r.status().records_applied.load(std::sync::atomic::Ordering::Relaxed),
+            a.engine().holder_blocks()
+        );
+    }
     let t = Instant::now();
     let (meta, pause) = checkpoint(r.applier(), &store, &identity)?;
     let write_s = t.elapsed().as_secs_f64();
@@ -61,6 +81,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     );
 
     // Restart: open store, verify + load newest, rebuild, replay the tail to the log end.
+    drop(store); // a restarted process opens the store afresh
     let t = Instant::now();
     let store2 = CheckpointStore::open(&dir.join("checkpoints"))?;
     let hw: Vec<i64> = vec![i64::MAX; a.partitions as usize];

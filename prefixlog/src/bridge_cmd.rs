@@ -12,11 +12,12 @@ One engine: --endpoint tcp://HOST:5557 [--replay-endpoint tcp://HOST:5558] --wor
 Several engines in one process: repeat --engine instead (or in addition), each a comma-separated
 list of key=value: endpoint=URL (required), worker=ID (required), replay=URL, dp=RANK, topic=PREFIX.
   prefixlog bridge --model llama --block-size 16 --brokers k:9092 \\
-    --engine endpoint=tcp://10.0.0.5:5557,replay=tcp://10.0.0.5:5558,worker=5 \\
-    --engine endpoint=tcp://10.0.0.5:5558,worker=5,dp=1
-vLLM: --kv-events-config '{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\",\"endpoint\":\"tcp://*:5557\",\"replay_endpoint\":\"tcp://*:5558\"}'
-(data-parallel rank r publishes on port + r). SGLang: --kv-events-config with the same keys.
-Every engine of one bridge shares the keyspace (--model, --block-size, --hash-scheme).")]
+    --engine endpoint=tcp://10.0.0.5:5557,replay=tcp://10.0.0.5:5600,worker=5 \\
+    --engine endpoint=tcp://10.0.0.5:5558,replay=tcp://10.0.0.5:5601,worker=5,dp=1
+vLLM: --kv-events-config '{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\",\"endpoint\":\"tcp://*:5557\",\"replay_endpoint\":\"tcp://*:5600\"}'
+(data-parallel rank r uses both ports + r, so keep them apart). SGLang: --kv-events-config with
+the same keys. Every engine of one bridge shares the keyspace (--model, --block-size,
+--hash-scheme). --brokers is required (the bridge never starts an embedded broker).")]
 pub struct Args {
     #[command(flatten)]
     pub kafka: KafkaArgs,

@@ -33,6 +33,32 @@ pub struct Args {
     /// Match + Echo pairs in the idle phase.
     #[arg(long, default_value_t = 20_000)]
     pub idle_queries: usize,
+    /// Ask for the k best workers only (default: every worker holding a prefix).
+    #[arg(long)]
+    pub top_k: Option<u32>,
+    /// Experiment: renice the replicas' ingest and librdkafka threads by this much (Linux),
+    /// so that query threads win the CPU when both are runnable.
+    #[arg(long)]
+    pub ingest_nice: Option<i32>,
+}
+
+/// Renices this process's threads whose name starts with one of `prefixes` (Linux `renice`
+/// on thread ids).
+fn renice_threads(prefixes: &[&str], by: i32) -> usize {
+    let mut n = 0;
+    for t in std::fs::read_dir("/proc/self/task").into_iter().flatten().flatten() {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if prefixes.iter().any(|p| comm.starts_with(p)) {
+            let tid = t.file_name().to_string_lossy().to_string();
+            let ok = std::process::Command::new("renice")
+                .args(["-n", &by.to_string(), "-p", &tid])
+                .stdout(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            n += usize::from(ok);
+        }
+    }
+    n
 }
 
 struct Lat {
@@ -74,11 +100,12 @@ async fn measure(
     queries: &[MatchRequest],
     n: usize,
     stop: impl Fn() -> bool,
-) -> anyhow::Result<(Lat, Lat, usize)> {
+) -> anyhow::Result<(Lat, Lat, (usize, usize))> {
     let mut m = PrefixIndexClient::new(ch.clone());
     let mut e = EchoClient::new(ch);
     let (mut lm, mut le) = (Lat { name: "Match", v: vec![] }, Lat { name: "Echo", v: vec![] });
     let mut hits = 0;
+    let mut scores = 0;
     for i in 0..n {
         if stop() {
             break;
@@ -89,13 +116,14 @@ async fn measure(
         let r = m.r#match(q.clone()).await?;
         lm.v.push(t.elapsed());
         hits += usize::from(!r.get_ref().scores.is_empty());
+        scores += r.get_ref().scores.len();
         let t = Instant::now();
         e.echo(EchoMessage { payload }).await?;
         le.v.push(t.elapsed());
     }
     lm.v.sort_unstable();
     le.v.sort_unstable();
-    Ok((lm, le, hits))
+    Ok((lm, le, (hits, scores)))
 }
 
 /// The encoded size of a Match request: the Echo payload size, so both RPCs move the same bytes
@@ -129,6 +157,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
                     hash_scheme: ks.scheme,
                 }),
                 prompt: Some(Prompt::Hashes(BlockHashes { local: locals })),
+                top_k: a.top_k,
                 ..Default::default()
             }),
             _ => None,
@@ -155,11 +184,15 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     let s1 = server(engine.clone(), &r1).await?;
     let ch = channel(&s1).await?;
     measure(ch.clone(), &queries, 2_000, || false).await?; // warm-up
-    let (im, ie, hits) = measure(ch, &queries, a.idle_queries, || false).await?;
+    let (im, ie, (hits, scores)) = measure(ch, &queries, a.idle_queries, || false).await?;
     let hb = engine.holder_blocks();
 
     // Ingesting: a fresh replica catching up from offset 0 while it answers.
     let (engine2, r2) = replica(&brokers, topic, a.partitions)?;
+    if let Some(by) = a.ingest_nice {
+        let n = renice_threads(&["prefixlog-inges", "prefixlog-water", "rdk:"], by);
+        println!("reniced {n} ingest/librdkafka threads by {by}");
+    }
     let s2 = server(engine2, &r2).await?;
     let ch2 = channel(&s2).await?;
     let st = r2.status().clone();
@@ -171,7 +204,12 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     let ingest_s = t.elapsed().as_secs_f64();
     drop((s1, s2, r1, r2));
 
-    println!("idle: {hits}/{} Match answers had scores; {hb} resident holder-blocks", im.v.len());
+    println!(
+        "idle: {hits}/{} Match answers had scores, {:.0} workers per answer (top-k {:?}); {hb} resident holder-blocks",
+        im.v.len(),
+        scores as f64 / im.v.len().max(1) as f64,
+        a.top_k
+    );
     println!(
         "ingesting: {:.2} s to apply {n} records ({:.2} M blocks/s) while answering {} Match calls\n",
         ingest_s,

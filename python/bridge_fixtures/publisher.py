@@ -20,7 +20,9 @@ script can wait until the bridge has subscribed before sending, instead of sleep
 
 Usage:
   publisher.py fixtures OUT_DIR        write the decoder fixtures (msgpack payloads)
-  publisher.py serve --a P --a-replay P --b P --c P --c-replay P
+  publisher.py selfcheck               compare this script's bytes with msgspec's (if installed)
+  publisher.py serve --a P --a-replay P --b P --c P --c-replay P --d P --d-replay P --e P --e-replay P
+                                       --f P --f-replay P
                                        run the end-to-end scenario (see `serve`)
 Token ids and hashes here are mirrored in tests/tests/bridge.rs and ingest/tests/bridge_wire.rs.
 """
@@ -43,10 +45,12 @@ def toks(base, n):
 # --- event builders -------------------------------------------------------------------------
 
 def stored_array(hashes, parent, tokens, *, medium="GPU", lora_name=None, extra_keys=None,
-                 tail=None):
-    """vLLM >= 0.11 positional BlockStored; `tail` = [group_idx, kind, window, ...]."""
+                 tail=(None, None, None)):
+    """Current vLLM positional BlockStored; `tail` = [group_idx, kind, window, ...]. msgspec
+    writes every field of an array_like struct, defaults included (checked byte for byte
+    against msgspec with vLLM's struct definitions), so the default tail is three nils."""
     ev = ["BlockStored", hashes, parent, tokens, BLOCK, None, medium, lora_name, extra_keys]
-    return ev + (tail or [])
+    return ev + list(tail)
 
 
 def stored_short(hashes, parent, tokens):
@@ -91,6 +95,14 @@ C_OLD = toks(3000, 12)               # worker 3 before its restart
 C_HASH = [-31, -32, -33]             # SGLang: signed int64
 C_NEW = toks(4000, 8)
 D_HASH = [-41, -42]
+D_JOIN = toks(5000, 24)              # worker 4: joined mid-stream, recovered by replay
+D_JOIN_HASH = [51, 52, 53, 54, 55, 56]
+E_TOKENS = toks(6000, 20)            # worker 5: joined mid-stream, replay buffer too short
+E_HASH = [61, 62, 63, 64, 65]
+F_OLD = toks(7000, 8)                # worker 6 before a restart the sequence does not show
+F_HASH = [71, 72]
+G_NEW = toks(8000, 20)               # worker 6 after it
+G_HASH = [81, 82, 83, 84, 85]
 
 
 def fixtures(out):
@@ -215,10 +227,14 @@ class Engine:
 def serve(a):
     """Three engines, one after the other:
     A (worker 1, vLLM positional, replay): seq 2 is lost and recovered over the replay socket.
-    B (worker 2 dp 1, map layout, no replay): seq 2 is lost for good (holder gapped); refused
-      events (token count, CPU medium) and a lane-1 store (group_idx 1).
+    B (worker 2 dp 1, map layout, no replay socket; the bridge is pointed at a dead one): seq 2
+      is lost for good (holder gapped); refused events (token count, CPU medium, LoRA, cache
+      salt) and a lane-1 store (group_idx 1).
     C (worker 3, SGLang short positional, signed hashes): stores, removes, then the engine
       restarts (new sockets, seq from 0) and stores a different chain.
+    D (worker 4): the bridge joins after seq 0-4; replay from 0 recovers them (not gapped).
+    E (worker 5): the same with a 2-batch ring buffer: seq 0-2 are gone (gapped).
+    F (worker 6): restarts and publishes past its old last seq before the bridge re-subscribes.
     """
     import zmq
     ctx = zmq.Context()
@@ -266,10 +282,124 @@ def serve(a):
     eng_c.publish(batch_short([stored_short([D_HASH[1]], D_HASH[0], C_NEW[4:8])]))
     eng_c.pump(0.5)
     print("engine C done", flush=True)
-    for e in (eng_a, eng_b, eng_c):
+    # D: the bridge joins a running engine: seq 0-4 went out before it subscribed (all still in
+    # the ring buffer), then seq 5 arrives live: replay from 0 recovers everything.
+    eng_d = Engine(ctx, a.d, a.d_replay)
+    for i in range(5):
+        parent = None if i == 0 else D_JOIN_HASH[i - 1]
+        eng_d.publish(batch_array([stored_array([D_JOIN_HASH[i]], parent, D_JOIN[4 * i:4 * i + 4])]),
+                      send=False)
+    eng_d.wait_subscriber()
+    eng_d.publish(batch_array([stored_array([D_JOIN_HASH[5]], D_JOIN_HASH[4], D_JOIN[20:24])]))
+    eng_d.pump(1.0)
+    print(f"engine D done (replays answered: {eng_d.replays})", flush=True)
+    # E: the same, but the ring buffer keeps only 2 batches: when the replay request comes (after
+    # live seq 4) it holds seq 3-4, so seq 0-2 stay missing and the holder is gapped. Each batch
+    # stores one root block.
+    eng_e = Engine(ctx, a.e, a.e_replay, buffer_steps=2)
+    for i in range(4):
+        eng_e.publish(batch_array([stored_array([E_HASH[i]], None, E_TOKENS[4 * i:4 * i + 4])]), send=False)
+    eng_e.wait_subscriber()
+    eng_e.publish(batch_array([stored_array([E_HASH[4]], None, E_TOKENS[16:20])]))
+    eng_e.pump(1.0)
+    print(f"engine E done (replays answered: {eng_e.replays})", flush=True)
+    # F: the engine restarts and has published past the old last seq before the bridge
+    # re-subscribes: no sequence goes back; the replay's copy of the old last seq differs.
+    eng_f = Engine(ctx, a.f, a.f_replay)
+    eng_f.wait_subscriber()
+    eng_f.publish(batch_array([stored_array([F_HASH[0]], None, F_OLD[:4])]))
+    eng_f.publish(batch_array([stored_array([F_HASH[1]], F_HASH[0], F_OLD[4:8])]))
+    eng_f.pump(0.5)
+    eng_f.close()
+    time.sleep(0.5)
+    print("engine F restarting", flush=True)
+    eng_f = Engine(ctx, a.f, a.f_replay)
+    for i in range(4):
+        parent = None if i == 0 else G_HASH[i - 1]
+        eng_f.publish(batch_array([stored_array([G_HASH[i]], parent, G_NEW[4 * i:4 * i + 4])]), send=False)
+    eng_f.wait_subscriber()
+    eng_f.publish(batch_array([stored_array([G_HASH[4]], G_HASH[3], G_NEW[16:20])]))
+    eng_f.pump(1.0)
+    print(f"engine F done (replays answered: {eng_f.replays})", flush=True)
+    for e in (eng_a, eng_b, eng_c, eng_d, eng_e, eng_f):
         e.close()
     ctx.term()
     print("DONE", flush=True)
+
+
+def selfcheck():
+    """Byte-for-byte comparison with msgspec (vLLM's encoder) over vLLM's struct definitions
+    (as in vllm/distributed/kv_events.py: array_like + omit_defaults + tag, and the map form
+    without array_like). Skipped when msgspec is not installed."""
+    try:
+        import msgspec
+    except ImportError:
+        print("selfcheck: NOT RUN (msgspec not installed)")
+        return
+    from typing import Any, Optional, Union
+
+    def structs(array_like):
+        kw = dict(omit_defaults=True, gc=False, array_like=array_like)
+
+        class Batch(msgspec.Struct, **kw):
+            ts: float
+            events: list[Any]
+            data_parallel_rank: Optional[int] = None
+
+        class Ev(msgspec.Struct, tag=True, **kw):
+            pass
+
+        class BlockStored(Ev):
+            block_hashes: list[int]
+            parent_block_hash: Optional[int]
+            token_ids: list[int]
+            block_size: int
+            lora_id: Optional[int]
+            medium: Optional[str]
+            lora_name: Optional[str]
+            extra_keys: Optional[list] = None
+            group_idx: Optional[int] = None
+            kv_cache_spec_kind: Optional[str] = None
+            kv_cache_spec_sliding_window: Optional[int] = None
+
+        class BlockRemoved(Ev):
+            block_hashes: list[int]
+            medium: Optional[str]
+
+        class AllBlocksCleared(Ev):
+            pass
+
+        class KVEventBatch(Batch):
+            events: list[Union[BlockStored, BlockRemoved, AllBlocksCleared]]
+
+        return KVEventBatch, BlockStored, BlockRemoved, AllBlocksCleared
+
+    enc = msgspec.msgpack.Encoder()
+    ts = 1700000000.25
+    for array_like in (True, False):
+        KB, BS, BR, AC = structs(array_like)
+        want = enc.encode(KB(ts=ts, data_parallel_rank=1, events=[
+            BS(A_HASH[:2], None, A_TOKENS[:8], BLOCK, None, "GPU", None),
+            BS([A_HASH[2]], A_HASH[1], A_TOKENS[8:12], BLOCK, None, "GPU", None, group_idx=1,
+               kv_cache_spec_kind="sliding_window", kv_cache_spec_sliding_window=128),
+            BR([A_HASH[0]], "GPU"), AC()]))
+        if array_like:
+            have = batch_array([
+                stored_array(A_HASH[:2], None, A_TOKENS[:8]),
+                stored_array([A_HASH[2]], A_HASH[1], A_TOKENS[8:12], tail=[1, "sliding_window", 128]),
+                ["BlockRemoved", [A_HASH[0]], "GPU"], ["AllBlocksCleared"]], dp_rank=1, ts=ts)
+        else:
+            have = batch_map([
+                stored_map(A_HASH[:2], None, A_TOKENS[:8]),
+                stored_map([A_HASH[2]], A_HASH[1], A_TOKENS[8:12], group_idx=1,
+                           kv_cache_spec_kind="sliding_window", kv_cache_spec_sliding_window=128),
+                {"type": "BlockRemoved", "block_hashes": [A_HASH[0]], "medium": "GPU"},
+                {"type": "AllBlocksCleared"}], dp_rank=1, ts=ts)
+        layout = "positional" if array_like else "map"
+        if have != want:
+            sys.exit(f"selfcheck: {layout} layout differs from msgspec:\n{msgspec.msgpack.decode(want)}\n"
+                     f"{msgspec.msgpack.decode(have)}")
+        print(f"selfcheck: {layout} layout identical to msgspec ({len(have)} bytes)")
 
 
 def main():
@@ -277,12 +407,16 @@ def main():
     sub = p.add_subparsers(dest="cmd", required=True)
     f = sub.add_parser("fixtures")
     f.add_argument("out")
+    sub.add_parser("selfcheck")
     s = sub.add_parser("serve")
-    for name in ("a", "a-replay", "b", "c", "c-replay"):
+    for name in ("a", "a-replay", "b", "c", "c-replay", "d", "d-replay", "e", "e-replay", "f",
+                 "f-replay"):
         s.add_argument(f"--{name}", type=int, required=True)
     a = p.parse_args()
     if a.cmd == "fixtures":
         fixtures(a.out)
+    elif a.cmd == "selfcheck":
+        selfcheck()
     else:
         serve(a)
 

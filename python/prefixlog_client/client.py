@@ -3,7 +3,7 @@
 Outcomes: "scores" (some worker holds a prefix), "empty" (none does), "unavailable" (timeout,
 disconnected, overloaded or rejected; `reason` says which) -- a gateway routes without the
 index on anything but "scores". Several endpoints are tried in order (the last one that
-answered first) within one deadline.
+answered first) within one deadline, each getting its share of what is left.
 """
 import time
 from dataclasses import dataclass, field
@@ -89,11 +89,14 @@ class IndexClient:
             if left <= 0:
                 return MatchResult("unavailable", reason="timeout")
             try:
-                r = self._stubs[i].Match(req, timeout=left)
+                # What is left, split over the endpoints still to try: a hung replica costs at
+                # most its share (same policy as the Rust client).
+                r = self._stubs[i].Match(req, timeout=left / (n - k))
             except grpc.RpcError as e:
                 code = e.code()
                 if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                    return MatchResult("unavailable", reason="timeout", endpoint=self._eps[i][0])
+                    reason = "timeout"
+                    continue
                 if code in _RETRY_NEXT:
                     kind = "overloaded" if code == grpc.StatusCode.RESOURCE_EXHAUSTED else "disconnected"
                     reason = f"{kind}: {self._eps[i][0]}: {e.details()}"

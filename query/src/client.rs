@@ -9,7 +9,8 @@
 //! on use). A background task probes each endpoint's `grpc.health.v1` status (SERVING only once
 //! the replica has caught up) every `probe_interval`; a query goes to the healthy endpoint with
 //! the most applied records (sum of the `applied` offsets of its last answer: the least lagged),
-//! and fails over to the next one on a transport error, within the same deadline.
+//! and fails over to the next one on a transport error or when the endpoint does not answer
+//! within its share of the deadline (what is left, split over the endpoints still to try).
 
 use prefixlog_engine::{HolderKey, KeyspaceId};
 use prefixlog_ingest::{Landed, PublishError, Publisher};
@@ -206,15 +207,21 @@ impl IndexClient {
         let end = Instant::now() + deadline;
         let req = q.to_request();
         let mut last = Unavailable::Disconnected("no endpoints configured".into());
-        for i in self.order() {
+        let order = self.order();
+        let mut timed_out: Vec<usize> = Vec::new();
+        for (k, &i) in order.iter().enumerate() {
             let ep = &self.inner.eps[i];
             let Some(left) = end.checked_duration_since(Instant::now()).filter(|d| !d.is_zero()) else {
-                return MatchOutcome::Unavailable(Unavailable::Timeout);
+                break;
             };
+            // Split what is left over the endpoints still to try: a hung replica (accepting
+            // connections but not answering: a stuck process, a host going down) costs at most
+            // its share, and the next one still gets an answer in within the deadline.
+            let budget = left / (order.len() - k) as u32;
             let mut r = tonic::Request::new(req.clone());
-            r.set_timeout(left);
+            r.set_timeout(budget);
             let mut client = ep.client.clone();
-            let res = match tokio::time::timeout(left, client.r#match(r)).await {
+            let res = match tokio::time::timeout(budget, client.r#match(r)).await {
                 Err(_) => Err(tonic::Status::deadline_exceeded("client deadline")),
                 Ok(r) => r,
             };
@@ -223,6 +230,11 @@ impl IndexClient {
                     let m = resp.into_inner();
                     ep.timeouts.store(0, Ordering::Relaxed);
                     ep.applied_sum.store(m.applied.iter().map(|o| o.offset.max(0)).sum(), Ordering::Relaxed);
+                    // Another replica answered in time: stop preferring the ones that did not,
+                    // until their next good probe.
+                    for &j in &timed_out {
+                        self.inner.eps[j].healthy.store(false, Ordering::Relaxed);
+                    }
                     let a = Answer {
                         applied: m.applied.iter().map(|o| (o.partition, o.offset)).collect(),
                         scores: m.scores,
@@ -241,7 +253,8 @@ impl IndexClient {
                         if ep.timeouts.fetch_add(1, Ordering::Relaxed) + 1 >= TIMEOUTS_UNHEALTHY {
                             ep.healthy.store(false, Ordering::Relaxed);
                         }
-                        return MatchOutcome::Unavailable(Unavailable::Timeout);
+                        timed_out.push(i);
+                        last = Unavailable::Timeout;
                     }
                     Code::ResourceExhausted => last = Unavailable::Overloaded(s.message().into()),
                     Code::Unavailable | Code::Unknown | Code::Internal => {
@@ -258,6 +271,9 @@ impl IndexClient {
                     }
                 },
             }
+        }
+        if !timed_out.is_empty() {
+            last = Unavailable::Timeout;
         }
         MatchOutcome::Unavailable(last)
     }

@@ -1,8 +1,10 @@
 //! The engine bridge end to end: a Python stand-in for vLLM / SGLang (pyzmq + msgpack,
 //! `python/bridge_fixtures/publisher.py`) → `prefixlog_ingest::bridge` → Kafka (every available
 //! backend) → a replica → `match_chain`. Covers both msgpack layouts, a gap answered over the
-//! replay socket (complete, not gapped), a gap without replay (holder gapped), refused events,
-//! a cache-group lane, and an engine restart (old blocks cleared).
+//! replay socket (complete, not gapped), a gap whose replay fails (holder gapped), refused events,
+//! a cache-group lane, an engine restart (old blocks cleared), and a bridge joining running
+//! engines (replay from 0 recovers everything; a too-short replay buffer leaves it gapped), and
+//! an engine restart the sequence numbers do not show (told through the replay socket).
 //!
 //! Needs a Python with pyzmq and msgpack: `$PREFIXLOG_VENV/bin/python`, else
 //! `~/.cache/prefixlog/venv/bin/python`, else `python3`. Without one the test prints
@@ -93,7 +95,8 @@ async fn python_engines_through_bridge_to_replica() {
         b.create_topic(&topic, P).await.unwrap();
         let r = replica(&b, &topic);
         let publisher = Publisher::new(PublisherConfig::new(&b.brokers, &topic, P)).unwrap();
-        let [pa, pa_replay, pb, pc, pc_replay] = [(); 5].map(|_| free_port());
+        let [pa, pa_replay, pb, pc, pc_replay, dead, pd, pd_replay, pe, pe_replay, pf, pf_replay] =
+            [(); 12].map(|_| free_port());
         let ep = |p: u16| format!("tcp://127.0.0.1:{p}");
         let engines = vec![
             EngineSpec {
@@ -105,7 +108,8 @@ async fn python_engines_through_bridge_to_replica() {
             },
             EngineSpec {
                 endpoint: ep(pb),
-                replay_endpoint: None,
+                // A replay endpoint nobody listens on: the replay fails, the gap is published.
+                replay_endpoint: Some(ep(dead)),
                 worker: 2,
                 dp_rank: None,
                 topic: String::new(),
@@ -117,10 +121,32 @@ async fn python_engines_through_bridge_to_replica() {
                 dp_rank: None,
                 topic: String::new(),
             },
+            EngineSpec {
+                endpoint: ep(pd),
+                replay_endpoint: Some(ep(pd_replay)),
+                worker: 4,
+                dp_rank: None,
+                topic: String::new(),
+            },
+            EngineSpec {
+                endpoint: ep(pe),
+                replay_endpoint: Some(ep(pe_replay)),
+                worker: 5,
+                dp_rank: None,
+                topic: String::new(),
+            },
+            EngineSpec {
+                endpoint: ep(pf),
+                replay_endpoint: Some(ep(pf_replay)),
+                worker: 6,
+                dp_rank: None,
+                topic: String::new(),
+            },
         ];
         let mut opts = BridgeOptions::new(ks());
         opts.idle_reconnect = Duration::from_millis(700);
         opts.log_interval = Duration::ZERO;
+        opts.replay_timeout = Duration::from_secs(2);
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let bridge_task = tokio::spawn(bridge::run(engines, opts, publisher, true, stop_rx));
 
@@ -129,6 +155,9 @@ async fn python_engines_through_bridge_to_replica() {
             .arg("serve")
             .args(["--a", &pa.to_string(), "--a-replay", &pa_replay.to_string(), "--b", &pb.to_string()])
             .args(["--c", &pc.to_string(), "--c-replay", &pc_replay.to_string()])
+            .args(["--d", &pd.to_string(), "--d-replay", &pd_replay.to_string()])
+            .args(["--e", &pe.to_string(), "--e-replay", &pe_replay.to_string()])
+            .args(["--f", &pf.to_string(), "--f-replay", &pf_replay.to_string()])
             .kill_on_drop(true)
             .spawn()
             .expect("python publisher starts");
@@ -151,6 +180,17 @@ async fn python_engines_through_bridge_to_replica() {
             // C: restarted: the old chain is cleared by the new epoch, the new one is held.
             (HolderKey::new(3, 0, 0), c_old.clone(), (0, false)),
             (HolderKey::new(3, 0, 0), c_new.clone(), (2, false)),
+            // D: joined after seq 0-4, all recovered by replay from 0.
+            (HolderKey::new(4, 0, 0), toks(5000, 24), (6, false)),
+            // E: when the replay was asked, the 2-batch ring buffer held seq 3-4 (4 had just been
+            // published): seq 0-2 are missing, 3 recovered, 4 live; gapped.
+            (HolderKey::new(5, 0, 0), toks(6000, 4), (0, true)),
+            (HolderKey::new(5, 0, 0), toks(6008, 4), (0, true)),
+            (HolderKey::new(5, 0, 0), toks(6012, 4), (1, true)),
+            (HolderKey::new(5, 0, 0), toks(6016, 4), (1, true)),
+            // F: restarted past its old last seq: told by the replayed copy; old chain cleared.
+            (HolderKey::new(6, 0, 0), toks(7000, 8), (0, false)),
+            (HolderKey::new(6, 0, 0), toks(8000, 20), (5, false)),
         ];
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
@@ -176,7 +216,12 @@ async fn python_engines_through_bridge_to_replica() {
         );
         assert_eq!(get(1, "events_unknown_type"), 1, "{}", b.name);
         assert_eq!(get(1, "fields_ignored"), 1, "{}: the extra tail element", b.name);
-        assert_eq!((get(2, "gaps"), get(2, "gaps_published")), (1, 1), "{}: B", b.name);
+        assert_eq!(
+            (get(2, "gaps"), get(2, "replays_failed"), get(2, "gaps_published")),
+            (1, 1, 1),
+            "{}: B",
+            b.name
+        );
         assert_eq!(
             (get(2, "refused_token_count"), get(2, "refused_medium"), get(2, "refused_namespaced")),
             (1, 1, 2),
@@ -185,8 +230,32 @@ async fn python_engines_through_bridge_to_replica() {
         );
         assert!(get(2, "fields_ignored") >= 1, "{}", b.name);
         assert_eq!(get(3, "epochs"), 1, "{}: C restarted once", b.name);
+        assert_eq!(
+            (get(4, "gaps"), get(4, "replayed_batches"), get(4, "gaps_published")),
+            (1, 5, 0),
+            "{}: D",
+            b.name
+        );
+        assert_eq!(
+            (get(5, "gaps"), get(5, "replayed_batches"), get(5, "gaps_published")),
+            (1, 1, 1),
+            "{}: E",
+            b.name
+        );
         assert_eq!(get(3, "gaps_published"), 0, "{}", b.name);
         assert_eq!(get(3, "events_published"), 6, "{}: 3 stores + 1 removal, then 2 stores", b.name);
+        assert_eq!(
+            (
+                get(6, "epochs"),
+                get(6, "gaps"),
+                get(6, "replays_ok"),
+                get(6, "replayed_batches"),
+                get(6, "gaps_published")
+            ),
+            (1, 1, 2, 4, 0),
+            "{}: F",
+            b.name
+        );
         assert!(metrics.iter().all(|(_, m)| m.get("publish_errors") == Some(0)));
         // Clean shutdown with remove_on_exit: worker-removed drops every holder of the workers.
         let deadline = Instant::now() + Duration::from_secs(30);

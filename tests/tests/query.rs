@@ -466,6 +466,17 @@ async fn client_fails_over_within_one_deadline() {
             MatchOutcome::Scores(a) => a,
             o => panic!("{}: {o:?}", b.name),
         };
+        // A hung endpoint (the kernel accepts connections, nobody answers) listed first: it
+        // costs its share of the deadline, then the live replica answers in time.
+        let hole = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let hung =
+            IndexClient::new(vec![format!("http://{}", hole.local_addr().unwrap()), sa.url()], deadline)
+                .unwrap();
+        let t = Instant::now();
+        let out = hung.match_prompt(&q).await;
+        let took = t.elapsed();
+        assert!(matches!(&out, MatchOutcome::Scores(a) if a.replica_id == sa.id), "{}: {out:?}", b.name);
+        assert!(took < deadline + Duration::from_millis(25), "took {took:?}");
         let (mut victim, mut other) = if first.replica_id == sa.id { (sa, sb) } else { (sb, sa) };
         victim.kill();
         let t = Instant::now();

@@ -84,6 +84,8 @@ pub struct BridgeMetrics {
     pub reconnects: AtomicU64,
     /// Records published.
     pub batches_published: AtomicU64,
+    /// Records carrying more blocks than replicas accept by default (they will skip them).
+    pub batches_oversized: AtomicU64,
     pub publish_errors: AtomicU64,
     /// Sum and max of publish latency (enqueue → broker ack), microseconds.
     pub publish_latency_us_sum: AtomicU64,
@@ -140,6 +142,7 @@ impl BridgeMetrics {
             ("epochs", g(&self.epochs)),
             ("reconnects", g(&self.reconnects)),
             ("batches_published", g(&self.batches_published)),
+            ("batches_oversized", g(&self.batches_oversized)),
             ("publish_errors", g(&self.publish_errors)),
             ("publish_latency_us_sum", g(&self.publish_latency_us_sum)),
             ("publish_latency_us_max", g(&self.publish_latency_us_max)),

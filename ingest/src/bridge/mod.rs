@@ -11,8 +11,12 @@
 //!   otherwise (or if the replay fails or does not reach back far enough) the next record is
 //!   published with `gap_before`, and replicas mark the holder gapped.
 //! - Restarts: a sequence number that goes back starts a new epoch (replicas clear the
-//!   holder). The first epoch is the bridge's start time in ms, so a restarted bridge also
-//!   supersedes what an earlier bridge published.
+//!   holder); so does, with a replay socket, a replayed copy of the last handled message that
+//!   differs from it (an engine that restarted and got past the old sequence number unseen).
+//!   The first epoch is the bridge's start time in ms, so a restarted bridge also supersedes
+//!   what an earlier bridge published.
+//! - Publishing: records are handed to the producer in sequence order as soon as they are
+//!   translated and acknowledged in the background (`publish_window` in flight per engine).
 //! - Lifecycle: `worker-added` on start, `worker-removed` on clean shutdown if asked. A silent
 //!   engine publishes nothing: staleness is the replica's policy.
 //! - Reconnects: the pure-Rust `zeromq` crate's SUB socket does not report a lost peer, so a
@@ -28,13 +32,16 @@ pub mod metrics;
 pub mod session;
 pub mod wire;
 
-use crate::publisher::Publisher;
+use crate::publisher::{Landed, PublishError, Publisher};
 use crate::record::{KvOp, Lifecycle};
 use bytes::Bytes;
 use metrics::BridgeMetrics;
 use prefixlog_engine::KeyspaceId;
 use session::{payload_digest, Arrival, Session};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
@@ -64,6 +71,9 @@ pub struct BridgeOptions {
     pub replay_timeout: Duration,
     /// Log the counters this often (zero: never).
     pub log_interval: Duration,
+    /// Records per engine handed to the producer and not yet acknowledged; publishing waits
+    /// beyond it. 1 = one record at a time.
+    pub publish_window: usize,
 }
 
 impl BridgeOptions {
@@ -74,6 +84,7 @@ impl BridgeOptions {
             idle_reconnect: Duration::from_secs(30),
             replay_timeout: Duration::from_secs(5),
             log_interval: Duration::from_secs(60),
+            publish_window: 256,
         }
     }
 }
@@ -81,6 +92,9 @@ impl BridgeOptions {
 fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
+
+/// "No timeout" for `tokio::time::timeout` (a year).
+const FOREVER: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// What a replay request returned: `(seq, payload)` in the engine's order.
 pub type Replayed = Vec<(u64, Bytes)>;
@@ -130,12 +144,47 @@ pub struct EngineBridge {
     publisher: Publisher,
     metrics: Arc<BridgeMetrics>,
     session: Session,
+    /// Records handed to the producer, awaited in order by the acker task.
+    acks: Option<mpsc::Sender<InFlight>>,
+    acker: Option<tokio::task::JoinHandle<()>>,
+}
+
+type Pending = Pin<Box<dyn Future<Output = Result<Landed, PublishError>> + Send>>;
+
+/// A record enqueued in the producer, waiting for the broker's acknowledgement.
+struct InFlight {
+    ack: Pending,
+    seq: u64,
+    events: usize,
+    start: Instant,
+}
+
+/// Awaits acknowledgements in publish order and counts them.
+async fn acker(mut rx: mpsc::Receiver<InFlight>, m: Arc<BridgeMetrics>, worker: u64) {
+    while let Some(f) = rx.recv().await {
+        match f.ack.await {
+            Ok(_) => {
+                m.record_latency(f.start.elapsed().as_micros() as u64);
+                BridgeMetrics::inc(&m.batches_published);
+                BridgeMetrics::add(&m.events_published, f.events as u64);
+            }
+            Err(e) => {
+                // Later records still land: replicas see the missing seq as a gap.
+                BridgeMetrics::inc(&m.publish_errors);
+                tracing::error!(worker, seq = f.seq, error = %e, "bridge: publish failed");
+            }
+        }
+    }
 }
 
 impl EngineBridge {
+    /// Must be called inside a tokio runtime (it starts the acknowledgement task).
     pub fn new(spec: EngineSpec, opts: BridgeOptions, publisher: Publisher) -> Self {
         let session = Session::new(opts.keyspace.block_size, opts.start_epoch);
-        Self { spec, opts, publisher, metrics: Arc::new(BridgeMetrics::default()), session }
+        let metrics = Arc::new(BridgeMetrics::default());
+        let (tx, rx) = mpsc::channel(opts.publish_window.max(1));
+        let acker = tokio::spawn(acker(rx, metrics.clone(), spec.worker));
+        Self { spec, opts, publisher, metrics, session, acks: Some(tx), acker: Some(acker) }
     }
 
     pub fn metrics(&self) -> Arc<BridgeMetrics> {
@@ -146,9 +195,21 @@ impl EngineBridge {
         &self.spec
     }
 
-    /// Subscribes and forwards until `stop` turns true.
-    pub async fn run(mut self, mut stop: watch::Receiver<bool>) -> anyhow::Result<()> {
+    /// Subscribes and forwards until `stop` turns true, then waits for every record's
+    /// acknowledgement.
+    pub async fn run(mut self, stop: watch::Receiver<bool>) -> anyhow::Result<()> {
+        let r = self.subscribe_loop(stop).await;
+        self.acks = None;
+        if let Some(a) = self.acker.take() {
+            a.await?;
+        }
+        r
+    }
+
+    async fn subscribe_loop(&mut self, mut stop: watch::Receiver<bool>) -> anyhow::Result<()> {
         let mut last_log = Instant::now();
+        let mut first_connect = true;
+        let mut failures: u32 = 0;
         'connect: loop {
             let (tx, mut rx) = mpsc::channel::<Vec<Bytes>>(1024);
             let endpoint = self.spec.endpoint.clone();
@@ -159,6 +220,10 @@ impl EngineBridge {
                 let mut s = SubSocket::new();
                 s.connect(&endpoint).await?;
                 s.subscribe(&topic).await?;
+                // An empty frame list tells the loop the subscription is live.
+                if tx.send(Vec::new()).await.is_err() {
+                    return Ok(());
+                }
                 loop {
                     let m = s.recv().await?;
                     if tx.send(m.into_vec()).await.is_err() {
@@ -168,7 +233,13 @@ impl EngineBridge {
             });
             let abort = sub.abort_handle();
             let mut sub = Some(sub);
-            tracing::info!(endpoint = %self.spec.endpoint, worker = self.spec.worker, "bridge: subscribing");
+            let mut connected = false;
+            if first_connect {
+                tracing::info!(endpoint = %self.spec.endpoint, worker = self.spec.worker, "bridge: subscribing");
+                first_connect = false;
+            } else {
+                tracing::debug!(endpoint = %self.spec.endpoint, worker = self.spec.worker, "bridge: re-subscribing");
+            }
             loop {
                 if !self.opts.log_interval.is_zero() && last_log.elapsed() >= self.opts.log_interval {
                     last_log = Instant::now();
@@ -179,7 +250,13 @@ impl EngineBridge {
                         abort.abort();
                         return Ok(());
                     }
-                    r = tokio::time::timeout(self.opts.idle_reconnect, rx.recv()) => match r {
+                    // Idle only counts once connected: connecting retries on its own.
+                    r = tokio::time::timeout(if connected { self.opts.idle_reconnect } else { FOREVER }, rx.recv()) => match r {
+                        Ok(Some(frames)) if frames.is_empty() => {
+                            connected = true;
+                            failures = 0;
+                            tracing::debug!(endpoint = %self.spec.endpoint, "bridge: subscribed");
+                        }
                         Ok(Some(frames)) => self.handle(frames).await,
                         Ok(None) => {
                             let why = match sub.take() {
@@ -190,10 +267,18 @@ impl EngineBridge {
                                 },
                                 None => "ended".to_string(),
                             };
-                            tracing::warn!(endpoint = %self.spec.endpoint, error = %why, "bridge: subscriber failed, reconnecting");
+                            // Back off 0.2 s, 0.4 s, … up to 6.4 s while failures repeat.
+                            let wait = Duration::from_millis(200 << failures.min(5));
+                            failures += 1;
+                            if failures.is_power_of_two() {
+                                tracing::warn!(endpoint = %self.spec.endpoint, error = %why, failures, "bridge: subscriber failed, reconnecting");
+                            }
                             abort.abort();
                             BridgeMetrics::inc(&self.metrics.reconnects);
-                            tokio::time::sleep(Duration::from_millis(200)).await;
+                            tokio::select! {
+                                _ = stop.changed() => return Ok(()),
+                                _ = tokio::time::sleep(wait) => {}
+                            }
                             continue 'connect;
                         }
                         Err(_) => {
@@ -264,28 +349,53 @@ impl EngineBridge {
         if let Some(from) = from {
             BridgeMetrics::inc(&self.metrics.gaps);
             if let Some(ep) = self.spec.replay_endpoint.clone() {
-                match request_replay(&ep, from, self.opts.replay_timeout).await {
-                    Ok(items) => {
-                        BridgeMetrics::inc(&self.metrics.replays_ok);
-                        for (s, p) in items {
-                            if s < self.session.expected() || s >= seq {
-                                continue;
-                            }
-                            BridgeMetrics::inc(&self.metrics.messages_received);
-                            BridgeMetrics::inc(&self.metrics.replayed_batches);
-                            let gap = s != self.session.expected();
-                            self.process(s, &p, gap).await;
-                        }
+                // Ask from the last message already handled, not the first missing one: if the
+                // engine's copy of it differs, the engine restarted meanwhile (and has already
+                // published past our last seq, so the sequence did not go back).
+                let probe = self.session.last_seq();
+                let mut items = self.replay(&ep, probe.unwrap_or(from)).await;
+                if let (Some(l), Some((s0, p0))) = (probe, items.first()) {
+                    let seen = self.session.digest_of(l);
+                    if *s0 == l && seen.is_some() && seen != Some(payload_digest(p0)) {
+                        BridgeMetrics::inc(&self.metrics.epochs);
+                        tracing::info!(
+                            worker = self.spec.worker,
+                            seq,
+                            new_epoch = self.session.epoch() + 1,
+                            "bridge: engine restarted (replayed seq {l} differs), new epoch"
+                        );
+                        self.session.restart();
+                        items = self.replay(&ep, 0).await;
                     }
-                    Err(e) => {
-                        BridgeMetrics::inc(&self.metrics.replays_failed);
-                        tracing::warn!(worker = self.spec.worker, from, error = %e, "bridge: replay failed");
+                }
+                for (s, p) in items {
+                    if s < self.session.expected() || s >= seq {
+                        continue;
                     }
+                    BridgeMetrics::inc(&self.metrics.messages_received);
+                    BridgeMetrics::inc(&self.metrics.replayed_batches);
+                    let gap = s != self.session.expected();
+                    self.process(s, &p, gap).await;
                 }
             }
         }
         let gap = seq != self.session.expected();
         self.process(seq, payload, gap).await;
+    }
+
+    /// One replay request; a failure is counted and logged, and gives nothing.
+    async fn replay(&self, endpoint: &str, start: u64) -> Replayed {
+        match request_replay(endpoint, start, self.opts.replay_timeout).await {
+            Ok(items) => {
+                BridgeMetrics::inc(&self.metrics.replays_ok);
+                items
+            }
+            Err(e) => {
+                BridgeMetrics::inc(&self.metrics.replays_failed);
+                tracing::warn!(worker = self.spec.worker, start, error = %e, "bridge: replay failed");
+                Vec::new()
+            }
+        }
     }
 
     /// Decodes, translates and publishes message `seq` (the next one of the session).
@@ -310,38 +420,57 @@ impl EngineBridge {
             BridgeMetrics::inc(&m.gaps_published);
             tracing::warn!(worker = self.spec.worker, seq, "bridge: publishing a sequence gap");
         }
+        let blocks: usize = ops
+            .iter()
+            .map(|o| match o {
+                KvOp::Stored { blocks, .. } => blocks.len(),
+                KvOp::Removed { exts, .. } => exts.len(),
+                KvOp::Cleared { .. } => 0,
+            })
+            .sum();
+        if blocks > crate::ApplyConfig::default().max_blocks_per_record {
+            // Replicas with the default limit skip it (and then report the feed gapped).
+            BridgeMetrics::inc(&m.batches_oversized);
+            tracing::error!(
+                worker = self.spec.worker,
+                seq,
+                blocks,
+                "bridge: batch over the replicas' default per-record block limit"
+            );
+        }
         let dp = self.spec.dp_rank.or(batch.dp_rank).unwrap_or(0);
         self.publish(dp, seq, gap_before, &ops).await;
     }
 
+    /// Hands the record to the producer now (records enter the partition queue in seq order)
+    /// and queues its acknowledgement for the acker; waits only when `publish_window` records
+    /// are unacknowledged.
     async fn publish(&self, dp: u32, seq: u64, gap_before: bool, ops: &[KvOp]) {
-        let m = &self.metrics;
-        let t = Instant::now();
+        let (p, ks, worker, epoch, owned) = (
+            self.publisher.clone(),
+            self.opts.keyspace.clone(),
+            self.spec.worker,
+            self.session.epoch(),
+            ops.to_vec(),
+        );
         // Log time is the bridge's clock (None = now), never the engine's `ts`: a skewed engine
         // clock would move the partition's log time for every worker on it.
-        let r = self
-            .publisher
-            .publish_kv_events(
-                &self.opts.keyspace,
-                self.spec.worker,
-                dp,
-                self.session.epoch(),
-                seq,
-                gap_before,
-                ops,
-                None,
-            )
-            .await;
-        match r {
-            Ok(_) => {
-                m.record_latency(t.elapsed().as_micros() as u64);
-                BridgeMetrics::inc(&m.batches_published);
-                BridgeMetrics::add(&m.events_published, ops.len() as u64);
-            }
-            Err(e) => {
-                // The replica sees the missing seq as a gap; nothing else to do here.
-                BridgeMetrics::inc(&m.publish_errors);
-                tracing::error!(worker = self.spec.worker, seq, error = %e, "bridge: publish failed");
+        let mut ack: Pending = Box::pin(async move {
+            p.publish_kv_events(&ks, worker, dp, epoch, seq, gap_before, &owned, None).await
+        });
+        // The first poll runs `FutureProducer::send` up to the enqueue (synchronous), so the
+        // order of records in the partition is the order of these calls; librdkafka's
+        // idempotent producer keeps it through retries. (A full producer queue would make the
+        // enqueue retry later, out of order: the window keeps this bridge far below librdkafka's
+        // 100,000-message queue.)
+        let start = Instant::now();
+        if let Poll::Ready(r) = ack.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+            ack = Box::pin(std::future::ready(r));
+        }
+        let f = InFlight { ack, seq, events: ops.len(), start };
+        if let Some(tx) = &self.acks {
+            if tx.send(f).await.is_err() {
+                tracing::error!(worker, seq, "bridge: acknowledgement task ended");
             }
         }
     }

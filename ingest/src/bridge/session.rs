@@ -11,6 +11,8 @@
 //!   a duplicate (ZeroMQ delivery is at-least-once, replays overlap the live stream).
 //! - `seq <= last` otherwise: the engine restarted (its counter went back, usually to 0): a new
 //!   epoch, which makes every replica clear the holder's old blocks.
+//! - (With a replay socket, `super::EngineBridge` also catches a restarted engine that is already
+//!   past `last`: it requests the replay from `last` and compares that message's digest.)
 //!
 //! Hashing: each stored block's *local* hash is prefixlog's canonical scheme over its token
 //! ids, which chains through the parent block's local hash. The session keeps, per lane, the
@@ -116,6 +118,11 @@ impl Session {
         self.last
     }
 
+    /// The payload digest of message `seq`, if it is among the recent messages handled.
+    pub fn digest_of(&self, seq: u64) -> Option<u64> {
+        self.recent_by_seq.get(&seq).copied()
+    }
+
     /// The next sequence number expected.
     pub fn expected(&self) -> u64 {
         self.last.map_or(0, |l| l.wrapping_add(1))
@@ -209,7 +216,7 @@ impl Session {
                 extra_keys,
                 ..
             } => {
-                if medium.as_deref().is_some_and(|m| m != MEDIUM_GPU) {
+                if medium.as_deref().is_some_and(|m| !m.eq_ignore_ascii_case(MEDIUM_GPU)) {
                     return Err(Refusal::Medium);
                 }
                 // vLLM sends lora_id 0 or nil for the base model.
@@ -241,7 +248,7 @@ impl Session {
                 }))
             }
             Event::Removed { hashes, medium, group_idx } => {
-                if medium.as_deref().is_some_and(|m| m != MEDIUM_GPU) {
+                if medium.as_deref().is_some_and(|m| !m.eq_ignore_ascii_case(MEDIUM_GPU)) {
                     return Err(Refusal::Medium);
                 }
                 let lane = group_idx.unwrap_or(0);
