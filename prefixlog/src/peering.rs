@@ -64,6 +64,9 @@ pub async fn start(
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
     );
     let stats = Arc::new(AntiEntropyStats::default());
+    if let Err(e) = AntiEntropyCollector::register(stats.clone()) {
+        tracing::warn!(error = %e, "anti-entropy metrics not registered");
+    }
     if !a.peers.is_empty() {
         let ae = AntiEntropy {
             applier,
@@ -75,4 +78,84 @@ pub async fn start(
         tokio::spawn(ae.run(a.anti_entropy_interval));
     }
     Ok(stats)
+}
+
+/// Exposes [`AntiEntropyStats`] as `prefixlog_anti_entropy_*` metrics, read at scrape time.
+pub struct AntiEntropyCollector {
+    stats: Arc<AntiEntropyStats>,
+    descs: Vec<prometheus::core::Desc>,
+}
+
+impl AntiEntropyCollector {
+    pub fn register(stats: Arc<AntiEntropyStats>) -> prometheus::Result<()> {
+        let descs = Self::metrics(&AntiEntropyStats::default())
+            .iter()
+            .flat_map(|c| c.desc().into_iter().cloned().collect::<Vec<_>>())
+            .collect();
+        prometheus::register(Box::new(Self { stats, descs }))
+    }
+
+    fn metrics(s: &AntiEntropyStats) -> Vec<Box<dyn prometheus::core::Collector>> {
+        use prometheus::{IntCounter, IntCounterVec, IntGaugeVec, Opts};
+        use std::sync::atomic::Ordering::Relaxed;
+        let c = |name: &str, help: &str, v: u64| {
+            let m = IntCounter::new(name, help).expect("valid metric");
+            m.inc_by(v);
+            Box::new(m) as Box<dyn prometheus::core::Collector>
+        };
+        let mismatches = IntCounterVec::new(
+            Opts::new("prefixlog_anti_entropy_mismatches_total", "Digest mismatches found, per partition"),
+            &["partition"],
+        )
+        .expect("valid metric");
+        for (p, n) in s.mismatches.lock().iter() {
+            mismatches.with_label_values(&[&p.to_string()]).inc_by(*n);
+        }
+        let unreachable = IntCounterVec::new(
+            Opts::new(
+                "prefixlog_anti_entropy_peer_unreachable_total",
+                "Rounds in which a peer could not be reached",
+            ),
+            &["peer"],
+        )
+        .expect("valid metric");
+        let last = IntGaugeVec::new(
+            Opts::new(
+                "prefixlog_anti_entropy_last_success_unix_ms",
+                "Last successful comparison with a peer",
+            ),
+            &["peer"],
+        )
+        .expect("valid metric");
+        for (peer, (u, t)) in s.peers.lock().iter() {
+            unreachable.with_label_values(&[peer]).inc_by(*u);
+            last.with_label_values(&[peer]).set(*t as i64);
+        }
+        vec![
+            c("prefixlog_anti_entropy_rounds_total", "Anti-entropy rounds run", s.rounds.load(Relaxed)),
+            c(
+                "prefixlog_anti_entropy_points_compared_total",
+                "Digest points compared",
+                s.points_compared.load(Relaxed),
+            ),
+            c(
+                "prefixlog_anti_entropy_repairs_total",
+                "Partitions rebuilt after a failed self-check",
+                s.repairs.load(Relaxed),
+            ),
+            Box::new(mismatches),
+            Box::new(unreachable),
+            Box::new(last),
+        ]
+    }
+}
+
+impl prometheus::core::Collector for AntiEntropyCollector {
+    fn desc(&self) -> Vec<&prometheus::core::Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<prometheus::proto::MetricFamily> {
+        Self::metrics(&self.stats).iter().flat_map(|c| c.collect()).collect()
+    }
 }

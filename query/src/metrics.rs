@@ -117,11 +117,15 @@ impl Metrics {
         Ok(Self { registry, query, engine, status, applier, gauges })
     }
 
-    /// The text exposition, with scrape-time gauges refreshed.
+    /// The text exposition, with scrape-time gauges refreshed. Also includes prometheus'
+    /// default registry, where other subsystems of the process (anti-entropy, the bridge)
+    /// register their collectors.
     pub fn render(&self) -> String {
         self.refresh();
         let mut buf = Vec::new();
-        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        let mut families = self.registry.gather();
+        families.extend(prometheus::gather());
+        let _ = TextEncoder::new().encode(&families, &mut buf);
         String::from_utf8(buf).unwrap_or_default()
     }
 
