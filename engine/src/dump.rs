@@ -137,15 +137,17 @@ impl Keyspace {
         let mut ks = Keyspace::new(dump.id.clone(), cfg);
         let mut idx: Vec<u32> = Vec::with_capacity(dump.nodes.len() + 1);
         idx.push(ROOT);
+        ks.arena.reserve(dump.nodes.len(), dump.nodes.iter().filter(|n| n.ext.is_some()).count());
         for (i, n) in dump.nodes.iter().enumerate() {
             if n.parent as usize > i {
                 return Err(format!("node {}: parent {} is not an earlier node", i + 1, n.parent));
             }
             let parent = idx[n.parent as usize];
-            if ks.arena.child(parent, n.local).is_some() {
+            let before = ks.arena.len();
+            let c = ks.arena.child_or_insert(parent, n.local);
+            if ks.arena.len() == before {
                 return Err(format!("node {}: duplicate child of {}", i + 1, n.parent));
             }
-            let c = ks.arena.child_or_insert(parent, n.local);
             if let Some(e) = n.ext {
                 if !ks.arena.bind_ext(c, e) {
                     return Err(format!("node {}: ext {e:#x} bound twice", i + 1));

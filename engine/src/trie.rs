@@ -237,6 +237,16 @@ impl Arena {
         idx
     }
 
+    /// Makes room for `nodes` more nodes with `exts` canonical exts, so a rebuild does not
+    /// rehash its tables as they grow.
+    pub fn reserve(&mut self, nodes: usize, exts: usize) {
+        let nodes_ref = &self.nodes;
+        for sh in self.exts.shards.iter_mut() {
+            sh.reserve(exts / SHARDS + 1, |&i| ext_hash(nodes_ref[i as usize].ext));
+        }
+        self.nodes.chunks.reserve(nodes / CHUNK + 1);
+    }
+
     /// The node whose canonical ext is `ext`.
     #[inline]
     pub fn by_ext(&self, ext: u64) -> Option<u32> {

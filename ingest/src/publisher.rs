@@ -82,6 +82,7 @@ impl Publisher {
     }
 
     /// Publishes an encoded record for `worker` with log time `timestamp_ms` (None: now).
+    /// Note: librdkafka treats a timestamp of 0 as "now" too; log times must be positive.
     pub async fn publish_raw(
         &self,
         worker: u64,

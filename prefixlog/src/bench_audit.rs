@@ -10,6 +10,9 @@ use prefixlog_snapshot::{checkpoint, CheckpointStore, LogIdentity};
 use prefixlog_workload::{expand_request, load_trace, Event, Fleet};
 use std::time::{Duration, Instant};
 
+/// Log time of the start of the log (any positive value; 0 means "now" to librdkafka).
+const BASE: u64 = 1_000_000;
+
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
@@ -52,7 +55,8 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
                 };
                 seq[w as usize] += 1;
                 let v = encode_kv_events(&keyspace(), u64::from(w), 0, 1, seq[w as usize], false, &[op]);
-                records.push((h * hour + req.timestamp_ms, u64::from(w), v));
+                // Log time starts at BASE: a timestamp of 0 would make librdkafka stamp the wall clock.
+                records.push((BASE + h * hour + req.timestamp_ms, u64::from(w), v));
             }
         }
     }
@@ -94,7 +98,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         low_watermarks: probe.low_watermarks,
         high_watermarks: probe.high_watermarks,
     };
-    let point = Point::Time(a.at_secs * 1000);
+    let point = Point::Time(BASE + a.at_secs * 1000);
     let t = Instant::now();
     let r = reconstruct(Some(&store), &log, &point, ecfg.clone(), acfg.clone(), false)?;
     let audit_s = t.elapsed().as_secs_f64();
