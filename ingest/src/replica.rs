@@ -228,12 +228,14 @@ fn run(
                 status.broker_ok.store(true, Ordering::Release);
                 let p = msg.partition() as u32;
                 let ts = msg.timestamp().to_millis().unwrap_or(0).max(0) as u64;
+                let started = Instant::now();
                 let (outcome, next, lt) = {
                     let mut a = applier.lock();
                     let o = a.apply(p, msg.offset(), ts, msg.payload());
                     let st = a.partition(p);
                     (o, st.next_offset, st.log_time)
                 };
+                apply_latency().observe(started.elapsed().as_secs_f64());
                 match outcome {
                     Outcome::Applied => status.records_applied.fetch_add(1, Ordering::Relaxed),
                     Outcome::Bad(reason) => {
@@ -306,4 +308,23 @@ pub fn probe_log(cfg: &ReplicaConfig) -> Result<LogProbe, ReplicaError> {
         high.push(h);
     }
     Ok(LogProbe { cluster_id, partitions, high_watermarks: high, low_watermarks: low })
+}
+
+/// Time to decode and apply one record (including the applier lock), in prometheus' default
+/// registry (the admin port's `/metrics` renders it).
+fn apply_latency() -> &'static prometheus::Histogram {
+    static H: std::sync::OnceLock<prometheus::Histogram> = std::sync::OnceLock::new();
+    H.get_or_init(|| {
+        let buckets = prometheus::exponential_buckets(1e-6, 2.0, 22).expect("valid buckets");
+        let h = prometheus::Histogram::with_opts(
+            prometheus::HistogramOpts::new(
+                "prefixlog_apply_latency_seconds",
+                "Decode + apply time of one log record on the ingest thread",
+            )
+            .buckets(buckets),
+        )
+        .expect("valid histogram");
+        let _ = prometheus::register(Box::new(h.clone()));
+        h
+    })
 }

@@ -61,9 +61,73 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
             a.engine().holder_blocks()
         );
     }
+    // Queries keep running while the checkpoint is captured and written: measure them.
+    let engine = r.applier().lock().engine().clone();
+    let q: Vec<u64> = prefixlog_workload::expand_request(
+        &prefixlog_workload::TraceRequest { timestamp_ms: 0, hash_ids: vec![0, 1, 2, 3, 4, 5] },
+        0,
+        a.workload.stretch,
+    )
+    .iter()
+    .map(|b| b.1)
+    .collect();
+    let baseline = {
+        let t = Instant::now();
+        let mut lat = Vec::new();
+        while t.elapsed() < Duration::from_secs(3) {
+            let s = Instant::now();
+            std::hint::black_box(engine.match_chain(
+                &crate::fleet_records::keyspace(),
+                &q,
+                &Default::default(),
+            ));
+            lat.push(s.elapsed().as_nanos() as u64);
+        }
+        lat.sort_unstable();
+        lat
+    };
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let querier = {
+        let (done, ks) = (done.clone(), crate::fleet_records::keyspace());
+        std::thread::spawn(move || {
+            let mut lat = Vec::new();
+            while !done.load(std::sync::atomic::Ordering::Acquire) {
+                let t = Instant::now();
+                std::hint::black_box(engine.match_chain(&ks, &q, &Default::default()));
+                lat.push(t.elapsed().as_nanos() as u64);
+            }
+            lat
+        })
+    };
     let t = Instant::now();
     let (meta, pause) = checkpoint(r.applier(), &store, &identity)?;
     let write_s = t.elapsed().as_secs_f64();
+    done.store(true, std::sync::atomic::Ordering::Release);
+    let mut lat = querier.join().expect("querier");
+    lat.sort_unstable();
+    let pct = |p: f64| {
+        lat.get(((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1)))
+            .map_or(0.0, |&x| x as f64 / 1e3)
+    };
+    println!(
+        "queries during the checkpoint: {} answered, p50 {:.1} µs, p99 {:.1} µs, max {:.1} µs",
+        lat.len(),
+        pct(0.5),
+        pct(0.99),
+        pct(1.0)
+    );
+    let b = |p: f64| {
+        baseline
+            .get(((baseline.len() as f64 * p) as usize).min(baseline.len().saturating_sub(1)))
+            .map_or(0.0, |&x| x as f64 / 1e3)
+    };
+    println!(
+        "queries without a checkpoint (3 s baseline, same run): {} answered, p50 {:.1} µs, p99 {:.1} µs, max {:.1} µs",
+        baseline.len(),
+        b(0.5),
+        b(0.99),
+        b(1.0)
+    );
     drop(r);
     let tail_landed = env.publish(tail.iter().map(stamp).collect()).await?;
     let all_ends = token(&[head_landed, tail_landed.clone()].concat());

@@ -9,6 +9,8 @@
 //! - `bench-restart`: restart from checkpoint + tail vs full replay.
 //! - `audit`: the index state at a past time or offsets, explain a placement, diff, verify.
 //! - `checkpoints`: list, show and verify a replica's RocksDB checkpoints.
+//! - `demo`: broker, two replicas, gateways and a simulated fleet in one process (README's `make demo`).
+//! - `bench-routing`: prefix-hit ratio of shared index vs gateway-local trees vs oracle, 1..16 gateways.
 
 mod audit_cmd;
 mod bench_audit;
@@ -18,6 +20,7 @@ mod bench_restart;
 mod bridge_cmd;
 mod checkpointing;
 mod checkpoints_cmd;
+mod demo;
 mod fleet_records;
 mod kafka_args;
 mod peering;
@@ -62,18 +65,23 @@ enum Cmd {
     Audit(audit_cmd::Args),
     /// Inspect a replica's checkpoints: list, show, verify.
     Checkpoints(checkpoints_cmd::Args),
+    /// The demo: embedded broker, two replicas, gateways routing a simulated fleet by the index.
+    Demo(demo::Args),
+    /// Routing quality: shared index vs gateway-local trees vs oracle, 1..16 gateways (in-process).
+    BenchRouting(demo::routing_sim::Args),
 }
 
 fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    // The demo draws a progress bar and a table: only warnings go to the log by default.
+    let default_filter = if matches!(cli.cmd, Cmd::Demo(_)) { "warn" } else { "info,rdkafka=warn" };
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,rdkafka=warn".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default_filter.into()),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let cli = Cli::parse();
     let rt = tokio::runtime::Runtime::new()?;
     match cli.cmd {
         Cmd::Serve(a) => rt.block_on(serve::run(a)),
@@ -85,5 +93,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::Audit(a) => audit_cmd::run(a),
         Cmd::BenchRestart(a) => rt.block_on(bench_restart::run(a)),
         Cmd::BenchAudit(a) => rt.block_on(bench_audit::run(a)),
+        Cmd::Demo(a) => rt.block_on(demo::run(a)),
+        Cmd::BenchRouting(a) => demo::routing_sim::run(a),
     }
 }

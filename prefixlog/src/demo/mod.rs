@@ -1,0 +1,289 @@
+//! `prefixlog demo`: the whole system in one process, with zero setup.
+//!
+//! The embedded broker, two replicas (each: ingest, gRPC query server, peer service, and
+//! anti-entropy against the other), and a simulated fleet driven by the Mooncake trace:
+//! `--workers` workers with LRU block caches publish their KV events through the real
+//! `Publisher` (one ordered queue per worker), and `--gateways` gateways take the requests in
+//! turn: each asks a replica over gRPC (`IndexClient`, fail open), routes by matched depth
+//! minus a load cost ([`policy::Load::choose`]), lets the worker serve it, and publishes a placement carrying
+//! the answer's offsets.
+//!
+//! Scored per request, in blocks: the hit the shared index's choice got, the oracle (the most
+//! any worker held at that moment), and the gateway-local policy: every gateway also keeps its
+//! own prefix tree fed only with its own decisions, and routes a shadow fleet (same workers,
+//! same requests, no Kafka) by it — what the fleet would get if gateways only had local trees.
+
+mod cluster;
+pub mod policy;
+mod report;
+pub mod routing_sim;
+
+use crate::fleet_records::keyspace;
+use indicatif::{ProgressBar, ProgressStyle};
+use parking_lot::Mutex;
+use policy::{oracle_depths, Load, LocalTree};
+use prefixlog_engine::HolderKey;
+use prefixlog_ingest::record::encode_kv_events;
+use prefixlog_ingest::{KvOp, Publisher, PublisherConfig};
+use prefixlog_query::{IndexClient, MatchOutcome, MatchQuery, Prompt};
+use prefixlog_workload::{expand_request, load_trace, Event, Fleet, TraceRequest};
+use report::{Answered, Outcome};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct Args {
+    /// Mooncake-format JSONL trace.
+    #[arg(long, env = "PREFIXLOG_TRACE", default_value = "../shared/data/mooncake/conversation_trace.jsonl")]
+    pub trace: std::path::PathBuf,
+    /// Replay only the first N requests of the trace (0: all of it).
+    #[arg(long, default_value_t = 3000)]
+    pub requests: usize,
+    /// Simulated inference workers.
+    #[arg(long, default_value_t = 16)]
+    pub workers: usize,
+    /// Simulated gateways (requests are dealt to them in turn).
+    #[arg(long, default_value_t = 4)]
+    pub gateways: usize,
+    /// Trace time runs this many times faster than real time.
+    #[arg(long, default_value_t = 20.0)]
+    pub speedup: f64,
+    /// LRU capacity of each worker, in blocks.
+    #[arg(long, default_value_t = 4096)]
+    pub capacity: usize,
+    /// Blocks per trace id (a 512-token id at block size 64 is 8).
+    #[arg(long, default_value_t = 8)]
+    pub stretch: usize,
+    /// Log partitions (the embedded broker keeps at most 100k records / 5 MiB per partition).
+    #[arg(long, default_value_t = 64)]
+    pub partitions: u32,
+    /// Gateway query deadline; past it the gateway routes without the index (fail open).
+    #[arg(long, default_value = "20ms", value_parser = crate::serve::humantime_secs)]
+    pub deadline: Duration,
+    /// Anti-entropy round interval.
+    #[arg(long, default_value = "2s", value_parser = crate::serve::humantime_secs)]
+    pub anti_entropy_interval: Duration,
+    /// Where to write the hit-ratio plot (SVG).
+    #[arg(long, default_value = "demo-hit-ratio.svg")]
+    pub plot: std::path::PathBuf,
+}
+
+/// The fleet as it really is (routed by the shared index) and the shadow fleet routed by
+/// gateway-local trees, plus each worker's ordered publish queue.
+struct World {
+    fleet: Fleet,
+    load: Load,
+    shadow: Fleet,
+    shadow_load: Load,
+    seq: Vec<u64>,
+    queues: Vec<mpsc::UnboundedSender<Vec<u8>>>,
+}
+
+/// What every gateway shares: the world, results, published offsets.
+struct Shared {
+    world: Mutex<World>,
+    results: Mutex<Vec<Option<Outcome>>>,
+    landed: Mutex<BTreeMap<u32, i64>>,
+    published: AtomicU64,
+    stretch: usize,
+    capacity: usize,
+}
+
+impl Shared {
+    fn landed(&self, l: prefixlog_ingest::Landed) {
+        self.published.fetch_add(1, Ordering::Relaxed);
+        let mut m = self.landed.lock();
+        let e = m.entry(l.partition).or_insert(l.offset);
+        *e = (*e).max(l.offset);
+    }
+}
+
+async fn worker_publisher(w: u64, mut rx: mpsc::UnboundedReceiver<Vec<u8>>, p: Publisher, s: Arc<Shared>) {
+    while let Some(v) = rx.recv().await {
+        match p.publish_raw(w, &v, None).await {
+            Ok(l) => s.landed(l),
+            Err(e) => tracing::warn!(worker = w, error = %e, "worker could not publish its KV events"),
+        }
+    }
+}
+
+async fn gateway(
+    g: usize,
+    mut rx: mpsc::UnboundedReceiver<(usize, TraceRequest)>,
+    client: IndexClient,
+    s: Arc<Shared>,
+    bar: ProgressBar,
+) {
+    let ks = keyspace();
+    let mut tree = LocalTree::new(s.capacity);
+    while let Some((i, req)) = rx.recv().await {
+        let mut chain = expand_request(&req, 0, s.stretch);
+        chain.truncate(s.capacity);
+        let locals: Vec<u64> = chain.iter().map(|b| b.1).collect();
+        let t = Instant::now();
+        let out = client.match_prompt(&MatchQuery::new(ks.clone(), Prompt::Hashes(locals.clone()))).await;
+        let query_us = t.elapsed().as_micros() as u64;
+        let (answered, depths, applied) = match out {
+            MatchOutcome::Scores(a) => {
+                let d = a.scores.iter().map(|x| (x.worker as u32, x.depth)).collect();
+                (Answered::Scores, d, a.applied)
+            }
+            MatchOutcome::Empty(a) => (Answered::Empty, vec![], a.applied),
+            MatchOutcome::Unavailable(_) => (Answered::Unavailable, vec![], vec![]),
+        };
+        let local_depths = tree.depths(&locals);
+        let (chosen, hit, oracle, local_choice, local) = {
+            let w = &mut *s.world.lock();
+            let chosen = w.load.choose(&depths);
+            let hit = w.fleet.cached_prefix(chosen, &chain) as u32;
+            let oracle = oracle_depths(&w.fleet, &chain).iter().map(|d| d.1).max().unwrap_or(0);
+            w.load.routed(chosen);
+            for ev in w.fleet.serve(chosen, &chain) {
+                let (worker, op) = match ev {
+                    Event::Stored { worker, parent_ext, blocks } => {
+                        (worker, KvOp::Stored { lane: 0, parent_ext, blocks })
+                    }
+                    Event::Removed { worker, exts } => (worker, KvOp::Removed { lane: 0, exts }),
+                };
+                w.seq[worker as usize] += 1;
+                let v = encode_kv_events(&ks, u64::from(worker), 0, 1, w.seq[worker as usize], false, &[op]);
+                let _ = w.queues[worker as usize].send(v);
+            }
+            let lc = w.shadow_load.choose(&local_depths);
+            let local = w.shadow.cached_prefix(lc, &chain) as u32;
+            w.shadow_load.routed(lc);
+            w.shadow.serve(lc, &chain);
+            (chosen, hit, oracle, lc, local)
+        };
+        tree.routed(local_choice, &locals, req.timestamp_ms + 1);
+        match client.publish_placement(&ks, HolderKey::new(u64::from(chosen), 0, 0), &locals, &applied).await {
+            Ok(l) => s.landed(l),
+            Err(e) => tracing::warn!(gateway = g, error = %e, "placement not published"),
+        }
+        let o = Outcome { blocks: chain.len() as u32, hit, oracle, local, query_us, answered };
+        s.results.lock()[i] = Some(o);
+        bar.inc(1);
+    }
+}
+
+pub async fn run(a: Args) -> anyhow::Result<()> {
+    anyhow::ensure!(a.workers > 0 && a.gateways > 0, "--workers and --gateways must be at least 1");
+    anyhow::ensure!(a.speedup > 0.0, "--speedup must be positive");
+    let mut trace = load_trace(&a.trace)?;
+    if a.requests > 0 {
+        trace.truncate(a.requests);
+    }
+    let n = trace.len();
+    println!(
+        "prefixlog demo: {n} requests of {}, {} workers ({}-block LRU), {} gateways, 2 replicas, {} partitions, speed-up {}×",
+        a.trace.display(),
+        a.workers,
+        a.capacity,
+        a.gateways,
+        a.partitions,
+        a.speedup
+    );
+    let cluster = cluster::Cluster::start(a.partitions, 2).await?;
+    cluster.spawn_anti_entropy(a.anti_entropy_interval);
+    let publisher = Publisher::new(PublisherConfig::new(&cluster.brokers, cluster::TOPIC, a.partitions))?;
+    let (queues, receivers): (Vec<_>, Vec<_>) = (0..a.workers).map(|_| mpsc::unbounded_channel()).unzip();
+    let s = Arc::new(Shared {
+        world: Mutex::new(World {
+            fleet: Fleet::new(a.workers, a.capacity),
+            load: Load::new(a.workers),
+            shadow: Fleet::new(a.workers, a.capacity),
+            shadow_load: Load::new(a.workers),
+            seq: vec![0; a.workers],
+            queues,
+        }),
+        results: Mutex::new(vec![None; n]),
+        landed: Mutex::default(),
+        published: AtomicU64::new(0),
+        stretch: a.stretch,
+        capacity: a.capacity,
+    });
+    let workers: Vec<_> = receivers
+        .into_iter()
+        .enumerate()
+        .map(|(w, rx)| tokio::spawn(worker_publisher(w as u64, rx, publisher.clone(), s.clone())))
+        .collect();
+
+    let bar = ProgressBar::new(n as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} requests  {msg}")?
+            .progress_chars("=> "),
+    );
+    let mut senders = Vec::new();
+    let mut gateways = Vec::new();
+    for g in 0..a.gateways {
+        let (tx, rx) = mpsc::unbounded_channel();
+        senders.push(tx);
+        let client = IndexClient::new(cluster.endpoints(), a.deadline)?
+            .with_publisher(publisher.clone(), format!("demo-gateway-{g}"));
+        gateways.push(tokio::spawn(gateway(g, rx, client, s.clone(), bar.clone())));
+    }
+    let ticker = {
+        let (s, bar) = (s.clone(), bar.clone());
+        let status: Vec<_> = cluster.nodes.iter().map(|n| n.status().clone()).collect();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                let done: Vec<Outcome> = s.results.lock().iter().flatten().copied().collect();
+                let r = report::ratios(&done);
+                let lag: Vec<String> = status.iter().map(|st| st.lag().to_string()).collect();
+                bar.set_message(format!(
+                    "hit ratio: shared {:.3} · oracle {:.3} · local {:.3}  replica lag {}",
+                    r.shared,
+                    r.oracle,
+                    r.local,
+                    lag.join("/")
+                ));
+            }
+        })
+    };
+
+    let start = Instant::now();
+    let t0 = trace.first().map_or(0, |r| r.timestamp_ms);
+    for (i, req) in trace.into_iter().enumerate() {
+        let due = Duration::from_secs_f64(req.timestamp_ms.saturating_sub(t0) as f64 / 1000.0 / a.speedup);
+        tokio::time::sleep_until((start + due).into()).await;
+        let _ = senders[i % a.gateways].send((i, req));
+    }
+    drop(senders);
+    for g in gateways {
+        g.await?;
+    }
+    s.world.lock().queues.clear();
+    for w in workers {
+        w.await?;
+    }
+    publisher.flush(Duration::from_secs(60))?;
+    let token: Vec<(u32, i64)> = s.landed.lock().iter().map(|(&p, &o)| (p, o)).collect();
+    let caught_up = cluster.wait_caught_up(&token, Duration::from_secs(60)).await;
+    let seconds = start.elapsed().as_secs_f64();
+    ticker.abort();
+    bar.finish_and_clear();
+    cluster.anti_entropy_round().await;
+
+    let outcomes: Vec<Outcome> = s.results.lock().iter().flatten().copied().collect();
+    let nodes = &cluster.nodes;
+    let summary = report::Summary {
+        workers: a.workers,
+        gateways: a.gateways,
+        seconds,
+        records_published: s.published.load(Ordering::Relaxed),
+        records_applied: nodes.iter().map(|n| n.records_applied()).collect(),
+        points_compared: nodes.iter().map(|n| n.stats().points_compared.load(Ordering::Relaxed)).sum(),
+        mismatches: nodes.iter().map(|n| n.stats().mismatches_total()).sum(),
+        rounds: nodes.iter().map(|n| n.stats().rounds.load(Ordering::Relaxed)).sum(),
+        digests_equal: nodes.windows(2).all(|w| w[0].engine.digest() == w[1].engine.digest()),
+        caught_up,
+    };
+    println!("\n{}", report::table(&outcomes, &summary));
+    std::fs::write(&a.plot, report::svg(&outcomes))?;
+    println!("hit ratio over time written to {}", a.plot.display());
+    Ok(())
+}

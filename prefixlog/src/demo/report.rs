@@ -1,0 +1,184 @@
+//! The demo's results: per-request outcomes, the final table and the SVG plot.
+
+use std::fmt::Write as _;
+
+/// How a gateway's index query went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Answered {
+    Scores,
+    Empty,
+    Unavailable,
+}
+
+/// One routed request.
+#[derive(Clone, Copy, Debug)]
+pub struct Outcome {
+    pub blocks: u32,
+    /// Blocks the worker the shared index chose already held.
+    pub hit: u32,
+    /// The most any worker held (perfect knowledge).
+    pub oracle: u32,
+    /// Blocks the gateway-local choice got, in the fleet routed by gateway-local trees.
+    pub local: u32,
+    pub query_us: u64,
+    pub answered: Answered,
+}
+
+pub struct Ratios {
+    pub shared: f64,
+    pub oracle: f64,
+    pub local: f64,
+}
+
+pub fn ratios(v: &[Outcome]) -> Ratios {
+    let sum = |f: fn(&Outcome) -> u32| v.iter().map(|o| u64::from(f(o))).sum::<u64>() as f64;
+    let blocks = sum(|o| o.blocks).max(1.0);
+    Ratios { shared: sum(|o| o.hit) / blocks, oracle: sum(|o| o.oracle) / blocks, local: sum(|o| o.local) / blocks }
+}
+
+pub fn percentile_ms(sorted_us: &[u64], q: f64) -> f64 {
+    if sorted_us.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted_us.len() - 1) as f64 * q).round() as usize;
+    sorted_us[i] as f64 / 1000.0
+}
+
+/// Everything the final table shows besides the outcomes.
+pub struct Summary {
+    pub workers: usize,
+    pub gateways: usize,
+    pub seconds: f64,
+    pub records_published: u64,
+    pub records_applied: Vec<u64>,
+    pub points_compared: u64,
+    pub mismatches: u64,
+    pub rounds: u64,
+    pub digests_equal: bool,
+    pub caught_up: bool,
+}
+
+pub fn table(v: &[Outcome], s: &Summary) -> String {
+    let r = ratios(v);
+    let mut lat: Vec<u64> = v.iter().filter(|o| o.answered != Answered::Unavailable).map(|o| o.query_us).collect();
+    lat.sort_unstable();
+    let count = |a: Answered| v.iter().filter(|o| o.answered == a).count();
+    let applied: u64 = s.records_applied.iter().sum();
+    let mut t = String::new();
+    let mut row = |k: &str, val: String| {
+        let _ = writeln!(t, "| {k} | {val} |");
+    };
+    row("metric", "value".into());
+    row("---", "---:".into());
+    row("requests routed", format!("{} ({} gateways, {} workers, {:.1} s)", v.len(), s.gateways, s.workers, s.seconds));
+    row("prefix-hit ratio, shared index (achieved)", format!("{:.3}", r.shared));
+    row("prefix-hit ratio, oracle (perfect knowledge)", format!("{:.3}", r.oracle));
+    row("prefix-hit ratio, gateway-local trees", format!("{:.3}", r.local));
+    row("shared / oracle", format!("{:.3}", r.shared / r.oracle.max(f64::MIN_POSITIVE)));
+    row(
+        "index answers: scores / empty / unavailable (fail open)",
+        format!("{} / {} / {}", count(Answered::Scores), count(Answered::Empty), count(Answered::Unavailable)),
+    );
+    row("query latency p50 (client, gRPC)", format!("{:.2} ms", percentile_ms(&lat, 0.5)));
+    row("query latency p99 (client, gRPC)", format!("{:.2} ms", percentile_ms(&lat, 0.99)));
+    row("records published (KV events + placements)", s.records_published.to_string());
+    row(
+        "records applied per replica",
+        s.records_applied.iter().map(u64::to_string).collect::<Vec<_>>().join(" / "),
+    );
+    row("records/s applied (all replicas)", format!("{:.0}", applied as f64 / s.seconds.max(1e-9)));
+    row("anti-entropy rounds / points compared", format!("{} / {}", s.rounds, s.points_compared));
+    row("anti-entropy mismatches", s.mismatches.to_string());
+    row("replicas caught up, engine digests equal", format!("{} / {}", yes(s.caught_up), yes(s.digests_equal)));
+    t
+}
+
+fn yes(b: bool) -> &'static str {
+    if b {
+        "yes"
+    } else {
+        "NO"
+    }
+}
+
+/// Hit ratio over a moving window of `window` requests, one point per `step` requests.
+fn series(v: &[Outcome], window: usize, step: usize, f: fn(&Outcome) -> u32) -> Vec<(usize, f64)> {
+    let mut out = Vec::new();
+    let mut end = window.min(v.len());
+    while end <= v.len() && end > 0 {
+        let w = &v[end.saturating_sub(window)..end];
+        let b: u64 = w.iter().map(|o| u64::from(o.blocks)).sum();
+        let h: u64 = w.iter().map(|o| u64::from(f(o))).sum();
+        out.push((end, h as f64 / b.max(1) as f64));
+        if end == v.len() {
+            break;
+        }
+        end = (end + step).min(v.len());
+    }
+    out
+}
+
+/// A line plot of the three hit ratios over time (hand-written SVG).
+pub fn svg(v: &[Outcome]) -> String {
+    let (w, h, l, r, top, bot) = (760.0, 380.0, 60.0, 200.0, 30.0, 50.0);
+    let window = (v.len() / 10).clamp(10, 300);
+    let step = (v.len() / 200).max(1);
+    let n = v.len().max(1) as f64;
+    let x = |i: usize| l + (w - l - r) * i as f64 / n;
+    let y = |p: f64| top + (h - top - bot) * (1.0 - p);
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(s, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
+    let _ = writeln!(
+        s,
+        r#"<text x="{l}" y="18" font-size="14">prefix-hit ratio, moving window of {window} requests</text>"#
+    );
+    for k in 0..=5 {
+        let p = k as f64 / 5.0;
+        let _ = writeln!(
+            s,
+            r##"<line x1="{l}" x2="{}" y1="{y:.1}" y2="{y:.1}" stroke="#ddd"/><text x="{}" y="{:.1}" text-anchor="end">{p:.1}</text>"##,
+            w - r,
+            l - 6.0,
+            y(p) + 4.0,
+            y = y(p)
+        );
+    }
+    let _ = writeln!(
+        s,
+        r#"<text x="{:.1}" y="{}" text-anchor="middle">requests routed</text><text x="{}" y="{:.1}" text-anchor="end">{}</text>"#,
+        (l + w - r) / 2.0,
+        h - 12.0,
+        w - r,
+        h - bot + 16.0,
+        v.len()
+    );
+    let lines: [(&str, &str, fn(&Outcome) -> u32); 3] = [
+        ("oracle", "#2ca02c", |o| o.oracle),
+        ("shared index", "#1f77b4", |o| o.hit),
+        ("gateway-local", "#d62728", |o| o.local),
+    ];
+    for (k, (name, color, f)) in lines.iter().enumerate() {
+        let pts: Vec<String> =
+            series(v, window, step, *f).iter().map(|&(i, p)| format!("{:.1},{:.1}", x(i), y(p))).collect();
+        let _ = writeln!(
+            s,
+            r#"<polyline fill="none" stroke="{color}" stroke-width="2" points="{}"/>"#,
+            pts.join(" ")
+        );
+        let ly = top + 20.0 * k as f64 + 10.0;
+        let _ = writeln!(
+            s,
+            r#"<line x1="{}" x2="{}" y1="{ly}" y2="{ly}" stroke="{color}" stroke-width="3"/><text x="{}" y="{}">{name}</text>"#,
+            w - r + 15.0,
+            w - r + 40.0,
+            w - r + 46.0,
+            ly + 4.0
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
