@@ -23,7 +23,7 @@
 //! `expiry_interval_ms` bucket, for that partition's holders only, so every replica expires at
 //! the same records. Quiet partitions are advanced by tick records (see `publisher`).
 
-use crate::record::{decode, BadReason, KvOp, Lifecycle, Op};
+use crate::record::{decode, BadReason, KvOp, LaneMeta, Lifecycle, Op};
 use prefixlog_engine::digest::mix64;
 use prefixlog_engine::{partition_of, Engine, HolderKey, KeyspaceId, LogTime};
 use std::collections::{BTreeMap, BTreeSet};
@@ -81,6 +81,8 @@ pub struct Feed {
     pub last_seq: Option<u64>,
     pub lanes: BTreeSet<u32>,
     pub gapped: bool,
+    /// What the bridge announced about each lane (kind, window, block size), this epoch.
+    pub lane_meta: BTreeMap<u32, LaneMeta>,
 }
 
 /// Counters of one partition (deterministic: part of the applied state).
@@ -190,6 +192,14 @@ impl Applier {
                 h = mix64(h ^ u64::from(b));
             }
             h = mix64(h ^ f.epoch ^ mix64(f.last_seq.map_or(u64::MAX, |s| s) ^ u64::from(f.gapped)));
+            for m in f.lane_meta.values() {
+                h = mix64(
+                    h ^ u64::from(m.lane) << 40 ^ u64::from(m.sliding_window) << 8 ^ u64::from(m.block_size),
+                );
+                for b in m.kind.bytes() {
+                    h = mix64(h ^ u64::from(b));
+                }
+            }
             d = d.wrapping_add(h);
         }
         d
@@ -248,9 +258,16 @@ impl Applier {
 
     fn apply_op(&mut self, partition: u32, op: Op, t: LogTime) -> Outcome {
         match op {
-            Op::KvEvents { keyspace, worker, dp_rank, epoch, seq, gap_before, events } => {
+            Op::KvEvents { keyspace, worker, dp_rank, epoch, seq, gap_before, events, lanes } => {
                 let key = FeedKey { keyspace, worker, dp_rank };
-                self.apply_batch(partition, key, epoch, seq, gap_before, &events, t)
+                let out = self.apply_batch(partition, key.clone(), epoch, seq, gap_before, &events, t);
+                if out == Outcome::Applied && !lanes.is_empty() {
+                    let feed = self.parts[partition as usize].feeds.get_mut(&key).expect("feed exists");
+                    for l in lanes {
+                        feed.lane_meta.insert(l.lane, l);
+                    }
+                }
+                out
             }
             Op::Placement { keyspace, holder, locals, .. } => {
                 self.engine.keyspace_or_create(&keyspace).write().place(holder, &locals, t);
@@ -298,6 +315,7 @@ impl Applier {
         feed.epoch = epoch;
         feed.last_seq = None;
         feed.gapped = false;
+        feed.lane_meta.clear();
         part.counters.epochs += 1;
     }
 
@@ -318,6 +336,7 @@ impl Applier {
             last_seq: None,
             lanes: BTreeSet::new(),
             gapped: false,
+            lane_meta: BTreeMap::new(),
         });
         if epoch < feed.epoch {
             part.counters.stale_epochs += 1;

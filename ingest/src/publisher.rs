@@ -118,6 +118,26 @@ impl Publisher {
         self.publish_raw(worker, &v, timestamp_ms).await
     }
 
+    /// Like [`Self::publish_kv_events`], also announcing lane metadata (bridges).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn publish_kv_events_with_lanes(
+        &self,
+        keyspace: &KeyspaceId,
+        worker: u64,
+        dp_rank: u32,
+        epoch: u64,
+        seq: u64,
+        gap_before: bool,
+        events: &[KvOp],
+        lanes: &[crate::LaneMeta],
+        timestamp_ms: Option<i64>,
+    ) -> Result<Landed, PublishError> {
+        let v = crate::record::encode_kv_events_with_lanes(
+            keyspace, worker, dp_rank, epoch, seq, gap_before, events, lanes,
+        );
+        self.publish_raw(worker, &v, timestamp_ms).await
+    }
+
     pub async fn publish_placement(
         &self,
         keyspace: &KeyspaceId,

@@ -61,6 +61,15 @@ impl std::fmt::Display for BadReason {
     }
 }
 
+/// Metadata of one lane (a hybrid model's cache group), kept per feed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LaneMeta {
+    pub lane: u32,
+    pub kind: String,
+    pub sliding_window: u32,
+    pub block_size: u32,
+}
+
 /// One KV event of a batch, validated.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum KvOp {
@@ -87,6 +96,7 @@ pub enum Op {
         seq: u64,
         gap_before: bool,
         events: Vec<KvOp>,
+        lanes: Vec<LaneMeta>,
     },
     Placement {
         keyspace: KeyspaceId,
@@ -169,6 +179,16 @@ pub fn decode(
                 seq: b.seq,
                 gap_before: b.gap_before,
                 events,
+                lanes: b
+                    .lanes
+                    .into_iter()
+                    .map(|l| LaneMeta {
+                        lane: l.lane,
+                        kind: l.kind,
+                        sliding_window: l.sliding_window,
+                        block_size: l.block_size,
+                    })
+                    .collect(),
             }
         }
         pb::record::Kind::Placement(p) => {
@@ -221,6 +241,21 @@ pub fn encode_kv_events(
     gap_before: bool,
     events: &[KvOp],
 ) -> Vec<u8> {
+    encode_kv_events_with_lanes(keyspace, worker, dp_rank, epoch, seq, gap_before, events, &[])
+}
+
+/// Encodes a KV event batch that also announces lane metadata.
+#[allow(clippy::too_many_arguments)]
+pub fn encode_kv_events_with_lanes(
+    keyspace: &KeyspaceId,
+    worker: u64,
+    dp_rank: u32,
+    epoch: u64,
+    seq: u64,
+    gap_before: bool,
+    events: &[KvOp],
+    lanes: &[LaneMeta],
+) -> Vec<u8> {
     let events = events
         .iter()
         .map(|e| match e {
@@ -250,6 +285,15 @@ pub fn encode_kv_events(
         seq,
         events,
         gap_before,
+        lanes: lanes
+            .iter()
+            .map(|l| pb::LaneInfo {
+                lane: l.lane,
+                kind: l.kind.clone(),
+                sliding_window: l.sliding_window,
+                block_size: l.block_size,
+            })
+            .collect(),
     }))
 }
 

@@ -229,3 +229,24 @@ fn placements_expire_by_log_time_of_their_partition_only() {
     a.apply(p, 2, 1_600, Some(&encode_tick(tp)));
     assert_eq!(depth(&a, w, &[1, 2]), 0);
 }
+
+#[test]
+fn lane_metadata_is_kept_per_feed_and_cleared_by_a_new_epoch() {
+    use prefixlog_ingest::record::encode_kv_events_with_lanes;
+    use prefixlog_ingest::LaneMeta;
+    let w = 9u64;
+    let p = partition_of(w, P);
+    let mut a = applier();
+    let meta = LaneMeta { lane: 1, kind: "sliding_window".into(), sliding_window: 128, block_size: 16 };
+    let b =
+        encode_kv_events_with_lanes(&ks(), w, 0, 1, 1, false, &[stored(None, &[(1, 1)])], &[meta.clone()]);
+    assert_eq!(a.apply(p, 0, 10, Some(&b)), Outcome::Applied);
+    let d = a.partition_digest(p);
+    let feed = a.partition(p).feeds.values().next().unwrap();
+    assert_eq!(feed.lane_meta.get(&1), Some(&meta));
+    // A restart (new epoch) forgets it until the bridge announces it again.
+    let b = encode_kv_events(&ks(), w, 0, 2, 1, false, &[stored(None, &[(1, 1)])]);
+    assert_eq!(a.apply(p, 1, 11, Some(&b)), Outcome::Applied);
+    assert!(a.partition(p).feeds.values().next().unwrap().lane_meta.is_empty());
+    assert_ne!(a.partition_digest(p), d);
+}

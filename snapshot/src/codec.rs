@@ -8,7 +8,7 @@
 
 use prefixlog_engine::{DumpHolder, DumpNode, HolderKey, KeyspaceDump, KeyspaceId, KeyspaceStats};
 use prefixlog_ingest::apply::{Feed, FeedKey, PartitionCounters, PartitionState};
-use prefixlog_ingest::BadReason;
+use prefixlog_ingest::{BadReason, LaneMeta};
 use std::collections::{BTreeMap, BTreeSet};
 
 #[derive(Debug, thiserror::Error)]
@@ -275,6 +275,13 @@ pub fn encode_partitions(parts: &[PartitionState]) -> Vec<u8> {
             for &l in &f.lanes {
                 w.u32(l);
             }
+            w.u64(f.lane_meta.len() as u64);
+            for m in f.lane_meta.values() {
+                w.u32(m.lane);
+                w.str(&m.kind);
+                w.u32(m.sliding_window);
+                w.u32(m.block_size);
+            }
         }
     }
     w.buf
@@ -325,10 +332,19 @@ pub fn decode_partitions(buf: &[u8]) -> Result<Vec<PartitionState>, DecodeError>
             for _ in 0..nl {
                 lanes.insert(r.u32()?);
             }
-            p.feeds.insert(
-                key,
-                Feed { epoch, last_seq: (flags & 1 != 0).then_some(seq), lanes, gapped: flags & 2 != 0 },
-            );
+            let nm = r.len(16)?;
+            let mut lane_meta = BTreeMap::new();
+            for _ in 0..nm {
+                let m = LaneMeta {
+                    lane: r.u32()?,
+                    kind: r.str()?,
+                    sliding_window: r.u32()?,
+                    block_size: r.u32()?,
+                };
+                lane_meta.insert(m.lane, m);
+            }
+            let last_seq = (flags & 1 != 0).then_some(seq);
+            p.feeds.insert(key, Feed { epoch, last_seq, lanes, gapped: flags & 2 != 0, lane_meta });
         }
         out.push(p);
     }

@@ -15,6 +15,9 @@ use prefixlog_engine::scheme::block_hashes;
 use prefixlog_engine::{Engine, EngineConfig, HolderKey, KeyspaceId, MatchOptions};
 use prefixlog_ingest::bridge::{self, BridgeOptions, EngineSpec};
 use prefixlog_ingest::{Applier, ApplyConfig, Publisher, PublisherConfig, Replica, ReplicaConfig};
+use prefixlog_proto::v1::{
+    self, match_request::Prompt as PbPrompt, prefix_index_client::PrefixIndexClient, MatchRequest,
+};
 use prefixlog_tests::{kafka_backends, unique_topic, KafkaBackend};
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -201,6 +204,60 @@ async fn python_engines_through_bridge_to_replica() {
             }
             assert!(Instant::now() < deadline, "{}: replica state {got:?}, want {expected:?}", b.name);
             tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // The same scores through the replica's gRPC query service, prompts as token ids.
+        let engine = r.applier().lock().engine().clone();
+        let server = prefixlog_query::start(
+            prefixlog_query::ServerConfig {
+                grpc_addr: ([127, 0, 0, 1], 0).into(),
+                admin_addr: None,
+                ..Default::default()
+            },
+            engine,
+            r.status().clone(),
+            Some(r.applier().clone()),
+        )
+        .await
+        .unwrap();
+        let mut client = PrefixIndexClient::connect(format!("http://{}", server.grpc_addr)).await.unwrap();
+        for (h, prompt, (depth, _)) in &want {
+            let resp = client
+                .r#match(MatchRequest {
+                    keyspace: Some(v1::Keyspace {
+                        model: "bridge-model".into(),
+                        block_size: BS,
+                        hash_scheme: 1,
+                    }),
+                    prompt: Some(PbPrompt::Tokens(v1::TokenIds { ids: prompt.clone() })),
+                    lane: Some(h.lane),
+                    ..Default::default()
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            let got = resp
+                .scores
+                .iter()
+                .find(|s| (s.worker, s.dp_rank, s.lane) == (h.worker, h.dp_rank, h.lane))
+                .map_or(0, |s| s.depth);
+            assert_eq!(got, *depth, "{}: gRPC score of {h}", b.name);
+        }
+        // Lane metadata announced by the bridge for engine B's cache group 1.
+        {
+            let a = r.applier().lock();
+            let feeds = &a.partition(prefixlog_engine::partition_of(2, P)).feeds;
+            let feed = feeds
+                .iter()
+                .find(|(k, _)| k.worker == 2 && k.dp_rank == 1)
+                .map(|(_, f)| f)
+                .expect("feed of B");
+            let m = feed.lane_meta.get(&1).expect("lane 1 metadata");
+            assert_eq!(
+                (m.kind.as_str(), m.sliding_window, m.block_size),
+                ("sliding_window", 128, BS),
+                "{}",
+                b.name
+            );
         }
         stop_tx.send(true).unwrap();
         let metrics =

@@ -439,13 +439,14 @@ impl EngineBridge {
             );
         }
         let dp = self.spec.dp_rank.or(batch.dp_rank).unwrap_or(0);
-        self.publish(dp, seq, gap_before, &ops).await;
+        let lanes = self.session.take_pending_lanes();
+        self.publish(dp, seq, gap_before, &ops, lanes).await;
     }
 
     /// Hands the record to the producer now (records enter the partition queue in seq order)
     /// and queues its acknowledgement for the acker; waits only when `publish_window` records
     /// are unacknowledged.
-    async fn publish(&self, dp: u32, seq: u64, gap_before: bool, ops: &[KvOp]) {
+    async fn publish(&self, dp: u32, seq: u64, gap_before: bool, ops: &[KvOp], lanes: Vec<crate::LaneMeta>) {
         let (p, ks, worker, epoch, owned) = (
             self.publisher.clone(),
             self.opts.keyspace.clone(),
@@ -456,7 +457,8 @@ impl EngineBridge {
         // Log time is the bridge's clock (None = now), never the engine's `ts`: a skewed engine
         // clock would move the partition's log time for every worker on it.
         let mut ack: Pending = Box::pin(async move {
-            p.publish_kv_events(&ks, worker, dp, epoch, seq, gap_before, &owned, None).await
+            p.publish_kv_events_with_lanes(&ks, worker, dp, epoch, seq, gap_before, &owned, &lanes, None)
+                .await
         });
         // The first poll runs `FutureProducer::send` up to the enqueue (synchronous), so the
         // order of records in the partition is the order of these calls; librdkafka's

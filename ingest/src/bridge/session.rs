@@ -84,6 +84,9 @@ pub struct Session {
     locals: HashMap<(u32, u64), u64>,
     max_tracked: usize,
     lanes: BTreeSet<u32>,
+    /// Lane metadata announced this epoch, and changes not yet published.
+    lane_meta: std::collections::BTreeMap<u32, crate::LaneMeta>,
+    pending_lanes: Vec<crate::LaneMeta>,
 }
 
 impl Session {
@@ -100,6 +103,8 @@ impl Session {
             locals: HashMap::new(),
             max_tracked: 1 << 22,
             lanes: BTreeSet::new(),
+            lane_meta: Default::default(),
+            pending_lanes: Vec::new(),
         }
     }
 
@@ -155,6 +160,14 @@ impl Session {
         self.recent_by_seq.clear();
         self.locals.clear();
         self.lanes.clear();
+        self.lane_meta.clear();
+        self.pending_lanes.clear();
+    }
+
+    /// Lane metadata first seen (or changed) since the last call: published with the batch so
+    /// replicas can describe hybrid models' holders (kind, window, block size per cache group).
+    pub fn take_pending_lanes(&mut self) -> Vec<crate::LaneMeta> {
+        std::mem::take(&mut self.pending_lanes)
     }
 
     /// Accepts message `seq` (call in increasing seq order) and translates its events. Refused
@@ -214,6 +227,8 @@ impl Session {
                 lora_id,
                 lora_name,
                 extra_keys,
+                kv_cache_spec_kind,
+                kv_cache_spec_sliding_window,
                 ..
             } => {
                 if medium.as_deref().is_some_and(|m| !m.eq_ignore_ascii_case(MEDIUM_GPU)) {
@@ -238,6 +253,19 @@ impl Session {
                 };
                 let locals = chain_from(seed, ids, bs);
                 self.lanes.insert(lane);
+                if group_idx.is_some() || kv_cache_spec_kind.is_some() {
+                    let meta = crate::LaneMeta {
+                        lane,
+                        kind: kv_cache_spec_kind.clone().unwrap_or_default(),
+                        sliding_window: kv_cache_spec_sliding_window
+                            .map_or(0, |w| w.min(u64::from(u32::MAX)) as u32),
+                        block_size: bs as u32,
+                    };
+                    if self.lane_meta.get(&lane) != Some(&meta) {
+                        self.lane_meta.insert(lane, meta.clone());
+                        self.pending_lanes.push(meta);
+                    }
+                }
                 for (&ext, &local) in hashes.iter().zip(&locals) {
                     self.locals.insert((lane, ext), local);
                 }

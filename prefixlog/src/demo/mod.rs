@@ -52,7 +52,7 @@ pub struct Args {
     #[arg(long, default_value_t = 20.0)]
     pub speedup: f64,
     /// LRU capacity of each worker, in blocks.
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = 16384)]
     pub capacity: usize,
     /// Blocks per trace id (a 512-token id at block size 64 is 8).
     #[arg(long, default_value_t = 8)]

@@ -28,7 +28,7 @@ pub struct Args {
     #[arg(long, default_value_t = 16)]
     pub workers: usize,
     /// LRU capacity of each worker, in blocks.
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = 16384)]
     pub capacity: usize,
     /// Blocks per trace id.
     #[arg(long, default_value_t = 8)]
