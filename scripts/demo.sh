@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# The main job. Until the demo lands this runs the engine benchmark on the bundled trace.
+# The main job: `prefixlog demo` (embedded broker, two replicas, gateways routing a simulated
+# fleet over gRPC) on the bundled Mooncake trace. Extra arguments go to the demo, e.g.
+# `bash scripts/demo.sh --requests 12031 --gateways 8`. The engine benchmark: `make bench-engine`.
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
 cd "$PREFIXLOG_ROOT"
 bash scripts/ensure-deps.sh
-cargo run --release -p prefixlog-engine --example engine-bench -- --trace "$PREFIXLOG_TRACE" "$@"
+cargo build --release -p prefixlog
+"$CARGO_TARGET_DIR/release/prefixlog" demo --trace "$PREFIXLOG_TRACE" "$@"

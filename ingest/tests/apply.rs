@@ -238,8 +238,16 @@ fn lane_metadata_is_kept_per_feed_and_cleared_by_a_new_epoch() {
     let p = partition_of(w, P);
     let mut a = applier();
     let meta = LaneMeta { lane: 1, kind: "sliding_window".into(), sliding_window: 128, block_size: 16 };
-    let b =
-        encode_kv_events_with_lanes(&ks(), w, 0, 1, 1, false, &[stored(None, &[(1, 1)])], &[meta.clone()]);
+    let b = encode_kv_events_with_lanes(
+        &ks(),
+        w,
+        0,
+        1,
+        1,
+        false,
+        &[stored(None, &[(1, 1)])],
+        std::slice::from_ref(&meta),
+    );
     assert_eq!(a.apply(p, 0, 10, Some(&b)), Outcome::Applied);
     let d = a.partition_digest(p);
     let feed = a.partition(p).feeds.values().next().unwrap();

@@ -49,7 +49,8 @@ impl Cluster {
         let brokers = kafka.bootstrap_servers();
         let engine_cfg = EngineConfig { partitions, ..Default::default() };
         let apply_cfg = ApplyConfig { partitions, digest_every: DIGEST_EVERY, ..Default::default() };
-        let log = ReplicaConfig { brokers: brokers.clone(), topic: TOPIC.into(), partitions, properties: vec![] };
+        let log =
+            ReplicaConfig { brokers: brokers.clone(), topic: TOPIC.into(), partitions, properties: vec![] };
         // Bind every peer port first: each replica's anti-entropy needs the others' addresses.
         let mut listeners = Vec::new();
         for _ in 0..replicas {
@@ -66,7 +67,10 @@ impl Cluster {
                 prefixlog_query::ServerConfig {
                     grpc_addr: ([127, 0, 0, 1], 0).into(),
                     admin_addr: None,
-                    query: prefixlog_query::QueryConfig { replica_id: replica_id.clone(), ..Default::default() },
+                    query: prefixlog_query::QueryConfig {
+                        replica_id: replica_id.clone(),
+                        ..Default::default()
+                    },
                     ..Default::default()
                 },
                 engine.clone(),

@@ -159,7 +159,8 @@ async fn gateway(
             (chosen, hit, oracle, lc, local)
         };
         tree.routed(local_choice, &locals, req.timestamp_ms + 1);
-        match client.publish_placement(&ks, HolderKey::new(u64::from(chosen), 0, 0), &locals, &applied).await {
+        match client.publish_placement(&ks, HolderKey::new(u64::from(chosen), 0, 0), &locals, &applied).await
+        {
             Ok(l) => s.landed(l),
             Err(e) => tracing::warn!(gateway = g, error = %e, "placement not published"),
         }

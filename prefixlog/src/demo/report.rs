@@ -33,7 +33,11 @@ pub struct Ratios {
 pub fn ratios(v: &[Outcome]) -> Ratios {
     let sum = |f: fn(&Outcome) -> u32| v.iter().map(|o| u64::from(f(o))).sum::<u64>() as f64;
     let blocks = sum(|o| o.blocks).max(1.0);
-    Ratios { shared: sum(|o| o.hit) / blocks, oracle: sum(|o| o.oracle) / blocks, local: sum(|o| o.local) / blocks }
+    Ratios {
+        shared: sum(|o| o.hit) / blocks,
+        oracle: sum(|o| o.oracle) / blocks,
+        local: sum(|o| o.local) / blocks,
+    }
 }
 
 pub fn percentile_ms(sorted_us: &[u64], q: f64) -> f64 {
@@ -60,7 +64,8 @@ pub struct Summary {
 
 pub fn table(v: &[Outcome], s: &Summary) -> String {
     let r = ratios(v);
-    let mut lat: Vec<u64> = v.iter().filter(|o| o.answered != Answered::Unavailable).map(|o| o.query_us).collect();
+    let mut lat: Vec<u64> =
+        v.iter().filter(|o| o.answered != Answered::Unavailable).map(|o| o.query_us).collect();
     lat.sort_unstable();
     let count = |a: Answered| v.iter().filter(|o| o.answered == a).count();
     let applied: u64 = s.records_applied.iter().sum();
@@ -70,14 +75,22 @@ pub fn table(v: &[Outcome], s: &Summary) -> String {
     };
     row("metric", "value".into());
     row("---", "---:".into());
-    row("requests routed", format!("{} ({} gateways, {} workers, {:.1} s)", v.len(), s.gateways, s.workers, s.seconds));
+    row(
+        "requests routed",
+        format!("{} ({} gateways, {} workers, {:.1} s)", v.len(), s.gateways, s.workers, s.seconds),
+    );
     row("prefix-hit ratio, shared index (achieved)", format!("{:.3}", r.shared));
     row("prefix-hit ratio, oracle (perfect knowledge)", format!("{:.3}", r.oracle));
     row("prefix-hit ratio, gateway-local trees", format!("{:.3}", r.local));
     row("shared / oracle", format!("{:.3}", r.shared / r.oracle.max(f64::MIN_POSITIVE)));
     row(
         "index answers: scores / empty / unavailable (fail open)",
-        format!("{} / {} / {}", count(Answered::Scores), count(Answered::Empty), count(Answered::Unavailable)),
+        format!(
+            "{} / {} / {}",
+            count(Answered::Scores),
+            count(Answered::Empty),
+            count(Answered::Unavailable)
+        ),
     );
     row("query latency p50 (client, gRPC)", format!("{:.2} ms", percentile_ms(&lat, 0.5)));
     row("query latency p99 (client, gRPC)", format!("{:.2} ms", percentile_ms(&lat, 0.99)));
@@ -86,10 +99,16 @@ pub fn table(v: &[Outcome], s: &Summary) -> String {
         "records applied per replica",
         s.records_applied.iter().map(u64::to_string).collect::<Vec<_>>().join(" / "),
     );
-    row("records/s applied (all replicas)", format!("{:.0}", applied as f64 / s.seconds.max(1e-9)));
+    row(
+        "records/s applied (both replicas; paced by the trace)",
+        format!("{:.0}", applied as f64 / s.seconds.max(1e-9)),
+    );
     row("anti-entropy rounds / points compared", format!("{} / {}", s.rounds, s.points_compared));
     row("anti-entropy mismatches", s.mismatches.to_string());
-    row("replicas caught up, engine digests equal", format!("{} / {}", yes(s.caught_up), yes(s.digests_equal)));
+    row(
+        "replicas caught up, engine digests equal",
+        format!("{} / {}", yes(s.caught_up), yes(s.digests_equal)),
+    );
     t
 }
 
@@ -101,8 +120,11 @@ fn yes(b: bool) -> &'static str {
     }
 }
 
+/// Which hit count of an outcome a series plots.
+type Field = fn(&Outcome) -> u32;
+
 /// Hit ratio over a moving window of `window` requests, one point per `step` requests.
-fn series(v: &[Outcome], window: usize, step: usize, f: fn(&Outcome) -> u32) -> Vec<(usize, f64)> {
+fn series(v: &[Outcome], window: usize, step: usize, f: Field) -> Vec<(usize, f64)> {
     let mut out = Vec::new();
     let mut end = window.min(v.len());
     while end <= v.len() && end > 0 {
@@ -156,7 +178,7 @@ pub fn svg(v: &[Outcome]) -> String {
         h - bot + 16.0,
         v.len()
     );
-    let lines: [(&str, &str, fn(&Outcome) -> u32); 3] = [
+    let lines: [(&str, &str, Field); 3] = [
         ("oracle", "#2ca02c", |o| o.oracle),
         ("shared index", "#1f77b4", |o| o.hit),
         ("gateway-local", "#d62728", |o| o.local),
@@ -166,7 +188,9 @@ pub fn svg(v: &[Outcome]) -> String {
             series(v, window, step, *f).iter().map(|&(i, p)| format!("{:.1},{:.1}", x(i), y(p))).collect();
         let _ = writeln!(
             s,
-            r#"<polyline fill="none" stroke="{color}" stroke-width="2" points="{}"/>"#,
+            r#"<polyline fill="none" stroke="{color}" stroke-width="2"{} points="{}"/>"#,
+            // The oracle is dashed: the shared index's line usually runs right on it.
+            if k == 0 { r#" stroke-dasharray="6 4""# } else { "" },
             pts.join(" ")
         );
         let ly = top + 20.0 * k as f64 + 10.0;

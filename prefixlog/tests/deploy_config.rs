@@ -1,0 +1,108 @@
+//! Checks docker-compose.yml, deploy/k8s/statefulset.yaml, deploy/prometheus.yml and the
+//! Dockerfile against the binary (no Docker engine needed): every `prefixlog` command line in
+//! them parses with this build's CLI (flags exist, values parse), every partition count agrees,
+//! and ports and paths line up across the files.
+
+use std::path::Path;
+use std::process::Command;
+
+fn read(rel: &str) -> String {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(rel);
+    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+/// The JSON-array command lines after `key: [` (one per line, as the files write them).
+fn commands(text: &str, key: &str) -> Vec<Vec<String>> {
+    text.lines()
+        .filter_map(|l| l.trim().strip_prefix(key).map(str::trim))
+        .filter(|r| r.starts_with('['))
+        .map(|r| serde_json::from_str(r).unwrap_or_else(|e| panic!("{key} {r}: {e}")))
+        .collect()
+}
+
+fn value<'a>(cmd: &'a [String], flag: &str) -> Option<&'a str> {
+    cmd.iter().position(|a| a == flag).map(|i| cmd[i + 1].as_str())
+}
+
+fn port(addr: &str) -> &str {
+    addr.rsplit(':').next().unwrap()
+}
+
+/// Runs `prefixlog <cmd> --help`: clap parses (and validates) every argument before `--help`.
+fn parses(cmd: &[String]) {
+    let out = Command::new(env!("CARGO_BIN_EXE_prefixlog")).args(cmd).arg("--help").output().unwrap();
+    assert!(
+        out.status.success(),
+        "`prefixlog {}` does not parse: {}",
+        cmd.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn deploy_files_match_the_cli() {
+    let compose = read("docker-compose.yml");
+    let k8s = read("deploy/k8s/statefulset.yaml");
+    let prom = read("deploy/prometheus.yml");
+    let docker = read("Dockerfile");
+    let subcommands = ["serve", "replay"];
+    let mut prefixlog_cmds: Vec<Vec<String>> = commands(&compose, "command:");
+    prefixlog_cmds.extend(commands(&k8s, "args:"));
+    let (ours, others): (Vec<_>, Vec<_>) =
+        prefixlog_cmds.into_iter().partition(|c| subcommands.contains(&c[0].as_str()));
+    assert_eq!(ours.iter().filter(|c| c[0] == "serve").count(), 3, "two compose replicas + the StatefulSet");
+    assert!(ours.iter().any(|c| c[0] == "replay"), "the compose fleet");
+    for c in &ours {
+        parses(c);
+    }
+    // One partition count everywhere, including the topic creation.
+    let mut partitions: Vec<&str> = ours.iter().filter_map(|c| value(c, "--partitions")).collect();
+    partitions.extend(others.iter().filter_map(|c| value(c, "--partitions")));
+    assert_eq!(partitions.len(), ours.len() + 1, "every command names --partitions: {partitions:?}");
+    assert!(partitions.iter().all(|p| *p == partitions[0]), "partition counts differ: {partitions:?}");
+    for c in ours.iter().filter(|c| c[0] == "serve") {
+        let data = value(c, "--data-dir").expect("--data-dir");
+        assert!(docker.contains(data), "Dockerfile does not prepare {data}");
+        let (grpc, admin, peer) = (
+            port(value(c, "--grpc-addr").unwrap()),
+            port(value(c, "--admin-addr").unwrap()),
+            port(value(c, "--peer-addr").unwrap()),
+        );
+        for p in [grpc, admin, peer] {
+            assert!(docker.contains(&format!(" {p}")), "Dockerfile does not EXPOSE {p}");
+        }
+        for other in value(c, "--peers").expect("--peers").split(',') {
+            assert_eq!(port(other), peer, "--peers {other} is not a --peer-addr port");
+        }
+        assert!(compose.contains(&format!(":{admin}\"")) || k8s.contains(admin));
+    }
+    for t in ["replica-a:9151", "replica-b:9151"] {
+        assert!(prom.contains(t), "prometheus.yml does not scrape {t}");
+    }
+    assert!(compose.contains("./deploy/prometheus.yml:/etc/prometheus/prometheus.yml"));
+    assert!(k8s.contains("path: /readyz") && read("query/src/admin.rs").contains("\"/readyz\""));
+    assert!(docker.contains("ENTRYPOINT [\"prefixlog\"]") && docker.contains("USER 10001"));
+    // The Grafana dashboard only uses metrics the replicas export.
+    let dash: serde_json::Value =
+        serde_json::from_str(&read("deploy/grafana/dashboards/prefixlog.json")).unwrap();
+    let exported = read("query/src/metrics.rs") + &read("prefixlog/src/peering.rs");
+    let mut exprs = 0;
+    for p in dash["panels"].as_array().unwrap() {
+        for t in p["targets"].as_array().unwrap() {
+            let e = t["expr"].as_str().unwrap();
+            exprs += 1;
+            for name in e
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .filter(|w| w.starts_with("prefixlog_"))
+            {
+                let base = name.trim_end_matches("_bucket");
+                assert!(exported.contains(&format!("\"{base}\"")), "dashboard uses unknown metric {name}");
+            }
+        }
+    }
+    assert!(exprs >= 8);
+    assert!(compose.contains("./deploy/grafana/dashboards:/var/lib/grafana/dashboards"));
+    assert!(
+        read("deploy/grafana/provisioning/dashboards/prefixlog.yml").contains("/var/lib/grafana/dashboards")
+    );
+}
