@@ -178,19 +178,24 @@ pub fn svg(v: &[Outcome]) -> String {
         h - bot + 16.0,
         v.len()
     );
+    // The oracle is drawn last, dashed, on top: the shared index's line usually runs right on
+    // it and would hide it otherwise.
     let lines: [(&str, &str, Field); 3] = [
-        ("oracle", "#2ca02c", |o| o.oracle),
         ("shared index", "#1f77b4", |o| o.hit),
         ("gateway-local", "#d62728", |o| o.local),
+        ("oracle (thin, dashed)", "#2ca02c", |o| o.oracle),
     ];
     for (k, (name, color, f)) in lines.iter().enumerate() {
         let pts: Vec<String> =
             series(v, window, step, *f).iter().map(|&(i, p)| format!("{:.1},{:.1}", x(i), y(p))).collect();
         let _ = writeln!(
             s,
-            r#"<polyline fill="none" stroke="{color}" stroke-width="2"{} points="{}"/>"#,
-            // The oracle is dashed: the shared index's line usually runs right on it.
-            if k == 0 { r#" stroke-dasharray="6 4""# } else { "" },
+            r#"<polyline fill="none" stroke="{color}" {} points="{}"/>"#,
+            match k {
+                0 => r#"stroke-width="5" stroke-opacity="0.6""#,
+                2 => r#"stroke-width="1.5" stroke-dasharray="4 3""#,
+                _ => r#"stroke-width="2""#,
+            },
             pts.join(" ")
         );
         let ly = top + 20.0 * k as f64 + 10.0;
