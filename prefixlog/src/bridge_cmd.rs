@@ -60,6 +60,9 @@ pub struct Args {
     /// Log each engine's counters this often (0s: never).
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     pub metrics_interval: Duration,
+    /// Admin HTTP address: Prometheus `/metrics` (the bridge counters) and `/healthz`.
+    #[arg(long, env = "PREFIXLOG_BRIDGE_ADMIN_ADDR", default_value = "127.0.0.1:9152")]
+    pub admin_addr: std::net::SocketAddr,
 }
 
 /// Parses `endpoint=URL,worker=ID[,replay=URL][,dp=RANK][,topic=PREFIX]`.
@@ -122,6 +125,14 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         tracing::info!("bridge: shutting down");
         let _ = stop_tx.send(true);
     });
+    let listener = tokio::net::TcpListener::bind(a.admin_addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("binding --admin-addr {}: {e}", a.admin_addr))?;
+    tracing::info!(addr = %listener.local_addr()?, "bridge admin port: /metrics, /healthz");
+    let app = axum::Router::new()
+        .route("/metrics", axum::routing::get(|| async { bridge::metrics::render_prometheus() }))
+        .route("/healthz", axum::routing::get(|| async { "ok" }));
+    tokio::spawn(async move { axum::serve(listener, app).await });
     tracing::info!(engines = engines.len(), keyspace = %opts.keyspace, epoch = opts.start_epoch, "bridge: starting");
     let metrics = bridge::run(engines, opts, publisher, a.remove_on_exit, stop_rx).await?;
     for (spec, m) in metrics {

@@ -262,6 +262,9 @@ async fn python_engines_through_bridge_to_replica() {
         stop_tx.send(true).unwrap();
         let metrics =
             tokio::time::timeout(Duration::from_secs(30), bridge_task).await.unwrap().unwrap().unwrap();
+        let text = bridge::metrics::render_prometheus();
+        assert!(text.contains("# TYPE prefixlog_bridge_events_received counter"), "{text}");
+        assert!(text.contains("prefixlog_bridge_gaps{worker=\"1\""), "{text}");
         let get = |w: u64, name: &str| {
             metrics.iter().find(|(s, _)| s.worker == w).and_then(|(_, m)| m.get(name)).unwrap_or(0)
         };

@@ -154,3 +154,37 @@ impl BridgeMetrics {
         self.snapshot().into_iter().find(|(n, _)| *n == name).map(|(_, v)| v)
     }
 }
+
+type LiveEntry = (u64, String, std::sync::Arc<BridgeMetrics>);
+
+fn live_table() -> &'static std::sync::Mutex<Vec<LiveEntry>> {
+    static LIVE: std::sync::OnceLock<std::sync::Mutex<Vec<LiveEntry>>> = std::sync::OnceLock::new();
+    LIVE.get_or_init(Default::default)
+}
+
+/// Registers a running engine stream's counters for exporters (the bridge's `/metrics`).
+pub fn register_live(worker: u64, endpoint: &str, m: std::sync::Arc<BridgeMetrics>) {
+    if let Ok(mut t) = live_table().lock() {
+        t.push((worker, endpoint.to_string(), m));
+    }
+}
+
+/// Every registered stream's counters, as Prometheus text (`prefixlog_bridge_<counter>`,
+/// labelled by worker and endpoint).
+pub fn render_prometheus() -> String {
+    use std::fmt::Write;
+    let t = live_table().lock().map(|t| t.clone()).unwrap_or_default();
+    type Snap = (u64, String, Vec<(&'static str, u64)>);
+    let snaps: Vec<Snap> = t.iter().map(|(w, e, m)| (*w, e.clone(), m.snapshot())).collect();
+    let mut out = String::new();
+    let names: Vec<&'static str> =
+        snaps.first().map(|s| s.2.iter().map(|(n, _)| *n).collect()).unwrap_or_default();
+    for (i, name) in names.iter().enumerate() {
+        let _ = writeln!(out, "# TYPE prefixlog_bridge_{name} counter");
+        for (w, e, s) in &snaps {
+            let v = s.get(i).map_or(0, |x| x.1);
+            let _ = writeln!(out, "prefixlog_bridge_{name}{{worker=\"{w}\",endpoint=\"{e}\"}} {v}");
+        }
+    }
+    out
+}

@@ -503,6 +503,7 @@ pub async fn run(
     let mut out = Vec::new();
     for spec in engines {
         let b = EngineBridge::new(spec.clone(), opts.clone(), publisher.clone());
+        metrics::register_live(spec.worker, &spec.endpoint, b.metrics());
         out.push((spec, b.metrics()));
         tasks.push(tokio::spawn(b.run(stop.clone())));
     }
