@@ -22,12 +22,18 @@ pub fn is_known(scheme: u32) -> bool {
 
 /// The local hashes of every full block of `tokens` under scheme 1. `block_size` 0 gives none.
 pub fn block_hashes(tokens: &[u32], block_size: usize) -> Vec<u64> {
+    block_hashes_after(0, tokens, block_size)
+}
+
+/// Like [`block_hashes`], for blocks that continue a chain whose last block hashed to `parent`
+/// (0 = the start of the prompt). Bridges use it for stores under an existing parent.
+pub fn block_hashes_after(parent: u64, tokens: &[u32], block_size: usize) -> Vec<u64> {
     if block_size == 0 {
         return Vec::new();
     }
     let mut out = Vec::with_capacity(tokens.len() / block_size);
     let mut bytes = Vec::with_capacity(block_size * 4);
-    let mut parent = 0u64;
+    let mut parent = parent;
     for block in tokens.chunks_exact(block_size) {
         bytes.clear();
         for t in block {

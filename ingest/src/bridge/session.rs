@@ -31,26 +31,11 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 pub const MEDIUM_GPU: &str = "GPU";
 
 /// Canonical scheme-1 local hashes of the full blocks of `tokens`, continuing a chain whose
-/// previous block's local hash is `seed` (0 for the first block of a prompt). Reproduces
-/// `prefixlog_engine::scheme::block_hashes` exactly: `block_hashes(t, bs)` ==
-/// `chain_from(0, t, bs)`, and a prompt split at a block boundary hashes the same in two parts
-/// (tested in `ingest/tests/bridge_session.rs`).
+/// previous block's local hash is `seed` (0 for the first block of a prompt): the scheme itself
+/// (`prefixlog_engine::scheme::block_hashes_after`), implemented once. A prompt split at a block
+/// boundary hashes the same in two parts (tested in `ingest/tests/bridge_session.rs`).
 pub fn chain_from(seed: u64, tokens: &[u32], block_size: usize) -> Vec<u64> {
-    if block_size == 0 {
-        return Vec::new();
-    }
-    let mut out = Vec::with_capacity(tokens.len() / block_size);
-    let mut bytes = Vec::with_capacity(block_size * 4);
-    let mut parent = seed;
-    for block in tokens.chunks_exact(block_size) {
-        bytes.clear();
-        for t in block {
-            bytes.extend_from_slice(&t.to_le_bytes());
-        }
-        parent = xxh3_64_with_seed(&bytes, parent);
-        out.push(parent);
-    }
-    out
+    prefixlog_engine::scheme::block_hashes_after(seed, tokens, block_size)
 }
 
 /// Digest of a message payload, to tell a duplicate from a restarted engine's message.
