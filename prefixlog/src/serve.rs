@@ -61,6 +61,15 @@ pub struct QueryArgs {
     /// Ready (gRPC health SERVING, /readyz 200) once the total lag is at most this many records.
     #[arg(long, default_value_t = 1000)]
     pub ready_lag: i64,
+    /// Serve gRPC over TLS with this certificate chain (PEM); needs --tls-key.
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// The certificate's private key (PEM).
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<std::path::PathBuf>,
+    /// Require client certificates signed by this CA (PEM): mutual TLS.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_client_ca: Option<std::path::PathBuf>,
 }
 
 pub fn humantime_secs(s: &str) -> Result<Duration, String> {
@@ -135,6 +144,9 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
             admin_addr: Some(a.query.admin_addr),
             ready_lag: a.query.ready_lag,
             query: prefixlog_query::QueryConfig { replica_id, ..Default::default() },
+            tls: a.query.tls_cert.clone().zip(a.query.tls_key.clone()).map(|(cert, key)| {
+                prefixlog_query::TlsFiles { cert, key, client_ca: a.query.tls_client_ca.clone() }
+            }),
             ..Default::default()
         },
         engine.clone(),

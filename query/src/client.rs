@@ -164,12 +164,32 @@ impl IndexClient {
         default_deadline: Duration,
         probe_interval: Duration,
     ) -> Result<Self, tonic::transport::Error> {
+        Self::build(endpoints, default_deadline, probe_interval, None)
+    }
+
+    /// Like [`Self::new`], over TLS (`https://` endpoints): `tls` carries the CA to trust and,
+    /// for replicas that require mutual TLS, this gateway's certificate.
+    pub fn with_tls(
+        endpoints: Vec<String>,
+        default_deadline: Duration,
+        tls: tonic::transport::ClientTlsConfig,
+    ) -> Result<Self, tonic::transport::Error> {
+        Self::build(endpoints, default_deadline, Duration::from_millis(200), Some(tls))
+    }
+
+    fn build(
+        endpoints: Vec<String>,
+        default_deadline: Duration,
+        probe_interval: Duration,
+        tls: Option<tonic::transport::ClientTlsConfig>,
+    ) -> Result<Self, tonic::transport::Error> {
         let mut eps = Vec::new();
         for url in endpoints {
-            let ch = Endpoint::from_shared(url.clone())?
-                .tcp_nodelay(true)
-                .connect_timeout(Duration::from_secs(1))
-                .connect_lazy();
+            let mut ep = Endpoint::from_shared(url.clone())?;
+            if let Some(t) = &tls {
+                ep = ep.tls_config(t.clone())?;
+            }
+            let ch = ep.tcp_nodelay(true).connect_timeout(Duration::from_secs(1)).connect_lazy();
             eps.push(Ep {
                 url,
                 client: PrefixIndexClient::new(ch.clone()),

@@ -21,7 +21,7 @@ pub mod server;
 pub mod service;
 
 pub use client::{IndexClient, MatchOutcome, MatchQuery, Prompt, Unavailable};
-pub use server::{start, RunningServer, ServerConfig};
+pub use server::{start, RunningServer, ServerConfig, TlsFiles};
 pub use service::{QueryConfig, QueryService};
 
 /// Re-exported so tests, benchmarks and gateways use the exact versions this crate was built

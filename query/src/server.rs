@@ -33,6 +33,31 @@ pub struct ServerConfig {
     /// See [`Readiness`].
     pub watermark_grace: Duration,
     pub query: QueryConfig,
+    /// Serve gRPC over TLS (and require client certificates when `client_ca` is set: mTLS).
+    pub tls: Option<TlsFiles>,
+}
+
+/// PEM files for the gRPC port.
+#[derive(Clone, Debug)]
+pub struct TlsFiles {
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
+    /// With a client CA, only clients presenting a certificate it signed may connect (mTLS).
+    pub client_ca: Option<std::path::PathBuf>,
+}
+
+impl TlsFiles {
+    fn server_config(&self) -> anyhow::Result<tonic::transport::ServerTlsConfig> {
+        let read = |p: &std::path::Path| {
+            std::fs::read(p).map_err(|e| anyhow::anyhow!("reading TLS file {}: {e}", p.display()))
+        };
+        let identity = tonic::transport::Identity::from_pem(read(&self.cert)?, read(&self.key)?);
+        let mut cfg = tonic::transport::ServerTlsConfig::new().identity(identity);
+        if let Some(ca) = &self.client_ca {
+            cfg = cfg.client_ca_root(tonic::transport::Certificate::from_pem(read(ca)?));
+        }
+        Ok(cfg)
+    }
 }
 
 impl Default for ServerConfig {
@@ -43,6 +68,7 @@ impl Default for ServerConfig {
             ready_lag: 1000,
             watermark_grace: Duration::from_secs(2),
             query: QueryConfig::default(),
+            tls: None,
         }
     }
 }
@@ -129,7 +155,11 @@ pub async fn start(
     let grpc_addr = listener.local_addr()?;
     // Nagle would add up to 40 ms to small responses on some stacks; queries are latency-bound.
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    let router = tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = &cfg.tls {
+        builder = builder.tls_config(tls.server_config()?)?;
+    }
+    let router = builder
         .tcp_nodelay(true)
         .layer(tower::util::MapResponseLayer::new(oversize_is_resource_exhausted))
         .add_service(health)

@@ -40,6 +40,7 @@ fn server_cfg() -> ServerConfig {
         admin_addr: Some(([127, 0, 0, 1], 0).into()),
         ready_lag: 0,
         watermark_grace: Duration::from_secs(2),
+        tls: None,
         query: QueryConfig {
             replica_id: "r-test".into(),
             max_blocks: 64,
