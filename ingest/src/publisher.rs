@@ -8,9 +8,7 @@
 //! with a clear error — it never drops an acknowledged record. On success it returns the
 //! (partition, offset) the record landed at: the consistency token for read-your-writes.
 
-use crate::record::{
-    encode_kv_events, encode_lifecycle, encode_placement, encode_tick, worker_key, KvOp, Lifecycle,
-};
+use crate::record::{encode_lifecycle, encode_placement, encode_tick, worker_key, KvOp, Lifecycle};
 use prefixlog_engine::{partition_of, HolderKey, KeyspaceId};
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
@@ -114,8 +112,18 @@ impl Publisher {
         events: &[KvOp],
         timestamp_ms: Option<i64>,
     ) -> Result<Landed, PublishError> {
-        let v = encode_kv_events(keyspace, worker, dp_rank, epoch, seq, gap_before, events);
-        self.publish_raw(worker, &v, timestamp_ms).await
+        self.publish_kv_events_with_lanes(
+            keyspace,
+            worker,
+            dp_rank,
+            epoch,
+            seq,
+            gap_before,
+            events,
+            &[],
+            timestamp_ms,
+        )
+        .await
     }
 
     /// Like [`Self::publish_kv_events`], also announcing lane metadata (bridges).

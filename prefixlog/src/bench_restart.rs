@@ -43,13 +43,6 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     );
     {
         let a = r.applier().lock();
-        if std::env::var("PREFIXLOG_BENCH_DEBUG").is_ok() {
-            let tok = token(&head_landed);
-            for (p, o) in &tok {
-                eprintln!("partition {p}: token {o}, next {}", a.partition(*p).next_offset);
-            }
-            eprintln!("landed {} records", head_landed.len());
-        }
         let skipped: u64 = a
             .partitions()
             .iter()
