@@ -58,7 +58,7 @@ pub struct Reconstructed {
 
 impl Reconstructed {
     pub fn offsets(&self) -> Vec<i64> {
-        self.applier.partitions().iter().map(|p| p.next_offset).collect()
+        self.applier.offsets()
     }
 }
 

@@ -153,6 +153,11 @@ impl Applier {
         &self.parts
     }
 
+    /// The next offset to apply, per partition: the log prefix this state is a function of.
+    pub fn offsets(&self) -> Vec<i64> {
+        self.parts.iter().map(|p| p.next_offset).collect()
+    }
+
     /// Replaces partition states (restoring a checkpoint).
     pub fn restore_partitions(&mut self, parts: Vec<PartitionState>) {
         assert_eq!(parts.len(), self.parts.len());

@@ -4,9 +4,8 @@
 use crate::serve::Args;
 use parking_lot::Mutex;
 use prefixlog_engine::{Engine, EngineConfig};
-use prefixlog_ingest::{probe_log, Applier, ApplyConfig, ReplicaConfig, ReplicaStatus};
+use prefixlog_ingest::{probe_log, Applier, ApplyConfig, ReplicaConfig};
 use prefixlog_snapshot::{checkpoint, newest_usable, restore, CheckpointStore, LogIdentity, Retention};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -74,7 +73,13 @@ pub fn restore_or_fresh(
 }
 
 /// Takes checkpoints every `checkpoint_interval` or `checkpoint_records` applied records.
-pub fn spawn_loop(c: Checkpoints, a: &Args, applier: Arc<Mutex<Applier>>, status: Arc<ReplicaStatus>) {
+///
+/// `covered` is what the state already on disk covers (the restored checkpoint's offsets, or the
+/// start of the log). Progress is judged by offsets, not by an applied-records counter sampled
+/// when this thread starts: ingest may already have applied the tail by then, and a counter
+/// would then never see it (the replica would sit idle with an uncheckpointed tail forever).
+/// Offsets also count skipped records, which a checkpoint must cover too.
+pub fn spawn_loop(c: Checkpoints, a: &Args, applier: Arc<Mutex<Applier>>, covered: Vec<i64>) {
     let (every, every_records) = (a.checkpoint_interval, a.checkpoint_records);
     let retention = Retention {
         keep_last: a.keep_checkpoints.max(1),
@@ -85,12 +90,13 @@ pub fn spawn_loop(c: Checkpoints, a: &Args, applier: Arc<Mutex<Applier>>, status
         .name("prefixlog-checkpoints".into())
         .spawn(move || {
             let mut last = Instant::now();
-            let mut last_applied = status.records_applied.load(Ordering::Relaxed);
+            let mut covered = covered;
             loop {
                 std::thread::sleep(Duration::from_millis(100));
-                let applied = status.records_applied.load(Ordering::Relaxed);
-                let due_time = !every.is_zero() && last.elapsed() >= every && applied > last_applied;
-                let due_records = every_records > 0 && applied - last_applied >= every_records;
+                let now = applier.lock().offsets();
+                let behind = records_between(&covered, &now);
+                let due_time = !every.is_zero() && last.elapsed() >= every && behind > 0;
+                let due_records = every_records > 0 && behind >= every_records;
                 if !(due_time || due_records) {
                     continue;
                 }
@@ -105,6 +111,7 @@ pub fn spawn_loop(c: Checkpoints, a: &Args, applier: Arc<Mutex<Applier>>, status
                             total_ms = t.elapsed().as_secs_f64() * 1e3,
                             "checkpoint written"
                         );
+                        covered = meta.offsets.clone();
                         match c.store.apply_retention(&retention) {
                             Ok(d) if !d.is_empty() => tracing::info!(deleted = ?d, "old checkpoints deleted"),
                             Ok(_) => {}
@@ -114,8 +121,25 @@ pub fn spawn_loop(c: Checkpoints, a: &Args, applier: Arc<Mutex<Applier>>, status
                     Err(e) => tracing::error!(error = %e, "checkpoint failed; will retry"),
                 }
                 last = Instant::now();
-                last_applied = applied;
             }
         })
         .expect("spawn checkpoint thread");
+}
+
+/// Log records applied or skipped between two offset vectors.
+fn records_between(from: &[i64], to: &[i64]) -> u64 {
+    from.iter().zip(to).map(|(f, t)| (t - f).max(0) as u64).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::records_between;
+
+    #[test]
+    fn progress_is_counted_per_partition_and_never_negative() {
+        assert_eq!(records_between(&[0, 5, 9], &[0, 5, 9]), 0);
+        assert_eq!(records_between(&[0, 5, 9], &[1, 5, 12]), 4);
+        // A partition behind what is covered (cannot happen, but must not wrap around).
+        assert_eq!(records_between(&[3], &[1]), 0);
+    }
 }

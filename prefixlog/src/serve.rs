@@ -120,10 +120,12 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         None => Applier::new(Arc::new(Engine::new(engine_cfg.clone())), apply_cfg.clone()),
     };
     let engine = applier.engine().clone();
+    // What the state on disk covers, read before ingest can move it.
+    let covered = applier.offsets();
     let replica = Replica::start(replica_cfg.clone(), applier)?;
     let store = checkpoints.as_ref().map(|c| c.store.clone());
     if let Some(c) = checkpoints {
-        crate::checkpointing::spawn_loop(c, &a, replica.applier().clone(), replica.status().clone());
+        crate::checkpointing::spawn_loop(c, &a, replica.applier().clone(), covered);
     }
     tracing::info!(%brokers, topic = %a.kafka.topic, partitions = a.kafka.partitions, "replica started; Ctrl-C stops");
     let status = replica.status().clone();
