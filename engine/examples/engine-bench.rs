@@ -31,6 +31,10 @@ struct Args {
     /// Disjoint interleaved copies of the trace.
     #[arg(long, default_value_t = 2)]
     copies: usize,
+    /// Only the single-threaded replay and the checkpoint path (dump + rebuild), skipping the
+    /// writer + concurrent reader run.
+    #[arg(long)]
+    skip_concurrent: bool,
 }
 
 fn pct(v: &mut [u64], p: f64) -> f64 {
@@ -108,6 +112,14 @@ fn main() -> anyhow::Result<()> {
     let rebuild_s = t.elapsed().as_secs_f64();
     assert_eq!(rebuilt.digest(), ks.read().digest());
     drop((dump, rebuilt));
+    if a.skip_concurrent {
+        println!(
+            "checkpoint path: dump {dump_s:.2} s ({:.1} M holder-blocks/s), rebuild {rebuild_s:.2} s ({:.1} M holder-blocks/s)",
+            hb as f64 / dump_s / 1e6,
+            hb as f64 / rebuild_s / 1e6
+        );
+        return Ok(());
+    }
 
     // 2. One writer applying every event, one reader querying concurrently.
     let e = Arc::new(Engine::new(EngineConfig::default()));

@@ -50,9 +50,12 @@ impl KeyspaceDump {
 }
 
 impl Keyspace {
-    /// Enumerates the full state. Nodes are numbered in breadth-first order from the root,
-    /// children by (local) so the numbering depends only on the trie's content.
+    /// Enumerates the full state. Nodes are numbered in depth-first preorder from the root,
+    /// children by (local), so the numbering depends only on the trie's content.
     ///
+    /// Depth-first because a rebuild then visits memory in order: a node's parent is almost
+    /// always the node just created, each holder's members are runs of consecutive numbers,
+    /// and the rebuilt arena lays every chain out contiguously (matching walks chains).
     /// Flat arrays only (children as one CSR array, renumbering as a `Vec`): this runs while
     /// ingest is paused for a checkpoint, over tens of millions of nodes.
     pub fn dump(&self) -> KeyspaceDump {
@@ -79,29 +82,28 @@ impl Keyspace {
         let mut number = vec![NONE; n];
         number[ROOT as usize] = 0;
         let mut nodes = Vec::with_capacity(kids.len());
-        let mut order = Vec::with_capacity(kids.len() + 1);
-        order.push(ROOT);
         let mut members: Vec<Vec<(u32, u32)>> = vec![Vec::new(); self.holders.slots.len()];
-        let mut head = 0;
-        while head < order.len() {
-            let p = order[head] as usize;
-            head += 1;
+        // Children sorted by local, pushed in reverse so the smallest is numbered first.
+        let mut push_children = |p: usize, stack: &mut Vec<u32>| {
             let ch = &mut kids[start[p] as usize..start[p + 1] as usize];
             ch.sort_unstable_by_key(|&c| nodes_in[c as usize].local);
-            for &c in ch.iter() {
-                let node = &nodes_in[c as usize];
-                nodes.push(DumpNode {
-                    parent: number[node.parent as usize],
-                    local: node.local,
-                    ext: node.has_ext.then_some(node.ext),
-                });
-                let num = nodes.len() as u32;
-                number[c as usize] = num;
-                for m in node.members.iter() {
-                    members[m.holder as usize].push((num, m.stamp));
-                }
-                order.push(c);
+            stack.extend(ch.iter().rev());
+        };
+        let mut stack = Vec::new();
+        push_children(ROOT as usize, &mut stack);
+        while let Some(c) = stack.pop() {
+            let node = &nodes_in[c as usize];
+            nodes.push(DumpNode {
+                parent: number[node.parent as usize],
+                local: node.local,
+                ext: node.has_ext.then_some(node.ext),
+            });
+            let num = nodes.len() as u32;
+            number[c as usize] = num;
+            for m in node.members.iter() {
+                members[m.holder as usize].push((num, m.stamp));
             }
+            push_children(c as usize, &mut stack);
         }
         let holders = self
             .holders
@@ -137,7 +139,16 @@ impl Keyspace {
         let mut ks = Keyspace::new(dump.id.clone(), cfg);
         let mut idx: Vec<u32> = Vec::with_capacity(dump.nodes.len() + 1);
         idx.push(ROOT);
-        ks.arena.reserve(dump.nodes.len(), dump.nodes.iter().filter(|n| n.ext.is_some()).count());
+        // Children beyond their parent's first go into the edge table: count them to reserve.
+        let mut has_child = vec![false; dump.nodes.len() + 1];
+        let mut edges = 0;
+        for n in &dump.nodes {
+            if let Some(seen) = has_child.get_mut(n.parent as usize) {
+                edges += usize::from(std::mem::replace(seen, true));
+            }
+        }
+        drop(has_child);
+        ks.arena.reserve(dump.nodes.len(), dump.nodes.iter().filter(|n| n.ext.is_some()).count(), edges);
         for (i, n) in dump.nodes.iter().enumerate() {
             if n.parent as usize > i {
                 return Err(format!("node {}: parent {} is not an earlier node", i + 1, n.parent));

@@ -14,6 +14,7 @@
 //! - `transplant`: [`Keyspace::replace_group`], moving one partition's holders in from a
 //!   rebuilt keyspace (anti-entropy repair).
 //! - `trie`: the node arena and its (parent, local) and ext lookup tables.
+//! - `table`: those tables: open addressing with hash bits stored beside node indices.
 //! - `holder`: per-holder counts, digest and operation records.
 //! - [`digest`]: the hash mixing behind node identity and digests.
 //! - [`scheme`]: canonical block hashes of token ids (scheme 1: xxh3-64 chained), golden vectors.
@@ -34,6 +35,7 @@ mod holder;
 pub mod keyspace;
 mod matching;
 pub mod scheme;
+mod table;
 mod transplant;
 mod trie;
 pub mod types;

@@ -4,15 +4,15 @@
 //! its neighbours' often enough under eviction that splitting runs would cost more than it
 //! saves). Nodes live in fixed-size chunks with a free list; children are found through one
 //! keyspace-wide table keyed by `(parent, local)` and ext hashes through another keyed by a
-//! node's canonical ext. Both tables store only a `u32` node index (`hashbrown::HashTable`),
-//! the key lives in the node, so a lookup costs one probe plus one node read.
+//! node's canonical ext ([`NodeTable`]: the key lives in the node, the table holds its index
+//! and 32 hash bits, so a lookup costs one probe plus one node read on a match).
 //!
 //! No write may stall readers for long, so nothing here ever reallocates the whole state: the
 //! arena grows by one chunk at a time and each table is split into 256 shards, so a resize
-//! rehashes 1/256 of the entries.
+//! moves 1/256 of the entries.
 
 use crate::digest::{child_path, fold_mul, ROOT_PATH};
-use hashbrown::HashTable;
+use crate::table::NodeTable;
 use smallvec::SmallVec;
 
 pub const ROOT: u32 = 0;
@@ -64,7 +64,6 @@ fn ext_hash(ext: u64) -> u64 {
 
 const CHUNK_BITS: u32 = 14;
 const CHUNK: usize = 1 << CHUNK_BITS;
-const SHARDS: usize = 256;
 
 /// Nodes in chunks of `CHUNK`; a chunk is allocated once at full size and never moves.
 #[derive(Default)]
@@ -111,34 +110,11 @@ impl std::ops::IndexMut<usize> for Nodes {
     }
 }
 
-/// A `u32` hash table split into shards by middle bits of the hash (hashbrown uses the top 7
-/// bits as probe tags and the low bits as positions, so those must stay varied per shard).
-struct Sharded {
-    shards: Vec<HashTable<u32>>,
-}
-
-impl Sharded {
-    fn new() -> Self {
-        Self { shards: (0..SHARDS).map(|_| HashTable::new()).collect() }
-    }
-    #[inline]
-    fn shard(&self, h: u64) -> &HashTable<u32> {
-        &self.shards[(h >> 32) as usize & (SHARDS - 1)]
-    }
-    #[inline]
-    fn shard_mut(&mut self, h: u64) -> &mut HashTable<u32> {
-        &mut self.shards[(h >> 32) as usize & (SHARDS - 1)]
-    }
-    fn capacity(&self) -> usize {
-        self.shards.iter().map(|s| s.capacity()).sum()
-    }
-}
-
 pub struct Arena {
     pub nodes: Nodes,
     free: Vec<u32>,
-    edges: Sharded,
-    exts: Sharded,
+    edges: NodeTable,
+    exts: NodeTable,
     live: usize,
 }
 
@@ -164,7 +140,7 @@ impl Arena {
         };
         let mut nodes = Nodes::default();
         nodes.push(root);
-        Self { nodes, free: Vec::new(), edges: Sharded::new(), exts: Sharded::new(), live: 0 }
+        Self { nodes, free: Vec::new(), edges: NodeTable::default(), exts: NodeTable::default(), live: 0 }
     }
 
     /// Nodes other than the root.
@@ -184,14 +160,10 @@ impl Arena {
             return None;
         }
         let nodes = &self.nodes;
-        let h = edge_hash(parent, local);
-        self.edges
-            .shard(h)
-            .find(h, |&i| {
-                let n = &nodes[i as usize];
-                n.parent == parent && n.local == local
-            })
-            .copied()
+        self.edges.find(edge_hash(parent, local), |i| {
+            let n = &nodes[i as usize];
+            n.parent == parent && n.local == local
+        })
     }
 
     /// The child of `parent` with `local`, created if absent.
@@ -226,24 +198,17 @@ impl Arena {
         if p.first_child == NIL {
             p.first_child = idx;
         } else {
-            let nodes = &self.nodes;
-            let h = edge_hash(parent, local);
-            self.edges.shard_mut(h).insert_unique(h, idx, |&i| {
-                let n = &nodes[i as usize];
-                edge_hash(n.parent, n.local)
-            });
+            self.edges.insert(edge_hash(parent, local), idx);
         }
         self.live += 1;
         idx
     }
 
-    /// Makes room for `nodes` more nodes with `exts` canonical exts, so a rebuild does not
-    /// rehash its tables as they grow.
-    pub fn reserve(&mut self, nodes: usize, exts: usize) {
-        let nodes_ref = &self.nodes;
-        for sh in self.exts.shards.iter_mut() {
-            sh.reserve(exts / SHARDS + 1, |&i| ext_hash(nodes_ref[i as usize].ext));
-        }
+    /// Makes room for `nodes` more nodes with `exts` canonical exts and `edges` children
+    /// beyond their parent's first, so a rebuild does not rehash its tables as they grow.
+    pub fn reserve(&mut self, nodes: usize, exts: usize, edges: usize) {
+        self.exts.reserve(exts);
+        self.edges.reserve(edges);
         self.nodes.chunks.reserve(nodes / CHUNK + 1);
     }
 
@@ -251,26 +216,26 @@ impl Arena {
     #[inline]
     pub fn by_ext(&self, ext: u64) -> Option<u32> {
         let nodes = &self.nodes;
-        let h = ext_hash(ext);
-        self.exts.shard(h).find(h, |&i| nodes[i as usize].ext == ext).copied()
+        self.exts.find(ext_hash(ext), |i| nodes[i as usize].ext == ext)
     }
 
     /// Makes `ext` the canonical ext of `node` if neither already has one. Returns whether
     /// `ext` now resolves to `node` through the shared table.
     pub fn bind_ext(&mut self, node: u32, ext: u64) -> bool {
-        match self.by_ext(ext) {
-            Some(n) => n == node,
-            None if !self.nodes[node as usize].has_ext => {
-                let n = &mut self.nodes[node as usize];
-                n.ext = ext;
-                n.has_ext = true;
-                let nodes = &self.nodes;
-                let h = ext_hash(ext);
-                self.exts.shard_mut(h).insert_unique(h, node, |&i| ext_hash(nodes[i as usize].ext));
-                true
-            }
-            None => false,
+        let n = &self.nodes[node as usize];
+        if n.has_ext {
+            // A bound node is in the table under its own ext, and only under it.
+            return n.ext == ext;
         }
+        if self.by_ext(ext).is_some() {
+            return false;
+        }
+        // The insert probes the cache line the lookup just read.
+        self.exts.insert(ext_hash(ext), node);
+        let n = &mut self.nodes[node as usize];
+        n.ext = ext;
+        n.has_ext = true;
+        true
     }
 
     /// Frees `node` and then its ancestors while they are unheld, childless and unpinned.
@@ -284,16 +249,10 @@ impl Arena {
             if self.nodes[parent as usize].first_child == node {
                 self.nodes[parent as usize].first_child = NIL;
             } else {
-                let h = edge_hash(parent, local);
-                if let Ok(e) = self.edges.shard_mut(h).find_entry(h, |&i| i == node) {
-                    e.remove();
-                }
+                self.edges.remove(edge_hash(parent, local), node);
             }
             if has_ext {
-                let h = ext_hash(ext);
-                if let Ok(e) = self.exts.shard_mut(h).find_entry(h, |&i| i == node) {
-                    e.remove();
-                }
+                self.exts.remove(ext_hash(ext), node);
             }
             let n = &mut self.nodes[node as usize];
             n.live = false;
@@ -341,7 +300,8 @@ impl Arena {
             .sum();
         self.nodes.capacity() * std::mem::size_of::<Node>()
             + self.free.capacity() * 4
-            + (self.edges.capacity() + self.exts.capacity()) * 5
+            + self.edges.heap_bytes()
+            + self.exts.heap_bytes()
             + spilled
     }
 }

@@ -1,0 +1,254 @@
+//! The trie's lookup tables: node indices by hash, open addressing with linear probing over
+//! `u64` slots that carry the node index *and* the low 32 bits of its hash, in 256 shards.
+//!
+//! Why not `hashbrown::HashTable<u32>` (used before): its control bytes and its slots live
+//! in different cache lines and a slot holds only the index, so inserting a new ext touched
+//! three lines (control group, slot, and a node to compare on tag matches) — the profile of
+//! a rebuild had it as the largest single cost. Here a probe reads one line, a node is read
+//! only when all 32 stored hash bits match, and growing or deleting (backward shift) never
+//! reads a node: a slot's home position is its stored hash bits under the mask.
+//!
+//! Shards keep every resize small (1/256 of the entries), so no write stalls readers for
+//! long; the shard is chosen by hash bits 32..40, independent of the stored low bits.
+
+const SHARDS: usize = 256;
+/// Node 0 is the root, which is never stored, so an all-zero slot is free.
+const EMPTY: u64 = 0;
+
+#[derive(Default)]
+struct Shard {
+    slots: Box<[u64]>,
+    len: usize,
+}
+
+#[inline]
+fn slot(h: u32, node: u32) -> u64 {
+    (u64::from(h) << 32) | u64::from(node)
+}
+
+impl Shard {
+    #[inline]
+    fn mask(&self) -> usize {
+        self.slots.len().wrapping_sub(1)
+    }
+
+    #[inline]
+    fn find(&self, h: u32, mut eq: impl FnMut(u32) -> bool) -> Option<u32> {
+        if self.slots.is_empty() {
+            return None;
+        }
+        let mask = self.mask();
+        let mut i = h as usize & mask;
+        loop {
+            let s = self.slots[i];
+            if s == EMPTY {
+                return None;
+            }
+            if (s >> 32) as u32 == h && eq(s as u32) {
+                return Some(s as u32);
+            }
+            i = (i + 1) & mask;
+        }
+    }
+
+    fn insert(&mut self, h: u32, node: u32) {
+        debug_assert_ne!(node, 0, "the root is never stored");
+        self.reserve(self.len + 1);
+        let mask = self.mask();
+        let mut i = h as usize & mask;
+        while self.slots[i] != EMPTY {
+            i = (i + 1) & mask;
+        }
+        self.slots[i] = slot(h, node);
+        self.len += 1;
+    }
+
+    /// Grows (doubling) until `total` entries fit under a 0.7 load factor: linear probing
+    /// stays short there, and probes stay within one or two cache lines.
+    fn reserve(&mut self, total: usize) {
+        let mut cap = self.slots.len().max(8);
+        while total * 10 > cap * 7 {
+            cap *= 2;
+        }
+        if cap == self.slots.len() {
+            return;
+        }
+        let old = std::mem::replace(&mut self.slots, vec![EMPTY; cap].into_boxed_slice());
+        let mask = cap - 1;
+        for s in old.iter().copied().filter(|&s| s != EMPTY) {
+            let mut i = (s >> 32) as usize & mask;
+            while self.slots[i] != EMPTY {
+                i = (i + 1) & mask;
+            }
+            self.slots[i] = s;
+        }
+    }
+
+    fn remove(&mut self, h: u32, node: u32) -> bool {
+        if self.slots.is_empty() {
+            return false;
+        }
+        let (mask, want) = (self.mask(), slot(h, node));
+        let mut i = h as usize & mask;
+        loop {
+            match self.slots[i] {
+                EMPTY => return false,
+                s if s == want => break,
+                _ => i = (i + 1) & mask,
+            }
+        }
+        // Backward shift: pull later entries of the cluster into the hole when the hole lies
+        // between their home and where they sit, so no lookup ever crosses a false gap.
+        let mut hole = i;
+        let mut j = (i + 1) & mask;
+        loop {
+            let s = self.slots[j];
+            if s == EMPTY {
+                break;
+            }
+            let home = (s >> 32) as usize & mask;
+            if (j.wrapping_sub(home) & mask) >= (j.wrapping_sub(hole) & mask) {
+                self.slots[hole] = s;
+                hole = j;
+            }
+            j = (j + 1) & mask;
+        }
+        self.slots[hole] = EMPTY;
+        self.len -= 1;
+        true
+    }
+}
+
+/// Node indices by 64-bit hash. Keys live in the nodes: callers pass an `eq` that checks a
+/// candidate node, and the table never needs to rehash a key.
+pub struct NodeTable {
+    shards: Vec<Shard>,
+}
+
+impl Default for NodeTable {
+    fn default() -> Self {
+        Self { shards: (0..SHARDS).map(|_| Shard::default()).collect() }
+    }
+}
+
+impl NodeTable {
+    #[inline]
+    fn split(h: u64) -> (usize, u32) {
+        ((h >> 32) as usize & (SHARDS - 1), h as u32)
+    }
+
+    /// The node stored under `h` for which `eq` holds.
+    #[inline]
+    pub fn find(&self, h: u64, eq: impl FnMut(u32) -> bool) -> Option<u32> {
+        let (s, low) = Self::split(h);
+        self.shards[s].find(low, eq)
+    }
+
+    /// Stores `node` under `h`; the caller has checked it is not there yet.
+    pub fn insert(&mut self, h: u64, node: u32) {
+        let (s, low) = Self::split(h);
+        self.shards[s].insert(low, node);
+    }
+
+    /// Removes `node` stored under `h`; returns whether it was there.
+    pub fn remove(&mut self, h: u64, node: u32) -> bool {
+        let (s, low) = Self::split(h);
+        self.shards[s].remove(low, node)
+    }
+
+    /// Makes room for `more` entries beyond the current ones.
+    pub fn reserve(&mut self, more: usize) {
+        // Shards fill unevenly; 1/8 headroom keeps the fullest from growing.
+        let per = more / SHARDS + more / SHARDS / 8 + 1;
+        for s in &mut self.shards {
+            s.reserve(s.len + per);
+        }
+    }
+
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.len).sum()
+    }
+
+    /// Heap bytes of the slot arrays.
+    pub fn heap_bytes(&self) -> usize {
+        self.shards.iter().map(|s| s.slots.len() * 8).sum::<usize>() + SHARDS * std::mem::size_of::<Shard>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn mix(mut x: u64) -> u64 {
+        x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        x ^ (x >> 31)
+    }
+
+    /// Differential test against a BTreeMap under inserts, removes and lookups, with hashes
+    /// drawn from a small set so clusters, wrap-around and equal stored bits are common.
+    #[test]
+    fn behaves_like_a_map_under_collisions_and_removals() {
+        for seed in 0..40u64 {
+            let mut t = NodeTable::default();
+            let mut reference: BTreeMap<u32, u64> = BTreeMap::new();
+            let mut x = seed;
+            // Few distinct low bits and few shards: heavy collisions; equal low 32 bits too.
+            let hash_of = |node: u32| -> u64 {
+                let r = mix(u64::from(node) ^ seed);
+                ((r & 0x3) << 32) | (r & 0x3f) | if node.is_multiple_of(7) { 0x1234_0000 } else { 0 }
+            };
+            for _ in 0..4000 {
+                x = mix(x);
+                let node = 1 + (x % 600) as u32;
+                let h = hash_of(node);
+                match (x >> 20) % 3 {
+                    0 => {
+                        if let std::collections::btree_map::Entry::Vacant(v) = reference.entry(node) {
+                            v.insert(h);
+                            t.insert(h, node);
+                        }
+                    }
+                    1 => assert_eq!(t.remove(h, node), reference.remove(&node).is_some(), "seed {seed}"),
+                    _ => {
+                        let got = t.find(h, |n| n == node);
+                        assert_eq!(got, reference.contains_key(&node).then_some(node), "seed {seed}");
+                    }
+                }
+                assert_eq!(t.len(), reference.len());
+            }
+            for (&node, &h) in &reference {
+                assert_eq!(t.find(h, |n| n == node), Some(node), "seed {seed}: survivor {node}");
+            }
+            // A lookup by hash alone sees only nodes stored under that exact hash.
+            for (&node, &h) in &reference {
+                let mut seen = Vec::new();
+                t.find(h, |n| {
+                    seen.push(n);
+                    false
+                });
+                assert!(seen.contains(&node));
+                assert!(seen.iter().all(|n| reference[n] as u32 == h as u32));
+            }
+        }
+    }
+
+    #[test]
+    fn reserve_keeps_entries_and_prevents_growth() {
+        let mut t = NodeTable::default();
+        for n in 1..1000u32 {
+            t.insert(mix(u64::from(n)), n);
+        }
+        t.reserve(100_000);
+        let bytes = t.heap_bytes();
+        for n in 1000..101_000u32 {
+            t.insert(mix(u64::from(n)), n);
+        }
+        assert_eq!(t.heap_bytes(), bytes, "reserved room was enough");
+        for n in 1..101_000u32 {
+            assert_eq!(t.find(mix(u64::from(n)), |c| c == n), Some(n));
+        }
+    }
+}
