@@ -40,20 +40,46 @@ for _ in $(seq 100); do
 done
 [ -n "$BROKERS" ] || { cat "$LOG"; echo "no broker address in the serve log" >&2; exit 1; }
 echo "==> replaying the trace into $BROKERS (8 workers, stretch 1)"
-"$BIN" replay --brokers "$BROKERS" --partitions 4 --workers 8 --stretch 1 --trace "$PREFIXLOG_TRACE"
-# Ready = caught up with every partition's high watermark (--ready-lag 0).
-"$PY" - "$ADMIN_PORT" <<'PYEOF'
-import sys, time, urllib.request, urllib.error
-url = f"http://127.0.0.1:{sys.argv[1]}/readyz"
-time.sleep(0.5)  # let the replica see the new high watermarks (polled every 200 ms)
-for _ in range(300):
+REPLAY_LOG=$(mktemp /tmp/prefixlog-replay.XXXXXX.log)
+"$BIN" replay --brokers "$BROKERS" --partitions 4 --workers 8 --stretch 1 --trace "$PREFIXLOG_TRACE" \
+  2>"$REPLAY_LOG" || { cat "$REPLAY_LOG" >&2; exit 1; }
+cat "$REPLAY_LOG" >&2
+# The number of records published, from replay's "replayed records=N" log line (empty if the
+# log level hides it).
+RECORDS=$(grep -o 'records=[0-9]*' "$REPLAY_LOG" | tail -1 | cut -d= -f2 || true)
+rm -f "$REPLAY_LOG"
+# Ready = every replayed record applied (or skipped), per /metrics, and caught up with every
+# partition's high watermark (--ready-lag 0). Counting records instead of sleeping: the replica
+# polls high watermarks every 200 ms, later on a loaded 2-core CI machine, and until then
+# /readyz compares against stale watermarks. Up to 60 s, generous for the same reason.
+"$PY" - "$ADMIN_PORT" "$RECORDS" <<'PYEOF'
+import sys, time, urllib.request
+base = f"http://127.0.0.1:{sys.argv[1]}"
+want = int(sys.argv[2]) if sys.argv[2] else None
+if want is None:
+    print("replay's record count not found in its log; falling back to a 0.5 s sleep", file=sys.stderr)
+    time.sleep(0.5)  # let the replica see the new high watermarks (polled every 200 ms)
+
+def done():
+    m = urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()
+    total = 0.0
+    for line in m.splitlines():
+        name, _, value = line.partition(" ")
+        if name in ("prefixlog_records_applied", "prefixlog_records_skipped"):
+            total += float(value.split()[0])
+    return total
+
+n = 0
+end = time.monotonic() + 60
+while time.monotonic() < end:
     try:
-        if urllib.request.urlopen(url, timeout=1).status == 200:
+        n = done()
+        if (want is None or n >= want) and urllib.request.urlopen(base + "/readyz", timeout=5).status == 200:
             sys.exit(0)
-    except urllib.error.URLError:
+    except OSError:  # URLError (also a 503 from /readyz), a reset connection
         pass
     time.sleep(0.1)
-sys.exit("replica never became ready")
+sys.exit(f"replica never became ready: {n:.0f} of {want} records applied or skipped")
 PYEOF
 echo "==> pytest (python/tests) against 127.0.0.1:$GRPC_PORT"
 PREFIXLOG_GRPC="127.0.0.1:$GRPC_PORT" PREFIXLOG_TRACE="$PREFIXLOG_TRACE" \

@@ -25,10 +25,22 @@ PORT="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); 
 PID=$!
 cleanup() { kill "$PID" 2>/dev/null || true; wait "$PID" 2>/dev/null || true; rm -rf "$DATA"; }
 trap cleanup EXIT
-for _ in $(seq 1 50); do
-  (echo > "/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break
+# Up to 60 s: CI is a loaded 2-core machine. Fail loudly if tansu dies or never listens.
+ready=0
+for _ in $(seq 1 600); do
+  if ! kill -0 "$PID" 2>/dev/null; then
+    echo "tansu exited before listening on 127.0.0.1:$PORT; its log:" >&2
+    cat "$DATA/broker.log" >&2 || true
+    exit 1
+  fi
+  if (echo > "/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; then ready=1; break; fi
   sleep 0.1
 done
+if [ "$ready" != 1 ]; then
+  echo "tansu did not listen on 127.0.0.1:$PORT within 60 s; its log:" >&2
+  cat "$DATA/broker.log" >&2 || true
+  exit 1
+fi
 echo "==> tansu on 127.0.0.1:$PORT (data in $DATA)"
 export PREFIXLOG_TEST_KAFKA="127.0.0.1:$PORT" PREFIXLOG_TANSU_BIN="$TANSU" PREFIXLOG_TANSU_PORT="$PORT"
 if [ "$#" -eq 0 ]; then

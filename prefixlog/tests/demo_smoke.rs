@@ -1,9 +1,9 @@
-//! `prefixlog demo` end to end with a tiny configuration: exits 0, prints the table, writes the
-//! SVG, and the shared index's hit ratio lies between the gateway-local one and the oracle.
+//! `prefixlog demo` end to end with a small configuration: exits 0, prints the table, writes the
+//! SVG, and the shared index's hit ratio lies between the gateway-local one and the oracle, close
+//! to the oracle.
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::{Duration, Instant};
 
 /// The bundled Mooncake trace when present, else a small synthetic conversation trace.
 fn trace(dir: &std::path::Path) -> PathBuf {
@@ -14,7 +14,7 @@ fn trace(dir: &std::path::Path) -> PathBuf {
         return bundled;
     }
     let mut s = String::new();
-    for i in 0..150u64 {
+    for i in 0..REQUESTS {
         // 25 conversations; turn k of conversation c extends turn k-1.
         let (c, k) = (i % 25, i / 25);
         let ids: Vec<String> =
@@ -25,6 +25,10 @@ fn trace(dir: &std::path::Path) -> PathBuf {
     std::fs::write(&p, s).expect("write trace");
     p
 }
+
+/// Requests replayed. 600 (not fewer): the first 150 of the bundled trace reuse so few prefixes
+/// (oracle ~0.045) that a useless index scored within noise of a working one.
+const REQUESTS: u64 = 600;
 
 fn ratio(out: &str, label: &str) -> f64 {
     let line = out.lines().find(|l| l.starts_with(&format!("| {label} |"))).unwrap_or_else(|| {
@@ -37,21 +41,23 @@ fn ratio(out: &str, label: &str) -> f64 {
 fn demo_runs_and_reports() {
     let dir = tempfile::tempdir().expect("tempdir");
     let plot = dir.path().join("plot.svg");
-    let t = Instant::now();
+    let requests = REQUESTS.to_string();
     let out = Command::new(env!("CARGO_BIN_EXE_prefixlog"))
-        // A generous deadline: `make test` runs test binaries side by side on 2 cores.
+        // Slow replay (~20 s of the bundled trace) and a generous deadline: `make test` runs
+        // test binaries side by side on a loaded 2-core machine, and a lagging or timed-out
+        // index would look like a useless one. No wall-clock assertion for the same reason.
         .args([
             "demo",
             "--requests",
-            "150",
+            &requests,
             "--workers",
             "4",
             "--gateways",
-            "2",
+            "4",
             "--speedup",
-            "50",
+            "10",
             "--deadline",
-            "200ms",
+            "2s",
         ])
         .arg("--trace")
         .arg(trace(dir.path()))
@@ -62,8 +68,7 @@ fn demo_runs_and_reports() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "demo failed: {}\n{stdout}\n{stderr}", out.status);
-    assert!(t.elapsed() < Duration::from_secs(60), "demo took {:?}", t.elapsed());
-    assert!(stdout.contains("| requests routed | 150 "), "{stdout}");
+    assert!(stdout.contains(&format!("| requests routed | {REQUESTS} ")), "{stdout}");
     assert!(stdout.contains("| anti-entropy mismatches | 0 |"), "{stdout}");
     assert!(stdout.contains("| replicas caught up, engine digests equal | yes / yes |"), "{stdout}");
     let shared = ratio(&stdout, "prefix-hit ratio, shared index (achieved)");
@@ -71,6 +76,10 @@ fn demo_runs_and_reports() {
     let local = ratio(&stdout, "prefix-hit ratio, gateway-local trees");
     assert!(shared <= oracle + 1e-9, "shared {shared} > oracle {oracle}");
     assert!(shared >= local - 0.02, "shared {shared} < gateway-local {local}");
+    // Near the oracle: measured ≥ 0.99 of it, also with three demos at once on 2 busy cores.
+    // Without the index (every query failing open) it is ~0.45 of it on the bundled trace and
+    // ~0.78 on the synthetic one, so this fails if the shared index is useless.
+    assert!(shared >= 0.9 * oracle, "shared {shared} far below oracle {oracle}:\n{stdout}");
     let svg = std::fs::read_to_string(&plot).expect("plot written");
     assert!(svg.starts_with("<svg") && svg.contains("<polyline") && svg.trim_end().ends_with("</svg>"));
 }

@@ -189,6 +189,16 @@ class Engine:
                 else:
                     self.serve_replay()
 
+    def pump_until(self, cond, timeout=30.0):
+        """Pumps (answering replays) until `cond()` holds; exits loudly after `timeout`. Instead
+        of a fixed pump(1.0): on a loaded 2-core CI machine the bridge's replay request can come
+        later than that."""
+        deadline = time.time() + timeout
+        while not cond():
+            if time.time() >= deadline:
+                sys.exit(f"condition not met within {timeout} s (replays answered: {self.replays})")
+            self.pump(0.05)
+
     def wait_subscriber(self, timeout=30.0):
         deadline = time.time() + timeout
         while time.time() < deadline:
@@ -246,7 +256,7 @@ def serve(a):
                                             tail=[None, "full_attention", None, "future"])]))
     eng_a.publish(batch_array([stored_array([A_HASH[3]], A_HASH[2], A_TOKENS[12:16])]), send=False)
     eng_a.publish(batch_array([stored_array([A_HASH[4]], A_HASH[3], A_TOKENS[16:20])]))
-    eng_a.pump(1.0)  # answer the replay request
+    eng_a.pump_until(lambda: eng_a.replays >= 1)  # answer the replay request
     print(f"engine A done (replays answered: {eng_a.replays})", flush=True)
 
     eng_b = Engine(ctx, a.b)
@@ -291,7 +301,7 @@ def serve(a):
                       send=False)
     eng_d.wait_subscriber()
     eng_d.publish(batch_array([stored_array([D_JOIN_HASH[5]], D_JOIN_HASH[4], D_JOIN[20:24])]))
-    eng_d.pump(1.0)
+    eng_d.pump_until(lambda: eng_d.replays >= 1)
     print(f"engine D done (replays answered: {eng_d.replays})", flush=True)
     # E: the same, but the ring buffer keeps only 2 batches: when the replay request comes (after
     # live seq 4) it holds seq 3-4, so seq 0-2 stay missing and the holder is gapped. Each batch
@@ -301,7 +311,7 @@ def serve(a):
         eng_e.publish(batch_array([stored_array([E_HASH[i]], None, E_TOKENS[4 * i:4 * i + 4])]), send=False)
     eng_e.wait_subscriber()
     eng_e.publish(batch_array([stored_array([E_HASH[4]], None, E_TOKENS[16:20])]))
-    eng_e.pump(1.0)
+    eng_e.pump_until(lambda: eng_e.replays >= 1)
     print(f"engine E done (replays answered: {eng_e.replays})", flush=True)
     # F: the engine restarts and has published past the old last seq before the bridge
     # re-subscribes: no sequence goes back; the replay's copy of the old last seq differs.
@@ -319,7 +329,8 @@ def serve(a):
         eng_f.publish(batch_array([stored_array([G_HASH[i]], parent, G_NEW[4 * i:4 * i + 4])]), send=False)
     eng_f.wait_subscriber()
     eng_f.publish(batch_array([stored_array([G_HASH[4]], G_HASH[3], G_NEW[16:20])]))
-    eng_f.pump(1.0)
+    # Two replays: the gap (seq 2-3), and the old last seq, whose copy differs (a restart).
+    eng_f.pump_until(lambda: eng_f.replays >= 2)
     print(f"engine F done (replays answered: {eng_f.replays})", flush=True)
     for e in (eng_a, eng_b, eng_c, eng_d, eng_e, eng_f):
         e.close()

@@ -147,9 +147,12 @@ async fn python_engines_through_bridge_to_replica() {
             },
         ];
         let mut opts = BridgeOptions::new(ks());
-        opts.idle_reconnect = Duration::from_millis(700);
+        // Generous, CI is a loaded 2-core machine: a stalled publisher must not look idle (a
+        // spurious re-subscribe loses live batches: extra gaps), nor a slow replay failed.
+        // idle_reconnect is also how C and F's restarts are found: each costs up to 3 s.
+        opts.idle_reconnect = Duration::from_secs(3);
         opts.log_interval = Duration::ZERO;
-        opts.replay_timeout = Duration::from_secs(2);
+        opts.replay_timeout = Duration::from_secs(10);
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let bridge_task = tokio::spawn(bridge::run(engines, opts, publisher, true, stop_rx));
 

@@ -41,13 +41,14 @@ fn start_broker(bin: &str, dir: &std::path::Path, port: u16) -> Child {
 }
 
 async fn wait_port(port: u16) {
-    for _ in 0..100 {
+    // Up to 60 s: generous, CI is a loaded 2-core machine.
+    for _ in 0..600 {
         if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
             return;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    panic!("tansu did not listen on {port}");
+    panic!("tansu did not listen on {port} within 60 s");
 }
 
 fn replica(brokers: &str) -> Replica {
