@@ -63,7 +63,7 @@ impl Keyspace {
         let n = nodes_in.len();
         // Children of every node, CSR: start[p]..start[p+1] in `kids`.
         let mut start = vec![0u32; n + 1];
-        for node in nodes_in.iter().skip(1).filter(|x| x.live) {
+        for node in nodes_in.iter().skip(1).filter(|x| x.live()) {
             start[node.parent as usize + 1] += 1;
         }
         for i in 0..n {
@@ -72,7 +72,7 @@ impl Keyspace {
         let mut fill = start.clone();
         let mut kids = vec![0u32; start[n] as usize];
         for (i, node) in nodes_in.iter().enumerate().skip(1) {
-            if node.live {
+            if node.live() {
                 let f = &mut fill[node.parent as usize];
                 kids[*f as usize] = i as u32;
                 *f += 1;
@@ -96,7 +96,7 @@ impl Keyspace {
             nodes.push(DumpNode {
                 parent: number[node.parent as usize],
                 local: node.local,
-                ext: node.has_ext.then_some(node.ext),
+                ext: node.has_ext().then_some(node.ext),
             });
             let num = nodes.len() as u32;
             number[c as usize] = num;

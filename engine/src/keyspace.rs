@@ -119,7 +119,7 @@ impl Keyspace {
         let mut out: Vec<Vec<u64>> = (1..self.arena.nodes.len() as u32)
             .filter(|&n| {
                 let node = &self.arena.nodes[n as usize];
-                node.live && node.member(h).is_some()
+                node.live() && node.member(h).is_some()
             })
             .map(|n| self.arena.chain_to(n))
             .collect();
@@ -548,8 +548,9 @@ impl Keyspace {
     #[doc(hidden)]
     pub fn corrupt_for_test(&mut self, key: &HolderKey) -> bool {
         let Some(h) = self.holders.get(key) else { return false };
-        let node = (1..self.arena.nodes.len() as u32)
-            .find(|&n| self.arena.nodes[n as usize].live && self.arena.nodes[n as usize].member(h).is_some());
+        let node = (1..self.arena.nodes.len() as u32).find(|&n| {
+            self.arena.nodes[n as usize].live() && self.arena.nodes[n as usize].member(h).is_some()
+        });
         let Some(node) = node else { return false };
         let snap = self.snap(h);
         self.remove_member(h, node);

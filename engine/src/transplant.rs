@@ -29,7 +29,7 @@ impl Keyspace {
         }
         let mut members: FxHashMap<u32, Vec<(u32, u32)>> = FxHashMap::default();
         for (i, n) in src.arena.nodes.iter().enumerate().skip(1) {
-            if n.live {
+            if n.live() {
                 for m in n.members.iter() {
                     if src.holders.at(m.holder).group == group {
                         members.entry(m.holder).or_default().push((i as u32, m.stamp));
@@ -58,7 +58,7 @@ impl Keyspace {
                 holder.digest = holder.digest.wrapping_add(block_term(path, !holder.fed));
                 // The ext this holder resolves to the node in `src` must resolve here too.
                 let sn = &src.arena.nodes[n as usize];
-                let ext = s.override_of.get(&n).copied().or(sn.has_ext.then_some(sn.ext));
+                let ext = s.override_of.get(&n).copied().or(sn.has_ext().then_some(sn.ext));
                 if let Some(e) = ext {
                     if !self.arena.bind_ext(d, e) {
                         let holder = self.holders.at_mut(hi);

@@ -35,15 +35,42 @@ pub struct Node {
     /// The first child created (`NIL` if none): chains are walked without a table probe.
     /// Other children are in the edge table; a child is in exactly one of the two places.
     pub first_child: u32,
-    pub children: u32,
+    /// The child count in the low 30 bits, then the `has_ext` and `live` flags: packed so a
+    /// node is one 64-byte cache line (the arena is most of a keyspace's memory).
+    bits: u32,
     /// Operation records whose window ends here; a pinned node is never freed.
     pub pins: u32,
-    pub has_ext: bool,
-    pub live: bool,
     pub members: SmallVec<[Member; 2]>,
 }
 
+const _: () = assert!(std::mem::size_of::<Node>() == 64, "a node is one cache line");
+
+const CHILDREN: u32 = (1 << 30) - 1;
+const HAS_EXT: u32 = 1 << 30;
+const LIVE: u32 = 1 << 31;
+
 impl Node {
+    fn new(local: u64, path: u64, parent: u32) -> Self {
+        Self { local, path, ext: 0, parent, first_child: NIL, bits: LIVE, pins: 0, members: SmallVec::new() }
+    }
+
+    #[inline]
+    pub fn children(&self) -> u32 {
+        self.bits & CHILDREN
+    }
+
+    /// Whether `ext` holds the node's canonical ext.
+    #[inline]
+    pub fn has_ext(&self) -> bool {
+        self.bits & HAS_EXT != 0
+    }
+
+    /// False once freed (the slot waits on the free list).
+    #[inline]
+    pub fn live(&self) -> bool {
+        self.bits & LIVE != 0
+    }
+
     pub fn member(&self, holder: u32) -> Option<usize> {
         self.members.iter().position(|m| m.holder == holder)
     }
@@ -126,18 +153,7 @@ impl Default for Arena {
 
 impl Arena {
     pub fn new() -> Self {
-        let root = Node {
-            local: 0,
-            path: ROOT_PATH,
-            ext: 0,
-            parent: ROOT,
-            first_child: NIL,
-            children: 0,
-            pins: 0,
-            has_ext: false,
-            live: true,
-            members: SmallVec::new(),
-        };
+        let root = Node::new(0, ROOT_PATH, ROOT);
         let mut nodes = Nodes::default();
         nodes.push(root);
         Self { nodes, free: Vec::new(), edges: NodeTable::default(), exts: NodeTable::default(), live: 0 }
@@ -155,7 +171,7 @@ impl Arena {
         if fc != NIL && self.nodes[fc as usize].local == local {
             return Some(fc);
         }
-        let children = self.nodes[parent as usize].children;
+        let children = self.nodes[parent as usize].children();
         if children == 0 || (fc != NIL && children == 1) {
             return None;
         }
@@ -171,18 +187,7 @@ impl Arena {
         if let Some(c) = self.child(parent, local) {
             return c;
         }
-        let node = Node {
-            local,
-            path: child_path(self.nodes[parent as usize].path, local),
-            ext: 0,
-            parent,
-            first_child: NIL,
-            children: 0,
-            pins: 0,
-            has_ext: false,
-            live: true,
-            members: SmallVec::new(),
-        };
+        let node = Node::new(local, child_path(self.nodes[parent as usize].path, local), parent);
         let idx = match self.free.pop() {
             Some(i) => {
                 self.nodes[i as usize] = node;
@@ -194,7 +199,8 @@ impl Arena {
             }
         };
         let p = &mut self.nodes[parent as usize];
-        p.children += 1;
+        debug_assert!(p.children() < CHILDREN);
+        p.bits += 1;
         if p.first_child == NIL {
             p.first_child = idx;
         } else {
@@ -223,7 +229,7 @@ impl Arena {
     /// `ext` now resolves to `node` through the shared table.
     pub fn bind_ext(&mut self, node: u32, ext: u64) -> bool {
         let n = &self.nodes[node as usize];
-        if n.has_ext {
+        if n.has_ext() {
             // A bound node is in the table under its own ext, and only under it.
             return n.ext == ext;
         }
@@ -234,7 +240,7 @@ impl Arena {
         self.exts.insert(ext_hash(ext), node);
         let n = &mut self.nodes[node as usize];
         n.ext = ext;
-        n.has_ext = true;
+        n.bits |= HAS_EXT;
         true
     }
 
@@ -242,10 +248,10 @@ impl Arena {
     pub fn release(&mut self, mut node: u32) {
         while node != ROOT {
             let n = &self.nodes[node as usize];
-            if !n.members.is_empty() || n.children > 0 || n.pins > 0 || !n.live {
+            if !n.members.is_empty() || n.children() > 0 || n.pins > 0 || !n.live() {
                 return;
             }
-            let (parent, local, has_ext, ext) = (n.parent, n.local, n.has_ext, n.ext);
+            let (parent, local, has_ext, ext) = (n.parent, n.local, n.has_ext(), n.ext);
             if self.nodes[parent as usize].first_child == node {
                 self.nodes[parent as usize].first_child = NIL;
             } else {
@@ -255,12 +261,11 @@ impl Arena {
                 self.exts.remove(ext_hash(ext), node);
             }
             let n = &mut self.nodes[node as usize];
-            n.live = false;
-            n.has_ext = false;
+            n.bits = 0; // neither live nor bound, no children
             n.members = SmallVec::new();
             self.free.push(node);
             self.live -= 1;
-            self.nodes[parent as usize].children -= 1;
+            self.nodes[parent as usize].bits -= 1;
             node = parent;
         }
     }

@@ -39,9 +39,19 @@ impl BenchLog {
     }
 
     /// Publishes `(worker, timestamp ms, value)` with one task per worker (each worker's records
-    /// in order). Returns where they landed.
+    /// in order). Returns where they landed. Fails if the embedded broker dropped any record:
+    /// its retention is fixed (5 MiB or 100,000 messages per partition) and a benchmark over a
+    /// truncated log would compare different states.
     pub async fn publish(&self, items: Vec<(u64, i64, Vec<u8>)>) -> anyhow::Result<Vec<Landed>> {
-        publish_by_worker(&self.publisher, items).await
+        let landed = publish_by_worker(&self.publisher, items).await?;
+        let probe = prefixlog_ingest::probe_log(&self.replica_cfg)?;
+        if let Some((p, low)) = probe.low_watermarks.iter().enumerate().find(|(_, &l)| l > 0) {
+            anyhow::bail!(
+                "the embedded broker dropped the start of partition {p} (low watermark {low}): its \
+                 retention is 5 MiB or 100,000 messages per partition; use more --partitions"
+            );
+        }
+        Ok(landed)
     }
 }
 

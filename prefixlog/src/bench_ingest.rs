@@ -23,7 +23,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     let topic = "prefixlog.bench";
     let env = BenchLog::start(topic, a.partitions)?;
     let brokers = env.brokers().to_string();
-    let records = fleet_records(&a.workload)?;
+    let records = fleet_records(&a.workload, 1)?;
     let blocks: usize = records.iter().map(|r| r.blocks).sum();
     let publisher = &env.publisher;
     let t = Instant::now();

@@ -3,7 +3,7 @@
 use prefixlog_engine::KeyspaceId;
 use prefixlog_ingest::record::encode_kv_events;
 use prefixlog_ingest::KvOp;
-use prefixlog_workload::{generate, load_trace, FleetConfig, Step};
+use prefixlog_workload::{generate, load_trace, repeat_hours, FleetConfig, Step};
 use std::path::Path;
 
 #[derive(clap::Args, Clone, Debug)]
@@ -37,8 +37,10 @@ pub fn keyspace() -> KeyspaceId {
     KeyspaceId::new("trace", 64, 1)
 }
 
-pub fn fleet_records(a: &WorkloadArgs) -> anyhow::Result<Vec<FleetRecord>> {
-    let trace = load_trace(Path::new(&a.trace))?;
+/// The trace workload's records; `hours` > 1 repeats the trace with fresh content each hour
+/// ([`repeat_hours`]).
+pub fn fleet_records(a: &WorkloadArgs, hours: usize) -> anyhow::Result<Vec<FleetRecord>> {
+    let trace = repeat_hours(&load_trace(Path::new(&a.trace))?, hours);
     let cfg = FleetConfig {
         workers: a.workers,
         capacity_blocks: a.capacity,

@@ -136,7 +136,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     let topic = "prefixlog.bench-query";
     let kafka = EmbeddedKafka::start(topic, a.partitions)?;
     let brokers = kafka.bootstrap_servers();
-    let records = fleet_records(&a.workload)?;
+    let records = fleet_records(&a.workload, 1)?;
     let blocks: usize = records.iter().map(|r| r.blocks).sum();
     let trace = load_trace(std::path::Path::new(&a.workload.trace))?;
     let cfg = FleetConfig {

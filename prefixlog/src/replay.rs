@@ -17,7 +17,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     let brokers = a.kafka.brokers.clone().ok_or_else(|| {
         anyhow::anyhow!("replay needs --brokers (the address a `prefixlog serve` printed, or a real cluster)")
     })?;
-    let records = fleet_records(&a.workload)?;
+    let records = fleet_records(&a.workload, 1)?;
     let mut cfg = PublisherConfig::new(brokers, &a.kafka.topic, a.kafka.partitions);
     cfg.properties = a.kafka.property.clone();
     let publisher = Publisher::new(cfg)?;

@@ -284,6 +284,11 @@ impl CheckpointStore {
         let mut wo = WriteOptions::default();
         wo.set_sync(true);
         self.db.write_opt(batch, &wo)?;
+        // Move the checkpoint from the write-ahead log into a table file now: otherwise the
+        // next open replays it from the WAL (measured: 2.7 s of a 6.6 s restart for 11.5M
+        // holder-blocks). Atomicity and durability came from the synced batch above; a crash
+        // during the flush leaves the WAL, which still holds the whole batch.
+        self.db.flush()?;
         Ok(meta)
     }
 

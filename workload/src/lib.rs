@@ -16,7 +16,7 @@ pub mod fleet;
 pub mod trace;
 
 pub use fleet::{Event, Fleet};
-pub use trace::{expand_request, load_trace, TraceRequest};
+pub use trace::{expand_request, load_trace, repeat_hours, TraceRequest};
 
 /// Shape of the simulated fleet and of the trace expansion.
 #[derive(Clone, Debug)]

@@ -29,6 +29,23 @@ pub fn load_trace(path: &Path) -> anyhow::Result<Vec<TraceRequest>> {
     Ok(out)
 }
 
+/// The trace `hours` times back to back, each repetition one hour later and with fresh
+/// content (block ids moved past every earlier repetition's), as a fleet that serves new
+/// conversations every hour: the log grows with the hours, the resident state stays bounded
+/// by the workers' capacity.
+pub fn repeat_hours(trace: &[TraceRequest], hours: usize) -> Vec<TraceRequest> {
+    const HOUR_MS: u64 = 3_600_000;
+    let span = trace.iter().flat_map(|r| r.hash_ids.iter()).max().map_or(0, |m| m + 1);
+    (0..hours.max(1) as u64)
+        .flat_map(|h| {
+            trace.iter().map(move |r| TraceRequest {
+                timestamp_ms: r.timestamp_ms + h * HOUR_MS,
+                hash_ids: r.hash_ids.iter().map(|id| id + h * span).collect(),
+            })
+        })
+        .collect()
+}
+
 /// Expands a request into its chain of `(ext, local)` hashes.
 ///
 /// `local` stands for the canonical content hash of a block's tokens (it depends only on the
