@@ -244,6 +244,38 @@ impl Arena {
         true
     }
 
+    /// Rebuild: an ext table for `(node, ext)` pairs read from a dump, beside the node pass
+    /// (on another core); `ext_of` reads a candidate node's ext back from the same dump.
+    /// Fails with the first pair whose ext is already taken.
+    pub fn ext_table(
+        entries: impl Iterator<Item = (u32, u64)>,
+        count: usize,
+        ext_of: impl Fn(u32) -> Option<u64>,
+    ) -> Result<NodeTable, (u32, u64)> {
+        let mut t = NodeTable::default();
+        t.reserve(count);
+        for (node, ext) in entries {
+            let h = ext_hash(ext);
+            if t.find(h, |k| ext_of(k) == Some(ext)).is_some() {
+                return Err((node, ext));
+            }
+            t.insert(h, node);
+        }
+        Ok(t)
+    }
+
+    /// Rebuild: `ext` becomes `node`'s canonical ext; [`Self::install_exts`] brings the index.
+    pub fn set_ext_unindexed(&mut self, node: u32, ext: u64) {
+        let n = &mut self.nodes[node as usize];
+        n.ext = ext;
+        n.bits |= HAS_EXT;
+    }
+
+    /// Rebuild: installs the table from [`Self::ext_table`] for the exts set unindexed.
+    pub fn install_exts(&mut self, table: NodeTable) {
+        self.exts = table;
+    }
+
     /// Frees `node` and then its ancestors while they are unheld, childless and unpinned.
     pub fn release(&mut self, mut node: u32) {
         while node != ROOT {
