@@ -218,6 +218,12 @@ impl Arena {
         self.nodes.chunks.reserve(nodes / CHUNK + 1);
     }
 
+    /// Hints that `ext` will be looked up soon ([`NodeTable::prefetch`]).
+    #[inline]
+    pub fn prefetch_ext(&self, ext: u64) {
+        self.exts.prefetch(ext_hash(ext));
+    }
+
     /// The node whose canonical ext is `ext`.
     #[inline]
     pub fn by_ext(&self, ext: u64) -> Option<u32> {
