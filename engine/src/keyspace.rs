@@ -342,7 +342,7 @@ impl Keyspace {
     /// The node the holder stored under `ext`, if it still holds it.
     /// Ext-table lookups miss the cache about once per block: writes start them
     /// [`PREFETCH_AHEAD`] blocks early so the misses overlap (measured: single-thread writes
-    /// 3.9 -> 4.9-6.0 M blocks/s in `make bench-engine`).
+    /// 3.9 -> 5.0-7.6 M blocks/s on `make bench-engine`'s workload).
     fn prefetch_exts(&self, exts: impl IntoIterator<Item = u64>) {
         for e in exts {
             self.arena.prefetch_ext(e);
