@@ -2,8 +2,9 @@
 # The Python client's tests against a live replica:
 #   1. a virtualenv under ~/.cache/prefixlog/venv with grpcio, grpcio-tools, xxhash, pytest;
 #   2. gRPC stubs generated from proto/ (not committed), the package installed into the venv;
-#   3. `prefixlog serve` (debug build) on free ports with its embedded broker, the trace
-#      replayed into it with `prefixlog replay`, then pytest; the server is killed on exit.
+#   3. `prefixlog serve` (debug build) on free ports with its embedded broker, a second replica
+#      of the same log serving gRPC over mutual TLS (tests/fixtures/tls), the trace replayed
+#      with `prefixlog replay`, then pytest; both servers are killed on exit.
 set -euo pipefail
 source "$(dirname "$0")/../scripts/env.sh"
 cd "$PREFIXLOG_ROOT"
@@ -30,7 +31,8 @@ LOG=$(mktemp /tmp/prefixlog-pytest.XXXXXX.log)
 "$BIN" serve --partitions 4 --tick-interval 0 --ready-lag 0 --replica-id py-test \
   --grpc-addr "127.0.0.1:$GRPC_PORT" --admin-addr "127.0.0.1:$ADMIN_PORT" >"$LOG" 2>&1 &
 SERVER=$!
-trap 'kill $SERVER 2>/dev/null || true; wait $SERVER 2>/dev/null || true' EXIT
+TLS_SERVER=""
+trap 'kill $SERVER $TLS_SERVER 2>/dev/null || true; wait $SERVER $TLS_SERVER 2>/dev/null || true' EXIT
 BROKERS=""
 for _ in $(seq 100); do
   BROKERS=$(grep -o 'bootstrap=[0-9.:]*' "$LOG" | head -1 | cut -d= -f2 || true)
@@ -39,6 +41,14 @@ for _ in $(seq 100); do
   sleep 0.1
 done
 [ -n "$BROKERS" ] || { cat "$LOG"; echo "no broker address in the serve log" >&2; exit 1; }
+TLS_DIR="$PREFIXLOG_ROOT/tests/fixtures/tls"
+TLS_GRPC_PORT=$(free_port); TLS_ADMIN_PORT=$(free_port); TLS_PEER_PORT=$(free_port)
+TLS_LOG=$(mktemp /tmp/prefixlog-pytest-tls.XXXXXX.log)
+"$BIN" serve --brokers "$BROKERS" --partitions 4 --tick-interval 0 --ready-lag 0 --replica-id py-tls \
+  --grpc-addr "127.0.0.1:$TLS_GRPC_PORT" --admin-addr "127.0.0.1:$TLS_ADMIN_PORT" \
+  --peer-addr "127.0.0.1:$TLS_PEER_PORT" --tls-cert "$TLS_DIR/server.pem" --tls-key "$TLS_DIR/server.key" \
+  --tls-client-ca "$TLS_DIR/ca.pem" >"$TLS_LOG" 2>&1 &
+TLS_SERVER=$!
 echo "==> replaying the trace into $BROKERS (8 workers, stretch 1)"
 REPLAY_LOG=$(mktemp /tmp/prefixlog-replay.XXXXXX.log)
 "$BIN" replay --brokers "$BROKERS" --partitions 4 --workers 8 --stretch 1 --trace "$PREFIXLOG_TRACE" \
@@ -52,7 +62,8 @@ rm -f "$REPLAY_LOG"
 # partition's high watermark (--ready-lag 0). Counting records instead of sleeping: the replica
 # polls high watermarks every 200 ms, later on a loaded 2-core CI machine, and until then
 # /readyz compares against stale watermarks. Up to 60 s, generous for the same reason.
-"$PY" - "$ADMIN_PORT" "$RECORDS" <<'PYEOF'
+for PORT in "$ADMIN_PORT" "$TLS_ADMIN_PORT"; do
+"$PY" - "$PORT" "$RECORDS" <<'PYEOF' || { cat "$LOG" "$TLS_LOG" >&2; exit 1; }
 import sys, time, urllib.request
 base = f"http://127.0.0.1:{sys.argv[1]}"
 want = int(sys.argv[2]) if sys.argv[2] else None
@@ -79,8 +90,10 @@ while time.monotonic() < end:
     except OSError:  # URLError (also a 503 from /readyz), a reset connection
         pass
     time.sleep(0.1)
-sys.exit(f"replica never became ready: {n:.0f} of {want} records applied or skipped")
+sys.exit(f"replica on admin port {sys.argv[1]} never became ready: {n:.0f} of {want} records applied or skipped")
 PYEOF
+done
 echo "==> pytest (python/tests) against 127.0.0.1:$GRPC_PORT"
 PREFIXLOG_GRPC="127.0.0.1:$GRPC_PORT" PREFIXLOG_TRACE="$PREFIXLOG_TRACE" \
+  PREFIXLOG_GRPC_TLS="127.0.0.1:$TLS_GRPC_PORT" PREFIXLOG_TLS_DIR="$TLS_DIR" \
   "$PY" -m pytest -q -p no:cacheprovider python/tests

@@ -43,9 +43,38 @@ _RETRY_NEXT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, 
 
 
 class IndexClient:
-    def __init__(self, endpoints: Sequence[str], deadline: float = 0.002):
+    """Queries replicas with a deadline and fails open (never raises for an unavailable index).
+
+    TLS: pass `root_certificates` (PEM bytes of the CA that signed the replicas' certificate);
+    for mutual TLS (`serve --tls-client-ca`) also `private_key` and `certificate_chain` (PEM).
+    `server_name` overrides the name checked against the certificate (e.g. when connecting by
+    an address the certificate does not list). Without any of them the channel is plaintext.
+    """
+
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        deadline: float = 0.002,
+        root_certificates: Optional[bytes] = None,
+        private_key: Optional[bytes] = None,
+        certificate_chain: Optional[bytes] = None,
+        server_name: Optional[str] = None,
+    ):
         self.deadline = deadline
-        self._eps = [(e, grpc.insecure_channel(e)) for e in endpoints]
+        if (private_key is None) != (certificate_chain is None):
+            raise ValueError("mutual TLS needs both private_key and certificate_chain")
+        if root_certificates is None and certificate_chain is None:
+            if server_name is not None:
+                raise ValueError("server_name only applies to TLS")
+            channel = grpc.insecure_channel
+        else:
+            creds = grpc.ssl_channel_credentials(root_certificates, private_key, certificate_chain)
+            options = [("grpc.ssl_target_name_override", server_name)] if server_name else []
+
+            def channel(e):
+                return grpc.secure_channel(e, creds, options=options)
+
+        self._eps = [(e, channel(e)) for e in endpoints]
         self._stubs = [query_pb2_grpc.PrefixIndexStub(ch) for _, ch in self._eps]
         self._preferred = 0
 
