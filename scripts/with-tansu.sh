@@ -5,7 +5,7 @@
 # on a free loopback port with SQLite storage in a temporary directory, exports
 # PREFIXLOG_TEST_KAFKA (the test fixture's external backend) and PREFIXLOG_TANSU_BIN, runs the
 # command, and stops tansu and removes its data — also when the command fails.
-# Not yet part of `make test`: see the note on issue 10.
+# `make test` runs the whole cross-crate suite through it (scripts/test.sh).
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
 cd "$PREFIXLOG_ROOT"

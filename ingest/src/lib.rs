@@ -12,12 +12,14 @@
 //! - [`publisher`]: idempotent keyed producer returning (partition, offset) tokens.
 //! - [`replica`]: the Kafka consumer loop and [`replica::ReplicaStatus`] (offsets, lag,
 //!   read-your-writes waits).
+//! - [`dead_letter`]: the optional copy of refused records to a dead-letter topic.
 //! - [`embedded`]: librdkafka's mock cluster as the zero-setup broker.
 //! - [`bridge`]: vLLM / SGLang KV events over ZeroMQ (both msgpack layouts) → KV event records:
 //!   sequence gaps, replay, epochs, canonical local hashes, counters.
 
 pub mod apply;
 pub mod bridge;
+pub mod dead_letter;
 pub mod embedded;
 pub mod publisher;
 pub mod record;

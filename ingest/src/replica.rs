@@ -7,6 +7,7 @@
 //! [`ReplicaStatus`] and a `watch` channel, which read-your-writes queries wait on.
 
 use crate::apply::{Applier, Outcome};
+use crate::dead_letter::{DeadLetter, Source};
 use parking_lot::Mutex;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -129,6 +130,16 @@ impl Replica {
     /// Starts consuming every partition from the applier's next offsets. Refuses to start when
     /// the topic's partition count differs from the configured one.
     pub fn start(cfg: ReplicaConfig, applier: Applier) -> Result<Self, ReplicaError> {
+        Self::start_with(cfg, applier, None)
+    }
+
+    /// [`Self::start`], copying every refused record to `dead_letter_topic` when given
+    /// ([`crate::dead_letter`]).
+    pub fn start_with(
+        cfg: ReplicaConfig,
+        applier: Applier,
+        dead_letter_topic: Option<&str>,
+    ) -> Result<Self, ReplicaError> {
         let mut cc = ClientConfig::new();
         cc.set("bootstrap.servers", &cfg.brokers)
             .set("group.id", "prefixlog-replica-unused")
@@ -166,11 +177,13 @@ impl Replica {
                 .spawn(move || poll_watermarks(wm, cfg, status, stop))
                 .expect("spawn watermark thread")
         };
+        let dead_letter = dead_letter_topic.map(|t| DeadLetter::new(&cfg, t)).transpose()?;
         let thread = {
             let (applier, status, stop) = (applier.clone(), status.clone(), stop.clone());
+            let topic = cfg.topic.clone();
             std::thread::Builder::new()
                 .name("prefixlog-ingest".into())
-                .spawn(move || run(consumer, applier, status, stop))
+                .spawn(move || run(consumer, &topic, applier, status, stop, dead_letter))
                 .expect("spawn ingest thread")
         };
         Ok(Self { applier, status, stop, threads: vec![thread, watermarks] })
@@ -217,9 +230,11 @@ pub fn topic_partitions(consumer: &BaseConsumer, topic: &str) -> Result<u32, Rep
 
 fn run(
     consumer: BaseConsumer,
+    topic: &str,
     applier: Arc<Mutex<Applier>>,
     status: Arc<ReplicaStatus>,
     stop: Arc<AtomicBool>,
+    dead_letter: Option<DeadLetter>,
 ) {
     let mut last_err_log = Instant::now() - Duration::from_secs(60);
     while !stop.load(Ordering::Acquire) {
@@ -240,6 +255,11 @@ fn run(
                     Outcome::Applied => status.records_applied.fetch_add(1, Ordering::Relaxed),
                     Outcome::Bad(reason) => {
                         tracing::warn!(partition = p, offset = msg.offset(), %reason, "skipping bad record");
+                        if let Some(d) = &dead_letter {
+                            let src =
+                                Source { topic, partition: p, offset: msg.offset(), reason: reason.as_str() };
+                            d.copy(src, msg.key(), msg.payload());
+                        }
                         status.records_skipped.fetch_add(1, Ordering::Relaxed)
                     }
                     _ => status.records_skipped.fetch_add(1, Ordering::Relaxed),

@@ -21,6 +21,12 @@ pub struct Args {
     /// number of replicas may publish them.
     #[arg(long, default_value = "1s", value_parser = humantime_secs)]
     pub tick_interval: Duration,
+    /// Copy every refused record (undecodable, unknown version, invalid) to this topic, bytes
+    /// and key unchanged, with headers prefixlog-source-topic/-partition/-offset and
+    /// prefixlog-reason. Best effort (never stalls ingest). Every replica that has it set
+    /// copies the same records: set it on one replica.
+    #[arg(long, env = "PREFIXLOG_DEAD_LETTER_TOPIC")]
+    pub dead_letter_topic: Option<String>,
     /// Directory of the RocksDB checkpoint store. Without it the replica keeps no checkpoints
     /// and replays the whole log on every start.
     #[arg(long, env = "PREFIXLOG_DATA_DIR")]
@@ -122,7 +128,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     let engine = applier.engine().clone();
     // What the state on disk covers, read before ingest can move it.
     let covered = applier.offsets();
-    let replica = Replica::start(replica_cfg.clone(), applier)?;
+    let replica = Replica::start_with(replica_cfg.clone(), applier, a.dead_letter_topic.as_deref())?;
     let store = checkpoints.as_ref().map(|c| c.store.clone());
     if let Some(c) = checkpoints {
         crate::checkpointing::spawn_loop(c, &a, replica.applier().clone(), covered);

@@ -1,6 +1,6 @@
 //! The log end to end over real Kafka clients, on every available backend: concurrent
-//! publishers, two replicas reaching identical per-partition digests, dedupe, a poison record,
-//! epoch bumps, lag, and a late replica catching up.
+//! publishers, two replicas reaching identical per-partition digests, dedupe, a poison record
+//! (skipped, and copied to a dead-letter topic), epoch bumps, lag, and a late replica catching up.
 
 use prefixlog_engine::{Engine, EngineConfig, HolderKey, KeyspaceId, MatchOptions};
 use prefixlog_ingest::{
@@ -19,11 +19,44 @@ fn ks() -> KeyspaceId {
 }
 
 fn replica(b: &KafkaBackend, topic: &str) -> Replica {
+    replica_with_dead_letter(b, topic, None)
+}
+
+fn replica_with_dead_letter(b: &KafkaBackend, topic: &str, dead_letter: Option<&str>) -> Replica {
     let engine = Arc::new(Engine::new(EngineConfig { partitions: P, ..Default::default() }));
     let applier = Applier::new(engine, ApplyConfig { partitions: P, ..Default::default() });
     let cfg =
         ReplicaConfig { brokers: b.brokers.clone(), topic: topic.into(), partitions: P, properties: vec![] };
-    Replica::start(cfg, applier).expect("replica starts")
+    Replica::start_with(cfg, applier, dead_letter).expect("replica starts")
+}
+
+/// The first record of partition 0 of `topic` (waits up to 30 s): payload and headers.
+fn first_record(b: &KafkaBackend, topic: &str) -> (Vec<u8>, BTreeMap<String, String>) {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::{Headers, Message};
+    let c: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &b.brokers)
+        .set("group.id", "dead-letter-check")
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    tpl.add_partition_offset(topic, 0, rdkafka::Offset::Beginning).unwrap();
+    c.assign(&tpl).unwrap();
+    let t = std::time::Instant::now();
+    loop {
+        assert!(t.elapsed() < Duration::from_secs(30), "{}: nothing in {topic}", b.name);
+        let Some(m) = c.poll(Duration::from_millis(100)) else { continue };
+        let m = m.unwrap();
+        let headers = m.headers().map_or_else(BTreeMap::new, |h| {
+            h.iter()
+                .map(|h| {
+                    (h.key.to_string(), String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned())
+                })
+                .collect()
+        });
+        return (m.payload().unwrap_or_default().to_vec(), headers);
+    }
 }
 
 /// Highest landed offset per partition.
@@ -144,8 +177,10 @@ async fn duplicates_poison_and_epochs_over_kafka() {
     for b in kafka_backends().await {
         let topic = unique_topic("prefixlog.policy");
         b.create_topic(&topic, P).await.unwrap();
+        let dead_letter = format!("{topic}.dead-letter");
+        b.create_topic(&dead_letter, 1).await.unwrap();
         let publisher = Publisher::new(PublisherConfig::new(&b.brokers, &topic, P)).unwrap();
-        let r = replica(&b, &topic);
+        let r = replica_with_dead_letter(&b, &topic, Some(&dead_letter));
         let w = 5u64;
         let store = |parent: Option<u64>, blocks: &[(u64, u64)]| KvOp::Stored {
             lane: 0,
@@ -190,6 +225,19 @@ async fn duplicates_poison_and_epochs_over_kafka() {
             let c = &a.partition(landed[0].partition).counters;
             assert_eq!((c.duplicates, c.bad.values().sum::<u64>()), (1, 1), "{}", b.name);
         }
+        // The poison record (and only it: the duplicate is normal) went to the dead-letter topic.
+        let (payload, headers) = first_record(&b, &dead_letter);
+        assert_eq!(payload, b"not a record", "{}", b.name);
+        let want: BTreeMap<String, String> = [
+            ("prefixlog-source-topic", topic.clone()),
+            ("prefixlog-source-partition", landed[2].partition.to_string()),
+            ("prefixlog-source-offset", landed[2].offset.to_string()),
+            ("prefixlog-reason", "undecodable".to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        assert_eq!(headers, want, "{}", b.name);
         // Epoch bump clears.
         let l = publisher
             .publish_kv_events(&ks(), w, 0, 2, 1, false, &[store(None, &[(21, 7)])], None)

@@ -1,0 +1,117 @@
+//! The optional dead-letter copy of refused records: the record's key and bytes, unchanged, to
+//! another topic, with headers that say where it came from and why it was refused — so a bad
+//! record can be inspected or replayed after a fix without searching the log for it.
+//!
+//! Best effort and never blocking: the replica's state does not depend on the copy (the record
+//! is skipped either way), so a full producer queue or a broker error drops the copy and counts
+//! it (`prefixlog_dead_letter_failed_total`) instead of stalling the partition.
+//!
+//! Headers: `prefixlog-source-topic`, `prefixlog-source-partition`, `prefixlog-source-offset`
+//! (decimal), `prefixlog-reason` ([`crate::BadReason`]'s name).
+
+use crate::replica::ReplicaConfig;
+use rdkafka::client::ClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use std::time::Duration;
+
+/// Counts deliveries (from librdkafka's delivery reports, on its polling thread).
+struct Reports;
+
+impl ClientContext for Reports {}
+
+impl ProducerContext for Reports {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        match result {
+            Ok(_) => counters().0.inc(),
+            Err((e, _)) => {
+                counters().1.inc();
+                tracing::warn!(error = %e, "dead-letter copy not delivered");
+            }
+        }
+    }
+}
+
+/// `(copied, failed)` in prometheus' default registry (the admin port's `/metrics`).
+fn counters() -> &'static (prometheus::IntCounter, prometheus::IntCounter) {
+    static C: std::sync::OnceLock<(prometheus::IntCounter, prometheus::IntCounter)> =
+        std::sync::OnceLock::new();
+    C.get_or_init(|| {
+        let make = |name: &str, help: &str| {
+            let c = prometheus::IntCounter::new(name, help).expect("valid counter");
+            // A second registration (tests start several replicas) keeps the first.
+            let _ = prometheus::register(Box::new(c.clone()));
+            c
+        };
+        (
+            make("prefixlog_dead_letter_copied_total", "Refused records copied to the dead-letter topic"),
+            make(
+                "prefixlog_dead_letter_failed_total",
+                "Refused records whose dead-letter copy was dropped (queue full or not delivered)",
+            ),
+        )
+    })
+}
+
+/// Copies refused records to `topic`.
+pub struct DeadLetter {
+    producer: ThreadedProducer<Reports>,
+    topic: String,
+}
+
+impl DeadLetter {
+    /// A producer on the replica's brokers (with its extra properties).
+    pub fn new(cfg: &ReplicaConfig, topic: &str) -> Result<Self, KafkaError> {
+        let mut cc = ClientConfig::new();
+        cc.set("bootstrap.servers", &cfg.brokers).set("linger.ms", "5");
+        for (k, v) in &cfg.properties {
+            cc.set(k, v);
+        }
+        Ok(Self { producer: cc.create_with_context(Reports)?, topic: topic.into() })
+    }
+
+    pub fn topic(&self) -> &str {
+        &self.topic
+    }
+
+    /// Enqueues one copy; returns at once.
+    pub fn copy(&self, src: Source<'_>, key: Option<&[u8]>, payload: Option<&[u8]>) {
+        let (partition, offset) = (src.partition.to_string(), src.offset.to_string());
+        let headers = OwnedHeaders::new()
+            .insert(Header { key: "prefixlog-source-topic", value: Some(src.topic) })
+            .insert(Header { key: "prefixlog-source-partition", value: Some(&partition) })
+            .insert(Header { key: "prefixlog-source-offset", value: Some(&offset) })
+            .insert(Header { key: "prefixlog-reason", value: Some(src.reason) });
+        let mut record = BaseRecord::<[u8], [u8]>::to(&self.topic).headers(headers);
+        if let Some(k) = key {
+            record = record.key(k);
+        }
+        if let Some(p) = payload {
+            record = record.payload(p);
+        }
+        if let Err((e, _)) = self.producer.send(record) {
+            counters().1.inc();
+            tracing::warn!(error = %e, topic = %self.topic, "dead-letter copy dropped");
+        }
+    }
+}
+
+impl Drop for DeadLetter {
+    fn drop(&mut self) {
+        // Deliver what is queued (bounded: a stopping replica must not hang on a dead broker).
+        let _ = self.producer.flush(Duration::from_secs(5));
+    }
+}
+
+/// Where a refused record came from, and why it was refused.
+#[derive(Clone, Copy, Debug)]
+pub struct Source<'a> {
+    pub topic: &'a str,
+    pub partition: u32,
+    pub offset: i64,
+    pub reason: &'a str,
+}
