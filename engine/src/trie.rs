@@ -25,6 +25,9 @@ pub struct Member {
     pub stamp: u32,
 }
 
+/// Aligned to the cache line too: a chunk allocation need not start on one, and a node that
+/// straddles two lines costs two misses.
+#[repr(align(64))]
 pub struct Node {
     pub local: u64,
     /// Chained hash of all locals from the root: the node's position-bound identity.

@@ -38,6 +38,11 @@ pub enum ReplicaError {
     PartitionMismatch { topic: String, expected: u32, actual: u32 },
     #[error("topic {0:?} does not exist (create it with the configured partition count)")]
     NoTopic(String),
+    #[error(
+        "the dead-letter topic is the topic being consumed ({0:?}): every refused record would \
+         be copied back and refused again, forever"
+    )]
+    DeadLetterIsSource(String),
 }
 
 /// Live progress of one partition.
@@ -140,6 +145,11 @@ impl Replica {
         applier: Applier,
         dead_letter_topic: Option<&str>,
     ) -> Result<Self, ReplicaError> {
+        if dead_letter_topic == Some(cfg.topic.as_str()) {
+            return Err(ReplicaError::DeadLetterIsSource(cfg.topic));
+        }
+        // Before any thread starts, so an error here leaves nothing running.
+        let dead_letter = dead_letter_topic.map(|t| DeadLetter::new(&cfg, t)).transpose()?;
         let mut cc = ClientConfig::new();
         cc.set("bootstrap.servers", &cfg.brokers)
             .set("group.id", "prefixlog-replica-unused")
@@ -177,7 +187,6 @@ impl Replica {
                 .spawn(move || poll_watermarks(wm, cfg, status, stop))
                 .expect("spawn watermark thread")
         };
-        let dead_letter = dead_letter_topic.map(|t| DeadLetter::new(&cfg, t)).transpose()?;
         let thread = {
             let (applier, status, stop) = (applier.clone(), status.clone(), stop.clone());
             let topic = cfg.topic.clone();

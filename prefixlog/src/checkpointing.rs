@@ -91,8 +91,17 @@ pub fn spawn_loop(c: Checkpoints, a: &Args, applier: Arc<Mutex<Applier>>, covere
         .spawn(move || {
             let mut last = Instant::now();
             let mut covered = covered;
+            // After a failed checkpoint, wait before the next try: every try captures the whole
+            // state under the applier lock, and a lasting error (full disk) must not turn that
+            // into a pause of ingest every 100 ms.
+            let backoff =
+                if every.is_zero() { Duration::from_secs(30) } else { every.min(Duration::from_secs(30)) };
+            let mut retry_at: Option<Instant> = None;
             loop {
                 std::thread::sleep(Duration::from_millis(100));
+                if retry_at.is_some_and(|t| Instant::now() < t) {
+                    continue;
+                }
                 let now = applier.lock().offsets();
                 let behind = records_between(&covered, &now);
                 let due_time = !every.is_zero() && last.elapsed() >= every && behind > 0;
@@ -112,13 +121,17 @@ pub fn spawn_loop(c: Checkpoints, a: &Args, applier: Arc<Mutex<Applier>>, covere
                             "checkpoint written"
                         );
                         covered = meta.offsets.clone();
+                        retry_at = None;
                         match c.store.apply_retention(&retention) {
                             Ok(d) if !d.is_empty() => tracing::info!(deleted = ?d, "old checkpoints deleted"),
                             Ok(_) => {}
                             Err(e) => tracing::warn!(error = %e, "retention failed"),
                         }
                     }
-                    Err(e) => tracing::error!(error = %e, "checkpoint failed; will retry"),
+                    Err(e) => {
+                        tracing::error!(error = %e, retry_in = ?backoff, "checkpoint failed; will retry");
+                        retry_at = Some(Instant::now() + backoff);
+                    }
                 }
                 last = Instant::now();
             }

@@ -24,7 +24,8 @@ pub struct Args {
     /// Copy every refused record (undecodable, unknown version, invalid) to this topic, bytes
     /// and key unchanged, with headers prefixlog-source-topic/-partition/-offset and
     /// prefixlog-reason. Best effort (never stalls ingest). Every replica that has it set
-    /// copies the same records: set it on one replica.
+    /// copies the same records, and a restart copies the replayed tail's again (the headers
+    /// identify duplicates): set it on one replica.
     #[arg(long, env = "PREFIXLOG_DEAD_LETTER_TOPIC")]
     pub dead_letter_topic: Option<String>,
     /// Directory of the RocksDB checkpoint store. Without it the replica keeps no checkpoints

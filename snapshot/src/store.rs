@@ -287,8 +287,11 @@ impl CheckpointStore {
         // Move the checkpoint from the write-ahead log into a table file now: otherwise the
         // next open replays it from the WAL (measured: 2.7 s of a 6.6 s restart for 11.5M
         // holder-blocks). Atomicity and durability came from the synced batch above; a crash
-        // during the flush leaves the WAL, which still holds the whole batch.
-        self.db.flush()?;
+        // during the flush leaves the WAL, which still holds the whole batch. So a failed flush
+        // is not a failed checkpoint: the checkpoint is committed (and the next open replays it).
+        if let Err(e) = self.db.flush() {
+            tracing::warn!(checkpoint = id, error = %e, "flushing a written checkpoint failed; the next open replays it from the WAL");
+        }
         Ok(meta)
     }
 

@@ -266,5 +266,20 @@ async fn partition_count_mismatch_is_refused() {
         };
         let err = Replica::start(cfg, applier).err().expect("refused");
         assert!(err.to_string().contains("has 3 partitions"), "{}: {err}", b.name);
+        // A dead-letter topic that is the consumed topic would copy refused records in a loop.
+        let engine = Arc::new(Engine::new(EngineConfig { partitions: 3, ..Default::default() }));
+        let applier = Applier::new(engine, ApplyConfig { partitions: 3, ..Default::default() });
+        let cfg = ReplicaConfig {
+            brokers: b.brokers.clone(),
+            topic: topic.clone(),
+            partitions: 3,
+            properties: vec![],
+        };
+        let err = Replica::start_with(cfg, applier, Some(&topic)).err().expect("refused");
+        assert!(
+            err.to_string().contains("dead-letter topic is the topic being consumed"),
+            "{}: {err}",
+            b.name
+        );
     }
 }
