@@ -9,6 +9,12 @@
 //! through the seed makes a block's hash depend on its whole prefix (the same tokens after a
 //! different prefix are a different block), exactly as engines' prefix caches behave. A
 //! trailing partial block is not hashed: engines only cache full blocks.
+//!
+//! Namespaces: blocks computed under a LoRA adapter hold different KV for the same tokens, so
+//! they must never match the base model's. A namespaced chain starts from
+//! [`namespace_seed`] (xxh3-64 of the namespace's UTF-8 bytes) instead of 0 — the same idea as
+//! Dynamo's salted seed — and every later block inherits it through the chaining. The empty
+//! namespace is the plain scheme.
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
@@ -23,6 +29,24 @@ pub fn is_known(scheme: u32) -> bool {
 /// The local hashes of every full block of `tokens` under scheme 1. `block_size` 0 gives none.
 pub fn block_hashes(tokens: &[u32], block_size: usize) -> Vec<u64> {
     block_hashes_after(0, tokens, block_size)
+}
+
+/// Seed of a namespaced chain's first block: 0 for the empty namespace (the plain scheme),
+/// else xxh3-64 of the namespace's UTF-8 bytes (seed [`NAMESPACE_SEED`]).
+pub fn namespace_seed(namespace: &str) -> u64 {
+    if namespace.is_empty() {
+        0
+    } else {
+        xxh3_64_with_seed(namespace.as_bytes(), NAMESPACE_SEED)
+    }
+}
+
+/// The xxh3 seed [`namespace_seed`] hashes namespace names with ("prefixns" in ASCII).
+pub const NAMESPACE_SEED: u64 = u64::from_be_bytes(*b"prefixns");
+
+/// [`block_hashes`] of a prompt under a namespace (e.g. a LoRA adapter's name).
+pub fn block_hashes_in(namespace: &str, tokens: &[u32], block_size: usize) -> Vec<u64> {
+    block_hashes_after(namespace_seed(namespace), tokens, block_size)
 }
 
 /// Like [`block_hashes`], for blocks that continue a chain whose last block hashed to `parent`
@@ -51,25 +75,29 @@ mod tests {
 
     /// The golden cases: (name, tokens, block size). Shared with other languages through
     /// `python/golden_vectors.json`; changing a hash here is a wire-incompatible change.
-    fn cases() -> Vec<(&'static str, Vec<u32>, usize)> {
+    fn cases() -> Vec<(&'static str, Vec<u32>, usize, &'static str)> {
         vec![
-            ("empty", vec![], 4),
-            ("partial_only", vec![1, 2, 3], 4),
-            ("one_block", vec![1, 2, 3, 4], 4),
-            ("two_blocks_and_partial", (1..=10).collect(), 4),
-            ("large_ids", vec![0, u32::MAX, 151_643, 128_000, 7, 7, 7, 7], 4),
-            ("block16", (0..48).map(|i| i * 1_000 + 17).collect(), 16),
+            ("empty", vec![], 4, ""),
+            ("partial_only", vec![1, 2, 3], 4, ""),
+            ("one_block", vec![1, 2, 3, 4], 4, ""),
+            ("two_blocks_and_partial", (1..=10).collect(), 4, ""),
+            ("large_ids", vec![0, u32::MAX, 151_643, 128_000, 7, 7, 7, 7], 4, ""),
+            ("block16", (0..48).map(|i| i * 1_000 + 17).collect(), 16, ""),
+            ("lora_namespace", (1..=10).collect(), 4, "sql-adapter"),
+            ("unicode_namespace", vec![1, 2, 3, 4], 4, "адаптер-ü"),
         ]
     }
 
     fn golden_json() -> String {
-        let mut s = String::from("{\n  \"scheme\": 1,\n  \"description\": \"local_i = xxh3_64_with_seed(u32-LE bytes of block i, seed = local_{i-1}), seed 0 for block 0; trailing partial block not hashed\",\n  \"cases\": [\n");
+        let mut s = String::from("{\n  \"scheme\": 1,\n  \"description\": \"local_i = xxh3_64_with_seed(u32-LE bytes of block i, seed = local_{i-1}), seed 0 for block 0 (with a namespace: xxh3_64_with_seed(UTF-8 bytes of the namespace, 0x7072656669786e73)); trailing partial block not hashed\",\n  \"cases\": [\n");
         let cs = cases();
-        for (n, (name, tokens, bs)) in cs.iter().enumerate() {
+        for (n, (name, tokens, bs, ns)) in cs.iter().enumerate() {
             let toks: Vec<String> = tokens.iter().map(|t| t.to_string()).collect();
-            let hs: Vec<String> = block_hashes(tokens, *bs).iter().map(|h| format!("\"{h:016x}\"")).collect();
+            let hs: Vec<String> =
+                block_hashes_in(ns, tokens, *bs).iter().map(|h| format!("\"{h:016x}\"")).collect();
+            let ns_field = if ns.is_empty() { String::new() } else { format!("\"namespace\": \"{ns}\", ") };
             s += &format!(
-                "    {{\"name\": \"{name}\", \"block_size\": {bs}, \"tokens\": [{}], \"hashes\": [{}]}}{}\n",
+                "    {{\"name\": \"{name}\", {ns_field}\"block_size\": {bs}, \"tokens\": [{}], \"hashes\": [{}]}}{}\n",
                 toks.join(", "),
                 hs.join(", "),
                 if n + 1 < cs.len() { "," } else { "" }
@@ -112,5 +140,19 @@ mod tests {
         assert_ne!(a[1], b[1], "same block after a different prefix hashes differently");
         assert_eq!(block_hashes(&[1, 2, 9, 9, 5], 2), a, "partial tail ignored");
         assert!(block_hashes(&[1, 2], 0).is_empty());
+    }
+
+    #[test]
+    fn namespaces_separate_chains() {
+        let t: Vec<u32> = (1..=8).collect();
+        assert_eq!(block_hashes_in("", &t, 4), block_hashes(&t, 4), "empty namespace = plain scheme");
+        let a = block_hashes_in("adapter-a", &t, 4);
+        let b = block_hashes_in("adapter-b", &t, 4);
+        let plain = block_hashes(&t, 4);
+        for i in 0..2 {
+            assert!(a[i] != plain[i] && a[i] != b[i] && b[i] != plain[i], "block {i}");
+        }
+        // A continuation chains from its parent, which already carries the namespace.
+        assert_eq!(block_hashes_after(a[0], &t[4..], 4), a[1..]);
     }
 }

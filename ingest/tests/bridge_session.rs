@@ -96,9 +96,19 @@ fn refusals_lanes_and_clears() {
     if let Event::Stored { block_size, .. } = &mut other_bs {
         *block_size = Some(8);
     }
+    // An adapter given by name: indexed, in its own namespace (never as the base model's
+    // blocks). One given only by integer id (older vLLM): refused.
     let mut lora = stored(&[26], None, toks(0, 4));
     if let Event::Stored { lora_name, .. } = &mut lora {
         *lora_name = Some("adapter".into());
+    }
+    let mut lora_child = stored(&[28], Some(26), toks(4, 4));
+    if let Event::Stored { lora_name, .. } = &mut lora_child {
+        *lora_name = Some("adapter".into());
+    }
+    let mut lora_by_id = stored(&[29], None, toks(0, 4));
+    if let Event::Stored { lora_id, .. } = &mut lora_by_id {
+        *lora_id = Some(3);
     }
     let mut salted = stored(&[27], None, toks(0, 4));
     if let Event::Stored { extra_keys, .. } = &mut salted {
@@ -106,6 +116,8 @@ fn refusals_lanes_and_clears() {
     }
     let events = vec![
         lora,
+        lora_child,
+        lora_by_id,
         salted,
         lane1,
         cpu,
@@ -118,9 +130,15 @@ fn refusals_lanes_and_clears() {
     ];
     let ops = s.accept(0, 0, &batch(events), &m);
     let local = block_hashes(&toks(0, 4), 4)[0];
+    let mut adapter_tokens = toks(0, 4);
+    adapter_tokens.extend(toks(4, 4));
+    let in_adapter = prefixlog_engine::scheme::block_hashes_in("adapter", &adapter_tokens, 4);
+    assert_ne!(in_adapter[0], local, "an adapter's block is not the base model's block");
     assert_eq!(
         ops,
         vec![
+            KvOp::Stored { lane: 0, parent_ext: None, blocks: vec![(26, in_adapter[0])] },
+            KvOp::Stored { lane: 0, parent_ext: Some(26), blocks: vec![(28, in_adapter[1])] },
             KvOp::Stored { lane: 1, parent_ext: None, blocks: vec![(21, local)] },
             KvOp::Cleared { lane: 0 },
             KvOp::Cleared { lane: 1 },
@@ -133,7 +151,7 @@ fn refusals_lanes_and_clears() {
         ("refused_malformed", 1),
         ("events_unknown_type", 1),
         ("refused_namespaced", 2),
-        ("events_received", 10),
+        ("events_received", 12),
     ] {
         assert_eq!(m.get(name), Some(n), "{name}");
     }

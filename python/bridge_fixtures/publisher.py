@@ -267,7 +267,8 @@ def serve(a):
                    kv_cache_spec_kind="sliding_window", kv_cache_spec_sliding_window=128),
         stored_map([99], None, B_TOKENS[:6]),                  # 6 tokens: refused
         stored_map([98], None, B_TOKENS[:4], medium="CPU"),    # offload tier: refused
-        stored_map([97], None, B_TOKENS[:4], lora_name="adapter"),  # LoRA namespace: refused
+        stored_map([97], None, B_TOKENS[:4], lora_name="adapter",
+                   extra_keys=[["adapter"]]),          # LoRA by name: its own namespace
         stored_map([96], None, B_TOKENS[:4], extra_keys=[["salt"]]),  # cache_salt: refused
     ], dp_rank=1))
     eng_b.publish(batch_map([{"type": "BlockRemoved", "block_hashes": [B_HASH[1]]}], dp_rank=1),

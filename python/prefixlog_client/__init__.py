@@ -8,7 +8,7 @@
 
 The gRPC stubs are generated from ../proto (`python -m prefixlog_client.codegen`).
 """
-from .scheme import SCHEME_XXH3_CHAINED, block_hashes
+from .scheme import SCHEME_XXH3_CHAINED, block_hashes, namespace_seed
 
 
 def __getattr__(name):
@@ -21,4 +21,4 @@ def __getattr__(name):
     raise AttributeError(name)
 
 
-__all__ = ["IndexClient", "match", "MatchResult", "Score", "block_hashes", "SCHEME_XXH3_CHAINED"]
+__all__ = ["IndexClient", "match", "MatchResult", "Score", "block_hashes", "namespace_seed", "SCHEME_XXH3_CHAINED"]

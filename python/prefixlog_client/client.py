@@ -93,7 +93,10 @@ class IndexClient:
         min_offsets: Sequence[Tuple[int, int]] = (),
         allow_stale: bool = False,
         deadline: Optional[float] = None,
+        namespace: str = "",
     ) -> MatchResult:
+        """`namespace`: for `tokens`, the LoRA adapter (or other namespace) the request runs
+        under ("" = base model); `hashes` carry it already (block_hashes(..., namespace))."""
         model, block_size, scheme = keyspace
         req = query_pb2.MatchRequest(
             keyspace=records_pb2.Keyspace(model=model, block_size=block_size, hash_scheme=scheme),
@@ -103,6 +106,7 @@ class IndexClient:
         )
         if tokens is not None:
             req.tokens.ids.extend(tokens)
+            req.tokens.namespace = namespace
         elif hashes is not None:
             req.hashes.local.extend(hashes)
         if top_k is not None:

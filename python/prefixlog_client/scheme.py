@@ -3,20 +3,32 @@
 Scheme 1 (xxh3-64 chained): the prompt is cut into blocks of `block_size` token ids; block i's
 hash is xxh3_64(u32 little-endian bytes of its tokens, seed = hash of block i-1), seed 0 for
 block 0. A trailing partial block is not hashed (engines cache full blocks only).
+
+Namespaces (e.g. a LoRA adapter's name): the chain starts from namespace_seed(namespace) =
+xxh3_64(UTF-8 bytes of the namespace, seed NAMESPACE_SEED) instead of 0; "" is the plain scheme.
 """
 import struct
 
 import xxhash
 
 SCHEME_XXH3_CHAINED = 1
+NAMESPACE_SEED = int.from_bytes(b"prefixns", "big")
 
 
-def block_hashes(tokens, block_size):
-    """Local hashes (ints in [0, 2**64)) of every full block of `tokens` under scheme 1."""
+def namespace_seed(namespace):
+    """The first block's seed under `namespace` (0 for the plain scheme)."""
+    if not namespace:
+        return 0
+    return xxhash.xxh3_64_intdigest(namespace.encode("utf-8"), seed=NAMESPACE_SEED)
+
+
+def block_hashes(tokens, block_size, namespace=""):
+    """Local hashes (ints in [0, 2**64)) of every full block of `tokens` under scheme 1, in
+    `namespace` (e.g. the LoRA adapter the request runs under; "" for the base model)."""
     if block_size <= 0:
         return []
     out = []
-    seed = 0
+    seed = namespace_seed(namespace)
     fmt = "<%dI" % block_size
     for i in range(len(tokens) // block_size):
         seed = xxhash.xxh3_64_intdigest(struct.pack(fmt, *tokens[i * block_size:(i + 1) * block_size]), seed=seed)

@@ -13,7 +13,7 @@ def test_golden_vectors():
     assert g["scheme"] == 1
     assert len(g["cases"]) >= 5
     for c in g["cases"]:
-        got = ["%016x" % h for h in block_hashes(c["tokens"], c["block_size"])]
+        got = ["%016x" % h for h in block_hashes(c["tokens"], c["block_size"], c.get("namespace", ""))]
         assert got == c["hashes"], c["name"]
 
 

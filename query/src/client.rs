@@ -42,6 +42,9 @@ pub struct MatchQuery {
     /// Consistency token: answer only after these (partition, offset)s are applied.
     pub min_offsets: Vec<(u32, i64)>,
     pub allow_stale: bool,
+    /// For token prompts: the namespace (LoRA adapter name) the request runs under; "" = base.
+    /// Hash prompts carry their namespace in the hashes already (`scheme::block_hashes_in`).
+    pub namespace: String,
 }
 
 impl MatchQuery {
@@ -54,7 +57,15 @@ impl MatchQuery {
             intervals: false,
             min_offsets: vec![],
             allow_stale: false,
+            namespace: String::new(),
         }
+    }
+
+    /// A token prompt under a LoRA adapter (or another namespace): matched only against
+    /// blocks that engines stored under the same adapter.
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = namespace.into();
+        self
     }
 
     /// Read-your-writes: the answer reflects at least these landed records.
@@ -76,7 +87,10 @@ impl MatchQuery {
                 hash_scheme: self.keyspace.scheme,
             }),
             prompt: Some(match &self.prompt {
-                Prompt::Tokens(t) => v1::match_request::Prompt::Tokens(v1::TokenIds { ids: t.clone() }),
+                Prompt::Tokens(t) => v1::match_request::Prompt::Tokens(v1::TokenIds {
+                    ids: t.clone(),
+                    namespace: self.namespace.clone(),
+                }),
                 Prompt::Hashes(h) => v1::match_request::Prompt::Hashes(v1::BlockHashes { local: h.clone() }),
             }),
             intervals: self.intervals,

@@ -188,7 +188,7 @@ impl QueryService {
                 if n > self.cfg.max_blocks {
                     return Err(too_many(n));
                 }
-                Ok(scheme::block_hashes(&t.ids, id.block_size as usize))
+                Ok(scheme::block_hashes_in(&t.namespace, &t.ids, id.block_size as usize))
             }
         }
     }

@@ -231,7 +231,10 @@ async fn python_engines_through_bridge_to_replica() {
                         block_size: BS,
                         hash_scheme: 1,
                     }),
-                    prompt: Some(PbPrompt::Tokens(v1::TokenIds { ids: prompt.clone() })),
+                    prompt: Some(PbPrompt::Tokens(v1::TokenIds {
+                        ids: prompt.clone(),
+                        ..Default::default()
+                    })),
                     lane: Some(h.lane),
                     ..Default::default()
                 })
@@ -244,6 +247,29 @@ async fn python_engines_through_bridge_to_replica() {
                 .find(|s| (s.worker, s.dp_rank, s.lane) == (h.worker, h.dp_rank, h.lane))
                 .map_or(0, |s| s.depth);
             assert_eq!(got, *depth, "{}: gRPC score of {h}", b.name);
+        }
+        // B's block stored under LoRA adapter "adapter" matches only prompts under that adapter:
+        // depth 1 there (its one block), not credited to any other namespace's prompt.
+        for (namespace, want_depth) in [("adapter", 1), ("other-adapter", 0)] {
+            let resp = client
+                .r#match(MatchRequest {
+                    keyspace: Some(v1::Keyspace {
+                        model: "bridge-model".into(),
+                        block_size: BS,
+                        hash_scheme: 1,
+                    }),
+                    prompt: Some(PbPrompt::Tokens(v1::TokenIds {
+                        ids: b_prompt.clone(),
+                        namespace: namespace.into(),
+                    })),
+                    lane: Some(0),
+                    ..Default::default()
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            let got = resp.scores.iter().find(|s| (s.worker, s.dp_rank) == (2, 1)).map_or(0, |s| s.depth);
+            assert_eq!(got, want_depth, "{}: B under namespace {namespace:?}", b.name);
         }
         // Lane metadata announced by the bridge for engine B's cache group 1.
         {
@@ -287,7 +313,7 @@ async fn python_engines_through_bridge_to_replica() {
         );
         assert_eq!(
             (get(2, "refused_token_count"), get(2, "refused_medium"), get(2, "refused_namespaced")),
-            (1, 1, 2),
+            (1, 1, 1),
             "{}",
             b.name
         );

@@ -191,7 +191,7 @@ fn req(prompt: PbPrompt) -> MatchRequest {
 }
 
 fn tokens(ids: Vec<u32>) -> PbPrompt {
-    PbPrompt::Tokens(v1::TokenIds { ids })
+    PbPrompt::Tokens(v1::TokenIds { ids, ..Default::default() })
 }
 
 fn hashes(local: Vec<u64>) -> PbPrompt {

@@ -18,9 +18,11 @@ pub enum Refusal {
     Medium,
     /// A known event type with a missing or mistyped field.
     Malformed,
-    /// The engine's hash covers more than the token ids (LoRA adapter, cache salt, multimodal
-    /// inputs): the same tokens are a different cache entry, which the canonical token hash
-    /// cannot tell apart, so indexing it could credit blocks the worker does not hold.
+    /// The engine's hash covers more than the token ids and the LoRA adapter's name (cache
+    /// salt, multimodal inputs, or an adapter given only by integer id): the same tokens are a
+    /// different cache entry, which the canonical token hash cannot tell apart, so indexing it
+    /// could credit blocks the worker does not hold. (Adapters given by name are indexed under
+    /// their own namespace.)
     Namespaced,
 }
 

@@ -219,8 +219,11 @@ impl Session {
                 if medium.as_deref().is_some_and(|m| !m.eq_ignore_ascii_case(MEDIUM_GPU)) {
                     return Err(Refusal::Medium);
                 }
-                // vLLM sends lora_id 0 or nil for the base model.
-                if *extra_keys || lora_name.is_some() || lora_id.is_some_and(|id| id != 0) {
+                // vLLM sends lora_id 0 or nil for the base model. An adapter named by lora_name is
+                // a namespace of its own (its chain starts from the name's seed); a bare integer
+                // id (older vLLM) names nothing a gateway can hash with, and other extra keys
+                // cannot be reproduced from token ids: both refused.
+                if *extra_keys || (lora_name.is_none() && lora_id.is_some_and(|id| id != 0)) {
                     return Err(Refusal::Namespaced);
                 }
                 let Tokens::Ids(ids) = tokens else { return Err(Refusal::Tokens) };
@@ -233,7 +236,7 @@ impl Session {
                 }
                 let lane = group_idx.unwrap_or(0);
                 let seed = match parent {
-                    None => 0,
+                    None => prefixlog_engine::scheme::namespace_seed(lora_name.as_deref().unwrap_or("")),
                     Some(p) => *self.locals.get(&(lane, *p)).ok_or(Refusal::UnknownParent)?,
                 };
                 let locals = chain_from(seed, ids, bs);

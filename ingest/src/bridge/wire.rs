@@ -50,8 +50,9 @@ pub enum Event {
         /// vLLM's deprecated integer LoRA id (SGLang's `lora_id`).
         lora_id: Option<i64>,
         lora_name: Option<String>,
-        /// Whether any block carries extra hash keys (multimodal hashes, LoRA, cache salt,
-        /// prompt embeddings): then its engine hash covers more than its token ids.
+        /// Whether any block carries extra hash keys other than the LoRA adapter's name
+        /// (multimodal hashes, cache salt, prompt embeddings): then its engine hash covers
+        /// more than its token ids and its namespace.
         extra_keys: bool,
         group_idx: Option<u32>,
         kv_cache_spec_kind: Option<String>,
@@ -269,9 +270,16 @@ fn stored(f: StoredFields<'_>) -> Event {
         None | Some(Value::Nil) => None,
         Some(v) => Some(v.as_i64().unwrap_or(-1)),
     };
+    // vLLM puts the LoRA adapter's name in every block's extra keys. That alone is a namespace
+    // the bridge reproduces (`scheme::namespace_seed`); anything else (multimodal hashes, a
+    // cache salt, prompt embeddings) it cannot, so it counts as extra keys.
+    let only_lora_name = |k: &Value| match (k, &lora_name) {
+        (Value::Array(a), Some(name)) => a.len() == 1 && a[0].as_str() == Some(name.as_str()),
+        _ => false,
+    };
     let extra_keys = match f.extra_keys {
         None | Some(Value::Nil) => false,
-        Some(Value::Array(a)) => a.iter().any(|k| !k.is_nil()),
+        Some(Value::Array(a)) => a.iter().any(|k| !k.is_nil() && !only_lora_name(k)),
         Some(_) => true,
     };
     let kv_cache_spec_kind = opt_str(f.kind).ok().flatten();
