@@ -37,16 +37,21 @@ def last_chain():
     return [mix64(mix64(((i * 0x100) & M) ^ 0) ^ 0) for i in last["hash_ids"]]
 
 
-def test_scores_for_resident_chain():
-    chain = last_chain()
-    c = IndexClient([ADDR], deadline=2.0)
+def full_chain_answer(c, chain):
+    """Polls (up to 30 s) until some worker matches the whole chain; returns that answer."""
     t = time.monotonic()
     while True:
         r = c.match(KS, hashes=chain)
         if r.outcome == "scores" and r.scores[0].depth == len(chain):
-            break
+            return r
         assert time.monotonic() - t < 30, r
         time.sleep(0.2)
+
+
+def test_scores_for_resident_chain():
+    chain = last_chain()
+    c = IndexClient([ADDR], deadline=2.0)
+    r = full_chain_answer(c, chain)
     assert r.replica_id == "py-test"
     depths = [s.depth for s in r.scores]
     assert depths == sorted(depths, reverse=True)

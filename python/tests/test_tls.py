@@ -3,13 +3,12 @@
 a CA, a server certificate for localhost / 127.0.0.1, a client certificate).
 """
 import os
-import time
 
 import pytest
 
 from prefixlog_client import IndexClient
 
-from test_live import KS, last_chain
+from test_live import KS, full_chain_answer, last_chain
 
 ADDR = os.environ.get("PREFIXLOG_GRPC_TLS")
 TLS_DIR = os.environ.get("PREFIXLOG_TLS_DIR")
@@ -31,14 +30,7 @@ def test_mutual_tls_scores_like_the_plaintext_replica():
         private_key=pem("client.key"),
         certificate_chain=pem("client.pem"),
     )
-    chain = last_chain()
-    t = time.monotonic()
-    while True:
-        r = c.match(KS, hashes=chain)
-        if r.outcome == "scores" and r.scores[0].depth == len(chain):
-            break
-        assert time.monotonic() - t < 30, r
-        time.sleep(0.2)
+    r = full_chain_answer(c, last_chain())
     assert r.replica_id == "py-tls"
     c.close()
 

@@ -223,52 +223,30 @@ async fn python_engines_through_bridge_to_replica() {
         .await
         .unwrap();
         let mut client = PrefixIndexClient::connect(format!("http://{}", server.grpc_addr)).await.unwrap();
-        for (h, prompt, (depth, _)) in &want {
-            let resp = client
-                .r#match(MatchRequest {
-                    keyspace: Some(v1::Keyspace {
-                        model: "bridge-model".into(),
-                        block_size: BS,
-                        hash_scheme: 1,
-                    }),
-                    prompt: Some(PbPrompt::Tokens(v1::TokenIds {
-                        ids: prompt.clone(),
-                        ..Default::default()
-                    })),
-                    lane: Some(h.lane),
-                    ..Default::default()
-                })
-                .await
-                .unwrap()
-                .into_inner();
-            let got = resp
-                .scores
+        // The depth gRPC reports for `h` on a token prompt in a namespace ("" = base model).
+        let mut depth_of = async |h: HolderKey, ids: &[u32], namespace: &str| {
+            let req = MatchRequest {
+                keyspace: Some(v1::Keyspace { model: "bridge-model".into(), block_size: BS, hash_scheme: 1 }),
+                prompt: Some(PbPrompt::Tokens(v1::TokenIds {
+                    ids: ids.to_vec(),
+                    namespace: namespace.into(),
+                })),
+                lane: Some(h.lane),
+                ..Default::default()
+            };
+            let resp = client.r#match(req).await.unwrap().into_inner();
+            resp.scores
                 .iter()
                 .find(|s| (s.worker, s.dp_rank, s.lane) == (h.worker, h.dp_rank, h.lane))
-                .map_or(0, |s| s.depth);
-            assert_eq!(got, *depth, "{}: gRPC score of {h}", b.name);
+                .map_or(0, |s| s.depth)
+        };
+        for (h, prompt, (depth, _)) in &want {
+            assert_eq!(depth_of(*h, prompt, "").await, *depth, "{}: gRPC score of {h}", b.name);
         }
         // B's block stored under LoRA adapter "adapter" matches only prompts under that adapter:
         // depth 1 there (its one block), not credited to any other namespace's prompt.
         for (namespace, want_depth) in [("adapter", 1), ("other-adapter", 0)] {
-            let resp = client
-                .r#match(MatchRequest {
-                    keyspace: Some(v1::Keyspace {
-                        model: "bridge-model".into(),
-                        block_size: BS,
-                        hash_scheme: 1,
-                    }),
-                    prompt: Some(PbPrompt::Tokens(v1::TokenIds {
-                        ids: b_prompt.clone(),
-                        namespace: namespace.into(),
-                    })),
-                    lane: Some(0),
-                    ..Default::default()
-                })
-                .await
-                .unwrap()
-                .into_inner();
-            let got = resp.scores.iter().find(|s| (s.worker, s.dp_rank) == (2, 1)).map_or(0, |s| s.depth);
+            let got = depth_of(HolderKey::new(2, 1, 0), &b_prompt, namespace).await;
             assert_eq!(got, want_depth, "{}: B under namespace {namespace:?}", b.name);
         }
         // Lane metadata announced by the bridge for engine B's cache group 1.
