@@ -28,5 +28,5 @@ pub mod replica;
 pub use apply::{Applier, ApplyConfig, Outcome};
 pub use embedded::EmbeddedKafka;
 pub use publisher::{Landed, PublishError, Publisher, PublisherConfig};
-pub use record::{BadReason, KvOp, LaneMeta, Lifecycle, Op};
+pub use record::{BadReason, KvBatch, KvOp, LaneMeta, Lifecycle, Op};
 pub use replica::{probe_log, LogProbe, Replica, ReplicaConfig, ReplicaError, ReplicaStatus};

@@ -8,7 +8,7 @@
 //! with a clear error — it never drops an acknowledged record. On success it returns the
 //! (partition, offset) the record landed at: the consistency token for read-your-writes.
 
-use crate::record::{encode_lifecycle, encode_placement, encode_tick, worker_key, KvOp, Lifecycle};
+use crate::record::{encode_lifecycle, encode_placement, encode_tick, worker_key, KvBatch, KvOp, Lifecycle};
 use prefixlog_engine::{partition_of, HolderKey, KeyspaceId};
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
@@ -112,38 +112,17 @@ impl Publisher {
         events: &[KvOp],
         timestamp_ms: Option<i64>,
     ) -> Result<Landed, PublishError> {
-        self.publish_kv_events_with_lanes(
-            keyspace,
-            worker,
-            dp_rank,
-            epoch,
-            seq,
-            gap_before,
-            events,
-            &[],
-            timestamp_ms,
-        )
-        .await
+        let batch = KvBatch { keyspace, worker, dp_rank, epoch, seq, gap_before, events, lanes: &[] };
+        self.publish_kv_batch(&batch, timestamp_ms).await
     }
 
-    /// Like [`Self::publish_kv_events`], also announcing lane metadata (bridges).
-    #[allow(clippy::too_many_arguments)]
-    pub async fn publish_kv_events_with_lanes(
+    /// Publishes a batch with everything a record can carry (bridges: lane metadata too).
+    pub async fn publish_kv_batch(
         &self,
-        keyspace: &KeyspaceId,
-        worker: u64,
-        dp_rank: u32,
-        epoch: u64,
-        seq: u64,
-        gap_before: bool,
-        events: &[KvOp],
-        lanes: &[crate::LaneMeta],
+        batch: &KvBatch<'_>,
         timestamp_ms: Option<i64>,
     ) -> Result<Landed, PublishError> {
-        let v = crate::record::encode_kv_events_with_lanes(
-            keyspace, worker, dp_rank, epoch, seq, gap_before, events, lanes,
-        );
-        self.publish_raw(worker, &v, timestamp_ms).await
+        self.publish_raw(batch.worker, &batch.encode(), timestamp_ms).await
     }
 
     pub async fn publish_placement(

@@ -231,7 +231,7 @@ fn wrap(kind: pb::record::Kind) -> Vec<u8> {
     pb::Record { version: RECORD_VERSION, kind: Some(kind) }.encode_to_vec()
 }
 
-/// Encodes a KV event batch.
+/// Encodes a KV event batch (no lane metadata; see [`KvBatch`] for the full record).
 pub fn encode_kv_events(
     keyspace: &KeyspaceId,
     worker: u64,
@@ -241,60 +241,66 @@ pub fn encode_kv_events(
     gap_before: bool,
     events: &[KvOp],
 ) -> Vec<u8> {
-    encode_kv_events_with_lanes(keyspace, worker, dp_rank, epoch, seq, gap_before, events, &[])
+    KvBatch { keyspace, worker, dp_rank, epoch, seq, gap_before, events, lanes: &[] }.encode()
 }
 
-/// Encodes a KV event batch that also announces lane metadata.
-#[allow(clippy::too_many_arguments)]
-pub fn encode_kv_events_with_lanes(
-    keyspace: &KeyspaceId,
-    worker: u64,
-    dp_rank: u32,
-    epoch: u64,
-    seq: u64,
-    gap_before: bool,
-    events: &[KvOp],
-    lanes: &[LaneMeta],
-) -> Vec<u8> {
-    let events = events
-        .iter()
-        .map(|e| match e {
-            KvOp::Stored { lane, parent_ext, blocks } => pb::KvEvent {
-                lane: *lane,
-                event: Some(pb::kv_event::Event::Stored(pb::BlocksStored {
-                    parent_ext: *parent_ext,
-                    ext: blocks.iter().map(|b| b.0).collect(),
-                    local: blocks.iter().map(|b| b.1).collect(),
-                })),
-            },
-            KvOp::Removed { lane, exts } => pb::KvEvent {
-                lane: *lane,
-                event: Some(pb::kv_event::Event::Removed(pb::BlocksRemoved { ext: exts.clone() })),
-            },
-            KvOp::Cleared { lane } => pb::KvEvent {
-                lane: *lane,
-                event: Some(pb::kv_event::Event::Cleared(pb::AllBlocksCleared {})),
-            },
-        })
-        .collect();
-    wrap(pb::record::Kind::KvEvents(pb::KvEventBatch {
-        worker,
-        dp_rank,
-        keyspace: Some(pb_keyspace(keyspace)),
-        epoch,
-        seq,
-        events,
-        gap_before,
-        lanes: lanes
+/// One engine feed's KV event batch as a record: the feed header, the events, and the lane
+/// metadata it announces (bridges; empty otherwise).
+#[derive(Clone, Copy, Debug)]
+pub struct KvBatch<'a> {
+    pub keyspace: &'a KeyspaceId,
+    pub worker: u64,
+    pub dp_rank: u32,
+    pub epoch: u64,
+    pub seq: u64,
+    pub gap_before: bool,
+    pub events: &'a [KvOp],
+    pub lanes: &'a [LaneMeta],
+}
+
+impl KvBatch<'_> {
+    pub fn encode(&self) -> Vec<u8> {
+        let KvBatch { keyspace, worker, dp_rank, epoch, seq, gap_before, events, lanes } = *self;
+        let events = events
             .iter()
-            .map(|l| pb::LaneInfo {
-                lane: l.lane,
-                kind: l.kind.clone(),
-                sliding_window: l.sliding_window,
-                block_size: l.block_size,
+            .map(|e| match e {
+                KvOp::Stored { lane, parent_ext, blocks } => pb::KvEvent {
+                    lane: *lane,
+                    event: Some(pb::kv_event::Event::Stored(pb::BlocksStored {
+                        parent_ext: *parent_ext,
+                        ext: blocks.iter().map(|b| b.0).collect(),
+                        local: blocks.iter().map(|b| b.1).collect(),
+                    })),
+                },
+                KvOp::Removed { lane, exts } => pb::KvEvent {
+                    lane: *lane,
+                    event: Some(pb::kv_event::Event::Removed(pb::BlocksRemoved { ext: exts.clone() })),
+                },
+                KvOp::Cleared { lane } => pb::KvEvent {
+                    lane: *lane,
+                    event: Some(pb::kv_event::Event::Cleared(pb::AllBlocksCleared {})),
+                },
             })
-            .collect(),
-    }))
+            .collect();
+        wrap(pb::record::Kind::KvEvents(pb::KvEventBatch {
+            worker,
+            dp_rank,
+            keyspace: Some(pb_keyspace(keyspace)),
+            epoch,
+            seq,
+            events,
+            gap_before,
+            lanes: lanes
+                .iter()
+                .map(|l| pb::LaneInfo {
+                    lane: l.lane,
+                    kind: l.kind.clone(),
+                    sliding_window: l.sliding_window,
+                    block_size: l.block_size,
+                })
+                .collect(),
+        }))
+    }
 }
 
 /// Encodes a placement.

@@ -232,22 +232,22 @@ fn placements_expire_by_log_time_of_their_partition_only() {
 
 #[test]
 fn lane_metadata_is_kept_per_feed_and_cleared_by_a_new_epoch() {
-    use prefixlog_ingest::record::encode_kv_events_with_lanes;
-    use prefixlog_ingest::LaneMeta;
+    use prefixlog_ingest::{KvBatch, LaneMeta};
     let w = 9u64;
     let p = partition_of(w, P);
     let mut a = applier();
     let meta = LaneMeta { lane: 1, kind: "sliding_window".into(), sliding_window: 128, block_size: 16 };
-    let b = encode_kv_events_with_lanes(
-        &ks(),
-        w,
-        0,
-        1,
-        1,
-        false,
-        &[stored(None, &[(1, 1)])],
-        std::slice::from_ref(&meta),
-    );
+    let b = KvBatch {
+        keyspace: &ks(),
+        worker: w,
+        dp_rank: 0,
+        epoch: 1,
+        seq: 1,
+        gap_before: false,
+        events: &[stored(None, &[(1, 1)])],
+        lanes: std::slice::from_ref(&meta),
+    }
+    .encode();
     assert_eq!(a.apply(p, 0, 10, Some(&b)), Outcome::Applied);
     let d = a.partition_digest(p);
     let feed = a.partition(p).feeds.values().next().unwrap();

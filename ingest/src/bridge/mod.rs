@@ -33,7 +33,7 @@ pub mod session;
 pub mod wire;
 
 use crate::publisher::{Landed, PublishError, Publisher};
-use crate::record::{KvOp, Lifecycle};
+use crate::record::{KvBatch, KvOp, Lifecycle};
 use bytes::Bytes;
 use metrics::BridgeMetrics;
 use prefixlog_engine::KeyspaceId;
@@ -457,8 +457,9 @@ impl EngineBridge {
         // Log time is the bridge's clock (None = now), never the engine's `ts`: a skewed engine
         // clock would move the partition's log time for every worker on it.
         let mut ack: Pending = Box::pin(async move {
-            p.publish_kv_events_with_lanes(&ks, worker, dp, epoch, seq, gap_before, &owned, &lanes, None)
-                .await
+            let (events, lanes) = (&owned[..], &lanes[..]);
+            let batch = KvBatch { keyspace: &ks, worker, dp_rank: dp, epoch, seq, gap_before, events, lanes };
+            p.publish_kv_batch(&batch, None).await
         });
         // The first poll runs `FutureProducer::send` up to the enqueue (synchronous), so the
         // order of records in the partition is the order of these calls; librdkafka's
