@@ -18,7 +18,7 @@ use prefixlog_ingest::{Applier, ApplyConfig, Publisher, PublisherConfig, Replica
 use prefixlog_proto::v1::{
     self, match_request::Prompt as PbPrompt, prefix_index_client::PrefixIndexClient, MatchRequest,
 };
-use prefixlog_tests::{kafka_backends, unique_topic, KafkaBackend};
+use prefixlog_tests::{kafka_backends, listen_port, unique_topic, KafkaBackend};
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
@@ -49,10 +49,6 @@ fn python() -> Option<PathBuf> {
             .status()
             .is_ok_and(|s| s.success())
     })
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 fn replica(b: &KafkaBackend, topic: &str) -> Replica {
@@ -99,7 +95,7 @@ async fn python_engines_through_bridge_to_replica() {
         let r = replica(&b, &topic);
         let publisher = Publisher::new(PublisherConfig::new(&b.brokers, &topic, P)).unwrap();
         let [pa, pa_replay, pb, pc, pc_replay, dead, pd, pd_replay, pe, pe_replay, pf, pf_replay] =
-            [(); 12].map(|_| free_port());
+            [(); 12].map(|_| listen_port());
         let ep = |p: u16| format!("tcp://127.0.0.1:{p}");
         let engines = vec![
             EngineSpec {

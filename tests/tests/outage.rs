@@ -90,7 +90,7 @@ async fn replicas_survive_a_broker_outage() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = prefixlog_tests::listen_port();
     let brokers = format!("127.0.0.1:{port}");
     let mut broker = start_broker(&bin, dir.path(), port);
     wait_port(port).await;
