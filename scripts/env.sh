@@ -5,5 +5,5 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/prefixlog/target}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 PREFIXLOG_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export PREFIXLOG_ROOT
-# The bundled Mooncake trace: ../shared next to the clone, overridable.
-export PREFIXLOG_TRACE="${PREFIXLOG_TRACE:-$PREFIXLOG_ROOT/../shared/data/mooncake/conversation_trace.jsonl}"
+# The bundled Mooncake trace (data/mooncake, Apache-2.0), overridable.
+export PREFIXLOG_TRACE="${PREFIXLOG_TRACE:-$PREFIXLOG_ROOT/data/mooncake/conversation_trace.jsonl}"

@@ -17,7 +17,7 @@ use std::time::Instant;
 #[command(about = "Replay the trace workload through prefixlog's engine and report throughput and latency")]
 struct Args {
     /// Mooncake-format JSONL trace.
-    #[arg(long, env = "PREFIXLOG_TRACE", default_value = "../shared/data/mooncake/conversation_trace.jsonl")]
+    #[arg(long, env = "PREFIXLOG_TRACE", default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../data/mooncake/conversation_trace.jsonl"))]
     trace: PathBuf,
     /// Simulated workers.
     #[arg(long, default_value_t = 256)]

@@ -9,7 +9,7 @@ use std::path::Path;
 #[derive(clap::Args, Clone, Debug)]
 pub struct WorkloadArgs {
     /// Mooncake-format JSONL trace.
-    #[arg(long, env = "PREFIXLOG_TRACE", default_value = "../shared/data/mooncake/conversation_trace.jsonl")]
+    #[arg(long, env = "PREFIXLOG_TRACE", default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../data/mooncake/conversation_trace.jsonl"))]
     pub trace: std::path::PathBuf,
     /// Simulated workers.
     #[arg(long, default_value_t = 256)]

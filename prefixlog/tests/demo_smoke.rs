@@ -8,7 +8,7 @@ use std::process::Command;
 /// The bundled Mooncake trace when present, else a small synthetic conversation trace.
 fn trace(dir: &std::path::Path) -> PathBuf {
     let bundled = std::env::var_os("PREFIXLOG_TRACE").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/mooncake/conversation_trace.jsonl")
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../data/mooncake/conversation_trace.jsonl")
     });
     if bundled.is_file() {
         return bundled;

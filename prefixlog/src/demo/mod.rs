@@ -37,7 +37,7 @@ use tokio::sync::mpsc;
 #[derive(clap::Args, Clone, Debug)]
 pub struct Args {
     /// Mooncake-format JSONL trace.
-    #[arg(long, env = "PREFIXLOG_TRACE", default_value = "../shared/data/mooncake/conversation_trace.jsonl")]
+    #[arg(long, env = "PREFIXLOG_TRACE", default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../data/mooncake/conversation_trace.jsonl"))]
     pub trace: std::path::PathBuf,
     /// Replay only the first N requests of the trace (0: all of it).
     #[arg(long, default_value_t = 3000)]

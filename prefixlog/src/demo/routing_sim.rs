@@ -19,7 +19,7 @@ use std::collections::VecDeque;
 #[derive(clap::Args, Clone, Debug)]
 pub struct Args {
     /// Mooncake-format JSONL trace.
-    #[arg(long, env = "PREFIXLOG_TRACE", default_value = "../shared/data/mooncake/conversation_trace.jsonl")]
+    #[arg(long, env = "PREFIXLOG_TRACE", default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../data/mooncake/conversation_trace.jsonl"))]
     pub trace: std::path::PathBuf,
     /// Use only the first N requests (0: all).
     #[arg(long, default_value_t = 0)]
