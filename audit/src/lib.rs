@@ -1,12 +1,15 @@
 //! Audits: the index state at any past point, rebuilt from a retained checkpoint plus an exact
 //! replay of the log, and what the index would have answered then.
 //!
-//! Because a replica's state is a pure function of the log prefix it applied, the state "as of
-//! next offsets O" is: the newest retained checkpoint whose offsets are all ≤ O, then every
-//! record in `[checkpoint offset, O)` per partition. "As of log time T" is the prefix of each
-//! partition up to (not including) its first record stamped after T; prefixlog never asks the
-//! broker's time index (the embedded broker lacks it and retention drops it): checkpoints record
-//! each partition's (offset, log time), and the replay scans forward from there.
+//! Because a replica's state is a pure function of the log prefix it applied and its state
+//! settings, the state "as of next offsets O" is: the newest retained checkpoint whose offsets
+//! are all ≤ O, then every record in `[checkpoint offset, O)` per partition, applied with the
+//! checkpoint's settings. "As of log time T" is the prefix of each partition up to (not
+//! including) its first record stamped after T; prefixlog never asks the broker's time index
+//! (the embedded broker lacks it and retention drops it): checkpoints record each partition's
+//! (offset, log time), and the replay scans forward from there. Replays go through
+//! `prefixlog_ingest::replay`, the one bounded reader: a target is reached exactly or the
+//! audit fails.
 //!
 //! Module map:
 //! - [`reconstruct`]: choose the checkpoint, replay to the point, [`Reconstructed`] state.
@@ -17,5 +20,5 @@ pub mod queries;
 pub mod reconstruct;
 pub mod verify;
 
-pub use reconstruct::{advance, reconstruct, AuditError, LogSource, Point, Reconstructed};
+pub use reconstruct::{advance, reconstruct, reconstruct_at, AuditError, Point, Reconstructed};
 pub use verify::{verify, VerifyReport};

@@ -1,36 +1,22 @@
 //! Rebuilding the state at a past point.
 
 use indicatif::{ProgressBar, ProgressStyle};
-use prefixlog_engine::{Engine, EngineConfig};
-use prefixlog_ingest::{Applier, ApplyConfig};
-use prefixlog_snapshot::{restore, CheckpointMeta, CheckpointStore};
-use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::Message;
-use rdkafka::{Offset, TopicPartitionList};
-use std::time::Duration;
+use prefixlog_ingest::{
+    check_compatible, probe_log, replay, Applier, LogIdentity, LogProbe, LogSpec, ReplayError, ReplayOptions,
+    Until,
+};
+use prefixlog_snapshot::{restore, CheckpointMeta, CheckpointStore, RestoreError};
+use std::collections::BTreeMap;
 
 /// Where to stop.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Point {
     /// Next offsets per partition (what a query response's `applied` offsets say): every record
-    /// below them is applied, none at or above. Partitions not named are taken to their end.
+    /// below them is applied, none at or above. Owned partitions not named are taken to their
+    /// end.
     Offsets(Vec<(u32, i64)>),
     /// Log time in ms: per partition, every record before the first one stamped after it.
     Time(u64),
-}
-
-/// The log to replay and what is known about its retained range.
-#[derive(Clone, Debug)]
-pub struct LogSource {
-    pub brokers: String,
-    pub topic: String,
-    pub partitions: u32,
-    pub properties: Vec<(String, String)>,
-    /// First retained offset per partition (0 unless retention dropped records).
-    pub low_watermarks: Vec<i64>,
-    /// End of each partition.
-    pub high_watermarks: Vec<i64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -41,10 +27,14 @@ pub enum AuditError {
     TooOld { why: String, earliest: String },
     #[error("the requested point is beyond the end of the log (partition {partition}: asked {asked}, log ends at {end})")]
     BeyondEnd { partition: u32, asked: i64, end: i64 },
-    #[error("checkpoint {0}: {1}")]
-    Checkpoint(u64, String),
-    #[error("kafka: {0}")]
-    Kafka(#[from] rdkafka::error::KafkaError),
+    #[error("partition {0} is not part of this audit (not owned by --shard)")]
+    NotOwned(u32),
+    #[error(transparent)]
+    Restore(#[from] RestoreError),
+    #[error(transparent)]
+    Replay(#[from] ReplayError),
+    #[error(transparent)]
+    Probe(#[from] prefixlog_ingest::ProbeError),
 }
 
 /// The state at the point.
@@ -62,190 +52,154 @@ impl Reconstructed {
     }
 }
 
-fn target_offsets(point: &Point, log: &LogSource) -> Result<Option<Vec<i64>>, AuditError> {
+/// The target next offsets of a point given as offsets, every owned partition named.
+fn target_offsets(
+    spec: &LogSpec,
+    point: &Point,
+    probe: &LogProbe,
+) -> Result<Option<BTreeMap<u32, i64>>, AuditError> {
     let Point::Offsets(o) = point else { return Ok(None) };
-    let mut t = log.high_watermarks.clone();
+    let mut t: BTreeMap<u32, i64> = spec.owned().iter().map(|&p| (p, probe.high(p))).collect();
     for &(p, off) in o {
-        let end = *log.high_watermarks.get(p as usize).unwrap_or(&0);
-        if off > end {
-            return Err(AuditError::BeyondEnd { partition: p, asked: off, end });
+        let Some(x) = t.get_mut(&p) else { return Err(AuditError::NotOwned(p)) };
+        if off > probe.high(p) {
+            return Err(AuditError::BeyondEnd { partition: p, asked: off, end: probe.high(p) });
         }
-        if let Some(x) = t.get_mut(p as usize) {
-            *x = off;
-        }
+        *x = off;
     }
     Ok(Some(t))
 }
 
-fn usable(meta: &CheckpointMeta, point: &Point, target: &Option<Vec<i64>>) -> bool {
+fn usable(meta: &CheckpointMeta, point: &Point, target: &Option<BTreeMap<u32, i64>>) -> bool {
     match (point, target) {
-        (Point::Offsets(_), Some(t)) => meta.offsets.iter().zip(t).all(|(c, t)| c <= t),
-        (Point::Time(time), _) => meta.log_times.iter().all(|lt| lt <= time),
+        (Point::Offsets(_), Some(t)) => t.iter().all(|(&p, &o)| meta.offsets[p as usize] <= o),
+        (Point::Time(time), _) => meta.covered().all(|(_, _, lt)| lt <= *time),
         _ => false,
+    }
+}
+
+/// The newest retained checkpoint of this log covering the audited partitions and no later
+/// than the point, and the oldest such checkpoint (for the "too old" message). The one
+/// compatibility rule applies, with the checkpoint's own settings: an audit reproduces what
+/// the replica said with the settings it ran with.
+fn choose(
+    store: &CheckpointStore,
+    ours: &LogIdentity,
+    need: &[u32],
+    point: &Point,
+    target: &Option<BTreeMap<u32, i64>>,
+) -> (Option<CheckpointMeta>, Option<CheckpointMeta>) {
+    let (mut base, mut oldest) = (None, None);
+    for id in store.ids() {
+        let Ok(meta) = store.meta(id) else { continue };
+        let ours = LogIdentity { settings: meta.identity.settings, ..ours.clone() };
+        if check_compatible(&ours, &meta.identity, need).is_err() {
+            continue;
+        }
+        if base.is_none() && usable(&meta, point, target) {
+            base = Some(meta.clone());
+        }
+        oldest = Some(meta);
+    }
+    (base, oldest)
+}
+
+fn too_old(oldest: Option<CheckpointMeta>, probe: &LogProbe) -> AuditError {
+    let earliest = match oldest {
+        Some(m) => {
+            format!("checkpoint {} (log time {} ms, offsets {:?})", m.id, m.log_time(), m.covered_offsets())
+        }
+        None => format!("none: no retained checkpoint, and the log starts at {:?}", probe.watermarks),
+    };
+    AuditError::TooOld {
+        why: "no retained checkpoint is at or before it and the log no longer starts at offset 0".into(),
+        earliest,
     }
 }
 
 /// Rebuilds the state at `point`: newest usable retained checkpoint, then exact replay.
 pub fn reconstruct(
     store: Option<&CheckpointStore>,
-    log: &LogSource,
+    spec: &LogSpec,
     point: &Point,
-    engine_cfg: EngineConfig,
-    apply_cfg: ApplyConfig,
     progress: bool,
 ) -> Result<Reconstructed, AuditError> {
-    let target = target_offsets(point, log)?;
-    let mut base = None;
-    let mut oldest: Option<CheckpointMeta> = None;
-    if let Some(store) = store {
-        for id in store.ids() {
-            let Ok(meta) = store.meta(id) else { continue };
-            if meta.identity.topic != log.topic || meta.identity.partitions != log.partitions {
-                continue;
-            }
-            oldest = Some(meta.clone());
-            if base.is_none() && usable(&meta, point, &target) {
-                base = Some(meta);
-            }
-        }
-    }
-    let log_from_start = log.low_watermarks.iter().all(|&l| l == 0);
+    reconstruct_at(store, spec, &probe_log(spec)?, point, progress)
+}
+
+/// [`reconstruct`] with the log's range as `probe` says (tests use it to present a log whose
+/// head retention has dropped).
+pub fn reconstruct_at(
+    store: Option<&CheckpointStore>,
+    spec: &LogSpec,
+    probe: &LogProbe,
+    point: &Point,
+    progress: bool,
+) -> Result<Reconstructed, AuditError> {
+    let probe = probe.clone();
+    let target = target_offsets(spec, point, &probe)?;
+    let ours = LogIdentity {
+        cluster_id: probe.cluster_id.clone(),
+        topic: spec.topic.clone(),
+        partitions: spec.partitions,
+        owned: spec.owned().to_vec(),
+        settings: spec.settings,
+    };
+    let (base, oldest) = match store {
+        Some(s) => choose(s, &ours, spec.owned(), point, &target),
+        None => (None, None),
+    };
     let (mut applier, checkpoint) = match &base {
         Some(meta) => {
-            let l = store
-                .expect("store")
-                .load(meta.id)
-                .map_err(|e| AuditError::Checkpoint(meta.id, e.to_string()))?;
-            let a = restore(&l, engine_cfg, apply_cfg).map_err(|e| AuditError::Checkpoint(meta.id, e))?;
-            (a, Some(meta.id))
+            let loaded = store.expect("a base implies a store").load(meta.id).map_err(RestoreError::from)?;
+            (restore(&loaded)?.extract(spec.owned()), Some(meta.id))
         }
-        None if log_from_start => {
-            (Applier::new(std::sync::Arc::new(Engine::new(engine_cfg)), apply_cfg), None)
-        }
-        None => {
-            let earliest = match &oldest {
-                Some(m) => {
-                    format!("checkpoint {} (log time {} ms, offsets {:?})", m.id, m.log_time(), m.offsets)
-                }
-                None => format!(
-                    "none: no retained checkpoint, and the log starts at offsets {:?}",
-                    log.low_watermarks
-                ),
-            };
-            return Err(AuditError::TooOld {
-                why: "no retained checkpoint is at or before it and the log no longer starts at offset 0"
-                    .into(),
-                earliest,
-            });
-        }
+        None if probe.from_start() => (Applier::new(spec.partitions, spec.settings), None),
+        None => return Err(too_old(oldest, &probe)),
     };
     // For a checkpoint base, the log must still hold everything after it.
-    for (p, (&from, &low)) in applier
-        .partitions()
-        .iter()
-        .map(|s| s.next_offset)
-        .collect::<Vec<_>>()
-        .iter()
-        .zip(&log.low_watermarks)
-        .enumerate()
-    {
+    for &p in spec.owned() {
+        let (from, low) = (applier.partition(p).next_offset, probe.low(p));
         if from < low {
             return Err(AuditError::TooOld {
                 why: format!("partition {p} would replay from offset {from} but the log starts at {low}"),
-                earliest: format!("log start offsets {:?}", log.low_watermarks),
+                earliest: format!("log start offsets {:?}", probe.watermarks),
             });
         }
     }
-    let replayed = replay(&mut applier, log, point, target.as_deref(), progress)?;
+    let replayed = advance(&mut applier, spec, point, progress)?;
     Ok(Reconstructed { applier, checkpoint, replayed })
 }
 
-/// Applies records from the applier's current offsets up to `point` (for walking forward from
-/// one reconstructed point to a later one).
+/// Applies records from the applier's current offsets up to `point` (also for walking forward
+/// from one reconstructed point to a later one).
 pub fn advance(
     applier: &mut Applier,
-    log: &LogSource,
+    spec: &LogSpec,
     point: &Point,
     progress: bool,
 ) -> Result<u64, AuditError> {
-    let target = target_offsets(point, log)?;
-    replay(applier, log, point, target.as_deref(), progress)
-}
-
-/// Applies records from the applier's offsets up to the point.
-fn replay(
-    applier: &mut Applier,
-    log: &LogSource,
-    point: &Point,
-    target: Option<&[i64]>,
-    progress: bool,
-) -> Result<u64, AuditError> {
-    let ends: Vec<i64> = match target {
-        Some(t) => t.to_vec(),
-        None => log.high_watermarks.clone(),
+    let until = match point {
+        Point::Time(t) => Until::Time(*t),
+        Point::Offsets(_) => {
+            let probe = probe_log(spec)?;
+            let target = target_offsets(spec, point, &probe)?.unwrap_or_default();
+            Until::Offsets(
+                target.into_iter().filter(|&(p, o)| applier.partition(p).next_offset < o).collect(),
+            )
+        }
     };
-    let mut open: Vec<bool> =
-        (0..log.partitions as usize).map(|p| applier.partition(p as u32).next_offset < ends[p]).collect();
-    let total: i64 = (0..log.partitions as usize)
-        .map(|p| (ends[p] - applier.partition(p as u32).next_offset).max(0))
-        .sum();
-    let bar = if progress { ProgressBar::new(total as u64) } else { ProgressBar::hidden() };
+    let bar = if progress { ProgressBar::new(0) } else { ProgressBar::hidden() };
     bar.set_style(
         ProgressStyle::with_template("replaying {bar:40} {pos}/{len} records ({per_sec}, eta {eta})")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    if !open.iter().any(|&o| o) {
-        return Ok(0);
-    }
-    let mut cc = ClientConfig::new();
-    cc.set("bootstrap.servers", &log.brokers)
-        .set("group.id", "prefixlog-audit-unused")
-        .set("enable.auto.commit", "false")
-        .set("fetch.wait.max.ms", "10");
-    for (k, v) in &log.properties {
-        cc.set(k, v);
-    }
-    let consumer: BaseConsumer = cc.create()?;
-    let mut tpl = TopicPartitionList::new();
-    for (p, &o) in open.iter().enumerate() {
-        if o {
-            tpl.add_partition_offset(
-                &log.topic,
-                p as i32,
-                Offset::Offset(applier.partition(p as u32).next_offset),
-            )?;
-        }
-    }
-    consumer.assign(&tpl)?;
-    let mut n = 0u64;
-    let mut idle = 0;
-    while open.iter().any(|&o| o) {
-        let Some(m) = consumer.poll(Duration::from_millis(200)) else {
-            idle += 1;
-            if idle > 150 {
-                break; // 30 s without a record: the broker is gone; report what we have
-            }
-            continue;
-        };
-        idle = 0;
-        let m = m?;
-        let p = m.partition() as usize;
-        if !open[p] {
-            continue;
-        }
-        let ts = m.timestamp().to_millis().unwrap_or(0).max(0) as u64;
-        let stop = m.offset() >= ends[p] || matches!(point, Point::Time(t) if ts > *t);
-        if stop {
-            open[p] = false;
-            continue;
-        }
-        applier.apply(p as u32, m.offset(), ts, m.payload());
-        n += 1;
-        bar.inc(1);
-        if m.offset() + 1 >= ends[p] {
-            open[p] = false;
-        }
-    }
+    let mut report = |done: u64, total: u64| {
+        bar.set_length(total);
+        bar.set_position(done);
+    };
+    let opts = ReplayOptions { progress: Some(&mut report), ..ReplayOptions::default() };
+    let n = replay(spec, applier, &until, opts)?;
     bar.finish_and_clear();
     Ok(n)
 }

@@ -3,13 +3,11 @@
 //! documented message; `verify` passes on clean history and catches a tampered checkpoint.
 
 use prefixlog_audit::queries::{answer, Hash, KeyspaceJson, Query};
-use prefixlog_audit::{reconstruct, verify, AuditError, LogSource, Point};
-use prefixlog_engine::{Engine, EngineConfig, KeyspaceId};
-use prefixlog_ingest::{
-    probe_log, Applier, ApplyConfig, EmbeddedKafka, KvOp, Publisher, PublisherConfig, Replica, ReplicaConfig,
-};
-use prefixlog_snapshot::{capture, checkpoint, CheckpointStore, LogIdentity};
-use std::sync::Arc;
+use prefixlog_audit::{reconstruct, reconstruct_at, verify, AuditError, Point};
+use prefixlog_engine::KeyspaceId;
+use prefixlog_ingest::{probe_log, EmbeddedKafka, KafkaConnection, KvOp, LogSpec, Publisher};
+use prefixlog_node::{CheckpointPolicy, NodeOptions, ReplicaNode};
+use prefixlog_snapshot::{capture, CheckpointStore, Retention};
 use std::time::Duration;
 
 const P: u32 = 4;
@@ -17,12 +15,6 @@ const TOPIC: &str = "prefixlog.audit";
 
 fn ks() -> KeyspaceId {
     KeyspaceId::new("m", 16, 1)
-}
-fn cfgs() -> (EngineConfig, ApplyConfig) {
-    (
-        EngineConfig { partitions: P, ..Default::default() },
-        ApplyConfig { partitions: P, ..Default::default() },
-    )
 }
 fn query(chain: &[u64]) -> Query {
     Query {
@@ -37,17 +29,20 @@ fn query(chain: &[u64]) -> Query {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn audit_reproduces_live_answers_and_verifies_history() {
     let kafka = EmbeddedKafka::start(TOPIC, P).unwrap();
-    let brokers = kafka.bootstrap_servers();
-    let publisher = Publisher::new(PublisherConfig::new(&brokers, TOPIC, P)).unwrap();
-    let rcfg =
-        ReplicaConfig { brokers: brokers.clone(), topic: TOPIC.into(), partitions: P, properties: vec![] };
-    let (ecfg, acfg) = cfgs();
-    let replica =
-        Replica::start(rcfg.clone(), Applier::new(Arc::new(Engine::new(ecfg.clone())), acfg.clone()))
-            .unwrap();
+    let log = LogSpec::new(KafkaConnection::new(kafka.bootstrap_servers()), TOPIC, P);
+    let publisher = Publisher::new(&log).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let store = CheckpointStore::open(dir.path()).unwrap();
-    let identity = LogIdentity { cluster_id: "c".into(), topic: TOPIC.into(), partitions: P };
+    // Checkpoints only when the test takes them, all kept.
+    let opts = NodeOptions {
+        data_dir: Some(dir.path().to_path_buf()),
+        checkpoints: CheckpointPolicy {
+            interval: Duration::ZERO,
+            records: 0,
+            retention: Retention { keep_last: 100, ..Default::default() },
+        },
+        ..NodeOptions::default()
+    };
+    let replica = ReplicaNode::start(log.clone(), opts).await.unwrap();
     let queries: Vec<Vec<u64>> = vec![vec![1, 2, 3, 4], vec![1, 2, 9], vec![7, 8]];
     let mut recorded = Vec::new(); // (offsets, phase time, answers)
     let mut seqs = [0u64; 8];
@@ -67,7 +62,7 @@ async fn audit_reproduces_live_answers_and_verifies_history() {
                 .publish_kv_events(&ks(), w, 0, 1, seqs[w as usize], false, &ops, Some(t as i64))
                 .await
                 .unwrap();
-            landed.push((l.partition, l.offset));
+            landed.push(l.token());
         }
         assert!(replica.status().wait_for(&landed, Duration::from_secs(30)).await);
         // Give the consumer a moment to drain this phase fully, then snapshot answers + offsets
@@ -80,52 +75,38 @@ async fn audit_reproduces_live_answers_and_verifies_history() {
             recorded.push((offsets, t, answers));
         }
         if phase % 4 == 1 {
-            checkpoint(replica.applier(), &store, &identity).unwrap();
+            replica.checkpoint_now().unwrap();
         }
     }
-    let probe = probe_log(&rcfg).unwrap();
-    let log = LogSource {
-        brokers: brokers.clone(),
-        topic: TOPIC.into(),
-        partitions: P,
-        properties: vec![],
-        low_watermarks: probe.low_watermarks.clone(),
-        high_watermarks: probe.high_watermarks.clone(),
-    };
+    // The audit reads the store beside the live replica.
+    let store = CheckpointStore::open_reader(&dir.path().join("checkpoints")).unwrap();
     for (offsets, t, answers) in &recorded {
-        let r = reconstruct(
-            Some(&store),
-            &log,
-            &Point::Offsets(offsets.clone()),
-            ecfg.clone(),
-            acfg.clone(),
-            false,
-        )
-        .unwrap();
+        let r = reconstruct(Some(&store), &log, &Point::Offsets(offsets.clone()), false).unwrap();
         for (q, want) in queries.iter().zip(answers) {
             assert_eq!(&answer(r.applier.engine(), &query(q)).unwrap(), want, "offsets {offsets:?}");
         }
         // The same point by log time.
-        let rt =
-            reconstruct(Some(&store), &log, &Point::Time(*t), ecfg.clone(), acfg.clone(), false).unwrap();
+        let rt = reconstruct(Some(&store), &log, &Point::Time(*t), false).unwrap();
         assert_eq!(rt.offsets(), r.offsets(), "time {t}");
     }
 
     // Clean history verifies; a tampered checkpoint does not.
-    let clean = verify(&store, &log, 0, u64::MAX, ecfg.clone(), acfg.clone(), false).unwrap();
+    let clean = verify(&store, &log, 0, u64::MAX, false).unwrap();
     assert!(clean.checked >= 2 && clean.mismatches.is_empty(), "{clean:?}");
     let mut c = capture(replica.applier());
     let d = &mut c.keyspaces[0];
     let victim = d.holders.iter_mut().find(|h| !h.members.is_empty()).unwrap();
     victim.members.pop();
-    store.write(&identity, &c.partitions, &c.keyspaces, 0).unwrap();
-    let tampered = verify(&store, &log, 0, u64::MAX, ecfg.clone(), acfg.clone(), false).unwrap();
+    replica.store().unwrap().write(replica.identity(), &c.partitions, &c.keyspaces, 0).unwrap();
+    let store = CheckpointStore::open_reader(&dir.path().join("checkpoints")).unwrap();
+    let tampered = verify(&store, &log, 0, u64::MAX, false).unwrap();
     assert_eq!(tampered.mismatches.len(), 1, "{tampered:?}");
 
     // A point before the oldest retained checkpoint, with the log's head dropped by retention.
-    let truncated = LogSource { low_watermarks: vec![1; P as usize], ..log.clone() };
+    let mut truncated = probe_log(&log).unwrap();
+    truncated.watermarks.values_mut().for_each(|w| w.low = 1);
     let err =
-        reconstruct(Some(&store), &truncated, &Point::Time(5_000), ecfg, acfg, false).err().expect("too old");
+        reconstruct_at(Some(&store), &log, &truncated, &Point::Time(5_000), false).err().expect("too old");
     assert!(matches!(err, AuditError::TooOld { .. }));
     assert!(err.to_string().contains("Earliest reachable point: checkpoint 1"), "{err}");
 }

@@ -1,59 +1,41 @@
 //! Deterministic application of log records to the engine.
 //!
 //! The [`Applier`] is the only writer of a replica's engine. Its state — the engine plus, per
-//! partition, the next offset, the log time and the feed table — is a pure function of the
-//! records applied, partition by partition, in offset order. Different interleavings of
+//! partition, a [`PartitionState`] — is a pure function of the records applied, partition by
+//! partition, in offset order, and of the [`StateSettings`]. Different interleavings of
 //! partitions give the same per-partition digests (tested), because a worker's records are all
 //! in one partition and holders never share mutable state across workers.
+//!
+//! Offsets are strict: a partition applies exactly its next offset. A higher one is refused
+//! ([`NotNext`]): records were lost in between, and only [`Applier::accept_gap`] — an
+//! operator's explicit choice — moves past them, marking the partition's holders gapped.
 //!
 //! Feed policy (one feed = one engine event stream = keyspace × worker × dp rank):
 //! - a batch with an older epoch than the feed's is stale: skipped, counted;
 //! - a newer epoch (or a `restarted` lifecycle record) clears every lane of the feed first;
 //! - within an epoch, `seq <= last` is a duplicate (a bridge retry): skipped, counted;
 //! - `seq > last + 1`, or a batch flagged `gap_before`, is a gap: the batch is applied, every
-//!   lane of the feed is marked gapped (visible in holder summaries and metrics) until the feed
-//!   is resynchronised (a new epoch, or an all-cleared event). Its state stays usable, but a
-//!   removal lost in the gap would leave a block credited that the worker no longer holds, so
-//!   the gap is made visible rather than hidden (bridges recover gaps through the engine's
-//!   replay socket before it comes to this);
+//!   lane of the feed is marked gapped (visible in answers and metrics) until the feed is
+//!   resynchronised (a new epoch, or an all-cleared event): a removal lost in the gap would
+//!   otherwise leave a block credited that the worker no longer holds;
 //! - the first batch of a feed starts it at whatever seq it carries.
 //!
-//! Log time per partition is the maximum record timestamp seen (producers' clocks may step
-//! back). Placement expiry runs whenever a partition's log time enters a new
-//! `expiry_interval_ms` bucket, for that partition's holders only, so every replica expires at
-//! the same records. Quiet partitions are advanced by tick records (see `publisher`).
+//! Log time per partition follows record timestamps, never moving back and moving forward at
+//! most `max_log_time_step_ms` per record (a producer with a wrong clock cannot expire every
+//! placement at once; cut records are counted). Placement expiry runs whenever a partition's
+//! log time enters a new `expiry_interval_ms` bucket, for that partition's holders only, so
+//! every replica expires at the same records. Quiet partitions are advanced by tick records.
 
-use crate::record::{decode, BadReason, KvOp, LaneMeta, Lifecycle, Op};
-use prefixlog_engine::digest::mix64;
-use prefixlog_engine::{partition_of, Engine, HolderKey, KeyspaceId, LogTime};
-use std::collections::{BTreeMap, BTreeSet};
+use crate::partition_state::{DigestPoint, Feed, FeedKey, PartitionState};
+use crate::record::{decode, KvOp, Lifecycle, Op};
+use crate::settings::StateSettings;
+use prefixlog_engine::{partition_of, ApplyError, Engine, HolderKey, KeyspaceId, LogTime};
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
 
-#[derive(Clone, Debug)]
-pub struct ApplyConfig {
-    pub partitions: u32,
-    /// Largest number of blocks one record may carry.
-    pub max_blocks_per_record: usize,
-    /// Placement expiry granularity, in log time.
-    pub expiry_interval_ms: u64,
-    /// Record a digest point for a partition every this many offsets (anti-entropy compares
-    /// replicas at these points; they are deterministic, so equal offsets mean equal digests).
-    pub digest_every: i64,
-    /// Digest points kept per partition.
-    pub digest_history: usize,
-}
-
-impl Default for ApplyConfig {
-    fn default() -> Self {
-        Self {
-            partitions: 16,
-            max_blocks_per_record: 16_384,
-            expiry_interval_ms: 1_000,
-            digest_every: 1_000,
-            digest_history: 512,
-        }
-    }
-}
+/// Digest points kept per partition (not state-deciding: only how far back anti-entropy can
+/// compare).
+pub const DIGEST_HISTORY: usize = 512;
 
 /// What happened to one record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,86 +45,52 @@ pub enum Outcome {
     Duplicate,
     /// An epoch older than the feed's current one.
     StaleEpoch,
-    Bad(BadReason),
+    Bad(crate::record::BadReason),
     /// The offset is below the partition's next offset (a re-delivery after a seek).
     AlreadyApplied,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct FeedKey {
-    pub keyspace: KeyspaceId,
-    pub worker: u64,
-    pub dp_rank: u32,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Feed {
-    pub epoch: u64,
-    pub last_seq: Option<u64>,
-    pub lanes: BTreeSet<u32>,
-    pub gapped: bool,
-    /// What the bridge announced about each lane (kind, window, block size), this epoch.
-    pub lane_meta: BTreeMap<u32, LaneMeta>,
-}
-
-/// Counters of one partition (deterministic: part of the applied state).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PartitionCounters {
-    pub applied: u64,
-    pub duplicates: u64,
-    pub stale_epochs: u64,
-    pub gaps: u64,
-    pub epochs: u64,
-    pub missing_parents: u64,
-    pub bad: BTreeMap<BadReason, u64>,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PartitionState {
-    /// The next offset to apply.
-    pub next_offset: i64,
-    /// Max record timestamp applied.
-    pub log_time: LogTime,
-    pub feeds: BTreeMap<FeedKey, Feed>,
-    pub counters: PartitionCounters,
-    /// The last placement-expiry bucket (log time / expiry interval) handled.
-    pub expiry_bucket: u64,
-}
-
-/// A partition's digest after applying every record below `next_offset`. Also a time → offset
-/// index entry (audits): the log time at that offset.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DigestPoint {
-    pub next_offset: i64,
-    pub log_time: LogTime,
-    pub digest: u64,
+/// A record offered out of order: the partition's state ends at `expected`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("partition {partition}: offset {offered} offered, the state ends at {expected} (records in between are missing)")]
+pub struct NotNext {
+    pub partition: u32,
+    pub expected: i64,
+    pub offered: i64,
 }
 
 pub struct Applier {
     engine: Arc<Engine>,
-    cfg: ApplyConfig,
+    settings: StateSettings,
+    partitions: u32,
     parts: Vec<PartitionState>,
-    points: Vec<std::collections::VecDeque<DigestPoint>>,
+    points: Vec<VecDeque<DigestPoint>>,
 }
 
 impl Applier {
-    pub fn new(engine: Arc<Engine>, cfg: ApplyConfig) -> Self {
-        assert_eq!(
-            engine.config().partitions,
-            cfg.partitions,
-            "engine and applier must agree on the partition count"
-        );
-        let parts = (0..cfg.partitions).map(|_| PartitionState::default()).collect();
-        let points = (0..cfg.partitions).map(|_| Default::default()).collect();
-        Self { engine, cfg, parts, points }
+    /// An empty state for a log of `partitions` partitions applied with `settings`.
+    pub fn new(partitions: u32, settings: StateSettings) -> Self {
+        Self::with_engine(Arc::new(Engine::new(settings.engine_config(partitions))), settings)
+    }
+
+    /// Over an existing engine (a restored checkpoint's); its partition count is the log's.
+    pub fn with_engine(engine: Arc<Engine>, settings: StateSettings) -> Self {
+        let partitions = engine.config().partitions;
+        let parts = (0..partitions).map(|_| PartitionState::default()).collect();
+        let points = (0..partitions).map(|_| VecDeque::new()).collect();
+        Self { engine, settings, partitions, parts, points }
     }
 
     pub fn engine(&self) -> &Arc<Engine> {
         &self.engine
     }
 
-    pub fn config(&self) -> &ApplyConfig {
-        &self.cfg
+    pub fn settings(&self) -> &StateSettings {
+        &self.settings
+    }
+
+    pub fn partition_count(&self) -> u32 {
+        self.partitions
     }
 
     pub fn partition(&self, p: u32) -> &PartitionState {
@@ -160,18 +108,28 @@ impl Applier {
 
     /// Replaces partition states (restoring a checkpoint).
     pub fn restore_partitions(&mut self, parts: Vec<PartitionState>) {
-        assert_eq!(parts.len(), self.parts.len());
+        assert_eq!(parts.len(), self.parts.len(), "a checkpoint of another partition count");
         self.parts = parts;
     }
 
-    /// Replaces partition `p` — its holders in every keyspace, its feed table, counters and
-    /// digest points — with `src`'s (anti-entropy repair from a rebuilt applier).
+    /// Replaces partition `p` — its holders in every keyspace, its state and digest points —
+    /// with `src`'s (anti-entropy repair, recovery from a peer's checkpoint).
     pub fn replace_partition(&mut self, p: u32, src: &Applier) {
+        assert_eq!(self.partitions, src.partitions, "partition states of logs of different partition counts");
         let mut ids: BTreeSet<KeyspaceId> = self.engine.keyspace_ids().into_iter().collect();
         ids.extend(src.engine.keyspace_ids());
+        let n = self.partitions;
         for id in ids {
+            let theirs = src.engine.keyspace(&id);
+            let has_holders = |k: &prefixlog_engine::Keyspace| {
+                k.holder_summaries().iter().any(|h| partition_of(h.key.worker, n) == p)
+            };
+            if self.engine.keyspace(&id).is_none() && !theirs.as_ref().is_some_and(|t| has_holders(&t.read()))
+            {
+                continue; // nothing of partition p on either side: do not create the keyspace
+            }
             let dst = self.engine.keyspace_or_create(&id);
-            match src.engine.keyspace(&id) {
+            match theirs {
                 Some(s) => dst.write().replace_group(p, &s.read()),
                 None => dst
                     .write()
@@ -182,47 +140,66 @@ impl Applier {
         self.points[p as usize] = src.points[p as usize].clone();
     }
 
+    /// A copy holding only `partitions`' state (the others empty at offset 0).
+    pub fn extract(&self, partitions: &[u32]) -> Applier {
+        let mut out = Applier::new(self.partitions, self.settings);
+        for &p in partitions {
+            out.replace_partition(p, self);
+        }
+        out
+    }
+
     /// The recorded digest points of partition `p`, oldest first.
     pub fn digest_points(&self, p: u32) -> impl Iterator<Item = &DigestPoint> {
         self.points[p as usize].iter()
     }
 
-    /// Digest of partition `p`: its holders' block sets and its feed table.
+    /// Digest of partition `p`: its holders' block sets, feed table and announced workers.
     pub fn partition_digest(&self, p: u32) -> u64 {
-        let mut d = self.engine.partition_digest(p);
-        for (k, f) in &self.parts[p as usize].feeds {
-            let mut h = mix64(k.worker ^ mix64(u64::from(k.dp_rank) ^ mix64(k.keyspace.model.len() as u64)));
-            h = mix64(h ^ u64::from(k.keyspace.block_size) << 32 ^ u64::from(k.keyspace.scheme));
-            for b in k.keyspace.model.bytes() {
-                h = mix64(h ^ u64::from(b));
-            }
-            h = mix64(h ^ f.epoch ^ mix64(f.last_seq.map_or(u64::MAX, |s| s) ^ u64::from(f.gapped)));
-            for m in f.lane_meta.values() {
-                h = mix64(
-                    h ^ u64::from(m.lane) << 40 ^ u64::from(m.sliding_window) << 8 ^ u64::from(m.block_size),
-                );
-                for b in m.kind.bytes() {
-                    h = mix64(h ^ u64::from(b));
-                }
-            }
-            d = d.wrapping_add(h);
-        }
-        d
+        self.engine.partition_digest(p).wrapping_add(self.parts[p as usize].digest())
     }
 
-    /// Applies the record at (`partition`, `offset`) with Kafka timestamp `ts`.
-    pub fn apply(&mut self, partition: u32, offset: i64, ts: LogTime, value: Option<&[u8]>) -> Outcome {
-        let cfg = &self.cfg;
+    /// Moves partition `p` past records that are gone from the log (an operator accepted the
+    /// gap): reading continues at `to`, and every holder and feed of the partition is marked
+    /// gapped, because a removal or clear among the lost records would otherwise leave blocks
+    /// credited that their worker no longer holds.
+    pub fn accept_gap(&mut self, p: u32, to: i64) {
+        let part = &mut self.parts[p as usize];
+        part.next_offset = to;
+        part.counters.log_gaps += 1;
+        part.feeds.values_mut().for_each(|f| f.gapped = true);
+        let n = self.partitions;
+        for ks in self.engine.keyspaces() {
+            let mut ks = ks.write();
+            for h in ks.holder_summaries().into_iter().filter(|h| partition_of(h.key.worker, n) == p) {
+                ks.set_gapped(h.key, true);
+            }
+        }
+    }
+
+    /// Applies the record at (`partition`, `offset`) with timestamp `ts`. Offsets below the
+    /// partition's next offset are already applied; above it, refused ([`NotNext`]).
+    pub fn apply(
+        &mut self,
+        partition: u32,
+        offset: i64,
+        ts: LogTime,
+        value: Option<&[u8]>,
+    ) -> Result<Outcome, NotNext> {
         let part = &mut self.parts[partition as usize];
         if offset < part.next_offset {
-            return Outcome::AlreadyApplied;
+            return Ok(Outcome::AlreadyApplied);
+        }
+        if offset > part.next_offset {
+            return Err(NotNext { partition, expected: part.next_offset, offered: offset });
         }
         part.next_offset = offset + 1;
-        part.log_time = part.log_time.max(ts);
-        let t = part.log_time;
-        let outcome = match decode(value, partition, cfg.partitions, cfg.max_blocks_per_record) {
+        self.advance_log_time(partition, ts);
+        let t = self.parts[partition as usize].log_time;
+        let max_blocks = self.settings.max_blocks_per_record as usize;
+        let outcome = match decode(value, partition, self.partitions, max_blocks) {
             Err(r) => {
-                *part.counters.bad.entry(r).or_default() += 1;
+                *self.parts[partition as usize].counters.bad.entry(r).or_default() += 1;
                 Outcome::Bad(r)
             }
             Ok(op) => self.apply_op(partition, op, t),
@@ -231,31 +208,52 @@ impl Applier {
             self.parts[partition as usize].counters.applied += 1;
         }
         self.maybe_expire(partition);
-        let next = offset + 1;
-        if self.cfg.digest_every > 0 && next % self.cfg.digest_every == 0 {
-            let point = DigestPoint {
-                next_offset: next,
-                log_time: self.parts[partition as usize].log_time,
-                digest: self.partition_digest(partition),
-            };
-            let h = &mut self.points[partition as usize];
-            if h.len() >= self.cfg.digest_history.max(1) {
-                h.pop_front();
-            }
-            h.push_back(point);
+        self.maybe_record_point(partition);
+        Ok(outcome)
+    }
+
+    /// Log time follows timestamps forward, by at most the configured step per record. The
+    /// first record of a partition sets it (there is nothing to measure a step from).
+    fn advance_log_time(&mut self, partition: u32, ts: LogTime) {
+        let part = &mut self.parts[partition as usize];
+        if part.log_time == 0 {
+            part.log_time = ts;
+            return;
         }
-        outcome
+        let limit = part.log_time.saturating_add(self.settings.max_log_time_step_ms);
+        if ts > limit {
+            part.counters.log_time_clamped += 1;
+        }
+        part.log_time = part.log_time.max(ts.min(limit));
+    }
+
+    fn maybe_record_point(&mut self, partition: u32) {
+        let part = &self.parts[partition as usize];
+        let next = part.next_offset;
+        if !(next as u64).is_multiple_of(self.settings.digest_interval) {
+            return;
+        }
+        let point = DigestPoint {
+            next_offset: next,
+            log_time: part.log_time,
+            digest: self.partition_digest(partition),
+        };
+        let h = &mut self.points[partition as usize];
+        if h.len() >= DIGEST_HISTORY {
+            h.pop_front();
+        }
+        h.push_back(point);
     }
 
     fn maybe_expire(&mut self, partition: u32) {
         let part = &mut self.parts[partition as usize];
-        let bucket = part.log_time / self.cfg.expiry_interval_ms.max(1);
+        let bucket = part.log_time / self.settings.expiry_interval_ms;
         if bucket <= part.expiry_bucket {
             return;
         }
         part.expiry_bucket = bucket;
         let now = part.log_time;
-        let n = self.cfg.partitions;
+        let n = self.partitions;
         for ks in self.engine.keyspaces() {
             ks.write().expire(now, |k| partition_of(k.worker, n) == partition);
         }
@@ -279,29 +277,32 @@ impl Applier {
                 Outcome::Applied
             }
             Op::Lifecycle { worker, change } => {
-                match change {
-                    Lifecycle::Added => {}
-                    Lifecycle::Removed => {
-                        for ks in self.engine.keyspaces() {
-                            ks.write().drop_worker(worker);
-                        }
-                        self.parts[partition as usize].feeds.retain(|k, _| k.worker != worker);
-                    }
-                    Lifecycle::Restarted { new_epoch } => {
-                        let keys: Vec<FeedKey> = self.parts[partition as usize]
-                            .feeds
-                            .keys()
-                            .filter(|k| k.worker == worker)
-                            .cloned()
-                            .collect();
-                        for k in keys {
-                            self.new_epoch(partition, &k, new_epoch, t);
-                        }
-                    }
-                }
+                self.apply_lifecycle(partition, worker, change, t);
                 Outcome::Applied
             }
             Op::Tick { .. } => Outcome::Applied,
+        }
+    }
+
+    fn apply_lifecycle(&mut self, partition: u32, worker: u64, change: Lifecycle, t: LogTime) {
+        let part = &mut self.parts[partition as usize];
+        match change {
+            Lifecycle::Added { metadata } => {
+                part.workers.insert(worker, metadata);
+            }
+            Lifecycle::Removed => {
+                part.workers.remove(&worker);
+                part.feeds.retain(|k, _| k.worker != worker);
+                for ks in self.engine.keyspaces() {
+                    ks.write().drop_worker(worker);
+                }
+            }
+            Lifecycle::Restarted { new_epoch } => {
+                let keys: Vec<FeedKey> = part.feeds.keys().filter(|k| k.worker == worker).cloned().collect();
+                for k in keys {
+                    self.new_epoch(partition, &k, new_epoch, t);
+                }
+            }
         }
     }
 
@@ -317,11 +318,45 @@ impl Applier {
                 ks.set_gapped(h, false);
             }
         }
-        feed.epoch = epoch;
-        feed.last_seq = None;
-        feed.gapped = false;
-        feed.lane_meta.clear();
+        *feed = Feed::new(epoch);
         part.counters.epochs += 1;
+    }
+
+    /// Dedupe, epoch and gap policy of one batch: `Ok(gap)` when it is to be applied, else the
+    /// outcome of skipping it.
+    fn admit_batch(
+        &mut self,
+        partition: u32,
+        key: &FeedKey,
+        epoch: u64,
+        seq: u64,
+        gap_before: bool,
+        t: LogTime,
+    ) -> Result<bool, Outcome> {
+        let part = &mut self.parts[partition as usize];
+        let feed = part.feeds.entry(key.clone()).or_insert_with(|| Feed::new(epoch));
+        if epoch < feed.epoch {
+            part.counters.stale_epochs += 1;
+            return Err(Outcome::StaleEpoch);
+        }
+        if epoch > feed.epoch {
+            self.new_epoch(partition, key, epoch, t);
+        }
+        let part = &mut self.parts[partition as usize];
+        let feed = part.feeds.get_mut(key).expect("feed exists");
+        let gap = match feed.last_seq {
+            Some(last) if seq <= last => {
+                part.counters.duplicates += 1;
+                return Err(Outcome::Duplicate);
+            }
+            Some(last) => seq > last + 1,
+            None => false,
+        } || gap_before;
+        feed.last_seq = Some(seq);
+        if gap {
+            part.counters.gaps += 1;
+        }
+        Ok(gap)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -335,76 +370,55 @@ impl Applier {
         events: &[KvOp],
         t: LogTime,
     ) -> Outcome {
-        let part = &mut self.parts[partition as usize];
-        let feed = part.feeds.entry(key.clone()).or_insert_with(|| Feed {
-            epoch,
-            last_seq: None,
-            lanes: BTreeSet::new(),
-            gapped: false,
-            lane_meta: BTreeMap::new(),
-        });
-        if epoch < feed.epoch {
-            part.counters.stale_epochs += 1;
-            return Outcome::StaleEpoch;
-        }
-        if epoch > feed.epoch {
-            self.new_epoch(partition, &key, epoch, t);
-        }
-        let part = &mut self.parts[partition as usize];
-        let feed = part.feeds.get_mut(&key).expect("feed exists");
-        let gap = match feed.last_seq {
-            Some(last) if seq <= last => {
-                part.counters.duplicates += 1;
-                return Outcome::Duplicate;
-            }
-            Some(last) => seq > last + 1,
-            None => false,
-        } || gap_before;
-        feed.last_seq = Some(seq);
-        for e in events {
-            let lane = match e {
-                KvOp::Stored { lane, .. } | KvOp::Removed { lane, .. } | KvOp::Cleared { lane } => *lane,
-            };
-            feed.lanes.insert(lane);
-        }
-        if gap {
-            part.counters.gaps += 1;
-        }
+        let gap = match self.admit_batch(partition, &key, epoch, seq, gap_before, t) {
+            Ok(gap) => gap,
+            Err(skipped) => return skipped,
+        };
+        let feed = self.parts[partition as usize].feeds.get_mut(&key).expect("feed exists");
+        feed.lanes.extend(events.iter().map(KvOp::lane));
         // An all-cleared event in the batch resynchronises the feed: the gap is behind it.
         let cleared = events.iter().any(|e| matches!(e, KvOp::Cleared { .. }));
         feed.gapped = (feed.gapped || gap) && !cleared;
-        let lanes: Vec<u32> = feed.lanes.iter().copied().collect();
-        let gapped = feed.gapped;
-        let engine = self.engine.clone();
-        let mut missing = 0;
-        for e in events {
-            match e {
-                KvOp::Stored { lane, parent_ext, blocks } => {
-                    let h = HolderKey::new(key.worker, key.dp_rank, *lane);
-                    if engine.store(&key.keyspace, h, *parent_ext, blocks, t).is_err() {
-                        missing += 1;
-                    }
-                }
-                KvOp::Removed { lane, exts } => {
-                    engine.remove(&key.keyspace, HolderKey::new(key.worker, key.dp_rank, *lane), exts, t);
-                }
-                KvOp::Cleared { lane } => {
-                    let ks = engine.keyspace_or_create(&key.keyspace);
-                    let mut ks = ks.write();
-                    let h = HolderKey::new(key.worker, key.dp_rank, *lane);
-                    ks.clear(h, t);
-                    ks.set_gapped(h, false);
-                }
-            }
-        }
+        let (lanes, gapped): (Vec<u32>, bool) = (feed.lanes.iter().copied().collect(), feed.gapped);
+        let (missing, invalid) = self.apply_events(&key, events, t);
         if gapped {
-            let ks = engine.keyspace_or_create(&key.keyspace);
+            let ks = self.engine.keyspace_or_create(&key.keyspace);
             let mut ks = ks.write();
             for lane in lanes {
                 ks.set_gapped(HolderKey::new(key.worker, key.dp_rank, lane), true);
             }
         }
-        self.parts[partition as usize].counters.missing_parents += missing;
+        let c = &mut self.parts[partition as usize].counters;
+        c.missing_parents += missing;
+        c.invalid_stores += invalid;
         Outcome::Applied
+    }
+
+    /// Applies a batch's events; returns (stores with a missing parent, stores refused whole).
+    fn apply_events(&self, key: &FeedKey, events: &[KvOp], t: LogTime) -> (u64, u64) {
+        let (mut missing, mut invalid) = (0, 0);
+        for e in events {
+            let h = HolderKey::new(key.worker, key.dp_rank, e.lane());
+            match e {
+                KvOp::Stored { parent_ext, blocks, .. } => {
+                    match self.engine.store(&key.keyspace, h, *parent_ext, blocks, t) {
+                        Ok(_) => {}
+                        Err(ApplyError::MissingParent { .. }) => missing += 1,
+                        #[allow(unreachable_patterns)]
+                        Err(_) => invalid += 1,
+                    }
+                }
+                KvOp::Removed { exts, .. } => {
+                    self.engine.remove(&key.keyspace, h, exts, t);
+                }
+                KvOp::Cleared { .. } => {
+                    let ks = self.engine.keyspace_or_create(&key.keyspace);
+                    let mut ks = ks.write();
+                    ks.clear(h, t);
+                    ks.set_gapped(h, false);
+                }
+            }
+        }
+        (missing, invalid)
     }
 }

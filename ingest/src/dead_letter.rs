@@ -9,9 +9,8 @@
 //! Headers: `prefixlog-source-topic`, `prefixlog-source-partition`, `prefixlog-source-offset`
 //! (decimal), `prefixlog-reason` ([`crate::BadReason`]'s name).
 
-use crate::replica::ReplicaConfig;
+use crate::log_spec::{ClientRole, KafkaConnection};
 use rdkafka::client::ClientContext;
-use rdkafka::config::ClientConfig;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
@@ -64,14 +63,10 @@ pub struct DeadLetter {
 }
 
 impl DeadLetter {
-    /// A producer on the replica's brokers (with its extra properties).
-    pub fn new(cfg: &ReplicaConfig, topic: &str) -> Result<Self, KafkaError> {
-        let mut cc = ClientConfig::new();
-        cc.set("bootstrap.servers", &cfg.brokers).set("linger.ms", "5");
-        for (k, v) in &cfg.properties {
-            cc.set(k, v);
-        }
-        Ok(Self { producer: cc.create_with_context(Reports)?, topic: topic.into() })
+    /// A producer on the replica's Kafka connection.
+    pub fn new(kafka: &KafkaConnection, topic: &str) -> Result<Self, KafkaError> {
+        let producer = kafka.client_config(ClientRole::DeadLetter).create_with_context(Reports)?;
+        Ok(Self { producer, topic: topic.into() })
     }
 
     pub fn topic(&self) -> &str {

@@ -1,17 +1,28 @@
-//! The log: records, publishers, and the replica's ingest loop.
+//! The log: what a log is, its records, publishing, reading it with continuity checks, and
+//! applying it deterministically.
 //!
-//! A record's path through a replica: Kafka → [`replica`] (one thread, all partitions, offset
-//! order) → [`apply::Applier`] (decode + validate with [`record`], dedupe per feed, apply to
-//! the engine) → `prefixlog_engine::Engine`.
+//! A record's path through a replica: Kafka → [`reader::LogReader`] (offset order, continuity
+//! checked) → [`replica`] (the ingest thread) → [`apply::Applier`] (decode + validate with
+//! [`record`], dedupe per feed, apply) → `prefixlog_engine::Engine`.
 //!
 //! Module map:
-//! - [`record`]: encode (publishers) and decode/validate (replicas) the protobuf records;
-//!   [`record::BadReason`].
-//! - [`apply`]: the deterministic applier: per-partition offsets, log time, feed dedupe/epoch/gap
-//!   policy, placement expiry by log time, per-partition digests.
-//! - [`publisher`]: idempotent keyed producer returning (partition, offset) tokens.
-//! - [`replica`]: the Kafka consumer loop and [`replica::ReplicaStatus`] (offsets, lag,
-//!   read-your-writes waits).
+//! - [`log_spec`]: [`LogSpec`] (connection, topic, partitions, shard, settings) and
+//!   [`KafkaConnection::client_config`], the one place every Kafka client is configured.
+//! - [`settings`]: [`StateSettings`], the settings that decide applied state.
+//! - [`identity`]: [`LogIdentity`] and [`check_compatible`], the one compatibility rule
+//!   (cluster, topic, partitions, settings, covered partitions) for checkpoints and peers.
+//! - [`probe`]: cluster id, partition count and watermarks of a log.
+//! - [`continuity`]: does the log still continue a state's offsets (start-up check).
+//! - [`reader`]: [`LogReader`], the one consumer: offset order, gaps and out-of-range offsets
+//!   become [`reader::Discontinuity`], never a silent reset.
+//! - [`replay`]: bounded replay to a fixed target (audits, repairs, benchmarks).
+//! - [`record`]: encode (publishers) and decode/validate (replicas) records; [`BadReason`].
+//! - [`partition_state`]: per-partition applied state (offsets, log time, feeds, workers,
+//!   counters) and digest points.
+//! - [`apply`]: the deterministic [`Applier`].
+//! - [`publisher`]: idempotent keyed producer; [`Landed::token`] gives consistency tokens.
+//! - [`replica`]: the ingest thread, [`ReplicaStatus`] (offsets, lag, discontinuities,
+//!   read-your-writes waits), partition replacement for repair and recovery.
 //! - [`dead_letter`]: the optional copy of refused records to a dead-letter topic.
 //! - [`embedded`]: librdkafka's mock cluster as the zero-setup broker.
 //! - [`bridge`]: vLLM / SGLang KV events over ZeroMQ (both msgpack layouts) → KV event records:
@@ -19,14 +30,29 @@
 
 pub mod apply;
 pub mod bridge;
+pub mod continuity;
 pub mod dead_letter;
 pub mod embedded;
+pub mod identity;
+pub mod log_spec;
+pub mod partition_state;
+pub mod probe;
 pub mod publisher;
+pub mod reader;
 pub mod record;
+pub mod replay;
 pub mod replica;
+pub mod settings;
 
-pub use apply::{Applier, ApplyConfig, Outcome};
+pub use apply::{Applier, NotNext, Outcome};
 pub use embedded::EmbeddedKafka;
-pub use publisher::{Landed, PublishError, Publisher, PublisherConfig};
+pub use identity::{check_compatible, Incompatible, LogIdentity};
+pub use log_spec::{ClientRole, KafkaConnection, LogSpec, Shard, ShardError};
+pub use partition_state::{DigestPoint, PartitionState};
+pub use probe::{probe_log, LogProbe, ProbeError, Watermarks};
+pub use publisher::{token_of, Landed, PublishError, Publisher};
+pub use reader::{Discontinuity, LogReader};
 pub use record::{BadReason, KvBatch, KvOp, LaneMeta, Lifecycle, Op};
-pub use replica::{probe_log, LogProbe, Replica, ReplicaConfig, ReplicaError, ReplicaStatus};
+pub use replay::{replay, ReplayError, ReplayOptions, Until};
+pub use replica::{GapPolicy, IngestOptions, Replica, ReplicaError, ReplicaStatus};
+pub use settings::StateSettings;

@@ -8,35 +8,12 @@
 //! with a clear error — it never drops an acknowledged record. On success it returns the
 //! (partition, offset) the record landed at: the consistency token for read-your-writes.
 
+use crate::log_spec::{ClientRole, LogSpec};
 use crate::record::{encode_lifecycle, encode_placement, encode_tick, worker_key, KvBatch, KvOp, Lifecycle};
 use prefixlog_engine::{partition_of, HolderKey, KeyspaceId};
-use rdkafka::config::ClientConfig;
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::util::Timeout;
 use std::time::Duration;
-
-#[derive(Clone, Debug)]
-pub struct PublisherConfig {
-    pub brokers: String,
-    pub topic: String,
-    pub partitions: u32,
-    /// How long `publish` waits for room in a full queue before failing.
-    pub enqueue_timeout: Duration,
-    /// Extra librdkafka properties (SASL/SSL, tuning), applied last.
-    pub properties: Vec<(String, String)>,
-}
-
-impl PublisherConfig {
-    pub fn new(brokers: impl Into<String>, topic: impl Into<String>, partitions: u32) -> Self {
-        Self {
-            brokers: brokers.into(),
-            topic: topic.into(),
-            partitions,
-            enqueue_timeout: Duration::from_secs(30),
-            properties: Vec::new(),
-        }
-    }
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum PublishError {
@@ -46,37 +23,61 @@ pub enum PublishError {
     Setup(rdkafka::error::KafkaError),
 }
 
-/// Where a record landed: pass it as a consistency token to see your own write.
+/// Where a record landed (its partition and record offset).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Landed {
     pub partition: u32,
+    /// The record's own offset.
     pub offset: i64,
+}
+
+impl Landed {
+    /// The consistency token that covers this record: `(partition, offset + 1)`, a next offset,
+    /// the unit of every offset in the query API.
+    pub fn token(&self) -> (u32, i64) {
+        (self.partition, self.offset + 1)
+    }
+}
+
+/// The smallest token covering every landed record: per partition, the highest offset + 1.
+pub fn token_of(landed: &[Landed]) -> Vec<(u32, i64)> {
+    let mut m = std::collections::BTreeMap::new();
+    for l in landed {
+        let (p, o) = l.token();
+        let e = m.entry(p).or_insert(o);
+        *e = (*e).max(o);
+    }
+    m.into_iter().collect()
 }
 
 #[derive(Clone)]
 pub struct Publisher {
     producer: FutureProducer,
-    cfg: PublisherConfig,
+    topic: String,
+    partitions: u32,
+    /// How long `publish` waits for room in a full queue before failing.
+    enqueue_timeout: Duration,
 }
 
 impl Publisher {
-    pub fn new(cfg: PublisherConfig) -> Result<Self, PublishError> {
-        let mut cc = ClientConfig::new();
-        cc.set("bootstrap.servers", &cfg.brokers)
-            .set("enable.idempotence", "true")
-            .set("acks", "all")
-            .set("linger.ms", "5")
-            .set("queue.buffering.max.messages", "100000")
-            .set("queue.buffering.max.kbytes", "262144")
-            .set("message.timeout.ms", "300000");
-        for (k, v) in &cfg.properties {
-            cc.set(k, v);
-        }
-        Ok(Self { producer: cc.create().map_err(PublishError::Setup)?, cfg })
+    pub fn new(spec: &LogSpec) -> Result<Self, PublishError> {
+        let producer = spec.client_config(ClientRole::Publisher).create().map_err(PublishError::Setup)?;
+        Ok(Self {
+            producer,
+            topic: spec.topic.clone(),
+            partitions: spec.partitions,
+            enqueue_timeout: Duration::from_secs(30),
+        })
     }
 
-    pub fn config(&self) -> &PublisherConfig {
-        &self.cfg
+    /// How long `publish` waits for room in a full queue before failing (default 30 s).
+    pub fn with_enqueue_timeout(mut self, t: Duration) -> Self {
+        self.enqueue_timeout = t;
+        self
+    }
+
+    pub fn partitions(&self) -> u32 {
+        self.partitions
     }
 
     /// Publishes an encoded record for `worker` with log time `timestamp_ms` (None: now).
@@ -87,14 +88,13 @@ impl Publisher {
         value: &[u8],
         timestamp_ms: Option<i64>,
     ) -> Result<Landed, PublishError> {
-        let partition = partition_of(worker, self.cfg.partitions);
+        let partition = partition_of(worker, self.partitions);
         let key = worker_key(worker);
-        let mut rec =
-            FutureRecord::to(&self.cfg.topic).key(&key[..]).payload(value).partition(partition as i32);
+        let mut rec = FutureRecord::to(&self.topic).key(&key[..]).payload(value).partition(partition as i32);
         if let Some(ts) = timestamp_ms {
             rec = rec.timestamp(ts);
         }
-        match self.producer.send(rec, Timeout::After(self.cfg.enqueue_timeout)).await {
+        match self.producer.send(rec, Timeout::After(self.enqueue_timeout)).await {
             Ok(d) => Ok(Landed { partition: d.partition as u32, offset: d.offset }),
             Err((source, _)) => Err(PublishError::Kafka { partition, source }),
         }
@@ -142,11 +142,15 @@ impl Publisher {
         self.publish_raw(worker, &encode_lifecycle(worker, change), None).await
     }
 
-    /// Appends a tick to every partition (advances log time on quiet partitions).
-    pub async fn publish_ticks(&self, timestamp_ms: Option<i64>) -> Result<Vec<Landed>, PublishError> {
+    /// Appends a tick to each of `partitions` (advances log time on quiet partitions).
+    pub async fn publish_ticks(
+        &self,
+        partitions: &[u32],
+        timestamp_ms: Option<i64>,
+    ) -> Result<Vec<Landed>, PublishError> {
         let mut out = Vec::new();
-        for p in 0..self.cfg.partitions {
-            let w = crate::record::worker_for_partition(p, self.cfg.partitions);
+        for &p in partitions {
+            let w = crate::record::worker_for_partition(p, self.partitions);
             out.push(self.publish_raw(w, &encode_tick(w), timestamp_ms).await?);
         }
         Ok(out)

@@ -78,11 +78,25 @@ pub enum KvOp {
     Cleared { lane: u32 },
 }
 
+impl KvOp {
+    pub fn lane(&self) -> u32 {
+        match self {
+            KvOp::Stored { lane, .. } | KvOp::Removed { lane, .. } | KvOp::Cleared { lane } => *lane,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Lifecycle {
-    Added,
+    /// The worker joined; `metadata` (pod name, endpoint, model, ...) is what `ListWorkers`
+    /// reports.
+    Added {
+        metadata: std::collections::BTreeMap<String, String>,
+    },
     Removed,
-    Restarted { new_epoch: u64 },
+    Restarted {
+        new_epoch: u64,
+    },
 }
 
 /// A validated record.
@@ -205,7 +219,9 @@ pub fn decode(
         pb::record::Kind::Lifecycle(l) => Op::Lifecycle {
             worker: l.worker,
             change: match l.change.ok_or(BadReason::UnknownKind)? {
-                pb::worker_lifecycle::Change::Added(_) => Lifecycle::Added,
+                pb::worker_lifecycle::Change::Added(a) => {
+                    Lifecycle::Added { metadata: a.metadata.into_iter().collect() }
+                }
                 pb::worker_lifecycle::Change::Removed(_) => Lifecycle::Removed,
                 pb::worker_lifecycle::Change::Restarted(r) => Lifecycle::Restarted { new_epoch: r.new_epoch },
             },
@@ -329,7 +345,9 @@ pub fn encode_placement(
 pub fn encode_lifecycle(worker: u64, change: &Lifecycle) -> Vec<u8> {
     use pb::worker_lifecycle::Change;
     let change = match change {
-        Lifecycle::Added => Change::Added(pb::WorkerAdded::default()),
+        Lifecycle::Added { metadata } => Change::Added(pb::WorkerAdded {
+            metadata: metadata.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        }),
         Lifecycle::Removed => Change::Removed(pb::WorkerRemoved {}),
         Lifecycle::Restarted { new_epoch } => {
             Change::Restarted(pb::WorkerRestarted { new_epoch: *new_epoch })

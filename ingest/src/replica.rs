@@ -1,98 +1,164 @@
-//! The replica's ingest loop: Kafka → [`Applier`].
+//! The replica's ingest loop: Kafka → [`LogReader`] → [`Applier`].
 //!
-//! A replica reads **every** partition itself (manual assignment, no consumer group: each
-//! replica needs the full state), from the offsets its checkpoint says or the beginning, on one
-//! dedicated thread that applies records of each partition strictly in offset order. Progress
-//! (next offset, high watermark, log time per partition) is published through atomics in
+//! One dedicated thread reads the owned partitions (manual assignment, no consumer group:
+//! each replica needs the full state of its partitions) from the applier's next offsets and
+//! applies each partition strictly in offset order. A second thread polls watermarks, so lag
+//! is known even when nothing arrives. Progress is published through atomics in
 //! [`ReplicaStatus`] and a `watch` channel, which read-your-writes queries wait on.
+//!
+//! A discontinuity (the log no longer continues a partition's state) is never papered over:
+//! the partition is marked discontinuous (not ready, counted, logged with its offsets) and,
+//! under [`GapPolicy::Halt`], stops being applied until its state is replaced
+//! ([`Replica::replace_partition`], from a peer's checkpoint or a repair); under
+//! [`GapPolicy::Accept`] (an operator's explicit opt-in) the applier moves past the lost
+//! records and marks the partition's holders gapped. Replacements run on the ingest thread
+//! between two records, so the swap never races an apply and never holds a lock across I/O.
 
-use crate::apply::{Applier, Outcome};
+use crate::apply::{Applier, NotNext, Outcome};
 use crate::dead_letter::{DeadLetter, Source};
+use crate::log_spec::LogSpec;
+use crate::reader::{Discontinuity, LogReader, Read};
 use parking_lot::Mutex;
-use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::Message;
-use rdkafka::{Offset, TopicPartitionList};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
-use tokio::sync::watch;
-
-#[derive(Clone, Debug)]
-pub struct ReplicaConfig {
-    pub brokers: String,
-    pub topic: String,
-    pub partitions: u32,
-    /// Extra librdkafka properties (SASL/SSL, tuning), applied last.
-    pub properties: Vec<(String, String)>,
-}
+use tokio::sync::{oneshot, watch};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReplicaError {
     #[error("kafka: {0}")]
     Kafka(#[from] rdkafka::error::KafkaError),
     #[error(
-        "topic {topic:?} has {actual} partitions but this replica is configured for {expected}: \
-         refusing to start (worker → partition placement would differ)"
-    )]
-    PartitionMismatch { topic: String, expected: u32, actual: u32 },
-    #[error("topic {0:?} does not exist (create it with the configured partition count)")]
-    NoTopic(String),
-    #[error(
         "the dead-letter topic is the topic being consumed ({0:?}): every refused record would \
          be copied back and refused again, forever"
     )]
     DeadLetterIsSource(String),
+    #[error("the ingest thread has stopped")]
+    Stopped,
+}
+
+/// What the ingest loop does when the log does not continue a partition's state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum GapPolicy {
+    /// Stop applying the partition; it stays discontinuous (not ready) until its state is
+    /// replaced from a peer or the replica is restarted with a state the log continues.
+    #[default]
+    Halt,
+    /// Move past the lost records and mark the partition's holders gapped (`--accept-log-gaps`).
+    Accept,
+}
+
+/// Options of the ingest loop that do not change applied state.
+#[derive(Clone, Debug, Default)]
+pub struct IngestOptions {
+    /// Copy every refused record to this topic ([`crate::dead_letter`]).
+    pub dead_letter_topic: Option<String>,
+    pub gap_policy: GapPolicy,
 }
 
 /// Live progress of one partition.
 #[derive(Default)]
 pub struct PartitionStatus {
     pub next_offset: AtomicI64,
+    pub low_watermark: AtomicI64,
     pub high_watermark: AtomicI64,
     pub log_time: AtomicU64,
+    /// The log does not continue this partition's state (halted, or gap accepted and not yet
+    /// cleared by a replacement).
+    pub discontinuous: AtomicBool,
+    /// Discontinuities found since start.
+    pub discontinuities: AtomicU64,
+    /// Whether the watermark thread has read this partition's watermarks yet.
+    pub watermarks_known: AtomicBool,
 }
 
 /// Progress of the whole replica, readable without locks.
 pub struct ReplicaStatus {
+    /// Indexed by partition (every partition of the log; only owned ones move).
     pub partitions: Vec<PartitionStatus>,
+    owned: Vec<u32>,
     /// False while the broker cannot be reached (the replica keeps serving its state).
     pub broker_ok: AtomicBool,
     pub records_applied: AtomicU64,
     pub records_skipped: AtomicU64,
+    /// Decode + apply time of one record on the ingest thread (registered by the node).
+    pub apply_latency: prometheus::Histogram,
     progress: watch::Sender<u64>,
 }
 
 impl ReplicaStatus {
-    pub fn new(partitions: u32) -> Self {
+    pub fn new(partitions: u32, owned: &[u32]) -> Self {
+        let buckets = prometheus::exponential_buckets(1e-6, 2.0, 22).expect("valid buckets");
+        let apply_latency = prometheus::Histogram::with_opts(
+            prometheus::HistogramOpts::new(
+                "prefixlog_apply_latency_seconds",
+                "Decode + apply time of one log record on the ingest thread",
+            )
+            .buckets(buckets),
+        )
+        .expect("valid histogram");
         Self {
             partitions: (0..partitions).map(|_| PartitionStatus::default()).collect(),
+            owned: owned.to_vec(),
             broker_ok: AtomicBool::new(true),
             records_applied: AtomicU64::new(0),
             records_skipped: AtomicU64::new(0),
+            apply_latency,
             progress: watch::channel(0).0,
         }
     }
 
-    /// Next offset to apply, per partition.
-    pub fn offsets(&self) -> Vec<i64> {
-        self.partitions.iter().map(|p| p.next_offset.load(Ordering::Acquire)).collect()
+    /// The owned partitions, ascending.
+    pub fn owned(&self) -> &[u32] {
+        &self.owned
     }
 
-    /// Records behind the high watermark, summed over partitions.
+    fn part(&self, p: u32) -> &PartitionStatus {
+        &self.partitions[p as usize]
+    }
+
+    /// Next offset to apply, per owned partition.
+    pub fn offsets(&self) -> Vec<(u32, i64)> {
+        self.owned.iter().map(|&p| (p, self.part(p).next_offset.load(Ordering::Acquire))).collect()
+    }
+
+    /// Records behind the high watermark, summed over owned partitions. A partition whose log
+    /// ends before its state (a rewind) counts 0 here and is reported by [`Self::rewound`].
     pub fn lag(&self) -> i64 {
-        self.partitions
-            .iter()
-            .map(|p| {
-                (p.high_watermark.load(Ordering::Acquire) - p.next_offset.load(Ordering::Acquire)).max(0)
-            })
-            .sum()
+        self.owned.iter().map(|&p| self.partition_lag(p).max(0)).sum()
     }
 
-    /// True when every `(partition, offset)` has been applied (next offset beyond it).
+    /// High watermark minus next offset: negative when the log ends before the state.
+    pub fn partition_lag(&self, p: u32) -> i64 {
+        let s = self.part(p);
+        s.high_watermark.load(Ordering::Acquire) - s.next_offset.load(Ordering::Acquire)
+    }
+
+    /// Owned partitions whose log ends before their state (topic recreated or truncated).
+    pub fn rewound(&self) -> Vec<u32> {
+        self.owned
+            .iter()
+            .copied()
+            .filter(|&p| self.part(p).watermarks_known.load(Ordering::Acquire) && self.partition_lag(p) < 0)
+            .collect()
+    }
+
+    /// Owned partitions the log does not continue right now.
+    pub fn discontinuous(&self) -> Vec<u32> {
+        self.owned.iter().copied().filter(|&p| self.part(p).discontinuous.load(Ordering::Acquire)).collect()
+    }
+
+    /// Whether every owned partition's watermarks have been read once.
+    pub fn watermarks_known(&self) -> bool {
+        self.owned.iter().all(|&p| self.part(p).watermarks_known.load(Ordering::Acquire))
+    }
+
+    /// True when every record below each `(partition, next offset)` is applied. Partitions
+    /// this replica does not own are ignored (another shard answers for them).
     pub fn reached(&self, token: &[(u32, i64)]) -> bool {
         token.iter().all(|&(p, o)| {
-            self.partitions.get(p as usize).is_some_and(|s| s.next_offset.load(Ordering::Acquire) > o)
+            self.owned.binary_search(&p).is_err() || self.part(p).next_offset.load(Ordering::Acquire) >= o
         })
     }
 
@@ -116,86 +182,87 @@ impl ReplicaStatus {
 
     /// Publishes the applier's progress for one partition.
     pub fn publish(&self, p: u32, next_offset: i64, log_time: u64) {
-        let s = &self.partitions[p as usize];
+        let s = self.part(p);
         s.next_offset.store(next_offset, Ordering::Release);
         s.log_time.store(log_time, Ordering::Release);
         self.notify();
     }
+
+    fn mark_discontinuous(&self, p: u32, on: bool) {
+        let s = self.part(p);
+        if on {
+            s.discontinuities.fetch_add(1, Ordering::Relaxed);
+        }
+        s.discontinuous.store(on, Ordering::Release);
+        self.notify();
+    }
+}
+
+/// A request to the ingest thread.
+enum Command {
+    /// Replace partition `p`'s state with `src`'s and read on from `src`'s next offset.
+    Replace { partition: u32, src: Box<Applier>, done: oneshot::Sender<Result<(), ReplicaError>> },
 }
 
 /// A running ingest loop.
 pub struct Replica {
     applier: Arc<Mutex<Applier>>,
     status: Arc<ReplicaStatus>,
+    commands: Mutex<mpsc::Sender<Command>>,
     stop: Arc<AtomicBool>,
-    threads: Vec<std::thread::JoinHandle<()>>,
+    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
 
 impl Replica {
-    /// Starts consuming every partition from the applier's next offsets. Refuses to start when
-    /// the topic's partition count differs from the configured one.
-    pub fn start(cfg: ReplicaConfig, applier: Applier) -> Result<Self, ReplicaError> {
-        Self::start_with(cfg, applier, None)
-    }
-
-    /// [`Self::start`], copying every refused record to `dead_letter_topic` when given
-    /// ([`crate::dead_letter`]).
-    pub fn start_with(
-        cfg: ReplicaConfig,
-        applier: Applier,
-        dead_letter_topic: Option<&str>,
-    ) -> Result<Self, ReplicaError> {
-        if dead_letter_topic == Some(cfg.topic.as_str()) {
-            return Err(ReplicaError::DeadLetterIsSource(cfg.topic));
+    /// Starts reading `spec`'s owned partitions from the applier's next offsets.
+    pub fn start(spec: &LogSpec, applier: Applier, opts: IngestOptions) -> Result<Self, ReplicaError> {
+        if opts.dead_letter_topic.as_deref() == Some(spec.topic.as_str()) {
+            return Err(ReplicaError::DeadLetterIsSource(spec.topic.clone()));
         }
         // Before any thread starts, so an error here leaves nothing running.
-        let dead_letter = dead_letter_topic.map(|t| DeadLetter::new(&cfg, t)).transpose()?;
-        let mut cc = ClientConfig::new();
-        cc.set("bootstrap.servers", &cfg.brokers)
-            .set("group.id", "prefixlog-replica-unused")
-            .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false")
-            .set("auto.offset.reset", "earliest")
-            .set("fetch.wait.max.ms", "10");
-        for (k, v) in &cfg.properties {
-            cc.set(k, v);
+        let dead_letter =
+            opts.dead_letter_topic.as_deref().map(|t| DeadLetter::new(&spec.kafka, t)).transpose()?;
+        let status = Arc::new(ReplicaStatus::new(spec.partitions, spec.owned()));
+        for &p in spec.owned() {
+            let st = applier.partition(p);
+            status.publish(p, st.next_offset, st.log_time);
         }
-        let consumer: BaseConsumer = cc.create()?;
-        let actual = topic_partitions(&consumer, &cfg.topic)?;
-        if actual != cfg.partitions {
-            return Err(ReplicaError::PartitionMismatch {
-                topic: cfg.topic,
-                expected: cfg.partitions,
-                actual,
-            });
-        }
-        let status = Arc::new(ReplicaStatus::new(cfg.partitions));
-        let mut tpl = TopicPartitionList::new();
-        for (p, st) in applier.partitions().iter().enumerate() {
-            let off = if st.next_offset > 0 { Offset::Offset(st.next_offset) } else { Offset::Beginning };
-            tpl.add_partition_offset(&cfg.topic, p as i32, off)?;
-            status.publish(p as u32, st.next_offset, st.log_time);
-        }
-        consumer.assign(&tpl)?;
+        let start: Vec<(u32, i64)> =
+            spec.owned().iter().map(|&p| (p, applier.partition(p).next_offset)).collect();
+        let reader = LogReader::open(spec, start)?;
+        let watermark_client: BaseConsumer = spec.client_config(crate::ClientRole::Probe).create()?;
         let applier = Arc::new(Mutex::new(applier));
         let stop = Arc::new(AtomicBool::new(false));
+        let (commands, rx) = mpsc::channel();
         let watermarks = {
-            let (status, stop, cfg) = (status.clone(), stop.clone(), cfg.clone());
-            let wm: BaseConsumer = cc.create()?;
+            let (status, stop, topic) = (status.clone(), stop.clone(), spec.topic.clone());
             std::thread::Builder::new()
                 .name("prefixlog-watermarks".into())
-                .spawn(move || poll_watermarks(wm, cfg, status, stop))
+                .spawn(move || poll_watermarks(watermark_client, &topic, status, stop))
                 .expect("spawn watermark thread")
         };
-        let thread = {
-            let (applier, status, stop) = (applier.clone(), status.clone(), stop.clone());
-            let topic = cfg.topic.clone();
+        let ingest = {
+            let mut ingest = Ingest {
+                reader,
+                topic: spec.topic.clone(),
+                applier: applier.clone(),
+                status: status.clone(),
+                dead_letter,
+                policy: opts.gap_policy,
+            };
+            let stop = stop.clone();
             std::thread::Builder::new()
                 .name("prefixlog-ingest".into())
-                .spawn(move || run(consumer, &topic, applier, status, stop, dead_letter))
+                .spawn(move || ingest.run(&stop, &rx))
                 .expect("spawn ingest thread")
         };
-        Ok(Self { applier, status, stop, threads: vec![thread, watermarks] })
+        Ok(Self {
+            applier,
+            status,
+            commands: Mutex::new(commands),
+            stop,
+            threads: Mutex::new(vec![ingest, watermarks]),
+        })
     }
 
     pub fn status(&self) -> &Arc<ReplicaStatus> {
@@ -206,15 +273,30 @@ impl Replica {
         &self.applier
     }
 
-    /// Stops the ingest thread and waits for it.
-    pub fn stop(mut self) -> Arc<Mutex<Applier>> {
-        self.shutdown();
+    /// Replaces partition `partition` with `src`'s state (rebuilt by a repair, or restored from
+    /// a peer's checkpoint) on the ingest thread, between two records, then reads on from
+    /// `src`'s next offset for it: records the live state had applied beyond it are applied
+    /// again on the new state. Returns once the swap is done.
+    pub async fn replace_partition(&self, partition: u32, src: Applier) -> Result<(), ReplicaError> {
+        let (done, rx) = oneshot::channel();
+        self.commands
+            .lock()
+            .send(Command::Replace { partition, src: Box::new(src), done })
+            .map_err(|_| ReplicaError::Stopped)?;
+        rx.await.map_err(|_| ReplicaError::Stopped)?
+    }
+
+    /// Stops the ingest thread and waits for it; returns the applier (final checkpoint).
+    pub fn stop(self) -> Arc<Mutex<Applier>> {
+        self.halt();
         self.applier.clone()
     }
 
-    fn shutdown(&mut self) {
+    /// Stops consuming and waits for the threads (idempotent). The state stays readable.
+    pub fn halt(&self) {
         self.stop.store(true, Ordering::Release);
-        for t in self.threads.drain(..) {
+        let threads = std::mem::take(&mut *self.threads.lock());
+        for t in threads {
             let _ = t.join();
         }
     }
@@ -222,84 +304,156 @@ impl Replica {
 
 impl Drop for Replica {
     fn drop(&mut self) {
-        self.shutdown();
+        self.halt();
     }
 }
 
-/// The topic's partition count from broker metadata.
-pub fn topic_partitions(consumer: &BaseConsumer, topic: &str) -> Result<u32, ReplicaError> {
-    let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
-    let t =
-        md.topics().iter().find(|t| t.name() == topic).ok_or_else(|| ReplicaError::NoTopic(topic.into()))?;
-    if t.error().is_some() || t.partitions().is_empty() {
-        return Err(ReplicaError::NoTopic(topic.into()));
-    }
-    Ok(t.partitions().len() as u32)
-}
-
-fn run(
-    consumer: BaseConsumer,
-    topic: &str,
+/// The ingest thread's state.
+struct Ingest {
+    reader: LogReader,
+    topic: String,
     applier: Arc<Mutex<Applier>>,
     status: Arc<ReplicaStatus>,
-    stop: Arc<AtomicBool>,
     dead_letter: Option<DeadLetter>,
-) {
-    let mut last_err_log = Instant::now() - Duration::from_secs(60);
-    while !stop.load(Ordering::Acquire) {
-        match consumer.poll(Duration::from_millis(50)) {
-            Some(Ok(msg)) => {
-                status.broker_ok.store(true, Ordering::Release);
-                let p = msg.partition() as u32;
-                let ts = msg.timestamp().to_millis().unwrap_or(0).max(0) as u64;
-                let started = Instant::now();
-                let (outcome, next, lt) = {
-                    let mut a = applier.lock();
-                    let o = a.apply(p, msg.offset(), ts, msg.payload());
-                    let st = a.partition(p);
-                    (o, st.next_offset, st.log_time)
-                };
-                apply_latency().observe(started.elapsed().as_secs_f64());
-                match outcome {
-                    Outcome::Applied => status.records_applied.fetch_add(1, Ordering::Relaxed),
-                    Outcome::Bad(reason) => {
-                        tracing::warn!(partition = p, offset = msg.offset(), %reason, "skipping bad record");
-                        if let Some(d) = &dead_letter {
-                            let src =
-                                Source { topic, partition: p, offset: msg.offset(), reason: reason.as_str() };
-                            d.copy(src, msg.key(), msg.payload());
-                        }
-                        status.records_skipped.fetch_add(1, Ordering::Relaxed)
-                    }
-                    _ => status.records_skipped.fetch_add(1, Ordering::Relaxed),
-                };
-                status.publish(p, next, lt);
+    policy: GapPolicy,
+}
+
+impl Ingest {
+    fn run(&mut self, stop: &AtomicBool, commands: &mpsc::Receiver<Command>) {
+        let mut last_err_log = Instant::now() - Duration::from_secs(60);
+        while !stop.load(Ordering::Acquire) {
+            while let Ok(c) = commands.try_recv() {
+                self.command(c);
             }
-            Some(Err(e)) => {
-                status.broker_ok.store(false, Ordering::Release);
-                if last_err_log.elapsed() > Duration::from_secs(10) {
-                    tracing::warn!(error = %e, "kafka consumer error; serving current state while retrying");
-                    last_err_log = Instant::now();
+            match self.reader.poll(Duration::from_millis(50)) {
+                Read::Record(r) => {
+                    self.status.broker_ok.store(true, Ordering::Release);
+                    let (p, offset, ts) = (r.partition(), r.offset(), r.timestamp_ms());
+                    let started = Instant::now();
+                    let applied = {
+                        let mut a = self.applier.lock();
+                        a.apply(p, offset, ts, r.payload())
+                            .map(|o| (o, a.partition(p).next_offset, a.partition(p).log_time))
+                    };
+                    self.status.apply_latency.observe(started.elapsed().as_secs_f64());
+                    match applied {
+                        Ok((outcome, next, lt)) => {
+                            if let Outcome::Bad(reason) = outcome {
+                                tracing::warn!(partition = p, offset, %reason, "skipping bad record");
+                                if let Some(d) = &self.dead_letter {
+                                    let src = Source {
+                                        topic: &self.topic,
+                                        partition: p,
+                                        offset,
+                                        reason: reason.as_str(),
+                                    };
+                                    d.copy(src, r.key(), r.payload());
+                                }
+                            }
+                            drop(r);
+                            count(&self.status, outcome);
+                            self.status.publish(p, next, lt);
+                        }
+                        Err(NotNext { expected, offered, .. }) => {
+                            drop(r);
+                            // The reader checks continuity first; this is the applier's own check.
+                            let found = crate::reader::Found::Offset(offered);
+                            self.discontinuity(Discontinuity { partition: p, expected, found });
+                        }
+                    }
+                }
+                Read::Idle => {}
+                Read::Discontinuity(d) => self.discontinuity(d),
+                Read::BrokerError(e) => {
+                    self.status.broker_ok.store(false, Ordering::Release);
+                    if last_err_log.elapsed() > Duration::from_secs(10) {
+                        tracing::warn!(error = %e, "kafka consumer error; serving current state while retrying");
+                        last_err_log = Instant::now();
+                    }
                 }
             }
-            None => {}
+        }
+    }
+
+    fn discontinuity(&mut self, d: Discontinuity) {
+        let p = d.partition;
+        if let Err(e) = self.reader.halt(p) {
+            tracing::warn!(partition = p, error = %e, "could not stop fetching a discontinuous partition");
+        }
+        self.status.mark_discontinuous(p, true);
+        match self.policy {
+            GapPolicy::Halt => tracing::error!(
+                partition = p,
+                expected = d.expected,
+                found = ?d.found,
+                "log discontinuity: {d}; the partition is halted (not ready) until its state is replaced \
+                 from a peer (--peers / --bootstrap-from) or the replica restarts from a state the log \
+                 continues (or with --accept-log-gaps)"
+            ),
+            GapPolicy::Accept => {
+                let to = d.resume_offset();
+                let (next, lt) = {
+                    let mut a = self.applier.lock();
+                    a.accept_gap(p, to);
+                    (a.partition(p).next_offset, a.partition(p).log_time)
+                };
+                tracing::error!(
+                    partition = p,
+                    expected = d.expected,
+                    resume_at = to,
+                    "log discontinuity: {d}; --accept-log-gaps: reading on from {to}, every holder of \
+                     the partition marked gapped"
+                );
+                self.status.publish(p, next, lt);
+                if let Err(e) = self.reader.resume_at(p, to) {
+                    tracing::error!(partition = p, error = %e, "could not resume the partition");
+                }
+            }
+        }
+    }
+
+    fn command(&mut self, c: Command) {
+        match c {
+            Command::Replace { partition: p, src, done } => {
+                let (next, lt) = {
+                    let mut a = self.applier.lock();
+                    a.replace_partition(p, &src);
+                    (a.partition(p).next_offset, a.partition(p).log_time)
+                };
+                let r = self.reader.resume_at(p, next).map_err(ReplicaError::from);
+                if r.is_ok() {
+                    self.status.mark_discontinuous(p, false);
+                }
+                self.status.publish(p, next, lt);
+                tracing::info!(
+                    partition = p,
+                    next_offset = next,
+                    "partition state replaced; reading on from its offset"
+                );
+                let _ = done.send(r);
+            }
         }
     }
 }
 
-/// High watermarks come from broker round trips, so they are polled on their own thread (and
+fn count(status: &ReplicaStatus, outcome: Outcome) {
+    let counter = if outcome == Outcome::Applied { &status.records_applied } else { &status.records_skipped };
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Watermarks come from broker round trips, so they are polled on their own thread (and
 /// client): a slow or unreachable broker never delays applying records already fetched.
-fn poll_watermarks(
-    consumer: BaseConsumer,
-    cfg: ReplicaConfig,
-    status: Arc<ReplicaStatus>,
-    stop: Arc<AtomicBool>,
-) {
+fn poll_watermarks(consumer: BaseConsumer, topic: &str, status: Arc<ReplicaStatus>, stop: Arc<AtomicBool>) {
     while !stop.load(Ordering::Acquire) {
         let mut ok = true;
-        for p in 0..cfg.partitions {
-            match consumer.fetch_watermarks(&cfg.topic, p as i32, Duration::from_secs(1)) {
-                Ok((_, high)) => status.partitions[p as usize].high_watermark.store(high, Ordering::Release),
+        for &p in status.owned() {
+            match consumer.fetch_watermarks(topic, p as i32, Duration::from_secs(1)) {
+                Ok((low, high)) => {
+                    let s = status.part(p);
+                    s.low_watermark.store(low, Ordering::Release);
+                    s.high_watermark.store(high, Ordering::Release);
+                    s.watermarks_known.store(true, Ordering::Release);
+                }
                 Err(_) => ok = false,
             }
             if stop.load(Ordering::Acquire) {
@@ -310,50 +464,4 @@ fn poll_watermarks(
         status.notify();
         std::thread::sleep(Duration::from_millis(200));
     }
-}
-
-/// What the broker says about the log: its cluster id, the topic's partition count and the
-/// high watermark of each partition. Used at start to refuse checkpoints of another log.
-pub struct LogProbe {
-    pub cluster_id: String,
-    pub partitions: u32,
-    pub high_watermarks: Vec<i64>,
-    pub low_watermarks: Vec<i64>,
-}
-
-pub fn probe_log(cfg: &ReplicaConfig) -> Result<LogProbe, ReplicaError> {
-    let mut cc = ClientConfig::new();
-    cc.set("bootstrap.servers", &cfg.brokers).set("group.id", "prefixlog-probe-unused");
-    for (k, v) in &cfg.properties {
-        cc.set(k, v);
-    }
-    let consumer: BaseConsumer = cc.create()?;
-    let partitions = topic_partitions(&consumer, &cfg.topic)?;
-    let cluster_id = consumer.client().fetch_cluster_id(Duration::from_secs(10)).unwrap_or_default();
-    let (mut low, mut high) = (Vec::new(), Vec::new());
-    for p in 0..partitions {
-        let (l, h) = consumer.fetch_watermarks(&cfg.topic, p as i32, Duration::from_secs(10))?;
-        low.push(l);
-        high.push(h);
-    }
-    Ok(LogProbe { cluster_id, partitions, high_watermarks: high, low_watermarks: low })
-}
-
-/// Time to decode and apply one record (including the applier lock), in prometheus' default
-/// registry (the admin port's `/metrics` renders it).
-fn apply_latency() -> &'static prometheus::Histogram {
-    static H: std::sync::OnceLock<prometheus::Histogram> = std::sync::OnceLock::new();
-    H.get_or_init(|| {
-        let buckets = prometheus::exponential_buckets(1e-6, 2.0, 22).expect("valid buckets");
-        let h = prometheus::Histogram::with_opts(
-            prometheus::HistogramOpts::new(
-                "prefixlog_apply_latency_seconds",
-                "Decode + apply time of one log record on the ingest thread",
-            )
-            .buckets(buckets),
-        )
-        .expect("valid histogram");
-        let _ = prometheus::register(Box::new(h.clone()));
-        h
-    })
 }

@@ -1,12 +1,14 @@
-//! The applier without Kafka: determinism across partition interleavings and batching, and
-//! the feed policy (duplicates, epochs, gaps, bad records).
+//! The applier without Kafka: determinism across partition interleavings and batching, the
+//! feed policy (duplicates, epochs, gaps, bad records), strict offsets and accepted log gaps,
+//! the log-time step limit, and announced workers.
 
-use prefixlog_engine::{partition_of, Engine, EngineConfig, HolderKey, KeyspaceId, MatchOptions};
-use prefixlog_ingest::record::{encode_kv_events, encode_lifecycle, encode_placement, encode_tick};
-use prefixlog_ingest::{Applier, ApplyConfig, BadReason, KvOp, Lifecycle, Outcome};
+use prefixlog_engine::{partition_of, HolderKey, KeyspaceId, MatchOptions};
+use prefixlog_ingest::record::{
+    encode_kv_events, encode_lifecycle, encode_placement, encode_tick, worker_for_partition,
+};
+use prefixlog_ingest::{Applier, BadReason, KvOp, Lifecycle, NotNext, Outcome, StateSettings};
 use prefixlog_workload::{generate, FleetConfig, Step, TraceRequest};
 use rand::{Rng, SeedableRng};
-use std::sync::Arc;
 
 const P: u32 = 4;
 
@@ -14,18 +16,17 @@ fn ks() -> KeyspaceId {
     KeyspaceId::new("m", 16, 1)
 }
 
+fn settings() -> StateSettings {
+    StateSettings {
+        max_blocks_per_record: 64,
+        expiry_interval_ms: 100,
+        digest_interval: 7,
+        ..Default::default()
+    }
+}
+
 fn applier() -> Applier {
-    let e = Arc::new(Engine::new(EngineConfig { partitions: P, ..Default::default() }));
-    Applier::new(
-        e,
-        ApplyConfig {
-            partitions: P,
-            max_blocks_per_record: 64,
-            expiry_interval_ms: 100,
-            digest_every: 7,
-            digest_history: 1000,
-        },
-    )
+    Applier::new(P, settings())
 }
 
 /// A partitioned log from the trace workload: per partition, (timestamp, value).
@@ -76,7 +77,7 @@ fn interleaving_of_partitions_does_not_change_digests() {
     let mut reference = applier();
     for (p, part) in log.iter().enumerate() {
         for (o, (t, v)) in part.iter().enumerate() {
-            assert_eq!(reference.apply(p as u32, o as i64, *t, Some(v)), Outcome::Applied);
+            assert_eq!(reference.apply(p as u32, o as i64, *t, Some(v)), Ok(Outcome::Applied));
         }
     }
     let want = digests(&reference);
@@ -95,7 +96,7 @@ fn interleaving_of_partitions_does_not_change_digests() {
             for _ in 0..rng.random_range(1..6) {
                 if next[p] < log[p].len() {
                     let (t, v) = &log[p][next[p]];
-                    a.apply(p as u32, next[p] as i64, *t, Some(v));
+                    a.apply(p as u32, next[p] as i64, *t, Some(v)).unwrap();
                     next[p] += 1;
                 }
             }
@@ -123,7 +124,7 @@ fn interleaving_of_partitions_does_not_change_digests() {
     }
     // Re-delivery of already applied offsets is a no-op.
     let (t, v) = &log[0][0];
-    assert_eq!(reference.apply(0, 0, *t, Some(v)), Outcome::AlreadyApplied);
+    assert_eq!(reference.apply(0, 0, *t, Some(v)), Ok(Outcome::AlreadyApplied));
     assert_eq!(digests(&reference), want);
 }
 
@@ -147,8 +148,9 @@ fn duplicates_epochs_gaps_and_bad_records() {
     let mut a = applier();
     let mut off = 0i64;
     let mut put = |a: &mut Applier, v: Vec<u8>| {
+        let o = off;
         off += 1;
-        a.apply(p, off, 10 + off as u64, Some(&v))
+        a.apply(p, o, 10 + o as u64, Some(&v)).expect("offsets in order")
     };
     let b1 = encode_kv_events(&ks(), w, 0, 1, 1, false, &[stored(None, &[(11, 1), (12, 2)])]);
     assert_eq!(put(&mut a, b1.clone()), Outcome::Applied);
@@ -196,37 +198,26 @@ fn duplicates_epochs_gaps_and_bad_records() {
     assert_eq!(put(&mut a, encode_lifecycle(w, &Lifecycle::Removed)), Outcome::Applied);
     assert_eq!(depth(&a, w, &[4]), 0);
     assert!(a.partition(p).feeds.is_empty());
-    assert_eq!(a.partition(p).next_offset, off + 1);
+    assert_eq!(a.partition(p).next_offset, off);
 }
 
 #[test]
 fn placements_expire_by_log_time_of_their_partition_only() {
-    let e =
-        Arc::new(Engine::new(EngineConfig { partitions: P, placement_ttl_ms: 500, ..Default::default() }));
-    let mut a = Applier::new(
-        e,
-        ApplyConfig {
-            partitions: P,
-            max_blocks_per_record: 64,
-            expiry_interval_ms: 100,
-            digest_every: 7,
-            digest_history: 1000,
-        },
-    );
+    let mut a = Applier::new(P, StateSettings { placement_ttl_ms: 500, ..settings() });
     let w = 3u64;
     let p = partition_of(w, P);
     let q = (0..P).find(|&x| x != p).unwrap();
-    a.apply(p, 0, 1_000, Some(&encode_placement(&ks(), HolderKey::new(w, 0, 0), &[1, 2], &[], "g")));
+    a.apply(p, 0, 1_000, Some(&encode_placement(&ks(), HolderKey::new(w, 0, 0), &[1, 2], &[], "g"))).unwrap();
     assert_eq!(depth(&a, w, &[1, 2]), 2);
     // Time passing on another partition does not expire it.
     let tq = prefixlog_ingest::record::worker_for_partition(q, P);
-    a.apply(q, 0, 5_000, Some(&encode_tick(tq)));
+    a.apply(q, 0, 5_000, Some(&encode_tick(tq))).unwrap();
     assert_eq!(depth(&a, w, &[1, 2]), 2);
     // A tick on its own partition does.
     let tp = prefixlog_ingest::record::worker_for_partition(p, P);
-    a.apply(p, 1, 1_499, Some(&encode_tick(tp)));
+    a.apply(p, 1, 1_499, Some(&encode_tick(tp))).unwrap();
     assert_eq!(depth(&a, w, &[1, 2]), 2);
-    a.apply(p, 2, 1_600, Some(&encode_tick(tp)));
+    a.apply(p, 2, 1_600, Some(&encode_tick(tp))).unwrap();
     assert_eq!(depth(&a, w, &[1, 2]), 0);
 }
 
@@ -248,13 +239,92 @@ fn lane_metadata_is_kept_per_feed_and_cleared_by_a_new_epoch() {
         lanes: std::slice::from_ref(&meta),
     }
     .encode();
-    assert_eq!(a.apply(p, 0, 10, Some(&b)), Outcome::Applied);
+    assert_eq!(a.apply(p, 0, 10, Some(&b)), Ok(Outcome::Applied));
     let d = a.partition_digest(p);
     let feed = a.partition(p).feeds.values().next().unwrap();
     assert_eq!(feed.lane_meta.get(&1), Some(&meta));
     // A restart (new epoch) forgets it until the bridge announces it again.
     let b = encode_kv_events(&ks(), w, 0, 2, 1, false, &[stored(None, &[(1, 1)])]);
-    assert_eq!(a.apply(p, 1, 11, Some(&b)), Outcome::Applied);
+    assert_eq!(a.apply(p, 1, 11, Some(&b)), Ok(Outcome::Applied));
     assert!(a.partition(p).feeds.values().next().unwrap().lane_meta.is_empty());
     assert_ne!(a.partition_digest(p), d);
+}
+
+/// Offsets are strict: a record above the next offset is refused (records are missing), and
+/// only an accepted gap moves past it, marking the partition's holders and feeds gapped.
+#[test]
+fn a_gap_in_offsets_is_refused_until_accepted_and_then_visible() {
+    let w = 7u64;
+    let p = partition_of(w, P);
+    let mut a = applier();
+    let b1 = encode_kv_events(&ks(), w, 0, 1, 1, false, &[stored(None, &[(11, 1), (12, 2)])]);
+    assert_eq!(a.apply(p, 0, 10, Some(&b1)), Ok(Outcome::Applied));
+    let b2 = encode_kv_events(&ks(), w, 0, 1, 2, false, &[stored(Some(12), &[(13, 3)])]);
+    assert_eq!(a.apply(p, 5, 11, Some(&b2)), Err(NotNext { partition: p, expected: 1, offered: 5 }));
+    assert_eq!(depth(&a, w, &[1, 2, 3]), 2, "nothing applied past the gap");
+    let h = HolderKey::new(w, 0, 0);
+    let gapped = |a: &Applier| a.engine().keyspace(&ks()).unwrap().read().holder(&h).unwrap().gapped;
+    assert!(!gapped(&a));
+    a.accept_gap(p, 5);
+    assert!(gapped(&a), "a removal may have been lost: the holder is flagged");
+    assert!(a.partition(p).feeds.values().all(|f| f.gapped));
+    assert_eq!(a.partition(p).counters.log_gaps, 1);
+    assert_eq!(a.apply(p, 5, 11, Some(&b2)), Ok(Outcome::Applied));
+    assert_eq!(depth(&a, w, &[1, 2, 3]), 3);
+    // An all-cleared event resynchronises the feed.
+    let b3 =
+        encode_kv_events(&ks(), w, 0, 1, 3, false, &[KvOp::Cleared { lane: 0 }, stored(None, &[(21, 4)])]);
+    assert_eq!(a.apply(p, 6, 12, Some(&b3)), Ok(Outcome::Applied));
+    assert!(!gapped(&a));
+}
+
+/// Issue 14 item 4: one record stamped far in the future (a producer with a wrong clock) must
+/// not expire every placement of its partition at once and freeze expiry afterwards.
+#[test]
+fn a_far_future_record_cannot_hijack_log_time() {
+    let step = 10_000;
+    let mut a =
+        Applier::new(P, StateSettings { placement_ttl_ms: 5_000, max_log_time_step_ms: step, ..settings() });
+    let w = 3u64;
+    let p = partition_of(w, P);
+    let tick = encode_tick(worker_for_partition(p, P));
+    let place = |chain: &[u64]| encode_placement(&ks(), HolderKey::new(w, 0, 0), chain, &[], "g");
+    let mut off = 0;
+    let mut put = |a: &mut Applier, t: u64, v: &[u8]| {
+        a.apply(p, off, t, Some(v)).unwrap();
+        off += 1;
+    };
+    let t0 = 1_000_000u64;
+    put(&mut a, t0, &place(&[1, 2]));
+    put(&mut a, t0 + 1_000, &place(&[7]));
+    // A tick a year ahead: log time moves by the step, not a year; it is counted.
+    put(&mut a, t0 + 365 * 24 * 3_600_000, &tick);
+    assert_eq!(a.partition(p).log_time, t0 + 1_000 + step);
+    assert_eq!(a.partition(p).counters.log_time_clamped, 1);
+    // Placements made then expire by their TTL, and so do later ones: expiry is not frozen.
+    assert_eq!(depth(&a, w, &[1, 2]), 0, "5 s TTL, log time 11 s later");
+    put(&mut a, t0 + 12_000, &place(&[3, 4]));
+    assert_eq!(depth(&a, w, &[3, 4]), 2);
+    put(&mut a, t0 + 16_000, &tick);
+    assert_eq!(depth(&a, w, &[3, 4]), 2, "within its TTL of log time");
+    put(&mut a, t0 + 20_000, &tick);
+    assert_eq!(depth(&a, w, &[3, 4]), 0, "expired by TTL in log time after the bad record");
+}
+
+/// Workers announced by WorkerAdded are kept with their metadata (ListWorkers) until removed.
+#[test]
+fn announced_workers_are_state() {
+    let w = 11u64;
+    let p = partition_of(w, P);
+    let mut a = applier();
+    let before = a.partition_digest(p);
+    let meta: std::collections::BTreeMap<String, String> =
+        [("pod".to_string(), "vllm-0".to_string()), ("endpoint".into(), "http://10.0.0.5:8000".into())]
+            .into();
+    let added = encode_lifecycle(w, &Lifecycle::Added { metadata: meta.clone() });
+    assert_eq!(a.apply(p, 0, 10, Some(&added)), Ok(Outcome::Applied));
+    assert_eq!(a.partition(p).workers.get(&w), Some(&meta));
+    assert_ne!(a.partition_digest(p), before, "announced workers are digested");
+    assert_eq!(a.apply(p, 1, 11, Some(&encode_lifecycle(w, &Lifecycle::Removed))), Ok(Outcome::Applied));
+    assert!(a.partition(p).workers.is_empty());
 }

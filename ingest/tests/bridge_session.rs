@@ -56,22 +56,24 @@ fn stores_chain_through_known_parents_and_refuse_unknown_ones() {
     let mut s = Session::new(BS, 100);
     let t = toks(1000, 16);
     let want = block_hashes(&t, BS as usize);
-    let ops = s.accept(0, 1, &batch(vec![stored(&[11, 12], None, t[..8].to_vec())]), &m);
+    let ops = s.accept(0, 1, &batch(vec![stored(&[11, 12], None, t[..8].to_vec())]), &m).ops;
     assert_eq!(
         ops,
         vec![KvOp::Stored { lane: 0, parent_ext: None, blocks: vec![(11, want[0]), (12, want[1])] }]
     );
-    let ops = s.accept(1, 2, &batch(vec![stored(&[13], Some(12), t[8..12].to_vec())]), &m);
+    let ops = s.accept(1, 2, &batch(vec![stored(&[13], Some(12), t[8..12].to_vec())]), &m).ops;
     assert_eq!(ops, vec![KvOp::Stored { lane: 0, parent_ext: Some(12), blocks: vec![(13, want[2])] }]);
     // Unknown parent: refused, never hashed from the wrong seed.
-    let ops = s.accept(2, 3, &batch(vec![stored(&[15], Some(14), t[12..16].to_vec())]), &m);
-    assert!(ops.is_empty());
+    let a = s.accept(2, 3, &batch(vec![stored(&[15], Some(14), t[12..16].to_vec())]), &m);
+    assert!(a.ops.is_empty());
+    assert!(!a.lost, "a refused store is an undercount, not a gap");
     assert_eq!(m.get("refused_unknown_parent"), Some(1));
     // Removal forgets the block: its children can no longer be hashed.
-    let ops =
-        s.accept(3, 4, &batch(vec![Event::Removed { hashes: vec![13], medium: None, group_idx: None }]), &m);
+    let ops = s
+        .accept(3, 4, &batch(vec![Event::Removed { hashes: vec![13], medium: None, group_idx: None }]), &m)
+        .ops;
     assert_eq!(ops, vec![KvOp::Removed { lane: 0, exts: vec![13] }]);
-    assert!(s.accept(4, 5, &batch(vec![stored(&[14], Some(13), t[12..16].to_vec())]), &m).is_empty());
+    assert!(s.accept(4, 5, &batch(vec![stored(&[14], Some(13), t[12..16].to_vec())]), &m).ops.is_empty());
     assert_eq!(m.get("refused_unknown_parent"), Some(2));
     assert_eq!(s.tracked(), 2);
 }
@@ -128,7 +130,9 @@ fn refusals_lanes_and_clears() {
         Event::Malformed("block_hashes"),
         Event::Cleared,
     ];
-    let ops = s.accept(0, 0, &batch(events), &m);
+    let accepted = s.accept(0, 0, &batch(events), &m);
+    assert!(accepted.lost, "an unknown and a malformed event: the record is published as a gap");
+    let ops = accepted.ops;
     let local = block_hashes(&toks(0, 4), 4)[0];
     let mut adapter_tokens = toks(0, 4);
     adapter_tokens.extend(toks(4, 4));
@@ -184,8 +188,8 @@ fn sequence_policy() {
 #[tokio::test]
 async fn bad_endpoints_are_refused_before_anything_is_published() {
     use prefixlog_ingest::bridge::{run, BridgeOptions, EngineSpec};
-    use prefixlog_ingest::{Publisher, PublisherConfig};
-    let publisher = Publisher::new(PublisherConfig::new("127.0.0.1:1", "t", 1)).unwrap();
+    use prefixlog_ingest::{KafkaConnection, LogSpec, Publisher};
+    let publisher = Publisher::new(&LogSpec::new(KafkaConnection::new("127.0.0.1:1"), "t", 1)).unwrap();
     let spec = EngineSpec {
         endpoint: "tcp://127.0.0.1:5557".into(),
         replay_endpoint: Some("nonsense".into()),

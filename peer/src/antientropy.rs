@@ -1,30 +1,96 @@
 //! Anti-entropy rounds: compare digest points with every peer, count, log, repair.
+//!
+//! A round first compares identities with the one compatibility rule: a peer of another log
+//! (cluster, topic, partition count) or with other state settings is reported as such — its
+//! own outcome, metric and log line — and never compared digest by digest (different settings
+//! give different states from the same log, so every point would "mismatch" and every round
+//! would repair). Only partitions both replicas own are compared.
 
-use crate::repair::{self_check, RepairContext, RepairOutcome};
-use parking_lot::Mutex;
-use prefixlog_ingest::Applier;
+use crate::bootstrap::connect;
+use crate::repair::{check_and_repair, RepairContext, RepairOutcome};
+use prefixlog_ingest::{check_compatible, Incompatible, LogIdentity, Replica, StateSettings};
 use prefixlog_proto::v1 as pb;
 use prefixlog_proto::v1::replica_peer_client::ReplicaPeerClient;
+use prometheus::{IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Counters for metrics (`anti_entropy_*`).
-#[derive(Default)]
+/// Anti-entropy metrics (`prefixlog_anti_entropy_*`).
 pub struct AntiEntropyStats {
-    pub rounds: AtomicU64,
-    pub points_compared: AtomicU64,
-    pub repairs: AtomicU64,
+    pub rounds: IntCounter,
+    pub points_compared: IntCounter,
+    pub repairs: IntCounter,
     /// Mismatches per partition.
-    pub mismatches: Mutex<BTreeMap<u32, u64>>,
-    /// Per peer: (unreachable count, last successful comparison, unix ms).
-    pub peers: Mutex<BTreeMap<String, (u64, u64)>>,
+    pub mismatches: IntCounterVec,
+    /// Rounds in which a peer could not be reached, per peer.
+    pub unreachable: IntCounterVec,
+    /// Rounds in which a peer's state settings (or log) differed from ours, per peer.
+    pub incompatible: IntCounterVec,
+    /// Unix time of the last successful comparison, per peer.
+    pub last_success: IntGaugeVec,
 }
 
 impl AntiEntropyStats {
+    pub fn new() -> Self {
+        let c = |n: &str, h: &str| IntCounter::new(n, h).expect("valid metric");
+        let v = |n: &str, h: &str, l: &str| IntCounterVec::new(Opts::new(n, h), &[l]).expect("valid metric");
+        Self {
+            rounds: c("prefixlog_anti_entropy_rounds_total", "Anti-entropy rounds run"),
+            points_compared: c("prefixlog_anti_entropy_points_compared_total", "Digest points compared"),
+            repairs: c(
+                "prefixlog_anti_entropy_repairs_total",
+                "Partitions rebuilt and swapped in after a failed self-check",
+            ),
+            mismatches: v(
+                "prefixlog_anti_entropy_mismatches_total",
+                "Digest mismatches found, per partition",
+                "partition",
+            ),
+            unreachable: v(
+                "prefixlog_anti_entropy_peer_unreachable_total",
+                "Rounds in which a peer could not be reached",
+                "peer",
+            ),
+            incompatible: v(
+                "prefixlog_anti_entropy_incompatible_total",
+                "Rounds in which a peer was not compared: other state settings or another log (label reason)",
+                "reason",
+            ),
+            last_success: IntGaugeVec::new(
+                Opts::new(
+                    "prefixlog_anti_entropy_last_success_timestamp_seconds",
+                    "Last successful comparison with a peer",
+                ),
+                &["peer"],
+            )
+            .expect("valid metric"),
+        }
+    }
+
+    pub fn register(&self, r: &Registry) -> prometheus::Result<()> {
+        r.register(Box::new(self.rounds.clone()))?;
+        r.register(Box::new(self.points_compared.clone()))?;
+        r.register(Box::new(self.repairs.clone()))?;
+        r.register(Box::new(self.mismatches.clone()))?;
+        r.register(Box::new(self.unreachable.clone()))?;
+        r.register(Box::new(self.incompatible.clone()))?;
+        r.register(Box::new(self.last_success.clone()))
+    }
+
     pub fn mismatches_total(&self) -> u64 {
-        self.mismatches.lock().values().sum()
+        use prometheus::core::Collector;
+        self.mismatches
+            .collect()
+            .iter()
+            .flat_map(|f| f.get_metric().iter().map(|m| m.get_counter().value() as u64))
+            .sum()
+    }
+}
+
+impl Default for AntiEntropyStats {
+    fn default() -> Self {
+        Self::new()
     }
 }
 
@@ -35,18 +101,35 @@ pub struct RoundReport {
     pub mismatches: Vec<(String, u32, i64)>,
     pub repaired: Vec<u32>,
     pub unreachable: Vec<String>,
+    /// Peers not compared, and why (other settings, another log).
+    pub incompatible: Vec<(String, Incompatible)>,
 }
 
 pub struct AntiEntropy {
-    pub applier: Arc<Mutex<Applier>>,
+    pub replica: Arc<Replica>,
     pub peers: Vec<String>,
     pub ctx: RepairContext,
     pub stats: Arc<AntiEntropyStats>,
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+fn now_s() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
 }
+
+/// The peer's identity as its `Digests` reply states it.
+fn peer_identity(d: &pb::DigestsResponse) -> Result<LogIdentity, String> {
+    let settings = StateSettings::decode(&d.settings).map_err(|e| e.to_string())?;
+    Ok(LogIdentity {
+        cluster_id: d.cluster_id.clone(),
+        topic: d.topic.clone(),
+        partitions: d.partition_count,
+        owned: d.owned_partitions.clone(),
+        settings,
+    })
+}
+
+/// (partition, first mismatching offset, our digest there, last agreed offset)
+type Mismatch = (u32, i64, u64, Option<i64>);
 
 impl AntiEntropy {
     /// Runs rounds forever, every `every`.
@@ -60,15 +143,13 @@ impl AntiEntropy {
 
     /// One round against every peer.
     pub async fn round(&self) -> RoundReport {
-        self.stats.rounds.fetch_add(1, Ordering::Relaxed);
+        self.stats.rounds.inc();
         let mut report = RoundReport::default();
         for peer in &self.peers {
             match self.compare(peer, &mut report).await {
-                Ok(()) => {
-                    self.stats.peers.lock().entry(peer.clone()).or_default().1 = now_ms();
-                }
+                Ok(()) => self.stats.last_success.with_label_values(&[peer.as_str()]).set(now_s()),
                 Err(e) => {
-                    self.stats.peers.lock().entry(peer.clone()).or_default().0 += 1;
+                    self.stats.unreachable.with_label_values(&[peer.as_str()]).inc();
                     tracing::warn!(%peer, error = %e, "anti-entropy: peer unreachable (not a divergence)");
                     report.unreachable.push(peer.clone());
                 }
@@ -78,131 +159,100 @@ impl AntiEntropy {
     }
 
     async fn compare(&self, peer: &str, report: &mut RoundReport) -> Result<(), String> {
-        let url = if peer.contains("://") { peer.to_string() } else { format!("http://{peer}") };
-        let endpoint = tonic::transport::Endpoint::from_shared(url)
-            .map_err(|e| e.to_string())?
-            .connect_timeout(Duration::from_secs(2));
-        let mut client = ReplicaPeerClient::new(endpoint.connect().await.map_err(|e| e.to_string())?);
+        let mut client = connect(peer).await.map_err(|e| e.to_string())?;
         let theirs = client
             .digests(pb::DigestsRequest { partitions: vec![] })
             .await
             .map_err(|s| s.to_string())?
             .into_inner();
-        // (partition, first mismatching offset, our digest there, last agreed offset)
-        let mut todo = Vec::new();
-        {
-            let a = self.applier.lock();
-            for pd in &theirs.partitions {
-                if pd.partition >= a.config().partitions {
-                    continue;
-                }
-                let ours: BTreeMap<i64, u64> =
-                    a.digest_points(pd.partition).map(|d| (d.next_offset, d.digest)).collect();
-                let mut agreed = None;
-                let mut first_bad = None;
-                for pt in &pd.points {
-                    let Some(&mine) = ours.get(&pt.next_offset) else { continue };
-                    report.compared += 1;
-                    if mine == pt.digest {
-                        if first_bad.is_none() {
-                            agreed = Some(pt.next_offset);
-                        }
-                    } else if first_bad.is_none() {
-                        first_bad = Some((pt.next_offset, mine));
-                    }
-                }
-                if let Some((off, mine)) = first_bad {
-                    report.mismatches.push((peer.to_string(), pd.partition, off));
-                    todo.push((pd.partition, off, mine, agreed));
-                }
-            }
+        let their_id = peer_identity(&theirs)?;
+        let ours = &self.ctx.identity;
+        let common: Vec<u32> =
+            ours.owned.iter().copied().filter(|p| their_id.owned.binary_search(p).is_ok()).collect();
+        if let Err(why) = check_compatible(ours, &their_id, &common) {
+            let reason = match why {
+                Incompatible::Settings { .. } => "settings_differ",
+                _ => "another_log",
+            };
+            self.stats.incompatible.with_label_values(&[reason]).inc();
+            tracing::error!(%peer, %why, "anti-entropy: peer not compared: {why}");
+            report.incompatible.push((peer.to_string(), why));
+            return Ok(());
         }
-        self.stats.points_compared.fetch_add(report.compared, Ordering::Relaxed);
+        let todo = self.mismatches(&theirs, &common, peer, report);
         for (p, off, mine, agreed) in todo {
-            *self.stats.mismatches.lock().entry(p).or_default() += 1;
-            let differing = self.differing_holders(&mut client, p).await;
-            tracing::error!(
-                %peer, partition = p, offset = off, last_agreed = ?agreed, holders = ?differing,
-                "anti-entropy: digest mismatch (a bug or corruption); self-checking this replica"
-            );
-            let (applier, ctx) = (self.applier.clone(), self.ctx.clone());
-            let outcome =
-                tokio::task::spawn_blocking(move || self_check(&applier, &ctx, p, off, mine, agreed))
-                    .await
-                    .map_err(|e| e.to_string())?;
-            match outcome {
-                Ok(RepairOutcome::Consistent) => {
-                    tracing::warn!(
-                        partition = p,
-                        "self-check: this replica matches its log; the peer must repair"
-                    )
-                }
-                Ok(RepairOutcome::Repaired { from_checkpoint, replayed_to }) => {
-                    self.stats.repairs.fetch_add(1, Ordering::Relaxed);
-                    report.repaired.push(p);
-                    tracing::warn!(
-                        partition = p,
-                        ?from_checkpoint,
-                        replayed_to,
-                        "self-check: diverged; partition rebuilt and swapped in"
-                    );
-                }
-                Err(e) => {
-                    tracing::error!(partition = p, error = %e, "self-check failed; will retry next round")
-                }
-            }
+            self.on_mismatch(&mut client, peer, p, off, mine, agreed, report).await;
         }
         Ok(())
     }
 
-    /// Holders whose (blocks, digest) differ from the peer's now (offsets may differ slightly,
-    /// so this is a lead for the log, not a verdict).
-    async fn differing_holders(
+    /// Compares the points both replicas have, for partitions both own.
+    fn mismatches(
         &self,
-        client: &mut ReplicaPeerClient<tonic::transport::Channel>,
-        p: u32,
-    ) -> Vec<String> {
-        let Ok(theirs) = client.holder_digests(pb::HolderDigestsRequest { partition: p }).await else {
-            return vec![];
-        };
-        let theirs = theirs.into_inner();
-        let key = |k: &Option<pb::Keyspace>, w: u64, d: u32, l: u32| {
-            let k = k.clone().unwrap_or_default();
-            format!("{}/bs{}/s{} worker {w} dp {d} lane {l}", k.model, k.block_size, k.hash_scheme)
-        };
-        let mut map: BTreeMap<String, (u32, u64)> = theirs
-            .holders
-            .iter()
-            .map(|h| (key(&h.keyspace, h.worker, h.dp_rank, h.lane), (h.blocks, h.digest)))
-            .collect();
-        let mut out = Vec::new();
-        let a = self.applier.lock();
-        let n = a.config().partitions;
-        for ks in a.engine().keyspaces() {
-            let g = ks.read();
-            let id = g.id().clone();
-            for h in g
-                .holder_summaries()
-                .into_iter()
-                .filter(|h| prefixlog_engine::partition_of(h.key.worker, n) == p)
-            {
-                let k = key(
-                    &Some(pb::Keyspace {
-                        model: id.model.clone(),
-                        block_size: id.block_size,
-                        hash_scheme: id.scheme,
-                    }),
-                    h.key.worker,
-                    h.key.dp_rank,
-                    h.key.lane,
-                );
-                if map.remove(&k) != Some((h.blocks, h.digest)) {
-                    out.push(k);
+        theirs: &pb::DigestsResponse,
+        common: &[u32],
+        peer: &str,
+        report: &mut RoundReport,
+    ) -> Vec<Mismatch> {
+        let mut todo = Vec::new();
+        let a = self.replica.applier().lock();
+        for pd in theirs.partitions.iter().filter(|pd| common.binary_search(&pd.partition).is_ok()) {
+            let ours: BTreeMap<i64, u64> =
+                a.digest_points(pd.partition).map(|d| (d.next_offset, d.digest)).collect();
+            let (mut agreed, mut first_bad) = (None, None);
+            for pt in &pd.points {
+                let Some(&mine) = ours.get(&pt.next_offset) else { continue };
+                report.compared += 1;
+                if mine != pt.digest {
+                    first_bad = first_bad.or(Some((pt.next_offset, mine)));
+                } else if first_bad.is_none() {
+                    agreed = Some(pt.next_offset);
                 }
             }
+            if let Some((off, mine)) = first_bad {
+                report.mismatches.push((peer.to_string(), pd.partition, off));
+                todo.push((pd.partition, off, mine, agreed));
+            }
         }
-        out.extend(map.into_keys());
-        out.truncate(20);
-        out
+        self.stats.points_compared.inc_by(report.compared);
+        todo
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn on_mismatch(
+        &self,
+        client: &mut ReplicaPeerClient<tonic::transport::Channel>,
+        peer: &str,
+        p: u32,
+        off: i64,
+        mine: u64,
+        agreed: Option<i64>,
+        report: &mut RoundReport,
+    ) {
+        self.stats.mismatches.with_label_values(&[&p.to_string()]).inc();
+        let differing = crate::holders::differing_holders(client, &self.replica, &self.ctx.identity, p).await;
+        tracing::error!(
+            %peer, partition = p, offset = off, last_agreed = ?agreed, holders = ?differing,
+            "anti-entropy: digest mismatch (a bug or corruption); self-checking this replica"
+        );
+        match check_and_repair(&self.ctx, &self.replica, p, off, mine, agreed).await {
+            Ok(RepairOutcome::Consistent) => {
+                tracing::warn!(
+                    partition = p,
+                    "self-check: this replica matches its log; the peer must repair"
+                )
+            }
+            Ok(RepairOutcome::Repaired { from_checkpoint, swapped_at }) => {
+                self.stats.repairs.inc();
+                report.repaired.push(p);
+                tracing::warn!(
+                    partition = p,
+                    ?from_checkpoint,
+                    swapped_at,
+                    "self-check: diverged; partition rebuilt and swapped in"
+                );
+            }
+            Err(e) => tracing::error!(partition = p, error = %e, "self-check failed; will retry next round"),
+        }
     }
 }

@@ -1,35 +1,54 @@
-//! Bootstrap of a new replica: fetch a running peer's newest checkpoint (chunked, every chunk
-//! and the whole checksummed) and store it locally; the replica then restores it and replays
-//! only the tail, so the log need not be retained from the beginning.
+//! Fetching a peer's checkpoint (chunked, every chunk and the whole checksummed): bootstrap of
+//! a new replica, a new shard's partitions when resharding, and recovery of a partition whose
+//! log no longer continues its state.
 
+use prefixlog_ingest::{check_compatible, Incompatible, LogIdentity};
 use prefixlog_proto::v1 as pb;
 use prefixlog_proto::v1::replica_peer_client::ReplicaPeerClient;
-use prefixlog_snapshot::{CheckpointMeta, CheckpointStore};
+use prefixlog_snapshot::{decode_export, CheckpointMeta, CheckpointStore, Loaded, StoreError};
+use std::time::Duration;
 use xxhash_rust::xxh3::xxh3_64;
 
 #[derive(Debug, thiserror::Error)]
-pub enum BootstrapError {
+pub enum FetchError {
     #[error("peer {peer}: {source}")]
     Connect { peer: String, source: tonic::transport::Error },
     #[error("peer {peer}: {status}")]
     Rpc { peer: String, status: tonic::Status },
     #[error("peer {peer}: transfer corrupt: {what}")]
     Corrupt { peer: String, what: String },
-    #[error("storing the fetched checkpoint: {0}")]
-    Store(#[from] prefixlog_snapshot::StoreError),
+    #[error("peer {peer}: the checkpoint it sent: {source}")]
+    Store { peer: String, source: StoreError },
+    #[error("peer {peer}: its checkpoint cannot stand for ours: {why}")]
+    Incompatible { peer: String, why: Incompatible },
 }
 
-pub async fn fetch_checkpoint(peer: &str, store: &CheckpointStore) -> Result<CheckpointMeta, BootstrapError> {
-    let url = if peer.contains("://") { peer.to_string() } else { format!("http://{peer}") };
-    let mut client = ReplicaPeerClient::connect(url)
-        .await
-        .map_err(|source| BootstrapError::Connect { peer: peer.into(), source })?
-        .max_decoding_message_size(4 << 20);
-    let rpc = |status| BootstrapError::Rpc { peer: peer.into(), status };
-    let mut stream = client.fetch_checkpoint(pb::FetchCheckpointRequest {}).await.map_err(rpc)?.into_inner();
-    let corrupt = |what: String| BootstrapError::Corrupt { peer: peer.into(), what };
+pub(crate) fn url(peer: &str) -> String {
+    if peer.contains("://") {
+        peer.to_string()
+    } else {
+        format!("http://{peer}")
+    }
+}
+
+/// Connects to a peer's `ReplicaPeer` service.
+pub(crate) async fn connect(peer: &str) -> Result<ReplicaPeerClient<tonic::transport::Channel>, FetchError> {
+    let endpoint = tonic::transport::Endpoint::from_shared(url(peer))
+        .map_err(|source| FetchError::Connect { peer: peer.into(), source })?
+        .connect_timeout(Duration::from_secs(2));
+    let channel =
+        endpoint.connect().await.map_err(|source| FetchError::Connect { peer: peer.into(), source })?;
+    Ok(ReplicaPeerClient::new(channel).max_decoding_message_size(4 << 20))
+}
+
+/// The peer's newest checkpoint as export bytes, holding `partitions` (empty: all it owns).
+pub async fn fetch_export(peer: &str, partitions: &[u32]) -> Result<Vec<u8>, FetchError> {
+    let mut client = connect(peer).await?;
+    let rpc = |status| FetchError::Rpc { peer: peer.into(), status };
+    let req = pb::FetchCheckpointRequest { partitions: partitions.to_vec() };
+    let mut stream = client.fetch_checkpoint(req).await.map_err(rpc)?.into_inner();
+    let corrupt = |what: String| FetchError::Corrupt { peer: peer.into(), what };
     let mut data = Vec::new();
-    let mut done = false;
     while let Some(c) = stream.message().await.map_err(rpc)? {
         if xxh3_64(&c.data) != c.chunk_checksum {
             return Err(corrupt(format!("chunk at byte {} fails its checksum", data.len())));
@@ -39,12 +58,32 @@ pub async fn fetch_checkpoint(peer: &str, store: &CheckpointStore) -> Result<Che
             if data.len() as u64 != c.total_bytes || xxh3_64(&data) != c.total_checksum {
                 return Err(corrupt("whole-checkpoint checksum mismatch".into()));
             }
-            done = true;
-            break;
+            return Ok(data);
         }
     }
-    if !done {
-        return Err(corrupt(format!("stream ended after {} bytes without its last chunk", data.len())));
-    }
-    Ok(store.import(&data)?)
+    Err(corrupt(format!("stream ended after {} bytes without its last chunk", data.len())))
+}
+
+/// Fetches the peer's newest checkpoint of `need` partitions, verified and checked against the
+/// one compatibility rule for a replica of `ours`.
+pub async fn fetch_checkpoint(peer: &str, ours: &LogIdentity, need: &[u32]) -> Result<Loaded, FetchError> {
+    let data = fetch_export(peer, need).await?;
+    let loaded = decode_export(&data).map_err(|source| FetchError::Store { peer: peer.into(), source })?;
+    check_compatible(ours, &loaded.meta.identity, need)
+        .map_err(|why| FetchError::Incompatible { peer: peer.into(), why })?;
+    Ok(loaded)
+}
+
+/// [`fetch_checkpoint`], then stored in `store` under a new local id (bootstrap).
+pub async fn fetch_into_store(
+    peer: &str,
+    ours: &LogIdentity,
+    need: &[u32],
+    store: &CheckpointStore,
+) -> Result<CheckpointMeta, FetchError> {
+    let data = fetch_export(peer, need).await?;
+    let loaded = decode_export(&data).map_err(|source| FetchError::Store { peer: peer.into(), source })?;
+    check_compatible(ours, &loaded.meta.identity, need)
+        .map_err(|why| FetchError::Incompatible { peer: peer.into(), why })?;
+    store.import(&data).map_err(|source| FetchError::Store { peer: peer.into(), source })
 }

@@ -1,100 +1,155 @@
-//! The self-check and the partition rebuild (see the crate docs for the rule).
+//! The self-check and the partition repair (see the crate docs for the rule).
+//!
+//! Both run off to the side: a partition is rebuilt in a separate applier from a checkpoint
+//! (or the log start) by a bounded replay to a *fixed* target offset, which must be reached
+//! exactly (a stall or a discontinuity is an error, never a partial rebuild). A repair then
+//! catches the rebuilt partition up with the live one, still off to the side, and hands it to
+//! the ingest thread, which swaps it in between two records and reads on from its offset —
+//! so neither the applier lock nor ingest is ever held across Kafka I/O, and ingest into the
+//! repaired partition and all others goes on throughout.
 
 use parking_lot::Mutex;
-use prefixlog_audit::{advance, LogSource, Point};
-use prefixlog_engine::{Engine, EngineConfig};
-use prefixlog_ingest::{probe_log, Applier, ApplyConfig, ReplicaConfig};
-use prefixlog_snapshot::{restore, CheckpointStore};
+use prefixlog_ingest::{
+    check_compatible, probe_log, replay, Applier, LogIdentity, LogSpec, ReplayError, ReplayOptions, Replica,
+    ReplicaError, Until,
+};
+use prefixlog_snapshot::{restore, CheckpointStore, Loaded, RestoreError};
 use std::sync::Arc;
 
 /// What a replica needs to rebuild one of its partitions.
 #[derive(Clone)]
 pub struct RepairContext {
+    pub spec: LogSpec,
+    /// This replica's identity (its settings decide how the log is applied).
+    pub identity: LogIdentity,
     pub store: Option<Arc<CheckpointStore>>,
-    pub log: ReplicaConfig,
-    pub engine_cfg: EngineConfig,
-    pub apply_cfg: ApplyConfig,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RepairError {
+    #[error("partition {partition}: no checkpoint at or before offset {trusted} and the log starts at {log_start}: cannot rebuild")]
+    NoBase { partition: u32, trusted: i64, log_start: i64 },
+    #[error("partition {partition}: {source}")]
+    Replay { partition: u32, source: ReplayError },
+    #[error(transparent)]
+    Restore(#[from] RestoreError),
+    #[error(transparent)]
+    Probe(#[from] prefixlog_ingest::ProbeError),
+    #[error("swapping the rebuilt partition in: {0}")]
+    Swap(#[from] ReplicaError),
+    #[error("the rebuild task failed: {0}")]
+    Task(String),
+}
+
+/// The outcome of a self-check.
+pub enum SelfCheck {
+    /// Our state at the point is what our log produces: the peer must repair.
+    Consistent,
+    /// Our partition diverged from our log; `rebuilt` holds it at the mismatched point.
+    Diverged { rebuilt: Applier, from_checkpoint: Option<u64> },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RepairOutcome {
-    /// Our state at the point is what our log produces: the peer must repair.
     Consistent,
-    /// Our partition diverged from our log and was rebuilt and swapped in.
-    Repaired { from_checkpoint: Option<u64>, replayed_to: i64 },
+    /// The partition was rebuilt and swapped in; the live state went on from `swapped_at`.
+    Repaired {
+        from_checkpoint: Option<u64>,
+        swapped_at: i64,
+    },
 }
 
-fn log_source(ctx: &RepairContext) -> Result<LogSource, String> {
-    let probe = probe_log(&ctx.log).map_err(|e| e.to_string())?;
-    Ok(LogSource {
-        brokers: ctx.log.brokers.clone(),
-        topic: ctx.log.topic.clone(),
-        partitions: probe.partitions,
-        properties: ctx.log.properties.clone(),
-        low_watermarks: probe.low_watermarks,
-        high_watermarks: probe.high_watermarks,
+/// The newest local checkpoint that can stand for partition `p` no later than `trusted`.
+fn base_checkpoint(ctx: &RepairContext, p: u32, trusted: i64) -> Option<Loaded> {
+    let store = ctx.store.as_ref()?;
+    store.ids().into_iter().find_map(|id| {
+        let m = store.meta(id).ok()?;
+        let fits =
+            check_compatible(&ctx.identity, &m.identity, &[p]).is_ok() && m.offsets[p as usize] <= trusted;
+        fits.then(|| store.load(id).ok()).flatten()
     })
 }
 
-/// Replays only partition `p` of `a` up to next offset `to`.
-fn advance_partition(a: &mut Applier, log: &LogSource, p: u32, to: i64) -> Result<(), String> {
-    let point: Vec<(u32, i64)> =
-        (0..log.partitions).map(|q| (q, if q == p { to } else { a.partition(q).next_offset })).collect();
-    advance(a, log, &Point::Offsets(point), false).map(|_| ()).map_err(|e| e.to_string())
+/// Replays partition `p` of `a` to next offset `to`, exactly.
+fn advance(ctx: &RepairContext, a: &mut Applier, p: u32, to: i64) -> Result<(), RepairError> {
+    let until = Until::Offsets([(p, to)].into_iter().collect());
+    replay(&ctx.spec, a, &until, ReplayOptions::default())
+        .map_err(|source| RepairError::Replay { partition: p, source })?;
+    Ok(())
 }
 
 /// Checks our partition `p` against our own log at `point` (where we recorded `recorded`),
 /// starting from a checkpoint no later than `trusted` (the last offset both replicas agreed
-/// on), and repairs it if it diverged.
+/// on). Blocking: run it off the async workers.
 pub fn self_check(
-    applier: &Mutex<Applier>,
     ctx: &RepairContext,
     p: u32,
     point: i64,
     recorded: u64,
     trusted: Option<i64>,
-) -> Result<RepairOutcome, String> {
-    let log = log_source(ctx)?;
+) -> Result<SelfCheck, RepairError> {
     let trusted = trusted.unwrap_or(0);
-    let mut base = None;
-    if let Some(store) = &ctx.store {
-        for id in store.ids() {
-            let Ok(m) = store.meta(id) else { continue };
-            if m.offsets.get(p as usize).is_some_and(|&o| o <= trusted) && m.identity.topic == log.topic {
-                if let Ok(l) = store.load(id) {
-                    base = Some(l);
-                    break;
-                }
-            }
-        }
-    }
-    let (mut rebuilt, from_checkpoint) = match &base {
-        Some(l) => (restore(l, ctx.engine_cfg.clone(), ctx.apply_cfg.clone())?, Some(l.meta.id)),
+    let (mut rebuilt, from_checkpoint) = match base_checkpoint(ctx, p, trusted) {
+        Some(l) => (restore(&l)?.extract(&[p]), Some(l.meta.id)),
         None => {
-            if log.low_watermarks.get(p as usize).copied().unwrap_or(0) > 0 {
-                return Err(format!(
-                    "partition {p}: no checkpoint at or before offset {trusted} and the log no longer starts at 0: cannot rebuild"
-                ));
+            let log_start = probe_log(&ctx.spec)?.low(p);
+            if log_start > 0 {
+                return Err(RepairError::NoBase { partition: p, trusted, log_start });
             }
-            (Applier::new(Arc::new(Engine::new(ctx.engine_cfg.clone())), ctx.apply_cfg.clone()), None)
+            (Applier::new(ctx.spec.partitions, ctx.identity.settings), None)
         }
     };
-    advance_partition(&mut rebuilt, &log, p, point)?;
-    if rebuilt.partition(p).next_offset != point {
-        return Err(format!(
-            "partition {p}: replay stopped at {} before {point}",
-            rebuilt.partition(p).next_offset
-        ));
-    }
+    advance(ctx, &mut rebuilt, p, point)?;
     if rebuilt.partition_digest(p) == recorded {
-        return Ok(RepairOutcome::Consistent);
+        return Ok(SelfCheck::Consistent);
     }
-    // Diverged: pause ingest (hold the applier), replay to where we are, swap the partition in.
-    // Queries keep running on the other partitions' holders; the swap itself takes each
-    // keyspace's write lock once.
-    let mut a = applier.lock();
-    let to = a.partition(p).next_offset;
-    advance_partition(&mut rebuilt, &log, p, to)?;
-    a.replace_partition(p, &rebuilt);
-    Ok(RepairOutcome::Repaired { from_checkpoint, replayed_to: to })
+    Ok(SelfCheck::Diverged { rebuilt, from_checkpoint })
+}
+
+/// Brings `rebuilt` (partition `p`) up to the live state's offset, off to the side, twice —
+/// the second pass picks up what arrived during the first — and has the ingest thread swap it
+/// in. Records the live state applied after the last pass are applied again on the new state.
+pub async fn swap_in(
+    ctx: &RepairContext,
+    replica: &Replica,
+    p: u32,
+    rebuilt: Applier,
+) -> Result<i64, RepairError> {
+    let mut rebuilt = rebuilt;
+    for _ in 0..2 {
+        let live = live_offset(replica.applier(), p);
+        let (ctx2, mut a) = (ctx.clone(), rebuilt);
+        rebuilt = tokio::task::spawn_blocking(move || advance(&ctx2, &mut a, p, live).map(|()| a))
+            .await
+            .map_err(|e| RepairError::Task(e.to_string()))??;
+    }
+    let at = rebuilt.partition(p).next_offset;
+    replica.replace_partition(p, rebuilt).await?;
+    Ok(at)
+}
+
+fn live_offset(applier: &Mutex<Applier>, p: u32) -> i64 {
+    applier.lock().partition(p).next_offset
+}
+
+/// The self-check, and the repair if it finds our partition diverged.
+pub async fn check_and_repair(
+    ctx: &RepairContext,
+    replica: &Replica,
+    p: u32,
+    point: i64,
+    recorded: u64,
+    trusted: Option<i64>,
+) -> Result<RepairOutcome, RepairError> {
+    let ctx2 = ctx.clone();
+    let check = tokio::task::spawn_blocking(move || self_check(&ctx2, p, point, recorded, trusted))
+        .await
+        .map_err(|e| RepairError::Task(e.to_string()))??;
+    match check {
+        SelfCheck::Consistent => Ok(RepairOutcome::Consistent),
+        SelfCheck::Diverged { rebuilt, from_checkpoint } => {
+            let swapped_at = swap_in(ctx, replica, p, rebuilt).await?;
+            Ok(RepairOutcome::Repaired { from_checkpoint, swapped_at })
+        }
+    }
 }

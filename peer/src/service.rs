@@ -1,11 +1,13 @@
-//! The `ReplicaPeer` server.
+//! The `ReplicaPeer` server: digest points (with the state settings and covered partitions, so
+//! peers compare only like with like), per-holder digests, and checkpoint exports (whole or
+//! filtered to some partitions).
 
 use parking_lot::Mutex;
 use prefixlog_engine::partition_of;
-use prefixlog_ingest::Applier;
+use prefixlog_ingest::{Applier, LogIdentity};
 use prefixlog_proto::v1 as pb;
 use prefixlog_proto::v1::replica_peer_server::{ReplicaPeer, ReplicaPeerServer};
-use prefixlog_snapshot::CheckpointStore;
+use prefixlog_snapshot::{export_partitions, CheckpointStore};
 use std::pin::Pin;
 use std::sync::Arc;
 use tonic::{Request, Response, Status};
@@ -14,19 +16,38 @@ const CHUNK: usize = 1 << 20;
 
 #[derive(Clone)]
 pub struct PeerService {
-    pub applier: Arc<Mutex<Applier>>,
-    pub store: Option<Arc<CheckpointStore>>,
-    pub replica_id: String,
-    pub topic: String,
+    applier: Arc<Mutex<Applier>>,
+    store: Option<Arc<CheckpointStore>>,
+    replica_id: String,
+    identity: LogIdentity,
 }
 
 impl PeerService {
+    pub fn new(
+        applier: Arc<Mutex<Applier>>,
+        store: Option<Arc<CheckpointStore>>,
+        replica_id: String,
+        identity: LogIdentity,
+    ) -> Self {
+        Self { applier, store, replica_id, identity }
+    }
+
     pub fn into_server(self) -> ReplicaPeerServer<Self> {
         ReplicaPeerServer::new(self).max_decoding_message_size(1 << 20)
     }
+
+    fn owned_or_invalid(&self, p: u32) -> Result<(), Status> {
+        if self.identity.owned.binary_search(&p).is_ok() {
+            return Ok(());
+        }
+        Err(Status::invalid_argument(format!(
+            "partition {p} is not owned by this replica (it owns {:?} of {})",
+            self.identity.owned, self.identity.partitions
+        )))
+    }
 }
 
-fn keyspace(id: &prefixlog_engine::KeyspaceId) -> pb::Keyspace {
+pub(crate) fn keyspace(id: &prefixlog_engine::KeyspaceId) -> pb::Keyspace {
     pb::Keyspace { model: id.model.clone(), block_size: id.block_size, hash_scheme: id.scheme }
 }
 
@@ -38,19 +59,17 @@ impl ReplicaPeer for PeerService {
         &self,
         req: Request<pb::DigestsRequest>,
     ) -> Result<Response<pb::DigestsResponse>, Status> {
-        let a = self.applier.lock();
-        let n = a.config().partitions;
-        let want: Vec<u32> = if req.get_ref().partitions.is_empty() {
-            (0..n).collect()
-        } else {
-            req.get_ref().partitions.clone()
+        let want: Vec<u32> = match &req.get_ref().partitions[..] {
+            [] => self.identity.owned.clone(),
+            some => some.to_vec(),
         };
-        let mut partitions = Vec::with_capacity(want.len());
-        for p in want {
-            if p >= n {
-                return Err(Status::invalid_argument(format!("partition {p} does not exist (0..{n})")));
-            }
-            partitions.push(pb::PartitionDigests {
+        for &p in &want {
+            self.owned_or_invalid(p)?;
+        }
+        let a = self.applier.lock();
+        let partitions = want
+            .into_iter()
+            .map(|p| pb::PartitionDigests {
                 partition: p,
                 next_offset: a.partition(p).next_offset,
                 points: a
@@ -61,13 +80,19 @@ impl ReplicaPeer for PeerService {
                         digest: d.digest,
                     })
                     .collect(),
-            });
-        }
+            })
+            .collect();
+        drop(a);
+        let id = &self.identity;
         Ok(Response::new(pb::DigestsResponse {
             replica_id: self.replica_id.clone(),
-            topic: self.topic.clone(),
-            partition_count: n,
+            topic: id.topic.clone(),
+            partition_count: id.partitions,
             partitions,
+            settings: id.settings.encode(),
+            settings_fingerprint: id.settings.fingerprint(),
+            owned_partitions: id.owned.clone(),
+            cluster_id: id.cluster_id.clone(),
         }))
     }
 
@@ -76,11 +101,9 @@ impl ReplicaPeer for PeerService {
         req: Request<pb::HolderDigestsRequest>,
     ) -> Result<Response<pb::HolderDigestsResponse>, Status> {
         let p = req.get_ref().partition;
+        self.owned_or_invalid(p)?;
+        let n = self.identity.partitions;
         let a = self.applier.lock();
-        let n = a.config().partitions;
-        if p >= n {
-            return Err(Status::invalid_argument(format!("partition {p} does not exist (0..{n})")));
-        }
         let mut holders = Vec::new();
         for ks in a.engine().keyspaces() {
             let g = ks.read();
@@ -120,18 +143,23 @@ impl ReplicaPeer for PeerService {
 
     async fn fetch_checkpoint(
         &self,
-        _req: Request<pb::FetchCheckpointRequest>,
+        req: Request<pb::FetchCheckpointRequest>,
     ) -> Result<Response<Self::FetchCheckpointStream>, Status> {
         let store = self.store.clone().ok_or_else(|| {
             Status::failed_precondition("this replica keeps no checkpoints (no --data-dir)")
         })?;
-        let data = tokio::task::spawn_blocking(move || {
+        let partitions = req.into_inner().partitions;
+        for &p in &partitions {
+            self.owned_or_invalid(p)?;
+        }
+        let (id, data) = tokio::task::spawn_blocking(move || {
             let id = *store.ids().first().ok_or_else(|| Status::unavailable("no checkpoint taken yet"))?;
-            store.export(id).map(|d| (id, d)).map_err(|e| Status::internal(format!("checkpoint {id}: {e}")))
+            let data = export_partitions(&store, id, &partitions)
+                .map_err(|e| Status::internal(format!("exporting checkpoint {id}: {e}")))?;
+            Ok::<_, Status>((id, data))
         })
         .await
         .map_err(|e| Status::internal(e.to_string()))??;
-        let (id, data) = data;
         let total = xxhash_rust::xxh3::xxh3_64(&data);
         let n = data.len();
         let chunks: Vec<Result<pb::CheckpointChunk, Status>> = data

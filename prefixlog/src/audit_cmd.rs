@@ -1,11 +1,12 @@
 //! `prefixlog audit`: what the index said at any past point, and why a gateway routed as it did.
 
-use crate::kafka_args::KafkaArgs;
+use crate::kafka_args::{KafkaArgs, SettingsArgs};
 use prefixlog_audit::queries::{answer, holder_blocks, worker_blocks, Query};
-use prefixlog_audit::{reconstruct, LogSource, Point};
-use prefixlog_engine::{EngineConfig, HolderKey, KeyspaceId};
+use prefixlog_audit::{reconstruct, Point};
+use prefixlog_engine::{HolderKey, KeyspaceId};
+use prefixlog_ingest::reader::{LogReader, Read};
 use prefixlog_ingest::record::{decode, Op};
-use prefixlog_ingest::{probe_log, ApplyConfig, ReplicaConfig};
+use prefixlog_ingest::{LogSpec, Shard};
 use prefixlog_snapshot::CheckpointStore;
 use std::path::PathBuf;
 
@@ -13,8 +14,15 @@ use std::path::PathBuf;
 pub struct Args {
     #[command(flatten)]
     pub kafka: KafkaArgs,
-    /// The replica's --data-dir (its retained checkpoints; opened read-only). Without it the
-    /// audit replays from the log start.
+    /// Settings for a replay from the log start (with a checkpoint, the audit applies the
+    /// settings that checkpoint was taken with).
+    #[command(flatten)]
+    pub settings: SettingsArgs,
+    /// The partitions to audit (a sharded replica's store covers only its own).
+    #[arg(long, env = "PREFIXLOG_SHARD", default_value = "all")]
+    pub shard: Shard,
+    /// The replica's --data-dir (its retained checkpoints; read beside the running replica).
+    /// Without it the audit replays from the log start.
     #[arg(long, env = "PREFIXLOG_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
     #[command(subcommand)]
@@ -87,10 +95,6 @@ pub fn parse_offsets(s: &str) -> anyhow::Result<Vec<(u32, i64)>> {
         .collect()
 }
 
-fn configs(partitions: u32) -> (EngineConfig, ApplyConfig) {
-    (EngineConfig { partitions, ..Default::default() }, ApplyConfig { partitions, ..Default::default() })
-}
-
 fn load_queries(p: &PathBuf) -> anyhow::Result<Vec<Query>> {
     let text = std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("reading {}: {e}", p.display()))?;
     serde_json::from_str(&text)
@@ -98,33 +102,14 @@ fn load_queries(p: &PathBuf) -> anyhow::Result<Vec<Query>> {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let brokers = a
-        .kafka
-        .brokers
-        .clone()
-        .ok_or_else(|| anyhow::anyhow!("audit needs --brokers (the log to replay)"))?;
-    let rcfg = ReplicaConfig {
-        brokers: brokers.clone(),
-        topic: a.kafka.topic.clone(),
-        partitions: a.kafka.partitions,
-        properties: a.kafka.property.clone(),
-    };
-    let probe = probe_log(&rcfg)?;
-    let log = LogSource {
-        brokers,
-        topic: a.kafka.topic.clone(),
-        partitions: probe.partitions,
-        properties: a.kafka.property.clone(),
-        low_watermarks: probe.low_watermarks,
-        high_watermarks: probe.high_watermarks,
-    };
+    let brokers = a.kafka.require_brokers("audit")?;
+    let log = a.kafka.spec(&brokers).with_settings(a.settings.settings()).with_shard(a.shard.clone())?;
     let store = match &a.data_dir {
-        Some(d) => Some(CheckpointStore::open_read_only(&d.join("checkpoints"))?),
+        Some(d) => Some(CheckpointStore::open_reader(&d.join("checkpoints"))?),
         None => None,
     };
-    let (ecfg, acfg) = configs(log.partitions);
     let at = |point: Point| -> anyhow::Result<prefixlog_audit::Reconstructed> {
-        let r = reconstruct(store.as_ref(), &log, &point, ecfg.clone(), acfg.clone(), true)?;
+        let r = reconstruct(store.as_ref(), &log, &point, true)?;
         eprintln!(
             "reconstructed {point:?}: from {} + {} records; offsets {:?}",
             r.checkpoint.map_or("the log start".to_string(), |c| format!("checkpoint {c}")),
@@ -233,9 +218,15 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 .ok_or_else(|| anyhow::anyhow!("verify needs --data-dir (the checkpoints to check)"))?;
             let (t1, t2) =
                 (parse_time(&from)?, to.as_deref().map(parse_time).transpose()?.unwrap_or(u64::MAX));
-            let r = prefixlog_audit::verify(store, &log, t1, t2, ecfg, acfg, true)?;
+            let r = prefixlog_audit::verify(store, &log, t1, t2, true)?;
             for (id, p) in &r.mismatches {
                 println!("checkpoint {id} partition {p}: MISMATCH (replay does not reproduce its digest)");
+            }
+            if !r.other_settings.is_empty() {
+                println!(
+                    "not compared (applied with other state settings): checkpoints {:?}",
+                    r.other_settings
+                );
             }
             println!("verified {} checkpoints: {} partition mismatches", r.checked, r.mismatches.len());
             if !r.mismatches.is_empty() {
@@ -260,31 +251,15 @@ fn parse_holder(s: &str) -> anyhow::Result<(KeyspaceId, HolderKey)> {
     ))
 }
 
-fn read_record(log: &LogSource, p: u32, o: i64) -> anyhow::Result<Option<Vec<u8>>> {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
-    use rdkafka::message::Message;
-    let mut cc = rdkafka::config::ClientConfig::new();
-    cc.set("bootstrap.servers", &log.brokers).set("group.id", "prefixlog-audit-unused");
-    for (k, v) in &log.properties {
-        cc.set(k, v);
-    }
-    let c: BaseConsumer = cc.create()?;
-    let mut tpl = rdkafka::TopicPartitionList::new();
-    tpl.add_partition_offset(&log.topic, p as i32, rdkafka::Offset::Offset(o))?;
-    c.assign(&tpl)?;
+/// One record of the log, read through the one log reader.
+fn read_record(log: &LogSpec, p: u32, o: i64) -> anyhow::Result<Option<Vec<u8>>> {
+    let mut reader = LogReader::open(log, [(p, o)])?;
     for _ in 0..100 {
-        if let Some(m) = c.poll(std::time::Duration::from_millis(100)) {
-            let m = m?;
-            anyhow::ensure!(
-                m.offset() == o,
-                "record {p}:{o} is not retained (first available: {})",
-                m.offset()
-            );
-            return Ok(m.payload().map(<[u8]>::to_vec));
+        match reader.poll(std::time::Duration::from_millis(100)) {
+            Read::Record(r) => return Ok(r.payload().map(<[u8]>::to_vec)),
+            Read::Discontinuity(d) => anyhow::bail!("record {p}:{o} is not retained: {d}"),
+            Read::Idle | Read::BrokerError(_) => {}
         }
     }
-    anyhow::bail!(
-        "record {p}:{o} not found (the partition ends at {})",
-        log.high_watermarks.get(p as usize).copied().unwrap_or(0)
-    )
+    anyhow::bail!("record {p}:{o} not found within 10 s (beyond the partition's end?)")
 }

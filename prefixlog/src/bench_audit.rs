@@ -1,12 +1,13 @@
 //! `prefixlog bench-audit`: time to reconstruct the state at a point about an hour into a long
 //! log from retained checkpoints, next to a full replay from the start to the same point.
 
-use crate::bench_env::{token, BenchLog};
+use crate::bench_env::{bench_options, token, BenchLog};
 use crate::fleet_records::{keyspace, WorkloadArgs};
-use prefixlog_audit::{reconstruct, LogSource, Point};
+use prefixlog_audit::{reconstruct, Point};
 use prefixlog_ingest::record::encode_kv_events;
-use prefixlog_ingest::{KvOp, Replica};
-use prefixlog_snapshot::{checkpoint, CheckpointStore, LogIdentity};
+use prefixlog_ingest::KvOp;
+use prefixlog_node::{CheckpointPolicy, NodeOptions};
+use prefixlog_snapshot::{CheckpointStore, Retention};
 use prefixlog_workload::{expand_request, load_trace, Event, Fleet};
 use std::time::{Duration, Instant};
 
@@ -32,9 +33,7 @@ pub struct Args {
 }
 
 pub async fn run(a: Args) -> anyhow::Result<()> {
-    let topic = "prefixlog.bench-audit";
-    let env = BenchLog::start(topic, a.partitions)?;
-    let brokers = env.brokers().to_string();
+    let env = BenchLog::start("prefixlog.bench-audit", a.partitions)?;
     let trace = load_trace(&a.workload.trace)?;
     let hour = 3_600_000u64;
     let mut fleet = Fleet::new(a.workload.workers, a.workload.capacity);
@@ -60,11 +59,18 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
             }
         }
     }
-    let (ecfg, acfg, rcfg) = (env.engine_cfg.clone(), env.apply_cfg.clone(), env.replica_cfg.clone());
-    let replica = Replica::start(rcfg.clone(), env.fresh_applier())?;
     let dir = std::env::temp_dir().join(format!("prefixlog-bench-audit-{}", std::process::id()));
-    let store = CheckpointStore::open(&dir)?;
-    let identity = LogIdentity { cluster_id: "bench".into(), topic: topic.into(), partitions: a.partitions };
+    // Checkpoints only when asked; all of them kept (the audit picks among them).
+    let opts = NodeOptions {
+        data_dir: Some(dir.clone()),
+        checkpoints: CheckpointPolicy {
+            interval: Duration::ZERO,
+            records: 0,
+            retention: Retention { keep_last: usize::MAX, ..Default::default() },
+        },
+        ..bench_options()
+    };
+    let replica = env.node(opts).await?;
     let step = a.checkpoint_minutes.max(1) * 60_000;
     let mut i = 0;
     let mut checkpoints = 0;
@@ -78,10 +84,10 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         }
         let token = token(&env.publish(items).await?);
         anyhow::ensure!(replica.status().wait_for(&token, Duration::from_secs(600)).await, "ingest stalled");
-        checkpoint(replica.applier(), &store, &identity)?;
+        replica.checkpoint_now()?;
         checkpoints += 1;
     }
-    drop(replica);
+    replica.kill();
     println!(
         "log: {} hours of trace time, {} records; {checkpoints} checkpoints (every {} min) written while ingesting in {:.1} s",
         a.hours,
@@ -89,23 +95,15 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         a.checkpoint_minutes,
         t.elapsed().as_secs_f64()
     );
-    let probe = prefixlog_ingest::probe_log(&rcfg)?;
-    let log = LogSource {
-        brokers,
-        topic: topic.into(),
-        partitions: a.partitions,
-        properties: vec![],
-        low_watermarks: probe.low_watermarks,
-        high_watermarks: probe.high_watermarks,
-    };
+    let store = CheckpointStore::open_reader(&dir.join("checkpoints"))?;
     let point = Point::Time(BASE + a.at_secs * 1000);
     let t = Instant::now();
-    let r = reconstruct(Some(&store), &log, &point, ecfg.clone(), acfg.clone(), false)?;
+    let r = reconstruct(Some(&store), &env.spec, &point, false)?;
     let audit_s = t.elapsed().as_secs_f64();
     let (ck, replayed, d1) = (r.checkpoint, r.replayed, r.applier.engine().digest());
     drop(r);
     let t = Instant::now();
-    let f = reconstruct(None, &log, &point, ecfg, acfg, false)?;
+    let f = reconstruct(None, &env.spec, &point, false)?;
     let full_s = t.elapsed().as_secs_f64();
     anyhow::ensure!(f.applier.engine().digest() == d1, "audit and full replay disagree");
     println!("\n| path to the state at {} s of log time | records replayed | seconds |", a.at_secs);

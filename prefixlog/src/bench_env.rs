@@ -1,41 +1,32 @@
-//! What the Kafka benchmarks share: an embedded broker with one topic, a publisher, the
-//! engine/apply/replica configurations, and publishing records grouped by worker.
+//! What the Kafka benchmarks share: an embedded broker with one topic, a publisher, replicas
+//! started the one way (`ReplicaNode`), and publishing records grouped by worker.
 
-use prefixlog_engine::{Engine, EngineConfig};
-use prefixlog_ingest::{
-    Applier, ApplyConfig, EmbeddedKafka, Landed, Publisher, PublisherConfig, ReplicaConfig,
-};
+use prefixlog_ingest::{EmbeddedKafka, KafkaConnection, Landed, LogSpec, Publisher};
+use prefixlog_node::{NodeOptions, ReplicaNode};
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 pub struct BenchLog {
     pub publisher: Publisher,
-    pub engine_cfg: EngineConfig,
-    pub apply_cfg: ApplyConfig,
-    pub replica_cfg: ReplicaConfig,
+    pub spec: LogSpec,
     /// Last: fields drop in order, and the broker must outlive its clients.
     _kafka: EmbeddedKafka,
+}
+
+/// A benchmark replica: a query port only (no admin or peer port, no ticks).
+pub fn bench_options() -> NodeOptions {
+    NodeOptions { replica_id: "bench".into(), admin_addr: None, peer_addr: None, ..NodeOptions::default() }
 }
 
 impl BenchLog {
     pub fn start(topic: &str, partitions: u32) -> anyhow::Result<Self> {
         let kafka = EmbeddedKafka::start(topic, partitions)?;
-        let brokers = kafka.bootstrap_servers();
-        Ok(Self {
-            publisher: Publisher::new(PublisherConfig::new(&brokers, topic, partitions))?,
-            engine_cfg: EngineConfig { partitions, ..Default::default() },
-            apply_cfg: ApplyConfig { partitions, ..Default::default() },
-            replica_cfg: ReplicaConfig { brokers, topic: topic.into(), partitions, properties: vec![] },
-            _kafka: kafka,
-        })
+        let spec = LogSpec::new(KafkaConnection::new(kafka.bootstrap_servers()), topic, partitions);
+        Ok(Self { publisher: Publisher::new(&spec)?, spec, _kafka: kafka })
     }
 
-    pub fn brokers(&self) -> &str {
-        &self.replica_cfg.brokers
-    }
-
-    pub fn fresh_applier(&self) -> Applier {
-        Applier::new(Arc::new(Engine::new(self.engine_cfg.clone())), self.apply_cfg.clone())
+    /// A replica of the benchmark log.
+    pub async fn node(&self, opts: NodeOptions) -> anyhow::Result<ReplicaNode> {
+        Ok(ReplicaNode::start(self.spec.clone(), opts).await?)
     }
 
     /// Publishes `(worker, timestamp ms, value)` with one task per worker (each worker's records
@@ -44,8 +35,9 @@ impl BenchLog {
     /// truncated log would compare different states.
     pub async fn publish(&self, items: Vec<(u64, i64, Vec<u8>)>) -> anyhow::Result<Vec<Landed>> {
         let landed = publish_by_worker(&self.publisher, items).await?;
-        let probe = prefixlog_ingest::probe_log(&self.replica_cfg)?;
-        if let Some((p, low)) = probe.low_watermarks.iter().enumerate().find(|(_, &l)| l > 0) {
+        let probe = prefixlog_ingest::probe_log(&self.spec)?;
+        if let Some((p, w)) = probe.watermarks.iter().find(|(_, w)| w.low > 0) {
+            let low = w.low;
             anyhow::bail!(
                 "the embedded broker dropped the start of partition {p} (low watermark {low}): its \
                  retention is 5 MiB or 100,000 messages per partition; use more --partitions"
@@ -81,12 +73,7 @@ pub async fn publish_by_worker(
     Ok(out)
 }
 
-/// The highest landed offset per partition: a consistency token covering everything.
+/// A consistency token covering every landed record (next offsets).
 pub fn token(landed: &[Landed]) -> Vec<(u32, i64)> {
-    let mut m: BTreeMap<u32, i64> = BTreeMap::new();
-    for l in landed {
-        let e = m.entry(l.partition).or_insert(l.offset);
-        *e = (*e).max(l.offset);
-    }
-    m.into_iter().collect()
+    prefixlog_ingest::token_of(landed)
 }

@@ -1,13 +1,9 @@
 //! `prefixlog bench-ingest`: Kafka → apply throughput next to raw consume throughput, same run,
 //! same records, embedded broker.
 
-use crate::bench_env::BenchLog;
+use crate::bench_env::{bench_options, BenchLog};
 use crate::fleet_records::{fleet_records, keyspace, WorkloadArgs};
-use prefixlog_ingest::Replica;
-use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::Message;
-use rdkafka::{Offset, TopicPartitionList};
+use prefixlog_ingest::reader::{LogReader, Read};
 use std::time::{Duration, Instant};
 
 #[derive(clap::Args)]
@@ -20,9 +16,7 @@ pub struct Args {
 }
 
 pub async fn run(a: Args) -> anyhow::Result<()> {
-    let topic = "prefixlog.bench";
-    let env = BenchLog::start(topic, a.partitions)?;
-    let brokers = env.brokers().to_string();
+    let env = BenchLog::start("prefixlog.bench", a.partitions)?;
     let records = fleet_records(&a.workload, 1)?;
     let blocks: usize = records.iter().map(|r| r.blocks).sum();
     let publisher = &env.publisher;
@@ -36,41 +30,33 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         a.partitions
     );
 
-    // Raw consume: every record fetched and touched, nothing applied.
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &brokers)
-        .set("group.id", "bench-raw")
-        .set("enable.auto.commit", "false")
-        .set("fetch.wait.max.ms", "10")
-        .create()?;
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..a.partitions {
-        tpl.add_partition_offset(topic, p as i32, Offset::Beginning)?;
-    }
-    consumer.assign(&tpl)?;
+    // Raw consume: every record fetched (by the same reader a replica uses) and touched,
+    // nothing applied.
+    let mut reader = LogReader::open(&env.spec, (0..a.partitions).map(|p| (p, 0)))?;
     let t = Instant::now();
     let (mut got, mut bytes) = (0usize, 0usize);
     while got < n {
-        if let Some(m) = consumer.poll(Duration::from_millis(100)) {
-            let m = m?;
-            bytes += m.payload().map_or(0, |p| std::hint::black_box(p).len());
-            got += 1;
+        match reader.poll(Duration::from_millis(100)) {
+            Read::Record(r) => {
+                bytes += r.payload().map_or(0, |p| std::hint::black_box(p).len());
+                got += 1;
+            }
+            Read::Discontinuity(d) => anyhow::bail!("the benchmark log has a gap: {d}"),
+            Read::Idle | Read::BrokerError(_) => {}
         }
     }
     let raw_s = t.elapsed().as_secs_f64();
-    drop(consumer);
+    drop(reader);
 
     // Replica: consume + decode + apply.
-    let applier = env.fresh_applier();
-    let engine = applier.engine().clone();
     let t = Instant::now();
-    let replica = Replica::start(env.replica_cfg.clone(), applier)?;
-    while replica.status().records_applied.load(std::sync::atomic::Ordering::Acquire) < n as u64 {
+    let node = env.node(bench_options()).await?;
+    while node.status().records_applied.load(std::sync::atomic::Ordering::Acquire) < n as u64 {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let apply_s = t.elapsed().as_secs_f64();
-    let hb = engine.holder_blocks();
-    drop(replica);
+    let hb = node.engine().holder_blocks();
+    node.kill();
 
     let raw = blocks as f64 / raw_s / 1e6;
     let apply = blocks as f64 / apply_s / 1e6;

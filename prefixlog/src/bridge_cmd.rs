@@ -3,7 +3,7 @@
 use crate::kafka_args::KafkaArgs;
 use prefixlog_engine::{scheme, KeyspaceId};
 use prefixlog_ingest::bridge::{self, BridgeOptions, EngineSpec};
-use prefixlog_ingest::{Publisher, PublisherConfig};
+use prefixlog_ingest::Publisher;
 use std::time::Duration;
 
 #[derive(clap::Args, Debug)]
@@ -109,12 +109,8 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     let engines = engines(&a)?;
     anyhow::ensure!(scheme::is_known(a.hash_scheme), "unknown hash scheme {}", a.hash_scheme);
     anyhow::ensure!(a.block_size > 0, "--block-size must be positive");
-    let brokers = a.kafka.brokers.clone().ok_or_else(|| {
-        anyhow::anyhow!("bridge needs --brokers (the address a `prefixlog serve` printed, or a real cluster)")
-    })?;
-    let mut cfg = PublisherConfig::new(brokers, &a.kafka.topic, a.kafka.partitions);
-    cfg.properties = a.kafka.property.clone();
-    let publisher = Publisher::new(cfg)?;
+    let brokers = a.kafka.require_brokers("bridge")?;
+    let publisher = Publisher::new(&a.kafka.spec(&brokers))?;
     let mut opts = BridgeOptions::new(KeyspaceId::new(a.model.clone(), a.block_size, a.hash_scheme));
     opts.idle_reconnect = a.idle_reconnect;
     opts.replay_timeout = a.replay_timeout;

@@ -23,24 +23,27 @@ pub enum Cmd {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    // Read-only: works next to a running replica.
-    let store = CheckpointStore::open_read_only(&a.data_dir.join("checkpoints"))?;
+    // A reader beside a running replica (RocksDB secondary): never disturbs it, and never
+    // fails because the replica rotated its write-ahead log meanwhile.
+    let store = CheckpointStore::open_reader(&a.data_dir.join("checkpoints"))?;
     match a.cmd {
         Cmd::List => {
             println!(
-                "{:>6}  {:>14}  {:>12}  {:>9}  cluster/topic",
-                "id", "log time (ms)", "holder-blks", "keyspaces"
+                "{:>6}  {:>14}  {:>12}  {:>9}  {:>17}  cluster/topic",
+                "id", "log time (ms)", "holder-blks", "keyspaces", "settings"
             );
             for id in store.ids() {
                 match store.meta(id) {
                     Ok(m) => println!(
-                        "{:>6}  {:>14}  {:>12}  {:>9}  {}/{} ({} partitions)",
+                        "{:>6}  {:>14}  {:>12}  {:>9}  {:#017x}  {}/{} ({} of {} partitions)",
                         id,
                         m.log_time(),
                         m.holder_blocks(),
                         m.keyspaces.len(),
+                        m.identity.settings.fingerprint(),
                         m.identity.cluster_id,
                         m.identity.topic,
+                        m.identity.owned.len(),
                         m.identity.partitions
                     ),
                     Err(e) => println!("{id:>6}  UNREADABLE: {e}"),
@@ -52,10 +55,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             println!("checkpoint {id} (format {})", m.format);
             println!("created (wall clock, unix ms): {}", m.created_unix_ms);
             println!(
-                "log: cluster {:?}, topic {:?}, {} partitions",
-                m.identity.cluster_id, m.identity.topic, m.identity.partitions
+                "log: cluster {:?}, topic {:?}, {} partitions, covering {:?}",
+                m.identity.cluster_id, m.identity.topic, m.identity.partitions, m.identity.owned
             );
-            for (p, (o, t)) in m.offsets.iter().zip(&m.log_times).enumerate() {
+            println!("state settings: {}", m.identity.settings);
+            for (p, o, t) in m.covered() {
                 println!("  partition {p:>3}: next offset {o:>10}, log time {t}");
             }
             for k in &m.keyspaces {

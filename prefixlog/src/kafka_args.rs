@@ -1,10 +1,15 @@
-//! Kafka options shared by every subcommand that talks to the log.
+//! Options shared by every subcommand that talks to the log: the Kafka connection and topic,
+//! and the state-deciding settings (which every replica, audit and benchmark of one log must
+//! agree on; replicas check it).
 
 use clap::Args;
+use prefixlog_ingest::{EmbeddedKafka, KafkaConnection, LogSpec, StateSettings};
+use std::time::Duration;
 
 #[derive(Args, Clone, Debug)]
 pub struct KafkaArgs {
-    /// Kafka bootstrap servers. Omit to start librdkafka's embedded mock cluster in-process.
+    /// Kafka bootstrap servers. Omit (serve, demo) to start librdkafka's embedded mock cluster
+    /// in-process.
     #[arg(long, env = "PREFIXLOG_BROKERS")]
     pub brokers: Option<String>,
     /// The records topic.
@@ -14,8 +19,9 @@ pub struct KafkaArgs {
     /// replica refuses to start when the topic has a different count.
     #[arg(long, env = "PREFIXLOG_PARTITIONS", default_value_t = 16)]
     pub partitions: u32,
-    /// Extra librdkafka property, repeatable (e.g. -X security.protocol=SASL_SSL).
-    #[arg(short = 'X', value_parser = parse_kv)]
+    /// Extra librdkafka property, repeatable (e.g. -X security.protocol=SASL_SSL); in the
+    /// environment, separated by ';'.
+    #[arg(short = 'X', env = "PREFIXLOG_KAFKA_PROPERTIES", value_delimiter = ';', value_parser = parse_kv)]
     pub property: Vec<(String, String)>,
 }
 
@@ -23,4 +29,86 @@ fn parse_kv(s: &str) -> Result<(String, String), String> {
     s.split_once('=')
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .ok_or_else(|| format!("expected key=value, got {s:?}"))
+}
+
+impl KafkaArgs {
+    /// The brokers, or an error naming the flag for commands that cannot start their own.
+    pub fn require_brokers(&self, cmd: &str) -> anyhow::Result<String> {
+        self.brokers.clone().ok_or_else(|| {
+            anyhow::anyhow!(
+                "{cmd} needs --brokers (the address a `prefixlog serve` printed, or a real cluster)"
+            )
+        })
+    }
+
+    /// The brokers, or an embedded broker started here with the topic (development only).
+    pub fn brokers_or_embedded(&self) -> anyhow::Result<(String, Option<EmbeddedKafka>)> {
+        if let Some(b) = &self.brokers {
+            return Ok((b.clone(), None));
+        }
+        let e = EmbeddedKafka::start(&self.topic, self.partitions)?;
+        let b = e.bootstrap_servers();
+        tracing::warn!(
+            bootstrap = %b,
+            topic = %self.topic,
+            partitions = self.partitions,
+            "no --brokers given: started librdkafka's embedded mock cluster in this process \
+             (development only: its log lives as long as this process, and it keeps at most 5 MiB \
+             or 100,000 records per partition; publishers can connect to {b})"
+        );
+        Ok((b, Some(e)))
+    }
+
+    /// The log at `brokers` with default settings and every partition.
+    pub fn spec(&self, brokers: &str) -> LogSpec {
+        let kafka = KafkaConnection::new(brokers).with_properties(self.property.clone());
+        LogSpec::new(kafka, &self.topic, self.partitions)
+    }
+}
+
+/// The settings that decide applied state. Every replica of a log must use the same values:
+/// checkpoints record them, peers compare them, and a replica refuses a checkpoint applied with
+/// other values.
+#[derive(Args, Clone, Debug)]
+pub struct SettingsArgs {
+    /// Placement TTL in log time (inferred blocks not placed again within it expire).
+    #[arg(long, env = "PREFIXLOG_PLACEMENT_TTL", default_value = "2m", value_parser = humantime::parse_duration)]
+    pub placement_ttl: Duration,
+    /// Per-holder block bound for event-fed holders (a safety net for lost removals).
+    #[arg(long, env = "PREFIXLOG_HOLDER_CAPACITY", default_value_t = StateSettings::default().holder_capacity)]
+    pub holder_capacity: u32,
+    /// Per-holder block bound for placement-only (inferred) holders.
+    #[arg(long, env = "PREFIXLOG_INFERRED_CAPACITY", default_value_t = StateSettings::default().inferred_capacity)]
+    pub inferred_capacity: u32,
+    /// Blocks applied per engine write lock (each chunk is its own operation record).
+    #[arg(long, env = "PREFIXLOG_MAX_BLOCKS_PER_LOCK", default_value_t = StateSettings::default().max_blocks_per_lock)]
+    pub max_blocks_per_lock: u32,
+    /// Records with more blocks are refused (too_many_blocks).
+    #[arg(long, env = "PREFIXLOG_MAX_BLOCKS_PER_RECORD", default_value_t = StateSettings::default().max_blocks_per_record)]
+    pub max_blocks_per_record: u32,
+    /// Placement expiry granularity in log time.
+    #[arg(long, env = "PREFIXLOG_EXPIRY_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub expiry_interval: Duration,
+    /// A digest point every this many offsets per partition (anti-entropy compares them).
+    #[arg(long, env = "PREFIXLOG_DIGEST_INTERVAL", default_value_t = StateSettings::default().digest_interval)]
+    pub digest_interval: u64,
+    /// The most one record may move its partition's log time forward (a producer with a clock
+    /// far ahead cannot expire every placement at once).
+    #[arg(long, env = "PREFIXLOG_MAX_LOG_TIME_STEP", default_value = "1m", value_parser = humantime::parse_duration)]
+    pub max_log_time_step: Duration,
+}
+
+impl SettingsArgs {
+    pub fn settings(&self) -> StateSettings {
+        StateSettings {
+            placement_ttl_ms: self.placement_ttl.as_millis() as u64,
+            holder_capacity: self.holder_capacity,
+            inferred_capacity: self.inferred_capacity,
+            max_blocks_per_lock: self.max_blocks_per_lock,
+            max_blocks_per_record: self.max_blocks_per_record,
+            expiry_interval_ms: self.expiry_interval.as_millis() as u64,
+            digest_interval: self.digest_interval,
+            max_log_time_step_ms: self.max_log_time_step.as_millis() as u64,
+        }
+    }
 }

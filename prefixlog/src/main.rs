@@ -18,17 +18,24 @@ mod bench_env;
 mod bench_ingest;
 mod bench_restart;
 mod bridge_cmd;
-mod checkpointing;
 mod checkpoints_cmd;
 mod demo;
 mod fleet_records;
 mod kafka_args;
-mod peering;
 mod query_bench;
 mod replay;
 mod serve;
 
 use clap::{Parser, Subcommand};
+
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line (log shippers).
+    Json,
+}
 
 #[derive(Parser)]
 #[command(
@@ -41,14 +48,17 @@ applies them deterministically and answers longest-prefix queries.\n\nRun `prefi
 arguments for a self-contained replica on an embedded broker."
 )]
 struct Cli {
+    /// Log line format. The level is set by RUST_LOG (e.g. RUST_LOG=debug).
+    #[arg(long, global = true, env = "PREFIXLOG_LOG_FORMAT", value_enum, default_value = "text")]
+    log_format: LogFormat,
     #[command(subcommand)]
     cmd: Cmd,
 }
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Run an index replica: consume every partition, apply, report progress.
-    Serve(serve::Args),
+    /// Run an index replica: consume its partitions, apply, checkpoint, answer queries.
+    Serve(Box<serve::Args>),
     /// Publish the trace workload (a simulated fleet's KV events) to the log.
     Replay(replay::Args),
     /// Bridge vLLM / SGLang KV events (ZeroMQ) into the log: one process, one or more engines.
@@ -75,16 +85,16 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     // The demo draws a progress bar and a table: only warnings go to the log by default.
     let default_filter = if matches!(cli.cmd, Cmd::Demo(_)) { "warn" } else { "info,rdkafka=warn" };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default_filter.into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default_filter.into());
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Text => logs.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init(),
+        LogFormat::Json => logs.json().init(),
+    }
     let rt = tokio::runtime::Runtime::new()?;
     match cli.cmd {
-        Cmd::Serve(a) => rt.block_on(serve::run(a)),
+        Cmd::Serve(a) => rt.block_on(serve::run(*a)),
         Cmd::Replay(a) => rt.block_on(replay::run(a)),
         Cmd::Bridge(a) => rt.block_on(bridge_cmd::run(a)),
         Cmd::BenchIngest(a) => rt.block_on(bench_ingest::run(a)),

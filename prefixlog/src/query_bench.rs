@@ -8,11 +8,9 @@
 //! fresh replica starts from offset 0 and the same alternating loop runs against it until it
 //! has caught up — the replica's ingest thread applies as fast as it can meanwhile.
 
+use crate::bench_env::{bench_options, BenchLog};
 use crate::fleet_records::{fleet_records, keyspace, WorkloadArgs};
-use prefixlog_engine::{Engine, EngineConfig};
-use prefixlog_ingest::{
-    Applier, ApplyConfig, EmbeddedKafka, Publisher, PublisherConfig, Replica, ReplicaConfig,
-};
+use prefixlog_node::ReplicaNode;
 use prefixlog_proto::v1::{
     echo_client::EchoClient, match_request::Prompt, prefix_index_client::PrefixIndexClient, BlockHashes,
     EchoMessage, MatchRequest,
@@ -20,7 +18,6 @@ use prefixlog_proto::v1::{
 use prefixlog_query::tonic::transport::{Channel, Endpoint};
 use prefixlog_workload::{generate, load_trace, FleetConfig, Step};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 #[derive(clap::Args)]
@@ -74,24 +71,12 @@ impl Lat {
     }
 }
 
-fn replica(brokers: &str, topic: &str, partitions: u32) -> anyhow::Result<(Arc<Engine>, Replica)> {
-    let engine = Arc::new(Engine::new(EngineConfig { partitions, ..Default::default() }));
-    let applier = Applier::new(engine.clone(), ApplyConfig { partitions, ..Default::default() });
-    let cfg = ReplicaConfig { brokers: brokers.into(), topic: topic.into(), partitions, properties: vec![] };
-    Ok((engine, Replica::start(cfg, applier)?))
+async fn replica(env: &BenchLog) -> anyhow::Result<ReplicaNode> {
+    env.node(bench_options()).await
 }
 
-async fn server(engine: Arc<Engine>, r: &Replica) -> anyhow::Result<prefixlog_query::RunningServer> {
-    let cfg = prefixlog_query::ServerConfig {
-        grpc_addr: ([127, 0, 0, 1], 0).into(),
-        admin_addr: None,
-        ..Default::default()
-    };
-    prefixlog_query::start(cfg, engine, r.status().clone(), None).await
-}
-
-async fn channel(s: &prefixlog_query::RunningServer) -> anyhow::Result<Channel> {
-    Ok(Endpoint::from_shared(format!("http://{}", s.grpc_addr))?.tcp_nodelay(true).connect().await?)
+async fn channel(n: &ReplicaNode) -> anyhow::Result<Channel> {
+    Ok(Endpoint::from_shared(n.endpoint())?.tcp_nodelay(true).connect().await?)
 }
 
 /// Alternates Match and Echo calls until `n` pairs are done or `stop()` says so.
@@ -133,9 +118,7 @@ fn prost_len(q: &MatchRequest) -> usize {
 }
 
 pub async fn run(a: Args) -> anyhow::Result<()> {
-    let topic = "prefixlog.bench-query";
-    let kafka = EmbeddedKafka::start(topic, a.partitions)?;
-    let brokers = kafka.bootstrap_servers();
+    let env = BenchLog::start("prefixlog.bench-query", a.partitions)?;
     let records = fleet_records(&a.workload, 1)?;
     let blocks: usize = records.iter().map(|r| r.blocks).sum();
     let trace = load_trace(std::path::Path::new(&a.workload.trace))?;
@@ -163,9 +146,8 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
             _ => None,
         })
         .collect();
-    let publisher = Publisher::new(PublisherConfig::new(&brokers, topic, a.partitions))?;
-    let n = crate::replay::publish_all(&publisher, &records).await?;
-    publisher.flush(Duration::from_secs(60))?;
+    let n = crate::replay::publish_all(&env.publisher, &records).await?;
+    env.publisher.flush(Duration::from_secs(60))?;
     let avg_blocks = queries.iter().map(prompt_blocks).sum::<usize>() as f64 / queries.len() as f64;
     println!(
         "workload: {n} records, {blocks} blocks, {} partitions; {} distinct queries, {avg_blocks:.0} blocks each on average",
@@ -174,27 +156,26 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     );
 
     // Idle: caught up, nothing to apply.
-    let (engine, r1) = replica(&brokers, topic, a.partitions)?;
+    let r1 = replica(&env).await?;
     while r1.status().records_applied.load(Ordering::Acquire)
         + r1.status().records_skipped.load(Ordering::Acquire)
         < n as u64
     {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let s1 = server(engine.clone(), &r1).await?;
-    let ch = channel(&s1).await?;
+    let engine = r1.engine();
+    let ch = channel(&r1).await?;
     measure(ch.clone(), &queries, 2_000, || false).await?; // warm-up
     let (im, ie, (hits, scores)) = measure(ch, &queries, a.idle_queries, || false).await?;
     let hb = engine.holder_blocks();
 
     // Ingesting: a fresh replica catching up from offset 0 while it answers.
-    let (engine2, r2) = replica(&brokers, topic, a.partitions)?;
+    let r2 = replica(&env).await?;
     if let Some(by) = a.ingest_nice {
         let n = renice_threads(&["prefixlog-inges", "prefixlog-water", "rdk:"], by);
         println!("reniced {n} ingest/librdkafka threads by {by}");
     }
-    let s2 = server(engine2, &r2).await?;
-    let ch2 = channel(&s2).await?;
+    let ch2 = channel(&r2).await?;
     let st = r2.status().clone();
     let caught_up = move || {
         st.records_applied.load(Ordering::Acquire) + st.records_skipped.load(Ordering::Acquire) >= n as u64
@@ -202,7 +183,8 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     let t = Instant::now();
     let (lm, le, _) = measure(ch2, &queries, usize::MAX, caught_up).await?;
     let ingest_s = t.elapsed().as_secs_f64();
-    drop((s1, s2, r1, r2));
+    r1.kill();
+    r2.kill();
 
     println!(
         "idle: {hits}/{} Match answers had scores, {:.0} workers per answer (top-k {:?}); {hb} resident holder-blocks",

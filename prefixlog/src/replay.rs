@@ -2,7 +2,7 @@
 
 use crate::fleet_records::{fleet_records, WorkloadArgs};
 use crate::kafka_args::KafkaArgs;
-use prefixlog_ingest::{Publisher, PublisherConfig};
+use prefixlog_ingest::Publisher;
 use std::time::Instant;
 
 #[derive(clap::Args)]
@@ -14,13 +14,9 @@ pub struct Args {
 }
 
 pub async fn run(a: Args) -> anyhow::Result<()> {
-    let brokers = a.kafka.brokers.clone().ok_or_else(|| {
-        anyhow::anyhow!("replay needs --brokers (the address a `prefixlog serve` printed, or a real cluster)")
-    })?;
+    let brokers = a.kafka.require_brokers("replay")?;
     let records = fleet_records(&a.workload, 1)?;
-    let mut cfg = PublisherConfig::new(brokers, &a.kafka.topic, a.kafka.partitions);
-    cfg.properties = a.kafka.property.clone();
-    let publisher = Publisher::new(cfg)?;
+    let publisher = Publisher::new(&a.kafka.spec(&brokers))?;
     let start = Instant::now();
     let blocks: usize = records.iter().map(|r| r.blocks).sum();
     let n = publish_all(&publisher, &records).await?;

@@ -1,56 +1,69 @@
-//! `prefixlog serve`: an index replica.
+//! `prefixlog serve`: an index replica (flags → `LogSpec` + `NodeOptions` → `ReplicaNode`).
 
-use crate::kafka_args::KafkaArgs;
-use prefixlog_engine::{Engine, EngineConfig};
-use prefixlog_ingest::{
-    Applier, ApplyConfig, EmbeddedKafka, Publisher, PublisherConfig, Replica, ReplicaConfig,
-};
+use crate::kafka_args::{KafkaArgs, SettingsArgs};
+use prefixlog_ingest::Shard;
+use prefixlog_node::{CheckpointPolicy, GapChoice, NodeOptions, ReplicaNode, SettingsChange};
+use prefixlog_snapshot::Retention;
+use std::path::PathBuf;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
     pub kafka: KafkaArgs,
+    #[command(flatten)]
+    pub settings: SettingsArgs,
+    /// The partitions this replica owns: `I/N` (shard I of N: partitions p with p % N == I) or
+    /// `all`. Clients send one Match per shard and merge.
+    #[arg(long, env = "PREFIXLOG_SHARD", default_value = "all")]
+    pub shard: Shard,
     /// How often to log progress (offsets, lag, state size).
-    #[arg(long, default_value = "10s", value_parser = humantime_secs)]
+    #[arg(long, env = "PREFIXLOG_STATUS_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
     pub status_interval: Duration,
-    /// Append a tick record to every partition this often (0 disables), so that log time —
-    /// and with it placement expiry — advances on quiet partitions. Ticks are idempotent: any
-    /// number of replicas may publish them.
-    #[arg(long, default_value = "1s", value_parser = humantime_secs)]
+    /// Append a tick record to every owned partition this often (0s disables), so that log
+    /// time — and with it placement expiry — advances on quiet partitions. Ticks are
+    /// idempotent: any number of replicas may publish them.
+    #[arg(long, env = "PREFIXLOG_TICK_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
     pub tick_interval: Duration,
-    /// Copy every refused record (undecodable, unknown version, invalid) to this topic, bytes
-    /// and key unchanged, with headers prefixlog-source-topic/-partition/-offset and
-    /// prefixlog-reason. Best effort (never stalls ingest). Every replica that has it set
-    /// copies the same records, and a restart copies the replayed tail's again (the headers
-    /// identify duplicates): set it on one replica.
+    /// Copy every refused record to this topic, bytes and key unchanged, with headers
+    /// prefixlog-source-topic/-partition/-offset and prefixlog-reason. Best effort. Every
+    /// replica that has it set copies the same records: set it on one replica.
     #[arg(long, env = "PREFIXLOG_DEAD_LETTER_TOPIC")]
     pub dead_letter_topic: Option<String>,
     /// Directory of the RocksDB checkpoint store. Without it the replica keeps no checkpoints
     /// and replays the whole log on every start.
     #[arg(long, env = "PREFIXLOG_DATA_DIR")]
-    pub data_dir: Option<std::path::PathBuf>,
-    /// Take a checkpoint this often (wall time; 0 disables the timer).
-    #[arg(long, default_value = "60s", value_parser = humantime_secs)]
+    pub data_dir: Option<PathBuf>,
+    /// Take a checkpoint this often (wall time; 0s disables the timer).
+    #[arg(long, env = "PREFIXLOG_CHECKPOINT_INTERVAL", default_value = "60s", value_parser = humantime::parse_duration)]
     pub checkpoint_interval: Duration,
-    /// Also take a checkpoint after this many applied records (0 disables).
-    #[arg(long, default_value_t = 1_000_000)]
+    /// Also take a checkpoint after this many records (0 disables).
+    #[arg(long, env = "PREFIXLOG_CHECKPOINT_RECORDS", default_value_t = 1_000_000)]
     pub checkpoint_records: u64,
     /// Retention: keep this many newest checkpoints...
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, env = "PREFIXLOG_KEEP_CHECKPOINTS", default_value_t = 3)]
     pub keep_checkpoints: usize,
-    /// ...plus the oldest checkpoint of every hour of log time within this many hours (audits).
-    #[arg(long, default_value_t = 24)]
-    pub keep_hourly_for: u64,
-    /// Placement TTL in log time.
-    #[arg(long, default_value = "120s", value_parser = humantime_secs)]
-    pub placement_ttl: Duration,
+    /// ...plus the oldest checkpoint of every hour of log time within this window (audits).
+    #[arg(long, env = "PREFIXLOG_KEEP_HOURLY_FOR", default_value = "24h", value_parser = humantime::parse_duration)]
+    pub keep_hourly_for: Duration,
+    /// Start (and keep running) even when the log no longer continues a partition's state:
+    /// read on from the log's first offset and mark that partition's holders gapped. Without
+    /// it such a replica refuses to start, or halts the partition, unless a peer can provide
+    /// a state the log continues.
+    #[arg(long, env = "PREFIXLOG_ACCEPT_LOG_GAPS")]
+    pub accept_log_gaps: bool,
+    /// When the checkpoints were applied with other state settings, replay the log with the
+    /// new ones instead of refusing to start.
+    #[arg(long, env = "PREFIXLOG_REPLAY_ON_SETTINGS_CHANGE")]
+    pub replay_on_settings_change: bool,
+    /// On SIGTERM: how long in-flight queries may take to finish.
+    #[arg(long, env = "PREFIXLOG_SHUTDOWN_GRACE", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub shutdown_grace: Duration,
     #[command(flatten)]
     pub query: QueryArgs,
     #[command(flatten)]
-    pub peer: crate::peering::PeerArgs,
+    pub peer: PeerArgs,
 }
 
 /// The query (gRPC) and admin (HTTP) ports.
@@ -66,136 +79,126 @@ pub struct QueryArgs {
     #[arg(long, env = "PREFIXLOG_REPLICA_ID")]
     pub replica_id: Option<String>,
     /// Ready (gRPC health SERVING, /readyz 200) once the total lag is at most this many records.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, env = "PREFIXLOG_READY_LAG", default_value_t = 1000)]
     pub ready_lag: i64,
     /// Serve gRPC over TLS with this certificate chain (PEM); needs --tls-key.
-    #[arg(long, requires = "tls_key")]
-    pub tls_cert: Option<std::path::PathBuf>,
+    #[arg(long, env = "PREFIXLOG_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
     /// The certificate's private key (PEM).
-    #[arg(long, requires = "tls_cert")]
-    pub tls_key: Option<std::path::PathBuf>,
+    #[arg(long, env = "PREFIXLOG_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
     /// Require client certificates signed by this CA (PEM): mutual TLS.
-    #[arg(long, requires = "tls_cert")]
-    pub tls_client_ca: Option<std::path::PathBuf>,
+    #[arg(long, env = "PREFIXLOG_TLS_CLIENT_CA", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
 }
 
-pub fn humantime_secs(s: &str) -> Result<Duration, String> {
-    let (num, unit) = s.find(|c: char| !c.is_ascii_digit()).map_or((s, "s"), |i| s.split_at(i));
-    let n: u64 = num.parse().map_err(|_| format!("expected a duration like 10s, 500ms or 2m, got {s:?}"))?;
-    match unit {
-        "ms" => Ok(Duration::from_millis(n)),
-        "s" => Ok(Duration::from_secs(n)),
-        "m" => Ok(Duration::from_secs(n * 60)),
-        _ => Err(format!("unknown duration unit in {s:?} (use ms, s or m)")),
+/// The replica-to-replica side.
+#[derive(clap::Args, Clone, Debug)]
+pub struct PeerArgs {
+    /// Address of the replica-to-replica gRPC service (digests, checkpoint transfer).
+    #[arg(long, env = "PREFIXLOG_PEER_ADDR", default_value = "127.0.0.1:50152")]
+    pub peer_addr: std::net::SocketAddr,
+    /// Other replicas of the same shard (their --peer-addr), comma separated: compared by
+    /// anti-entropy, and asked for a checkpoint when the log no longer continues a partition.
+    #[arg(long, env = "PREFIXLOG_PEERS", value_delimiter = ',')]
+    pub peers: Vec<String>,
+    /// How often anti-entropy compares digests with every peer.
+    #[arg(long, env = "PREFIXLOG_ANTI_ENTROPY_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub anti_entropy_interval: Duration,
+    /// With no usable local checkpoint, fetch this peer's newest first (so the log need not be
+    /// retained from the beginning).
+    #[arg(long, env = "PREFIXLOG_BOOTSTRAP_FROM")]
+    pub bootstrap_from: Option<String>,
+}
+
+impl Args {
+    fn node_options(&self) -> NodeOptions {
+        let q = &self.query;
+        NodeOptions {
+            replica_id: q.replica_id.clone().unwrap_or_else(prefixlog_query::default_replica_id),
+            grpc_addr: q.grpc_addr,
+            admin_addr: Some(q.admin_addr),
+            peer_addr: Some(self.peer.peer_addr),
+            tls: q.tls_cert.clone().zip(q.tls_key.clone()).map(|(cert, key)| prefixlog_query::TlsFiles {
+                cert,
+                key,
+                client_ca: q.tls_client_ca.clone(),
+            }),
+            ready_lag: q.ready_lag,
+            query: prefixlog_query::QueryConfig::default(),
+            data_dir: self.data_dir.clone(),
+            checkpoints: CheckpointPolicy {
+                interval: self.checkpoint_interval,
+                records: self.checkpoint_records,
+                retention: Retention {
+                    keep_last: self.keep_checkpoints.max(1),
+                    thin_interval_ms: 3_600_000,
+                    window_ms: self.keep_hourly_for.as_millis() as u64,
+                },
+            },
+            peers: self.peer.peers.clone(),
+            anti_entropy_interval: self.peer.anti_entropy_interval,
+            bootstrap_from: self.peer.bootstrap_from.clone(),
+            tick_interval: self.tick_interval,
+            dead_letter_topic: self.dead_letter_topic.clone(),
+            gaps: if self.accept_log_gaps { GapChoice::Accept } else { GapChoice::Refuse },
+            settings_change: if self.replay_on_settings_change {
+                SettingsChange::Replay
+            } else {
+                SettingsChange::Refuse
+            },
+            shutdown_grace: self.shutdown_grace,
+        }
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT (Ctrl-C).
+async fn stop_signal() -> &'static str {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = tokio::signal::ctrl_c() => "SIGINT",
+        },
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            "SIGINT"
+        }
     }
 }
 
 pub async fn run(a: Args) -> anyhow::Result<()> {
-    let mut _embedded = None;
-    let brokers = match &a.kafka.brokers {
-        Some(b) => b.clone(),
-        None => {
-            let e = EmbeddedKafka::start(&a.kafka.topic, a.kafka.partitions)?;
-            let b = e.bootstrap_servers();
-            tracing::warn!(
-                bootstrap = %b,
-                topic = %a.kafka.topic,
-                partitions = a.kafka.partitions,
-                "no --brokers given: started librdkafka's embedded mock cluster in this process \
-                 (development only: its log lives as long as this process; publishers can connect to {b})"
-            );
-            _embedded = Some(e);
-            b
-        }
-    };
-    let engine_cfg = EngineConfig {
-        partitions: a.kafka.partitions,
-        placement_ttl_ms: a.placement_ttl.as_millis() as u64,
-        ..Default::default()
-    };
-    let apply_cfg = ApplyConfig { partitions: a.kafka.partitions, ..Default::default() };
-    let replica_cfg = ReplicaConfig {
-        brokers: brokers.clone(),
-        topic: a.kafka.topic.clone(),
-        partitions: a.kafka.partitions,
-        properties: a.kafka.property.clone(),
-    };
-    let checkpoints = crate::checkpointing::open(&a, &replica_cfg)?;
-    crate::peering::maybe_bootstrap(&a.peer, checkpoints.as_ref()).await?;
-    let applier = match &checkpoints {
-        Some(c) => crate::checkpointing::restore_or_fresh(c, engine_cfg.clone(), apply_cfg.clone())?,
-        None => Applier::new(Arc::new(Engine::new(engine_cfg.clone())), apply_cfg.clone()),
-    };
-    let engine = applier.engine().clone();
-    // What the state on disk covers, read before ingest can move it.
-    let covered = applier.offsets();
-    let replica = Replica::start_with(replica_cfg.clone(), applier, a.dead_letter_topic.as_deref())?;
-    let store = checkpoints.as_ref().map(|c| c.store.clone());
-    if let Some(c) = checkpoints {
-        crate::checkpointing::spawn_loop(c, &a, replica.applier().clone(), covered);
-    }
-    tracing::info!(%brokers, topic = %a.kafka.topic, partitions = a.kafka.partitions, "replica started; Ctrl-C stops");
-    let status = replica.status().clone();
-    let replica_id = a.query.replica_id.clone().unwrap_or_else(prefixlog_query::service::default_replica_id);
-    let _anti_entropy = crate::peering::start(
-        &a.peer,
-        replica_id.clone(),
-        replica.applier().clone(),
-        store,
-        replica_cfg,
-        engine_cfg,
-        apply_cfg,
-    )
-    .await?;
-    let _query = prefixlog_query::start(
-        prefixlog_query::ServerConfig {
-            grpc_addr: a.query.grpc_addr,
-            admin_addr: Some(a.query.admin_addr),
-            ready_lag: a.query.ready_lag,
-            query: prefixlog_query::QueryConfig { replica_id, ..Default::default() },
-            tls: a.query.tls_cert.clone().zip(a.query.tls_key.clone()).map(|(cert, key)| {
-                prefixlog_query::TlsFiles { cert, key, client_ca: a.query.tls_client_ca.clone() }
-            }),
-            ..Default::default()
-        },
-        engine.clone(),
-        status.clone(),
-        Some(replica.applier().clone()),
-    )
-    .await?;
-    if !a.tick_interval.is_zero() {
-        let mut pc = PublisherConfig::new(&brokers, &a.kafka.topic, a.kafka.partitions);
-        pc.properties = a.kafka.property.clone();
-        let publisher = Publisher::new(pc)?;
-        let every = a.tick_interval;
-        tokio::spawn(async move {
-            let mut t = tokio::time::interval(every);
-            loop {
-                t.tick().await;
-                if let Err(e) = publisher.publish_ticks(None).await {
-                    tracing::warn!(error = %e, "publishing ticks failed; log time may stall on quiet partitions");
-                }
-            }
-        });
-    }
+    let (brokers, _embedded) = a.kafka.brokers_or_embedded()?;
+    let spec = a.kafka.spec(&brokers).with_settings(a.settings.settings()).with_shard(a.shard.clone())?;
+    let node = ReplicaNode::start(spec, a.node_options()).await?;
+    let (status, engine) = (node.status().clone(), node.engine());
     let mut tick = tokio::time::interval(a.status_interval);
-    loop {
+    let signal = stop_signal();
+    tokio::pin!(signal);
+    let why = loop {
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => break,
-            _ = tick.tick() => {
-                tracing::info!(
-                    applied = status.records_applied.load(Ordering::Relaxed),
-                    skipped = status.records_skipped.load(Ordering::Relaxed),
-                    lag = status.lag(),
-                    broker_ok = status.broker_ok.load(Ordering::Relaxed),
-                    keyspaces = engine.keyspace_ids().len(),
-                    holder_blocks = engine.holder_blocks(),
-                    "progress"
-                );
-            }
+            why = &mut signal => break why,
+            _ = tick.tick() => tracing::info!(
+                applied = status.records_applied.load(Ordering::Relaxed),
+                skipped = status.records_skipped.load(Ordering::Relaxed),
+                lag = status.lag(),
+                discontinuous = ?status.discontinuous(),
+                broker_ok = status.broker_ok.load(Ordering::Relaxed),
+                keyspaces = engine.keyspace_ids().len(),
+                holder_blocks = engine.holder_blocks(),
+                "progress"
+            ),
         }
+    };
+    tracing::info!(signal = why, "stopping: final checkpoint, then in-flight queries");
+    // A stop must end: a wedged broker or disk must not keep the process from exiting.
+    let bound = a.shutdown_grace + Duration::from_secs(60);
+    match tokio::time::timeout(bound, node.shutdown()).await {
+        Ok(Ok(stopped)) => {
+            tracing::info!(final_checkpoint = ?stopped.final_checkpoint.map(|m| m.id), "stopped");
+            Ok(())
+        }
+        Ok(Err(e)) => Err(e.into()),
+        Err(_) => anyhow::bail!("clean stop did not finish within {bound:?}"),
     }
-    tracing::info!("stopping");
-    drop(replica.stop());
-    Ok(())
 }

@@ -4,15 +4,12 @@
 //! checkpoint on disk must equal a reference replica that applied exactly the same offsets:
 //! no lost update, no double apply, no torn checkpoint.
 
-use prefixlog_engine::{Engine, EngineConfig, KeyspaceId};
+use prefixlog_engine::KeyspaceId;
+use prefixlog_ingest::reader::{LogReader, Read};
 use prefixlog_ingest::record::encode_kv_events;
-use prefixlog_ingest::{Applier, ApplyConfig, EmbeddedKafka, KvOp, Publisher, PublisherConfig};
+use prefixlog_ingest::{Applier, EmbeddedKafka, KafkaConnection, KvOp, LogSpec, Publisher, StateSettings};
 use prefixlog_snapshot::CheckpointStore;
 use prefixlog_workload::{generate, FleetConfig, Step, TraceRequest};
-use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::Message;
-use rdkafka::{Offset, TopicPartitionList};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -46,27 +43,21 @@ fn records() -> Vec<(u64, Vec<u8>)> {
 
 /// Every record of the topic, per partition, in offset order.
 fn read_log(brokers: &str) -> Vec<Vec<(i64, u64, Vec<u8>)>> {
-    let c: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("group.id", "crash-ref")
-        .set("enable.auto.commit", "false")
-        .create()
-        .unwrap();
-    let mut tpl = TopicPartitionList::new();
-    let mut high = Vec::new();
-    for p in 0..P {
-        tpl.add_partition_offset(TOPIC, p as i32, Offset::Beginning).unwrap();
-        high.push(c.fetch_watermarks(TOPIC, p as i32, Duration::from_secs(5)).unwrap().1);
-    }
-    c.assign(&tpl).unwrap();
+    let spec = LogSpec::new(KafkaConnection::new(brokers), TOPIC, P);
+    let probe = prefixlog_ingest::probe_log(&spec).unwrap();
+    let total: i64 = (0..P).map(|p| probe.high(p)).sum();
+    let mut reader = LogReader::open(&spec, (0..P).map(|p| (p, 0))).unwrap();
     let mut out = vec![Vec::new(); P as usize];
-    let total: i64 = high.iter().sum();
     let mut got = 0;
     while got < total {
-        if let Some(Ok(m)) = c.poll(Duration::from_millis(100)) {
-            let ts = m.timestamp().to_millis().unwrap_or(0).max(0) as u64;
-            out[m.partition() as usize].push((m.offset(), ts, m.payload().unwrap_or_default().to_vec()));
-            got += 1;
+        match reader.poll(Duration::from_millis(100)) {
+            Read::Record(r) => {
+                let payload = r.payload().unwrap_or_default().to_vec();
+                out[r.partition() as usize].push((r.offset(), r.timestamp_ms(), payload));
+                got += 1;
+            }
+            Read::Discontinuity(d) => panic!("the test log has a gap: {d}"),
+            Read::Idle | Read::BrokerError(_) => {}
         }
     }
     out
@@ -93,7 +84,7 @@ async fn kill_9_at_random_moments_never_loses_or_doubles_an_update() {
     let kafka = EmbeddedKafka::start(TOPIC, P).unwrap();
     let brokers = kafka.bootstrap_servers();
     let dir = tempfile::tempdir().unwrap();
-    let publisher = Publisher::new(PublisherConfig::new(&brokers, TOPIC, P)).unwrap();
+    let publisher = Publisher::new(&LogSpec::new(KafkaConnection::new(&brokers), TOPIC, P)).unwrap();
     let done = Arc::new(AtomicBool::new(false));
     let feeder = {
         let (publisher, done) = (publisher.clone(), done.clone());
@@ -153,19 +144,13 @@ async fn kill_9_at_random_moments_never_loses_or_doubles_an_update() {
     );
     for id in ids {
         let l = store.load(id).expect("every checkpoint on disk verifies (no torn write)");
-        let engine = Arc::new(Engine::new(EngineConfig { partitions: P, ..Default::default() }));
-        let mut reference = Applier::new(engine, ApplyConfig { partitions: P, ..Default::default() });
+        let mut reference = Applier::new(P, StateSettings::default());
         for (p, part) in log.iter().enumerate() {
             for (o, ts, v) in part.iter().filter(|r| r.0 < l.meta.offsets[p]) {
-                reference.apply(p as u32, *o, *ts, Some(v));
+                reference.apply(p as u32, *o, *ts, Some(v)).unwrap();
             }
         }
-        let got = prefixlog_snapshot::restore(
-            &l,
-            EngineConfig { partitions: P, ..Default::default() },
-            ApplyConfig { partitions: P, ..Default::default() },
-        )
-        .unwrap();
+        let got = prefixlog_snapshot::restore(&l).unwrap();
         for p in 0..P {
             assert_eq!(
                 got.partition_digest(p),

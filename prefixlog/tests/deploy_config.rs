@@ -85,7 +85,10 @@ fn deploy_files_match_the_cli() {
     // The Grafana dashboard only uses metrics the replicas export.
     let dash: serde_json::Value =
         serde_json::from_str(&read("deploy/grafana/dashboards/prefixlog.json")).unwrap();
-    let exported = read("query/src/metrics.rs") + &read("prefixlog/src/peering.rs");
+    let exported =
+        ["query/src/metrics.rs", "peer/src/antientropy.rs", "node/src/checkpoints.rs", "node/src/node.rs"]
+            .map(read)
+            .concat();
     let mut exprs = 0;
     for p in dash["panels"].as_array().unwrap() {
         for t in p["targets"].as_array().unwrap() {

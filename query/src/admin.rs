@@ -5,21 +5,23 @@
 //!   with the lag in the body (readiness: route traffic only to caught-up replicas).
 
 use crate::health::Readiness;
-use crate::metrics::Metrics;
 use axum::http::StatusCode;
 use axum::routing::get;
 use axum::Router;
+use prometheus::Registry;
 use std::sync::Arc;
 
-pub fn router(metrics: Arc<Metrics>, readiness: Arc<Readiness>) -> Router {
+pub fn router(registry: Registry, readiness: Arc<Readiness>) -> Router {
     Router::new()
         .route(
             "/metrics",
             get(move || {
-                let m = metrics.clone();
+                let r = registry.clone();
                 async move {
                     // Scrapes lock each keyspace briefly; keep them off the async workers.
-                    let body = tokio::task::spawn_blocking(move || m.render()).await.unwrap_or_default();
+                    let body = tokio::task::spawn_blocking(move || crate::metrics::render(&r))
+                        .await
+                        .unwrap_or_default();
                     ([("content-type", "text/plain; version=0.0.4")], body)
                 }
             }),

@@ -39,8 +39,13 @@ pub struct MatchQuery {
     pub top_k: Option<u32>,
     pub lane: Option<u32>,
     pub intervals: bool,
-    /// Consistency token: answer only after these (partition, offset)s are applied.
+    /// Consistency token in next offsets: answer only after every record below these
+    /// (partition, offset)s is applied (see [`MatchQuery::after`], [`MatchQuery::at_least`]).
     pub min_offsets: Vec<(u32, i64)>,
+    /// Non-empty: score only these workers.
+    pub candidates: Vec<u64>,
+    /// Leave out holders whose event stream had a gap.
+    pub exclude_gapped: bool,
     pub allow_stale: bool,
     /// For token prompts: the namespace (LoRA adapter name) the request runs under; "" = base.
     /// Hash prompts carry their namespace in the hashes already (`scheme::block_hashes_in`).
@@ -56,9 +61,23 @@ impl MatchQuery {
             lane: None,
             intervals: false,
             min_offsets: vec![],
+            candidates: vec![],
+            exclude_gapped: false,
             allow_stale: false,
             namespace: String::new(),
         }
+    }
+
+    /// Only these workers (e.g. the pods this gateway may route to).
+    pub fn candidates(mut self, workers: impl IntoIterator<Item = u64>) -> Self {
+        self.candidates = workers.into_iter().collect();
+        self
+    }
+
+    /// Read your writes from another replica's answer: its `applied` offsets, unchanged.
+    pub fn at_least(mut self, applied: &[(u32, i64)]) -> Self {
+        self.min_offsets.extend_from_slice(applied);
+        self
     }
 
     /// A token prompt under a LoRA adapter (or another namespace): matched only against
@@ -70,7 +89,7 @@ impl MatchQuery {
 
     /// Read-your-writes: the answer reflects at least these landed records.
     pub fn after(mut self, landed: &[Landed]) -> Self {
-        self.min_offsets.extend(landed.iter().map(|l| (l.partition, l.offset)));
+        self.min_offsets.extend(landed.iter().map(Landed::token));
         self
     }
 
@@ -103,6 +122,8 @@ impl MatchQuery {
                 .collect(),
             allow_stale: self.allow_stale,
             request_id: 0,
+            candidate_workers: self.candidates.clone(),
+            exclude_gapped: self.exclude_gapped,
         }
     }
 }

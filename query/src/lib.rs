@@ -6,11 +6,14 @@
 //! go through Kafka ([`client::IndexClient::publish_placement`] uses the ingest Publisher).
 //!
 //! Module map:
-//! - [`service`]: `PrefixIndex` (Match, MatchStream), [`service::QueryConfig`] limits.
+//! - [`service`]: `PrefixIndex` (Match, MatchStream, Describe, ListWorkers),
+//!   [`service::QueryConfig`] limits, [`service::ReplicaInfo`].
+//! - [`validate`]: request validation and bounded error messages.
 //! - [`server`]: starts the gRPC port (service + Echo + health + reflection) and admin port.
 //! - [`health`]: [`health::Readiness`] (caught up = lag ≤ threshold) driving `grpc.health.v1`.
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz` over HTTP/1.
-//! - [`metrics`]: Prometheus registry; query latency, offsets/lag, state size.
+//! - [`metrics`]: query latency, outcomes and matched depth; progress, continuity and state size
+//!   collected at scrape time, into the replica's registry.
 //! - [`client`]: [`client::IndexClient`], the fail-open gateway client.
 
 pub mod admin;
@@ -19,10 +22,11 @@ pub mod health;
 pub mod metrics;
 pub mod server;
 pub mod service;
+pub mod validate;
 
 pub use client::{IndexClient, MatchOutcome, MatchQuery, Prompt, Unavailable};
-pub use server::{start, RunningServer, ServerConfig, TlsFiles};
-pub use service::{QueryConfig, QueryService};
+pub use server::{start, RunningServer, Served, ServerConfig, TlsFiles};
+pub use service::{default_replica_id, QueryConfig, QueryService, ReplicaInfo};
 
 /// Re-exported so tests, benchmarks and gateways use the exact versions this crate was built
 /// with (health checks, raw gRPC calls).

@@ -1,12 +1,17 @@
-//! Prometheus metrics of a replica: query latency and outcomes (recorded per request) and the
-//! replica's progress and state size (read from `ReplicaStatus`, the applier and the engine at
-//! scrape time, so the ingest path pays nothing for them).
+//! Prometheus metrics of a replica, by Prometheus conventions (counters end in `_total`,
+//! durations and times are in seconds): query latency, outcomes and matched depth (recorded
+//! per request), and the replica's progress, continuity and state size (read from
+//! `ReplicaStatus`, the applier and the engine at scrape time, so the ingest path pays nothing
+//! for them). Everything goes into the replica's own registry (the node adds its checkpoint,
+//! anti-entropy and process metrics there); nothing is global.
 
 use parking_lot::Mutex;
-use prefixlog_engine::Engine;
+use prefixlog_engine::{Engine, KeyspaceId};
 use prefixlog_ingest::{Applier, ReplicaStatus};
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::MetricFamily;
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -16,10 +21,11 @@ use std::time::Duration;
 pub struct QueryMetrics {
     latency: Histogram,
     by_code: IntCounterVec,
+    depth: HistogramVec,
 }
 
 impl QueryMetrics {
-    fn new(r: &Registry) -> prometheus::Result<Self> {
+    pub fn new(r: &Registry) -> prometheus::Result<Self> {
         // 10 µs .. ~1.3 s, doubling: a query is tens of µs, a consistency wait up to the deadline.
         let buckets = prometheus::exponential_buckets(10e-6, 2.0, 18)?;
         let latency = Histogram::with_opts(
@@ -33,9 +39,21 @@ impl QueryMetrics {
             Opts::new("prefixlog_queries_total", "Match requests by gRPC status code"),
             &["code"],
         )?;
+        // 0, 1, 2, 4, ... 8192 blocks: the hit-rate signal (how much of a prompt is cached).
+        let mut depth_buckets = vec![0.0];
+        depth_buckets.extend(prometheus::exponential_buckets(1.0, 2.0, 14)?);
+        let depth = HistogramVec::new(
+            HistogramOpts::new(
+                "prefixlog_match_depth_blocks",
+                "Matched depth of the best worker per answered Match, in blocks, per keyspace",
+            )
+            .buckets(depth_buckets),
+            &["keyspace"],
+        )?;
         r.register(Box::new(latency.clone()))?;
         r.register(Box::new(by_code.clone()))?;
-        Ok(Self { latency, by_code })
+        r.register(Box::new(depth.clone()))?;
+        Ok(Self { latency, by_code, depth })
     }
 
     pub fn observe(&self, d: Duration, err: Option<tonic::Code>) {
@@ -43,142 +61,208 @@ impl QueryMetrics {
         let code = err.map_or("Ok".to_string(), |c| format!("{c:?}"));
         self.by_code.with_label_values(&[code.as_str()]).inc();
     }
+
+    pub fn observe_depth(&self, keyspace: &KeyspaceId, depth: u32, _query_blocks: usize) {
+        self.depth.with_label_values(&[keyspace.to_string().as_str()]).observe(f64::from(depth));
+    }
 }
 
-/// Everything `/metrics` reports.
-pub struct Metrics {
-    registry: Registry,
-    pub query: Arc<QueryMetrics>,
+/// The replica's progress and state, collected at scrape time.
+pub struct StateCollector {
     engine: Arc<Engine>,
     status: Arc<ReplicaStatus>,
     applier: Option<Arc<Mutex<Applier>>>,
-    gauges: ScrapeGauges,
+    ready: Arc<dyn Fn() -> bool + Send + Sync>,
+    descs: Vec<Desc>,
 }
 
-struct ScrapeGauges {
+/// One scrape's metric objects (built fresh each time, so no stale label values linger).
+struct Scrape {
     next_offset: IntGaugeVec,
-    high_watermark: IntGaugeVec,
+    low: IntGaugeVec,
+    high: IntGaugeVec,
     lag: IntGaugeVec,
-    log_time: IntGaugeVec,
-    records_applied: IntGauge,
-    records_skipped: IntGauge,
-    skipped_by_reason: IntGaugeVec,
+    log_time: prometheus::GaugeVec,
+    discontinuous: IntGaugeVec,
+    discontinuities: IntCounterVec,
+    applied: prometheus::IntCounter,
+    skipped: IntCounterVec,
+    refused_stores: IntCounterVec,
+    feed_gaps: prometheus::IntCounter,
+    clamped: prometheus::IntCounter,
+    gaps_accepted: prometheus::IntCounter,
     keyspaces: IntGauge,
     holders: IntGauge,
+    holders_gapped: IntGauge,
     holder_blocks: IntGauge,
-    engine_heap_bytes: IntGauge,
-    rss_bytes: IntGauge,
-    broker_ok: IntGauge,
+    heap: IntGauge,
+    broker_up: IntGauge,
+    ready: IntGauge,
 }
 
-impl Metrics {
-    /// `applier` (optional) adds per-reason skip counts; reading it takes the applier's lock
-    /// once per scrape.
+fn gv(name: &str, help: &str, label: &str) -> IntGaugeVec {
+    IntGaugeVec::new(Opts::new(name, help), &[label]).expect("valid metric")
+}
+fn cv(name: &str, help: &str, label: &str) -> IntCounterVec {
+    IntCounterVec::new(Opts::new(name, help), &[label]).expect("valid metric")
+}
+fn g(name: &str, help: &str) -> IntGauge {
+    IntGauge::new(name, help).expect("valid metric")
+}
+fn c(name: &str, help: &str) -> prometheus::IntCounter {
+    prometheus::IntCounter::new(name, help).expect("valid metric")
+}
+
+impl Scrape {
+    fn new() -> Self {
+        Self {
+            next_offset: gv("prefixlog_partition_next_offset", "Next offset to apply, per owned partition", "partition"),
+            low: gv("prefixlog_partition_low_watermark", "First offset the broker retains, per owned partition", "partition"),
+            high: gv("prefixlog_partition_high_watermark", "Broker high watermark, per owned partition", "partition"),
+            lag: gv(
+                "prefixlog_partition_lag",
+                "High watermark minus next offset, per owned partition (negative: the log ends before the state)",
+                "partition",
+            ),
+            log_time: prometheus::GaugeVec::new(
+                Opts::new("prefixlog_partition_log_time_seconds", "Log time (record timestamps), per owned partition"),
+                &["partition"],
+            )
+            .expect("valid metric"),
+            discontinuous: gv(
+                "prefixlog_partition_discontinuous",
+                "1 while the log does not continue the partition's state (halted; not ready)",
+                "partition",
+            ),
+            discontinuities: cv(
+                "prefixlog_log_discontinuities_total",
+                "Gaps, out-of-range offsets and rewinds found in the log, per partition",
+                "partition",
+            ),
+            applied: c("prefixlog_records_applied_total", "Records applied (owned partitions, since the log start)"),
+            skipped: cv("prefixlog_records_skipped_total", "Records skipped, by reason", "reason"),
+            refused_stores: cv("prefixlog_stores_refused_total", "Stores refused by the engine, by reason", "reason"),
+            feed_gaps: c("prefixlog_feed_gaps_total", "Sequence gaps in engine event feeds (holders marked gapped)"),
+            clamped: c("prefixlog_log_time_clamped_total", "Records whose timestamp moved log time too far (cut)"),
+            gaps_accepted: c("prefixlog_log_gaps_accepted_total", "Log gaps accepted by --accept-log-gaps"),
+            keyspaces: g("prefixlog_keyspaces", "Keyspaces in the engine"),
+            holders: g("prefixlog_holders", "Holders (worker, dp rank, lane) over all keyspaces"),
+            holders_gapped: g("prefixlog_holders_gapped", "Holders whose event stream had a gap"),
+            holder_blocks: g("prefixlog_holder_blocks", "Resident (holder, block) pairs"),
+            heap: g("prefixlog_engine_heap_bytes", "Engine heap bytes (estimate)"),
+            broker_up: g("prefixlog_broker_up", "1 while the broker is reachable"),
+            ready: g("prefixlog_ready", "1 while the replica is ready (caught up, state proven)"),
+        }
+    }
+
+    fn collectors(&self) -> Vec<&dyn Collector> {
+        vec![
+            &self.next_offset,
+            &self.low,
+            &self.high,
+            &self.lag,
+            &self.log_time,
+            &self.discontinuous,
+            &self.discontinuities,
+            &self.applied,
+            &self.skipped,
+            &self.refused_stores,
+            &self.feed_gaps,
+            &self.clamped,
+            &self.gaps_accepted,
+            &self.keyspaces,
+            &self.holders,
+            &self.holders_gapped,
+            &self.holder_blocks,
+            &self.heap,
+            &self.broker_up,
+            &self.ready,
+        ]
+    }
+}
+
+impl StateCollector {
     pub fn new(
         engine: Arc<Engine>,
         status: Arc<ReplicaStatus>,
         applier: Option<Arc<Mutex<Applier>>>,
-    ) -> prometheus::Result<Self> {
-        let registry = Registry::new();
-        let query = Arc::new(QueryMetrics::new(&registry)?);
-        let gv = |name: &str, help: &str| -> prometheus::Result<IntGaugeVec> {
-            let g = IntGaugeVec::new(Opts::new(name, help), &["partition"])?;
-            registry.register(Box::new(g.clone()))?;
-            Ok(g)
-        };
-        let g = |name: &str, help: &str| -> prometheus::Result<IntGauge> {
-            let g = IntGauge::new(name, help)?;
-            registry.register(Box::new(g.clone()))?;
-            Ok(g)
-        };
-        let skipped_by_reason = IntGaugeVec::new(
-            Opts::new("prefixlog_records_skipped_by_reason", "Records skipped, by reason (from the applier)"),
-            &["reason"],
-        )?;
-        registry.register(Box::new(skipped_by_reason.clone()))?;
-        let gauges = ScrapeGauges {
-            next_offset: gv("prefixlog_partition_next_offset", "Next offset to apply, per partition")?,
-            high_watermark: gv("prefixlog_partition_high_watermark", "Broker high watermark, per partition")?,
-            lag: gv("prefixlog_partition_lag", "Records behind the high watermark, per partition")?,
-            log_time: gv(
-                "prefixlog_partition_log_time_ms",
-                "Log time (max record timestamp), per partition",
-            )?,
-            records_applied: g("prefixlog_records_applied", "Records applied since start")?,
-            records_skipped: g("prefixlog_records_skipped", "Records skipped since start (all reasons)")?,
-            skipped_by_reason,
-            keyspaces: g("prefixlog_keyspaces", "Keyspaces in the engine")?,
-            holders: g("prefixlog_holders", "Holders (worker, dp rank, lane) over all keyspaces")?,
-            holder_blocks: g("prefixlog_holder_blocks", "Resident (holder, block) pairs")?,
-            engine_heap_bytes: g("prefixlog_engine_heap_bytes", "Engine heap bytes (estimate)")?,
-            rss_bytes: g("prefixlog_process_resident_bytes", "Process resident memory")?,
-            broker_ok: g("prefixlog_broker_ok", "1 while the broker is reachable")?,
-        };
-        Ok(Self { registry, query, engine, status, applier, gauges })
+        ready: Arc<dyn Fn() -> bool + Send + Sync>,
+    ) -> Self {
+        let descs = Scrape::new().collectors().iter().flat_map(|c| c.desc().into_iter().cloned()).collect();
+        Self { engine, status, applier, ready, descs }
     }
 
-    /// The text exposition, with scrape-time gauges refreshed. Also includes prometheus'
-    /// default registry, where other subsystems of the process (anti-entropy, the bridge)
-    /// register their collectors.
-    pub fn render(&self) -> String {
-        self.refresh();
-        let mut buf = Vec::new();
-        let mut families = self.registry.gather();
-        families.extend(prometheus::gather());
-        let _ = TextEncoder::new().encode(&families, &mut buf);
-        String::from_utf8(buf).unwrap_or_default()
-    }
-
-    fn refresh(&self) {
-        let g = &self.gauges;
-        for (p, s) in self.status.partitions.iter().enumerate() {
+    fn fill_progress(&self, s: &Scrape) {
+        for &p in self.status.owned() {
             let l = [p.to_string()];
-            let (next, high) =
-                (s.next_offset.load(Ordering::Acquire), s.high_watermark.load(Ordering::Acquire));
-            g.next_offset.with_label_values(&l).set(next);
-            g.high_watermark.with_label_values(&l).set(high);
-            g.lag.with_label_values(&l).set((high - next).max(0));
-            g.log_time.with_label_values(&l).set(s.log_time.load(Ordering::Acquire) as i64);
+            let l = [l[0].as_str()];
+            let st = &self.status.partitions[p as usize];
+            s.next_offset.with_label_values(&l).set(st.next_offset.load(Ordering::Acquire));
+            s.low.with_label_values(&l).set(st.low_watermark.load(Ordering::Acquire));
+            s.high.with_label_values(&l).set(st.high_watermark.load(Ordering::Acquire));
+            s.lag.with_label_values(&l).set(self.status.partition_lag(p));
+            s.log_time.with_label_values(&l).set(st.log_time.load(Ordering::Acquire) as f64 / 1e3);
+            s.discontinuous.with_label_values(&l).set(i64::from(st.discontinuous.load(Ordering::Acquire)));
+            s.discontinuities.with_label_values(&l).inc_by(st.discontinuities.load(Ordering::Relaxed));
         }
-        g.records_applied.set(self.status.records_applied.load(Ordering::Relaxed) as i64);
-        g.records_skipped.set(self.status.records_skipped.load(Ordering::Relaxed) as i64);
-        g.broker_ok.set(i64::from(self.status.broker_ok.load(Ordering::Relaxed)));
-        if let Some(a) = &self.applier {
-            let mut by: std::collections::BTreeMap<&'static str, u64> = Default::default();
-            let a = a.lock();
-            for p in a.partitions() {
-                let c = &p.counters;
-                *by.entry("duplicate").or_default() += c.duplicates;
-                *by.entry("stale_epoch").or_default() += c.stale_epochs;
-                for (r, n) in &c.bad {
-                    *by.entry(r.as_str()).or_default() += n;
-                }
+        s.broker_up.set(i64::from(self.status.broker_ok.load(Ordering::Relaxed)));
+        s.ready.set(i64::from((self.ready)()));
+    }
+
+    fn fill_counters(&self, s: &Scrape) {
+        let Some(a) = &self.applier else {
+            s.applied.inc_by(self.status.records_applied.load(Ordering::Relaxed));
+            return;
+        };
+        let a = a.lock();
+        for &p in self.status.owned() {
+            let c = &a.partition(p).counters;
+            s.applied.inc_by(c.applied);
+            s.skipped.with_label_values(&["duplicate"]).inc_by(c.duplicates);
+            s.skipped.with_label_values(&["stale_epoch"]).inc_by(c.stale_epochs);
+            for (r, n) in &c.bad {
+                s.skipped.with_label_values(&[r.as_str()]).inc_by(*n);
             }
-            drop(a);
-            for (r, n) in by {
-                g.skipped_by_reason.with_label_values(&[r]).set(n as i64);
-            }
+            s.refused_stores.with_label_values(&["missing_parent"]).inc_by(c.missing_parents);
+            s.refused_stores.with_label_values(&["invalid"]).inc_by(c.invalid_stores);
+            s.feed_gaps.inc_by(c.gaps);
+            s.clamped.inc_by(c.log_time_clamped);
+            s.gaps_accepted.inc_by(c.log_gaps);
         }
+    }
+
+    fn fill_state(&self, s: &Scrape) {
         let kss = self.engine.keyspaces();
-        g.keyspaces.set(kss.len() as i64);
-        let (mut holders, mut blocks, mut heap) = (0i64, 0i64, 0i64);
+        s.keyspaces.set(kss.len() as i64);
         for k in kss {
             let k = k.read();
-            holders += k.holder_count() as i64;
-            blocks += k.holder_blocks() as i64;
-            heap += k.heap_bytes() as i64;
+            let summaries = k.holder_summaries();
+            s.holders.add(summaries.len() as i64);
+            s.holders_gapped.add(summaries.iter().filter(|h| h.gapped).count() as i64);
+            s.holder_blocks.add(k.holder_blocks() as i64);
+            s.heap.add(k.heap_bytes() as i64);
         }
-        g.holders.set(holders);
-        g.holder_blocks.set(blocks);
-        g.engine_heap_bytes.set(heap);
-        g.rss_bytes.set(rss_bytes());
     }
 }
 
-fn rss_bytes() -> i64 {
-    // statm's second field is resident pages; 4 KiB pages on the platforms we run on.
-    std::fs::read_to_string("/proc/self/statm")
-        .ok()
-        .and_then(|s| s.split_whitespace().nth(1).and_then(|v| v.parse::<i64>().ok()))
-        .map_or(0, |pages| pages * 4096)
+impl Collector for StateCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let s = Scrape::new();
+        self.fill_progress(&s);
+        self.fill_counters(&s);
+        self.fill_state(&s);
+        s.collectors().iter().flat_map(|c| c.collect()).collect()
+    }
+}
+
+/// The text exposition of a registry.
+pub fn render(registry: &Registry) -> String {
+    use prometheus::Encoder;
+    let mut buf = Vec::new();
+    let _ = prometheus::TextEncoder::new().encode(&registry.gather(), &mut buf);
+    String::from_utf8(buf).unwrap_or_default()
 }

@@ -2,12 +2,12 @@
 //!
 //! The gRPC server carries `PrefixIndex`, the `Echo` benchmark baseline, `grpc.health.v1`
 //! (driven by [`Readiness`]) and server reflection (v1 and v1alpha, so `grpcurl` works without
-//! `.proto` files). TLS is not implemented (see the README's Queries section).
+//! `.proto` files), optionally over TLS or mutual TLS.
 
 use crate::admin;
 use crate::health::Readiness;
-use crate::metrics::Metrics;
-use crate::service::{QueryConfig, QueryService};
+use crate::metrics::{QueryMetrics, StateCollector};
+use crate::service::{QueryConfig, QueryService, ReplicaInfo, ReplicaView};
 use parking_lot::Mutex;
 use prefixlog_engine::Engine;
 use prefixlog_ingest::{Applier, ReplicaStatus};
@@ -104,13 +104,65 @@ fn oversize_is_resource_exhausted<B>(mut r: http::Response<B>) -> http::Response
 pub struct RunningServer {
     pub grpc_addr: SocketAddr,
     pub admin_addr: Option<SocketAddr>,
-    pub metrics: Arc<Metrics>,
     pub readiness: Arc<Readiness>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
+    grpc: Option<JoinHandle<()>>,
     tasks: Vec<JoinHandle<()>>,
 }
 
+/// What the server serves: one replica's state, and the registry its metrics go to.
+pub struct Served {
+    pub engine: Arc<Engine>,
+    pub status: Arc<ReplicaStatus>,
+    /// Per-reason skip counts and announced workers; without it those are empty.
+    pub applier: Option<Arc<Mutex<Applier>>>,
+    pub info: ReplicaInfo,
+    pub registry: prometheus::Registry,
+}
+
+impl Served {
+    /// An engine served on its own, with every partition owned and nothing ingesting (tests of
+    /// the query port, benchmarks of the query path).
+    pub fn engine_only(engine: Arc<Engine>, replica_id: &str) -> Self {
+        let partitions = engine.config().partitions;
+        let owned: Vec<u32> = (0..partitions).collect();
+        Self {
+            status: Arc::new(ReplicaStatus::new(partitions, &owned)),
+            engine,
+            applier: None,
+            info: ReplicaInfo {
+                replica_id: replica_id.to_string(),
+                topic: String::new(),
+                partition_count: partitions,
+                owned,
+                shard: (0, 1),
+                peers: Vec::new(),
+            },
+            registry: prometheus::Registry::new(),
+        }
+    }
+}
+
 impl RunningServer {
+    /// Stops accepting and lets in-flight calls finish, for at most `grace`; then drops the rest.
+    pub async fn shutdown(mut self, grace: Duration) {
+        self.readiness.set_stopping();
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(g) = self.grpc.take() {
+            let abort = g.abort_handle();
+            if tokio::time::timeout(grace, g).await.is_err() {
+                tracing::warn!(
+                    ?grace,
+                    "in-flight queries did not finish within the grace period; dropping them"
+                );
+                abort.abort();
+            }
+        }
+        self.kill();
+    }
+
     pub fn kill(&mut self) {
         // tonic serves each connection on its own task, so aborting the accept loop alone
         // would leave open connections answering; the shutdown signal closes them too.
@@ -130,14 +182,21 @@ impl Drop for RunningServer {
 }
 
 /// Binds both ports and starts serving on the current tokio runtime.
-pub async fn start(
-    cfg: ServerConfig,
-    engine: Arc<Engine>,
-    status: Arc<ReplicaStatus>,
-    applier: Option<Arc<Mutex<Applier>>>,
-) -> anyhow::Result<RunningServer> {
-    let metrics = Arc::new(Metrics::new(engine.clone(), status.clone(), applier)?);
+pub async fn start(cfg: ServerConfig, served: Served) -> anyhow::Result<RunningServer> {
+    let Served { engine, status, applier, info, registry } = served;
     let readiness = Arc::new(Readiness::new(status.clone(), cfg.ready_lag, cfg.watermark_grace));
+    let query_metrics = Arc::new(QueryMetrics::new(&registry)?);
+    let ready = {
+        let r = readiness.clone();
+        Arc::new(move || r.check().0) as Arc<dyn Fn() -> bool + Send + Sync>
+    };
+    registry.register(Box::new(StateCollector::new(
+        engine.clone(),
+        status.clone(),
+        applier.clone(),
+        ready,
+    )))?;
+    registry.register(Box::new(status.apply_latency.clone()))?;
     let (reporter, health) = tonic_health::server::health_reporter();
     let mut tasks = vec![tokio::spawn(readiness.clone().drive(reporter, Duration::from_millis(50)))];
 
@@ -149,7 +208,8 @@ pub async fn start(
     let reflection_v1 = reflection().build_v1()?;
     let reflection_v1alpha = reflection().build_v1alpha()?;
     let max_msg = cfg.query.max_decoding_message_size;
-    let svc = QueryService::new(engine, status, cfg.query, metrics.query.clone());
+    let view = ReplicaView { engine, status, applier, info: Arc::new(info), readiness: readiness.clone() };
+    let svc = QueryService::new(view, cfg.query, query_metrics);
 
     let listener = tokio::net::TcpListener::bind(cfg.grpc_addr).await?;
     let grpc_addr = listener.local_addr()?;
@@ -168,6 +228,8 @@ pub async fn start(
         .add_service(PrefixIndexServer::new(svc).max_decoding_message_size(max_msg))
         .add_service(EchoServer::new(EchoService));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    // Kept apart from `tasks`: aborting it would drop the shutdown before connections are told
+    // to go, so it is only awaited (graceful) or left to end with its shutdown signal.
     let grpc = tokio::spawn(async move {
         let signal = async move {
             let _ = stopped.await;
@@ -176,14 +238,12 @@ pub async fn start(
             tracing::error!(error = %e, "gRPC server stopped");
         }
     });
-    // Not in `tasks`: aborting it would drop the shutdown before connections are told to go.
-    drop(grpc);
 
     let mut admin_addr = None;
     if let Some(a) = cfg.admin_addr {
         let l = tokio::net::TcpListener::bind(a).await?;
         admin_addr = Some(l.local_addr()?);
-        let app = admin::router(metrics.clone(), readiness.clone());
+        let app = admin::router(registry, readiness.clone());
         tasks.push(tokio::spawn(async move {
             if let Err(e) = axum::serve(l, app).await {
                 tracing::error!(error = %e, "admin HTTP server stopped");
@@ -191,5 +251,5 @@ pub async fn start(
         }));
     }
     tracing::info!(%grpc_addr, admin = ?admin_addr, "query service listening");
-    Ok(RunningServer { grpc_addr, admin_addr, metrics, readiness, stop: Some(stop), tasks })
+    Ok(RunningServer { grpc_addr, admin_addr, readiness, stop: Some(stop), grpc: Some(grpc), tasks })
 }

@@ -1,19 +1,23 @@
 //! The `PrefixIndex` gRPC service: read-only longest-prefix queries over a replica's engine.
 //!
-//! Every request is validated before it touches the engine (keyspace, scheme, prompt size), so
-//! a gateway gets a precise status instead of a silently empty answer. A request may carry a
-//! consistency token (per-partition minimum offsets, from the publisher's `Landed`); the
-//! service then waits — never longer than the request's own deadline — until the replica has
-//! applied those offsets. Nothing here writes: the engine is only read, under its per-keyspace
-//! read lock, and all writes reach the replica through Kafka.
+//! Every request is validated before it touches the engine ([`crate::validate`]), so a
+//! gateway gets a precise status instead of a silently empty answer. A request may carry a
+//! consistency token (per-partition next offsets: another replica's `applied`, or
+//! `Landed::token` of a publish); the service then waits — never longer than the request's own
+//! deadline — until every record below them is applied. Nothing here writes: the engine is only
+//! read, under its per-keyspace read lock, and all writes reach the replica through Kafka.
+//! `Describe` and `ListWorkers` say what the replica serves (its shard) and which workers its
+//! partitions announced.
 
+use crate::health::Readiness;
 use crate::metrics::QueryMetrics;
-use prefixlog_engine::scheme;
-use prefixlog_engine::{Engine, KeyspaceId, MatchOptions};
-use prefixlog_ingest::ReplicaStatus;
+use crate::validate::{check, unknown_keyspace};
+use parking_lot::Mutex;
+use prefixlog_engine::{Engine, HolderMatch, Keyspace, MatchOptions};
+use prefixlog_ingest::{Applier, ReplicaStatus};
 use prefixlog_proto::v1::{
-    match_request::Prompt, prefix_index_server::PrefixIndex, Interval, MatchRequest, MatchResponse,
-    PartitionOffset, WorkerScore,
+    prefix_index_server::PrefixIndex, DescribeRequest, DescribeResponse, Interval, ListWorkersRequest,
+    ListWorkersResponse, MatchRequest, MatchResponse, PartitionOffset, WorkerInfo, WorkerScore,
 };
 use std::pin::Pin;
 use std::sync::Arc;
@@ -25,8 +29,6 @@ use tonic::{Request, Response, Status, Streaming};
 /// Limits and waits of the query service.
 #[derive(Clone, Debug)]
 pub struct QueryConfig {
-    /// Reported in every response, so a gateway knows which replica answered.
-    pub replica_id: String,
     /// Largest prompt, in blocks (after hashing token ids).
     pub max_blocks: usize,
     /// Largest request message the server decodes (bytes); larger ones get RESOURCE_EXHAUSTED
@@ -44,7 +46,6 @@ pub struct QueryConfig {
 impl Default for QueryConfig {
     fn default() -> Self {
         Self {
-            replica_id: default_replica_id(),
             max_blocks: 8192,
             max_decoding_message_size: 4 << 20,
             max_concurrent_streams: 256,
@@ -52,6 +53,21 @@ impl Default for QueryConfig {
             max_wait: Duration::from_secs(10),
         }
     }
+}
+
+/// What the replica is, as every response and `Describe` report it.
+#[derive(Clone, Debug)]
+pub struct ReplicaInfo {
+    /// Reported in every response, so a gateway knows which replica answered.
+    pub replica_id: String,
+    pub topic: String,
+    pub partition_count: u32,
+    /// Owned partitions, ascending.
+    pub owned: Vec<u32>,
+    /// `(index, count)` of `--shard I/N`; `(0, 1)` unsharded.
+    pub shard: (u32, u32),
+    /// Peer-service addresses of the other replicas of this shard.
+    pub peers: Vec<String>,
 }
 
 /// The host name, or `replica-<pid>` when it cannot be read.
@@ -63,25 +79,31 @@ pub fn default_replica_id() -> String {
         .unwrap_or_else(|| format!("replica-{}", std::process::id()))
 }
 
+/// What the service reads: the replica's engine, progress, applier (announced workers) and
+/// readiness.
+#[derive(Clone)]
+pub struct ReplicaView {
+    pub engine: Arc<Engine>,
+    pub status: Arc<ReplicaStatus>,
+    /// For `ListWorkers`; without it the list is empty.
+    pub applier: Option<Arc<Mutex<Applier>>>,
+    pub info: Arc<ReplicaInfo>,
+    pub readiness: Arc<Readiness>,
+}
+
 /// The service. Cheap to clone (all state is shared).
 #[derive(Clone)]
 pub struct QueryService {
-    engine: Arc<Engine>,
-    status: Arc<ReplicaStatus>,
+    view: ReplicaView,
     cfg: Arc<QueryConfig>,
     streams: Arc<Semaphore>,
     metrics: Arc<QueryMetrics>,
 }
 
 impl QueryService {
-    pub fn new(
-        engine: Arc<Engine>,
-        status: Arc<ReplicaStatus>,
-        cfg: QueryConfig,
-        metrics: Arc<QueryMetrics>,
-    ) -> Self {
+    pub fn new(view: ReplicaView, cfg: QueryConfig, metrics: Arc<QueryMetrics>) -> Self {
         let streams = Arc::new(Semaphore::new(cfg.max_concurrent_streams));
-        Self { engine, status, cfg: Arc::new(cfg), streams, metrics }
+        Self { view, cfg: Arc::new(cfg), streams, metrics }
     }
 
     pub fn config(&self) -> &QueryConfig {
@@ -97,116 +119,85 @@ impl QueryService {
     }
 
     async fn answer_inner(&self, req: MatchRequest, wait: Duration) -> Result<MatchResponse, Status> {
-        let ks = req.keyspace.as_ref().ok_or_else(|| Status::invalid_argument("keyspace is required"))?;
-        if ks.block_size == 0 {
-            return Err(Status::invalid_argument("keyspace.block_size must be > 0"));
-        }
-        let id = KeyspaceId::new(ks.model.clone(), ks.block_size, ks.hash_scheme);
-        let locals = self.locals(&id, req.prompt)?;
+        let info = &self.view.info;
+        let c = check(&req, self.cfg.max_blocks, info.partition_count)?;
+        let status = &self.view.status;
         // Wait for the token before looking the keyspace up: a read-your-writes query may be
         // the first to name a keyspace that the awaited record creates.
-        let token = self.token(&req.min_offsets)?;
         let mut stale = false;
-        if !token.is_empty() && !self.status.wait_for(&token, wait).await {
+        if !c.token.is_empty() && !status.wait_for(&c.token, wait).await {
             if !req.allow_stale {
                 return Err(Status::deadline_exceeded(format!(
-                    "consistency token not reached within {wait:?}: wanted {:?}, applied {:?}",
-                    token,
-                    self.status.offsets()
+                    "consistency token not reached within {wait:?}: wanted {:?} (next offsets), applied {:?}",
+                    c.token,
+                    status.offsets()
                 )));
             }
             stale = true;
         }
-        let Some(keyspace) = self.engine.keyspace(&id) else {
-            let known: Vec<String> = self.engine.keyspace_ids().iter().map(|k| k.to_string()).collect();
-            return Err(Status::not_found(format!(
-                "no keyspace {id} on this replica (model/block size/hash scheme must match what the \
-                 workers publish); known keyspaces: [{}]",
-                known.join(", ")
-            )));
+        let Some(keyspace) = self.view.engine.keyspace(&c.keyspace) else {
+            return Err(unknown_keyspace(&c.keyspace, &self.view.engine.keyspace_ids()));
         };
-        // Offsets read *before* matching: everything up to them is applied, so the answer
+        // Offsets read *before* matching: everything below them is applied, so the answer
         // reflects at least these (possibly a little more).
-        let applied = self.status.offsets();
-        let opts =
-            MatchOptions { intervals: req.intervals, top_k: req.top_k.map(|k| k as usize), lane: req.lane };
-        let matches = keyspace.read().match_chain(&locals, &opts);
+        let applied = status.offsets();
+        let scores = {
+            let g = keyspace.read();
+            scores(&g, &c.locals, &req, c.top_k, &c.candidates)
+        };
+        self.metrics.observe_depth(&c.keyspace, scores.first().map_or(0, |s| s.depth), c.locals.len());
         Ok(MatchResponse {
-            scores: matches
-                .into_iter()
-                .map(|m| WorkerScore {
-                    worker: m.holder.worker,
-                    dp_rank: m.holder.dp_rank,
-                    lane: m.holder.lane,
-                    depth: m.depth,
-                    total_blocks: m.total,
-                    inferred: m.inferred,
-                    intervals: m.intervals.into_iter().map(|(start, end)| Interval { start, end }).collect(),
-                })
-                .collect(),
+            scores,
             applied: applied
                 .into_iter()
-                .enumerate()
-                .map(|(p, offset)| PartitionOffset { partition: p as u32, offset })
+                .map(|(partition, offset)| PartitionOffset { partition, offset })
                 .collect(),
-            replica_id: self.cfg.replica_id.clone(),
+            replica_id: info.replica_id.clone(),
             stale,
-            query_blocks: locals.len() as u32,
+            query_blocks: c.locals.len() as u32,
             request_id: req.request_id,
+            partitions: info.owned.clone(),
+            partition_count: info.partition_count,
         })
     }
 
-    /// The prompt's local hashes. Token ids are hashed with the keyspace's scheme; a prompt
-    /// shorter than one block is valid and matches nothing (engines cache full blocks only).
-    fn locals(&self, id: &KeyspaceId, prompt: Option<Prompt>) -> Result<Vec<u64>, Status> {
-        let too_many = |n: usize| {
-            Status::invalid_argument(format!(
-                "prompt has {n} blocks; this replica's limit is {}",
-                self.cfg.max_blocks
-            ))
-        };
-        match prompt {
-            None => Err(Status::invalid_argument("empty prompt: set tokens or hashes")),
-            Some(Prompt::Hashes(h)) if h.local.is_empty() => {
-                Err(Status::invalid_argument("empty prompt: no block hashes"))
-            }
-            Some(Prompt::Hashes(h)) if h.local.len() > self.cfg.max_blocks => Err(too_many(h.local.len())),
-            Some(Prompt::Hashes(h)) => Ok(h.local),
-            Some(Prompt::Tokens(t)) => {
-                if t.ids.is_empty() {
-                    return Err(Status::invalid_argument("empty prompt: no token ids"));
-                }
-                if !scheme::is_known(id.scheme) {
-                    return Err(Status::invalid_argument(format!(
-                        "unknown hash scheme {} for token ids (this replica hashes scheme {}); \
-                         send precomputed block hashes instead",
-                        id.scheme,
-                        scheme::SCHEME_XXH3_CHAINED
-                    )));
-                }
-                let n = t.ids.len() / id.block_size as usize;
-                if n > self.cfg.max_blocks {
-                    return Err(too_many(n));
-                }
-                Ok(scheme::block_hashes_in(&t.namespace, &t.ids, id.block_size as usize))
-            }
+    fn describe(&self) -> DescribeResponse {
+        let info = &self.view.info;
+        DescribeResponse {
+            replica_id: info.replica_id.clone(),
+            topic: info.topic.clone(),
+            partition_count: info.partition_count,
+            partitions: info.owned.clone(),
+            shard: info.shard.0,
+            shard_count: info.shard.1,
+            peers: info.peers.clone(),
+            ready: self.view.readiness.check().0,
+            applied: self
+                .view
+                .status
+                .offsets()
+                .into_iter()
+                .map(|(partition, offset)| PartitionOffset { partition, offset })
+                .collect(),
         }
     }
 
-    fn token(&self, offs: &[PartitionOffset]) -> Result<Vec<(u32, i64)>, Status> {
-        let parts = self.status.partitions.len() as u32;
-        offs.iter()
-            .map(|o| {
-                if o.partition >= parts {
-                    Err(Status::invalid_argument(format!(
-                        "consistency token names partition {} but the log has {parts}",
-                        o.partition
-                    )))
-                } else {
-                    Ok((o.partition, o.offset))
+    fn list_workers(&self) -> ListWorkersResponse {
+        let mut workers = Vec::new();
+        if let Some(a) = &self.view.applier {
+            let a = a.lock();
+            for &p in &self.view.info.owned {
+                for (w, meta) in &a.partition(p).workers {
+                    workers.push(WorkerInfo {
+                        worker: *w,
+                        partition: p,
+                        metadata: meta.clone().into_iter().collect(),
+                    });
                 }
-            })
-            .collect()
+            }
+        }
+        workers.sort_by_key(|w| w.worker);
+        ListWorkersResponse { workers, partitions: self.view.info.owned.clone() }
     }
 
     /// The wait budget of a unary request: its `grpc-timeout` minus a margin (a fifth, at most
@@ -222,6 +213,38 @@ impl QueryService {
         }
         .min(self.cfg.max_wait)
     }
+}
+
+/// The holders' scores, best first: the request's lane and interval options, candidates and
+/// gap exclusion applied before `top_k`.
+fn scores(
+    g: &Keyspace,
+    locals: &[u64],
+    req: &MatchRequest,
+    top_k: Option<usize>,
+    candidates: &[u64],
+) -> Vec<WorkerScore> {
+    let filtered = !candidates.is_empty() || req.exclude_gapped;
+    let opts =
+        MatchOptions { intervals: req.intervals, top_k: if filtered { None } else { top_k }, lane: req.lane };
+    let gapped = |m: &HolderMatch| g.holder(&m.holder).is_some_and(|h| h.gapped);
+    g.match_chain(locals, &opts)
+        .into_iter()
+        .filter(|m| candidates.is_empty() || candidates.binary_search(&m.holder.worker).is_ok())
+        .map(|m| (gapped(&m), m))
+        .filter(|(gapped, _)| !(req.exclude_gapped && *gapped))
+        .take(top_k.unwrap_or(usize::MAX))
+        .map(|(gapped, m)| WorkerScore {
+            worker: m.holder.worker,
+            dp_rank: m.holder.dp_rank,
+            lane: m.holder.lane,
+            depth: m.depth,
+            total_blocks: m.total,
+            inferred: m.inferred,
+            intervals: m.intervals.into_iter().map(|(start, end)| Interval { start, end }).collect(),
+            gapped,
+        })
+        .collect()
 }
 
 /// Parses a `grpc-timeout` header value (`<up to 8 digits><H|M|S|m|u|n>`).
@@ -249,6 +272,17 @@ impl PrefixIndex for QueryService {
     async fn r#match(&self, request: Request<MatchRequest>) -> Result<Response<MatchResponse>, Status> {
         let wait = self.wait_budget(&request);
         self.answer(request.into_inner(), wait).await.map(Response::new)
+    }
+
+    async fn describe(&self, _: Request<DescribeRequest>) -> Result<Response<DescribeResponse>, Status> {
+        Ok(Response::new(QueryService::describe(self)))
+    }
+
+    async fn list_workers(
+        &self,
+        _: Request<ListWorkersRequest>,
+    ) -> Result<Response<ListWorkersResponse>, Status> {
+        Ok(Response::new(QueryService::list_workers(self)))
     }
 
     type MatchStreamStream = MatchStream;

@@ -1,15 +1,17 @@
-//! Taking checkpoints from a running replica, and restoring a replica from one.
+//! Taking checkpoints from a running replica, restoring a replica from one, and choosing which.
 //!
 //! Capture holds the applier's mutex (so ingest pauses at a record boundary and the offsets
 //! match the state exactly) and only *read* locks on the keyspaces: queries keep running
 //! during a capture, because no writer is queued on a keyspace lock while ingest is parked on
 //! the applier mutex. Encoding and the RocksDB write happen after both are released.
 
-use crate::store::{CheckpointMeta, CheckpointStore, Loaded, LogIdentity, StoreError};
+use crate::error::StoreError;
+use crate::export::{encode_export, Loaded};
+use crate::meta::CheckpointMeta;
+use crate::store::CheckpointStore;
 use parking_lot::Mutex;
-use prefixlog_engine::{Engine, EngineConfig, Keyspace, KeyspaceDump};
-use prefixlog_ingest::apply::PartitionState;
-use prefixlog_ingest::{Applier, ApplyConfig};
+use prefixlog_engine::{Engine, Keyspace, KeyspaceDump, KeyspaceId};
+use prefixlog_ingest::{check_compatible, Applier, Incompatible, LogIdentity, PartitionState};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,6 +23,16 @@ pub struct Capture {
     pub ingest_pause: Duration,
 }
 
+#[derive(Debug, thiserror::Error)]
+pub enum RestoreError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("checkpoint {id}: keyspace {keyspace}: {why}")]
+    Rebuild { id: u64, keyspace: KeyspaceId, why: String },
+    #[error("checkpoint {id} cannot stand for this replica's state: {why}")]
+    Incompatible { id: u64, why: Incompatible },
+}
+
 pub fn capture(applier: &Mutex<Applier>) -> Capture {
     let t = Instant::now();
     let a = applier.lock();
@@ -30,6 +42,11 @@ pub fn capture(applier: &Mutex<Applier>) -> Capture {
     Capture { partitions, keyspaces, ingest_pause: t.elapsed() }
 }
 
+/// Wall-clock time for the operator-facing `created` field (never applied state).
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
 /// Captures and writes a checkpoint.
 pub fn checkpoint(
     applier: &Mutex<Applier>,
@@ -37,66 +54,44 @@ pub fn checkpoint(
     identity: &LogIdentity,
 ) -> Result<(CheckpointMeta, Duration), StoreError> {
     let c = capture(applier);
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
-    let meta = store.write(identity, &c.partitions, &c.keyspaces, now)?;
+    let meta = store.write(identity, &c.partitions, &c.keyspaces, now_ms())?;
     Ok((meta, c.ingest_pause))
 }
 
-/// Builds an applier (and its engine) from a loaded checkpoint.
-pub fn restore(loaded: &Loaded, engine_cfg: EngineConfig, apply_cfg: ApplyConfig) -> Result<Applier, String> {
+/// Builds an applier (and its engine) from a loaded checkpoint, with the settings it was
+/// applied with.
+pub fn restore(loaded: &Loaded) -> Result<Applier, RestoreError> {
+    let id = &loaded.meta.identity;
+    let engine_cfg = id.settings.engine_config(id.partitions);
     let engine = Engine::new(engine_cfg.clone());
     for d in &loaded.keyspaces {
-        engine.install(
-            Keyspace::rebuild(d, engine_cfg.clone()).map_err(|e| format!("keyspace {}: {e}", d.id))?,
-        );
+        let ks = Keyspace::rebuild(d, engine_cfg.clone()).map_err(|why| RestoreError::Rebuild {
+            id: loaded.meta.id,
+            keyspace: d.id.clone(),
+            why: why.to_string(),
+        })?;
+        engine.install(ks);
     }
-    let mut applier = Applier::new(Arc::new(engine), apply_cfg);
-    if loaded.partitions.len() != applier.partitions().len() {
-        return Err(format!(
-            "checkpoint has {} partitions, replica is configured for {}",
-            loaded.partitions.len(),
-            applier.partitions().len()
-        ));
-    }
+    let mut applier = Applier::with_engine(Arc::new(engine), id.settings);
     applier.restore_partitions(loaded.partitions.clone());
     Ok(applier)
 }
 
-/// Why a checkpoint cannot be applied to the log as it is now, if it cannot.
-pub fn incompatibility(meta: &CheckpointMeta, log: &LogIdentity, high_watermarks: &[i64]) -> Option<String> {
-    if meta.identity.topic != log.topic {
-        return Some(format!("it is of topic {:?}, this replica reads {:?}", meta.identity.topic, log.topic));
-    }
-    if meta.identity.partitions != log.partitions {
-        return Some(format!(
-            "it has {} partitions, the topic has {}",
-            meta.identity.partitions, log.partitions
-        ));
-    }
-    if meta.identity.cluster_id != log.cluster_id {
-        return Some(format!(
-            "it is of Kafka cluster {:?}, the broker is cluster {:?} (a recreated cluster, or a previous run of the embedded broker)",
-            meta.identity.cluster_id, log.cluster_id
-        ));
-    }
-    for (p, (&o, &h)) in meta.offsets.iter().zip(high_watermarks).enumerate() {
-        if o > h {
-            return Some(format!(
-                "its partition {p} is at offset {o} but the log ends at {h} (the topic was recreated or truncated)"
-            ));
-        }
-    }
-    None
+/// Restores `loaded` for a replica of `ours` that needs `need` partitions, after the one
+/// compatibility rule; partitions outside `need` are left out.
+pub fn restore_for(loaded: &Loaded, ours: &LogIdentity, need: &[u32]) -> Result<Applier, RestoreError> {
+    check_compatible(ours, &loaded.meta.identity, need)
+        .map_err(|why| RestoreError::Incompatible { id: loaded.meta.id, why })?;
+    let full = restore(loaded)?;
+    Ok(if need == loaded.meta.identity.owned.as_slice() { full } else { full.extract(need) })
 }
 
-/// The newest checkpoint that belongs to this log and verifies, plus why newer ones were
-/// passed over (for the start-up log).
+/// The newest checkpoint that can stand for `ours` (partitions `need`) and verifies, plus why
+/// newer ones were passed over (for the start-up log).
 pub fn newest_usable(
     store: &CheckpointStore,
-    log: &LogIdentity,
-    high_watermarks: &[i64],
+    ours: &LogIdentity,
+    need: &[u32],
 ) -> (Option<Loaded>, Vec<String>) {
     let mut skipped = Vec::new();
     for id in store.ids() {
@@ -107,7 +102,7 @@ pub fn newest_usable(
                 continue;
             }
         };
-        if let Some(why) = incompatibility(&meta, log, high_watermarks) {
+        if let Err(why) = check_compatible(ours, &meta.identity, need) {
             skipped.push(format!("checkpoint {id} not applied: {why}"));
             continue;
         }
@@ -117,4 +112,28 @@ pub fn newest_usable(
         }
     }
     (None, skipped)
+}
+
+/// An export of checkpoint `id` holding only `partitions` (each must be covered by it): their
+/// holders, feeds and offsets. For a new shard's replica, or a partition recovered by a peer.
+pub fn export_partitions(
+    store: &CheckpointStore,
+    id: u64,
+    partitions: &[u32],
+) -> Result<Vec<u8>, RestoreError> {
+    let loaded = store.load(id)?;
+    let covered = &loaded.meta.identity.owned;
+    let missing: Vec<u32> =
+        partitions.iter().copied().filter(|p| covered.binary_search(p).is_err()).collect();
+    if !missing.is_empty() {
+        let why = Incompatible::MissingPartitions { missing, covered: covered.clone() };
+        return Err(RestoreError::Incompatible { id, why });
+    }
+    if partitions.is_empty() || partitions == covered.as_slice() {
+        return Ok(store.export(id)?);
+    }
+    let part = restore(&loaded)?.extract(partitions);
+    let identity = LogIdentity { owned: partitions.to_vec(), ..loaded.meta.identity.clone() };
+    let dumps: Vec<KeyspaceDump> = part.engine().keyspaces().iter().map(|k| k.read().dump()).collect();
+    Ok(encode_export(&identity, part.partitions(), &dumps, loaded.meta.created_unix_ms))
 }

@@ -7,7 +7,7 @@
 //! value is an `Err`, never a panic (checksums catch corruption before decoding anyway).
 
 use prefixlog_engine::{DumpHolder, DumpNode, HolderKey, KeyspaceDump, KeyspaceId, KeyspaceStats};
-use prefixlog_ingest::apply::{Feed, FeedKey, PartitionCounters, PartitionState};
+use prefixlog_ingest::partition_state::{Feed, FeedKey, PartitionCounters, PartitionState};
 use prefixlog_ingest::{BadReason, LaneMeta};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -254,12 +254,11 @@ pub fn encode_partitions(parts: &[PartitionState]) -> Vec<u8> {
         w.i64(p.next_offset);
         w.u64(p.log_time);
         w.u64(p.expiry_bucket);
-        let c = &p.counters;
-        for v in [c.applied, c.duplicates, c.stale_epochs, c.gaps, c.epochs, c.missing_parents] {
+        for v in counter_fields(&p.counters) {
             w.u64(v);
         }
-        w.u64(c.bad.len() as u64);
-        for (reason, n) in &c.bad {
+        w.u64(p.counters.bad.len() as u64);
+        for (reason, n) in &p.counters.bad {
             w.u8(BadReason::ALL.iter().position(|r| r == reason).expect("known reason") as u8);
             w.u64(*n);
         }
@@ -283,8 +282,32 @@ pub fn encode_partitions(parts: &[PartitionState]) -> Vec<u8> {
                 w.u32(m.block_size);
             }
         }
+        w.u64(p.workers.len() as u64);
+        for (worker, meta) in &p.workers {
+            w.u64(*worker);
+            w.u64(meta.len() as u64);
+            for (k, v) in meta {
+                w.str(k);
+                w.str(v);
+            }
+        }
     }
     w.buf
+}
+
+/// The fixed-width counters, in encoding order.
+fn counter_fields(c: &PartitionCounters) -> [u64; 9] {
+    [
+        c.applied,
+        c.duplicates,
+        c.stale_epochs,
+        c.gaps,
+        c.epochs,
+        c.missing_parents,
+        c.invalid_stores,
+        c.log_time_clamped,
+        c.log_gaps,
+    ]
 }
 
 pub fn decode_partitions(buf: &[u8]) -> Result<Vec<PartitionState>, DecodeError> {
@@ -306,6 +329,9 @@ pub fn decode_partitions(buf: &[u8]) -> Result<Vec<PartitionState>, DecodeError>
             &mut c.gaps,
             &mut c.epochs,
             &mut c.missing_parents,
+            &mut c.invalid_stores,
+            &mut c.log_time_clamped,
+            &mut c.log_gaps,
         ] {
             *v = r.u64()?;
         }
@@ -345,6 +371,16 @@ pub fn decode_partitions(buf: &[u8]) -> Result<Vec<PartitionState>, DecodeError>
             }
             let last_seq = (flags & 1 != 0).then_some(seq);
             p.feeds.insert(key, Feed { epoch, last_seq, lanes, gapped: flags & 2 != 0, lane_meta });
+        }
+        let nw = r.len(16)?;
+        for _ in 0..nw {
+            let worker = r.u64()?;
+            let nm = r.len(8)?;
+            let mut meta = BTreeMap::new();
+            for _ in 0..nm {
+                meta.insert(r.str()?, r.str()?);
+            }
+            p.workers.insert(worker, meta);
         }
         out.push(p);
     }

@@ -1,19 +1,34 @@
 //! Checkpoints: a replica's full state and the log offsets it covers, in RocksDB.
 //!
-//! A restart loads the newest checkpoint that verifies and belongs to the current log, seeks
-//! every partition to its stored offset and replays only the tail (Kafka Streams' state store +
-//! checkpointed offsets, with the state itself as the checkpoint).
+//! A restart loads the newest checkpoint that verifies and can stand for this replica (the one
+//! compatibility rule, `prefixlog_ingest::check_compatible`: same cluster, topic, partitions,
+//! state settings, and the partitions it needs), checks that the log still continues its
+//! offsets, and replays only the tail (Kafka Streams' state store + checkpointed offsets, with
+//! the state itself as the checkpoint).
 //!
 //! Module map:
 //! - [`store`]: [`CheckpointStore`]: atomic writes (one `WriteBatch`), checksummed reads,
-//!   listing, retention (last K + a thinned series over a log-time window).
+//!   listing, retention (last K + a thinned series over a log-time window), readers beside a
+//!   live replica (RocksDB secondary).
 //! - [`checkpoint`]: capture from a running replica without stalling queries; restore an
-//!   applier + engine; identity checks (checkpoint of another log → not applied).
+//!   applier with the checkpoint's settings; choose the newest usable; partition-filtered
+//!   exports.
+//! - [`meta`]: [`CheckpointMeta`] (identity, offsets, log times, checksums) and its encoding.
+//! - [`export`]: a checkpoint as one verified byte string for transfer; [`Loaded`].
+//! - [`error`]: [`StoreError`] with the damaged [`Part`] and the [`Damage`].
 //! - [`codec`]: the hand-laid columnar encoding of keyspace dumps and partition states.
 
 pub mod checkpoint;
 pub mod codec;
+pub mod error;
+pub mod export;
+pub mod meta;
 pub mod store;
 
-pub use checkpoint::{capture, checkpoint, incompatibility, newest_usable, restore, Capture};
-pub use store::{CheckpointMeta, CheckpointStore, Loaded, LogIdentity, Retention, StoreError};
+pub use checkpoint::{
+    capture, checkpoint, export_partitions, newest_usable, restore, restore_for, Capture, RestoreError,
+};
+pub use error::{Damage, Part, StoreError};
+pub use export::{decode_export, encode_export, Loaded};
+pub use meta::{CheckpointMeta, KeyspaceEntry, FORMAT_VERSION};
+pub use store::{CheckpointStore, Retention};

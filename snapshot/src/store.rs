@@ -8,81 +8,25 @@
 //! A checkpoint is written in **one** `WriteBatch` with `sync`, so after a crash it exists whole
 //! or not at all; the meta carries the length and xxh3 checksum of every other value, and its own
 //! checksum, so corruption or truncation on disk is detected before anything is applied.
+//!
+//! The meta also carries the checkpoint's [`LogIdentity`]: cluster, topic, partition count, the
+//! partitions it covers, and the [`prefixlog_ingest::StateSettings`] it was applied with.
+//!
+//! Readers beside a live replica ([`CheckpointStore::open_reader`]: the `checkpoints` and
+//! `audit` commands) open the store as a RocksDB *secondary* instance, which follows the
+//! primary's files and tolerates its WAL rotation and compactions (a read-only open stats WAL
+//! files that the primary may delete in the meantime and failed intermittently).
 
-use crate::codec::{self, DecodeError, Reader, Writer};
-use prefixlog_engine::{KeyspaceDump, KeyspaceId};
-use prefixlog_ingest::apply::PartitionState;
+use crate::error::{damaged, verify, Damage, Part, StoreError};
+use crate::export::{decode_loaded, encode_parts, pack_export, unpack_export, Loaded};
+use crate::meta::{decode_meta, encode_meta, meta_of, CheckpointMeta, EncodedKeyspace, CHUNK};
+use prefixlog_engine::KeyspaceDump;
+use prefixlog_ingest::{LogIdentity, PartitionState};
 use rocksdb::{Options, WriteBatch, WriteOptions, DB};
-use std::path::Path;
-use xxhash_rust::xxh3::xxh3_64;
-
-pub const FORMAT_VERSION: u32 = 1;
+use std::path::{Path, PathBuf};
 
 /// Meta, encoded partition state and encoded keyspaces of one checkpoint.
 type RawCheckpoint = (CheckpointMeta, Vec<u8>, Vec<Vec<u8>>);
-const EXPORT_MAGIC: &[u8] = b"PREFIXLOG-CHECKPOINT-1\n";
-const CHUNK: usize = 4 << 20;
-
-/// Which log a checkpoint belongs to. A checkpoint of another log is never applied.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LogIdentity {
-    /// Kafka cluster id (each run of the embedded broker has a new one).
-    pub cluster_id: String,
-    pub topic: String,
-    pub partitions: u32,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct KeyspaceEntry {
-    pub id: KeyspaceId,
-    pub chunks: u32,
-    pub bytes: u64,
-    pub checksum: u64,
-    pub holder_blocks: u64,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CheckpointMeta {
-    pub id: u64,
-    pub format: u32,
-    /// Wall-clock creation time: metadata for operators only, never applied state.
-    pub created_unix_ms: u64,
-    pub identity: LogIdentity,
-    /// Next offset to apply, per partition.
-    pub offsets: Vec<i64>,
-    /// Log time applied up to, per partition.
-    pub log_times: Vec<u64>,
-    pub partitions_len: u64,
-    pub partitions_checksum: u64,
-    pub keyspaces: Vec<KeyspaceEntry>,
-}
-
-impl CheckpointMeta {
-    pub fn holder_blocks(&self) -> u64 {
-        self.keyspaces.iter().map(|k| k.holder_blocks).sum()
-    }
-    /// The newest log time of any partition.
-    pub fn log_time(&self) -> u64 {
-        self.log_times.iter().copied().max().unwrap_or(0)
-    }
-}
-
-/// A verified, decoded checkpoint.
-pub struct Loaded {
-    pub meta: CheckpointMeta,
-    pub partitions: Vec<PartitionState>,
-    pub keyspaces: Vec<KeyspaceDump>,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("rocksdb: {0}")]
-    Db(#[from] rocksdb::Error),
-    #[error(transparent)]
-    Decode(#[from] DecodeError),
-    #[error("checkpoint {id}: {what}")]
-    Invalid { id: u64, what: String },
-}
 
 /// What to keep: the newest `keep_last`, plus the oldest checkpoint of every
 /// `thin_interval_ms` of log time within `window_ms` of the newest (for audits).
@@ -101,6 +45,18 @@ impl Default for Retention {
 
 pub struct CheckpointStore {
     db: DB,
+    /// Held while a checkpoint is written: ids are chosen as newest + 1.
+    write_lock: parking_lot::Mutex<()>,
+    /// Set for a reader beside a live primary: its secondary directory (removed on drop).
+    secondary: Option<PathBuf>,
+}
+
+impl Drop for CheckpointStore {
+    fn drop(&mut self) {
+        if let Some(dir) = self.secondary.take() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
 }
 
 fn key(tag: u8, id: u64) -> Vec<u8> {
@@ -116,92 +72,23 @@ fn chunk_key(id: u64, ks: u32, chunk: u32) -> Vec<u8> {
     k
 }
 
-fn encode_meta(m: &CheckpointMeta) -> Vec<u8> {
-    let mut w = Writer::default();
-    w.u32(m.format);
-    w.u64(m.id);
-    w.u64(m.created_unix_ms);
-    w.str(&m.identity.cluster_id);
-    w.str(&m.identity.topic);
-    w.u32(m.identity.partitions);
-    w.u64(m.offsets.len() as u64);
-    for (o, t) in m.offsets.iter().zip(&m.log_times) {
-        w.i64(*o);
-        w.u64(*t);
-    }
-    w.u64(m.partitions_len);
-    w.u64(m.partitions_checksum);
-    w.u64(m.keyspaces.len() as u64);
-    for k in &m.keyspaces {
-        codec::put_keyspace_id(&mut w, &k.id);
-        w.u32(k.chunks);
-        w.u64(k.bytes);
-        w.u64(k.checksum);
-        w.u64(k.holder_blocks);
-    }
-    let sum = xxh3_64(&w.buf);
-    w.u64(sum);
-    w.buf
-}
-
-fn decode_meta(id: u64, buf: &[u8]) -> Result<CheckpointMeta, StoreError> {
-    let invalid = |what: String| StoreError::Invalid { id, what };
-    if buf.len() < 8 {
-        return Err(invalid("meta truncated".into()));
-    }
-    let (body, sum) = buf.split_at(buf.len() - 8);
-    if xxh3_64(body) != u64::from_le_bytes(sum.try_into().expect("8 bytes")) {
-        return Err(invalid("meta checksum mismatch".into()));
-    }
-    let mut r = Reader::new(body);
-    let format = r.u32()?;
-    if format != FORMAT_VERSION {
-        return Err(invalid(format!("format version {format}, this build reads {FORMAT_VERSION}")));
-    }
-    let mid = r.u64()?;
-    if mid != id {
-        return Err(invalid(format!("meta names checkpoint {mid}")));
-    }
-    let created_unix_ms = r.u64()?;
-    let identity = LogIdentity { cluster_id: r.str()?, topic: r.str()?, partitions: r.u32()? };
-    let n = r.len(16)?;
-    let (mut offsets, mut log_times) = (Vec::with_capacity(n), Vec::with_capacity(n));
-    for _ in 0..n {
-        offsets.push(r.i64()?);
-        log_times.push(r.u64()?);
-    }
-    let partitions_len = r.u64()?;
-    let partitions_checksum = r.u64()?;
-    let nk = r.len(36)?;
-    let mut keyspaces = Vec::with_capacity(nk);
-    for _ in 0..nk {
-        keyspaces.push(KeyspaceEntry {
-            id: codec::get_keyspace_id(&mut r)?,
-            chunks: r.u32()?,
-            bytes: r.u64()?,
-            checksum: r.u64()?,
-            holder_blocks: r.u64()?,
-        });
-    }
-    r.done()?;
-    Ok(CheckpointMeta {
-        id,
-        format,
-        created_unix_ms,
-        identity,
-        offsets,
-        log_times,
-        partitions_len,
-        partitions_checksum,
-        keyspaces,
-    })
-}
-
 impl CheckpointStore {
-    /// Opens the store read-only, beside a running replica that holds it open (audits, CLI).
-    pub fn open_read_only(path: &Path) -> Result<Self, StoreError> {
-        let o = Options::default();
-        Ok(Self { db: DB::open_for_read_only(&o, path, false)? })
+    /// Opens a reader beside a store that a running replica may hold open and keep writing
+    /// (audits, the `checkpoints` command): a RocksDB secondary instance in a private temporary
+    /// directory, caught up with the primary once at open. It sees every checkpoint committed
+    /// before the open; its open files keep them readable while the primary deletes old ones.
+    pub fn open_reader(path: &Path) -> Result<Self, StoreError> {
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let secondary = std::env::temp_dir().join(format!("prefixlog-reader-{}-{n}", std::process::id()));
+        let reader_err = |source| StoreError::Reader { path: path.to_path_buf(), source };
+        let mut o = Options::default();
+        // A secondary must keep every table file open: the primary deletes compacted files.
+        o.set_max_open_files(-1);
+        let db = DB::open_as_secondary(&o, path, &secondary).map_err(reader_err)?;
+        let store = Self { db, write_lock: Default::default(), secondary: Some(secondary) };
+        store.db.try_catch_up_with_primary().map_err(reader_err)?;
+        Ok(store)
     }
 
     pub fn open(path: &Path) -> Result<Self, StoreError> {
@@ -210,7 +97,7 @@ impl CheckpointStore {
         o.set_compression_type(rocksdb::DBCompressionType::Lz4);
         // Checkpoint values are large and written once: keep write amplification low.
         o.set_target_file_size_base(64 << 20);
-        Ok(Self { db: DB::open(&o, path)? })
+        Ok(Self { db: DB::open(&o, path)?, write_lock: Default::default(), secondary: None })
     }
 
     /// Checkpoint ids, newest first.
@@ -234,9 +121,7 @@ impl CheckpointStore {
         keyspaces: &[KeyspaceDump],
         created_unix_ms: u64,
     ) -> Result<CheckpointMeta, StoreError> {
-        let pbytes = codec::encode_partitions(partitions);
-        let ks: Vec<(KeyspaceId, Vec<u8>, u64)> =
-            keyspaces.iter().map(|d| (d.id.clone(), codec::encode_keyspace(d), d.holder_blocks())).collect();
+        let (pbytes, ks) = encode_parts(partitions, keyspaces);
         let offsets = partitions.iter().map(|p| p.next_offset).collect();
         let log_times = partitions.iter().map(|p| p.log_time).collect();
         self.write_encoded(identity, offsets, log_times, &pbytes, &ks, created_unix_ms)
@@ -248,37 +133,18 @@ impl CheckpointStore {
         offsets: Vec<i64>,
         log_times: Vec<u64>,
         pbytes: &[u8],
-        keyspaces: &[(KeyspaceId, Vec<u8>, u64)],
+        keyspaces: &[EncodedKeyspace],
         created_unix_ms: u64,
     ) -> Result<CheckpointMeta, StoreError> {
+        let _writing = self.write_lock.lock();
         let id = self.ids().first().map_or(1, |i| i + 1);
+        let meta = meta_of(id, identity, offsets, log_times, pbytes, keyspaces, created_unix_ms);
         let mut batch = WriteBatch::default();
-        let mut entries = Vec::with_capacity(keyspaces.len());
-        for (ki, (ks_id, bytes, holder_blocks)) in keyspaces.iter().enumerate() {
-            let mut chunks = 0u32;
+        for (ki, (_, bytes, _)) in keyspaces.iter().enumerate() {
             for (ci, c) in bytes.chunks(CHUNK).enumerate() {
                 batch.put(chunk_key(id, ki as u32, ci as u32), c);
-                chunks += 1;
             }
-            entries.push(KeyspaceEntry {
-                id: ks_id.clone(),
-                chunks,
-                bytes: bytes.len() as u64,
-                checksum: xxh3_64(bytes),
-                holder_blocks: *holder_blocks,
-            });
         }
-        let meta = CheckpointMeta {
-            id,
-            format: FORMAT_VERSION,
-            created_unix_ms,
-            identity: identity.clone(),
-            offsets,
-            log_times,
-            partitions_len: pbytes.len() as u64,
-            partitions_checksum: xxh3_64(pbytes),
-            keyspaces: entries,
-        };
         batch.put(key(b'p', id), pbytes);
         batch.put(key(b'i', id), encode_meta(&meta));
         let mut wo = WriteOptions::default();
@@ -297,50 +163,22 @@ impl CheckpointStore {
 
     /// The meta of a checkpoint (its own checksum verified; contents not read).
     pub fn meta(&self, id: u64) -> Result<CheckpointMeta, StoreError> {
-        let v = self
-            .db
-            .get(key(b'i', id))?
-            .ok_or(StoreError::Invalid { id, what: "no such checkpoint".into() })?;
+        let v = self.db.get(key(b'i', id))?.ok_or(StoreError::NoSuchCheckpoint(id))?;
         decode_meta(id, &v)
     }
 
-    /// A verified checkpoint as one self-describing byte string (for transfer to a new
+    /// A verified checkpoint as one self-describing byte string (for transfer to another
     /// replica): magic, then length-prefixed meta, partition state and keyspace values.
     pub fn export(&self, id: u64) -> Result<Vec<u8>, StoreError> {
         let (meta, pbytes, ks) = self.raw(id)?;
-        let mut w = Writer::default();
-        w.buf.extend_from_slice(EXPORT_MAGIC);
-        w.bytes(&encode_meta(&meta));
-        w.bytes(&pbytes);
-        for b in &ks {
-            w.bytes(b);
-        }
-        Ok(w.buf)
+        Ok(pack_export(&meta, &pbytes, &ks))
     }
 
     /// Verifies an exported checkpoint and stores it under a new local id.
     pub fn import(&self, data: &[u8]) -> Result<CheckpointMeta, StoreError> {
-        let bad = |what: &str| StoreError::Invalid { id: 0, what: format!("imported checkpoint: {what}") };
-        let rest = data.strip_prefix(EXPORT_MAGIC).ok_or_else(|| bad("not a prefixlog checkpoint export"))?;
-        let mut r = Reader::new(rest);
-        let mb = r.bytes()?;
-        let peer_id = mb.get(4..12).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes"))).unwrap_or(0);
-        let meta = decode_meta(peer_id, mb)?;
-        let pbytes = r.bytes()?;
-        if pbytes.len() as u64 != meta.partitions_len || xxh3_64(pbytes) != meta.partitions_checksum {
-            return Err(bad("partition state checksum mismatch"));
-        }
-        codec::decode_partitions(pbytes)?;
-        let mut ks = Vec::with_capacity(meta.keyspaces.len());
-        for e in &meta.keyspaces {
-            let b = r.bytes()?;
-            if b.len() as u64 != e.bytes || xxh3_64(b) != e.checksum {
-                return Err(bad(&format!("keyspace {} checksum mismatch", e.id)));
-            }
-            codec::decode_keyspace(b)?;
-            ks.push((e.id.clone(), b.to_vec(), e.holder_blocks));
-        }
-        r.done()?;
+        let (meta, pbytes, ks) = unpack_export(data)?;
+        let ks: Vec<EncodedKeyspace> =
+            meta.keyspaces.iter().zip(ks).map(|(e, b)| (e.id.clone(), b.to_vec(), e.holder_blocks)).collect();
         self.write_encoded(
             &meta.identity,
             meta.offsets.clone(),
@@ -354,24 +192,21 @@ impl CheckpointStore {
     /// Meta, partition bytes and keyspace bytes of a checkpoint, all checksums verified.
     fn raw(&self, id: u64) -> Result<RawCheckpoint, StoreError> {
         let meta = self.meta(id)?;
-        let invalid = |what: String| StoreError::Invalid { id, what };
-        let pbytes = self.db.get(key(b'p', id))?.ok_or_else(|| invalid("partition state missing".into()))?;
-        if pbytes.len() as u64 != meta.partitions_len || xxh3_64(&pbytes) != meta.partitions_checksum {
-            return Err(invalid("partition state checksum mismatch".into()));
-        }
+        let pbytes = self
+            .db
+            .get(key(b'p', id))?
+            .ok_or_else(|| damaged(id, Part::PartitionState, Damage::Missing { chunk: None }))?;
+        verify(id, Part::PartitionState, &pbytes, meta.partitions_len, meta.partitions_checksum)?;
         let mut out = Vec::with_capacity(meta.keyspaces.len());
         for (ki, e) in meta.keyspaces.iter().enumerate() {
             let mut bytes = Vec::with_capacity(e.bytes as usize);
             for ci in 0..e.chunks {
-                let c = self
-                    .db
-                    .get(chunk_key(id, ki as u32, ci))?
-                    .ok_or_else(|| invalid(format!("keyspace {} chunk {ci} missing", e.id)))?;
+                let c = self.db.get(chunk_key(id, ki as u32, ci))?.ok_or_else(|| {
+                    damaged(id, Part::Keyspace(e.id.clone()), Damage::Missing { chunk: Some(ci) })
+                })?;
                 bytes.extend_from_slice(&c);
             }
-            if bytes.len() as u64 != e.bytes || xxh3_64(&bytes) != e.checksum {
-                return Err(invalid(format!("keyspace {} checksum mismatch", e.id)));
-            }
+            verify(id, Part::Keyspace(e.id.clone()), &bytes, e.bytes, e.checksum)?;
             out.push(bytes);
         }
         Ok((meta, pbytes, out))
@@ -380,12 +215,8 @@ impl CheckpointStore {
     /// Reads, checksums and decodes a whole checkpoint.
     pub fn load(&self, id: u64) -> Result<Loaded, StoreError> {
         let (meta, pbytes, ks) = self.raw(id)?;
-        let partitions = codec::decode_partitions(&pbytes)?;
-        if partitions.len() != meta.offsets.len() {
-            return Err(StoreError::Invalid { id, what: "partition count differs from meta".into() });
-        }
-        let keyspaces = ks.iter().map(|b| codec::decode_keyspace(b)).collect::<Result<Vec<_>, _>>()?;
-        Ok(Loaded { meta, partitions, keyspaces })
+        let ks: Vec<&[u8]> = ks.iter().map(Vec::as_slice).collect();
+        decode_loaded(meta, &pbytes, &ks)
     }
 
     /// Deletes checkpoints outside the retention policy. Returns the deleted ids.
@@ -426,7 +257,7 @@ impl CheckpointStore {
     }
 
     /// Test hook: overwrites a raw value (to simulate on-disk corruption).
-    #[doc(hidden)]
+    #[cfg(any(test, feature = "testing"))]
     pub fn corrupt_for_test(&self, id: u64, truncate: bool) -> Result<(), StoreError> {
         let k = chunk_key(id, 0, 0);
         if let Some(mut v) = self.db.get(&k)? {

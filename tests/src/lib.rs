@@ -10,6 +10,8 @@
 //! Tests run their body once per backend and print which backends ran, so none is silently
 //! skipped.
 
+pub mod replicas;
+
 use prefixlog_ingest::EmbeddedKafka;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;

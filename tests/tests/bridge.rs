@@ -12,16 +12,16 @@
 //! `PREFIXLOG_BRIDGE_E2E=required`, so in CI a missing Python fails instead.
 
 use prefixlog_engine::scheme::block_hashes;
-use prefixlog_engine::{Engine, EngineConfig, HolderKey, KeyspaceId, MatchOptions};
+use prefixlog_engine::{HolderKey, KeyspaceId, MatchOptions};
 use prefixlog_ingest::bridge::{self, BridgeOptions, EngineSpec};
-use prefixlog_ingest::{Applier, ApplyConfig, Publisher, PublisherConfig, Replica, ReplicaConfig};
+use prefixlog_ingest::Publisher;
+use prefixlog_node::ReplicaNode;
 use prefixlog_proto::v1::{
     self, match_request::Prompt as PbPrompt, prefix_index_client::PrefixIndexClient, MatchRequest,
 };
-use prefixlog_tests::{kafka_backends, listen_port, unique_topic, KafkaBackend};
+use prefixlog_tests::{kafka_backends, listen_port, replicas, unique_topic};
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const P: u32 = 4;
@@ -51,20 +51,12 @@ fn python() -> Option<PathBuf> {
     })
 }
 
-fn replica(b: &KafkaBackend, topic: &str) -> Replica {
-    let engine = Arc::new(Engine::new(EngineConfig { partitions: P, ..Default::default() }));
-    let applier = Applier::new(engine, ApplyConfig { partitions: P, ..Default::default() });
-    let cfg =
-        ReplicaConfig { brokers: b.brokers.clone(), topic: topic.into(), partitions: P, properties: vec![] };
-    Replica::start(cfg, applier).expect("replica starts")
-}
-
 fn toks(base: u32, n: u32) -> Vec<u32> {
     (base..base + n).collect()
 }
 
 /// (depth, gapped) of a holder for a prompt.
-fn probe(r: &Replica, holder: HolderKey, prompt: &[u32]) -> (u32, bool) {
+fn probe(r: &ReplicaNode, holder: HolderKey, prompt: &[u32]) -> (u32, bool) {
     let a = r.applier().lock();
     let q = block_hashes(prompt, BS as usize);
     let opts = MatchOptions { lane: Some(holder.lane), ..Default::default() };
@@ -92,8 +84,9 @@ async fn python_engines_through_bridge_to_replica() {
     for b in kafka_backends().await {
         let topic = unique_topic("prefixlog.bridge");
         b.create_topic(&topic, P).await.unwrap();
-        let r = replica(&b, &topic);
-        let publisher = Publisher::new(PublisherConfig::new(&b.brokers, &topic, P)).unwrap();
+        let spec = replicas::spec(&b.brokers, &topic, P);
+        let r = replicas::replica(&spec, "bridge").await;
+        let publisher = Publisher::new(&spec).unwrap();
         let [pa, pa_replay, pb, pc, pc_replay, dead, pd, pd_replay, pe, pe_replay, pf, pf_replay] =
             [(); 12].map(|_| listen_port());
         let ep = |p: u16| format!("tcp://127.0.0.1:{p}");
@@ -205,20 +198,7 @@ async fn python_engines_through_bridge_to_replica() {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         // The same scores through the replica's gRPC query service, prompts as token ids.
-        let engine = r.applier().lock().engine().clone();
-        let server = prefixlog_query::start(
-            prefixlog_query::ServerConfig {
-                grpc_addr: ([127, 0, 0, 1], 0).into(),
-                admin_addr: None,
-                ..Default::default()
-            },
-            engine,
-            r.status().clone(),
-            Some(r.applier().clone()),
-        )
-        .await
-        .unwrap();
-        let mut client = PrefixIndexClient::connect(format!("http://{}", server.grpc_addr)).await.unwrap();
+        let mut client = PrefixIndexClient::connect(r.endpoint()).await.unwrap();
         // The depth gRPC reports for `h` on a token prompt in a namespace ("" = base model).
         let mut depth_of = async |h: HolderKey, ids: &[u32], namespace: &str| {
             let req = MatchRequest {

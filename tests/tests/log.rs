@@ -2,14 +2,13 @@
 //! publishers, two replicas reaching identical per-partition digests, dedupe, a poison record
 //! (skipped, and copied to a dead-letter topic), epoch bumps, lag, and a late replica catching up.
 
-use prefixlog_engine::{Engine, EngineConfig, HolderKey, KeyspaceId, MatchOptions};
-use prefixlog_ingest::{
-    Applier, ApplyConfig, KvOp, Landed, Publisher, PublisherConfig, Replica, ReplicaConfig,
-};
-use prefixlog_tests::{kafka_backends, unique_topic, KafkaBackend};
+use prefixlog_engine::{HolderKey, KeyspaceId, MatchOptions};
+use prefixlog_ingest::reader::{LogReader, Read};
+use prefixlog_ingest::{token_of, KvOp, Landed, LogSpec, Publisher};
+use prefixlog_node::{NodeOptions, ReplicaNode};
+use prefixlog_tests::{kafka_backends, replicas, unique_topic, KafkaBackend};
 use prefixlog_workload::{generate, FleetConfig, Step, TraceRequest};
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 const P: u32 = 4;
@@ -18,58 +17,36 @@ fn ks() -> KeyspaceId {
     KeyspaceId::new("m", 16, 1)
 }
 
-fn replica(b: &KafkaBackend, topic: &str) -> Replica {
-    replica_with_dead_letter(b, topic, None)
+fn spec(b: &KafkaBackend, topic: &str) -> LogSpec {
+    replicas::spec(&b.brokers, topic, P)
 }
 
-fn replica_with_dead_letter(b: &KafkaBackend, topic: &str, dead_letter: Option<&str>) -> Replica {
-    let engine = Arc::new(Engine::new(EngineConfig { partitions: P, ..Default::default() }));
-    let applier = Applier::new(engine, ApplyConfig { partitions: P, ..Default::default() });
-    let cfg =
-        ReplicaConfig { brokers: b.brokers.clone(), topic: topic.into(), partitions: P, properties: vec![] };
-    Replica::start_with(cfg, applier, dead_letter).expect("replica starts")
+async fn replica(b: &KafkaBackend, topic: &str) -> ReplicaNode {
+    replicas::replica(&spec(b, topic), "r").await
+}
+
+async fn replica_with_dead_letter(b: &KafkaBackend, topic: &str, dead_letter: &str) -> ReplicaNode {
+    let opts = NodeOptions { dead_letter_topic: Some(dead_letter.into()), ..replicas::options("r") };
+    ReplicaNode::start(spec(b, topic), opts).await.expect("replica starts")
 }
 
 /// The first record of partition 0 of `topic` (waits up to 30 s): payload and headers.
 fn first_record(b: &KafkaBackend, topic: &str) -> (Vec<u8>, BTreeMap<String, String>) {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
-    use rdkafka::message::{Headers, Message};
-    let c: BaseConsumer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", &b.brokers)
-        .set("group.id", "dead-letter-check")
-        .set("enable.auto.commit", "false")
-        .create()
-        .unwrap();
-    let mut tpl = rdkafka::TopicPartitionList::new();
-    tpl.add_partition_offset(topic, 0, rdkafka::Offset::Beginning).unwrap();
-    c.assign(&tpl).unwrap();
+    let mut reader = LogReader::open(&replicas::spec(&b.brokers, topic, 1), [(0, 0)]).unwrap();
     let t = std::time::Instant::now();
     loop {
         assert!(t.elapsed() < Duration::from_secs(30), "{}: nothing in {topic}", b.name);
-        let Some(m) = c.poll(Duration::from_millis(100)) else { continue };
-        let m = m.unwrap();
-        let headers = m.headers().map_or_else(BTreeMap::new, |h| {
-            h.iter()
-                .map(|h| {
-                    (h.key.to_string(), String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned())
-                })
-                .collect()
-        });
-        return (m.payload().unwrap_or_default().to_vec(), headers);
+        if let Read::Record(r) = reader.poll(Duration::from_millis(100)) {
+            return (r.payload().unwrap_or_default().to_vec(), r.headers().into_iter().collect());
+        }
     }
 }
 
-/// Highest landed offset per partition.
 fn token(landed: &[Landed]) -> Vec<(u32, i64)> {
-    let mut m: BTreeMap<u32, i64> = BTreeMap::new();
-    for l in landed {
-        let e = m.entry(l.partition).or_insert(l.offset);
-        *e = (*e).max(l.offset);
-    }
-    m.into_iter().collect()
+    token_of(landed)
 }
 
-fn digests(r: &Replica) -> Vec<u64> {
+fn digests(r: &ReplicaNode) -> Vec<u64> {
     let a = r.applier().lock();
     (0..P).map(|p| a.partition_digest(p)).collect()
 }
@@ -130,9 +107,9 @@ async fn replicas_converge_and_late_replica_catches_up() {
     for b in kafka_backends().await {
         let topic = unique_topic("prefixlog.converge");
         b.create_topic(&topic, P).await.unwrap();
-        let publisher = Publisher::new(PublisherConfig::new(&b.brokers, &topic, P)).unwrap();
-        let r1 = replica(&b, &topic);
-        let r2 = replica(&b, &topic);
+        let publisher = Publisher::new(&spec(&b, &topic)).unwrap();
+        let r1 = replica(&b, &topic).await;
+        let r2 = replica(&b, &topic).await;
         let landed = publish_fleet(&publisher).await;
         let tok = token(&landed);
         for r in [&r1, &r2] {
@@ -163,7 +140,7 @@ async fn replicas_converge_and_late_replica_catches_up() {
         }
         assert_eq!(lag, 0, "{}: lag drops to 0", b.name);
         // A replica started after everything was published catches up to the same digests.
-        let late = replica(&b, &topic);
+        let late = replica(&b, &topic).await;
         assert!(late.status().wait_for(&tok, Duration::from_secs(60)).await);
         assert_eq!(digests(&late), d1, "{}: late replica agrees", b.name);
         ran.push(b.name);
@@ -179,8 +156,8 @@ async fn duplicates_poison_and_epochs_over_kafka() {
         b.create_topic(&topic, P).await.unwrap();
         let dead_letter = format!("{topic}.dead-letter");
         b.create_topic(&dead_letter, 1).await.unwrap();
-        let publisher = Publisher::new(PublisherConfig::new(&b.brokers, &topic, P)).unwrap();
-        let r = replica_with_dead_letter(&b, &topic, Some(&dead_letter));
+        let publisher = Publisher::new(&spec(&b, &topic)).unwrap();
+        let r = replica_with_dead_letter(&b, &topic, &dead_letter).await;
         let w = 5u64;
         let store = |parent: Option<u64>, blocks: &[(u64, u64)]| KvOp::Stored {
             lane: 0,
@@ -209,7 +186,7 @@ async fn duplicates_poison_and_epochs_over_kafka() {
                 .unwrap(),
         );
         assert!(r.status().wait_for(&token(&landed), Duration::from_secs(30)).await);
-        let depth = |r: &Replica, q: &[u64]| {
+        let depth = |r: &ReplicaNode, q: &[u64]| {
             r.applier()
                 .lock()
                 .engine()
@@ -243,7 +220,7 @@ async fn duplicates_poison_and_epochs_over_kafka() {
             .publish_kv_events(&ks(), w, 0, 2, 1, false, &[store(None, &[(21, 7)])], None)
             .await
             .unwrap();
-        assert!(r.status().wait_for(&[(l.partition, l.offset)], Duration::from_secs(30)).await);
+        assert!(r.status().wait_for(&[l.token()], Duration::from_secs(30)).await);
         assert_eq!(depth(&r, &[1, 2, 3]), 0, "{}", b.name);
         assert_eq!(depth(&r, &[7]), 1, "{}", b.name);
         ran.push(b.name);
@@ -256,26 +233,12 @@ async fn partition_count_mismatch_is_refused() {
     for b in kafka_backends().await {
         let topic = unique_topic("prefixlog.mismatch");
         b.create_topic(&topic, 3).await.unwrap();
-        let engine = Arc::new(Engine::new(EngineConfig { partitions: P, ..Default::default() }));
-        let applier = Applier::new(engine, ApplyConfig { partitions: P, ..Default::default() });
-        let cfg = ReplicaConfig {
-            brokers: b.brokers.clone(),
-            topic: topic.clone(),
-            partitions: P,
-            properties: vec![],
-        };
-        let err = Replica::start(cfg, applier).err().expect("refused");
+        let err = ReplicaNode::start(spec(&b, &topic), replicas::options("r")).await.err().expect("refused");
         assert!(err.to_string().contains("has 3 partitions"), "{}: {err}", b.name);
         // A dead-letter topic that is the consumed topic would copy refused records in a loop.
-        let engine = Arc::new(Engine::new(EngineConfig { partitions: 3, ..Default::default() }));
-        let applier = Applier::new(engine, ApplyConfig { partitions: 3, ..Default::default() });
-        let cfg = ReplicaConfig {
-            brokers: b.brokers.clone(),
-            topic: topic.clone(),
-            partitions: 3,
-            properties: vec![],
-        };
-        let err = Replica::start_with(cfg, applier, Some(&topic)).err().expect("refused");
+        let opts = NodeOptions { dead_letter_topic: Some(topic.clone()), ..replicas::options("r") };
+        let err =
+            ReplicaNode::start(replicas::spec(&b.brokers, &topic, 3), opts).await.err().expect("refused");
         assert!(
             err.to_string().contains("dead-letter topic is the topic being consumed"),
             "{}: {err}",

@@ -8,16 +8,15 @@
 //! resumes where it was and reaches the same digests as a replica that never saw the outage,
 //! with every acknowledged record applied exactly once.
 
-use prefixlog_engine::{Engine, EngineConfig, KeyspaceId, MatchOptions};
-use prefixlog_ingest::{
-    Applier, ApplyConfig, KvOp, Landed, Publisher, PublisherConfig, Replica, ReplicaConfig,
-};
+use prefixlog_engine::{KeyspaceId, MatchOptions};
+use prefixlog_ingest::{token_of, KvOp, Landed, LogSpec, Publisher};
+use prefixlog_node::ReplicaNode;
+use prefixlog_tests::replicas;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const P: u32 = 4;
@@ -51,12 +50,8 @@ async fn wait_port(port: u16) {
     panic!("tansu did not listen on {port} within 60 s");
 }
 
-fn replica(brokers: &str) -> Replica {
-    let engine = Arc::new(Engine::new(EngineConfig { partitions: P, ..Default::default() }));
-    let applier = Applier::new(engine, ApplyConfig { partitions: P, ..Default::default() });
-    let cfg =
-        ReplicaConfig { brokers: brokers.into(), topic: TOPIC.into(), partitions: P, properties: vec![] };
-    Replica::start(cfg, applier).expect("replica starts")
+async fn replica(spec: &LogSpec, id: &str) -> ReplicaNode {
+    replicas::replica(spec, id).await
 }
 
 fn batch(w: u64, seq: u64) -> Vec<KvOp> {
@@ -75,10 +70,10 @@ async fn publish_phase(p: &Publisher, seqs: &mut [u64]) -> Vec<Landed> {
 }
 
 fn token(l: &[Landed]) -> Vec<(u32, i64)> {
-    l.iter().map(|l| (l.partition, l.offset)).collect()
+    token_of(l)
 }
 
-fn digests(r: &Replica) -> Vec<u64> {
+fn digests(r: &ReplicaNode) -> Vec<u64> {
     let a = r.applier().lock();
     (0..P).map(|p| a.partition_digest(p)).collect()
 }
@@ -100,8 +95,9 @@ async fn replicas_survive_a_broker_outage() {
     for r in admin.create_topics([&t], &AdminOptions::new()).await.unwrap() {
         r.unwrap();
     }
-    let publisher = Publisher::new(PublisherConfig::new(&brokers, TOPIC, P)).unwrap();
-    let a = replica(&brokers);
+    let spec = replicas::spec(&brokers, TOPIC, P);
+    let publisher = Publisher::new(&spec).unwrap();
+    let a = replica(&spec, "a").await;
     let mut seqs = vec![0u64; 6];
     let mut acked = publish_phase(&publisher, &mut seqs).await;
     assert!(a.status().wait_for(&token(&acked), Duration::from_secs(30)).await);
@@ -142,7 +138,7 @@ async fn replicas_survive_a_broker_outage() {
 
     // A replica that never saw the outage reaches the same state; every acknowledged record was
     // applied exactly once.
-    let b = replica(&brokers);
+    let b = replica(&spec, "b").await;
     assert!(b.status().wait_for(&token(&acked), Duration::from_secs(60)).await);
     assert_eq!(a.status().offsets(), b.status().offsets());
     assert_eq!(digests(&a), digests(&b));

@@ -5,9 +5,8 @@
 
 use prefixlog_engine::scheme::block_hashes;
 use prefixlog_engine::{Engine, EngineConfig, HolderKey, KeyspaceId};
-use prefixlog_ingest::{
-    Applier, ApplyConfig, KvOp, Landed, Publisher, PublisherConfig, Replica, ReplicaConfig, ReplicaStatus,
-};
+use prefixlog_ingest::{token_of, KvOp, Landed, Publisher, ReplicaStatus};
+use prefixlog_node::{NodeOptions, ReplicaNode};
 use prefixlog_proto::v1::{
     self, match_request::Prompt as PbPrompt, prefix_index_client::PrefixIndexClient, MatchRequest,
 };
@@ -18,7 +17,7 @@ use prefixlog_query::tonic_health::pb::{
 use prefixlog_query::{
     IndexClient, MatchOutcome, MatchQuery, Prompt, QueryConfig, ServerConfig, Unavailable,
 };
-use prefixlog_tests::{kafka_backends, unique_topic, KafkaBackend};
+use prefixlog_tests::{kafka_backends, replicas, unique_topic, KafkaBackend};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -34,40 +33,22 @@ fn prompt() -> Vec<u32> {
     (100..134).collect()
 }
 
-fn server_cfg() -> ServerConfig {
-    ServerConfig {
-        grpc_addr: ([127, 0, 0, 1], 0).into(),
-        admin_addr: Some(([127, 0, 0, 1], 0).into()),
-        ready_lag: 0,
-        watermark_grace: Duration::from_secs(2),
-        tls: None,
-        query: QueryConfig {
-            replica_id: "r-test".into(),
-            max_blocks: 64,
-            max_decoding_message_size: 64 << 10,
-            max_concurrent_streams: 2,
-            ..Default::default()
-        },
+fn query_cfg() -> QueryConfig {
+    QueryConfig {
+        max_blocks: 64,
+        max_decoding_message_size: 64 << 10,
+        max_concurrent_streams: 2,
+        ..Default::default()
     }
 }
 
-async fn replica_with_server(
-    b: &KafkaBackend,
-    topic: &str,
-    id: &str,
-) -> (Replica, prefixlog_query::RunningServer) {
-    let engine = Arc::new(Engine::new(EngineConfig { partitions: P, ..Default::default() }));
-    let applier = Applier::new(engine.clone(), ApplyConfig { partitions: P, ..Default::default() });
-    let cfg =
-        ReplicaConfig { brokers: b.brokers.clone(), topic: topic.into(), partitions: P, properties: vec![] };
-    let replica = Replica::start(cfg, applier).expect("replica starts");
-    let mut sc = server_cfg();
-    sc.query.replica_id = id.into();
-    let server =
-        prefixlog_query::start(sc, engine, replica.status().clone(), Some(replica.applier().clone()))
-            .await
-            .expect("server starts");
-    (replica, server)
+/// A replica with small query limits, ready at lag 0.
+fn node_opts(id: &str) -> NodeOptions {
+    NodeOptions { ready_lag: 0, query: query_cfg(), peer_addr: None, ..replicas::options(id) }
+}
+
+async fn replica_with_server(b: &KafkaBackend, topic: &str, id: &str) -> ReplicaNode {
+    ReplicaNode::start(replicas::spec(&b.brokers, topic, P), node_opts(id)).await.expect("replica starts")
 }
 
 /// A replica's query server on its own runtime: [`Killable::kill`] shuts the runtime down,
@@ -75,35 +56,24 @@ async fn replica_with_server(
 struct Killable {
     id: String,
     addr: std::net::SocketAddr,
-    replica: Replica,
+    status: Arc<ReplicaStatus>,
     rt: Option<tokio::runtime::Runtime>,
 }
 
 impl Killable {
     async fn start(b: &KafkaBackend, topic: &str, id: &str) -> Self {
-        let engine = Arc::new(Engine::new(EngineConfig { partitions: P, ..Default::default() }));
-        let applier = Applier::new(engine.clone(), ApplyConfig { partitions: P, ..Default::default() });
-        let cfg = ReplicaConfig {
-            brokers: b.brokers.clone(),
-            topic: topic.into(),
-            partitions: P,
-            properties: vec![],
-        };
-        let replica = Replica::start(cfg, applier).expect("replica starts");
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-        let mut sc = server_cfg();
-        sc.query.replica_id = id.into();
-        sc.admin_addr = None;
-        let status = replica.status().clone();
-        let server = rt.spawn(async move {
-            let s = prefixlog_query::start(sc, engine, status, None).await.expect("server starts");
-            let addr = s.grpc_addr;
-            // Keep the server alive as long as its runtime.
-            std::mem::forget(s);
-            addr
+        let (spec, opts) =
+            (replicas::spec(&b.brokers, topic, P), NodeOptions { admin_addr: None, ..node_opts(id) });
+        let node = rt.spawn(async move {
+            let n = ReplicaNode::start(spec, opts).await.expect("replica starts");
+            let (addr, status) = (n.grpc_addr(), n.status().clone());
+            // Keep the replica alive as long as its runtime.
+            std::mem::forget(n);
+            (addr, status)
         });
-        let addr = server.await.unwrap();
-        Self { id: id.into(), addr, replica, rt: Some(rt) }
+        let (addr, status) = node.await.unwrap();
+        Self { id: id.into(), addr, status, rt: Some(rt) }
     }
 
     fn url(&self) -> String {
@@ -135,8 +105,8 @@ impl Drop for Killable {
     }
 }
 
-fn url(s: &prefixlog_query::RunningServer) -> String {
-    format!("http://{}", s.grpc_addr)
+fn url(s: &ReplicaNode) -> String {
+    s.endpoint()
 }
 
 /// Publishes one stored chain for `worker` (ext hashes derived from the worker, locals given).
@@ -175,11 +145,14 @@ async fn publish_workers(p: &Publisher) -> Vec<Landed> {
 
 /// A consistency token as [`ReplicaStatus::wait_for`] takes it.
 fn offsets(landed: &[Landed]) -> Vec<(u32, i64)> {
-    landed.iter().map(|l| (l.partition, l.offset)).collect()
+    token_of(landed)
 }
 
 fn tok(landed: &[Landed]) -> Vec<v1::PartitionOffset> {
-    landed.iter().map(|l| v1::PartitionOffset { partition: l.partition, offset: l.offset }).collect()
+    token_of(landed)
+        .into_iter()
+        .map(|(partition, offset)| v1::PartitionOffset { partition, offset })
+        .collect()
 }
 
 fn req(prompt: PbPrompt) -> MatchRequest {
@@ -236,8 +209,8 @@ async fn scores_read_your_writes_and_statuses() {
     for b in kafka_backends().await {
         let topic = unique_topic("prefixlog.query");
         b.create_topic(&topic, P).await.unwrap();
-        let publisher = Publisher::new(PublisherConfig::new(&b.brokers, &topic, P)).unwrap();
-        let (_replica, server) = replica_with_server(&b, &topic, "r1").await;
+        let publisher = Publisher::new(&replicas::spec(&b.brokers, &topic, P)).unwrap();
+        let server = replica_with_server(&b, &topic, "r1").await;
         let landed = publish_workers(&publisher).await;
         let mut c = PrefixIndexClient::connect(url(&server)).await.unwrap();
         let l = block_hashes(&prompt(), BS as usize);
@@ -258,7 +231,7 @@ async fn scores_read_your_writes_and_statuses() {
         assert_eq!((r.request_id, r.query_blocks, r.replica_id.as_str(), r.stale), (42, 8, "r1", false));
         assert_eq!(r.applied.len(), P as usize);
         for t in &landed {
-            assert!(r.applied[t.partition as usize].offset > t.offset, "answer reflects the token");
+            assert!(r.applied[t.partition as usize].offset > t.offset, "answer reflects the record");
         }
         let r2 = c.r#match(req(hashes(l.clone()))).await.unwrap().into_inner();
         assert_eq!(summary(&r2), want_sorted);
@@ -325,7 +298,7 @@ async fn scores_read_your_writes_and_statuses() {
 
         // Health and readiness after catch-up; reflection lists the services.
         wait_serving(&url(&server), ServingStatus::Serving).await;
-        let admin = server.admin_addr.unwrap();
+        let admin = server.admin_addr().unwrap();
         assert_eq!(http_get(admin, "/healthz").await.0, 200);
         let (code, body) = http_get(admin, "/readyz").await;
         assert_eq!(code, 200, "{body}");
@@ -333,12 +306,15 @@ async fn scores_read_your_writes_and_statuses() {
         assert_eq!(code, 200);
         for metric in [
             "prefixlog_query_latency_seconds_count",
-            "prefixlog_queries_total{code=\"InvalidArgument\"}",
-            "prefixlog_partition_lag{partition=\"0\"}",
-            "prefixlog_records_applied",
-            "prefixlog_keyspaces 2",
-            "prefixlog_holders 7",
+            "prefixlog_queries_total{code=\"InvalidArgument\",shard=\"all\"}",
+            "prefixlog_partition_lag{partition=\"0\",shard=\"all\"}",
+            "prefixlog_records_applied_total{shard=\"all\"}",
+            "prefixlog_keyspaces{shard=\"all\"} 2",
+            "prefixlog_holders{shard=\"all\"} 7",
             "prefixlog_holder_blocks",
+            "prefixlog_match_depth_blocks_bucket",
+            "prefixlog_ready{shard=\"all\"} 1",
+            "process_resident_memory_bytes",
         ] {
             assert!(m.contains(metric), "{metric} missing from /metrics:\n{m}");
         }
@@ -353,6 +329,12 @@ async fn check_bad_inputs(c: &mut PrefixIndexClient<tonic::transport::Channel>, 
         Some(v1::Keyspace { model: model.into(), block_size: bs, hash_scheme: scheme })
     };
     let cases: Vec<(&str, MatchRequest, Code, &str)> = vec![
+        (
+            "top_k 0",
+            MatchRequest { top_k: Some(0), ..req(hashes(l.to_vec())) },
+            Code::InvalidArgument,
+            "top_k",
+        ),
         (
             "no keyspace",
             MatchRequest { keyspace: None, ..req(hashes(l.to_vec())) },
@@ -375,7 +357,7 @@ async fn check_bad_inputs(c: &mut PrefixIndexClient<tonic::transport::Channel>, 
             "wrong block size",
             MatchRequest { keyspace: ks("m", 16, 1), ..req(tokens(prompt())) },
             Code::NotFound,
-            "known keyspaces",
+            "2 known",
         ),
         (
             "unknown scheme, tokens",
@@ -418,7 +400,7 @@ async fn check_bad_inputs(c: &mut PrefixIndexClient<tonic::transport::Channel>, 
     }
 }
 
-async fn check_streams(server: &prefixlog_query::RunningServer) {
+async fn check_streams(server: &ReplicaNode) {
     let mut c = PrefixIndexClient::connect(url(server)).await.unwrap();
     let l = block_hashes(&prompt(), BS as usize);
     // Two streams (the configured limit) are served; a third is refused.
@@ -450,14 +432,20 @@ fn tokio_stream<T>(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_follows_lag() {
     use std::sync::atomic::Ordering;
-    let status = Arc::new(ReplicaStatus::new(1));
-    let engine = Arc::new(Engine::new(EngineConfig::default()));
-    let mut cfg = server_cfg();
-    cfg.ready_lag = 10;
-    let server = prefixlog_query::start(cfg, engine, status.clone(), None).await.unwrap();
-    let addr = url(&server);
+    let served = prefixlog_query::Served::engine_only(Arc::new(Engine::new(EngineConfig::default())), "r");
+    let status = served.status.clone();
+    let cfg = ServerConfig {
+        grpc_addr: ([127, 0, 0, 1], 0).into(),
+        admin_addr: Some(([127, 0, 0, 1], 0).into()),
+        ready_lag: 10,
+        query: query_cfg(),
+        ..Default::default()
+    };
+    let server = prefixlog_query::start(cfg, served).await.unwrap();
+    let addr = format!("http://{}", server.grpc_addr);
     let admin = server.admin_addr.unwrap();
     status.partitions[0].high_watermark.store(5_000, Ordering::Release);
+    status.partitions[0].watermarks_known.store(true, Ordering::Release);
     wait_serving(&addr, ServingStatus::NotServing).await;
     let (code, body) = http_get(admin, "/readyz").await;
     assert_eq!(code, 503);
@@ -476,13 +464,13 @@ async fn client_fails_over_within_one_deadline() {
     for b in kafka_backends().await {
         let topic = unique_topic("prefixlog.failover");
         b.create_topic(&topic, P).await.unwrap();
-        let publisher = Publisher::new(PublisherConfig::new(&b.brokers, &topic, P)).unwrap();
+        let publisher = Publisher::new(&replicas::spec(&b.brokers, &topic, P)).unwrap();
         let sa = Killable::start(&b, &topic, "a").await;
         let sb = Killable::start(&b, &topic, "b").await;
         let landed = publish_workers(&publisher).await;
         // Both replicas applied everything, so no answer below waits on the token.
         for s in [&sa, &sb] {
-            let ok = s.replica.status().wait_for(&offsets(&landed), Duration::from_secs(30)).await;
+            let ok = s.status.wait_for(&offsets(&landed), Duration::from_secs(30)).await;
             assert!(ok, "{}: replica {} never applied the records", b.name, s.id);
         }
         // Debug builds on a shared, loaded 2-core machine: a generous deadline (same mechanism

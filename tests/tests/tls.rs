@@ -5,7 +5,6 @@
 //! CA-signed server (SAN localhost, 127.0.0.1, serverAuth) and client (clientAuth) certificates.
 
 use prefixlog_engine::{Engine, EngineConfig, HolderKey, KeyspaceId};
-use prefixlog_ingest::ReplicaStatus;
 use prefixlog_proto::v1::{
     self, match_request::Prompt, prefix_index_client::PrefixIndexClient, MatchRequest,
 };
@@ -37,7 +36,7 @@ async fn server(client_ca: bool) -> prefixlog_query::RunningServer {
         }),
         ..Default::default()
     };
-    prefixlog_query::start(cfg, engine, Arc::new(ReplicaStatus::new(1)), None).await.unwrap()
+    prefixlog_query::start(cfg, prefixlog_query::Served::engine_only(engine, "tls")).await.unwrap()
 }
 
 async fn depth(ch: Channel) -> Result<u32, tonic::Status> {

@@ -74,6 +74,9 @@ pub struct BridgeOptions {
     /// Records per engine handed to the producer and not yet acknowledged; publishing waits
     /// beyond it. 1 = one record at a time.
     pub publish_window: usize,
+    /// Published in each worker's `WorkerAdded` record (besides `endpoint`, `model` and
+    /// `block_size`, which the bridge adds): what `ListWorkers` reports, e.g. `pod`.
+    pub worker_metadata: std::collections::BTreeMap<String, String>,
 }
 
 impl BridgeOptions {
@@ -85,6 +88,7 @@ impl BridgeOptions {
             replay_timeout: Duration::from_secs(5),
             log_interval: Duration::from_secs(60),
             publish_window: 256,
+            worker_metadata: Default::default(),
         }
     }
 }
@@ -144,6 +148,9 @@ pub struct EngineBridge {
     publisher: Publisher,
     metrics: Arc<BridgeMetrics>,
     session: Session,
+    /// The previous message lost an event after an all-cleared event of the same message: the
+    /// all-cleared must not resynchronise past that loss, so the next record carries the gap.
+    gap_pending: bool,
     /// Records handed to the producer, awaited in order by the acker task.
     acks: Option<mpsc::Sender<InFlight>>,
     acker: Option<tokio::task::JoinHandle<()>>,
@@ -184,7 +191,16 @@ impl EngineBridge {
         let metrics = Arc::new(BridgeMetrics::default());
         let (tx, rx) = mpsc::channel(opts.publish_window.max(1));
         let acker = tokio::spawn(acker(rx, metrics.clone(), spec.worker));
-        Self { spec, opts, publisher, metrics, session, acks: Some(tx), acker: Some(acker) }
+        Self {
+            spec,
+            opts,
+            publisher,
+            metrics,
+            session,
+            gap_pending: false,
+            acks: Some(tx),
+            acker: Some(acker),
+        }
     }
 
     pub fn metrics(&self) -> Arc<BridgeMetrics> {
@@ -401,21 +417,28 @@ impl EngineBridge {
     /// Decodes, translates and publishes message `seq` (the next one of the session).
     async fn process(&mut self, seq: u64, payload: &[u8], gap_before: bool) {
         let m = self.metrics.clone();
-        let batch = match wire::decode_batch(payload) {
-            Ok(b) => b,
+        let (batch, undecodable) = match wire::decode_batch(payload) {
+            Ok(b) => (b, false),
             Err(e) => {
-                // Still accepted (an empty record keeps the feed's sequence contiguous).
+                // Published as an empty record flagged `gap_before`: its events are lost, and
+                // any of them may have been a removal.
                 BridgeMetrics::inc(&m.messages_undecodable);
                 tracing::warn!(
                     worker = self.spec.worker,
                     seq,
                     reason = e.as_str(),
-                    "bridge: undecodable payload"
+                    "bridge: undecodable payload (published as a gap)"
                 );
-                wire::Batch { ts: 0.0, dp_rank: None, events: Vec::new(), ignored_fields: 0 }
+                (wire::Batch { ts: 0.0, dp_rank: None, events: Vec::new(), ignored_fields: 0 }, true)
             }
         };
-        let ops = self.session.accept(seq, payload_digest(payload), &batch, &m);
+        let accepted = self.session.accept(seq, payload_digest(payload), &batch, &m);
+        let lost = undecodable || accepted.lost;
+        let ops = accepted.ops;
+        let gap_before = gap_before || lost || std::mem::take(&mut self.gap_pending);
+        if lost && ops.iter().any(|o| matches!(o, KvOp::Cleared { .. })) {
+            self.gap_pending = true;
+        }
         if gap_before {
             BridgeMetrics::inc(&m.gaps_published);
             tracing::warn!(worker = self.spec.worker, seq, "bridge: publishing a sequence gap");
@@ -428,7 +451,7 @@ impl EngineBridge {
                 KvOp::Cleared { .. } => 0,
             })
             .sum();
-        if blocks > crate::ApplyConfig::default().max_blocks_per_record {
+        if blocks > crate::StateSettings::default().max_blocks_per_record as usize {
             // Replicas with the default limit skip it (and then report the feed gapped).
             BridgeMetrics::inc(&m.batches_oversized);
             tracing::error!(
@@ -498,7 +521,8 @@ pub async fn run(
     workers.sort_unstable();
     workers.dedup();
     for &w in &workers {
-        publisher.publish_lifecycle(w, &Lifecycle::Added).await?;
+        let metadata = worker_metadata(&opts, engines.iter().filter(|e| e.worker == w));
+        publisher.publish_lifecycle(w, &Lifecycle::Added { metadata }).await?;
     }
     let mut tasks = Vec::new();
     let mut out = Vec::new();
@@ -518,4 +542,18 @@ pub async fn run(
     }
     publisher.flush(Duration::from_secs(10))?;
     Ok(out)
+}
+
+/// A worker's `WorkerAdded` metadata: the operator's entries, plus the model, block size and the
+/// engine endpoints (comma separated when a worker has several data-parallel ranks).
+fn worker_metadata<'a>(
+    opts: &BridgeOptions,
+    engines: impl Iterator<Item = &'a EngineSpec>,
+) -> std::collections::BTreeMap<String, String> {
+    let mut m = opts.worker_metadata.clone();
+    m.entry("model".into()).or_insert_with(|| opts.keyspace.model.clone());
+    m.entry("block_size".into()).or_insert_with(|| opts.keyspace.block_size.to_string());
+    let endpoints: Vec<&str> = engines.map(|e| e.endpoint.as_str()).collect();
+    m.entry("endpoint".into()).or_insert_with(|| endpoints.join(","));
+    m
 }

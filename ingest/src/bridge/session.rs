@@ -156,8 +156,12 @@ impl Session {
     }
 
     /// Accepts message `seq` (call in increasing seq order) and translates its events. Refused
-    /// and unknown events are counted in `m` and left out.
-    pub fn accept(&mut self, seq: u64, digest: u64, batch: &Batch, m: &BridgeMetrics) -> Vec<KvOp> {
+    /// and unknown events are counted in `m` and left out; [`Accepted::lost`] says whether any
+    /// event was lost in a way that could hide a removal (an unknown event type or a malformed
+    /// event), so the record is published with `gap_before` and replicas mark the holder gapped.
+    /// Refused *stores* (another medium, a namespace the bridge cannot hash, an unknown parent)
+    /// only leave blocks out of the index: an undercount, never an overcount, so no gap.
+    pub fn accept(&mut self, seq: u64, digest: u64, batch: &Batch, m: &BridgeMetrics) -> Accepted {
         self.last = Some(seq);
         self.recent.push_back((seq, digest));
         self.recent_by_seq.insert(seq, digest);
@@ -197,7 +201,8 @@ impl Session {
             tracing::warn!(tracked = self.locals.len(), "bridge: ext→local table over its bound, cleared");
             self.locals.clear();
         }
-        ops
+        let lost = batch.events.iter().any(|e| matches!(e, Event::Unknown(_) | Event::Malformed(_)));
+        Accepted { ops, lost }
     }
 
     fn translate(&mut self, e: &Event) -> Result<Option<KvOp>, Refusal> {
@@ -284,6 +289,14 @@ impl Session {
     pub fn lanes(&self) -> Vec<u32> {
         self.lanes.iter().copied().collect()
     }
+}
+
+/// A message's translation.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Accepted {
+    pub ops: Vec<KvOp>,
+    /// An event of the message could not be decoded or was of an unknown type.
+    pub lost: bool,
 }
 
 fn brief(e: &Event) -> String {

@@ -24,7 +24,7 @@ use parking_lot::Mutex;
 use policy::{oracle_depths, Load, LocalTree};
 use prefixlog_engine::HolderKey;
 use prefixlog_ingest::record::encode_kv_events;
-use prefixlog_ingest::{KvOp, Publisher, PublisherConfig};
+use prefixlog_ingest::{KvOp, Publisher};
 use prefixlog_query::{IndexClient, MatchOutcome, MatchQuery, Prompt};
 use prefixlog_workload::{expand_request, load_trace, Event, Fleet, TraceRequest};
 use report::{Answered, Outcome};
@@ -61,10 +61,10 @@ pub struct Args {
     #[arg(long, default_value_t = 64)]
     pub partitions: u32,
     /// Gateway query deadline; past it the gateway routes without the index (fail open).
-    #[arg(long, default_value = "20ms", value_parser = crate::serve::humantime_secs)]
+    #[arg(long, default_value = "20ms", value_parser = humantime::parse_duration)]
     pub deadline: Duration,
     /// Anti-entropy round interval.
-    #[arg(long, default_value = "2s", value_parser = crate::serve::humantime_secs)]
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
     pub anti_entropy_interval: Duration,
     /// Where to write the hit-ratio plot (SVG).
     #[arg(long, default_value = "demo-hit-ratio.svg")]
@@ -93,11 +93,13 @@ struct Shared {
 }
 
 impl Shared {
+    /// Keeps, per partition, the token (next offset) covering every record landed so far.
     fn landed(&self, l: prefixlog_ingest::Landed) {
         self.published.fetch_add(1, Ordering::Relaxed);
+        let (p, next) = l.token();
         let mut m = self.landed.lock();
-        let e = m.entry(l.partition).or_insert(l.offset);
-        *e = (*e).max(l.offset);
+        let e = m.entry(p).or_insert(next);
+        *e = (*e).max(next);
     }
 }
 
@@ -187,9 +189,8 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         a.partitions,
         a.speedup
     );
-    let cluster = cluster::Cluster::start(a.partitions, 2).await?;
-    cluster.spawn_anti_entropy(a.anti_entropy_interval);
-    let publisher = Publisher::new(PublisherConfig::new(&cluster.brokers, cluster::TOPIC, a.partitions))?;
+    let cluster = cluster::Cluster::start(a.partitions, 2, a.anti_entropy_interval).await?;
+    let publisher = Publisher::new(&cluster.spec)?;
     let (queues, receivers): (Vec<_>, Vec<_>) = (0..a.workers).map(|_| mpsc::unbounded_channel()).unzip();
     let s = Arc::new(Shared {
         world: Mutex::new(World {
@@ -276,11 +277,15 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         gateways: a.gateways,
         seconds,
         records_published: s.published.load(Ordering::Relaxed),
-        records_applied: nodes.iter().map(|n| n.records_applied()).collect(),
-        points_compared: nodes.iter().map(|n| n.stats().points_compared.load(Ordering::Relaxed)).sum(),
-        mismatches: nodes.iter().map(|n| n.stats().mismatches_total()).sum(),
-        rounds: nodes.iter().map(|n| n.stats().rounds.load(Ordering::Relaxed)).sum(),
-        digests_equal: nodes.windows(2).all(|w| w[0].engine.digest() == w[1].engine.digest()),
+        records_applied: nodes.iter().map(|n| n.status().records_applied.load(Ordering::Relaxed)).collect(),
+        points_compared: nodes
+            .iter()
+            .filter_map(|n| n.anti_entropy())
+            .map(|ae| ae.stats.points_compared.get())
+            .sum(),
+        mismatches: nodes.iter().filter_map(|n| n.anti_entropy()).map(|ae| ae.stats.mismatches_total()).sum(),
+        rounds: nodes.iter().filter_map(|n| n.anti_entropy()).map(|ae| ae.stats.rounds.get()).sum(),
+        digests_equal: nodes.windows(2).all(|w| w[0].engine().digest() == w[1].engine().digest()),
         caught_up,
     };
     println!("\n{}", report::table(&outcomes, &summary));

@@ -1,0 +1,258 @@
+//! Which log a process works on, and how it connects to it.
+//!
+//! [`LogSpec`] is the one description of a log every part of prefixlog takes: the Kafka
+//! connection, the topic and its partition count, the partitions this process owns (its shard)
+//! and the [`StateSettings`] that decide applied state. [`KafkaConnection::client_config`] is
+//! the one place a librdkafka client is configured, for every role (replica consumer, bounded
+//! replays, publishers, the dead-letter copy, probes), so what a flag like `-X` changes is the
+//! same everywhere.
+
+use crate::settings::StateSettings;
+use rdkafka::config::ClientConfig;
+use std::fmt;
+
+/// Brokers plus extra librdkafka properties (SASL/SSL, tuning), applied after the role's own
+/// settings so an operator can override any of them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KafkaConnection {
+    pub brokers: String,
+    pub properties: Vec<(String, String)>,
+}
+
+/// What a client is for: each role has its own librdkafka settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClientRole {
+    /// Reads partitions by manual assignment, never commits, never resets an offset silently:
+    /// an out-of-range offset is an error the reader turns into a discontinuity.
+    Reader,
+    /// Metadata and watermarks only.
+    Probe,
+    /// Idempotent keyed producer (`acks=all`), bounded queue.
+    Publisher,
+    /// Best-effort copies of refused records.
+    DeadLetter,
+}
+
+impl KafkaConnection {
+    pub fn new(brokers: impl Into<String>) -> Self {
+        Self { brokers: brokers.into(), properties: Vec::new() }
+    }
+
+    pub fn with_properties(mut self, properties: Vec<(String, String)>) -> Self {
+        self.properties = properties;
+        self
+    }
+
+    /// The configuration of a client in `role`.
+    pub fn client_config(&self, role: ClientRole) -> ClientConfig {
+        let mut cc = ClientConfig::new();
+        cc.set("bootstrap.servers", &self.brokers);
+        match role {
+            ClientRole::Reader => {
+                // group.id is required by librdkafka's consumer even with manual assignment;
+                // nothing is ever committed under it.
+                cc.set("group.id", "prefixlog-reader-unused")
+                    .set("enable.auto.commit", "false")
+                    .set("enable.auto.offset.store", "false")
+                    .set("auto.offset.reset", "error")
+                    .set("fetch.wait.max.ms", "10");
+            }
+            ClientRole::Probe => {
+                cc.set("group.id", "prefixlog-probe-unused");
+            }
+            ClientRole::Publisher => {
+                cc.set("enable.idempotence", "true")
+                    .set("acks", "all")
+                    .set("linger.ms", "5")
+                    .set("queue.buffering.max.messages", "100000")
+                    .set("queue.buffering.max.kbytes", "262144")
+                    .set("message.timeout.ms", "300000");
+            }
+            ClientRole::DeadLetter => {
+                cc.set("linger.ms", "5");
+            }
+        }
+        for (k, v) in &self.properties {
+            cc.set(k, v);
+        }
+        cc
+    }
+}
+
+/// The partitions a replica owns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Shard {
+    /// Every partition (an unsharded replica).
+    All,
+    /// Shard `index` of `count`: the partitions `p` with `p % count == index`.
+    Slice { index: u32, count: u32 },
+    /// An explicit set of partitions.
+    List(Vec<u32>),
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ShardError {
+    #[error("shard {index}/{count}: the index must be below the count")]
+    IndexOutOfRange { index: u32, count: u32 },
+    #[error("shard {index}/{count} owns no partition of a {partitions}-partition log")]
+    Empty { index: u32, count: u32, partitions: u32 },
+    #[error("partition {partition} does not exist (the log has {partitions})")]
+    NoSuchPartition { partition: u32, partitions: u32 },
+    #[error("an explicit partition list must not be empty")]
+    EmptyList,
+    #[error("expected I/N (e.g. 0/2), got {0:?}")]
+    Syntax(String),
+}
+
+impl std::str::FromStr for Shard {
+    type Err = ShardError;
+
+    /// `I/N` (shard I of N) or `all`.
+    fn from_str(s: &str) -> Result<Self, ShardError> {
+        if s == "all" {
+            return Ok(Shard::All);
+        }
+        let bad = || ShardError::Syntax(s.to_string());
+        let (i, n) = s.split_once('/').ok_or_else(bad)?;
+        let (index, count) = (i.trim().parse().map_err(|_| bad())?, n.trim().parse().map_err(|_| bad())?);
+        if index >= count {
+            return Err(ShardError::IndexOutOfRange { index, count });
+        }
+        Ok(Shard::Slice { index, count })
+    }
+}
+
+impl fmt::Display for Shard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Shard::All => f.write_str("all"),
+            Shard::Slice { index, count } => write!(f, "{index}/{count}"),
+            Shard::List(l) => write!(f, "{l:?}"),
+        }
+    }
+}
+
+impl Shard {
+    /// The owned partitions of a `partitions`-partition log, ascending.
+    pub fn resolve(&self, partitions: u32) -> Result<Vec<u32>, ShardError> {
+        let owned: Vec<u32> = match self {
+            Shard::All => (0..partitions).collect(),
+            Shard::Slice { index, count } => {
+                if index >= count {
+                    return Err(ShardError::IndexOutOfRange { index: *index, count: *count });
+                }
+                (0..partitions).filter(|p| p % count == *index).collect()
+            }
+            Shard::List(l) => {
+                if l.is_empty() {
+                    return Err(ShardError::EmptyList);
+                }
+                if let Some(&p) = l.iter().find(|&&p| p >= partitions) {
+                    return Err(ShardError::NoSuchPartition { partition: p, partitions });
+                }
+                let mut v = l.clone();
+                v.sort_unstable();
+                v.dedup();
+                v
+            }
+        };
+        if owned.is_empty() {
+            let (index, count) = self.label();
+            return Err(ShardError::Empty { index, count, partitions });
+        }
+        Ok(owned)
+    }
+
+    /// `(index, count)` as `Describe` reports it: `(0, 1)` unsharded, `(0, 0)` for a list.
+    pub fn label(&self) -> (u32, u32) {
+        match self {
+            Shard::All => (0, 1),
+            Shard::Slice { index, count } => (*index, *count),
+            Shard::List(_) => (0, 0),
+        }
+    }
+}
+
+/// One log, as a replica, a publisher, an audit or a repair sees it.
+#[derive(Clone, Debug)]
+pub struct LogSpec {
+    pub kafka: KafkaConnection,
+    pub topic: String,
+    /// Partitions of the topic. Every publisher and replica of a log must agree: workers are
+    /// placed by [`prefixlog_engine::partition_of`] over this count.
+    pub partitions: u32,
+    pub shard: Shard,
+    /// `shard` resolved against `partitions`, ascending.
+    owned: Vec<u32>,
+    pub settings: StateSettings,
+}
+
+impl LogSpec {
+    /// An unsharded log with default settings.
+    pub fn new(kafka: KafkaConnection, topic: impl Into<String>, partitions: u32) -> Self {
+        Self {
+            kafka,
+            topic: topic.into(),
+            partitions,
+            shard: Shard::All,
+            owned: (0..partitions).collect(),
+            settings: StateSettings::default(),
+        }
+    }
+
+    pub fn with_settings(mut self, settings: StateSettings) -> Self {
+        self.settings = settings;
+        self
+    }
+
+    /// Restricts the spec to a shard of the log.
+    pub fn with_shard(mut self, shard: Shard) -> Result<Self, ShardError> {
+        self.owned = shard.resolve(self.partitions)?;
+        self.shard = shard;
+        Ok(self)
+    }
+
+    /// The owned partitions, ascending.
+    pub fn owned(&self) -> &[u32] {
+        &self.owned
+    }
+
+    pub fn owns(&self, partition: u32) -> bool {
+        self.owned.binary_search(&partition).is_ok()
+    }
+
+    pub fn client_config(&self, role: ClientRole) -> ClientConfig {
+        self.kafka.client_config(role)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_partition_the_log() {
+        let a = Shard::Slice { index: 0, count: 2 }.resolve(5).unwrap();
+        let b = Shard::Slice { index: 1, count: 2 }.resolve(5).unwrap();
+        assert_eq!((a, b), (vec![0, 2, 4], vec![1, 3]));
+        assert_eq!("1/3".parse::<Shard>(), Ok(Shard::Slice { index: 1, count: 3 }));
+        assert_eq!("3/3".parse::<Shard>(), Err(ShardError::IndexOutOfRange { index: 3, count: 3 }));
+        assert!("x".parse::<Shard>().is_err());
+        assert_eq!(
+            Shard::Slice { index: 3, count: 4 }.resolve(2),
+            Err(ShardError::Empty { index: 3, count: 4, partitions: 2 })
+        );
+        assert_eq!(Shard::List(vec![3, 1, 3]).resolve(4).unwrap(), vec![1, 3]);
+        assert_eq!(
+            Shard::List(vec![4]).resolve(4),
+            Err(ShardError::NoSuchPartition { partition: 4, partitions: 4 })
+        );
+    }
+
+    #[test]
+    fn operator_properties_override_role_settings() {
+        let k = KafkaConnection::new("b:9092").with_properties(vec![("linger.ms".into(), "50".into())]);
+        assert_eq!(k.client_config(ClientRole::Publisher).get("linger.ms"), Some("50"));
+        assert_eq!(k.client_config(ClientRole::Reader).get("auto.offset.reset"), Some("error"));
+    }
+}

@@ -1,0 +1,83 @@
+//! What the broker says about a log right now: cluster id, partition count, and the retained
+//! range (low and high watermark) of every owned partition. Start-up continuity checks,
+//! bounded replays and benchmarks read it; the running replica polls watermarks itself.
+
+use crate::log_spec::{ClientRole, LogSpec};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// The first retained offset and the end (next offset to be written) of a partition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Watermarks {
+    pub low: i64,
+    pub high: i64,
+}
+
+#[derive(Clone, Debug)]
+pub struct LogProbe {
+    pub cluster_id: String,
+    /// Partitions of the topic as the broker reports them.
+    pub partitions: u32,
+    /// Per owned partition.
+    pub watermarks: BTreeMap<u32, Watermarks>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    #[error("kafka: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+    #[error("topic {0:?} does not exist (create it with the configured partition count)")]
+    NoTopic(String),
+    #[error(
+        "topic {topic:?} has {actual} partitions but this process is configured for {expected}: \
+         refusing to start (worker → partition placement would differ)"
+    )]
+    PartitionMismatch { topic: String, expected: u32, actual: u32 },
+}
+
+impl LogProbe {
+    pub fn low(&self, p: u32) -> i64 {
+        self.watermarks.get(&p).map_or(0, |w| w.low)
+    }
+
+    pub fn high(&self, p: u32) -> i64 {
+        self.watermarks.get(&p).map_or(0, |w| w.high)
+    }
+
+    /// Whether every owned partition still starts at offset 0.
+    pub fn from_start(&self) -> bool {
+        self.watermarks.values().all(|w| w.low == 0)
+    }
+}
+
+/// The topic's partition count from broker metadata.
+pub fn topic_partitions(consumer: &BaseConsumer, topic: &str) -> Result<u32, ProbeError> {
+    let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+    let t =
+        md.topics().iter().find(|t| t.name() == topic).ok_or_else(|| ProbeError::NoTopic(topic.into()))?;
+    if t.error().is_some() || t.partitions().is_empty() {
+        return Err(ProbeError::NoTopic(topic.into()));
+    }
+    Ok(t.partitions().len() as u32)
+}
+
+/// Probes the log; refuses a topic whose partition count differs from the spec's.
+pub fn probe_log(spec: &LogSpec) -> Result<LogProbe, ProbeError> {
+    let consumer: BaseConsumer = spec.client_config(ClientRole::Probe).create()?;
+    let partitions = topic_partitions(&consumer, &spec.topic)?;
+    if partitions != spec.partitions {
+        return Err(ProbeError::PartitionMismatch {
+            topic: spec.topic.clone(),
+            expected: spec.partitions,
+            actual: partitions,
+        });
+    }
+    let cluster_id = consumer.client().fetch_cluster_id(Duration::from_secs(10)).unwrap_or_default();
+    let mut watermarks = BTreeMap::new();
+    for &p in spec.owned() {
+        let (low, high) = consumer.fetch_watermarks(&spec.topic, p as i32, Duration::from_secs(10))?;
+        watermarks.insert(p, Watermarks { low, high });
+    }
+    Ok(LogProbe { cluster_id, partitions, watermarks })
+}

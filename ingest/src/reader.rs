@@ -1,0 +1,276 @@
+//! The one log reader: a manually assigned consumer that delivers each partition's records in
+//! offset order and checks that they continue exactly where the reader's state ends.
+//!
+//! The replica's ingest loop, bounded replays (audits, repairs, benchmarks) and nothing else
+//! read the log, all through [`LogReader`]. It never resets an offset silently: the consumer
+//! runs with `auto.offset.reset=error`, and
+//! - a record whose offset is above the expected one (records missing in between) or
+//! - an out-of-range error (the expected offset is no longer in the log: retention deleted it,
+//!   or the topic was recreated or truncated)
+//!
+//! becomes a [`Discontinuity`] for that partition, which is then halted (no longer fetched)
+//! until the owner resumes it at an offset it has a state for ([`LogReader::resume_at`]).
+//! Records below the expected offset are re-deliveries after a seek and are skipped. The topic
+//! is non-compacted and non-transactional by design (README "The log"), so offsets are dense
+//! and any hole is data loss.
+
+use crate::log_spec::{ClientRole, LogSpec};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{BorrowedMessage, Message};
+use rdkafka::{Offset, TopicPartitionList};
+use std::collections::VecDeque;
+use std::fmt;
+use std::time::{Duration, Instant};
+
+/// What the reader found instead of the expected offset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Found {
+    /// The next record of the partition has this (higher) offset: the records in between are
+    /// gone.
+    Offset(i64),
+    /// The expected offset is below the log's first offset (retention deleted it).
+    LogStart(i64),
+    /// The expected offset is beyond the log's end (the topic was recreated or truncated);
+    /// the log now spans `start..end`.
+    LogEnd { start: i64, end: i64 },
+}
+
+/// A partition whose log does not continue where its state ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Discontinuity {
+    pub partition: u32,
+    /// The next offset the state needs.
+    pub expected: i64,
+    pub found: Found,
+}
+
+impl Discontinuity {
+    /// The first offset reading can continue at if the gap is accepted.
+    pub fn resume_offset(&self) -> i64 {
+        match self.found {
+            Found::Offset(o) | Found::LogStart(o) | Found::LogEnd { start: o, .. } => o,
+        }
+    }
+}
+
+impl fmt::Display for Discontinuity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (p, e) = (self.partition, self.expected);
+        match self.found {
+            Found::Offset(o) => write!(f, "partition {p}: expected offset {e}, the next record is at {o}"),
+            Found::LogStart(o) => write!(f, "partition {p}: expected offset {e}, the log now starts at {o}"),
+            Found::LogEnd { end, .. } => {
+                write!(
+                    f,
+                    "partition {p}: expected offset {e}, the log ends at {end} (recreated or truncated)"
+                )
+            }
+        }
+    }
+}
+
+/// One record of the log.
+pub struct LogRecord<'a> {
+    msg: BorrowedMessage<'a>,
+}
+
+impl LogRecord<'_> {
+    pub fn partition(&self) -> u32 {
+        self.msg.partition() as u32
+    }
+
+    pub fn offset(&self) -> i64 {
+        self.msg.offset()
+    }
+
+    /// The record's timestamp in ms (0 when it has none).
+    pub fn timestamp_ms(&self) -> u64 {
+        self.msg.timestamp().to_millis().unwrap_or(0).max(0) as u64
+    }
+
+    pub fn key(&self) -> Option<&[u8]> {
+        self.msg.key()
+    }
+
+    pub fn payload(&self) -> Option<&[u8]> {
+        self.msg.payload()
+    }
+
+    /// The record's headers, in order (values lossily as UTF-8: prefixlog's are text).
+    pub fn headers(&self) -> Vec<(String, String)> {
+        use rdkafka::message::Headers;
+        self.msg.headers().map_or_else(Vec::new, |h| {
+            h.iter()
+                .map(|h| {
+                    (h.key.to_string(), String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned())
+                })
+                .collect()
+        })
+    }
+}
+
+/// The outcome of one [`LogReader::poll`].
+pub enum Read<'a> {
+    Record(LogRecord<'a>),
+    /// Nothing arrived within the timeout.
+    Idle,
+    /// A partition's log does not continue its state; the partition is now halted.
+    Discontinuity(Discontinuity),
+    /// The broker could not be reached or answered with an error; reading goes on.
+    BrokerError(KafkaError),
+}
+
+/// A consumer over some partitions of a log, with continuity checks.
+pub struct LogReader {
+    consumer: BaseConsumer,
+    topic: String,
+    pos: Positions,
+}
+
+/// Where each partition stands. Kept apart from the consumer so that `poll` can update it while
+/// a record borrowed from the consumer is alive.
+struct Positions {
+    /// Next offset expected per partition (index = partition); `None` when not read.
+    expected: Vec<Option<i64>>,
+    halted: Vec<bool>,
+    found: VecDeque<Discontinuity>,
+}
+
+impl Positions {
+    /// Assigns every partition that is read and not halted, at its expected offset.
+    fn assign(&self, consumer: &BaseConsumer, topic: &str) -> Result<(), KafkaError> {
+        let mut tpl = TopicPartitionList::new();
+        for (p, e) in self.expected.iter().enumerate() {
+            if let (Some(o), false) = (e, self.halted[p]) {
+                tpl.add_partition_offset(topic, p as i32, Offset::Offset(*o))?;
+            }
+        }
+        consumer.assign(&tpl)
+    }
+
+    fn halt(&mut self, consumer: &BaseConsumer, topic: &str, d: Discontinuity) -> Discontinuity {
+        self.halted[d.partition as usize] = true;
+        if let Err(e) = self.assign(consumer, topic) {
+            tracing::warn!(partition = d.partition, error = %e, "could not stop fetching a discontinuous partition");
+        }
+        d
+    }
+
+    /// An out-of-range error does not say which partition: compare every read partition's
+    /// expected offset with the log's watermarks. Halts and queues each one found; returns the
+    /// first.
+    fn locate_out_of_range(
+        &mut self,
+        consumer: &BaseConsumer,
+        topic: &str,
+    ) -> Result<Option<Discontinuity>, KafkaError> {
+        let mut found = Vec::new();
+        for (p, e) in self.expected.iter().enumerate() {
+            let (Some(exp), false) = (*e, self.halted[p]) else { continue };
+            let (low, high) = consumer.fetch_watermarks(topic, p as i32, Duration::from_secs(5))?;
+            if exp < low {
+                found.push(Discontinuity { partition: p as u32, expected: exp, found: Found::LogStart(low) });
+            } else if exp > high {
+                let found_at = Found::LogEnd { start: low, end: high };
+                found.push(Discontinuity { partition: p as u32, expected: exp, found: found_at });
+            }
+        }
+        for d in &found {
+            self.halted[d.partition as usize] = true;
+        }
+        if !found.is_empty() {
+            self.assign(consumer, topic)?;
+        }
+        self.found.extend(found);
+        Ok(self.found.pop_front())
+    }
+}
+
+impl LogReader {
+    /// Starts reading `start` = `(partition, next offset)` pairs of `spec`'s topic.
+    pub fn open(spec: &LogSpec, start: impl IntoIterator<Item = (u32, i64)>) -> Result<Self, KafkaError> {
+        let consumer: BaseConsumer = spec.client_config(ClientRole::Reader).create()?;
+        let mut expected = vec![None; spec.partitions as usize];
+        for (p, o) in start {
+            if let Some(e) = expected.get_mut(p as usize) {
+                *e = Some(o);
+            }
+        }
+        let halted = vec![false; expected.len()];
+        let pos = Positions { expected, halted, found: VecDeque::new() };
+        pos.assign(&consumer, &spec.topic)?;
+        Ok(Self { consumer, topic: spec.topic.clone(), pos })
+    }
+
+    /// The next offset this reader expects for `partition`.
+    pub fn expected(&self, partition: u32) -> Option<i64> {
+        self.pos.expected.get(partition as usize).copied().flatten()
+    }
+
+    pub fn is_halted(&self, partition: u32) -> bool {
+        self.pos.halted.get(partition as usize).copied().unwrap_or(false)
+    }
+
+    /// Stops fetching `partition` (its state cannot take the log's next records).
+    pub fn halt(&mut self, partition: u32) -> Result<(), KafkaError> {
+        if let Some(h) = self.pos.halted.get_mut(partition as usize) {
+            if !*h {
+                *h = true;
+                self.pos.assign(&self.consumer, &self.topic)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads `partition` again from `offset`, where its (replaced or accepted) state now ends.
+    pub fn resume_at(&mut self, partition: u32, offset: i64) -> Result<(), KafkaError> {
+        if let Some(e) = self.pos.expected.get_mut(partition as usize) {
+            *e = Some(offset);
+            self.pos.halted[partition as usize] = false;
+            self.pos.found.retain(|d| d.partition != partition);
+        }
+        self.pos.assign(&self.consumer, &self.topic)
+    }
+
+    /// The next record, discontinuity or error within `timeout`.
+    pub fn poll(&mut self, timeout: Duration) -> Read<'_> {
+        if let Some(d) = self.pos.found.pop_front() {
+            return Read::Discontinuity(d);
+        }
+        let deadline = Instant::now() + timeout;
+        let (consumer, topic, pos) = (&self.consumer, self.topic.as_str(), &mut self.pos);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match consumer.poll(left) {
+                None => return Read::Idle,
+                Some(Ok(msg)) => {
+                    let p = msg.partition() as usize;
+                    let Some(Some(exp)) = pos.expected.get(p).copied() else { continue };
+                    if pos.halted[p] || msg.offset() < exp {
+                        // A halted partition's in-flight records, or a re-delivery after a
+                        // seek back: not for us.
+                        continue;
+                    }
+                    if msg.offset() > exp {
+                        let found = Found::Offset(msg.offset());
+                        let d = Discontinuity { partition: p as u32, expected: exp, found };
+                        return Read::Discontinuity(pos.halt(consumer, topic, d));
+                    }
+                    pos.expected[p] = Some(exp + 1);
+                    return Read::Record(LogRecord { msg });
+                }
+                Some(Err(KafkaError::MessageConsumption(RDKafkaErrorCode::AutoOffsetReset))) => {
+                    return match pos.locate_out_of_range(consumer, topic) {
+                        Ok(Some(d)) => Read::Discontinuity(d),
+                        Ok(None) => Read::BrokerError(KafkaError::MessageConsumption(
+                            RDKafkaErrorCode::AutoOffsetReset,
+                        )),
+                        Err(e) => Read::BrokerError(e),
+                    };
+                }
+                Some(Err(e)) => return Read::BrokerError(e),
+            }
+        }
+    }
+}

@@ -1,0 +1,153 @@
+//! Bounded replay: apply a log's records to an [`Applier`] from its offsets up to a fixed
+//! target, exactly. Audits (the state at a past point), repairs (a partition rebuilt off to the
+//! side) and benchmarks use it; the running replica tails the log with the same [`LogReader`].
+//!
+//! A replay either reaches its target or fails: a target beyond the log's end, a state the log
+//! no longer continues, a discontinuity met on the way, or no progress within the idle timeout
+//! (the broker is gone) are errors, never a partial result.
+
+use crate::apply::Applier;
+use crate::continuity::{check_offsets, OffsetProblem};
+use crate::log_spec::LogSpec;
+use crate::probe::{probe_log, LogProbe, ProbeError};
+use crate::reader::{Discontinuity, LogReader, Read};
+use prefixlog_engine::LogTime;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+/// Where a replay stops.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Until {
+    /// Next offsets per partition: every record below them applied, none at or above.
+    /// Partitions not named are left as they are.
+    Offsets(BTreeMap<u32, i64>),
+    /// Log time: per owned partition, every record before the first one stamped after it (or
+    /// up to the log's end as probed when the replay starts).
+    Time(LogTime),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    #[error(transparent)]
+    Probe(#[from] ProbeError),
+    #[error("kafka: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+    #[error("partition {partition}: asked to replay to offset {asked}, the log ends at {end}")]
+    BeyondEnd { partition: u32, asked: i64, end: i64 },
+    #[error("partition {partition}: asked to replay to offset {asked}, the state is already at {at}")]
+    Behind { partition: u32, asked: i64, at: i64 },
+    #[error("the log does not continue the state: {0}")]
+    NotContinued(OffsetProblem),
+    #[error("log discontinuity during the replay: {0}")]
+    Discontinuity(Discontinuity),
+    #[error(
+        "no progress for {idle:?} (partition {partition} at {at}, target {target}): is the broker reachable?"
+    )]
+    Stalled { partition: u32, at: i64, target: i64, idle: Duration },
+    #[error("the applier refused a record: {0}")]
+    NotNext(#[from] crate::apply::NotNext),
+}
+
+/// Knobs of a replay that do not change its result.
+pub struct ReplayOptions<'a> {
+    /// Give up when no record arrives for this long.
+    pub idle_timeout: Duration,
+    /// Called with (records applied so far, records to apply in all) as the replay goes.
+    pub progress: Option<&'a mut dyn FnMut(u64, u64)>,
+}
+
+impl Default for ReplayOptions<'_> {
+    fn default() -> Self {
+        Self { idle_timeout: Duration::from_secs(30), progress: None }
+    }
+}
+
+/// The end offset of every partition the replay reads, from the target and the log's range.
+fn ends(
+    spec: &LogSpec,
+    applier: &Applier,
+    until: &Until,
+    probe: &LogProbe,
+) -> Result<BTreeMap<u32, i64>, ReplayError> {
+    let mut ends = BTreeMap::new();
+    match until {
+        Until::Offsets(o) => {
+            for (&p, &asked) in o {
+                let (end, at) = (probe.high(p), applier.partition(p).next_offset);
+                if asked > end {
+                    return Err(ReplayError::BeyondEnd { partition: p, asked, end });
+                }
+                if asked < at {
+                    return Err(ReplayError::Behind { partition: p, asked, at });
+                }
+                ends.insert(p, asked);
+            }
+        }
+        Until::Time(_) => {
+            for &p in spec.owned() {
+                ends.insert(p, probe.high(p).max(applier.partition(p).next_offset));
+            }
+        }
+    }
+    Ok(ends)
+}
+
+/// Applies records from the applier's next offsets up to `until`. Returns the records applied.
+pub fn replay(
+    spec: &LogSpec,
+    applier: &mut Applier,
+    until: &Until,
+    mut opts: ReplayOptions<'_>,
+) -> Result<u64, ReplayError> {
+    let probe = probe_log(spec)?;
+    let ends = ends(spec, applier, until, &probe)?;
+    let open: BTreeMap<u32, i64> =
+        ends.iter().filter(|(&p, &e)| applier.partition(p).next_offset < e).map(|(&p, &e)| (p, e)).collect();
+    if open.is_empty() {
+        return Ok(0);
+    }
+    let state = open.keys().map(|&p| (p, applier.partition(p).next_offset));
+    if let Some(problem) = check_offsets(state, &probe).into_iter().next() {
+        return Err(ReplayError::NotContinued(problem));
+    }
+    let total: u64 = open.iter().map(|(&p, &e)| (e - applier.partition(p).next_offset) as u64).sum();
+    let mut reader = LogReader::open(spec, open.keys().map(|&p| (p, applier.partition(p).next_offset)))?;
+    let mut open = open;
+    let mut applied = 0u64;
+    let mut last_progress = Instant::now();
+    while !open.is_empty() {
+        match reader.poll(Duration::from_millis(200)) {
+            Read::Record(r) => {
+                last_progress = Instant::now();
+                let (p, offset) = (r.partition(), r.offset());
+                let Some(&end) = open.get(&p) else { continue };
+                let past_time = matches!(until, Until::Time(t) if r.timestamp_ms() > *t);
+                if offset >= end || past_time {
+                    drop(r);
+                    open.remove(&p);
+                    reader.halt(p)?;
+                    continue;
+                }
+                applier.apply(p, offset, r.timestamp_ms(), r.payload())?;
+                applied += 1;
+                if offset + 1 >= end {
+                    drop(r);
+                    open.remove(&p);
+                    reader.halt(p)?;
+                }
+                if let Some(f) = opts.progress.as_mut() {
+                    f(applied, total);
+                }
+            }
+            Read::Discontinuity(d) => return Err(ReplayError::Discontinuity(d)),
+            Read::Idle | Read::BrokerError(_) => {
+                if last_progress.elapsed() >= opts.idle_timeout {
+                    let (&partition, &target) = open.iter().next().expect("an open partition");
+                    let at = applier.partition(partition).next_offset;
+                    return Err(ReplayError::Stalled { partition, at, target, idle: opts.idle_timeout });
+                }
+            }
+        }
+    }
+    Ok(applied)
+}

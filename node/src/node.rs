@@ -1,0 +1,367 @@
+//! [`ReplicaNode`]: one running replica, assembled from a [`LogSpec`] and [`NodeOptions`].
+
+use crate::checkpoints::{self, CheckpointMetrics, Checkpointer, LoopContext};
+use crate::error::NodeError;
+use crate::options::{GapChoice, NodeOptions};
+use crate::startup::{prepare, Prepared, StateSource};
+use parking_lot::Mutex;
+use prefixlog_engine::Engine;
+use prefixlog_ingest::{
+    Applier, GapPolicy, IngestOptions, LogIdentity, LogSpec, Publisher, Replica, ReplicaStatus,
+};
+use prefixlog_peer::{AntiEntropy, AntiEntropyStats, PeerService, RepairContext, RoundReport};
+use prefixlog_query::{RunningServer, ServerConfig};
+use prefixlog_snapshot::{CheckpointMeta, CheckpointStore};
+use prometheus::Registry;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::task::JoinHandle;
+
+/// A running replica: ingest, checkpoints, the peer service, anti-entropy, recovery of cut
+/// partitions, ticks, and the query and admin ports.
+pub struct ReplicaNode {
+    spec: LogSpec,
+    opts: NodeOptions,
+    identity: LogIdentity,
+    source: StateSource,
+    replica: Arc<Replica>,
+    store: Option<Arc<CheckpointStore>>,
+    checkpointer: Option<Checkpointer>,
+    checkpoint_metrics: Arc<CheckpointMetrics>,
+    anti_entropy: Option<Arc<AntiEntropy>>,
+    query: RunningServer,
+    peer_addr: Option<SocketAddr>,
+    peer_stop: Option<tokio::sync::oneshot::Sender<()>>,
+    tasks: Vec<JoinHandle<()>>,
+    registry: Registry,
+}
+
+/// What a clean stop did.
+#[derive(Debug)]
+pub struct Stopped {
+    /// The final checkpoint, if one was written (none without a store, or with nothing new).
+    pub final_checkpoint: Option<CheckpointMeta>,
+    /// Next offsets per partition when ingest stopped.
+    pub offsets: Vec<i64>,
+}
+
+impl ReplicaNode {
+    /// Starts a replica of `spec`'s owned partitions. Refuses to start when it cannot prove
+    /// its state (see [`crate::startup`]).
+    pub async fn start(spec: LogSpec, opts: NodeOptions) -> Result<Self, NodeError> {
+        let Prepared { applier, identity, store, source, covered, .. } = prepare(&spec, &opts).await?;
+        let registry =
+            Registry::new_custom(None, Some([("shard".to_string(), spec.shard.to_string())].into()))?;
+        register_process_metrics(&registry);
+        let gap_policy = match opts.gaps {
+            GapChoice::Refuse => GapPolicy::Halt,
+            GapChoice::Accept => GapPolicy::Accept,
+        };
+        let ingest = IngestOptions { dead_letter_topic: opts.dead_letter_topic.clone(), gap_policy };
+        let replica = Arc::new(Replica::start(&spec, applier, ingest)?);
+        let checkpoint_metrics = Arc::new(CheckpointMetrics::new(&registry)?);
+        let checkpointer = store.as_ref().map(|s| {
+            if let Some(meta) = s.ids().first().and_then(|&id| s.meta(id).ok()) {
+                checkpoint_metrics.seen(&meta);
+            }
+            let ctx = LoopContext {
+                applier: replica.applier().clone(),
+                store: s.clone(),
+                identity: identity.clone(),
+                policy: opts.checkpoints.clone(),
+                metrics: checkpoint_metrics.clone(),
+            };
+            Checkpointer::spawn(ctx, covered)
+        });
+        let mut node = Self {
+            query: start_query(&spec, &opts, &replica, &registry).await?,
+            spec,
+            opts,
+            identity,
+            source,
+            replica,
+            store,
+            checkpointer,
+            checkpoint_metrics,
+            anti_entropy: None,
+            peer_addr: None,
+            peer_stop: None,
+            tasks: Vec::new(),
+            registry,
+        };
+        node.start_peering().await?;
+        node.start_ticks()?;
+        tracing::info!(
+            topic = %node.spec.topic,
+            shard = %node.spec.shard,
+            partitions = ?node.spec.owned(),
+            source = ?node.source,
+            grpc = %node.query.grpc_addr,
+            peer = ?node.peer_addr,
+            "replica started"
+        );
+        Ok(node)
+    }
+
+    async fn start_peering(&mut self) -> Result<(), NodeError> {
+        if let Some(addr) = self.opts.peer_addr {
+            let svc = PeerService::new(
+                self.replica.applier().clone(),
+                self.store.clone(),
+                self.opts.replica_id.clone(),
+                self.identity.clone(),
+            );
+            let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| NodeError::Bind {
+                what: "the peer port",
+                addr,
+                source,
+            })?;
+            self.peer_addr = Some(listener.local_addr().map_err(|source| NodeError::Bind {
+                what: "the peer port",
+                addr,
+                source,
+            })?);
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            self.peer_stop = Some(stop);
+            self.tasks.push(tokio::spawn(async move {
+                let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+                let shutdown = async move {
+                    let _ = stopped.await;
+                };
+                if let Err(e) = tonic::transport::Server::builder()
+                    .add_service(svc.into_server())
+                    .serve_with_incoming_shutdown(incoming, shutdown)
+                    .await
+                {
+                    tracing::error!(error = %e, "peer service stopped");
+                }
+            }));
+        }
+        let ctx = RepairContext {
+            spec: self.spec.clone(),
+            identity: self.identity.clone(),
+            store: self.store.clone(),
+        };
+        if !self.opts.peers.is_empty() {
+            let stats = Arc::new(AntiEntropyStats::new());
+            stats.register(&self.registry)?;
+            let ae = Arc::new(AntiEntropy {
+                replica: self.replica.clone(),
+                peers: self.opts.peers.clone(),
+                ctx,
+                stats,
+            });
+            let (every, weak) = (self.opts.anti_entropy_interval, Arc::downgrade(&ae));
+            self.tasks.push(tokio::spawn(async move {
+                let mut t = tokio::time::interval(every);
+                t.tick().await;
+                loop {
+                    t.tick().await;
+                    let Some(ae) = weak.upgrade() else { return };
+                    ae.round().await;
+                }
+            }));
+            self.anti_entropy = Some(ae);
+        }
+        let sources = self.opts.checkpoint_sources();
+        if !sources.is_empty() {
+            let recoveries = prometheus::IntCounterVec::new(
+                prometheus::Opts::new(
+                    "prefixlog_partition_recoveries_total",
+                    "Recoveries of cut partitions from peers",
+                ),
+                &["outcome"],
+            )?;
+            self.registry.register(Box::new(recoveries.clone()))?;
+            let task = crate::recovery::run(
+                self.spec.clone(),
+                self.identity.clone(),
+                sources,
+                self.replica.clone(),
+                recoveries,
+            );
+            self.tasks.push(tokio::spawn(task));
+        }
+        Ok(())
+    }
+
+    fn start_ticks(&mut self) -> Result<(), NodeError> {
+        if self.opts.tick_interval.is_zero() {
+            return Ok(());
+        }
+        let publisher = Publisher::new(&self.spec)?;
+        let (every, owned) = (self.opts.tick_interval, self.spec.owned().to_vec());
+        self.tasks.push(tokio::spawn(async move {
+            let mut t = tokio::time::interval(every);
+            loop {
+                t.tick().await;
+                if let Err(e) = publisher.publish_ticks(&owned, None).await {
+                    tracing::warn!(error = %e, "publishing ticks failed; log time may stall on quiet partitions");
+                }
+            }
+        }));
+        Ok(())
+    }
+
+    pub fn spec(&self) -> &LogSpec {
+        &self.spec
+    }
+
+    pub fn identity(&self) -> &LogIdentity {
+        &self.identity
+    }
+
+    /// Where the starting state came from.
+    pub fn source(&self) -> &StateSource {
+        &self.source
+    }
+
+    pub fn grpc_addr(&self) -> SocketAddr {
+        self.query.grpc_addr
+    }
+
+    /// `http://` + the gRPC address, as clients take endpoints.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.query.grpc_addr)
+    }
+
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.query.admin_addr
+    }
+
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        self.peer_addr
+    }
+
+    pub fn status(&self) -> &Arc<ReplicaStatus> {
+        self.replica.status()
+    }
+
+    pub fn applier(&self) -> &Arc<Mutex<Applier>> {
+        self.replica.applier()
+    }
+
+    pub fn engine(&self) -> Arc<Engine> {
+        self.replica.applier().lock().engine().clone()
+    }
+
+    pub fn replica(&self) -> &Arc<Replica> {
+        &self.replica
+    }
+
+    pub fn store(&self) -> Option<&Arc<CheckpointStore>> {
+        self.store.as_ref()
+    }
+
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// (ready, reason), as `/readyz` says.
+    pub fn ready(&self) -> (bool, String) {
+        self.query.readiness.check()
+    }
+
+    /// One anti-entropy round now (None without peers).
+    pub async fn anti_entropy_round(&self) -> Option<RoundReport> {
+        match &self.anti_entropy {
+            Some(ae) => Some(ae.round().await),
+            None => None,
+        }
+    }
+
+    pub fn anti_entropy(&self) -> Option<&Arc<AntiEntropy>> {
+        self.anti_entropy.as_ref()
+    }
+
+    /// Takes a checkpoint now (None without a store). Runs beside the loop's own: both go
+    /// through the store, which gives each its own id under its write lock.
+    pub fn checkpoint_now(&self) -> Result<Option<CheckpointMeta>, prefixlog_snapshot::StoreError> {
+        let Some(store) = &self.store else { return Ok(None) };
+        checkpoints::take(
+            self.replica.applier(),
+            store,
+            &self.identity,
+            &self.opts.checkpoints,
+            &self.checkpoint_metrics,
+        )
+        .map(Some)
+    }
+
+    /// A clean stop: health NOT_SERVING (load balancers drain), stop consuming, a final
+    /// checkpoint when a store is configured and anything was applied since the last one, let
+    /// in-flight queries finish (for at most the shutdown grace), stop every task.
+    pub async fn shutdown(mut self) -> Result<Stopped, NodeError> {
+        self.query.readiness.set_stopping();
+        for t in self.tasks.drain(..) {
+            t.abort();
+        }
+        if let Some(s) = self.peer_stop.take() {
+            let _ = s.send(());
+        }
+        let covered = self.checkpointer.take().map(Checkpointer::stop);
+        let replica = self.replica.clone();
+        tokio::task::spawn_blocking(move || replica.halt()).await.map_err(NodeError::task)?;
+        let offsets = self.replica.applier().lock().offsets();
+        let final_checkpoint = match (&self.store, covered) {
+            (Some(_), Some(c)) if checkpoints::records_between(&c, &offsets) > 0 => {
+                self.checkpoint_now().map_err(NodeError::FinalCheckpoint)?
+            }
+            _ => None,
+        };
+        let grace = self.opts.shutdown_grace;
+        self.query.shutdown(grace).await;
+        tracing::info!(final_checkpoint = ?final_checkpoint.as_ref().map(|m| m.id), "replica stopped cleanly");
+        Ok(Stopped { final_checkpoint, offsets })
+    }
+
+    /// An abrupt stop (a crashed replica, for tests): ports closed, nothing written.
+    pub fn kill(mut self) {
+        for t in self.tasks.drain(..) {
+            t.abort();
+        }
+        self.query.kill();
+        self.replica.halt();
+    }
+}
+
+async fn start_query(
+    spec: &LogSpec,
+    opts: &NodeOptions,
+    replica: &Arc<Replica>,
+    registry: &Registry,
+) -> Result<RunningServer, NodeError> {
+    let cfg = ServerConfig {
+        grpc_addr: opts.grpc_addr,
+        admin_addr: opts.admin_addr,
+        ready_lag: opts.ready_lag,
+        watermark_grace: Duration::from_secs(2),
+        query: opts.query.clone(),
+        tls: opts.tls.clone(),
+    };
+    let served = prefixlog_query::Served {
+        engine: replica.applier().lock().engine().clone(),
+        status: replica.status().clone(),
+        applier: Some(replica.applier().clone()),
+        info: prefixlog_query::ReplicaInfo {
+            replica_id: opts.replica_id.clone(),
+            topic: spec.topic.clone(),
+            partition_count: spec.partitions,
+            owned: spec.owned().to_vec(),
+            shard: spec.shard.label(),
+            peers: opts.peers.clone(),
+        },
+        registry: registry.clone(),
+    };
+    prefixlog_query::start(cfg, served).await.map_err(|e| NodeError::Query(e.to_string()))
+}
+
+/// The standard process metrics (`process_resident_memory_bytes`, ...), where the platform
+/// has them.
+fn register_process_metrics(registry: &Registry) {
+    let pc = prometheus::process_collector::ProcessCollector::for_self();
+    if let Err(e) = registry.register(Box::new(pc)) {
+        tracing::debug!(error = %e, "process metrics unavailable");
+    }
+}

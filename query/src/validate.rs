@@ -1,0 +1,154 @@
+//! Request validation: every field is checked before the engine is touched, so a gateway gets
+//! a precise status instead of a silently empty answer.
+
+use prefixlog_engine::{scheme, KeyspaceId};
+use prefixlog_proto::v1::{match_request::Prompt, MatchRequest, PartitionOffset};
+use tonic::Status;
+
+/// How many known keyspaces a NOT_FOUND message names at most: the message travels in gRPC
+/// metadata (8 KiB soft limit), and a replica may hold hundreds of keyspaces.
+const KNOWN_KEYSPACES_SHOWN: usize = 5;
+/// Longest NOT_FOUND message, in bytes (model names are client-controlled).
+const NOT_FOUND_MAX_BYTES: usize = 1000;
+
+/// A validated request.
+pub struct Checked {
+    pub keyspace: KeyspaceId,
+    pub locals: Vec<u64>,
+    pub top_k: Option<usize>,
+    /// Consistency token in next offsets, for partitions that exist.
+    pub token: Vec<(u32, i64)>,
+    /// Sorted, deduplicated; empty = every worker.
+    pub candidates: Vec<u64>,
+}
+
+pub fn check(req: &MatchRequest, max_blocks: usize, partition_count: u32) -> Result<Checked, Status> {
+    let ks = req.keyspace.as_ref().ok_or_else(|| Status::invalid_argument("keyspace is required"))?;
+    if ks.block_size == 0 {
+        return Err(Status::invalid_argument("keyspace.block_size must be > 0"));
+    }
+    if ks.model.is_empty() {
+        return Err(Status::invalid_argument("keyspace.model must not be empty"));
+    }
+    let keyspace = KeyspaceId::new(ks.model.clone(), ks.block_size, ks.hash_scheme);
+    let locals = locals(&keyspace, req.prompt.as_ref(), max_blocks)?;
+    let top_k = match req.top_k {
+        Some(0) => {
+            return Err(Status::invalid_argument("top_k must be at least 1 (omit it for every worker)"))
+        }
+        k => k.map(|k| k as usize),
+    };
+    let token = token(&req.min_offsets, partition_count)?;
+    let mut candidates = req.candidate_workers.clone();
+    candidates.sort_unstable();
+    candidates.dedup();
+    Ok(Checked { keyspace, locals, top_k, token, candidates })
+}
+
+/// The prompt's local hashes. Token ids are hashed with the keyspace's scheme; a prompt
+/// shorter than one block is valid and matches nothing (engines cache full blocks only).
+fn locals(id: &KeyspaceId, prompt: Option<&Prompt>, max_blocks: usize) -> Result<Vec<u64>, Status> {
+    let too_many = |n: usize| {
+        Status::invalid_argument(format!("prompt has {n} blocks; this replica's limit is {max_blocks}"))
+    };
+    match prompt {
+        None => Err(Status::invalid_argument("empty prompt: set tokens or hashes")),
+        Some(Prompt::Hashes(h)) if h.local.is_empty() => {
+            Err(Status::invalid_argument("empty prompt: no block hashes"))
+        }
+        Some(Prompt::Hashes(h)) if h.local.len() > max_blocks => Err(too_many(h.local.len())),
+        Some(Prompt::Hashes(h)) => Ok(h.local.clone()),
+        Some(Prompt::Tokens(t)) => {
+            if t.ids.is_empty() {
+                return Err(Status::invalid_argument("empty prompt: no token ids"));
+            }
+            if !scheme::is_known(id.scheme) {
+                return Err(Status::invalid_argument(format!(
+                    "unknown hash scheme {} for token ids (this replica hashes scheme {}); \
+                     send precomputed block hashes instead",
+                    id.scheme,
+                    scheme::SCHEME_XXH3_CHAINED
+                )));
+            }
+            let n = t.ids.len() / id.block_size as usize;
+            if n > max_blocks {
+                return Err(too_many(n));
+            }
+            Ok(scheme::block_hashes_in(&t.namespace, &t.ids, id.block_size as usize))
+        }
+    }
+}
+
+fn token(offs: &[PartitionOffset], partitions: u32) -> Result<Vec<(u32, i64)>, Status> {
+    offs.iter()
+        .map(|o| {
+            if o.partition >= partitions {
+                return Err(Status::invalid_argument(format!(
+                    "consistency token names partition {} but the log has {partitions}",
+                    o.partition
+                )));
+            }
+            Ok((o.partition, o.offset))
+        })
+        .collect()
+}
+
+/// `s`, cut to at most `max` bytes (on a character boundary) with "..." when cut.
+fn clip(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut cut = max.saturating_sub(3);
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}...", &s[..cut])
+}
+
+/// NOT_FOUND for an unknown keyspace, naming a few known ones, under 1 KiB whatever the names
+/// (model names are client-controlled, and a replica may hold hundreds of keyspaces).
+pub fn unknown_keyspace(id: &KeyspaceId, known: &[KeyspaceId]) -> Status {
+    let shown: Vec<String> =
+        known.iter().take(KNOWN_KEYSPACES_SHOWN).map(|k| clip(&k.to_string(), 120)).collect();
+    let more = known.len().saturating_sub(shown.len());
+    let msg = format!(
+        "no keyspace {} on this replica (model/block size/hash scheme must match what the workers \
+         publish); {} known{}: [{}]",
+        clip(&id.to_string(), 200),
+        known.len(),
+        if more > 0 { format!(", {more} not shown") } else { String::new() },
+        shown.join(", "),
+    );
+    Status::not_found(clip(&msg, NOT_FOUND_MAX_BYTES))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn not_found_stays_small_with_many_and_long_keyspaces() {
+        let known: Vec<KeyspaceId> =
+            (0..400).map(|i| KeyspaceId::new(format!("model-{i}-{}", "x".repeat(300)), 16, 1)).collect();
+        let s = unknown_keyspace(&KeyspaceId::new("y".repeat(5000), 16, 1), &known);
+        assert_eq!(s.code(), tonic::Code::NotFound);
+        assert!(s.message().len() <= NOT_FOUND_MAX_BYTES, "{}", s.message().len());
+        let s = unknown_keyspace(&KeyspaceId::new("m", 16, 1), &known[..7]);
+        assert!(s.message().contains("7 known, 2 not shown"), "{}", s.message());
+    }
+
+    #[test]
+    fn top_k_zero_is_invalid() {
+        let req = MatchRequest {
+            keyspace: Some(prefixlog_proto::v1::Keyspace {
+                model: "m".into(),
+                block_size: 4,
+                hash_scheme: 1,
+            }),
+            prompt: Some(Prompt::Hashes(prefixlog_proto::v1::BlockHashes { local: vec![1] })),
+            top_k: Some(0),
+            ..Default::default()
+        };
+        assert_eq!(check(&req, 10, 1).err().map(|s| s.code()), Some(tonic::Code::InvalidArgument));
+    }
+}

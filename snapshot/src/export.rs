@@ -1,0 +1,92 @@
+//! Checkpoints as one self-describing byte string, for transfer to another replica (bootstrap,
+//! recovery of a cut partition, a new shard's partitions): magic, then the length-prefixed
+//! meta, partition state and keyspace values, every one verified on the way in.
+
+use crate::codec::{self, Reader, Writer};
+use crate::error::{damaged, verify, Damage, Part, StoreError};
+use crate::meta::{decode_meta, encode_meta, meta_of, CheckpointMeta, EncodedKeyspace};
+use prefixlog_engine::KeyspaceDump;
+use prefixlog_ingest::{LogIdentity, PartitionState};
+
+const EXPORT_MAGIC: &[u8] = b"PREFIXLOG-CHECKPOINT-1\n";
+
+/// A verified, decoded checkpoint.
+pub struct Loaded {
+    pub meta: CheckpointMeta,
+    pub partitions: Vec<PartitionState>,
+    pub keyspaces: Vec<KeyspaceDump>,
+}
+
+/// An export's parts, borrowed from it: meta, partition state, keyspace values.
+pub(crate) type ExportParts<'a> = (CheckpointMeta, &'a [u8], Vec<&'a [u8]>);
+
+pub(crate) fn decode_loaded(meta: CheckpointMeta, pbytes: &[u8], ks: &[&[u8]]) -> Result<Loaded, StoreError> {
+    let partitions = codec::decode_partitions(pbytes)?;
+    if partitions.len() != meta.offsets.len() {
+        let damage = Damage::PartitionCount { meta: meta.offsets.len(), state: partitions.len() };
+        return Err(damaged(meta.id, Part::PartitionState, damage));
+    }
+    let keyspaces = ks.iter().map(|b| codec::decode_keyspace(b)).collect::<Result<Vec<_>, _>>()?;
+    Ok(Loaded { meta, partitions, keyspaces })
+}
+
+pub(crate) fn pack_export(meta: &CheckpointMeta, pbytes: &[u8], ks: &[Vec<u8>]) -> Vec<u8> {
+    let mut w = Writer::default();
+    w.buf.extend_from_slice(EXPORT_MAGIC);
+    w.bytes(&encode_meta(meta));
+    w.bytes(pbytes);
+    for b in ks {
+        w.bytes(b);
+    }
+    w.buf
+}
+
+/// The verified parts of an export (meta id = the exporting store's id).
+pub(crate) fn unpack_export(data: &[u8]) -> Result<ExportParts<'_>, StoreError> {
+    let rest = data.strip_prefix(EXPORT_MAGIC).ok_or(damaged(0, Part::Export, Damage::NotAnExport))?;
+    let mut r = Reader::new(rest);
+    let mb = r.bytes()?;
+    let peer_id = mb.get(4..12).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes"))).unwrap_or(0);
+    let meta = decode_meta(peer_id, mb)?;
+    let pbytes = r.bytes()?;
+    verify(meta.id, Part::PartitionState, pbytes, meta.partitions_len, meta.partitions_checksum)?;
+    let mut ks = Vec::with_capacity(meta.keyspaces.len());
+    for e in &meta.keyspaces {
+        let b = r.bytes()?;
+        verify(meta.id, Part::Keyspace(e.id.clone()), b, e.bytes, e.checksum)?;
+        ks.push(b);
+    }
+    r.done()?;
+    Ok((meta, pbytes, ks))
+}
+
+/// Verifies and decodes an export without storing it (recovering a partition from a peer).
+pub fn decode_export(data: &[u8]) -> Result<Loaded, StoreError> {
+    let (meta, pbytes, ks) = unpack_export(data)?;
+    decode_loaded(meta, pbytes, &ks)
+}
+
+/// An export of an in-memory state (a partition-filtered copy of a checkpoint): what
+/// [`CheckpointStore::export`] would give had it been written, with id 0.
+pub fn encode_export(
+    identity: &LogIdentity,
+    partitions: &[PartitionState],
+    keyspaces: &[KeyspaceDump],
+    created_unix_ms: u64,
+) -> Vec<u8> {
+    let (pbytes, ks) = encode_parts(partitions, keyspaces);
+    let offsets = partitions.iter().map(|p| p.next_offset).collect();
+    let log_times = partitions.iter().map(|p| p.log_time).collect();
+    let meta = meta_of(0, identity, offsets, log_times, &pbytes, &ks, created_unix_ms);
+    let ks: Vec<Vec<u8>> = ks.into_iter().map(|(_, b, _)| b).collect();
+    pack_export(&meta, &pbytes, &ks)
+}
+
+pub(crate) fn encode_parts(
+    partitions: &[PartitionState],
+    keyspaces: &[KeyspaceDump],
+) -> (Vec<u8>, Vec<EncodedKeyspace>) {
+    let pbytes = codec::encode_partitions(partitions);
+    let ks = keyspaces.iter().map(|d| (d.id.clone(), codec::encode_keyspace(d), d.holder_blocks())).collect();
+    (pbytes, ks)
+}
