@@ -405,8 +405,10 @@ impl Ingest {
                      the partition marked gapped"
                 );
                 self.status.publish(p, next, lt);
-                if let Err(e) = self.reader.resume_at(p, to) {
-                    tracing::error!(partition = p, error = %e, "could not resume the partition");
+                match self.reader.resume_at(p, to) {
+                    // Counted above; the partition reads on, its holders flagged gapped.
+                    Ok(()) => self.status.mark_discontinuous(p, false),
+                    Err(e) => tracing::error!(partition = p, error = %e, "could not resume the partition"),
                 }
             }
         }

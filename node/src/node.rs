@@ -316,10 +316,15 @@ impl ReplicaNode {
         Ok(Stopped { final_checkpoint, offsets })
     }
 
-    /// An abrupt stop (a crashed replica, for tests): ports closed, nothing written.
-    pub fn kill(mut self) {
+    /// An abrupt stop (a crashed replica, for tests): ports closed, nothing written, and —
+    /// as when a process dies — everything released on return (the checkpoint store's lock).
+    pub async fn kill(mut self) {
         for t in self.tasks.drain(..) {
             t.abort();
+            let _ = t.await;
+        }
+        if let Some(c) = self.checkpointer.take() {
+            c.stop();
         }
         self.query.kill();
         self.replica.halt();

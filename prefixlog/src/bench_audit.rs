@@ -87,7 +87,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         replica.checkpoint_now()?;
         checkpoints += 1;
     }
-    replica.kill();
+    replica.kill().await;
     println!(
         "log: {} hours of trace time, {} records; {checkpoints} checkpoints (every {} min) written while ingesting in {:.1} s",
         a.hours,

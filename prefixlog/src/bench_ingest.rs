@@ -56,7 +56,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     }
     let apply_s = t.elapsed().as_secs_f64();
     let hb = node.engine().holder_blocks();
-    node.kill();
+    node.kill().await;
 
     let raw = blocks as f64 / raw_s / 1e6;
     let apply = blocks as f64 / apply_s / 1e6;

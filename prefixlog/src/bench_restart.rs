@@ -129,7 +129,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         b(0.99),
         b(1.0)
     );
-    r.kill();
+    r.kill().await;
     let tail_landed = env.publish(tail.iter().map(stamp).collect()).await?;
     let all_ends = token(&[head_landed, tail_landed.clone()].concat());
     let hb = meta.holder_blocks();
@@ -160,7 +160,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     anyhow::ensure!(r.status().wait_for(&all_ends, Duration::from_secs(3600)).await, "tail not applied");
     let restart_s = t.elapsed().as_secs_f64();
     let d_restart: Vec<u64> = (0..a.partitions).map(|p| r.applier().lock().partition_digest(p)).collect();
-    r.kill();
+    r.kill().await;
 
     // Full replay from offset 0.
     let t = Instant::now();
@@ -171,7 +171,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     );
     let full_s = t.elapsed().as_secs_f64();
     let d_full: Vec<u64> = (0..a.partitions).map(|p| r.applier().lock().partition_digest(p)).collect();
-    r.kill();
+    r.kill().await;
     anyhow::ensure!(d_restart == d_full, "restarted replica's digests differ from the full replay's");
 
     println!("\n| path | seconds |");

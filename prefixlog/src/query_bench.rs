@@ -183,8 +183,8 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     let t = Instant::now();
     let (lm, le, _) = measure(ch2, &queries, usize::MAX, caught_up).await?;
     let ingest_s = t.elapsed().as_secs_f64();
-    r1.kill();
-    r2.kill();
+    r1.kill().await;
+    r2.kill().await;
 
     println!(
         "idle: {hits}/{} Match answers had scores, {:.0} workers per answer (top-k {:?}); {hb} resident holder-blocks",

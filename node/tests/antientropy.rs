@@ -1,0 +1,254 @@
+//! Anti-entropy between live replicas (`ReplicaNode`s over gRPC, the embedded broker):
+//! agreement under ingest; a corrupted holder detected within one round and repaired by that
+//! replica alone *while records keep arriving for every partition, the repaired one included*,
+//! converging to a never-corrupted replica; a peer with other state settings reported as such,
+//! never compared; an unreachable peer is not a divergence; bootstrap from a peer; a replica
+//! restarted from its checkpoint agrees at every later point.
+
+use prefixlog_engine::{partition_of, HolderKey, KeyspaceId, MatchOptions};
+use prefixlog_ingest::{
+    token_of, EmbeddedKafka, Incompatible, KafkaConnection, KvOp, Landed, LogSpec, Publisher, StateSettings,
+};
+use prefixlog_node::{CheckpointPolicy, NodeOptions, ReplicaNode, StateSource};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+const P: u32 = 4;
+const TOPIC: &str = "prefixlog.ae";
+const WORKERS: u64 = 10;
+
+fn ks() -> KeyspaceId {
+    KeyspaceId::new("m", 16, 1)
+}
+
+fn spec(kafka: &EmbeddedKafka) -> LogSpec {
+    let settings = StateSettings { digest_interval: 5, ..Default::default() };
+    LogSpec::new(KafkaConnection::new(kafka.bootstrap_servers()), TOPIC, P).with_settings(settings)
+}
+
+/// A replica with a data dir, checkpoints only when the test takes them, anti-entropy rounds
+/// only when the test runs them, and the given peers.
+fn opts(name: &str, dir: &std::path::Path, peers: Vec<String>) -> NodeOptions {
+    NodeOptions {
+        replica_id: name.into(),
+        admin_addr: None,
+        data_dir: Some(dir.to_path_buf()),
+        checkpoints: CheckpointPolicy { interval: Duration::ZERO, records: 0, ..Default::default() },
+        peers,
+        anti_entropy_interval: Duration::from_secs(3600),
+        ..NodeOptions::default()
+    }
+}
+
+fn peer(n: &ReplicaNode) -> String {
+    n.peer_addr().unwrap().to_string()
+}
+
+/// Two replicas that know each other's peer port before either starts.
+async fn pair(
+    kafka: &EmbeddedKafka,
+    da: &std::path::Path,
+    db: &std::path::Path,
+) -> (ReplicaNode, ReplicaNode) {
+    let (pa, pb) = (prefixlog_node::loopback_port(), prefixlog_node::loopback_port());
+    let addr = |p: u16| std::net::SocketAddr::from(([127, 0, 0, 1], p));
+    let a = NodeOptions { peer_addr: Some(addr(pa)), ..opts("a", da, vec![addr(pb).to_string()]) };
+    let b = NodeOptions { peer_addr: Some(addr(pb)), ..opts("b", db, vec![addr(pa).to_string()]) };
+    (ReplicaNode::start(spec(kafka), a).await.unwrap(), ReplicaNode::start(spec(kafka), b).await.unwrap())
+}
+
+/// One store per worker; chains accumulate (no clears), so a corrupted block stays corrupted.
+async fn publish_round(p: &Publisher, round: u64, seqs: &mut [u64]) -> Vec<Landed> {
+    let mut landed = Vec::new();
+    for w in 0..WORKERS {
+        seqs[w as usize] += 1;
+        let base = round * 10;
+        let blocks: Vec<(u64, u64)> =
+            (0..4).map(|j| (w << 40 | (base + j) << 8 | j, 1 + (w + j) % 5 + base)).collect();
+        let ops = [KvOp::Stored { lane: 0, parent_ext: None, blocks }];
+        landed.push(p.publish_kv_events(&ks(), w, 0, 1, seqs[w as usize], false, &ops, None).await.unwrap());
+    }
+    landed
+}
+
+async fn publish_rounds(p: &Publisher, rounds: std::ops::Range<u64>, seqs: &mut [u64]) -> Vec<(u32, i64)> {
+    let mut landed = Vec::new();
+    for r in rounds {
+        landed.extend(publish_round(p, r, seqs).await);
+    }
+    token_of(&landed)
+}
+
+async fn caught_up(nodes: &[&ReplicaNode], token: &[(u32, i64)]) {
+    for n in nodes {
+        assert!(n.status().wait_for(token, Duration::from_secs(60)).await, "caught up");
+    }
+}
+
+fn digests(n: &ReplicaNode) -> Vec<(i64, u64)> {
+    let a = n.applier().lock();
+    (0..P).map(|p| (a.partition(p).next_offset, a.partition_digest(p))).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupted_replica_repairs_itself_under_steady_ingest() {
+    let kafka = EmbeddedKafka::start(TOPIC, P).unwrap();
+    let publisher = Publisher::new(&spec(&kafka)).unwrap();
+    let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, b) = pair(&kafka, da.path(), db.path()).await;
+    let mut seqs = vec![0u64; WORKERS as usize];
+    for phase in 0..3 {
+        let tok = publish_rounds(&publisher, phase * 6..phase * 6 + 6, &mut seqs).await;
+        caught_up(&[&a, &b], &tok).await;
+        a.checkpoint_now().unwrap();
+        b.checkpoint_now().unwrap();
+    }
+    let r = a.anti_entropy_round().await.unwrap();
+    assert!(r.compared >= 20, "{r:?}");
+    assert!(r.mismatches.is_empty() && r.unreachable.is_empty() && r.incompatible.is_empty(), "{r:?}");
+    assert!(b.anti_entropy_round().await.unwrap().mismatches.is_empty());
+
+    // Fault: one holder on b silently loses a block.
+    let victim = HolderKey::new(3, 0, 0);
+    let q = partition_of(victim.worker, P);
+    assert!(b.engine().keyspace(&ks()).unwrap().write().corrupt_for_test(&victim));
+    let tok = publish_rounds(&publisher, 18..24, &mut seqs).await;
+    caught_up(&[&a, &b], &tok).await;
+
+    // From now on records keep arriving for every worker — the victim's partition included —
+    // until the repair is over.
+    let stop = Arc::new(AtomicBool::new(false));
+    let feeder = {
+        let (publisher, stop, mut seqs) = (publisher.clone(), stop.clone(), seqs.clone());
+        tokio::spawn(async move {
+            let mut round = 24;
+            let mut landed = Vec::new();
+            while !stop.load(Ordering::Acquire) {
+                landed.extend(publish_round(&publisher, round, &mut seqs).await);
+                round += 1;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            (token_of(&landed), seqs, round)
+        })
+    };
+    // Queries for a worker of another partition keep answering on b throughout.
+    let other = (0..WORKERS).find(|&w| partition_of(w, P) != q).unwrap();
+    let answered = Arc::new(AtomicU64::new(0));
+    let querier = {
+        let (engine, stop, answered) = (b.engine(), stop.clone(), answered.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Acquire) {
+                let chain: Vec<u64> = (0..4).map(|j| 1 + (other + j) % 5 + 10).collect();
+                if engine.match_chain(&ks(), &chain, &MatchOptions::default()).is_some() {
+                    answered.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The healthy replica sees the mismatch, self-checks, and leaves the repair to b.
+    let ra = a.anti_entropy_round().await.unwrap();
+    assert!(ra.mismatches.iter().any(|m| m.1 == q), "{ra:?}");
+    assert!(ra.repaired.is_empty(), "the healthy replica does not rebuild: {ra:?}");
+    // The corrupted replica detects it in one round and repairs partition q only, under ingest.
+    let rb = b.anti_entropy_round().await.unwrap();
+    assert!(rb.mismatches.iter().any(|m| m.1 == q), "{rb:?}");
+    assert_eq!(rb.repaired, vec![q]);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::Release);
+    querier.join().unwrap();
+    let (tok, mut seqs, round) = feeder.await.unwrap();
+    assert!(round > 30, "records kept arriving during the repair ({} rounds)", round - 24);
+    assert!(answered.load(Ordering::Relaxed) > 0, "queries answered during the repair");
+    let stats = &b.anti_entropy().unwrap().stats;
+    assert_eq!(stats.repairs.get(), 1);
+    assert!(stats.mismatches_total() >= 1);
+
+    // They converge: equal digests at equal offsets, and at every later point.
+    caught_up(&[&a, &b], &tok).await;
+    assert_eq!(digests(&a), digests(&b));
+    let tok = publish_rounds(&publisher, round..round + 6, &mut seqs).await;
+    caught_up(&[&a, &b], &tok).await;
+    let (ra, rb) = (a.anti_entropy_round().await.unwrap(), b.anti_entropy_round().await.unwrap());
+    assert!(ra.mismatches.is_empty() && rb.mismatches.is_empty(), "{ra:?} {rb:?}");
+    assert_eq!(digests(&a), digests(&b));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_with_other_settings_is_reported_never_compared() {
+    let kafka = EmbeddedKafka::start(TOPIC, P).unwrap();
+    let publisher = Publisher::new(&spec(&kafka)).unwrap();
+    let (da, dc) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = ReplicaNode::start(spec(&kafka), opts("a", da.path(), vec![])).await.unwrap();
+    let other = StateSettings { placement_ttl_ms: 1_000, ..spec(&kafka).settings };
+    let c_spec = spec(&kafka).with_settings(other);
+    let c = ReplicaNode::start(c_spec, opts("c", dc.path(), vec![peer(&a)])).await.unwrap();
+    let mut seqs = vec![0u64; WORKERS as usize];
+    let tok = publish_rounds(&publisher, 0..6, &mut seqs).await;
+    caught_up(&[&a, &c], &tok).await;
+    let r = c.anti_entropy_round().await.unwrap();
+    assert_eq!(r.compared, 0, "{r:?}");
+    assert!(r.mismatches.is_empty() && r.repaired.is_empty(), "{r:?}");
+    assert!(
+        matches!(&r.incompatible[..], [(_, Incompatible::Settings { differences })] if differences[0].contains("placement_ttl_ms")),
+        "{r:?}"
+    );
+    let stats = &c.anti_entropy().unwrap().stats;
+    assert_eq!(stats.mismatches_total(), 0);
+    assert_eq!(stats.incompatible.with_label_values(&["settings_differ"]).get(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_peer_is_not_a_divergence_and_bootstrap_fetches_a_checkpoint() {
+    let kafka = EmbeddedKafka::start(TOPIC, P).unwrap();
+    let publisher = Publisher::new(&spec(&kafka)).unwrap();
+    let da = tempfile::tempdir().unwrap();
+    let a = ReplicaNode::start(spec(&kafka), opts("a", da.path(), vec!["127.0.0.1:1".into()])).await.unwrap();
+    let r = a.anti_entropy_round().await.unwrap();
+    assert_eq!(r.unreachable, vec!["127.0.0.1:1".to_string()]);
+    assert!(r.mismatches.is_empty());
+    assert_eq!(a.anti_entropy().unwrap().stats.unreachable.with_label_values(&["127.0.0.1:1"]).get(), 1);
+
+    // Bootstrap: a new replica fetches a's checkpoint over gRPC and restores the same state.
+    let mut seqs = vec![0u64; WORKERS as usize];
+    let tok = publish_rounds(&publisher, 0..6, &mut seqs).await;
+    caught_up(&[&a], &tok).await;
+    let meta = a.checkpoint_now().unwrap().unwrap();
+    let db = tempfile::tempdir().unwrap();
+    let o = NodeOptions { bootstrap_from: Some(peer(&a)), ..opts("b", db.path(), vec![]) };
+    let b = ReplicaNode::start(spec(&kafka), o).await.unwrap();
+    assert_eq!(b.source(), &StateSource::Peer { peer: peer(&a), checkpoint: meta.id });
+    caught_up(&[&b], &tok).await;
+    assert_eq!(digests(&a), digests(&b));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_restarted_from_its_checkpoint_agrees_at_every_later_point() {
+    let kafka = EmbeddedKafka::start(TOPIC, P).unwrap();
+    let publisher = Publisher::new(&spec(&kafka)).unwrap();
+    let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, b) = pair(&kafka, da.path(), db.path()).await;
+    let mut seqs = vec![0u64; WORKERS as usize];
+    let tok = publish_rounds(&publisher, 0..12, &mut seqs).await;
+    caught_up(&[&a, &b], &tok).await;
+    b.checkpoint_now().unwrap();
+    // More records b never sees before it stops: its restart must replay them.
+    let tok = publish_rounds(&publisher, 12..18, &mut seqs).await;
+    caught_up(&[&a], &tok).await;
+    let peer_addr = b.peer_addr();
+    b.kill().await;
+    let o = NodeOptions { peer_addr, ..opts("b2", db.path(), vec![peer(&a)]) };
+    let b2 = ReplicaNode::start(spec(&kafka), o).await.unwrap();
+    assert!(matches!(b2.source(), StateSource::LocalCheckpoint(_)), "{:?}", b2.source());
+    let mut compared = 0;
+    for phase in 3..6 {
+        let tok = publish_rounds(&publisher, phase * 6..phase * 6 + 6, &mut seqs).await;
+        caught_up(&[&a, &b2], &tok).await;
+        let (ra, rb) = (a.anti_entropy_round().await.unwrap(), b2.anti_entropy_round().await.unwrap());
+        assert!(ra.mismatches.is_empty() && rb.mismatches.is_empty(), "{ra:?} {rb:?}");
+        compared += ra.compared + rb.compared;
+        assert_eq!(digests(&a), digests(&b2));
+    }
+    assert!(compared >= 20, "points compared after the restart: {compared}");
+}
