@@ -10,6 +10,7 @@
 //! Tests run their body once per backend and print which backends ran, so none is silently
 //! skipped.
 
+pub mod http;
 pub mod replicas;
 
 use prefixlog_ingest::EmbeddedKafka;

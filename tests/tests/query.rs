@@ -17,6 +17,7 @@ use prefixlog_query::tonic_health::pb::{
 use prefixlog_query::{
     IndexClient, MatchOutcome, MatchQuery, Prompt, QueryConfig, ServerConfig, Unavailable,
 };
+use prefixlog_tests::http::http_get;
 use prefixlog_tests::{kafka_backends, replicas, unique_topic, KafkaBackend};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -190,17 +191,6 @@ async fn wait_serving(addr: &str, want: ServingStatus) {
         assert!(t.elapsed() < Duration::from_secs(60), "{addr} never became {want:?}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-/// GET over plain HTTP/1.0 (no client dependency): (status code, body).
-async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes()).await.unwrap();
-    let mut buf = String::new();
-    s.read_to_string(&mut buf).await.unwrap();
-    let code = buf.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    (code, buf.split_once("\r\n\r\n").map_or(String::new(), |(_, b)| b.to_string()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

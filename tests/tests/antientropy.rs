@@ -1,4 +1,4 @@
-//! Anti-entropy between live replicas (`ReplicaNode`s over gRPC, the embedded broker):
+//! Anti-entropy between live replicas (`ReplicaNode`s over gRPC, on every available backend):
 //! agreement under ingest; a corrupted holder detected within one round and repaired by that
 //! replica alone *while records keep arriving for every partition, the repaired one included*,
 //! converging to a never-corrupted replica; a peer with other state settings reported as such,
@@ -7,24 +7,27 @@
 
 use prefixlog_engine::{partition_of, HolderKey, KeyspaceId, MatchOptions};
 use prefixlog_ingest::{
-    token_of, EmbeddedKafka, Incompatible, KafkaConnection, KvOp, Landed, LogSpec, Publisher, StateSettings,
+    token_of, Incompatible, KafkaConnection, KvOp, Landed, LogSpec, Publisher, StateSettings,
 };
 use prefixlog_node::{CheckpointPolicy, NodeOptions, ReplicaNode, StateSource};
+use prefixlog_tests::{kafka_backends, unique_topic, KafkaBackend};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 const P: u32 = 4;
-const TOPIC: &str = "prefixlog.ae";
 const WORKERS: u64 = 10;
 
 fn ks() -> KeyspaceId {
     KeyspaceId::new("m", 16, 1)
 }
 
-fn spec(kafka: &EmbeddedKafka) -> LogSpec {
+/// A fresh topic on the backend, as a log with digest points every 5 offsets.
+async fn new_log(b: &KafkaBackend) -> LogSpec {
+    let topic = unique_topic("prefixlog.ae");
+    b.create_topic(&topic, P).await.unwrap();
     let settings = StateSettings { digest_interval: 5, ..Default::default() };
-    LogSpec::new(KafkaConnection::new(kafka.bootstrap_servers()), TOPIC, P).with_settings(settings)
+    LogSpec::new(KafkaConnection::new(&b.brokers), topic, P).with_settings(settings)
 }
 
 /// A replica with a data dir, checkpoints only when the test takes them, anti-entropy rounds
@@ -46,16 +49,12 @@ fn peer(n: &ReplicaNode) -> String {
 }
 
 /// Two replicas that know each other's peer port before either starts.
-async fn pair(
-    kafka: &EmbeddedKafka,
-    da: &std::path::Path,
-    db: &std::path::Path,
-) -> (ReplicaNode, ReplicaNode) {
+async fn pair(spec: &LogSpec, da: &std::path::Path, db: &std::path::Path) -> (ReplicaNode, ReplicaNode) {
     let (pa, pb) = (prefixlog_node::loopback_port(), prefixlog_node::loopback_port());
     let addr = |p: u16| std::net::SocketAddr::from(([127, 0, 0, 1], p));
     let a = NodeOptions { peer_addr: Some(addr(pa)), ..opts("a", da, vec![addr(pb).to_string()]) };
     let b = NodeOptions { peer_addr: Some(addr(pb)), ..opts("b", db, vec![addr(pa).to_string()]) };
-    (ReplicaNode::start(spec(kafka), a).await.unwrap(), ReplicaNode::start(spec(kafka), b).await.unwrap())
+    (ReplicaNode::start(spec.clone(), a).await.unwrap(), ReplicaNode::start(spec.clone(), b).await.unwrap())
 }
 
 /// One store per worker; chains accumulate (no clears), so a corrupted block stays corrupted.
@@ -93,10 +92,19 @@ fn digests(n: &ReplicaNode) -> Vec<(i64, u64)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_corrupted_replica_repairs_itself_under_steady_ingest() {
-    let kafka = EmbeddedKafka::start(TOPIC, P).unwrap();
-    let publisher = Publisher::new(&spec(&kafka)).unwrap();
+    let mut ran = Vec::new();
+    for backend in kafka_backends().await {
+        repair_under_ingest(&backend).await;
+        ran.push(backend.name);
+    }
+    eprintln!("[kafka backend] ran: {ran:?}");
+}
+
+async fn repair_under_ingest(backend: &KafkaBackend) {
+    let spec = new_log(backend).await;
+    let publisher = Publisher::new(&spec).unwrap();
     let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let (a, b) = pair(&kafka, da.path(), db.path()).await;
+    let (a, b) = pair(&spec, da.path(), db.path()).await;
     let mut seqs = vec![0u64; WORKERS as usize];
     for phase in 0..3 {
         let tok = publish_rounds(&publisher, phase * 6..phase * 6 + 6, &mut seqs).await;
@@ -177,12 +185,21 @@ async fn a_corrupted_replica_repairs_itself_under_steady_ingest() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_with_other_settings_is_reported_never_compared() {
-    let kafka = EmbeddedKafka::start(TOPIC, P).unwrap();
-    let publisher = Publisher::new(&spec(&kafka)).unwrap();
+    let mut ran = Vec::new();
+    for backend in kafka_backends().await {
+        settings_differ(&backend).await;
+        ran.push(backend.name);
+    }
+    eprintln!("[kafka backend] ran: {ran:?}");
+}
+
+async fn settings_differ(backend: &KafkaBackend) {
+    let spec = new_log(backend).await;
+    let publisher = Publisher::new(&spec).unwrap();
     let (da, dc) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let a = ReplicaNode::start(spec(&kafka), opts("a", da.path(), vec![])).await.unwrap();
-    let other = StateSettings { placement_ttl_ms: 1_000, ..spec(&kafka).settings };
-    let c_spec = spec(&kafka).with_settings(other);
+    let a = ReplicaNode::start(spec.clone(), opts("a", da.path(), vec![])).await.unwrap();
+    let other = StateSettings { placement_ttl_ms: 1_000, ..spec.settings };
+    let c_spec = spec.clone().with_settings(other);
     let c = ReplicaNode::start(c_spec, opts("c", dc.path(), vec![peer(&a)])).await.unwrap();
     let mut seqs = vec![0u64; WORKERS as usize];
     let tok = publish_rounds(&publisher, 0..6, &mut seqs).await;
@@ -201,10 +218,19 @@ async fn a_peer_with_other_settings_is_reported_never_compared() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_peer_is_not_a_divergence_and_bootstrap_fetches_a_checkpoint() {
-    let kafka = EmbeddedKafka::start(TOPIC, P).unwrap();
-    let publisher = Publisher::new(&spec(&kafka)).unwrap();
+    let mut ran = Vec::new();
+    for backend in kafka_backends().await {
+        unreachable_and_bootstrap(&backend).await;
+        ran.push(backend.name);
+    }
+    eprintln!("[kafka backend] ran: {ran:?}");
+}
+
+async fn unreachable_and_bootstrap(backend: &KafkaBackend) {
+    let spec = new_log(backend).await;
+    let publisher = Publisher::new(&spec).unwrap();
     let da = tempfile::tempdir().unwrap();
-    let a = ReplicaNode::start(spec(&kafka), opts("a", da.path(), vec!["127.0.0.1:1".into()])).await.unwrap();
+    let a = ReplicaNode::start(spec.clone(), opts("a", da.path(), vec!["127.0.0.1:1".into()])).await.unwrap();
     let r = a.anti_entropy_round().await.unwrap();
     assert_eq!(r.unreachable, vec!["127.0.0.1:1".to_string()]);
     assert!(r.mismatches.is_empty());
@@ -217,7 +243,7 @@ async fn unreachable_peer_is_not_a_divergence_and_bootstrap_fetches_a_checkpoint
     let meta = a.checkpoint_now().unwrap().unwrap();
     let db = tempfile::tempdir().unwrap();
     let o = NodeOptions { bootstrap_from: Some(peer(&a)), ..opts("b", db.path(), vec![]) };
-    let b = ReplicaNode::start(spec(&kafka), o).await.unwrap();
+    let b = ReplicaNode::start(spec.clone(), o).await.unwrap();
     assert_eq!(b.source(), &StateSource::Peer { peer: peer(&a), checkpoint: meta.id });
     caught_up(&[&b], &tok).await;
     assert_eq!(digests(&a), digests(&b));
@@ -225,10 +251,19 @@ async fn unreachable_peer_is_not_a_divergence_and_bootstrap_fetches_a_checkpoint
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_restarted_from_its_checkpoint_agrees_at_every_later_point() {
-    let kafka = EmbeddedKafka::start(TOPIC, P).unwrap();
-    let publisher = Publisher::new(&spec(&kafka)).unwrap();
+    let mut ran = Vec::new();
+    for backend in kafka_backends().await {
+        restart_agrees(&backend).await;
+        ran.push(backend.name);
+    }
+    eprintln!("[kafka backend] ran: {ran:?}");
+}
+
+async fn restart_agrees(backend: &KafkaBackend) {
+    let spec = new_log(backend).await;
+    let publisher = Publisher::new(&spec).unwrap();
     let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let (a, b) = pair(&kafka, da.path(), db.path()).await;
+    let (a, b) = pair(&spec, da.path(), db.path()).await;
     let mut seqs = vec![0u64; WORKERS as usize];
     let tok = publish_rounds(&publisher, 0..12, &mut seqs).await;
     caught_up(&[&a, &b], &tok).await;
@@ -239,7 +274,7 @@ async fn a_replica_restarted_from_its_checkpoint_agrees_at_every_later_point() {
     let peer_addr = b.peer_addr();
     b.kill().await;
     let o = NodeOptions { peer_addr, ..opts("b2", db.path(), vec![peer(&a)]) };
-    let b2 = ReplicaNode::start(spec(&kafka), o).await.unwrap();
+    let b2 = ReplicaNode::start(spec.clone(), o).await.unwrap();
     assert!(matches!(b2.source(), StateSource::LocalCheckpoint(_)), "{:?}", b2.source());
     let mut compared = 0;
     for phase in 3..6 {
