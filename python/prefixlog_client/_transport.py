@@ -71,8 +71,10 @@ class Failover:
         """Records why endpoint `index` gave no answer; returns the final result when no other
         endpoint can do better (the request itself was rejected), None to try the next one."""
         endpoint = self.endpoints[index]
+        # grpc's sync and aio call errors both have code() and details(); anything else
+        # (a broken channel, a bug) is treated as a disconnection.
         code = error.code() if isinstance(error, grpc.RpcError) and hasattr(error, "code") else None
-        details = error.details() if code is not None else str(error)
+        details = error.details() if code is not None else str(error)  # type: ignore[attr-defined]
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:
             self._reason = "timeout"
         elif code is None or code in _TRY_NEXT:

@@ -6,7 +6,7 @@ this unit, so it can be passed unchanged as the next request's `min_offsets`, al
 replica. A publish acknowledged at record offset x (what a Kafka producer reports for the record
 it wrote) is the token x + 1: `token_from_ack(partition, x)`.
 """
-from typing import List, Tuple
+from typing import Dict, List, Tuple
 
 # (partition, next offset): every record of the partition below the offset.
 Token = Tuple[int, int]
@@ -23,7 +23,7 @@ def token_from_ack(partition: int, record_offset: int) -> Token:
 def merge_tokens(*tokens: List[Token]) -> List[Token]:
     """One token covering all of `tokens` (the highest offset per partition), e.g. a response's
     `applied` combined with the acknowledgements of placements published since."""
-    merged = {}
+    merged: Dict[int, int] = {}
     for token in tokens:
         for partition, offset in token:
             merged[partition] = max(offset, merged.get(partition, offset))

@@ -26,7 +26,8 @@ def test_relative_import_rewrite():
     from prefixlog_client.codegen import relative_imports
 
     src = "import grpc\nimport records_pb2 as records__pb2\nfrom google.protobuf import descriptor as _d\n"
-    assert relative_imports(src) == "import grpc\nfrom . import records_pb2 as records__pb2\nfrom google.protobuf import descriptor as _d\n"
+    want = "import grpc\nfrom . import records_pb2 as records__pb2\nfrom google.protobuf import descriptor as _d\n"
+    assert relative_imports(src) == want
     with pytest.raises(RuntimeError):
         relative_imports("import other_pb2 as other__pb2\n")  # a proto codegen does not know
 
@@ -65,6 +66,7 @@ def test_the_check_fails_after_a_proto_change(tmp_path):
     protos = tmp_path / "proto"
     shutil.copytree(os.path.join(PYTHON_DIR, "..", "proto", "proto"), protos)
     query = (protos / "query.proto").read_text()
-    (protos / "query.proto").write_text(query.replace("bool exclude_gapped = 11;", "bool exclude_gapped = 11;\n  bool added = 99;"))
+    added = query.replace("bool exclude_gapped = 11;", "bool exclude_gapped = 11;\n  bool added = 99;")
+    (protos / "query.proto").write_text(added)
     r = codegen("--check", "--proto-dir", str(protos))
     assert r.returncode == 1 and "query_pb2.py" in r.stderr, r.stderr
