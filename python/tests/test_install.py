@@ -72,11 +72,11 @@ def test_fresh_venv_install_queries_a_live_replica(tmp_path):
     )
     assert pip.returncode == 0, pip.stdout + pip.stderr
     run = subprocess.run(
-        [py, "-c", QUERY_BOTH_CLIENTS, ADDR, json.dumps(chain)],
+        # -W error: a protobuf gencode/runtime version warning (a UserWarning) fails the import.
+        [py, "-W", "error::UserWarning", "-c", QUERY_BOTH_CLIENTS, ADDR, json.dumps(chain)],
         cwd=str(tmp_path), capture_output=True, text=True, timeout=120,
     )
     assert run.returncode == 0, run.stderr
-    assert "Warning" not in run.stderr, run.stderr  # e.g. protobuf's gencode/runtime version warning
     got = json.loads(run.stdout)
     print(f"fresh venv: protobuf {got['protobuf']}, grpcio {got['grpcio']}")
     assert got["module"].startswith(str(venv)), got["module"]  # the installed copy, not the source
