@@ -86,14 +86,24 @@ if want is None:
     print("replay's record count not found in its log; falling back to a 0.5 s sleep", file=sys.stderr)
     time.sleep(0.5)  # let the replica see the new high watermarks (polled every 200 ms)
 
+COUNTED = ("prefixlog_records_applied", "prefixlog_records_skipped")
+
+def samples(text):
+    """(name without a `_total` suffix, value) of each sample in Prometheus' text format,
+    labels dropped (skipped records may be counted per reason label)."""
+    for line in text.splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        if "{" in line:
+            name, rest = line.split("{", 1)
+            rest = rest.rsplit("}", 1)[1]
+        else:
+            name, _, rest = line.partition(" ")
+        yield name[: -len("_total")] if name.endswith("_total") else name, float(rest.split()[0])
+
 def done():
     m = urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()
-    total = 0.0
-    for line in m.splitlines():
-        name, _, value = line.partition(" ")
-        if name in ("prefixlog_records_applied", "prefixlog_records_skipped"):
-            total += float(value.split()[0])
-    return total
+    return sum(value for name, value in samples(m) if name in COUNTED)
 
 n = 0
 end = time.monotonic() + 60
