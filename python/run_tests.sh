@@ -1,30 +1,45 @@
 #!/usr/bin/env bash
 # The Python client's tests against a live replica:
-#   1. a virtualenv under ~/.cache/prefixlog/venv with grpcio, grpcio-tools, xxhash, pytest;
-#   2. gRPC stubs generated from proto/ (not committed), the package installed into the venv;
-#   3. `prefixlog serve` (debug build) on free ports with its embedded broker, a second replica
-#      of the same log serving gRPC over mutual TLS (tests/fixtures/tls), the trace replayed
-#      with `prefixlog replay`, then pytest; both servers are killed on exit.
+#   1. a virtualenv under ~/.cache/prefixlog/venv with the package's [dev] extra (grpcio-tools
+#      pinned for the stub check, pytest, grpcio health/reflection), rebuilt when
+#      python/pyproject.toml changes;
+#   2. the committed gRPC stubs checked against proto/ (fails with "stubs are stale" when a proto
+#      changed without `python -m prefixlog_client.codegen`), the package installed into the venv;
+#   3. `prefixlog serve` (debug build, or PREFIXLOG_BIN=/path/to/prefixlog to skip the cargo
+#      build) on free ports with its embedded broker, a second replica of the same log serving
+#      gRPC over mutual TLS (tests/fixtures/tls), the trace replayed with `prefixlog replay`,
+#      then pytest (which also installs the package into a fresh venv and queries with it);
+#      both servers are killed on exit.
 set -euo pipefail
 source "$(dirname "$0")/../scripts/env.sh"
 cd "$PREFIXLOG_ROOT"
 VENV="${PREFIXLOG_VENV:-$HOME/.cache/prefixlog/venv}"
 PY="$VENV/bin/python"
-REQS="grpcio grpcio-tools grpcio-health-checking grpcio-reflection protobuf xxhash pytest"
-# Reinstall only when the requirement list changes (pip itself is slow to start on 2 cores).
-if [ ! -x "$PY" ] || [ "$(cat "$VENV/.prefixlog-reqs" 2>/dev/null)" != "$REQS" ]; then
-  echo "==> python venv: $VENV"
+# Reinstall the dependencies only when pyproject.toml changes (pip is slow to start on 2 cores).
+REQS_KEY="pyproject-sha256=$(sha256sum python/pyproject.toml | cut -d' ' -f1)"
+if [ ! -x "$PY" ] || [ "$(cat "$VENV/.prefixlog-reqs" 2>/dev/null)" != "$REQS_KEY" ]; then
+  echo "==> python venv: $VENV (prefixlog_client[dev])"
   python3 -m venv "$VENV"
-  "$VENV/bin/pip" install -q --disable-pip-version-check $REQS
-  echo "$REQS" > "$VENV/.prefixlog-reqs"
+  "$VENV/bin/pip" install -q --disable-pip-version-check "./python[dev]"
+  echo "$REQS_KEY" > "$VENV/.prefixlog-reqs"
 fi
-echo "==> generating stubs from proto/ and installing prefixlog_client"
-(cd python && "$PY" -m prefixlog_client.codegen >/dev/null)
+echo "==> checking the committed stubs against proto/"
+(cd python && "$PY" -m prefixlog_client.codegen --check)
+echo "==> installing prefixlog_client"
+# setuptools builds in python/build and copies all of build/lib into the wheel, stale files
+# from an earlier build included: start clean.
+rm -rf python/build python/*.egg-info
 "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --force-reinstall --no-build-isolation ./python >/dev/null 2>&1 \
   || "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --force-reinstall ./python
 
-cargo build -q -p prefixlog
-BIN="$CARGO_TARGET_DIR/debug/prefixlog"
+if [ -n "${PREFIXLOG_BIN:-}" ]; then
+  BIN="$PREFIXLOG_BIN"
+  echo "==> using PREFIXLOG_BIN=$BIN (no cargo build)"
+else
+  cargo build -q -p prefixlog
+  BIN="$CARGO_TARGET_DIR/debug/prefixlog"
+fi
+[ -x "$BIN" ] || { echo "prefixlog binary not found or not executable: $BIN" >&2; exit 1; }
 free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 GRPC_PORT=$(free_port); ADMIN_PORT=$(free_port)
 LOG=$(mktemp /tmp/prefixlog-pytest.XXXXXX.log)
@@ -71,14 +86,24 @@ if want is None:
     print("replay's record count not found in its log; falling back to a 0.5 s sleep", file=sys.stderr)
     time.sleep(0.5)  # let the replica see the new high watermarks (polled every 200 ms)
 
+COUNTED = ("prefixlog_records_applied", "prefixlog_records_skipped")
+
+def samples(text):
+    """(name without a `_total` suffix, value) of each sample in Prometheus' text format,
+    labels dropped (skipped records may be counted per reason label)."""
+    for line in text.splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        if "{" in line:
+            name, rest = line.split("{", 1)
+            rest = rest.rsplit("}", 1)[1]
+        else:
+            name, _, rest = line.partition(" ")
+        yield name[: -len("_total")] if name.endswith("_total") else name, float(rest.split()[0])
+
 def done():
     m = urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()
-    total = 0.0
-    for line in m.splitlines():
-        name, _, value = line.partition(" ")
-        if name in ("prefixlog_records_applied", "prefixlog_records_skipped"):
-            total += float(value.split()[0])
-    return total
+    return sum(value for name, value in samples(m) if name in COUNTED)
 
 n = 0
 end = time.monotonic() + 60
@@ -96,4 +121,4 @@ done
 echo "==> pytest (python/tests) against 127.0.0.1:$GRPC_PORT"
 PREFIXLOG_GRPC="127.0.0.1:$GRPC_PORT" PREFIXLOG_TRACE="$PREFIXLOG_TRACE" \
   PREFIXLOG_GRPC_TLS="127.0.0.1:$TLS_GRPC_PORT" PREFIXLOG_TLS_DIR="$TLS_DIR" \
-  "$PY" -m pytest -q -p no:cacheprovider python/tests
+  "$PY" -m pytest -q -rs -p no:cacheprovider python/tests

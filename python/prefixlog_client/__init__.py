@@ -6,19 +6,30 @@
     if r.outcome == "scores": route_to(r.scores[0].worker)
     else: route_without_index()   # "empty" or "unavailable": never an exception
 
-The gRPC stubs are generated from ../proto (`python -m prefixlog_client.codegen`).
+`AsyncIndexClient` is the same client for asyncio (`await c.match(...)`). Consistency tokens
+(`min_offsets`, `MatchResult.applied`) are next offsets: see prefixlog_client.tokens. The gRPC
+stubs in prefixlog_client._proto are generated from ../proto and committed
+(`python -m prefixlog_client.codegen` regenerates them).
 """
+from ._wire import Keyspace, MatchResult, Score
+from .aio import AsyncIndexClient
+from .client import IndexClient, match
+from .partitioning import partition_of
 from .scheme import SCHEME_XXH3_CHAINED, block_hashes, namespace_seed
+from .tokens import Token, merge_tokens, token_from_ack
 
-
-def __getattr__(name):
-    # The client needs the generated stubs; importing it lazily lets `python -m
-    # prefixlog_client.codegen` (which generates them) import this package first.
-    if name in ("IndexClient", "MatchResult", "Score", "match"):
-        from . import client
-
-        return getattr(client, name)
-    raise AttributeError(name)
-
-
-__all__ = ["IndexClient", "match", "MatchResult", "Score", "block_hashes", "namespace_seed", "SCHEME_XXH3_CHAINED"]
+__all__ = [
+    "AsyncIndexClient",
+    "IndexClient",
+    "Keyspace",
+    "MatchResult",
+    "SCHEME_XXH3_CHAINED",
+    "Score",
+    "Token",
+    "block_hashes",
+    "match",
+    "merge_tokens",
+    "namespace_seed",
+    "partition_of",
+    "token_from_ack",
+]

@@ -1,4 +1,5 @@
-"""Against a live replica (run_tests.sh starts `prefixlog serve` and replays the trace).
+"""Against a live replica (run_tests.sh starts `prefixlog serve` and replays the trace), with
+the sync and the asyncio client alike (the client_factory fixture).
 
 PREFIXLOG_GRPC = the replica's gRPC address, PREFIXLOG_TRACE = the replayed trace (its last
 request's chain is resident on the worker that served it: nothing evicts after it).
@@ -10,31 +11,24 @@ import time
 import grpc
 import pytest
 
-from prefixlog_client import IndexClient, match
+from prefixlog_client import match
+from prefixlog_client._proto import query_pb2, query_pb2_grpc
+from prefixlog_client.partitioning import U64, fmix64
 
 ADDR = os.environ.get("PREFIXLOG_GRPC")
 TRACE = os.environ.get("PREFIXLOG_TRACE")
 KS = ("trace", 64, 1)  # the replay's keyspace (prefixlog/src/fleet_records.rs)
 pytestmark = pytest.mark.skipif(not ADDR, reason="PREFIXLOG_GRPC not set (run python/run_tests.sh)")
-M = (1 << 64) - 1
-
-
-def mix64(x):
-    x ^= x >> 33
-    x = (x * 0xFF51AFD7ED558CCD) & M
-    x ^= x >> 33
-    x = (x * 0xC4CEB9FE1A85EC53) & M
-    return x ^ (x >> 33)
 
 
 def last_chain():
     """The workload's local hashes of the trace's last request (copy 0, stretch 1), as in
-    workload/src/trace.rs expand_request."""
+    workload/src/trace.rs expand_request (its mix64 is murmur3's fmix64)."""
     with open(TRACE) as f:
         for line in f:
             if line.strip():
                 last = json.loads(line)
-    return [mix64(mix64(((i * 0x100) & M) ^ 0) ^ 0) for i in last["hash_ids"]]
+    return [fmix64(fmix64(((i * 0x100) & U64) ^ 0) ^ 0) for i in last["hash_ids"]]
 
 
 def full_chain_answer(c, chain):
@@ -48,25 +42,58 @@ def full_chain_answer(c, chain):
         time.sleep(0.2)
 
 
-def test_scores_for_resident_chain():
+def serves_next_offset_tokens(addr, channel_credentials=None):
+    """Whether the replica at `addr` takes `min_offsets` as next offsets. Describe arrived with
+    that unit in the same proto change; a replica without Describe (UNIMPLEMENTED) predates it
+    and reads a token as the last record wanted, so `applied` passed unchanged waits for one
+    record more."""
+    if channel_credentials is None:
+        ch = grpc.insecure_channel(addr)
+    else:
+        ch = grpc.secure_channel(addr, channel_credentials)
+    try:
+        query_pb2_grpc.PrefixIndexStub(ch).Describe(query_pb2.DescribeRequest(), timeout=5)
+        return True
+    except grpc.RpcError as e:
+        if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+            return False
+        raise
+    finally:
+        ch.close()
+
+
+def test_scores_for_resident_chain(client_factory):
     chain = last_chain()
-    c = IndexClient([ADDR], deadline=2.0)
+    c = client_factory([ADDR], deadline=2.0)
     r = full_chain_answer(c, chain)
-    assert r.replica_id == "py-test"
+    assert r.replica_id == "py-test" and r.endpoint == ADDR
     depths = [s.depth for s in r.scores]
     assert depths == sorted(depths, reverse=True)
     assert all(0 < d <= len(chain) for d in depths)
     assert len(r.applied) == 4 and sum(o for _, o in r.applied) > 0  # 8 workers need not fill 4 partitions
-    top2 = c.match(KS, hashes=chain, top_k=1)
-    assert [s.worker for s in top2.scores] == [r.scores[0].worker]
-    # Read-your-writes with the offsets just observed (applied = next offsets, a token names
-    # the last record wanted): reached, not stale.
+    top = c.match(KS, hashes=chain, top_k=1)
+    assert [s.worker for s in top.scores] == [r.scores[0].worker]
+    # Read-your-writes with a token one record behind what was just observed: reached at once,
+    # not stale. (Behind, because a replica that predates next-offset tokens reads `applied`
+    # unchanged as one record more; test_applied_round_trips_unchanged covers the round trip.)
     again = c.match(KS, hashes=chain, min_offsets=[(p, o - 1) for p, o in r.applied if o > 0])
     assert again.outcome == "scores" and not again.stale
 
 
-def test_statuses_fail_open():
-    c = IndexClient([ADDR], deadline=2.0)
+def test_applied_round_trips_unchanged(client_factory):
+    if not serves_next_offset_tokens(ADDR):
+        pytest.skip("the replica predates next-offset tokens (no Describe RPC)")
+    chain = last_chain()
+    c = client_factory([ADDR], deadline=5.0)
+    r = full_chain_answer(c, chain)
+    t = time.monotonic()
+    again = c.match(KS, hashes=chain, min_offsets=r.applied)
+    assert again.outcome == "scores" and not again.stale, again
+    assert time.monotonic() - t < 1.0  # answered, not held for a record that never comes
+
+
+def test_statuses_fail_open(client_factory):
+    c = client_factory([ADDR], deadline=2.0)
     r = c.match(("no-such-model", 64, 1), hashes=[1, 2])
     assert r.outcome == "unavailable" and r.reason.startswith("rejected: NOT_FOUND"), r
     assert "trace/bs64/scheme1" in r.reason
@@ -87,16 +114,20 @@ def test_statuses_fail_open():
     assert r.outcome == "empty" and r.stale, r
 
 
-def test_dead_endpoint_fails_open_and_over():
+def test_dead_endpoint_fails_open_and_over(client_factory):
     # Nothing listens on port 1: "unavailable", fast, no exception.
     t = time.monotonic()
-    r = match("127.0.0.1:1", KS, deadline=0.05, hashes=[1])
+    r = client_factory(["127.0.0.1:1"], deadline=0.05).match(KS, hashes=[1])
     assert r.outcome == "unavailable"
     assert time.monotonic() - t < 1.0
     # A dead endpoint first, the live one second: answered within the deadline.
-    c = IndexClient(["127.0.0.1:1", ADDR], deadline=2.0)
-    r = c.match(KS, hashes=last_chain())
+    r = client_factory(["127.0.0.1:1", ADDR], deadline=2.0).match(KS, hashes=last_chain())
     assert r.outcome == "scores" and r.endpoint == ADDR
+
+
+def test_one_shot_match():
+    r = match(ADDR, KS, deadline=2.0, hashes=last_chain(), top_k=1)
+    assert r.outcome == "scores" and len(r.scores) == 1
 
 
 def test_health_and_reflection():

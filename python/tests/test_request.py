@@ -1,24 +1,67 @@
-"""What the client puts on the wire (no replica needed): the stub is replaced by a recorder."""
-from prefixlog_client import IndexClient
+"""Building MatchRequests and reading MatchResponses (shared by both clients; no server)."""
+import pytest
+
+from fake_replica import canned_response
+from prefixlog_client import Score
+from prefixlog_client._wire import match_request, match_result
+
+KS = ("m", 4, 1)
 
 
-class Recorder:
-    def __init__(self):
-        self.requests = []
+def test_token_prompt_carries_its_namespace():
+    req = match_request(KS, tokens=[1, 2, 3, 4], namespace="sql-adapter")
+    assert req.WhichOneof("prompt") == "tokens"
+    assert list(req.tokens.ids) == [1, 2, 3, 4] and req.tokens.namespace == "sql-adapter"
+    assert match_request(KS, tokens=[1, 2, 3, 4]).tokens.namespace == ""
+    assert (req.keyspace.model, req.keyspace.block_size, req.keyspace.hash_scheme) == KS
 
-    def Match(self, req, timeout):
-        self.requests.append(req)
-        raise RuntimeError("recorded")  # the client fails open on anything
+
+def test_every_option_reaches_the_request():
+    req = match_request(
+        KS, hashes=[2**64 - 1, 5], top_k=3, lane=0, intervals=True, min_offsets=[(0, 41), (2, 7)],
+        allow_stale=True, candidate_workers=[7, 2**64 - 1], exclude_gapped=True,
+    )
+    assert req.WhichOneof("prompt") == "hashes" and list(req.hashes.local) == [2**64 - 1, 5]
+    assert req.HasField("top_k") and req.top_k == 3
+    assert req.HasField("lane") and req.lane == 0  # lane 0 is a filter, not "unset"
+    assert req.intervals and req.allow_stale and req.exclude_gapped
+    assert [(o.partition, o.offset) for o in req.min_offsets] == [(0, 41), (2, 7)]
+    assert list(req.candidate_workers) == [7, 2**64 - 1]
 
 
-def test_token_prompt_carries_its_namespace_and_fails_open():
-    c = IndexClient(["127.0.0.1:1"], deadline=0.5)
-    rec = Recorder()
-    c._stubs = [rec]
-    r = c.match(("m", 4, 1), tokens=[1, 2, 3, 4], namespace="sql-adapter")
-    assert r.outcome == "unavailable"
-    assert list(rec.requests[0].tokens.ids) == [1, 2, 3, 4]
-    assert rec.requests[0].tokens.namespace == "sql-adapter"
-    c.match(("m", 4, 1), tokens=[1, 2, 3, 4])
-    assert rec.requests[1].tokens.namespace == ""
-    c.close()
+def test_defaults_leave_optional_fields_unset():
+    req = match_request(KS, hashes=[1])
+    assert not req.HasField("top_k") and not req.HasField("lane")
+    assert not req.min_offsets and not req.candidate_workers
+    assert not (req.intervals or req.allow_stale or req.exclude_gapped)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [{}, {"tokens": [1], "hashes": [1]}, {"hashes": [1], "namespace": "adapter"}],
+    ids=["no-prompt", "two-prompts", "namespace-with-hashes"],
+)
+def test_ambiguous_prompts_are_caller_errors(kw):
+    with pytest.raises(ValueError):
+        match_request(KS, **kw)
+
+
+def test_response_fields_reach_the_result():
+    r = match_result(canned_response(), "host:1")
+    assert r.outcome == "scores" and r.endpoint == "host:1" and r.replica_id == "fake" and r.stale
+    assert r.scores[0] == Score(7, 1, 2, 3, 9, True, [(0, 3)], gapped=True)
+    assert r.scores[1].worker == 2**64 - 1 and not r.scores[1].gapped
+    assert r.applied == [(0, 41), (2, 7)]
+    assert (r.partitions, r.partition_count) == ([0, 2], 4)
+
+
+def test_applied_round_trips_unchanged_into_min_offsets():
+    applied = match_result(canned_response(), "host:1").applied
+    req = match_request(KS, hashes=[1], min_offsets=applied)
+    assert [(o.partition, o.offset) for o in req.min_offsets] == applied
+
+
+def test_no_scores_is_empty():
+    resp = canned_response()
+    del resp.scores[:]
+    assert match_result(resp, "host:1").outcome == "empty"

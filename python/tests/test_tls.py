@@ -1,14 +1,16 @@
-"""The client over mutual TLS, against the second replica run_tests.sh starts with
+"""Both clients over mutual TLS, against the second replica run_tests.sh starts with
 `--tls-cert/--tls-key/--tls-client-ca` (the throwaway certificates in tests/fixtures/tls:
-a CA, a server certificate for localhost / 127.0.0.1, a client certificate).
+a CA, a server certificate for localhost / 127.0.0.1, a client certificate). It reads the same
+log as the plaintext replica of test_live.
 """
 import os
+import time
 
+import grpc
 import pytest
 
-from prefixlog_client import IndexClient
-
-from test_live import KS, full_chain_answer, last_chain
+from test_live import ADDR as PLAIN_ADDR
+from test_live import KS, full_chain_answer, last_chain, serves_next_offset_tokens
 
 ADDR = os.environ.get("PREFIXLOG_GRPC_TLS")
 TLS_DIR = os.environ.get("PREFIXLOG_TLS_DIR")
@@ -22,33 +24,43 @@ def pem(name):
         return f.read()
 
 
-def test_mutual_tls_scores_like_the_plaintext_replica():
-    c = IndexClient(
+def mtls(client_factory, deadline):
+    return client_factory(
         [ADDR],
-        deadline=5.0,
+        deadline=deadline,
         root_certificates=pem("ca.pem"),
         private_key=pem("client.key"),
         certificate_chain=pem("client.pem"),
     )
-    r = full_chain_answer(c, last_chain())
-    assert r.replica_id == "py-tls"
-    c.close()
 
 
-def test_without_a_client_certificate_or_without_tls_it_fails_open():
+def test_mutual_tls_scores_like_the_plaintext_replica(client_factory):
+    r = full_chain_answer(mtls(client_factory, 5.0), last_chain())
+    assert r.replica_id == "py-tls" and r.endpoint == ADDR
+
+
+def test_one_replicas_applied_is_a_token_for_another(client_factory):
+    creds = grpc.ssl_channel_credentials(pem("ca.pem"), pem("client.key"), pem("client.pem"))
+    if not serves_next_offset_tokens(ADDR, creds):
+        pytest.skip("the replica predates next-offset tokens (no Describe RPC)")
+    chain = last_chain()
+    plain = full_chain_answer(client_factory([PLAIN_ADDR], deadline=5.0), chain)
+    t = time.monotonic()
+    r = mtls(client_factory, 5.0).match(KS, hashes=chain, min_offsets=plain.applied)
+    assert r.outcome == "scores" and not r.stale and r.replica_id == "py-tls", r
+    assert time.monotonic() - t < 1.0
+
+
+def test_without_a_client_certificate_or_without_tls_it_fails_open(client_factory):
     chain = last_chain()
     # Server verified, but no client certificate: the handshake is refused (mTLS).
-    no_cert = IndexClient([ADDR], deadline=2.0, root_certificates=pem("ca.pem"))
-    r = no_cert.match(KS, hashes=chain)
+    r = client_factory([ADDR], deadline=2.0, root_certificates=pem("ca.pem")).match(KS, hashes=chain)
     assert r.outcome == "unavailable" and r.reason, r
-    no_cert.close()
     # Plaintext to a TLS port: never an exception, an "unavailable" outcome.
-    plain = IndexClient([ADDR], deadline=2.0)
-    r = plain.match(KS, hashes=chain)
+    r = client_factory([ADDR], deadline=2.0).match(KS, hashes=chain)
     assert r.outcome == "unavailable", r
-    plain.close()
 
 
-def test_half_configured_mutual_tls_is_refused_up_front():
+def test_half_configured_mutual_tls_is_refused_up_front(client_factory):
     with pytest.raises(ValueError):
-        IndexClient([ADDR], root_certificates=pem("ca.pem"), private_key=pem("client.key"))
+        client_factory([ADDR], root_certificates=pem("ca.pem"), private_key=pem("client.key"))

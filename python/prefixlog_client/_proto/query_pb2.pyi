@@ -1,0 +1,157 @@
+from . import records_pb2 as _records_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class EchoMessage(_message.Message):
+    __slots__ = ("payload",)
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    payload: bytes
+    def __init__(self, payload: _Optional[bytes] = ...) -> None: ...
+
+class TokenIds(_message.Message):
+    __slots__ = ("ids", "namespace")
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    namespace: str
+    def __init__(self, ids: _Optional[_Iterable[int]] = ..., namespace: _Optional[str] = ...) -> None: ...
+
+class BlockHashes(_message.Message):
+    __slots__ = ("local",)
+    LOCAL_FIELD_NUMBER: _ClassVar[int]
+    local: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, local: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class MatchRequest(_message.Message):
+    __slots__ = ("keyspace", "tokens", "hashes", "intervals", "top_k", "lane", "min_offsets", "allow_stale", "request_id", "candidate_workers", "exclude_gapped")
+    KEYSPACE_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    HASHES_FIELD_NUMBER: _ClassVar[int]
+    INTERVALS_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    LANE_FIELD_NUMBER: _ClassVar[int]
+    MIN_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_STALE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDE_GAPPED_FIELD_NUMBER: _ClassVar[int]
+    keyspace: _records_pb2.Keyspace
+    tokens: TokenIds
+    hashes: BlockHashes
+    intervals: bool
+    top_k: int
+    lane: int
+    min_offsets: _containers.RepeatedCompositeFieldContainer[_records_pb2.PartitionOffset]
+    allow_stale: bool
+    request_id: int
+    candidate_workers: _containers.RepeatedScalarFieldContainer[int]
+    exclude_gapped: bool
+    def __init__(self, keyspace: _Optional[_Union[_records_pb2.Keyspace, _Mapping]] = ..., tokens: _Optional[_Union[TokenIds, _Mapping]] = ..., hashes: _Optional[_Union[BlockHashes, _Mapping]] = ..., intervals: bool = ..., top_k: _Optional[int] = ..., lane: _Optional[int] = ..., min_offsets: _Optional[_Iterable[_Union[_records_pb2.PartitionOffset, _Mapping]]] = ..., allow_stale: bool = ..., request_id: _Optional[int] = ..., candidate_workers: _Optional[_Iterable[int]] = ..., exclude_gapped: bool = ...) -> None: ...
+
+class Interval(_message.Message):
+    __slots__ = ("start", "end")
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    start: int
+    end: int
+    def __init__(self, start: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
+
+class WorkerScore(_message.Message):
+    __slots__ = ("worker", "dp_rank", "lane", "depth", "total_blocks", "inferred", "intervals", "gapped")
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    DP_RANK_FIELD_NUMBER: _ClassVar[int]
+    LANE_FIELD_NUMBER: _ClassVar[int]
+    DEPTH_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    INFERRED_FIELD_NUMBER: _ClassVar[int]
+    INTERVALS_FIELD_NUMBER: _ClassVar[int]
+    GAPPED_FIELD_NUMBER: _ClassVar[int]
+    worker: int
+    dp_rank: int
+    lane: int
+    depth: int
+    total_blocks: int
+    inferred: bool
+    intervals: _containers.RepeatedCompositeFieldContainer[Interval]
+    gapped: bool
+    def __init__(self, worker: _Optional[int] = ..., dp_rank: _Optional[int] = ..., lane: _Optional[int] = ..., depth: _Optional[int] = ..., total_blocks: _Optional[int] = ..., inferred: bool = ..., intervals: _Optional[_Iterable[_Union[Interval, _Mapping]]] = ..., gapped: bool = ...) -> None: ...
+
+class MatchResponse(_message.Message):
+    __slots__ = ("scores", "applied", "replica_id", "stale", "query_blocks", "request_id", "partitions", "partition_count")
+    SCORES_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    STALE_FIELD_NUMBER: _ClassVar[int]
+    QUERY_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_COUNT_FIELD_NUMBER: _ClassVar[int]
+    scores: _containers.RepeatedCompositeFieldContainer[WorkerScore]
+    applied: _containers.RepeatedCompositeFieldContainer[_records_pb2.PartitionOffset]
+    replica_id: str
+    stale: bool
+    query_blocks: int
+    request_id: int
+    partitions: _containers.RepeatedScalarFieldContainer[int]
+    partition_count: int
+    def __init__(self, scores: _Optional[_Iterable[_Union[WorkerScore, _Mapping]]] = ..., applied: _Optional[_Iterable[_Union[_records_pb2.PartitionOffset, _Mapping]]] = ..., replica_id: _Optional[str] = ..., stale: bool = ..., query_blocks: _Optional[int] = ..., request_id: _Optional[int] = ..., partitions: _Optional[_Iterable[int]] = ..., partition_count: _Optional[int] = ...) -> None: ...
+
+class DescribeRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DescribeResponse(_message.Message):
+    __slots__ = ("replica_id", "topic", "partition_count", "partitions", "shard", "shard_count", "peers", "ready", "applied")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_COUNT_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    SHARD_COUNT_FIELD_NUMBER: _ClassVar[int]
+    PEERS_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    topic: str
+    partition_count: int
+    partitions: _containers.RepeatedScalarFieldContainer[int]
+    shard: int
+    shard_count: int
+    peers: _containers.RepeatedScalarFieldContainer[str]
+    ready: bool
+    applied: _containers.RepeatedCompositeFieldContainer[_records_pb2.PartitionOffset]
+    def __init__(self, replica_id: _Optional[str] = ..., topic: _Optional[str] = ..., partition_count: _Optional[int] = ..., partitions: _Optional[_Iterable[int]] = ..., shard: _Optional[int] = ..., shard_count: _Optional[int] = ..., peers: _Optional[_Iterable[str]] = ..., ready: bool = ..., applied: _Optional[_Iterable[_Union[_records_pb2.PartitionOffset, _Mapping]]] = ...) -> None: ...
+
+class ListWorkersRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class WorkerInfo(_message.Message):
+    __slots__ = ("worker", "partition", "metadata")
+    class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    worker: int
+    partition: int
+    metadata: _containers.ScalarMap[str, str]
+    def __init__(self, worker: _Optional[int] = ..., partition: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class ListWorkersResponse(_message.Message):
+    __slots__ = ("workers", "partitions")
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    workers: _containers.RepeatedCompositeFieldContainer[WorkerInfo]
+    partitions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerInfo, _Mapping]]] = ..., partitions: _Optional[_Iterable[int]] = ...) -> None: ...

@@ -1,0 +1,112 @@
+"""What the sync and the asyncio client share on the wire: building a MatchRequest from Python
+arguments and turning a MatchResponse into a `MatchResult` (query.proto documents each field)."""
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence, Tuple
+
+from ._proto import query_pb2, records_pb2
+from .tokens import Token
+
+# (model, block size, hash scheme), e.g. ("my-model", 16, SCHEME_XXH3_CHAINED).
+Keyspace = Tuple[str, int, int]
+
+
+@dataclass
+class Score:
+    """One holder of a prefix of the prompt (a worker's data-parallel rank and lane)."""
+
+    worker: int
+    dp_rank: int
+    lane: int
+    depth: int  # contiguous matched blocks from position 0
+    total_blocks: int  # blocks the holder holds in this keyspace
+    inferred: bool  # from placements, not engine events
+    intervals: List[Tuple[int, int]] = field(default_factory=list)  # half-open, with intervals=True
+    # The holder's event stream lost records: its blocks may include some it no longer holds.
+    gapped: bool = False
+
+
+@dataclass
+class MatchResult:
+    """A match answer, or why there is none. Never an exception: route without the index on
+    anything but outcome "scores"."""
+
+    outcome: str  # "scores" | "empty" | "unavailable"
+    scores: List[Score] = field(default_factory=list)  # by depth descending
+    # Next offset per partition the answer covers (see prefixlog_client.tokens): pass it
+    # unchanged as a later request's `min_offsets` to read at least this state.
+    applied: List[Token] = field(default_factory=list)
+    replica_id: str = ""
+    stale: bool = False  # the consistency token was not reached in time (allow_stale)
+    reason: str = ""  # for "unavailable": timeout | disconnected | overloaded | rejected: ...
+    endpoint: str = ""  # the endpoint that answered (or rejected the request)
+    # The partitions this answer covers (a sharded replica answers for its shard only) and the
+    # log's partition count; empty / 0 from a replica that predates shard coverage.
+    partitions: List[int] = field(default_factory=list)
+    partition_count: int = 0
+
+
+def match_request(
+    keyspace: Keyspace,
+    tokens: Optional[Sequence[int]] = None,
+    hashes: Optional[Sequence[int]] = None,
+    namespace: str = "",
+    top_k: Optional[int] = None,
+    lane: Optional[int] = None,
+    intervals: bool = False,
+    min_offsets: Sequence[Token] = (),
+    allow_stale: bool = False,
+    candidate_workers: Sequence[int] = (),
+    exclude_gapped: bool = False,
+) -> query_pb2.MatchRequest:
+    """The MatchRequest for one query. Exactly one prompt form: `tokens` (hashed by the replica,
+    under `namespace`) or `hashes` (canonical local hashes, namespace already applied)."""
+    if (tokens is None) == (hashes is None):
+        raise ValueError("pass exactly one of tokens= and hashes=")
+    if namespace and tokens is None:
+        raise ValueError("namespace= applies to tokens=; hashes carry it already (block_hashes(..., namespace))")
+    model, block_size, scheme = keyspace
+    req = query_pb2.MatchRequest(
+        keyspace=records_pb2.Keyspace(model=model, block_size=block_size, hash_scheme=scheme),
+        intervals=intervals,
+        allow_stale=allow_stale,
+        min_offsets=[records_pb2.PartitionOffset(partition=p, offset=o) for p, o in min_offsets],
+        candidate_workers=candidate_workers,
+        exclude_gapped=exclude_gapped,
+    )
+    if tokens is not None:
+        req.tokens.ids.extend(tokens)
+        req.tokens.namespace = namespace
+    else:
+        req.hashes.local.extend(hashes)
+    if top_k is not None:
+        req.top_k = top_k
+    if lane is not None:
+        req.lane = lane
+    return req
+
+
+def match_result(resp: query_pb2.MatchResponse, endpoint: str) -> MatchResult:
+    """The MatchResult of a replica's answer: "scores" when some worker holds a prefix."""
+    scores = [
+        Score(
+            worker=s.worker,
+            dp_rank=s.dp_rank,
+            lane=s.lane,
+            depth=s.depth,
+            total_blocks=s.total_blocks,
+            inferred=s.inferred,
+            intervals=[(iv.start, iv.end) for iv in s.intervals],
+            gapped=s.gapped,
+        )
+        for s in resp.scores
+    ]
+    return MatchResult(
+        "scores" if scores else "empty",
+        scores=scores,
+        applied=[(o.partition, o.offset) for o in resp.applied],
+        replica_id=resp.replica_id,
+        stale=resp.stale,
+        endpoint=endpoint,
+        partitions=list(resp.partitions),
+        partition_count=resp.partition_count,
+    )
