@@ -103,7 +103,31 @@ mod tests {
                 if n + 1 < cs.len() { "," } else { "" }
             );
         }
-        s + "  ]\n}\n"
+        s += "  ],\n  \"partition_of\": [\n";
+        // The other cross-language contract: which partition a worker's records live in.
+        let workers: [u64; 11] = [
+            0,
+            1,
+            2,
+            255,
+            1 << 32,
+            1 << 63,
+            u64::MAX,
+            0x9E37_79B9_7F4A_7C15,
+            0xDEAD_BEEF_CAFE_BABE,
+            12_345_678_901_234_567_890,
+            7_000_000_007,
+        ];
+        let rows: Vec<String> = workers
+            .iter()
+            .flat_map(|&w| {
+                [1u32, 2, 3, 16, 64, 1000].map(|n| {
+                    let p = crate::partition_of(w, n);
+                    format!("    {{\"worker\": {w}, \"partitions\": {n}, \"partition\": {p}}}")
+                })
+            })
+            .collect();
+        s + &rows.join(",\n") + "\n  ]\n}\n"
     }
 
     fn golden_path() -> std::path::PathBuf {
@@ -121,7 +145,8 @@ mod tests {
         assert_eq!(h(&ten, 4), ["6fc1ebd4f4d6ea31", "e31356ba2da654a2"]);
     }
 
-    /// The JSON file other languages test against matches this implementation byte for byte.
+    /// The JSON file other languages test against (block hashes and `partition_of`) matches this
+    /// implementation byte for byte.
     /// `PREFIXLOG_WRITE_GOLDEN=1` rewrites it (only when the case list grows).
     #[test]
     fn golden_file_is_current() {
