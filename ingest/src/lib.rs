@@ -49,7 +49,7 @@ pub use embedded::EmbeddedKafka;
 pub use identity::{check_compatible, Incompatible, LogIdentity};
 pub use log_spec::{ClientRole, KafkaConnection, LogSpec, Shard, ShardError};
 pub use partition_state::{DigestPoint, PartitionState};
-pub use probe::{probe_log, LogProbe, ProbeError, Watermarks};
+pub use probe::{cleanup_policy, probe_log, CleanupPolicy, LogProbe, ProbeError, Watermarks};
 pub use publisher::{token_of, Landed, PublishError, Publisher};
 pub use reader::{Discontinuity, LogReader};
 pub use record::{BadReason, KvBatch, KvOp, LaneMeta, Lifecycle, Op};

@@ -81,3 +81,43 @@ pub fn probe_log(spec: &LogSpec) -> Result<LogProbe, ProbeError> {
     }
     Ok(LogProbe { cluster_id, partitions, watermarks })
 }
+
+/// What the broker says about the topic's `cleanup.policy`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CleanupPolicy {
+    /// `delete` (time/size retention): offsets stay dense, a gap is data loss — what prefixlog
+    /// is built for.
+    Delete,
+    /// Compaction keeps only the newest record per key: a replica would apply a worker's last
+    /// batch without the ones before it. Refused.
+    Compacted(String),
+    /// The broker could not say (no DescribeConfigs: the embedded broker, some proxies).
+    Unknown(String),
+}
+
+/// Asks the broker for the topic's cleanup policy (bounded by 10 s).
+pub async fn cleanup_policy(spec: &LogSpec) -> CleanupPolicy {
+    use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
+    use rdkafka::client::DefaultClientContext;
+    let admin: AdminClient<DefaultClientContext> = match spec.client_config(ClientRole::Probe).create() {
+        Ok(a) => a,
+        Err(e) => return CleanupPolicy::Unknown(e.to_string()),
+    };
+    let opts = AdminOptions::new().request_timeout(Some(Duration::from_secs(5)));
+    let topic = ResourceSpecifier::Topic(&spec.topic);
+    let asked = tokio::time::timeout(Duration::from_secs(10), admin.describe_configs([&topic], &opts)).await;
+    let found = match asked {
+        Ok(Ok(results)) => results.into_iter().next(),
+        Ok(Err(e)) => return CleanupPolicy::Unknown(e.to_string()),
+        Err(_) => return CleanupPolicy::Unknown("no answer to DescribeConfigs within 10 s".into()),
+    };
+    match found {
+        Some(Ok(resource)) => match resource.get("cleanup.policy").and_then(|e| e.value.clone()) {
+            Some(p) if p.contains("compact") => CleanupPolicy::Compacted(p),
+            Some(_) => CleanupPolicy::Delete,
+            None => CleanupPolicy::Unknown("no cleanup.policy entry".into()),
+        },
+        Some(Err(e)) => CleanupPolicy::Unknown(format!("{e:?}")),
+        None => CleanupPolicy::Unknown("empty DescribeConfigs answer".into()),
+    }
+}

@@ -9,6 +9,12 @@ pub enum NodeError {
     Settings(#[from] prefixlog_ingest::settings::SettingsError),
     #[error(transparent)]
     Probe(#[from] prefixlog_ingest::ProbeError),
+    #[error(
+        "topic {topic:?} has cleanup.policy={policy}: compaction drops a worker's earlier records and \
+         replicas would apply its newest ones without them. prefixlog's topic must use \
+         cleanup.policy=delete (size/time retention), never compact"
+    )]
+    CompactedTopic { topic: String, policy: String },
     #[error("data dir {dir}: {source}")]
     DataDir { dir: PathBuf, source: std::io::Error },
     #[error("opening the checkpoint store in {dir}: {source}")]

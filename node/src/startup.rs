@@ -11,7 +11,10 @@
 use crate::error::NodeError;
 use crate::options::{GapChoice, NodeOptions, SettingsChange};
 use prefixlog_ingest::continuity::{check_offsets, OffsetProblem};
-use prefixlog_ingest::{check_compatible, probe_log, Applier, Incompatible, LogIdentity, LogProbe, LogSpec};
+use prefixlog_ingest::{
+    check_compatible, cleanup_policy, probe_log, Applier, CleanupPolicy, Incompatible, LogIdentity, LogProbe,
+    LogSpec,
+};
 use prefixlog_snapshot::{newest_usable, restore_for, CheckpointStore, Loaded};
 use std::sync::Arc;
 
@@ -39,6 +42,7 @@ pub async fn prepare(spec: &LogSpec, opts: &NodeOptions) -> Result<Prepared, Nod
         let spec = spec.clone();
         tokio::task::spawn_blocking(move || probe_log(&spec)).await.map_err(NodeError::task)??
     };
+    check_cleanup_policy(spec).await?;
     let identity = LogIdentity {
         cluster_id: probe.cluster_id.clone(),
         topic: spec.topic.clone(),
@@ -69,6 +73,21 @@ pub async fn prepare(spec: &LogSpec, opts: &NodeOptions) -> Result<Prepared, Nod
     }
     prove_continuity(spec, opts, &identity, &probe, &mut applier).await?;
     Ok(Prepared { applier, identity, probe, store, source, covered })
+}
+
+/// The topic must not be compacted: compaction drops a worker's earlier records, which a
+/// replica would never notice offset by offset (Kafka keeps compacted offsets sparse).
+async fn check_cleanup_policy(spec: &LogSpec) -> Result<(), NodeError> {
+    match cleanup_policy(spec).await {
+        CleanupPolicy::Delete => Ok(()),
+        CleanupPolicy::Compacted(policy) => {
+            Err(NodeError::CompactedTopic { topic: spec.topic.clone(), policy })
+        }
+        CleanupPolicy::Unknown(why) => {
+            tracing::info!(topic = %spec.topic, %why, "could not check the topic's cleanup.policy (it must be delete, never compact)");
+            Ok(())
+        }
+    }
 }
 
 fn open_store(opts: &NodeOptions) -> Result<Option<Arc<CheckpointStore>>, NodeError> {

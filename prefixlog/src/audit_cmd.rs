@@ -34,43 +34,48 @@ pub enum Cmd {
     /// Reconstruct the state at a point and answer queries / summarise / dump a holder.
     At {
         /// Log time: RFC 3339 (2026-11-30T10:42:07Z) or milliseconds since the epoch.
-        #[arg(long, conflicts_with = "offsets", required_unless_present = "offsets")]
+        #[arg(
+            long,
+            env = "PREFIXLOG_AUDIT_TIME",
+            conflicts_with = "offsets",
+            required_unless_present = "offsets"
+        )]
         time: Option<String>,
         /// Next offsets per partition, as a query response reports them: `0:120,1:98,...`.
-        #[arg(long)]
+        #[arg(long, env = "PREFIXLOG_AUDIT_OFFSETS")]
         offsets: Option<String>,
         /// JSON file with an array of queries ({"keyspace":{..},"tokens":[..]} or "hashes").
-        #[arg(long)]
+        #[arg(long, env = "PREFIXLOG_AUDIT_QUERIES")]
         queries: Option<PathBuf>,
         /// Print blocks per keyspace and worker.
-        #[arg(long)]
+        #[arg(long, env = "PREFIXLOG_AUDIT_SUMMARY")]
         summary: bool,
         /// Dump one holder's blocks: `KEYSPACE_MODEL/BLOCK_SIZE/SCHEME@WORKER:DP:LANE`.
-        #[arg(long)]
+        #[arg(long, env = "PREFIXLOG_AUDIT_HOLDER")]
         holder: Option<String>,
     },
     /// For a placement record that carries the offsets the gateway routed on: every worker's
     /// score at exactly those offsets, next to the worker chosen.
     Explain {
         /// `partition:offset` of the placement record.
-        #[arg(long)]
+        #[arg(long, env = "PREFIXLOG_AUDIT_RECORD")]
         record: String,
     },
     /// Blocks gained and lost per keyspace and worker between two log times.
     Diff {
-        #[arg(long)]
+        #[arg(long, env = "PREFIXLOG_AUDIT_FROM")]
         from: String,
-        #[arg(long)]
+        #[arg(long, env = "PREFIXLOG_AUDIT_TO")]
         to: String,
         /// Optionally, queries to score at both points.
-        #[arg(long)]
+        #[arg(long, env = "PREFIXLOG_AUDIT_QUERIES")]
         queries: Option<PathBuf>,
     },
     /// Replay a range and check that every retained checkpoint in it is reproduced exactly.
     Verify {
-        #[arg(long, default_value = "0")]
+        #[arg(long, env = "PREFIXLOG_AUDIT_FROM", default_value = "0")]
         from: String,
-        #[arg(long)]
+        #[arg(long, env = "PREFIXLOG_AUDIT_TO")]
         to: Option<String>,
     },
 }

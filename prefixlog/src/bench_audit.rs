@@ -20,15 +20,15 @@ pub struct Args {
     pub workload: WorkloadArgs,
     /// Hours of log: the trace (one hour) is replayed this many times back to back, each time
     /// with fresh content.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, env = "PREFIXLOG_BENCH_HOURS", default_value_t = 3)]
     pub hours: u64,
     /// A checkpoint is taken every this many minutes of log time.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, env = "PREFIXLOG_BENCH_CHECKPOINT_MINUTES", default_value_t = 5)]
     pub checkpoint_minutes: u64,
     /// The audited point, in seconds of log time from the start.
-    #[arg(long, default_value_t = 3750)]
+    #[arg(long, env = "PREFIXLOG_BENCH_AT_SECS", default_value_t = 3750)]
     pub at_secs: u64,
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, env = "PREFIXLOG_BENCH_PARTITIONS", default_value_t = 16)]
     pub partitions: u32,
 }
 

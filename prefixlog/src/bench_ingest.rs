@@ -11,7 +11,7 @@ pub struct Args {
     #[command(flatten)]
     pub workload: WorkloadArgs,
     /// Partitions of the benchmark topic.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, env = "PREFIXLOG_BENCH_PARTITIONS", default_value_t = 16)]
     pub partitions: u32,
 }
 

@@ -12,16 +12,16 @@ pub struct Args {
     #[command(flatten)]
     pub workload: WorkloadArgs,
     /// Partitions of the benchmark topic.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, env = "PREFIXLOG_BENCH_PARTITIONS", default_value_t = 16)]
     pub partitions: u32,
     /// The tail: records of the last this-many ms of trace time are published after the
     /// checkpoint.
-    #[arg(long, default_value_t = 60_000)]
+    #[arg(long, env = "PREFIXLOG_BENCH_TAIL_MS", default_value_t = 60_000)]
     pub tail_ms: u64,
     /// Hours of log: the one-hour trace back to back this many times, fresh content each hour
     /// (a fleet serving new conversations). The state stays bounded by capacity while the log
     /// a full replay must read grows; production logs are retained for days.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, env = "PREFIXLOG_BENCH_HOURS", default_value_t = 1)]
     pub hours: usize,
 }
 

@@ -22,43 +22,43 @@ pub struct Args {
     #[command(flatten)]
     pub kafka: KafkaArgs,
     /// The engine's ZeroMQ PUB endpoint.
-    #[arg(long, requires = "worker_id")]
+    #[arg(long, env = "PREFIXLOG_BRIDGE_ENDPOINT", requires = "worker_id")]
     pub endpoint: Option<String>,
     /// The engine's replay ROUTER endpoint (gaps are then recovered instead of published).
-    #[arg(long, requires = "endpoint")]
+    #[arg(long, env = "PREFIXLOG_BRIDGE_REPLAY_ENDPOINT", requires = "endpoint")]
     pub replay_endpoint: Option<String>,
     /// The worker id the engine's events are published under.
-    #[arg(long, requires = "endpoint")]
+    #[arg(long, env = "PREFIXLOG_BRIDGE_WORKER_ID", requires = "endpoint")]
     pub worker_id: Option<u64>,
     /// Data-parallel rank (default: the rank the engine stamps on its batches, else 0).
-    #[arg(long, requires = "endpoint")]
+    #[arg(long, env = "PREFIXLOG_BRIDGE_DP_RANK", requires = "endpoint")]
     pub dp_rank: Option<u32>,
     /// ZeroMQ subscription prefix (the engine's `topic`; default: everything).
-    #[arg(long, default_value = "")]
+    #[arg(long, env = "PREFIXLOG_BRIDGE_ZMQ_TOPIC", default_value = "")]
     pub zmq_topic: String,
     /// More engines: endpoint=URL,worker=ID[,replay=URL][,dp=RANK][,topic=PREFIX] (repeatable).
-    #[arg(long = "engine", value_parser = parse_engine)]
+    #[arg(long = "engine", env = "PREFIXLOG_BRIDGE_ENGINE", value_parser = parse_engine)]
     pub engines: Vec<EngineSpec>,
     /// Model name of the keyspace.
-    #[arg(long)]
+    #[arg(long, env = "PREFIXLOG_BRIDGE_MODEL")]
     pub model: String,
     /// Tokens per block; stored events whose token count does not tile it are refused.
-    #[arg(long)]
+    #[arg(long, env = "PREFIXLOG_BRIDGE_BLOCK_SIZE")]
     pub block_size: u32,
     /// Canonical hash scheme of the keyspace.
-    #[arg(long, default_value_t = scheme::SCHEME_XXH3_CHAINED)]
+    #[arg(long, env = "PREFIXLOG_BRIDGE_HASH_SCHEME", default_value_t = scheme::SCHEME_XXH3_CHAINED)]
     pub hash_scheme: u32,
     /// Publish worker-removed for every worker on a clean shutdown (Ctrl-C / SIGTERM).
-    #[arg(long)]
+    #[arg(long, env = "PREFIXLOG_BRIDGE_REMOVE_ON_EXIT")]
     pub remove_on_exit: bool,
     /// Re-subscribe to an engine silent for this long (finds a restarted engine again).
-    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "PREFIXLOG_BRIDGE_IDLE_RECONNECT", default_value = "30s", value_parser = humantime::parse_duration)]
     pub idle_reconnect: Duration,
     /// Give up a replay request after this long and publish the gap.
-    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "PREFIXLOG_BRIDGE_REPLAY_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
     pub replay_timeout: Duration,
     /// Log each engine's counters this often (0s: never).
-    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "PREFIXLOG_BRIDGE_METRICS_INTERVAL", default_value = "60s", value_parser = humantime::parse_duration)]
     pub metrics_interval: Duration,
     /// Admin HTTP address: Prometheus `/metrics` (the bridge counters) and `/healthz`.
     #[arg(long, env = "PREFIXLOG_BRIDGE_ADMIN_ADDR", default_value = "127.0.0.1:9152")]

@@ -12,16 +12,16 @@ pub struct WorkloadArgs {
     #[arg(long, env = "PREFIXLOG_TRACE", default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../data/mooncake/conversation_trace.jsonl"))]
     pub trace: std::path::PathBuf,
     /// Simulated workers.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, env = "PREFIXLOG_WORKLOAD_WORKERS", default_value_t = 256)]
     pub workers: usize,
     /// LRU capacity of each worker, in blocks.
-    #[arg(long, default_value_t = 8192)]
+    #[arg(long, env = "PREFIXLOG_WORKLOAD_CAPACITY", default_value_t = 8192)]
     pub capacity: usize,
     /// Blocks per trace id.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, env = "PREFIXLOG_WORKLOAD_STRETCH", default_value_t = 8)]
     pub stretch: usize,
     /// Disjoint interleaved copies of the trace.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, env = "PREFIXLOG_WORKLOAD_COPIES", default_value_t = 1)]
     pub copies: usize,
 }
 

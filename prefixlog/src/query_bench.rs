@@ -25,17 +25,17 @@ pub struct Args {
     #[command(flatten)]
     pub workload: WorkloadArgs,
     /// Partitions of the benchmark topic.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, env = "PREFIXLOG_BENCH_PARTITIONS", default_value_t = 16)]
     pub partitions: u32,
     /// Match + Echo pairs in the idle phase.
-    #[arg(long, default_value_t = 20_000)]
+    #[arg(long, env = "PREFIXLOG_BENCH_IDLE_QUERIES", default_value_t = 20_000)]
     pub idle_queries: usize,
     /// Ask for the k best workers only (default: every worker holding a prefix).
-    #[arg(long)]
+    #[arg(long, env = "PREFIXLOG_BENCH_TOP_K")]
     pub top_k: Option<u32>,
     /// Experiment: renice the replicas' ingest and librdkafka threads by this much (Linux),
     /// so that query threads win the CPU when both are runnable.
-    #[arg(long)]
+    #[arg(long, env = "PREFIXLOG_BENCH_INGEST_NICE")]
     pub ingest_nice: Option<i32>,
 }
 

@@ -333,3 +333,40 @@ async fn a_recreated_topic_refuses_the_restart() {
     }
     eprintln!("[kafka backend] ran: {ran:?}");
 }
+
+/// A compacted topic is refused at start (compaction drops a worker's earlier records, which no
+/// offset check would notice). Runs where the broker describes topic configs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compacted_topic_is_refused() {
+    use prefixlog_ingest::{cleanup_policy, CleanupPolicy};
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    let mut ran = Vec::new();
+    for b in kafka_backends().await {
+        if b.name == "embedded" {
+            eprintln!("[continuity] embedded: NOT RUN: the embedded broker has no topic configs");
+            continue;
+        }
+        let topic = unique_topic("prefixlog.compacted");
+        let admin: AdminClient<DefaultClientContext> =
+            ClientConfig::new().set("bootstrap.servers", &b.brokers).create().unwrap();
+        let t = NewTopic::new(&topic, P as i32, TopicReplication::Fixed(1)).set("cleanup.policy", "compact");
+        let o = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+        for r in admin.create_topics([&t], &o).await.unwrap() {
+            r.unwrap();
+        }
+        let spec = spec(&b, &topic);
+        match cleanup_policy(&spec).await {
+            CleanupPolicy::Compacted(_) => {
+                let err = ReplicaNode::start(spec, opts("c", None)).await.err().expect("refused");
+                assert!(matches!(err, NodeError::CompactedTopic { .. }), "{}: {err}", b.name);
+                ran.push(b.name);
+            }
+            other => eprintln!(
+                "[continuity] {}: NOT RUN: the broker reports {other:?} for a compacted topic",
+                b.name
+            ),
+        }
+    }
+    eprintln!("[kafka backend] ran: {ran:?}");
+}

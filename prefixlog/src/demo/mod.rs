@@ -40,34 +40,34 @@ pub struct Args {
     #[arg(long, env = "PREFIXLOG_TRACE", default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../data/mooncake/conversation_trace.jsonl"))]
     pub trace: std::path::PathBuf,
     /// Replay only the first N requests of the trace (0: all of it).
-    #[arg(long, default_value_t = 3000)]
+    #[arg(long, env = "PREFIXLOG_DEMO_REQUESTS", default_value_t = 3000)]
     pub requests: usize,
     /// Simulated inference workers.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, env = "PREFIXLOG_DEMO_WORKERS", default_value_t = 16)]
     pub workers: usize,
     /// Simulated gateways (requests are dealt to them in turn).
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, env = "PREFIXLOG_DEMO_GATEWAYS", default_value_t = 4)]
     pub gateways: usize,
     /// Trace time runs this many times faster than real time.
-    #[arg(long, default_value_t = 20.0)]
+    #[arg(long, env = "PREFIXLOG_DEMO_SPEEDUP", default_value_t = 20.0)]
     pub speedup: f64,
     /// LRU capacity of each worker, in blocks.
-    #[arg(long, default_value_t = 16384)]
+    #[arg(long, env = "PREFIXLOG_DEMO_CAPACITY", default_value_t = 16384)]
     pub capacity: usize,
     /// Blocks per trace id (a 512-token id at block size 64 is 8).
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, env = "PREFIXLOG_DEMO_STRETCH", default_value_t = 8)]
     pub stretch: usize,
     /// Log partitions (the embedded broker keeps at most 100k records / 5 MiB per partition).
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, env = "PREFIXLOG_DEMO_PARTITIONS", default_value_t = 64)]
     pub partitions: u32,
     /// Gateway query deadline; past it the gateway routes without the index (fail open).
-    #[arg(long, default_value = "20ms", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "PREFIXLOG_DEMO_DEADLINE", default_value = "20ms", value_parser = humantime::parse_duration)]
     pub deadline: Duration,
     /// Anti-entropy round interval.
-    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "PREFIXLOG_DEMO_ANTI_ENTROPY_INTERVAL", default_value = "2s", value_parser = humantime::parse_duration)]
     pub anti_entropy_interval: Duration,
     /// Where to write the hit-ratio plot (SVG).
-    #[arg(long, default_value = "demo-hit-ratio.svg")]
+    #[arg(long, env = "PREFIXLOG_DEMO_PLOT", default_value = "demo-hit-ratio.svg")]
     pub plot: std::path::PathBuf,
 }
 

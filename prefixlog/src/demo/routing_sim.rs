@@ -22,22 +22,22 @@ pub struct Args {
     #[arg(long, env = "PREFIXLOG_TRACE", default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../data/mooncake/conversation_trace.jsonl"))]
     pub trace: std::path::PathBuf,
     /// Use only the first N requests (0: all).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, env = "PREFIXLOG_ROUTING_REQUESTS", default_value_t = 0)]
     pub requests: usize,
     /// Simulated workers.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, env = "PREFIXLOG_ROUTING_WORKERS", default_value_t = 16)]
     pub workers: usize,
     /// LRU capacity of each worker, in blocks.
-    #[arg(long, default_value_t = 16384)]
+    #[arg(long, env = "PREFIXLOG_ROUTING_CAPACITY", default_value_t = 16384)]
     pub capacity: usize,
     /// Blocks per trace id.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, env = "PREFIXLOG_ROUTING_STRETCH", default_value_t = 8)]
     pub stretch: usize,
     /// Gateway counts to run.
-    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16")]
+    #[arg(long, env = "PREFIXLOG_ROUTING_GATEWAYS", value_delimiter = ',', default_value = "1,2,4,8,16")]
     pub gateways: Vec<usize>,
     /// Shared index staleness: events become visible this many requests later.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, env = "PREFIXLOG_ROUTING_LAG", default_value_t = 0)]
     pub lag: usize,
 }
 
