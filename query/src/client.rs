@@ -1,27 +1,26 @@
-//! The gateway client: ask the index under a hard deadline, and fail open.
+//! The gateway client: ask the index under a hard deadline, across every shard, and fail open.
 //!
 //! A gateway must keep routing whatever the index does, so [`IndexClient::match_prompt`] never
 //! returns an error: it returns scores, an empty answer, or [`MatchOutcome::Unavailable`] with
 //! a reason (timeout, disconnected, overloaded, rejected) that the gateway may log and then
 //! route without the index.
 //!
-//! Endpoint choice: every replica endpoint has a lazily connected channel (tonic reconnects it
-//! on use). A background task probes each endpoint's `grpc.health.v1` status (SERVING only once
-//! the replica has caught up) every `probe_interval`; a query goes to the healthy endpoint with
-//! the most applied records (sum of the `applied` offsets of its last answer: the least lagged),
-//! and fails over to the next one on a transport error or when the endpoint does not answer
-//! within its share of the deadline (what is left, split over the endpoints still to try).
+//! Shards: the client asks one group of replicas per shard ([`crate::shards`]: a static map,
+//! or one discovered with `Describe` and refreshed in the background), all in parallel under
+//! the request's one deadline, and merges the answers. A shard that cannot answer in time makes
+//! the answer *partial* ([`Answer::partial`], naming the missing partitions): the workers of the
+//! shards that answered are still scored, exactly. Within a shard, [`crate::replicas`] picks
+//! the least lagged healthy replica and fails over.
 
+pub use crate::replicas::Unavailable;
+use crate::shards::{choose_layout, describe_all, merge, ShardMap, ShardReply};
+use parking_lot::RwLock;
 use prefixlog_engine::{HolderKey, KeyspaceId};
 use prefixlog_ingest::{Landed, PublishError, Publisher};
-use prefixlog_proto::v1::{self, prefix_index_client::PrefixIndexClient, MatchRequest, WorkerScore};
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
+use prefixlog_proto::v1::{self, MatchRequest, WorkerScore};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
-use tonic::transport::{Channel, Endpoint};
-use tonic::Code;
-use tonic_health::pb::health_check_response::ServingStatus;
-use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
+use tonic::transport::ClientTlsConfig;
 
 /// The prompt: token ids (the replica hashes them with the keyspace's scheme) or canonical
 /// block hashes computed by the gateway (`prefixlog_engine::scheme::block_hashes`).
@@ -128,29 +127,22 @@ impl MatchQuery {
     }
 }
 
-/// A replica's answer.
+/// The index's answer (merged over shards).
 #[derive(Clone, Debug)]
 pub struct Answer {
     /// Best first (depth descending, then worker, dp rank, lane).
     pub scores: Vec<WorkerScore>,
-    /// Next offset per partition at the replica when it answered (pass as `answered_at`).
+    /// Next offset per partition when the shards answered (pass as `answered_at`, or as the
+    /// next query's consistency token with [`MatchQuery::at_least`]).
     pub applied: Vec<(u32, i64)>,
+    /// The replicas that answered, one per shard, comma separated.
     pub replica_id: String,
     pub stale: bool,
+    /// The endpoints that answered, one per shard, comma separated.
     pub endpoint: String,
-}
-
-/// Why the index could not answer. Every variant means: route without the index.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Unavailable {
-    /// The deadline passed (including a consistency token not reached in time).
-    Timeout,
-    /// No endpoint could be reached.
-    Disconnected(String),
-    /// Replicas refused for load (RESOURCE_EXHAUSTED).
-    Overloaded(String),
-    /// The replica rejected the query (unknown keyspace, bad input): fix the gateway's config.
-    Rejected { code: Code, message: String },
+    /// Some shard did not answer in time: workers of `missing_partitions` are not scored.
+    pub partial: bool,
+    pub missing_partitions: Vec<u32>,
 }
 
 #[derive(Clone, Debug)]
@@ -162,36 +154,41 @@ pub enum MatchOutcome {
     Unavailable(Unavailable),
 }
 
-struct Ep {
-    url: String,
-    client: PrefixIndexClient<Channel>,
-    health: HealthClient<Channel>,
-    healthy: AtomicBool,
-    applied_sum: AtomicI64,
-    timeouts: AtomicU32,
+/// The map could not be discovered.
+#[derive(Debug, thiserror::Error)]
+pub enum DiscoveryError {
+    #[error("no complete shard layout among {answered} endpoints that answered Describe (of {asked}): every shard of some N needs a ready replica")]
+    Incomplete { asked: usize, answered: usize },
+    #[error(transparent)]
+    Transport(#[from] tonic::transport::Error),
 }
 
 struct Inner {
-    eps: Vec<Ep>,
+    map: RwLock<Arc<ShardMap>>,
     deadline: Duration,
+    tls: Option<ClientTlsConfig>,
+    probe_interval: Duration,
+    /// The endpoints discovery asks (empty for a static map).
+    seeds: Vec<String>,
 }
 
-/// A fail-open client over several replica endpoints. Cheap to clone.
+/// A fail-open client over one or more shards of replicas. Cheap to clone.
 #[derive(Clone)]
 pub struct IndexClient {
     inner: Arc<Inner>,
     publisher: Option<(Publisher, String)>,
 }
 
-/// Consecutive timeouts after which an endpoint counts as unhealthy until its next good probe
-/// (a single timeout may be one slow query; a black-holed host times out every time).
-const TIMEOUTS_UNHEALTHY: u32 = 3;
+const PROBE: Duration = Duration::from_millis(200);
+/// How often a discovered map is refreshed (new shards that became ready, lost replicas).
+const REDISCOVER: Duration = Duration::from_secs(5);
 
 impl IndexClient {
-    /// `endpoints` like `http://10.0.0.5:50151`. Must be called inside a tokio runtime (starts
-    /// the background health prober). Fails only on a malformed endpoint URL.
+    /// One shard (an unsharded index) of replica `endpoints` like `http://10.0.0.5:50151`. Must
+    /// be called inside a tokio runtime (starts the background health prober). Fails only on a
+    /// malformed endpoint URL.
     pub fn new(endpoints: Vec<String>, default_deadline: Duration) -> Result<Self, tonic::transport::Error> {
-        Self::with_probe_interval(endpoints, default_deadline, Duration::from_millis(200))
+        Self::with_probe_interval(endpoints, default_deadline, PROBE)
     }
 
     pub fn with_probe_interval(
@@ -199,7 +196,7 @@ impl IndexClient {
         default_deadline: Duration,
         probe_interval: Duration,
     ) -> Result<Self, tonic::transport::Error> {
-        Self::build(endpoints, default_deadline, probe_interval, None)
+        Self::build(vec![(vec![], endpoints)], default_deadline, probe_interval, None, vec![])
     }
 
     /// Like [`Self::new`], over TLS (`https://` endpoints): `tls` carries the CA to trust and,
@@ -207,36 +204,44 @@ impl IndexClient {
     pub fn with_tls(
         endpoints: Vec<String>,
         default_deadline: Duration,
-        tls: tonic::transport::ClientTlsConfig,
+        tls: ClientTlsConfig,
     ) -> Result<Self, tonic::transport::Error> {
-        Self::build(endpoints, default_deadline, Duration::from_millis(200), Some(tls))
+        Self::build(vec![(vec![], endpoints)], default_deadline, PROBE, Some(tls), vec![])
+    }
+
+    /// A static shard map: one list of replica endpoints per shard.
+    pub fn with_shards(
+        shards: Vec<Vec<String>>,
+        default_deadline: Duration,
+    ) -> Result<Self, tonic::transport::Error> {
+        let groups = shards.into_iter().map(|eps| (vec![], eps)).collect();
+        Self::build(groups, default_deadline, PROBE, None, vec![])
+    }
+
+    /// A shard map discovered from `Describe` on `endpoints` (every replica the gateway knows,
+    /// of any shard), refreshed every few seconds: the client uses the finest sharding whose
+    /// every shard has a ready replica, so it moves to new shards once they are all ready.
+    pub async fn discover(
+        endpoints: Vec<String>,
+        default_deadline: Duration,
+    ) -> Result<Self, DiscoveryError> {
+        let described = describe_all(&endpoints, None, Duration::from_secs(2)).await;
+        let layout = choose_layout(&described)
+            .ok_or(DiscoveryError::Incomplete { asked: endpoints.len(), answered: described.len() })?;
+        let client = Self::build(layout, default_deadline, PROBE, None, endpoints)?;
+        tokio::spawn(rediscover_loop(Arc::downgrade(&client.inner)));
+        Ok(client)
     }
 
     fn build(
-        endpoints: Vec<String>,
-        default_deadline: Duration,
+        groups: Vec<(Vec<u32>, Vec<String>)>,
+        deadline: Duration,
         probe_interval: Duration,
-        tls: Option<tonic::transport::ClientTlsConfig>,
+        tls: Option<ClientTlsConfig>,
+        seeds: Vec<String>,
     ) -> Result<Self, tonic::transport::Error> {
-        let mut eps = Vec::new();
-        for url in endpoints {
-            let mut ep = Endpoint::from_shared(url.clone())?;
-            if let Some(t) = &tls {
-                ep = ep.tls_config(t.clone())?;
-            }
-            let ch = ep.tcp_nodelay(true).connect_timeout(Duration::from_secs(1)).connect_lazy();
-            eps.push(Ep {
-                url,
-                client: PrefixIndexClient::new(ch.clone()),
-                health: HealthClient::new(ch),
-                // Optimistic until the first probe, so the first queries need not wait for it.
-                healthy: AtomicBool::new(true),
-                applied_sum: AtomicI64::new(0),
-                timeouts: AtomicU32::new(0),
-            });
-        }
-        let inner = Arc::new(Inner { eps, deadline: default_deadline });
-        tokio::spawn(probe_loop(Arc::downgrade(&inner), probe_interval));
+        let map = ShardMap::start(&groups, tls.as_ref(), probe_interval)?;
+        let inner = Arc::new(Inner { map: RwLock::new(Arc::new(map)), deadline, tls, probe_interval, seeds });
         Ok(Self { inner, publisher: None })
     }
 
@@ -246,9 +251,14 @@ impl IndexClient {
         Self { publisher: Some((publisher, gateway.into())), ..self }
     }
 
-    /// Endpoints currently considered healthy.
+    /// `(partitions, endpoints)` of every shard the client asks (partitions empty until known).
+    pub fn shards(&self) -> Vec<(Vec<u32>, Vec<String>)> {
+        self.inner.map.read().layout()
+    }
+
+    /// Endpoints currently considered healthy, over all shards.
     pub fn healthy_endpoints(&self) -> Vec<String> {
-        self.inner.eps.iter().filter(|e| e.healthy.load(Ordering::Relaxed)).map(|e| e.url.clone()).collect()
+        self.inner.map.read().groups.iter().flat_map(|g| g.replicas.healthy_endpoints()).collect()
     }
 
     /// [`Self::match_with_deadline`] with the client's default deadline.
@@ -256,93 +266,55 @@ impl IndexClient {
         self.match_with_deadline(q, self.inner.deadline).await
     }
 
-    /// Queries the best endpoint, failing over to the next on transport errors, all within
-    /// `deadline`.
+    /// Asks every shard in parallel, all within `deadline`, and merges.
     pub async fn match_with_deadline(&self, q: &MatchQuery, deadline: Duration) -> MatchOutcome {
         let end = Instant::now() + deadline;
-        let req = q.to_request();
-        let mut last = Unavailable::Disconnected("no endpoints configured".into());
-        let order = self.order();
-        let mut timed_out: Vec<usize> = Vec::new();
-        for (k, &i) in order.iter().enumerate() {
-            let ep = &self.inner.eps[i];
-            let Some(left) = end.checked_duration_since(Instant::now()).filter(|d| !d.is_zero()) else {
-                break;
-            };
-            // Split what is left over the endpoints still to try: a hung replica (accepting
-            // connections but not answering: a stuck process, a host going down) costs at most
-            // its share, and the next one still gets an answer in within the deadline.
-            let budget = left / (order.len() - k) as u32;
-            let mut r = tonic::Request::new(req.clone());
-            r.set_timeout(budget);
-            let mut client = ep.client.clone();
-            let res = match tokio::time::timeout(budget, client.r#match(r)).await {
-                Err(_) => Err(tonic::Status::deadline_exceeded("client deadline")),
-                Ok(r) => r,
-            };
-            match res {
-                Ok(resp) => {
-                    let m = resp.into_inner();
-                    ep.timeouts.store(0, Ordering::Relaxed);
-                    ep.applied_sum.store(m.applied.iter().map(|o| o.offset.max(0)).sum(), Ordering::Relaxed);
-                    // Another replica answered in time: stop preferring the ones that did not,
-                    // until their next good probe.
-                    for &j in &timed_out {
-                        self.inner.eps[j].healthy.store(false, Ordering::Relaxed);
+        let req = Arc::new(q.to_request());
+        let map = self.inner.map.read().clone();
+        let asks = (0..map.groups.len()).map(|i| {
+            let (map, req) = (map.clone(), req.clone());
+            tokio::spawn(async move {
+                let g = &map.groups[i];
+                let result = g.replicas.ask(&req, end).await;
+                if let Ok((resp, _)) = &result {
+                    if !resp.partitions.is_empty() {
+                        *g.partitions.lock() = resp.partitions.clone();
                     }
-                    let a = Answer {
-                        applied: m.applied.iter().map(|o| (o.partition, o.offset)).collect(),
-                        scores: m.scores,
-                        replica_id: m.replica_id,
-                        stale: m.stale,
-                        endpoint: ep.url.clone(),
-                    };
-                    return if a.scores.is_empty() {
-                        MatchOutcome::Empty(a)
-                    } else {
-                        MatchOutcome::Scores(a)
-                    };
                 }
-                Err(s) => match s.code() {
-                    Code::DeadlineExceeded | Code::Cancelled => {
-                        if ep.timeouts.fetch_add(1, Ordering::Relaxed) + 1 >= TIMEOUTS_UNHEALTHY {
-                            ep.healthy.store(false, Ordering::Relaxed);
-                        }
-                        timed_out.push(i);
-                        last = Unavailable::Timeout;
-                    }
-                    Code::ResourceExhausted => last = Unavailable::Overloaded(s.message().into()),
-                    Code::Unavailable | Code::Unknown | Code::Internal => {
-                        // A dead or restarting replica: stop choosing it until a probe says
-                        // otherwise, and try the next one now.
-                        ep.healthy.store(false, Ordering::Relaxed);
-                        last = Unavailable::Disconnected(format!("{}: {}", ep.url, s.message()));
-                    }
-                    code => {
-                        return MatchOutcome::Unavailable(Unavailable::Rejected {
-                            code,
-                            message: s.message().into(),
-                        })
-                    }
-                },
+                ShardReply { shard: i, partitions: g.partitions.lock().clone(), result }
+            })
+        });
+        let mut replies = Vec::with_capacity(map.groups.len());
+        for a in asks.collect::<Vec<_>>() {
+            if let Ok(r) = a.await {
+                replies.push(r);
             }
         }
-        if !timed_out.is_empty() {
-            last = Unavailable::Timeout;
+        match merge(replies, q.top_k) {
+            Err(why) => MatchOutcome::Unavailable(why),
+            Ok(m) => {
+                if m.duplicate_workers > 0 {
+                    tracing::warn!(
+                        n = m.duplicate_workers,
+                        "a worker scored by two shards: overlapping shard map"
+                    );
+                }
+                let a = Answer {
+                    partial: !m.missing_shards.is_empty(),
+                    missing_partitions: m.missing_partitions,
+                    scores: m.scores,
+                    applied: m.applied,
+                    replica_id: m.replica_ids.join(","),
+                    stale: m.stale,
+                    endpoint: m.endpoints.join(","),
+                };
+                if a.scores.is_empty() {
+                    MatchOutcome::Empty(a)
+                } else {
+                    MatchOutcome::Scores(a)
+                }
+            }
         }
-        MatchOutcome::Unavailable(last)
-    }
-
-    /// Endpoint indices to try: healthy ones, least lagged first, then the others (a probe may
-    /// not have run yet, or may be stale; trying them beats giving up within the deadline).
-    fn order(&self) -> Vec<usize> {
-        let eps = &self.inner.eps;
-        let mut idx: Vec<usize> = (0..eps.len()).collect();
-        idx.sort_by_key(|&i| {
-            let e = &eps[i];
-            (!e.healthy.load(Ordering::Relaxed), std::cmp::Reverse(e.applied_sum.load(Ordering::Relaxed)))
-        });
-        idx
     }
 
     /// Publishes "I routed this chain to `holder`" and returns where it landed: pass it to
@@ -360,34 +332,26 @@ impl IndexClient {
     }
 }
 
-async fn probe_loop(inner: Weak<Inner>, every: Duration) {
-    // A probe may take longer than the interval on a loaded host; a slow answer is still an
-    // answer. Probes of different endpoints run concurrently so one black hole delays none.
-    let timeout = every.max(Duration::from_secs(1));
+/// Re-reads the shard layout; replaces the map when it changed.
+async fn rediscover_loop(inner: Weak<Inner>) {
     loop {
-        let Some(strong) = inner.upgrade() else { return };
-        let probes: Vec<_> = (0..strong.eps.len())
-            .map(|i| {
-                let inner = strong.clone();
-                tokio::spawn(async move {
-                    let ep = &inner.eps[i];
-                    let mut h = ep.health.clone();
-                    let req = HealthCheckRequest { service: crate::health::SERVICE_NAME.into() };
-                    let ok = matches!(
-                        tokio::time::timeout(timeout, h.check(req)).await,
-                        Ok(Ok(r)) if r.get_ref().status == ServingStatus::Serving as i32
-                    );
-                    if ok {
-                        ep.timeouts.store(0, Ordering::Relaxed);
-                    }
-                    ep.healthy.store(ok, Ordering::Relaxed);
-                })
-            })
-            .collect();
-        drop(strong);
-        for p in probes {
-            let _ = p.await;
+        tokio::time::sleep(REDISCOVER).await;
+        let Some(inner) = inner.upgrade() else { return };
+        let described = describe_all(&inner.seeds, inner.tls.as_ref(), Duration::from_secs(2)).await;
+        let Some(layout) = choose_layout(&described) else { continue };
+        let same = {
+            let cur = inner.map.read().layout();
+            cur.len() == layout.len() && cur.iter().zip(&layout).all(|(a, b)| a.0 == b.0 && a.1 == b.1)
+        };
+        if same {
+            continue;
         }
-        tokio::time::sleep(every).await;
+        match ShardMap::start(&layout, inner.tls.as_ref(), inner.probe_interval) {
+            Ok(map) => {
+                tracing::info!(shards = layout.len(), "shard map changed: now asking {layout:?}");
+                *inner.map.write() = Arc::new(map);
+            }
+            Err(e) => tracing::warn!(error = %e, "shard map refresh failed"),
+        }
     }
 }

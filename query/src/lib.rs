@@ -14,17 +14,22 @@
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz` over HTTP/1.
 //! - [`metrics`]: query latency, outcomes and matched depth; progress, continuity and state size
 //!   collected at scrape time, into the replica's registry.
-//! - [`client`]: [`client::IndexClient`], the fail-open gateway client.
+//! - [`client`]: [`client::IndexClient`], the fail-open gateway client over every shard.
+//! - [`shards`]: the client's shard map (static, or discovered with `Describe`) and the exact
+//!   merge of shard answers.
+//! - [`replicas`]: one shard's replicas: health probing, least-lagged choice, failover.
 
 pub mod admin;
 pub mod client;
 pub mod health;
 pub mod metrics;
+pub mod replicas;
 pub mod server;
 pub mod service;
+pub mod shards;
 pub mod validate;
 
-pub use client::{IndexClient, MatchOutcome, MatchQuery, Prompt, Unavailable};
+pub use client::{Answer, DiscoveryError, IndexClient, MatchOutcome, MatchQuery, Prompt, Unavailable};
 pub use server::{start, RunningServer, Served, ServerConfig, TlsFiles};
 pub use service::{default_replica_id, QueryConfig, QueryService, ReplicaInfo};
 
