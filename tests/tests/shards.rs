@@ -24,8 +24,11 @@ fn ks() -> KeyspaceId {
     KeyspaceId::new("trace", 32, 1)
 }
 
+/// Encoded records, in order, per worker.
+type ByWorker = BTreeMap<u64, Vec<Vec<u8>>>;
+
 /// The trace workload's first 1,500 requests over 24 workers: (records by worker, queries).
-fn workload() -> (BTreeMap<u64, Vec<Vec<u8>>>, Vec<Vec<u64>>) {
+fn workload() -> (ByWorker, Vec<Vec<u64>>) {
     let path =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/mooncake/conversation_trace.jsonl");
     let trace: Vec<_> = load_trace(&path).unwrap().into_iter().take(1_500).collect();
@@ -90,7 +93,7 @@ async fn replica(spec: &LogSpec, shard: &str, o: NodeOptions) -> ReplicaNode {
 
 fn query(locals: &[u64], i: usize) -> MatchQuery {
     let q = MatchQuery::new(ks(), Prompt::Hashes(locals.to_vec()));
-    if i % 3 == 0 {
+    if i.is_multiple_of(3) {
         q.top_k(3)
     } else {
         q
@@ -250,8 +253,9 @@ async fn resharding_under_queries_never_answers_wrong_and_a_lost_shard_is_flagge
 
         // Shard 1 loses both replicas (it had one): partial answers, flagged, exact elsewhere.
         s1.kill().await;
-        let even =
-            |w: &(u64, u32, u32, u32, u32, bool, bool)| prefixlog_engine::partition_of(w.0, P) % 2 == 0;
+        let even = |w: &(u64, u32, u32, u32, u32, bool, bool)| {
+            prefixlog_engine::partition_of(w.0, P).is_multiple_of(2)
+        };
         for (i, w) in want.iter().enumerate().take(50) {
             let got = client.match_with_deadline(&query(&queries[i], i), Duration::from_millis(500)).await;
             let (MatchOutcome::Scores(a) | MatchOutcome::Empty(a)) = &got else {
@@ -259,7 +263,7 @@ async fn resharding_under_queries_never_answers_wrong_and_a_lost_shard_is_flagge
             };
             assert!(a.partial && a.missing_partitions == vec![1, 3], "{}: {a:?}", b.name);
             // Top-k cuts after the merge: compare the unsharded full answer restricted to shard 0.
-            if i % 3 != 0 {
+            if !i.is_multiple_of(3) {
                 let kept: Vec<_> = w.clone().unwrap().into_iter().filter(even).collect();
                 assert_eq!(scores(&got).unwrap(), kept, "{}: query {i}", b.name);
             } else {
