@@ -7,6 +7,7 @@
 //! - `bench-query`: Match latency over gRPC (idle, ingesting) next to an Echo RPC.
 //! - `bench-audit`: reconstructing a past point vs a full replay.
 //! - `bench-restart`: restart from checkpoint + tail vs full replay.
+//! - `bench-shards`: memory per replica with N shards, fan-out Match latency vs unsharded.
 //! - `audit`: the index state at a past time or offsets, explain a placement, diff, verify.
 //! - `checkpoints`: list, show and verify a replica's RocksDB checkpoints.
 //! - `demo`: broker, two replicas, gateways and a simulated fleet in one process (README's `make demo`).
@@ -17,6 +18,7 @@ mod bench_audit;
 mod bench_env;
 mod bench_ingest;
 mod bench_restart;
+mod bench_shards;
 mod bridge_cmd;
 mod checkpoints_cmd;
 mod demo;
@@ -71,6 +73,8 @@ enum Cmd {
     BenchAudit(bench_audit::Args),
     /// Measure time to ready from a checkpoint + tail against a full replay (embedded broker).
     BenchRestart(bench_restart::Args),
+    /// Measure memory per replica with N shards and the fan-out Match latency (embedded broker).
+    BenchShards(bench_shards::Args),
     /// Reconstruct past index state from checkpoints + log replay; explain routing decisions.
     Audit(audit_cmd::Args),
     /// Inspect a replica's checkpoints: list, show, verify.
@@ -103,6 +107,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::Audit(a) => audit_cmd::run(a),
         Cmd::BenchRestart(a) => rt.block_on(bench_restart::run(a)),
         Cmd::BenchAudit(a) => rt.block_on(bench_audit::run(a)),
+        Cmd::BenchShards(a) => rt.block_on(bench_shards::run(a)),
         Cmd::Demo(a) => rt.block_on(demo::run(a)),
         Cmd::BenchRouting(a) => demo::routing_sim::run(a),
     }
