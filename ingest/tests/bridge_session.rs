@@ -199,6 +199,7 @@ async fn bad_endpoints_are_refused_before_anything_is_published() {
     };
     let (_stop, rx) = tokio::sync::watch::channel(false);
     let opts = BridgeOptions::new(prefixlog_engine::KeyspaceId::new("m", BS, 1));
-    let err = run(vec![spec], opts, publisher, false, rx).await.unwrap_err();
+    let exported = prefixlog_ingest::bridge::metrics::BridgeCollector::default();
+    let err = run(vec![spec], opts, publisher, false, rx, &exported).await.unwrap_err();
     assert!(err.to_string().contains("nonsense"), "{err}");
 }

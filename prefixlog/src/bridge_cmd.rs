@@ -125,12 +125,25 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         .await
         .map_err(|e| anyhow::anyhow!("binding --admin-addr {}: {e}", a.admin_addr))?;
     tracing::info!(addr = %listener.local_addr()?, "bridge admin port: /metrics, /healthz");
+    let registry = prometheus::Registry::new();
+    let exported = std::sync::Arc::new(bridge::metrics::BridgeCollector::default());
+    exported.register(&registry)?;
+    let pc = prometheus::process_collector::ProcessCollector::for_self();
+    let _ = registry.register(Box::new(pc));
     let app = axum::Router::new()
-        .route("/metrics", axum::routing::get(|| async { bridge::metrics::render_prometheus() }))
+        .route(
+            "/metrics",
+            axum::routing::get(move || {
+                let r = registry.clone();
+                async move {
+                    ([("content-type", "text/plain; version=0.0.4")], prefixlog_query::metrics::render(&r))
+                }
+            }),
+        )
         .route("/healthz", axum::routing::get(|| async { "ok" }));
     tokio::spawn(async move { axum::serve(listener, app).await });
     tracing::info!(engines = engines.len(), keyspace = %opts.keyspace, epoch = opts.start_epoch, "bridge: starting");
-    let metrics = bridge::run(engines, opts, publisher, a.remove_on_exit, stop_rx).await?;
+    let metrics = bridge::run(engines, opts, publisher, a.remove_on_exit, stop_rx, &exported).await?;
     for (spec, m) in metrics {
         let nonzero: Vec<String> =
             m.snapshot().into_iter().filter(|(_, v)| *v > 0).map(|(n, v)| format!("{n}={v}")).collect();

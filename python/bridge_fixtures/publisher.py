@@ -237,9 +237,9 @@ class Engine:
 def serve(a):
     """Three engines, one after the other:
     A (worker 1, vLLM positional, replay): seq 2 is lost and recovered over the replay socket.
-    B (worker 2 dp 1, map layout, no replay socket; the bridge is pointed at a dead one): seq 2
-      is lost for good (holder gapped); refused events (token count, CPU medium, LoRA, cache
-      salt) and a lane-1 store (group_idx 1).
+    B (worker 2 dp 1, map layout, no replay socket; the bridge is pointed at a dead one): an
+      unknown event type (published as a gap), seq 2 lost for good (holder gapped); refused
+      events (token count, CPU medium, LoRA, cache salt) and a lane-1 store (group_idx 1).
     C (worker 3, SGLang short positional, signed hashes): stores, removes, then the engine
       restarts (new sockets, seq from 0) and stores a different chain.
     D (worker 4): the bridge joins after seq 0-4; replay from 0 recovers them (not gapped).
@@ -250,8 +250,7 @@ def serve(a):
     ctx = zmq.Context()
     eng_a = Engine(ctx, a.a, a.a_replay)
     eng_a.wait_subscriber()
-    eng_a.publish(batch_array([stored_array(A_HASH[:2], None, A_TOKENS[:8]),
-                               ["FutureEvent", 1, 2]]))
+    eng_a.publish(batch_array([stored_array(A_HASH[:2], None, A_TOKENS[:8])]))
     eng_a.publish(batch_array([stored_array([A_HASH[2]], A_HASH[1], A_TOKENS[8:12],
                                             tail=[None, "full_attention", None, "future"])]))
     eng_a.publish(batch_array([stored_array([A_HASH[3]], A_HASH[2], A_TOKENS[12:16])]), send=False)
@@ -261,7 +260,10 @@ def serve(a):
 
     eng_b = Engine(ctx, a.b)
     eng_b.wait_subscriber()
-    eng_b.publish(batch_map([stored_map(B_HASH[:2], None, B_TOKENS[:8], future_key=1)], dp_rank=1))
+    # An event type the bridge does not know: it could have been a removal, so the bridge
+    # publishes this batch as a gap (B is gapped anyway by the batch lost below).
+    eng_b.publish(batch_map([stored_map(B_HASH[:2], None, B_TOKENS[:8], future_key=1),
+                             {"type": "FutureEvent", "x": 1}], dp_rank=1))
     eng_b.publish(batch_map([
         stored_map([B_HASH[2]], None, B_TOKENS[:4], group_idx=1,
                    kv_cache_spec_kind="sliding_window", kv_cache_spec_sliding_window=128),

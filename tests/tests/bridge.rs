@@ -143,7 +143,13 @@ async fn python_engines_through_bridge_to_replica() {
         opts.log_interval = Duration::ZERO;
         opts.replay_timeout = Duration::from_secs(10);
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let bridge_task = tokio::spawn(bridge::run(engines, opts, publisher, true, stop_rx));
+        let exported = std::sync::Arc::new(bridge::metrics::BridgeCollector::default());
+        let registry = prometheus::Registry::new();
+        exported.register(&registry).unwrap();
+        let bridge_task = {
+            let exported = exported.clone();
+            tokio::spawn(async move { bridge::run(engines, opts, publisher, true, stop_rx, &exported).await })
+        };
 
         let mut child = tokio::process::Command::new(&py)
             .arg(root().join("python/bridge_fixtures/publisher.py"))
@@ -245,9 +251,10 @@ async fn python_engines_through_bridge_to_replica() {
         stop_tx.send(true).unwrap();
         let metrics =
             tokio::time::timeout(Duration::from_secs(30), bridge_task).await.unwrap().unwrap().unwrap();
-        let text = bridge::metrics::render_prometheus();
-        assert!(text.contains("# TYPE prefixlog_bridge_events_received counter"), "{text}");
-        assert!(text.contains("prefixlog_bridge_gaps{worker=\"1\""), "{text}");
+        let text = prefixlog_query::metrics::render(&registry);
+        assert!(text.contains("# TYPE prefixlog_bridge_events_received_total counter"), "{text}");
+        assert!(text.contains("prefixlog_bridge_gaps_total{endpoint=\""), "{text}");
+        assert!(text.contains("prefixlog_bridge_publish_latency_seconds_count{endpoint="), "{text}");
         let get = |w: u64, name: &str| {
             metrics.iter().find(|(s, _)| s.worker == w).and_then(|(_, m)| m.get(name)).unwrap_or(0)
         };
@@ -257,11 +264,12 @@ async fn python_engines_through_bridge_to_replica() {
             "{}: A",
             b.name
         );
-        assert_eq!(get(1, "events_unknown_type"), 1, "{}", b.name);
         assert_eq!(get(1, "fields_ignored"), 1, "{}: the extra tail element", b.name);
+        // B: the unknown event type and the lost batch are each published as a gap.
+        assert_eq!(get(2, "events_unknown_type"), 1, "{}", b.name);
         assert_eq!(
             (get(2, "gaps"), get(2, "replays_failed"), get(2, "gaps_published")),
-            (1, 1, 1),
+            (1, 1, 2),
             "{}: B",
             b.name
         );

@@ -535,11 +535,17 @@ async fn candidates_gaps_workers_and_token_round_trip() {
         b.create_topic(&topic, P).await.unwrap();
         let spec = replicas::spec(&b.brokers, &topic, P);
         let publisher = Publisher::new(&spec).unwrap();
-        let (ra, rb) = (replica_with_server(&b, &topic, "a").await, replica_with_server(&b, &topic, "b").await);
+        let (ra, rb) =
+            (replica_with_server(&b, &topic, "a").await, replica_with_server(&b, &topic, "b").await);
         let l = block_hashes(&prompt(), BS as usize);
         let chain: Vec<(u64, u64)> = l.iter().enumerate().map(|(i, &h)| (1000 + i as u64, h)).collect();
-        let stored = |w: u64| KvOp::Stored { lane: 0, parent_ext: None, blocks: chain.iter().map(|&(e, h)| (e + w * 100, h)).collect() };
-        let meta: std::collections::BTreeMap<String, String> = [("pod".to_string(), "worker-3".to_string())].into();
+        let stored = |w: u64| KvOp::Stored {
+            lane: 0,
+            parent_ext: None,
+            blocks: chain.iter().map(|&(e, h)| (e + w * 100, h)).collect(),
+        };
+        let meta: std::collections::BTreeMap<String, String> =
+            [("pod".to_string(), "worker-3".to_string())].into();
         let mut landed = vec![
             publisher.publish_kv_events(&ks(), 1, 0, 1, 1, false, &[stored(1)], None).await.unwrap(),
             // Worker 2's stream lost a batch (seq 1 → 3): gapped.
@@ -553,16 +559,24 @@ async fn candidates_gaps_workers_and_token_round_trip() {
             assert!(r.status().wait_for(&offsets(&landed), Duration::from_secs(30)).await, "{}", b.name);
         }
         let mut c = PrefixIndexClient::connect(url(&ra)).await.unwrap();
-        let workers = |r: &v1::MatchResponse| r.scores.iter().map(|s| (s.worker, s.gapped)).collect::<Vec<_>>();
+        let workers =
+            |r: &v1::MatchResponse| r.scores.iter().map(|s| (s.worker, s.gapped)).collect::<Vec<_>>();
         let all = c.r#match(req(hashes(l.clone()))).await.unwrap().into_inner();
         assert_eq!(workers(&all), vec![(1, false), (2, true), (3, false)], "{}", b.name);
         let only = MatchRequest { candidate_workers: vec![3, 1, 99], ..req(hashes(l.clone())) };
         assert_eq!(workers(&c.r#match(only).await.unwrap().into_inner()), vec![(1, false), (3, false)]);
         let no_gaps = MatchRequest { exclude_gapped: true, top_k: Some(1), ..req(hashes(l.clone())) };
-        assert_eq!(workers(&c.r#match(no_gaps).await.unwrap().into_inner()), vec![(1, false)], "top-k after the filter");
+        assert_eq!(
+            workers(&c.r#match(no_gaps).await.unwrap().into_inner()),
+            vec![(1, false)],
+            "top-k after the filter"
+        );
         let listed = c.list_workers(v1::ListWorkersRequest {}).await.unwrap().into_inner();
         assert_eq!(listed.workers.len(), 1, "{}: {listed:?}", b.name);
-        assert_eq!((listed.workers[0].worker, listed.workers[0].metadata.get("pod").map(String::as_str)), (3, Some("worker-3")));
+        assert_eq!(
+            (listed.workers[0].worker, listed.workers[0].metadata.get("pod").map(String::as_str)),
+            (3, Some("worker-3"))
+        );
         // a's `applied`, unchanged, as b's token: answered at once (nothing more is published).
         let mut q = req(hashes(l.clone()));
         q.min_offsets = all.applied.clone();
@@ -570,7 +584,9 @@ async fn candidates_gaps_workers_and_token_round_trip() {
         rq.set_timeout(Duration::from_millis(500));
         let t = Instant::now();
         let r = PrefixIndexClient::connect(url(&rb)).await.unwrap().r#match(rq).await;
-        let r = r.unwrap_or_else(|s| panic!("{}: b waited for a record that never comes: {s:?}", b.name)).into_inner();
+        let r = r
+            .unwrap_or_else(|s| panic!("{}: b waited for a record that never comes: {s:?}", b.name))
+            .into_inner();
         assert!(!r.stale && t.elapsed() < Duration::from_millis(400), "{}", b.name);
         assert_eq!(r.applied, all.applied, "{}", b.name);
         ran.push(b.name);

@@ -1,8 +1,14 @@
-//! The bridge's counters: plain atomics (one [`BridgeMetrics`] per engine stream), so an
-//! exporter can register them later; [`BridgeMetrics::snapshot`] reads them all at once and the
-//! bridge logs that periodically.
+//! The bridge's metrics: plain atomic counters and a publish-latency histogram per engine
+//! stream ([`BridgeMetrics`]); [`BridgeMetrics::snapshot`] reads the counters at once (the
+//! bridge logs that periodically), and [`BridgeCollector`] exports every stream's metrics to a
+//! Prometheus registry as `prefixlog_bridge_<counter>_total{worker,endpoint}` and
+//! `prefixlog_bridge_publish_latency_seconds{worker,endpoint}`.
 
+use parking_lot::Mutex;
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::{LabelPair, MetricFamily};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 
 /// Why a decoded event was not published.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -48,7 +54,7 @@ impl Refusal {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct BridgeMetrics {
     /// ZeroMQ messages received (live and replayed).
     pub messages_received: AtomicU64,
@@ -89,9 +95,50 @@ pub struct BridgeMetrics {
     /// Records carrying more blocks than replicas accept by default (they will skip them).
     pub batches_oversized: AtomicU64,
     pub publish_errors: AtomicU64,
-    /// Sum and max of publish latency (enqueue → broker ack), microseconds.
-    pub publish_latency_us_sum: AtomicU64,
-    pub publish_latency_us_max: AtomicU64,
+    /// Publish latency (enqueue → broker acknowledgement), seconds.
+    pub publish_latency: prometheus::Histogram,
+}
+
+impl Default for BridgeMetrics {
+    fn default() -> Self {
+        let z = || AtomicU64::new(0);
+        Self {
+            messages_received: z(),
+            messages_undecodable: z(),
+            messages_duplicate: z(),
+            events_received: z(),
+            events_published: z(),
+            events_unknown_type: z(),
+            fields_ignored: z(),
+            refused_token_count: z(),
+            refused_tokens: z(),
+            refused_unknown_parent: z(),
+            refused_medium: z(),
+            refused_malformed: z(),
+            refused_namespaced: z(),
+            gaps: z(),
+            gaps_published: z(),
+            replays_ok: z(),
+            replays_failed: z(),
+            replayed_batches: z(),
+            epochs: z(),
+            reconnects: z(),
+            batches_published: z(),
+            batches_oversized: z(),
+            publish_errors: z(),
+            publish_latency: prometheus::Histogram::with_opts(latency_opts()).expect("valid histogram"),
+        }
+    }
+}
+
+fn latency_opts() -> prometheus::HistogramOpts {
+    // 100 µs .. ~13 s, doubling.
+    let buckets = prometheus::exponential_buckets(1e-4, 2.0, 18).expect("valid buckets");
+    prometheus::HistogramOpts::new(
+        "prefixlog_bridge_publish_latency_seconds",
+        "Publish latency of a bridge's records, enqueue to broker acknowledgement",
+    )
+    .buckets(buckets)
 }
 
 impl BridgeMetrics {
@@ -114,9 +161,8 @@ impl BridgeMetrics {
         c.fetch_add(1, Relaxed);
     }
 
-    pub fn record_latency(&self, us: u64) {
-        self.publish_latency_us_sum.fetch_add(us, Relaxed);
-        self.publish_latency_us_max.fetch_max(us, Relaxed);
+    pub fn record_latency(&self, d: std::time::Duration) {
+        self.publish_latency.observe(d.as_secs_f64());
     }
 
     /// Every counter as (name, value), for logs and exporters.
@@ -146,8 +192,6 @@ impl BridgeMetrics {
             ("batches_published", g(&self.batches_published)),
             ("batches_oversized", g(&self.batches_oversized)),
             ("publish_errors", g(&self.publish_errors)),
-            ("publish_latency_us_sum", g(&self.publish_latency_us_sum)),
-            ("publish_latency_us_max", g(&self.publish_latency_us_max)),
         ]
     }
 
@@ -157,36 +201,89 @@ impl BridgeMetrics {
     }
 }
 
-type LiveEntry = (u64, String, std::sync::Arc<BridgeMetrics>);
-
-fn live_table() -> &'static std::sync::Mutex<Vec<LiveEntry>> {
-    static LIVE: std::sync::OnceLock<std::sync::Mutex<Vec<LiveEntry>>> = std::sync::OnceLock::new();
-    LIVE.get_or_init(Default::default)
+/// Exports every running engine stream's metrics (register one per process; the bridge adds
+/// streams as it starts them).
+#[derive(Default)]
+pub struct BridgeCollector {
+    streams: Mutex<Vec<(u64, String, Arc<BridgeMetrics>)>>,
 }
 
-/// Registers a running engine stream's counters for exporters (the bridge's `/metrics`).
-pub fn register_live(worker: u64, endpoint: &str, m: std::sync::Arc<BridgeMetrics>) {
-    if let Ok(mut t) = live_table().lock() {
-        t.push((worker, endpoint.to_string(), m));
+impl BridgeCollector {
+    pub fn add(&self, worker: u64, endpoint: &str, m: Arc<BridgeMetrics>) {
+        self.streams.lock().push((worker, endpoint.to_string(), m));
+    }
+
+    /// Registers it in `registry` (shared: the bridge keeps adding to it).
+    pub fn register(self: &Arc<Self>, registry: &prometheus::Registry) -> prometheus::Result<()> {
+        registry.register(Box::new(Exported(self.clone())))
+    }
+
+    fn counters() -> Vec<prometheus::IntCounterVec> {
+        BridgeMetrics::default()
+            .snapshot()
+            .into_iter()
+            .map(|(name, _)| {
+                let opts = prometheus::Opts::new(
+                    format!("prefixlog_bridge_{name}_total"),
+                    format!("Bridge: {}", name.replace('_', " ")),
+                );
+                prometheus::IntCounterVec::new(opts, &["worker", "endpoint"]).expect("valid metric")
+            })
+            .collect()
+    }
+
+    fn latency_desc() -> prometheus::HistogramVec {
+        prometheus::HistogramVec::new(latency_opts(), &["worker", "endpoint"]).expect("valid metric")
     }
 }
 
-/// Every registered stream's counters, as Prometheus text (`prefixlog_bridge_<counter>`,
-/// labelled by worker and endpoint).
-pub fn render_prometheus() -> String {
-    use std::fmt::Write;
-    let t = live_table().lock().map(|t| t.clone()).unwrap_or_default();
-    type Snap = (u64, String, Vec<(&'static str, u64)>);
-    let snaps: Vec<Snap> = t.iter().map(|(w, e, m)| (*w, e.clone(), m.snapshot())).collect();
-    let mut out = String::new();
-    let names: Vec<&'static str> =
-        snaps.first().map(|s| s.2.iter().map(|(n, _)| *n).collect()).unwrap_or_default();
-    for (i, name) in names.iter().enumerate() {
-        let _ = writeln!(out, "# TYPE prefixlog_bridge_{name} counter");
-        for (w, e, s) in &snaps {
-            let v = s.get(i).map_or(0, |x| x.1);
-            let _ = writeln!(out, "prefixlog_bridge_{name}{{worker=\"{w}\",endpoint=\"{e}\"}} {v}");
+struct Exported(Arc<BridgeCollector>);
+
+fn label(name: &str, value: &str) -> LabelPair {
+    let mut l = LabelPair::default();
+    l.set_name(name.to_string());
+    l.set_value(value.to_string());
+    l
+}
+
+impl Collector for Exported {
+    fn desc(&self) -> Vec<&Desc> {
+        static DESCS: std::sync::OnceLock<Vec<Desc>> = std::sync::OnceLock::new();
+        DESCS
+            .get_or_init(|| {
+                let mut d: Vec<Desc> =
+                    BridgeCollector::counters().iter().flat_map(|c| c.desc().into_iter().cloned()).collect();
+                d.extend(BridgeCollector::latency_desc().desc().into_iter().cloned());
+                d
+            })
+            .iter()
+            .collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let streams = self.0.streams.lock().clone();
+        let counters = BridgeCollector::counters();
+        let mut latency: Option<MetricFamily> = None;
+        for (w, e, m) in &streams {
+            let w = w.to_string();
+            for (c, (_, v)) in counters.iter().zip(m.snapshot()) {
+                c.with_label_values(&[w.as_str(), e.as_str()]).inc_by(v);
+            }
+            // The histogram has no labels of its own: add this stream's.
+            for mut mf in m.publish_latency.collect() {
+                for metric in mf.mut_metric() {
+                    let mut labels = metric.take_label();
+                    labels.extend([label("endpoint", e), label("worker", &w)]);
+                    metric.set_label(labels);
+                }
+                match latency.as_mut() {
+                    Some(all) => all.mut_metric().extend(mf.take_metric()),
+                    None => latency = Some(mf),
+                }
+            }
         }
+        let mut out: Vec<MetricFamily> = counters.iter().flat_map(|c| c.collect()).collect();
+        out.extend(latency);
+        out
     }
-    out
 }

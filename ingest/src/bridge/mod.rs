@@ -171,7 +171,7 @@ async fn acker(mut rx: mpsc::Receiver<InFlight>, m: Arc<BridgeMetrics>, worker: 
     while let Some(f) = rx.recv().await {
         match f.ack.await {
             Ok(_) => {
-                m.record_latency(f.start.elapsed().as_micros() as u64);
+                m.record_latency(f.start.elapsed());
                 BridgeMetrics::inc(&m.batches_published);
                 BridgeMetrics::add(&m.events_published, f.events as u64);
             }
@@ -503,13 +503,15 @@ impl EngineBridge {
 }
 
 /// Runs one bridge per engine until `stop` turns true: publishes `worker-added` for each worker
-/// first and, with `remove_on_exit`, `worker-removed` after. Returns every engine's metrics.
+/// first and, with `remove_on_exit`, `worker-removed` after. Every engine's metrics go to
+/// `exported` as it starts; returns them too.
 pub async fn run(
     engines: Vec<EngineSpec>,
     opts: BridgeOptions,
     publisher: Publisher,
     remove_on_exit: bool,
     stop: watch::Receiver<bool>,
+    exported: &metrics::BridgeCollector,
 ) -> anyhow::Result<Vec<(EngineSpec, Arc<BridgeMetrics>)>> {
     for e in &engines {
         for ep in std::iter::once(&e.endpoint).chain(&e.replay_endpoint) {
@@ -528,7 +530,7 @@ pub async fn run(
     let mut out = Vec::new();
     for spec in engines {
         let b = EngineBridge::new(spec.clone(), opts.clone(), publisher.clone());
-        metrics::register_live(spec.worker, &spec.endpoint, b.metrics());
+        exported.add(spec.worker, &spec.endpoint, b.metrics());
         out.push((spec, b.metrics()));
         tasks.push(tokio::spawn(b.run(stop.clone())));
     }
