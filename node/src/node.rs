@@ -145,6 +145,7 @@ impl ReplicaNode {
         };
         if !self.opts.peers.is_empty() {
             let stats = Arc::new(AntiEntropyStats::new());
+            stats.init(&self.opts.peers, self.spec.owned());
             stats.register(&self.registry)?;
             let ae = Arc::new(AntiEntropy {
                 replica: self.replica.clone(),
@@ -173,6 +174,9 @@ impl ReplicaNode {
                 ),
                 &["outcome"],
             )?;
+            for outcome in ["recovered", "failed"] {
+                recoveries.with_label_values(&[outcome]);
+            }
             self.registry.register(Box::new(recoveries.clone()))?;
             let task = crate::recovery::run(
                 self.spec.clone(),

@@ -68,6 +68,20 @@ impl AntiEntropyStats {
         }
     }
 
+    /// Starts every known series at 0, so alerts and dashboards see them before the first
+    /// event (an absent series and a zero one differ to Prometheus).
+    pub fn init(&self, peers: &[String], partitions: &[u32]) {
+        for p in partitions {
+            self.mismatches.with_label_values(&[p.to_string().as_str()]);
+        }
+        for peer in peers {
+            self.unreachable.with_label_values(&[peer.as_str()]);
+        }
+        for reason in ["settings_differ", "another_log"] {
+            self.incompatible.with_label_values(&[reason]);
+        }
+    }
+
     pub fn register(&self, r: &Registry) -> prometheus::Result<()> {
         r.register(Box::new(self.rounds.clone()))?;
         r.register(Box::new(self.points_compared.clone()))?;
