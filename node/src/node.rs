@@ -124,12 +124,18 @@ impl ReplicaNode {
             })?);
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
             self.peer_stop = Some(stop);
+            let mut builder = tonic::transport::Server::builder();
+            if let Some(tls) = &self.opts.peer_tls {
+                builder = builder
+                    .tls_config(tls.server())
+                    .map_err(|e| NodeError::Query(format!("peer TLS: {e}")))?;
+            }
             self.tasks.push(tokio::spawn(async move {
                 let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
                 let shutdown = async move {
                     let _ = stopped.await;
                 };
-                if let Err(e) = tonic::transport::Server::builder()
+                if let Err(e) = builder
                     .add_service(svc.into_server())
                     .serve_with_incoming_shutdown(incoming, shutdown)
                     .await
@@ -152,6 +158,7 @@ impl ReplicaNode {
                 peers: self.opts.peers.clone(),
                 ctx,
                 stats,
+                tls: self.opts.peer_client_tls(),
             });
             let (every, weak) = (self.opts.anti_entropy_interval, Arc::downgrade(&ae));
             self.tasks.push(tokio::spawn(async move {
@@ -178,6 +185,7 @@ impl ReplicaNode {
                 recoveries.with_label_values(&[outcome]);
             }
             self.registry.register(Box::new(recoveries.clone()))?;
+            let sources = crate::recovery::Sources { peers: sources, tls: self.opts.peer_client_tls() };
             let task = crate::recovery::run(
                 self.spec.clone(),
                 self.identity.clone(),

@@ -56,6 +56,8 @@ pub struct NodeOptions {
     pub admin_addr: Option<SocketAddr>,
     /// Replica-to-replica port (digests, checkpoint transfer); `None`: none.
     pub peer_addr: Option<SocketAddr>,
+    /// Mutual TLS on the peer port and to peers (the checkpoint stream is the whole index).
+    pub peer_tls: Option<prefixlog_peer::PeerTls>,
     pub tls: Option<TlsFiles>,
     /// Ready once the total lag is at most this many records.
     pub ready_lag: i64,
@@ -86,6 +88,7 @@ impl Default for NodeOptions {
             grpc_addr: any,
             admin_addr: Some(any),
             peer_addr: Some(any),
+            peer_tls: None,
             tls: None,
             ready_lag: 1000,
             query: QueryConfig::default(),
@@ -104,6 +107,11 @@ impl Default for NodeOptions {
 }
 
 impl NodeOptions {
+    /// The client side of the peer port's mutual TLS, if configured.
+    pub fn peer_client_tls(&self) -> Option<tonic::transport::ClientTlsConfig> {
+        self.peer_tls.as_ref().map(prefixlog_peer::PeerTls::client)
+    }
+
     /// Peers to fetch a checkpoint from, in order: `bootstrap_from`, then `peers`.
     pub fn checkpoint_sources(&self) -> Vec<String> {
         let mut v: Vec<String> = self.bootstrap_from.iter().cloned().collect();

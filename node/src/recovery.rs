@@ -14,15 +14,17 @@ use prometheus::IntCounterVec;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tonic::transport::ClientTlsConfig;
 
 /// A peer's checkpoint of `need` partitions, restored, if the log continues its offsets.
 pub async fn fetch_continued(
     peer: &str,
+    tls: Option<&ClientTlsConfig>,
     identity: &LogIdentity,
     need: &[u32],
     probe: &LogProbe,
 ) -> Result<Applier, NodeError> {
-    let loaded = prefixlog_peer::fetch_checkpoint(peer, identity, need).await?;
+    let loaded = prefixlog_peer::fetch_checkpoint(peer, tls, identity, need).await?;
     let offsets: Vec<(u32, i64)> = need.iter().map(|&p| (p, loaded.meta.offsets[p as usize])).collect();
     if let Some(problem) = check_offsets(offsets, probe).into_iter().next() {
         return Err(NodeError::PeerNotContinued { peer: peer.to_string(), problem });
@@ -30,11 +32,17 @@ pub async fn fetch_continued(
     Ok(restore_for(&loaded, identity, need)?)
 }
 
+/// Where recovery fetches from, and how.
+pub struct Sources {
+    pub peers: Vec<String>,
+    pub tls: Option<ClientTlsConfig>,
+}
+
 /// Watches for discontinuous partitions and recovers them from `sources`, forever.
 pub async fn run(
     spec: LogSpec,
     identity: LogIdentity,
-    sources: Vec<String>,
+    sources: Sources,
     replica: Arc<Replica>,
     recoveries: IntCounterVec,
 ) {
@@ -62,7 +70,7 @@ pub async fn run(
 async fn recover(
     spec: &LogSpec,
     identity: &LogIdentity,
-    sources: &[String],
+    sources: &Sources,
     replica: &Replica,
     p: u32,
 ) -> bool {
@@ -80,8 +88,8 @@ async fn recover(
             }
         }
     };
-    for peer in sources {
-        match fetch_continued(peer, identity, &[p], &probe).await {
+    for peer in &sources.peers {
+        match fetch_continued(peer, sources.tls.as_ref(), identity, &[p], &probe).await {
             Ok(state) => {
                 let at = state.partition(p).next_offset;
                 match replica.replace_partition(p, state).await {

@@ -142,13 +142,15 @@ async fn initial_checkpoint(
         }
     }
     let Some(peer) = &opts.bootstrap_from else { return Ok((None, StateSource::LogStart)) };
+    let tls = opts.peer_client_tls();
     tracing::info!(%peer, "no usable local checkpoint: bootstrapping from the peer's newest");
     let loaded = match store {
         Some(s) => {
-            let meta = prefixlog_peer::fetch_into_store(peer, identity, spec.owned(), s).await?;
+            let meta =
+                prefixlog_peer::fetch_into_store(peer, tls.as_ref(), identity, spec.owned(), s).await?;
             s.load(meta.id).map_err(prefixlog_snapshot::RestoreError::from)?
         }
-        None => prefixlog_peer::fetch_checkpoint(peer, identity, spec.owned()).await?,
+        None => prefixlog_peer::fetch_checkpoint(peer, tls.as_ref(), identity, spec.owned()).await?,
     };
     let source = StateSource::Peer { peer: peer.clone(), checkpoint: loaded.meta.id };
     Ok((Some(loaded), source))
@@ -173,7 +175,9 @@ async fn prove_continuity(
     }
     for peer in opts.checkpoint_sources() {
         let need: Vec<u32> = problems.iter().map(OffsetProblem::partition).collect();
-        match crate::recovery::fetch_continued(&peer, identity, &need, probe).await {
+        match crate::recovery::fetch_continued(&peer, opts.peer_client_tls().as_ref(), identity, &need, probe)
+            .await
+        {
             Ok(replacement) => {
                 for &p in &need {
                     applier.replace_partition(p, &replacement);

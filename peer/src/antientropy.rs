@@ -124,6 +124,8 @@ pub struct AntiEntropy {
     pub peers: Vec<String>,
     pub ctx: RepairContext,
     pub stats: Arc<AntiEntropyStats>,
+    /// Mutual TLS to peers, when the peer port requires it.
+    pub tls: Option<tonic::transport::ClientTlsConfig>,
 }
 
 fn now_s() -> i64 {
@@ -173,7 +175,7 @@ impl AntiEntropy {
     }
 
     async fn compare(&self, peer: &str, report: &mut RoundReport) -> Result<(), String> {
-        let mut client = connect(peer).await.map_err(|e| e.to_string())?;
+        let mut client = connect(peer, self.tls.as_ref()).await.map_err(|e| e.to_string())?;
         let theirs = client
             .digests(pb::DigestsRequest { partitions: vec![] })
             .await

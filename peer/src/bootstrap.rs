@@ -7,6 +7,7 @@ use prefixlog_proto::v1 as pb;
 use prefixlog_proto::v1::replica_peer_client::ReplicaPeerClient;
 use prefixlog_snapshot::{decode_export, CheckpointMeta, CheckpointStore, Loaded, StoreError};
 use std::time::Duration;
+use tonic::transport::ClientTlsConfig;
 use xxhash_rust::xxh3::xxh3_64;
 
 #[derive(Debug, thiserror::Error)]
@@ -23,27 +24,37 @@ pub enum FetchError {
     Incompatible { peer: String, why: Incompatible },
 }
 
-pub(crate) fn url(peer: &str) -> String {
-    if peer.contains("://") {
-        peer.to_string()
-    } else {
-        format!("http://{peer}")
+pub(crate) fn url(peer: &str, tls: bool) -> String {
+    match (peer.contains("://"), tls) {
+        (true, _) => peer.to_string(),
+        (false, true) => format!("https://{peer}"),
+        (false, false) => format!("http://{peer}"),
     }
 }
 
-/// Connects to a peer's `ReplicaPeer` service.
-pub(crate) async fn connect(peer: &str) -> Result<ReplicaPeerClient<tonic::transport::Channel>, FetchError> {
-    let endpoint = tonic::transport::Endpoint::from_shared(url(peer))
-        .map_err(|source| FetchError::Connect { peer: peer.into(), source })?
-        .connect_timeout(Duration::from_secs(2));
+/// Connects to a peer's `ReplicaPeer` service (over mutual TLS when `tls` is given).
+pub async fn connect(
+    peer: &str,
+    tls: Option<&ClientTlsConfig>,
+) -> Result<ReplicaPeerClient<tonic::transport::Channel>, FetchError> {
+    let bad = |source| FetchError::Connect { peer: peer.into(), source };
+    let mut endpoint = tonic::transport::Endpoint::from_shared(url(peer, tls.is_some())).map_err(bad)?;
+    if let Some(t) = tls {
+        endpoint = endpoint.tls_config(t.clone()).map_err(bad)?;
+    }
+    let endpoint = endpoint.connect_timeout(Duration::from_secs(2));
     let channel =
         endpoint.connect().await.map_err(|source| FetchError::Connect { peer: peer.into(), source })?;
     Ok(ReplicaPeerClient::new(channel).max_decoding_message_size(4 << 20))
 }
 
 /// The peer's newest checkpoint as export bytes, holding `partitions` (empty: all it owns).
-pub async fn fetch_export(peer: &str, partitions: &[u32]) -> Result<Vec<u8>, FetchError> {
-    let mut client = connect(peer).await?;
+pub async fn fetch_export(
+    peer: &str,
+    tls: Option<&ClientTlsConfig>,
+    partitions: &[u32],
+) -> Result<Vec<u8>, FetchError> {
+    let mut client = connect(peer, tls).await?;
     let rpc = |status| FetchError::Rpc { peer: peer.into(), status };
     let req = pb::FetchCheckpointRequest { partitions: partitions.to_vec() };
     let mut stream = client.fetch_checkpoint(req).await.map_err(rpc)?.into_inner();
@@ -66,8 +77,13 @@ pub async fn fetch_export(peer: &str, partitions: &[u32]) -> Result<Vec<u8>, Fet
 
 /// Fetches the peer's newest checkpoint of `need` partitions, verified and checked against the
 /// one compatibility rule for a replica of `ours`.
-pub async fn fetch_checkpoint(peer: &str, ours: &LogIdentity, need: &[u32]) -> Result<Loaded, FetchError> {
-    let data = fetch_export(peer, need).await?;
+pub async fn fetch_checkpoint(
+    peer: &str,
+    tls: Option<&ClientTlsConfig>,
+    ours: &LogIdentity,
+    need: &[u32],
+) -> Result<Loaded, FetchError> {
+    let data = fetch_export(peer, tls, need).await?;
     let loaded = decode_export(&data).map_err(|source| FetchError::Store { peer: peer.into(), source })?;
     check_compatible(ours, &loaded.meta.identity, need)
         .map_err(|why| FetchError::Incompatible { peer: peer.into(), why })?;
@@ -77,11 +93,12 @@ pub async fn fetch_checkpoint(peer: &str, ours: &LogIdentity, need: &[u32]) -> R
 /// [`fetch_checkpoint`], then stored in `store` under a new local id (bootstrap).
 pub async fn fetch_into_store(
     peer: &str,
+    tls: Option<&ClientTlsConfig>,
     ours: &LogIdentity,
     need: &[u32],
     store: &CheckpointStore,
 ) -> Result<CheckpointMeta, FetchError> {
-    let data = fetch_export(peer, need).await?;
+    let data = fetch_export(peer, tls, need).await?;
     let loaded = decode_export(&data).map_err(|source| FetchError::Store { peer: peer.into(), source })?;
     check_compatible(ours, &loaded.meta.identity, need)
         .map_err(|why| FetchError::Incompatible { peer: peer.into(), why })?;

@@ -11,6 +11,7 @@
 //! - [`repair`]: the self-check rule and the off-to-the-side partition rebuild and swap.
 //! - [`bootstrap`]: fetch a peer's checkpoint (bootstrap, resharding, recovery of a partition
 //!   whose log was cut).
+//! - [`tls`]: optional mutual TLS on the peer port.
 //!
 //! Repair rule: with two replicas nobody can tell who is right, so each replica that sees a
 //! mismatch checks *itself*: it rebuilds the partition from its newest checkpoint taken no
@@ -26,8 +27,10 @@ pub mod bootstrap;
 pub mod holders;
 pub mod repair;
 pub mod service;
+pub mod tls;
 
 pub use antientropy::{AntiEntropy, AntiEntropyStats, RoundReport};
-pub use bootstrap::{fetch_checkpoint, fetch_export, fetch_into_store, FetchError};
+pub use bootstrap::{connect, fetch_checkpoint, fetch_export, fetch_into_store, FetchError};
 pub use repair::{RepairContext, RepairError, RepairOutcome};
 pub use service::PeerService;
+pub use tls::{PeerTls, PeerTlsError};

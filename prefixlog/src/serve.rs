@@ -109,16 +109,32 @@ pub struct PeerArgs {
     /// retained from the beginning).
     #[arg(long, env = "PREFIXLOG_BOOTSTRAP_FROM")]
     pub bootstrap_from: Option<String>,
+    /// Mutual TLS on the peer port and to peers: this replica's certificate (PEM, with both the
+    /// serverAuth and clientAuth usages); needs --peer-tls-key and --peer-tls-ca.
+    #[arg(long, env = "PREFIXLOG_PEER_TLS_CERT", requires_all = ["peer_tls_key", "peer_tls_ca"])]
+    pub peer_tls_cert: Option<PathBuf>,
+    /// The peer certificate's private key (PEM).
+    #[arg(long, env = "PREFIXLOG_PEER_TLS_KEY", requires = "peer_tls_cert")]
+    pub peer_tls_key: Option<PathBuf>,
+    /// The CA that signs every replica's peer certificate (PEM): peers must present one.
+    #[arg(long, env = "PREFIXLOG_PEER_TLS_CA", requires = "peer_tls_cert")]
+    pub peer_tls_ca: Option<PathBuf>,
 }
 
 impl Args {
-    fn node_options(&self) -> NodeOptions {
+    fn node_options(&self) -> anyhow::Result<NodeOptions> {
         let q = &self.query;
-        NodeOptions {
+        let p = &self.peer;
+        let peer_tls = match (&p.peer_tls_cert, &p.peer_tls_key, &p.peer_tls_ca) {
+            (Some(c), Some(k), Some(ca)) => Some(prefixlog_peer::PeerTls::load(c, k, ca)?),
+            _ => None,
+        };
+        Ok(NodeOptions {
             replica_id: q.replica_id.clone().unwrap_or_else(prefixlog_query::default_replica_id),
             grpc_addr: q.grpc_addr,
             admin_addr: Some(q.admin_addr),
             peer_addr: Some(self.peer.peer_addr),
+            peer_tls,
             tls: q.tls_cert.clone().zip(q.tls_key.clone()).map(|(cert, key)| prefixlog_query::TlsFiles {
                 cert,
                 key,
@@ -148,7 +164,7 @@ impl Args {
                 SettingsChange::Refuse
             },
             shutdown_grace: self.shutdown_grace,
-        }
+        })
     }
 }
 
@@ -170,7 +186,7 @@ async fn stop_signal() -> &'static str {
 pub async fn run(a: Args) -> anyhow::Result<()> {
     let (brokers, _embedded) = a.kafka.brokers_or_embedded()?;
     let spec = a.kafka.spec(&brokers).with_settings(a.settings.settings()).with_shard(a.shard.clone())?;
-    let node = ReplicaNode::start(spec, a.node_options()).await?;
+    let node = ReplicaNode::start(spec, a.node_options()?).await?;
     let (status, engine) = (node.status().clone(), node.engine());
     let mut tick = tokio::time::interval(a.status_interval);
     let signal = stop_signal();
