@@ -5,7 +5,7 @@ use prefixlog_ingest::{
     check_compatible, probe_log, replay, Applier, LogIdentity, LogProbe, LogSpec, ReplayError, ReplayOptions,
     Until,
 };
-use prefixlog_snapshot::{restore, CheckpointMeta, CheckpointStore, RestoreError};
+use prefixlog_snapshot::{restore_for, CheckpointMeta, CheckpointStore, RestoreError};
 use std::collections::BTreeMap;
 
 /// Where to stop.
@@ -152,7 +152,8 @@ pub fn reconstruct_at(
     let (mut applier, checkpoint) = match &base {
         Some(meta) => {
             let loaded = store.expect("a base implies a store").load(meta.id).map_err(RestoreError::from)?;
-            (restore(&loaded)?.extract(spec.owned()), Some(meta.id))
+            let ours = LogIdentity { settings: meta.identity.settings, ..ours.clone() };
+            (restore_for(&loaded, &ours, spec.owned())?, Some(meta.id))
         }
         None if probe.from_start() => (Applier::new(spec.partitions, spec.settings), None),
         None => return Err(too_old(oldest, &probe)),

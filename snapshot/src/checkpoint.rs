@@ -19,8 +19,20 @@ use std::time::{Duration, Instant};
 pub struct Capture {
     pub partitions: Vec<PartitionState>,
     pub keyspaces: Vec<KeyspaceDump>,
+    /// Each partition's digest at the same point.
+    pub digests: Vec<u64>,
     /// How long ingest was paused.
     pub ingest_pause: Duration,
+}
+
+impl Capture {
+    /// A consistent copy of `a`'s state (the caller holds it still).
+    pub fn of(a: &Applier) -> Self {
+        let partitions = a.partitions().to_vec();
+        let digests = (0..a.partition_count()).map(|p| a.partition_digest(p)).collect();
+        let keyspaces = a.engine().keyspaces().iter().map(|k| k.read().dump()).collect();
+        Self { partitions, keyspaces, digests, ingest_pause: Duration::ZERO }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -36,10 +48,10 @@ pub enum RestoreError {
 pub fn capture(applier: &Mutex<Applier>) -> Capture {
     let t = Instant::now();
     let a = applier.lock();
-    let partitions = a.partitions().to_vec();
-    let keyspaces = a.engine().keyspaces().iter().map(|k| k.read().dump()).collect();
+    let mut c = Capture::of(&a);
     drop(a);
-    Capture { partitions, keyspaces, ingest_pause: t.elapsed() }
+    c.ingest_pause = t.elapsed();
+    c
 }
 
 /// Wall-clock time for the operator-facing `created` field (never applied state).
@@ -54,7 +66,7 @@ pub fn checkpoint(
     identity: &LogIdentity,
 ) -> Result<(CheckpointMeta, Duration), StoreError> {
     let c = capture(applier);
-    let meta = store.write(identity, &c.partitions, &c.keyspaces, now_ms())?;
+    let meta = store.write(identity, &c, now_ms())?;
     Ok((meta, c.ingest_pause))
 }
 
@@ -134,6 +146,5 @@ pub fn export_partitions(
     }
     let part = restore(&loaded)?.extract(partitions);
     let identity = LogIdentity { owned: partitions.to_vec(), ..loaded.meta.identity.clone() };
-    let dumps: Vec<KeyspaceDump> = part.engine().keyspaces().iter().map(|k| k.read().dump()).collect();
-    Ok(encode_export(&identity, part.partitions(), &dumps, loaded.meta.created_unix_ms))
+    Ok(encode_export(&identity, &Capture::of(&part), loaded.meta.created_unix_ms))
 }

@@ -2,9 +2,10 @@
 //! recovery of a cut partition, a new shard's partitions): magic, then the length-prefixed
 //! meta, partition state and keyspace values, every one verified on the way in.
 
+use crate::checkpoint::Capture;
 use crate::codec::{self, Reader, Writer};
 use crate::error::{damaged, verify, Damage, Part, StoreError};
-use crate::meta::{decode_meta, encode_meta, meta_of, CheckpointMeta, EncodedKeyspace};
+use crate::meta::{covered, decode_meta, encode_meta, meta_of, CheckpointMeta, EncodedKeyspace};
 use prefixlog_engine::KeyspaceDump;
 use prefixlog_ingest::{LogIdentity, PartitionState};
 
@@ -68,16 +69,10 @@ pub fn decode_export(data: &[u8]) -> Result<Loaded, StoreError> {
 
 /// An export of an in-memory state (a partition-filtered copy of a checkpoint): what
 /// [`CheckpointStore::export`] would give had it been written, with id 0.
-pub fn encode_export(
-    identity: &LogIdentity,
-    partitions: &[PartitionState],
-    keyspaces: &[KeyspaceDump],
-    created_unix_ms: u64,
-) -> Vec<u8> {
-    let (pbytes, ks) = encode_parts(partitions, keyspaces);
-    let offsets = partitions.iter().map(|p| p.next_offset).collect();
-    let log_times = partitions.iter().map(|p| p.log_time).collect();
-    let meta = meta_of(0, identity, offsets, log_times, &pbytes, &ks, created_unix_ms);
+pub fn encode_export(identity: &LogIdentity, state: &Capture, created_unix_ms: u64) -> Vec<u8> {
+    let (pbytes, ks) = encode_parts(&state.partitions, &state.keyspaces);
+    let meta =
+        meta_of(0, identity, covered(&state.partitions, &state.digests), &pbytes, &ks, created_unix_ms);
     let ks: Vec<Vec<u8>> = ks.into_iter().map(|(_, b, _)| b).collect();
     pack_export(&meta, &pbytes, &ks)
 }

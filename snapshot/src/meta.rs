@@ -41,6 +41,9 @@ pub struct CheckpointMeta {
     pub partitions_len: u64,
     pub partitions_checksum: u64,
     pub keyspaces: Vec<KeyspaceEntry>,
+    /// Each partition's digest (holders, feeds, workers) at `offsets`, taken with the state:
+    /// what a replay of the log must reproduce (`audit verify`), without rebuilding the state.
+    pub digests: Vec<u64>,
 }
 
 impl CheckpointMeta {
@@ -84,6 +87,10 @@ pub(crate) fn encode_meta(m: &CheckpointMeta) -> Vec<u8> {
     }
     w.u64(m.partitions_len);
     w.u64(m.partitions_checksum);
+    w.u64(m.digests.len() as u64);
+    for &d in &m.digests {
+        w.u64(d);
+    }
     w.u64(m.keyspaces.len() as u64);
     for k in &m.keyspaces {
         codec::put_keyspace_id(&mut w, &k.id);
@@ -137,6 +144,11 @@ pub(crate) fn decode_meta(id: u64, buf: &[u8]) -> Result<CheckpointMeta, StoreEr
     }
     let partitions_len = r.u64()?;
     let partitions_checksum = r.u64()?;
+    let nd = r.len(8)?;
+    let mut digests = Vec::with_capacity(nd);
+    for _ in 0..nd {
+        digests.push(r.u64()?);
+    }
     let nk = r.len(36)?;
     let mut keyspaces = Vec::with_capacity(nk);
     for _ in 0..nk {
@@ -159,20 +171,37 @@ pub(crate) fn decode_meta(id: u64, buf: &[u8]) -> Result<CheckpointMeta, StoreEr
         partitions_len,
         partitions_checksum,
         keyspaces,
+        digests,
     })
 }
 
 /// The meta of a checkpoint whose values are `pbytes` and `ks` (each keyspace stored in
 /// chunks of at most [`CHUNK`] bytes).
+/// Where a state stands, per partition of the log: what a checkpoint's meta records of it.
+pub(crate) struct Covered {
+    pub offsets: Vec<i64>,
+    pub log_times: Vec<u64>,
+    pub digests: Vec<u64>,
+}
+
+/// What `partitions` (one state per partition of the log) and their `digests` cover.
+pub(crate) fn covered(partitions: &[prefixlog_ingest::PartitionState], digests: &[u64]) -> Covered {
+    Covered {
+        offsets: partitions.iter().map(|p| p.next_offset).collect(),
+        log_times: partitions.iter().map(|p| p.log_time).collect(),
+        digests: digests.to_vec(),
+    }
+}
+
 pub(crate) fn meta_of(
     id: u64,
     identity: &LogIdentity,
-    offsets: Vec<i64>,
-    log_times: Vec<u64>,
+    covered: Covered,
     pbytes: &[u8],
     ks: &[EncodedKeyspace],
     created_unix_ms: u64,
 ) -> CheckpointMeta {
+    let Covered { offsets, log_times, digests } = covered;
     CheckpointMeta {
         id,
         format: FORMAT_VERSION,
@@ -182,6 +211,7 @@ pub(crate) fn meta_of(
         log_times,
         partitions_len: pbytes.len() as u64,
         partitions_checksum: xxh3_64(pbytes),
+        digests,
         keyspaces: ks
             .iter()
             .map(|(id, b, hb)| KeyspaceEntry {

@@ -17,11 +17,13 @@
 //! primary's files and tolerates its WAL rotation and compactions (a read-only open stats WAL
 //! files that the primary may delete in the meantime and failed intermittently).
 
+use crate::checkpoint::Capture;
 use crate::error::{damaged, verify, Damage, Part, StoreError};
 use crate::export::{decode_loaded, encode_parts, pack_export, unpack_export, Loaded};
-use crate::meta::{decode_meta, encode_meta, meta_of, CheckpointMeta, EncodedKeyspace, CHUNK};
-use prefixlog_engine::KeyspaceDump;
-use prefixlog_ingest::{LogIdentity, PartitionState};
+use crate::meta::{
+    covered, decode_meta, encode_meta, meta_of, CheckpointMeta, Covered, EncodedKeyspace, CHUNK,
+};
+use prefixlog_ingest::LogIdentity;
 use rocksdb::{Options, WriteBatch, WriteOptions, DB};
 use std::path::{Path, PathBuf};
 
@@ -114,31 +116,34 @@ impl CheckpointStore {
     }
 
     /// Writes a checkpoint atomically. Returns its meta.
+    /// Writes a captured state (its partitions, keyspaces and per-partition digests).
     pub fn write(
         &self,
         identity: &LogIdentity,
-        partitions: &[PartitionState],
-        keyspaces: &[KeyspaceDump],
+        state: &Capture,
         created_unix_ms: u64,
     ) -> Result<CheckpointMeta, StoreError> {
-        let (pbytes, ks) = encode_parts(partitions, keyspaces);
-        let offsets = partitions.iter().map(|p| p.next_offset).collect();
-        let log_times = partitions.iter().map(|p| p.log_time).collect();
-        self.write_encoded(identity, offsets, log_times, &pbytes, &ks, created_unix_ms)
+        let (pbytes, ks) = encode_parts(&state.partitions, &state.keyspaces);
+        self.write_encoded(
+            identity,
+            covered(&state.partitions, &state.digests),
+            &pbytes,
+            &ks,
+            created_unix_ms,
+        )
     }
 
     fn write_encoded(
         &self,
         identity: &LogIdentity,
-        offsets: Vec<i64>,
-        log_times: Vec<u64>,
+        covered: Covered,
         pbytes: &[u8],
         keyspaces: &[EncodedKeyspace],
         created_unix_ms: u64,
     ) -> Result<CheckpointMeta, StoreError> {
         let _writing = self.write_lock.lock();
         let id = self.ids().first().map_or(1, |i| i + 1);
-        let meta = meta_of(id, identity, offsets, log_times, pbytes, keyspaces, created_unix_ms);
+        let meta = meta_of(id, identity, covered, pbytes, keyspaces, created_unix_ms);
         let mut batch = WriteBatch::default();
         for (ki, (_, bytes, _)) in keyspaces.iter().enumerate() {
             for (ci, c) in bytes.chunks(CHUNK).enumerate() {
@@ -179,14 +184,12 @@ impl CheckpointStore {
         let (meta, pbytes, ks) = unpack_export(data)?;
         let ks: Vec<EncodedKeyspace> =
             meta.keyspaces.iter().zip(ks).map(|(e, b)| (e.id.clone(), b.to_vec(), e.holder_blocks)).collect();
-        self.write_encoded(
-            &meta.identity,
-            meta.offsets.clone(),
-            meta.log_times.clone(),
-            pbytes,
-            &ks,
-            meta.created_unix_ms,
-        )
+        let covered = Covered {
+            offsets: meta.offsets.clone(),
+            log_times: meta.log_times.clone(),
+            digests: meta.digests.clone(),
+        };
+        self.write_encoded(&meta.identity, covered, pbytes, &ks, meta.created_unix_ms)
     }
 
     /// Meta, partition bytes and keyspace bytes of a checkpoint, all checksums verified.

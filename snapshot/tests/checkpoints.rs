@@ -159,7 +159,7 @@ fn checkpoint_of_another_log_or_other_settings_or_partitions_is_not_applied() {
     let shard = LogIdentity { owned: vec![1, 3], ..identity() };
     let dir2 = tempfile::tempdir().unwrap();
     let store2 = CheckpointStore::open(dir2.path()).unwrap();
-    store2.write(&shard, a.lock().partitions(), &[], 0).unwrap();
+    store2.write(&shard, &prefixlog_snapshot::Capture::of(&a.lock()), 0).unwrap();
     assert!(newest_usable(&store2, &identity(), &[1]).0.is_some());
     let (l, why) = newest_usable(&store2, &identity(), &[0, 1]);
     assert!(l.is_none() && why[0].contains("does not cover partitions [0]"), "{why:?}");
@@ -250,7 +250,7 @@ fn retention_keeps_last_k_and_a_thinned_series() {
         let w = prefixlog_ingest::record::worker_for_partition(p, P);
         let off = a.partition(p).next_offset;
         a.apply(p, off, i * 1_800_000, Some(&prefixlog_ingest::record::encode_tick(w))).unwrap();
-        store.write(&identity(), a.partitions(), &[], 0).unwrap();
+        store.write(&identity(), &prefixlog_snapshot::Capture::of(&a), 0).unwrap();
     }
     let r = Retention { keep_last: 2, thin_interval_ms: 3_600_000, window_ms: 3 * 3_600_000 };
     store.apply_retention(&r).unwrap();

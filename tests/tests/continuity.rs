@@ -265,9 +265,9 @@ async fn a_log_that_ends_before_the_checkpoint_is_refused() {
         {
             let store = CheckpointStore::open(&d.path().join("checkpoints")).unwrap();
             let l = store.load(ck.id).unwrap();
-            let mut parts = l.partitions.clone();
-            parts[0].next_offset += 1_000;
-            store.write(&l.meta.identity, &parts, &l.keyspaces, 0).unwrap();
+            let mut state = prefixlog_snapshot::Capture::of(&prefixlog_snapshot::restore(&l).unwrap());
+            state.partitions[0].next_offset += 1_000;
+            store.write(&l.meta.identity, &state, 0).unwrap();
         }
         let err = ReplicaNode::start(spec.clone(), opts("a", Some(d.path()))).await.err().expect("refused");
         assert!(err.to_string().contains("recreated or truncated"), "{}: {err}", b.name);
