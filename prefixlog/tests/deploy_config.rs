@@ -81,7 +81,10 @@ fn deploy_files_match_the_cli() {
     }
     assert!(compose.contains("./deploy/prometheus.yml:/etc/prometheus/prometheus.yml"));
     assert!(k8s.contains("path: /readyz") && read("query/src/admin.rs").contains("\"/readyz\""));
-    assert!(docker.contains("ENTRYPOINT [\"prefixlog\"]") && docker.contains("USER 10001"));
+    assert!(
+        docker.contains("ENTRYPOINT [\"/usr/bin/tini\", \"--\", \"prefixlog\"]")
+            && docker.contains("USER 10001")
+    );
     // The Grafana dashboard only uses metrics the replicas export.
     let dash: serde_json::Value =
         serde_json::from_str(&read("deploy/grafana/dashboards/prefixlog.json")).unwrap();
