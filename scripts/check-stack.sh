@@ -95,7 +95,10 @@ RECORDS=$(docker logs "$FLEET" 2>&1 | grep -o 'records=[0-9]*' | tail -1 | cut -
 [ -n "$RECORDS" ] || { echo "error: no record count in the fleet's log" >&2; docker logs "$FLEET" >&2; exit 1; }
 echo "==> fleet replayed $RECORDS records after $(( $(date +%s) - t0 ))s"
 
+# --stretch: the fleet's in deploy/compose.local.yml (the queried chain depends on it).
+STRETCH=$(grep -o '"--stretch", "[0-9]*"' deploy/compose.local.yml | grep -o '[0-9]*') \
+  || { echo "error: no --stretch in the fleet's command in deploy/compose.local.yml" >&2; exit 1; }
 PYTHONPATH="$WORK" "$PY" scripts/check_stack.py --a "$AG,$AA,$AP" --b "$BG,$BA,$BP" \
-  --records "$RECORDS" --trace "$PREFIXLOG_TRACE" --stretch 8
+  --records "$RECORDS" --trace "$PREFIXLOG_TRACE" --stretch "$STRETCH"
 ok=1
 echo "==> stack check passed in $(( $(date +%s) - t0 ))s"

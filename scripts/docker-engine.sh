@@ -38,7 +38,7 @@ start() {
   if engine_answers; then echo running; return; fi
   local pid how=running
   pid=$(cat "$STATE/dockerd.pid" 2>/dev/null || true)
-  if [ -z "$pid" ] || ! kill -0 "$pid" 2>/dev/null; then
+  if [ -z "$pid" ] || ! $SUDO kill -0 "$pid" 2>/dev/null; then
     how=started
     echo "==> starting dockerd (log: $LOG)" >&2
     # setsid: not in this shell's process group, so Ctrl-C on a test run does not kill it
@@ -49,7 +49,7 @@ start() {
   fi
   for _ in $(seq 1 120); do
     if engine_answers; then echo "$how"; return; fi
-    if ! kill -0 "$pid" 2>/dev/null; then
+    if ! $SUDO kill -0 "$pid" 2>/dev/null; then
       rm -f "$STATE/dockerd.pid"
       echo "error: dockerd exited during startup; the end of $LOG:" >&2
       tail -30 "$LOG" >&2
@@ -66,12 +66,12 @@ stop() {
   local pid
   pid=$(cat "$STATE/dockerd.pid" 2>/dev/null || true)
   if [ -z "$pid" ]; then echo "==> no dockerd started by this script; nothing to stop" >&2; return; fi
-  if kill -0 "$pid" 2>/dev/null; then
+  if $SUDO kill -0 "$pid" 2>/dev/null; then
     echo "==> stopping dockerd (pid $pid)" >&2
     $SUDO kill -TERM "$pid" 2>/dev/null || true
     # dockerd stops its containers (10 s grace each) and its containerd.
-    for _ in $(seq 1 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    if kill -0 "$pid" 2>/dev/null; then
+    for _ in $(seq 1 300); do $SUDO kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    if $SUDO kill -0 "$pid" 2>/dev/null; then
       echo "warning: dockerd (pid $pid) still running after 30 s; killing it" >&2
       $SUDO kill -KILL "$pid" 2>/dev/null || true
     fi
