@@ -81,7 +81,10 @@ fn deploy_files_match_the_cli() {
     }
     assert!(compose.contains("./deploy/prometheus.yml:/etc/prometheus/prometheus.yml"));
     assert!(k8s.contains("path: /readyz") && read("query/src/admin.rs").contains("\"/readyz\""));
-    assert!(docker.contains("ENTRYPOINT [\"prefixlog\"]") && docker.contains("USER 10001"));
+    assert!(
+        docker.contains("ENTRYPOINT [\"/usr/bin/tini\", \"--\", \"prefixlog\"]")
+            && docker.contains("USER 10001")
+    );
     // The dashboard's and the alert rules' metric names are checked against a live replica's
     // /metrics in node/tests/metrics.rs.
     assert!(compose.contains("./deploy/grafana/dashboards:/var/lib/grafana/dashboards"));

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# The local-image stack check (issue 18): starts deploy/compose.local.yml (tansu, the topic, two
+# replicas peering with each other, the trace-replay fleet) on free loopback ports under a
+# project name of its own, waits for both replicas, queries both with the Python client,
+# compares their anti-entropy digests (scripts/check_stack.py), and removes the stack with its
+# volumes — also when a step fails (after printing the containers' logs).
+# Needs a running engine and the images: scripts/docker-engine.sh run scripts/check-stack.sh
+# after scripts/build-images.sh (scripts/container-leg.sh does all of it). Installs Debian's
+# docker-compose (1.29) if no compose is available.
+set -euo pipefail
+source "$(dirname "$0")/env.sh"
+cd "$PREFIXLOG_ROOT"
+CACHE="$HOME/.cache/prefixlog"
+SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+t0=$(date +%s)
+
+if command -v docker-compose >/dev/null; then
+  DC=(docker-compose)
+elif docker compose version >/dev/null 2>&1; then
+  DC=(docker compose)
+else
+  echo "==> installing docker-compose (Debian's 1.29, once per machine)"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends docker-compose >/dev/null
+  DC=(docker-compose)
+fi
+for img in local/tansu:0.6.0 prefixlog:local; do
+  docker image inspect "$img" >/dev/null 2>&1 || { echo "error: image $img missing (scripts/build-images.sh)" >&2; exit 1; }
+done
+
+# A venv for the client (grpcio) and stub generation (grpcio-tools), once per machine.
+VENV="$CACHE/stack-venv"
+REQS="grpcio grpcio-tools protobuf xxhash"
+if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$VENV/.prefixlog-reqs" 2>/dev/null)" != "$REQS" ]; then
+  echo "==> python venv for the stack check: $VENV"
+  python3 -m venv "$VENV"
+  # shellcheck disable=SC2086  # one word per requirement
+  "$VENV/bin/pip" install -q --disable-pip-version-check $REQS
+  echo "$REQS" > "$VENV/.prefixlog-reqs"
+fi
+PY="$VENV/bin/python"
+WORK=$(mktemp -d /tmp/prefixlog-stack.XXXXXX)
+# The client package and its stubs (query, records, peer) in a scratch copy: nothing is written
+# into the clone.
+cp -r python/prefixlog_client "$WORK/"
+"$PY" -c "import sys; from grpc_tools import protoc
+sys.exit(protoc.main(['protoc', '-Iproto/proto', '--python_out=$WORK/prefixlog_client/_gen',
+  '--grpc_python_out=$WORK/prefixlog_client/_gen', 'proto/proto/records.proto', 'proto/proto/query.proto',
+  'proto/proto/peer.proto']))"
+
+# Free loopback ports below the ephemeral range (see listen_port() in tests/src/lib.rs).
+read -r KAFKA AG AA AP BG BA BP < <("$PY" - <<'PYEOF'
+import random, socket
+ports, held = [], []
+while len(ports) < 7:
+    p = random.randrange(18000, 32000)
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", p))
+    except OSError:
+        continue
+    held.append(s)
+    ports.append(p)
+print(*ports)
+PYEOF
+)
+export PREFIXLOG_KAFKA_PORT=$KAFKA PREFIXLOG_A_GRPC_PORT=$AG PREFIXLOG_A_ADMIN_PORT=$AA PREFIXLOG_A_PEER_PORT=$AP
+export PREFIXLOG_B_GRPC_PORT=$BG PREFIXLOG_B_ADMIN_PORT=$BA PREFIXLOG_B_PEER_PORT=$BP
+PREFIXLOG_TRACE_DIR="$(dirname "$PREFIXLOG_TRACE")"
+export PREFIXLOG_TRACE_DIR
+PROJECT="prefixlog-check-$$"
+COMPOSE=("${DC[@]}" --ansi never -f deploy/compose.local.yml -p "$PROJECT")
+
+ok=0
+cleanup() {
+  if [ "$ok" != 1 ]; then
+    echo "==> stack check FAILED; the containers' logs:" >&2
+    "${COMPOSE[@]}" ps >&2 || true
+    "${COMPOSE[@]}" logs --no-color --tail=60 >&2 || true
+  fi
+  echo "==> removing the stack ($PROJECT) and its volumes"
+  "${COMPOSE[@]}" down -v --remove-orphans -t 10 >/dev/null 2>&1 || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+echo "==> starting the local-image stack $PROJECT (${DC[*]}): tansu on 127.0.0.1:$KAFKA," \
+  "replica-a gRPC $AG admin $AA peer $AP, replica-b gRPC $BG admin $BA peer $BP"
+"${COMPOSE[@]}" up -d
+
+FLEET=$("${COMPOSE[@]}" ps -q fleet)
+[ -n "$FLEET" ] || { echo "error: no fleet container" >&2; exit 1; }
+code=$(timeout 300 docker wait "$FLEET") || { echo "error: the fleet did not finish within 300 s" >&2; exit 1; }
+[ "$code" = 0 ] || { echo "error: the fleet exited with $code" >&2; exit 1; }
+RECORDS=$(docker logs "$FLEET" 2>&1 | grep -o 'records=[0-9]*' | tail -1 | cut -d= -f2 || true)
+[ -n "$RECORDS" ] || { echo "error: no record count in the fleet's log" >&2; docker logs "$FLEET" >&2; exit 1; }
+echo "==> fleet replayed $RECORDS records after $(( $(date +%s) - t0 ))s"
+
+# --stretch: the fleet's in deploy/compose.local.yml (the queried chain depends on it).
+STRETCH=$(grep -o '"--stretch", "[0-9]*"' deploy/compose.local.yml | grep -o '[0-9]*') \
+  || { echo "error: no --stretch in the fleet's command in deploy/compose.local.yml" >&2; exit 1; }
+PYTHONPATH="$WORK" "$PY" scripts/check_stack.py --a "$AG,$AA,$AP" --b "$BG,$BA,$BP" \
+  --records "$RECORDS" --trace "$PREFIXLOG_TRACE" --stretch "$STRETCH"
+ok=1
+echo "==> stack check passed in $(( $(date +%s) - t0 ))s"
