@@ -34,7 +34,8 @@ WORKDIR /var/lib/prefixlog
 VOLUME /var/lib/prefixlog/data
 # gRPC queries, replica-to-replica (anti-entropy, checkpoint transfer), admin HTTP (/metrics, /readyz).
 EXPOSE 50151 50152 9151
-# `serve` shuts down cleanly on SIGINT (docker stop sends it; tini forwards it).
-STOPSIGNAL SIGINT
+# `serve` stops cleanly on SIGTERM or SIGINT: in-flight queries finish, a final checkpoint is
+# written (prefixlog/tests/sigterm.rs). tini forwards the signal.
+STOPSIGNAL SIGTERM
 ENTRYPOINT ["/usr/bin/tini", "--", "prefixlog"]
 CMD ["--help"]

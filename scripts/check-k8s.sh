@@ -5,7 +5,8 @@
 #   2. consistency the schema cannot see: selectors match the pod labels, services select
 #      existing pods and name container ports, probes use declared ports, the container's
 #      --*-addr ports are declared containerPorts, --peers names this StatefulSet's pods through
-#      its headless service, the --data-dir is a mounted volume.
+#      its headless service, the --data-dir is a mounted volume, the StatefulSets of one topic
+#      cover each --shard I/N exactly once with the same --partitions.
 # The venv lives in ~/.cache/prefixlog/k8s-venv (created once, ~10 s).
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
@@ -89,6 +90,36 @@ for w in workloads:
         check(svc is not None, f"{name}: serviceName {spec['serviceName']} is not a Service here")
         if svc:
             check(svc["spec"].get("clusterIP") == "None", f"{name}: {spec['serviceName']} is not headless")
+# Shards: --shard I/N is valid, and the StatefulSets that run one log (same --topic) cover every
+# shard of their N exactly once with the same --partitions (a missing shard is a hole in answers).
+logs = {}
+for w in workloads:
+    for c in w["spec"]["template"]["spec"]["containers"]:
+        args = c.get("args", [])
+        if not args or args[0] != "serve":
+            continue
+        shard = flag(args, "--shard") or "all"
+        key = (flag(args, "--brokers"), flag(args, "--topic") or "prefixlog.records")
+        logs.setdefault(key, []).append((w["metadata"]["name"], shard, flag(args, "--partitions") or "16"))
+for (brokers, topic), sets in logs.items():
+    parts = {p for _, _, p in sets}
+    check(len(parts) == 1, f"{topic}: --partitions differ between {sets}")
+    shards = [s for _, s, _ in sets if s != "all"]
+    if not shards:
+        continue
+    idx = []
+    for s in shards:
+        try:
+            i, n = (int(x) for x in s.split("/"))
+            check(0 <= i < n, f"{topic}: --shard {s}: index must be below the count")
+            idx.append((i, n))
+        except ValueError:
+            check(False, f"{topic}: --shard {s} is not I/N")
+    counts = {n for _, n in idx}
+    check(len(counts) == 1, f"{topic}: shard counts differ: {shards}")
+    for n in counts:
+        got = sorted(i for i, m in idx if m == n)
+        check(got == list(range(n)), f"{topic}: shards {got} of {n}: each shard 0..{n - 1} exactly once")
 for s in services.values():
     sel = s["spec"].get("selector", {})
     targets = [w for w, l in zip(workloads, pod_labels) if all(l.get(k) == v for k, v in sel.items())]

@@ -28,9 +28,10 @@ for img in local/tansu:0.6.0 prefixlog:local; do
   docker image inspect "$img" >/dev/null 2>&1 || { echo "error: image $img missing (scripts/build-images.sh)" >&2; exit 1; }
 done
 
-# A venv for the client (grpcio) and stub generation (grpcio-tools), once per machine.
+# A venv with the client's runtime dependencies (python/pyproject.toml), once per machine. The
+# client itself and its committed stubs (query, records, peer) are imported from python/.
 VENV="$CACHE/stack-venv"
-REQS="grpcio grpcio-tools protobuf xxhash"
+REQS="grpcio>=1.75.1 protobuf>=6.31.1,<8 xxhash>=3.0"
 if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$VENV/.prefixlog-reqs" 2>/dev/null)" != "$REQS" ]; then
   echo "==> python venv for the stack check: $VENV"
   python3 -m venv "$VENV"
@@ -39,14 +40,7 @@ if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$VENV/.prefixlog-reqs" 2>/dev/null)"
   echo "$REQS" > "$VENV/.prefixlog-reqs"
 fi
 PY="$VENV/bin/python"
-WORK=$(mktemp -d /tmp/prefixlog-stack.XXXXXX)
-# The client package and its stubs (query, records, peer) in a scratch copy: nothing is written
-# into the clone.
-cp -r python/prefixlog_client "$WORK/"
-"$PY" -c "import sys; from grpc_tools import protoc
-sys.exit(protoc.main(['protoc', '-Iproto/proto', '--python_out=$WORK/prefixlog_client/_gen',
-  '--grpc_python_out=$WORK/prefixlog_client/_gen', 'proto/proto/records.proto', 'proto/proto/query.proto',
-  'proto/proto/peer.proto']))"
+export PYTHONDONTWRITEBYTECODE=1  # nothing written into the clone
 
 # Free loopback ports below the ephemeral range (see listen_port() in tests/src/lib.rs).
 read -r KAFKA AG AA AP BG BA BP < <("$PY" - <<'PYEOF'
@@ -80,7 +74,6 @@ cleanup() {
   fi
   echo "==> removing the stack ($PROJECT) and its volumes"
   "${COMPOSE[@]}" down -v --remove-orphans -t 10 >/dev/null 2>&1 || true
-  rm -rf "$WORK"
 }
 trap cleanup EXIT
 echo "==> starting the local-image stack $PROJECT (${DC[*]}): tansu on 127.0.0.1:$KAFKA," \
@@ -98,7 +91,7 @@ echo "==> fleet replayed $RECORDS records after $(( $(date +%s) - t0 ))s"
 # --stretch: the fleet's in deploy/compose.local.yml (the queried chain depends on it).
 STRETCH=$(grep -o '"--stretch", "[0-9]*"' deploy/compose.local.yml | grep -o '[0-9]*') \
   || { echo "error: no --stretch in the fleet's command in deploy/compose.local.yml" >&2; exit 1; }
-PYTHONPATH="$WORK" "$PY" scripts/check_stack.py --a "$AG,$AA,$AP" --b "$BG,$BA,$BP" \
+PYTHONPATH="$PREFIXLOG_ROOT/python" "$PY" scripts/check_stack.py --a "$AG,$AA,$AP" --b "$BG,$BA,$BP" \
   --records "$RECORDS" --trace "$PREFIXLOG_TRACE" --stretch "$STRETCH"
 ok=1
 echo "==> stack check passed in $(( $(date +%s) - t0 ))s"

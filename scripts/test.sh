@@ -9,8 +9,16 @@ echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 echo "==> cargo clippy (workspace, all targets, -D warnings)"
 cargo clippy --workspace --all-targets -- -D warnings
-echo "==> cargo test (workspace, unit and crate tests)"
-cargo test --workspace --exclude prefixlog-tests
+echo "==> Prometheus alert rules (promtool check rules)"
+PROMTOOL="$(bash scripts/promtool.sh)"
+"$PROMTOOL" check rules deploy/prometheus/alerts.yml
+# node/tests/metrics.rs runs `promtool check metrics` on a live replica's /metrics; required here.
+PATH="$(dirname "$PROMTOOL"):$PATH"
+export PATH PREFIXLOG_PROMTOOL=required
+echo "==> cargo test (workspace, unit and crate tests; Kafka-backed ones on the embedded mock)"
+PREFIXLOG_TEST_BACKENDS=embedded cargo test --workspace --exclude prefixlog-tests
+echo "==> self-contained: the demo smoke test in a copy of the repository alone"
+bash scripts/check-self-contained.sh
 echo "==> Kubernetes manifests (schema and consistency, no cluster)"
 bash scripts/check-k8s.sh
 echo "==> python for the bridge end-to-end test (pyzmq + msgpack)"
@@ -32,6 +40,8 @@ else
   echo "==> cargo test (cross-crate integration tests again, on tansu; includes the outage test)"
   leg_start=$(date +%s)
   PREFIXLOG_TEST_BACKENDS=external bash scripts/with-tansu.sh cargo test -p prefixlog-tests -- --nocapture
+  # SIGTERM mid-ingest and restart, on a real broker as well (the workspace leg runs it embedded).
+  PREFIXLOG_TEST_BACKENDS=external bash scripts/with-tansu.sh cargo test -p prefixlog --test sigterm -- --nocapture
   echo "==> tansu leg finished in $(( $(date +%s) - leg_start ))s"
 fi
 # The same suites on tansu in a container started by testcontainers, then the local-image

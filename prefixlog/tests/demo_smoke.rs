@@ -1,30 +1,10 @@
 //! `prefixlog demo` end to end with a small configuration: exits 0, prints the table, writes the
 //! SVG, and the shared index's hit ratio lies between the gateway-local one and the oracle, close
-//! to the oracle.
+//! to the oracle. The demo runs with its default trace, the one bundled in the repository
+//! (`data/mooncake`): scripts/test.sh also runs this test in a copy of the repository alone, which
+//! proves that nothing reads outside the clone.
 
-use std::path::PathBuf;
 use std::process::Command;
-
-/// The bundled Mooncake trace when present, else a small synthetic conversation trace.
-fn trace(dir: &std::path::Path) -> PathBuf {
-    let bundled = std::env::var_os("PREFIXLOG_TRACE").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../data/mooncake/conversation_trace.jsonl")
-    });
-    if bundled.is_file() {
-        return bundled;
-    }
-    let mut s = String::new();
-    for i in 0..REQUESTS {
-        // 25 conversations; turn k of conversation c extends turn k-1.
-        let (c, k) = (i % 25, i / 25);
-        let ids: Vec<String> =
-            std::iter::once(0).chain((0..=k).map(|t| 1000 * (c + 1) + t)).map(|x| x.to_string()).collect();
-        s.push_str(&format!("{{\"timestamp\": {}, \"hash_ids\": [{}]}}\n", i * 100, ids.join(", ")));
-    }
-    let p = dir.join("trace.jsonl");
-    std::fs::write(&p, s).expect("write trace");
-    p
-}
 
 /// Requests replayed. 600 (not fewer): the first 150 of the bundled trace reuse so few prefixes
 /// (oracle ~0.045) that a useless index scored within noise of a working one.
@@ -59,8 +39,8 @@ fn demo_runs_and_reports() {
             "--deadline",
             "2s",
         ])
-        .arg("--trace")
-        .arg(trace(dir.path()))
+        // The default trace, not one from the environment (scripts/env.sh exports one).
+        .env_remove("PREFIXLOG_TRACE")
         .arg("--plot")
         .arg(&plot)
         .output()
@@ -77,8 +57,8 @@ fn demo_runs_and_reports() {
     assert!(shared <= oracle + 1e-9, "shared {shared} > oracle {oracle}");
     assert!(shared >= local - 0.02, "shared {shared} < gateway-local {local}");
     // Near the oracle: measured ≥ 0.99 of it, also with three demos at once on 2 busy cores.
-    // Without the index (every query failing open) it is ~0.45 of it on the bundled trace and
-    // ~0.78 on the synthetic one, so this fails if the shared index is useless.
+    // Without the index (every query failing open) it is ~0.45 of it on the bundled trace, so
+    // this fails if the shared index is useless.
     assert!(shared >= 0.9 * oracle, "shared {shared} far below oracle {oracle}:\n{stdout}");
     let svg = std::fs::read_to_string(&plot).expect("plot written");
     assert!(svg.starts_with("<svg") && svg.contains("<polyline") && svg.trim_end().ends_with("</svg>"));
