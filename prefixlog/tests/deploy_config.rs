@@ -92,3 +92,57 @@ fn deploy_files_match_the_cli() {
         read("deploy/grafana/provisioning/dashboards/prefixlog.yml").contains("/var/lib/grafana/dashboards")
     );
 }
+
+/// `${NAME:-default}` → `default` (compose's substitution, for the files' own defaults).
+fn compose_defaults(text: &str) -> String {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("${") {
+        out.push_str(&rest[..i]);
+        let end = rest[i..].find('}').expect("closed ${") + i;
+        let inner = &rest[i + 2..end];
+        out.push_str(inner.split_once(":-").map_or("", |(_, d)| d));
+        rest = &rest[end + 1..];
+    }
+    out + rest
+}
+
+#[test]
+fn every_deploy_command_line_parses() {
+    let mut cmds = commands(&compose_defaults(&read("deploy/compose.local.yml")), "command:");
+    cmds.retain(|c| ["serve", "replay"].contains(&c[0].as_str())); // not tansu's
+    let local = cmds.len();
+    cmds.extend(commands(&read("deploy/k8s/sharded.yaml"), "args:"));
+    assert!(local >= 3 && cmds.len() >= local + 2, "{cmds:?}");
+    for c in &cmds {
+        parses(c);
+    }
+    let shards: Vec<&str> = cmds.iter().filter_map(|c| value(c, "--shard")).collect();
+    assert_eq!(shards, ["0/2", "1/2"], "one StatefulSet per shard");
+}
+
+/// Every alert's `runbook` annotation names a heading of docs/operations.md.
+#[test]
+fn every_alert_has_a_runbook_entry() {
+    let ops = read("docs/operations.md");
+    let anchors: Vec<String> = ops
+        .lines()
+        .filter_map(|l| l.strip_prefix("### "))
+        .map(|h| h.trim().to_lowercase().replace(' ', "-"))
+        .collect();
+    let alerts = read("deploy/prometheus/alerts.yml");
+    let (mut alert_count, mut runbooks) = (0, 0);
+    for l in alerts.lines().map(str::trim) {
+        alert_count += usize::from(l.starts_with("- alert:"));
+        if let Some(r) = l.strip_prefix("runbook: ") {
+            runbooks += 1;
+            let anchor =
+                r.trim_matches('"').strip_prefix("docs/operations.md#").expect("docs/operations.md#...");
+            assert!(
+                anchors.iter().any(|a| a == anchor),
+                "runbook {anchor} is not a heading of docs/operations.md"
+            );
+        }
+    }
+    assert!(alert_count >= 10 && runbooks == alert_count, "{alert_count} alerts, {runbooks} runbooks");
+}
