@@ -114,7 +114,7 @@ class Router:
         if hashes:
             answered_at = answer.applied if answer is not None and answer.outcome != "unavailable" else []
             self.publisher.publish(worker, placement(worker, hashes, answered_at, self.gateway_id))
-        headers = {"x-prefixlog-worker": str(worker), "x-prefixlog-route": why}
+        headers = {"x-prefixlog-worker": str(worker), "x-prefixlog-route": " ".join(why.split())[:300]}
         try:
             req = urllib.request.Request(self.workers[worker] + path, data=json.dumps(body).encode(),
                                          headers={"content-type": "application/json"})

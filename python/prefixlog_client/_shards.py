@@ -124,11 +124,13 @@ def build_map(described: Sequence[Described], seeds: Sequence[str], previous: Op
     if not described:
         return None
     order = {e: i for i, e in enumerate(seeds)}
+    count = max(d.partition_count for d in described)
+    everything = frozenset(range(count))
+    if count:  # replicas older than Describe serve every partition: one shard with unsharded ones
+        described = [d if d.partitions is not None else replace(d, partitions=everything) for d in described]
     groups: Dict[Optional[FrozenSet[int]], List[Described]] = {}
     for d in described:
         groups.setdefault(d.partitions, []).append(d)
-    count = max(d.partition_count for d in described)
-    everything = frozenset(range(count))
 
     def covered(gs: Iterable[Optional[FrozenSet[int]]]) -> FrozenSet[int]:
         out: FrozenSet[int] = frozenset()
@@ -162,13 +164,11 @@ def build_map(described: Sequence[Described], seeds: Sequence[str], previous: Op
         before = old.get(key)
         if before is not None and before.partitions == parts:
             endpoints += [e for e in before.endpoints if e not in answered]
-        preferred = 0
-        if before is not None and before.endpoints and before.endpoints[before.preferred % len(before.endpoints)] in endpoints:
-            # Keep asking the replica that answered last, if it is still ready.
-            e = before.endpoints[before.preferred % len(before.endpoints)]
-            i = endpoints.index(e)
-            if i < len(members) and members[i].ready:
-                preferred = i
+        preferred = 0  # the first ready replica, unless the one that answered last still is
+        if before is not None and before.endpoints:
+            last = before.endpoints[before.preferred % len(before.endpoints)]
+            if last in [d.endpoint for d in members if d.ready]:
+                preferred = endpoints.index(last)
         shards.append(Shard(key, endpoints, parts, preferred))
     # Shards of the layout that no replica answered for stay in the map (with the endpoints
     # they had, if any): answers keep naming them as missing, and failover finds them back.

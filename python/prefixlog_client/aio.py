@@ -72,6 +72,7 @@ class AsyncIndexClient:
         self._stubs: Dict[str, query_pb2_grpc.PrefixIndexStub] = {}
         self._discover = discover
         self._discovered = False
+        self._first_discovery: Optional[asyncio.Future] = None
         self.discovery_timeout = discovery_timeout
         self._refresh = Refresh(refresh_interval)
         self._refresh_task: Optional[asyncio.Task] = None
@@ -85,7 +86,10 @@ class AsyncIndexClient:
     async def _ready(self) -> None:
         self._open()
         if self._discover and not self._discovered:
-            await self.refresh()
+            # Queries arriving together all wait for the one first discovery.
+            if self._first_discovery is None:
+                self._first_discovery = asyncio.ensure_future(self.refresh())
+            await asyncio.shield(self._first_discovery)
 
     async def close(self) -> None:
         if self._refresh_task is not None:
@@ -111,7 +115,6 @@ class AsyncIndexClient:
         """Asks every endpoint `Describe` now and rebuilds the shard map (discover=True).
         False when no endpoint answered (the map is kept)."""
         self._open()
-        self._discovered = True
         self._refresh.start()
         req = query_pb2.DescribeRequest()
 
@@ -128,6 +131,7 @@ class AsyncIndexClient:
                 self._map = smap
             return smap is not None
         finally:
+            self._discovered = True
             self._refresh.done()
 
     def _maybe_refresh(self, results: Sequence[Tuple[Shard, Result]] = ()) -> None:

@@ -111,7 +111,12 @@ class IndexClient:
             self._refresh.start()
         try:
             req = query_pb2.DescribeRequest()
-            futures = [(e, self._stubs[e].Describe.future(req, timeout=self.discovery_timeout)) for e in self.endpoints]
+            futures = []
+            for e in self.endpoints:
+                try:
+                    futures.append((e, self._stubs[e].Describe.future(req, timeout=self.discovery_timeout)))
+                except Exception:  # a closed client (a background refresh racing close())
+                    continue
             found = []
             for e, f in futures:
                 try:

@@ -179,6 +179,20 @@ def test_one_sharded_replica_alone_is_flagged_partial(fake_replica, client_facto
     assert r.outcome == "scores" and r.partial and r.missing_partitions == [1, 3] and r.missing_shards == []
 
 
+def test_the_unsharded_client_sends_the_request_as_given(fake_replica, client_factory):
+    # One shard: no Describe, no fan-out, tokens and candidates untouched (even those of
+    # partitions the replica turns out not to own), no per-shard results.
+    even, _ = two_shards(fake_replica, [(1, 2)], [])
+    c = client_factory([even.endpoint], deadline=5.0)
+    for _ in range(2):  # the second time the client knows the replica's partitions
+        r = c.match(KS, hashes=[1], min_offsets=[(0, 1), (1, 1)], candidate_workers=[1, 3])
+        sent = even.requests[-1]
+        assert [(o.partition, o.offset) for o in sent.min_offsets] == [(0, 1), (1, 1)]
+        assert list(sent.candidate_workers) == [1, 3]
+        assert r.shards == {} and r.endpoint == even.endpoint
+    assert even.describes == 0 and len(even.requests) == 2
+
+
 def test_discovery_groups_replicas_by_their_partitions(fake_replica, client_factory):
     even_a, odd_a = two_shards(fake_replica, [(1, 2)], [(3, 3)])
     even_b = fake_replica(response=shard_response(EVEN, [(1, 2)]), describe=describe(0, 2, ready=False))
@@ -278,3 +292,36 @@ def test_a_refresh_keeps_the_endpoints_of_a_shard_that_stopped_answering(fake_re
     assert [(s.key, s.endpoints) for s in c.shards] == [("0/2", [even.endpoint]), ("1/2", [odd.endpoint])]
     r = c.match(KS, hashes=[1], deadline=0.5)
     assert r.partial and r.missing_shards == ["1/2"] and r.reason == "partial: 1/2: timeout"
+
+
+def test_concurrent_first_queries_of_the_asyncio_client_share_one_discovery(fake_replica):
+    import asyncio
+
+    from prefixlog_client import AsyncIndexClient
+
+    even, odd = two_shards(fake_replica, [(1, 2)], [(3, 3)])
+
+    async def run():
+        async with AsyncIndexClient([even.endpoint, odd.endpoint], discover=True, deadline=5.0) as c:
+            return await asyncio.gather(*(c.match(KS, hashes=[1]) for _ in range(5)))
+
+    # Not entered first: the client is built, then five queries race its discovery.
+    async def race():
+        c = AsyncIndexClient([even.endpoint, odd.endpoint], discover=True, deadline=5.0)
+        try:
+            return await asyncio.gather(*(c.match(KS, hashes=[1]) for _ in range(5)))
+        finally:
+            await c.close()
+
+    for results in (asyncio.run(run()), asyncio.run(race())):
+        assert all(r.outcome == "scores" and not r.partial for r in results), results
+    assert even.describes == 2 and odd.describes == 2  # once per client
+
+
+def test_a_replica_older_than_describe_joins_the_unsharded_replicas(fake_replica, client_factory):
+    new = fake_replica(response=shard_response([0, 1, 2, 3], [(1, 2)]), describe=describe(0, 1))
+    old = fake_replica(response=shard_response([], [(1, 2)], partition_count=0))
+    c = client_factory([old.endpoint, new.endpoint], discover=True, deadline=5.0)
+    r = c.match(KS, hashes=[1])
+    assert [(s.key, s.endpoints) for s in c.shards] == [("0/1", [old.endpoint, new.endpoint])]
+    assert r.outcome == "scores" and not r.partial and r.anomalies == 0
