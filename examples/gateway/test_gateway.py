@@ -82,9 +82,10 @@ class Processes:
         return self.start(name, [sys.executable, os.path.join(HERE, script), *map(str, args)])
 
     def stop(self):
-        for _, p in self.procs:
+        # Last started first: the workers and gateways flush their producers while the
+        # replica's embedded broker still runs.
+        for _, p in reversed(self.procs):
             p.send_signal(signal.SIGTERM)
-        for name, p in self.procs:
             try:
                 p.wait(timeout=15)
             except subprocess.TimeoutExpired:
@@ -142,8 +143,10 @@ def test_the_gateway_routes_by_the_index_and_publishes_placements(procs):
     silent = ids[3]
 
     gateway = f"http://127.0.0.1:{free_port()}"
+    # A generous index deadline: on a loaded machine a 50 ms one (the default) would make the
+    # gateway fall back now and then, which it may, but this test measures routing by the index.
     procs.python("gateway", "gateway.py", "--port", gateway.rsplit(":", 1)[1], "--index", index, "--brokers", brokers,
-                 "--gateway-id", "gw-index")
+                 "--gateway-id", "gw-index", "--deadline-ms", "2000")
     # The gateway knows the workers from ListWorkers (their WorkerAdded records).
     known = wait_for("the gateway to know 4 workers", lambda: len(get_json(gateway + "/workers")) == 4 and get_json(gateway + "/workers"))
     assert sorted(int(w) for w in known) == sorted(ids) and sorted(known.values()) == sorted(workers)

@@ -92,8 +92,10 @@ class AsyncIndexClient:
             await asyncio.shield(self._first_discovery)
 
     async def close(self) -> None:
-        if self._refresh_task is not None:
-            self._refresh_task.cancel()
+        pending = [t for t in (self._refresh_task, self._first_discovery) if t is not None and not t.done()]
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)  # let them end before the loop does
         channels, self._channels, self._stubs = self._channels, {}, {}
         for ch in channels.values():
             await ch.close()

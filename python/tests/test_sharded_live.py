@@ -113,10 +113,10 @@ def test_list_workers_merges_the_shards(caught_up, client_factory):
     assert got.partitions == [0, 1, 2, 3] and not got.partial
 
 
-def check_partial(c, whole, reason_prefix):
+def check_partial(c, whole, reason_prefix, prompts):
     """Every answer is partial, names shard 1/2's partitions, and equals the unsharded answer
     restricted to shard 0/2's workers."""
-    for chain in chains()[:60]:
+    for chain in chains()[:prompts]:
         got = c.match(KS, hashes=chain)
         want = whole.match(KS, hashes=chain)
         assert got.outcome != "unavailable" and got.partial, got
@@ -129,13 +129,15 @@ def check_partial(c, whole, reason_prefix):
 
 def test_a_hung_shard_gives_partial_answers(caught_up, client_factory):
     whole = client_factory([UNSHARDED], deadline=5.0)
-    static, discovered = sharded(client_factory, "static", 0.3), sharded(client_factory, "discovered", 0.3)
+    # Each query waits out the deadline for the hung shard: few prompts, and a deadline the
+    # healthy shard meets even on a loaded machine.
+    static, discovered = sharded(client_factory, "static", 1.0), sharded(client_factory, "discovered", 1.0)
     discovered.match(KS, hashes=[1])  # the asyncio client discovers on its first query
     assert [s.endpoints for s in discovered.shards] == [[SHARDS[0]], [SHARDS[1]]]
     os.kill(PIDS[1], signal.SIGSTOP)  # accepts connections, never answers
     try:
         for c in (static, discovered):
-            check_partial(c, whole, "timeout")
+            check_partial(c, whole, "timeout", 8)
     finally:
         os.kill(PIDS[1], signal.SIGCONT)
 
@@ -148,5 +150,5 @@ def test_a_dead_shard_gives_partial_answers(caught_up, client_factory):
     except ProcessLookupError:  # killed (and reaped) for the other client already
         pass
     # A discovered map still names shard 1/2: shard 0/2's Describe says there are two.
-    for c in (sharded(client_factory, "static", 0.5), sharded(client_factory, "discovered", 0.5)):
-        check_partial(c, whole, "disconnected")
+    for c in (sharded(client_factory, "static", 2.0), sharded(client_factory, "discovered", 2.0)):
+        check_partial(c, whole, "disconnected", 60)  # refused at once: no waiting
