@@ -7,20 +7,23 @@
 #      changed without `python -m prefixlog_client.codegen`), the package installed into the venv;
 #   3. `prefixlog serve` (debug build, or PREFIXLOG_BIN=/path/to/prefixlog to skip the cargo
 #      build) on free ports with its embedded broker, a second replica of the same log serving
-#      gRPC over mutual TLS (tests/fixtures/tls), the trace replayed with `prefixlog replay`,
-#      then pytest (which also installs the package into a fresh venv and queries with it);
-#      both servers are killed on exit.
+#      gRPC over mutual TLS (tests/fixtures/tls), two more owning one shard each
+#      (`--shard 0/2`, `--shard 1/2`: the sharded fan-out's live test), the trace replayed with
+#      `prefixlog replay`, then pytest (which also installs the package into a fresh venv and
+#      queries with it) over python/tests and examples/gateway (whose test starts a replica,
+#      fake workers and the example gateway of its own); every server is killed on exit.
+#      The venv also gets examples/gateway/requirements.txt (confluent-kafka).
 set -euo pipefail
 source "$(dirname "$0")/../scripts/env.sh"
 cd "$PREFIXLOG_ROOT"
 VENV="${PREFIXLOG_VENV:-$HOME/.cache/prefixlog/venv}"
 PY="$VENV/bin/python"
 # Reinstall the dependencies only when pyproject.toml changes (pip is slow to start on 2 cores).
-REQS_KEY="pyproject-sha256=$(sha256sum python/pyproject.toml | cut -d' ' -f1)"
+REQS_KEY="sha256=$(cat python/pyproject.toml examples/gateway/requirements.txt | sha256sum | cut -d' ' -f1)"
 if [ ! -x "$PY" ] || [ "$(cat "$VENV/.prefixlog-reqs" 2>/dev/null)" != "$REQS_KEY" ]; then
-  echo "==> python venv: $VENV (prefixlog_client[dev])"
+  echo "==> python venv: $VENV (prefixlog_client[dev], examples/gateway/requirements.txt)"
   python3 -m venv "$VENV"
-  "$VENV/bin/pip" install -q --disable-pip-version-check "./python[dev]"
+  "$VENV/bin/pip" install -q --disable-pip-version-check "./python[dev]" -r examples/gateway/requirements.txt
   echo "$REQS_KEY" > "$VENV/.prefixlog-reqs"
 fi
 echo "==> checking the committed stubs against proto/"
@@ -47,7 +50,10 @@ LOG=$(mktemp /tmp/prefixlog-pytest.XXXXXX.log)
   --grpc-addr "127.0.0.1:$GRPC_PORT" --admin-addr "127.0.0.1:$ADMIN_PORT" >"$LOG" 2>&1 &
 SERVER=$!
 TLS_SERVER=""
-trap 'kill $SERVER $TLS_SERVER 2>/dev/null || true; wait $SERVER $TLS_SERVER 2>/dev/null || true' EXIT
+SHARD_SERVERS=""
+# kill -CONT: the sharded live test leaves a replica stopped (SIGSTOP) or killed.
+trap 'kill $SERVER $TLS_SERVER $SHARD_SERVERS 2>/dev/null || true; kill -CONT $SHARD_SERVERS 2>/dev/null || true;
+      wait $SERVER $TLS_SERVER $SHARD_SERVERS 2>/dev/null || true' EXIT
 BROKERS=""
 for _ in $(seq 100); do
   BROKERS=$(grep -o 'bootstrap=[0-9.:]*' "$LOG" | head -1 | cut -d= -f2 || true)
@@ -64,6 +70,19 @@ TLS_LOG=$(mktemp /tmp/prefixlog-pytest-tls.XXXXXX.log)
   --peer-addr "127.0.0.1:$TLS_PEER_PORT" --tls-cert "$TLS_DIR/server.pem" --tls-key "$TLS_DIR/server.key" \
   --tls-client-ca "$TLS_DIR/ca.pem" >"$TLS_LOG" 2>&1 &
 TLS_SERVER=$!
+# Two replicas of the same log owning one shard each (partitions p % 2 == I).
+SHARD_ADMIN_PORTS=""; SHARD_GRPC=""; SHARD_LOGS=""
+for I in 0 1; do
+  S_GRPC=$(free_port); S_ADMIN=$(free_port); S_PEER=$(free_port)
+  S_LOG=$(mktemp /tmp/prefixlog-pytest-shard$I.XXXXXX.log)
+  "$BIN" serve --brokers "$BROKERS" --partitions 4 --shard "$I/2" --tick-interval 0 --ready-lag 0 \
+    --replica-id "py-shard$I" --grpc-addr "127.0.0.1:$S_GRPC" --admin-addr "127.0.0.1:$S_ADMIN" \
+    --peer-addr "127.0.0.1:$S_PEER" >"$S_LOG" 2>&1 &
+  SHARD_SERVERS="$SHARD_SERVERS $!"
+  SHARD_ADMIN_PORTS="${SHARD_ADMIN_PORTS:+$SHARD_ADMIN_PORTS,}$S_ADMIN"
+  SHARD_GRPC="${SHARD_GRPC:+$SHARD_GRPC,}127.0.0.1:$S_GRPC"
+  SHARD_LOGS="$SHARD_LOGS $S_LOG"
+done
 echo "==> replaying the trace into $BROKERS (8 workers, stretch 1)"
 REPLAY_LOG=$(mktemp /tmp/prefixlog-replay.XXXXXX.log)
 "$BIN" replay --brokers "$BROKERS" --partitions 4 --workers 8 --stretch 1 --trace "$PREFIXLOG_TRACE" \
@@ -77,10 +96,13 @@ rm -f "$REPLAY_LOG"
 # partition's high watermark (--ready-lag 0). Counting records instead of sleeping: the replica
 # polls high watermarks every 200 ms, later on a loaded 2-core CI machine, and until then
 # /readyz compares against stale watermarks. Up to 60 s, generous for the same reason.
-for PORT in "$ADMIN_PORT" "$TLS_ADMIN_PORT"; do
-"$PY" - "$PORT" "$RECORDS" <<'PYEOF' || { cat "$LOG" "$TLS_LOG" >&2; exit 1; }
+# The shard replicas are waited for together: each applies its own partitions' records only,
+# so their counts add up to the replayed records.
+for PORTS in "$ADMIN_PORT" "$TLS_ADMIN_PORT" "$SHARD_ADMIN_PORTS"; do
+# shellcheck disable=SC2086
+"$PY" - "$PORTS" "$RECORDS" <<'PYEOF' || { cat "$LOG" "$TLS_LOG" $SHARD_LOGS >&2; exit 1; }
 import sys, time, urllib.request
-base = f"http://127.0.0.1:{sys.argv[1]}"
+bases = [f"http://127.0.0.1:{port}" for port in sys.argv[1].split(",")]
 want = int(sys.argv[2]) if sys.argv[2] else None
 if want is None:
     print("replay's record count not found in its log; falling back to a 0.5 s sleep", file=sys.stderr)
@@ -101,7 +123,7 @@ def samples(text):
             name, _, rest = line.partition(" ")
         yield name[: -len("_total")] if name.endswith("_total") else name, float(rest.split()[0])
 
-def done():
+def done(base):
     m = urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()
     return sum(value for name, value in samples(m) if name in COUNTED)
 
@@ -109,16 +131,21 @@ n = 0
 end = time.monotonic() + 60
 while time.monotonic() < end:
     try:
-        n = done()
-        if (want is None or n >= want) and urllib.request.urlopen(base + "/readyz", timeout=5).status == 200:
+        n = sum(done(base) for base in bases)
+        if (want is None or n >= want) and all(
+            urllib.request.urlopen(base + "/readyz", timeout=5).status == 200 for base in bases
+        ):
             sys.exit(0)
     except OSError:  # URLError (also a 503 from /readyz), a reset connection
         pass
     time.sleep(0.1)
-sys.exit(f"replica on admin port {sys.argv[1]} never became ready: {n:.0f} of {want} records applied or skipped")
+sys.exit(f"replica(s) on admin port(s) {sys.argv[1]} never became ready: {n:.0f} of {want} records applied or skipped")
 PYEOF
 done
-echo "==> pytest (python/tests) against 127.0.0.1:$GRPC_PORT"
+echo "==> pytest (python/tests, examples/gateway) against 127.0.0.1:$GRPC_PORT, shards $SHARD_GRPC"
+echo "    (test_sharded_live stops and kills the shard 1/2 replica: bash reports it \"Killed\" at the end)"
 PREFIXLOG_GRPC="127.0.0.1:$GRPC_PORT" PREFIXLOG_TRACE="$PREFIXLOG_TRACE" \
   PREFIXLOG_GRPC_TLS="127.0.0.1:$TLS_GRPC_PORT" PREFIXLOG_TLS_DIR="$TLS_DIR" \
-  "$PY" -m pytest -q -rs -p no:cacheprovider python/tests
+  PREFIXLOG_GRPC_SHARDS="$SHARD_GRPC" PREFIXLOG_SHARD_PIDS="$(echo $SHARD_SERVERS | tr ' ' ,)" \
+  PREFIXLOG_TEST_BROKERS="$BROKERS" PREFIXLOG_BIN="$BIN" \
+  "$PY" -m pytest -q -rs -p no:cacheprovider python/tests examples/gateway

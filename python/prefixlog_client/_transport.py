@@ -51,10 +51,12 @@ class Failover:
     client's policy). Errors never escape: `failed` turns each into a reason, and either a final
     "unavailable" result or a go-ahead for the next endpoint."""
 
-    def __init__(self, endpoints: Sequence[str], preferred: int, budget: float):
+    def __init__(self, endpoints: Sequence[str], preferred: int, budget: float, end: Optional[float] = None):
         self.endpoints = endpoints
         self._first = preferred
-        self._end = time.monotonic() + budget
+        # `end` (time.monotonic()) instead of `budget`: the shards of one fanned-out query
+        # share one deadline.
+        self._end = time.monotonic() + budget if end is None else end
         self._reason = "disconnected: no endpoints"
 
     def attempts(self) -> Iterator[Tuple[int, float]]:

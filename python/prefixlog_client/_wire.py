@@ -1,7 +1,7 @@
 """What the sync and the asyncio client share on the wire: building a MatchRequest from Python
 arguments and turning a MatchResponse into a `MatchResult` (query.proto documents each field)."""
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from ._proto import query_pb2, records_pb2
 from .tokens import Token
@@ -43,6 +43,45 @@ class MatchResult:
     # log's partition count; empty / 0 from a replica that predates shard coverage.
     partitions: List[int] = field(default_factory=list)
     partition_count: int = 0
+    # Sharded answers (see prefixlog_client._shards). `partial`: some partitions of the log are
+    # not covered -- a shard gave no answer in time (`missing_shards`, by shard key) or no
+    # shard of the map owns them; `missing_partitions` names them. Scores of the shards that
+    # answered are there; workers of the missing partitions are not.
+    partial: bool = False
+    missing_shards: List[str] = field(default_factory=list)
+    missing_partitions: List[int] = field(default_factory=list)
+    # Each shard's own result by shard key (its `applied` is that shard's consistency token),
+    # filled when the query fanned out to more than one shard.
+    shards: Dict[str, "MatchResult"] = field(default_factory=dict)
+    # Workers that two shards both reported (a protocol anomaly: a worker lives in one
+    # partition); the better answer was kept.
+    anomalies: int = 0
+
+
+@dataclass
+class WorkerInfo:
+    """A worker announced by a WorkerAdded record: its partition and metadata (e.g. endpoint,
+    model, pod)."""
+
+    worker: int
+    partition: int
+    metadata: Dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class WorkerList:
+    """ListWorkers merged over the shards. Never an exception: `outcome` is "workers" (possibly
+    an empty list) or "unavailable" (`reason` as for MatchResult). `partial` etc. as for
+    MatchResult."""
+
+    outcome: str  # "workers" | "unavailable"
+    workers: List[WorkerInfo] = field(default_factory=list)  # ascending by worker id
+    partitions: List[int] = field(default_factory=list)  # the partitions the list covers
+    reason: str = ""
+    partial: bool = False
+    missing_shards: List[str] = field(default_factory=list)
+    missing_partitions: List[int] = field(default_factory=list)
+    anomalies: int = 0
 
 
 def match_request(
@@ -109,4 +148,13 @@ def match_result(resp: query_pb2.MatchResponse, endpoint: str) -> MatchResult:
         endpoint=endpoint,
         partitions=list(resp.partitions),
         partition_count=resp.partition_count,
+    )
+
+
+def worker_list(resp: query_pb2.ListWorkersResponse) -> WorkerList:
+    """The WorkerList of one replica's ListWorkers answer."""
+    return WorkerList(
+        "workers",
+        workers=[WorkerInfo(w.worker, w.partition, dict(w.metadata)) for w in resp.workers],
+        partitions=list(resp.partitions),
     )

@@ -3,60 +3,179 @@
     async with AsyncIndexClient(["10.0.0.5:50151", "10.0.0.6:50151"], deadline=0.002) as c:
         r = await c.match(("my-model", 16, 1), tokens=token_ids)
 
-Same outcomes, reasons, deadline split and failover as prefixlog_client.IndexClient (both build
-requests and read answers with the same code). Cancelling the awaiting task cancels the query
-(asyncio.CancelledError is not an index problem and is not swallowed).
+Same outcomes, reasons, deadline split, failover and sharded fan-out as
+prefixlog_client.IndexClient (both build requests, plan the fan-out and merge answers with the
+same code). Cancelling the awaiting task cancels the query (asyncio.CancelledError is not an
+index problem and is not swallowed).
 """
-from typing import List, Optional, Sequence
+import asyncio
+import time
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import grpc
 import grpc.aio
 
-from ._proto import query_pb2_grpc
-from ._transport import ChannelSecurity, Failover, endpoint_list
-from ._wire import Keyspace, MatchResult, match_request, match_result
+from ._proto import query_pb2, query_pb2_grpc
+from ._shards import (
+    NO_MAP,
+    Refresh,
+    Shard,
+    ShardSpec,
+    as_worker_list,
+    build_map,
+    described,
+    fan_out_calls,
+    in_map_order,
+    mark_coverage,
+    merge_matches,
+    merge_workers,
+    plan,
+    shard_failed,
+)
+from ._transport import ChannelSecurity, Failover
+from ._wire import Keyspace, MatchResult, WorkerList, match_request, match_result, worker_list
 from .tokens import Token
+
+Result = Union[MatchResult, WorkerList]
 
 
 class AsyncIndexClient:
     """IndexClient for asyncio: same constructor arguments (endpoints, deadline in seconds,
-    TLS / mutual TLS options), `await match(...)` with the same arguments and results.
+    TLS / mutual TLS options, `shards=` or `discover=True`), `await match(...)` and `await
+    list_workers()` with the same arguments and results.
 
     The channels are opened on the first query, in the running event loop (grpc.aio channels
     belong to one loop), so the client can be constructed anywhere; use it from that loop only.
+    With `discover=True` the shard map is built on entering `async with` (or by the first
+    query, which then waits for it: up to `discovery_timeout`), and refreshed in the
+    background as IndexClient's is.
     """
 
     def __init__(
         self,
-        endpoints: Sequence[str],
+        endpoints: Sequence[str] = (),
         deadline: float = 0.002,
         root_certificates: Optional[bytes] = None,
         private_key: Optional[bytes] = None,
         certificate_chain: Optional[bytes] = None,
         server_name: Optional[str] = None,
+        *,
+        shards: Optional[ShardSpec] = None,
+        discover: bool = False,
+        refresh_interval: float = 30.0,
+        discovery_timeout: float = 1.0,
     ):
         self._security = ChannelSecurity(root_certificates, private_key, certificate_chain, server_name)
         self.deadline = deadline
-        self.endpoints = endpoint_list(endpoints)
-        self._channels: List[grpc.aio.Channel] = []
-        self._stubs: List[query_pb2_grpc.PrefixIndexStub] = []
-        self._preferred = 0
+        self.endpoints, self._map = plan(endpoints, shards, discover)
+        self._channels: Dict[str, grpc.aio.Channel] = {}
+        self._stubs: Dict[str, query_pb2_grpc.PrefixIndexStub] = {}
+        self._discover = discover
+        self._discovered = False
+        self._first_discovery: Optional[asyncio.Future] = None
+        self.discovery_timeout = discovery_timeout
+        self._refresh = Refresh(refresh_interval)
+        self._refresh_task: Optional[asyncio.Task] = None
+        self.protocol_anomalies = 0  # workers reported by two shards, over the client's life
 
     def _open(self) -> None:
         if not self._channels:
-            self._channels = [self._security.open(grpc.aio, e) for e in self.endpoints]
-            self._stubs = [query_pb2_grpc.PrefixIndexStub(ch) for ch in self._channels]
+            self._channels = {e: self._security.open(grpc.aio, e) for e in self.endpoints}
+            self._stubs = {e: query_pb2_grpc.PrefixIndexStub(ch) for e, ch in self._channels.items()}
+
+    async def _ready(self) -> None:
+        self._open()
+        if self._discover and not self._discovered:
+            # Queries arriving together all wait for the one first discovery.
+            if self._first_discovery is None:
+                self._first_discovery = asyncio.ensure_future(self.refresh())
+            await asyncio.shield(self._first_discovery)
 
     async def close(self) -> None:
-        channels, self._channels, self._stubs = self._channels, [], []
-        for ch in channels:
+        pending = [t for t in (self._refresh_task, self._first_discovery) if t is not None and not t.done()]
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)  # let them end before the loop does
+        channels, self._channels, self._stubs = self._channels, {}, {}
+        for ch in channels.values():
             await ch.close()
 
     async def __aenter__(self) -> "AsyncIndexClient":
+        await self._ready()
         return self
 
     async def __aexit__(self, *exc) -> None:
         await self.close()
+
+    @property
+    def shards(self) -> List[Shard]:
+        """The shard map in use (copies): key, endpoints, partitions (None until known)."""
+        smap = self._map
+        return [Shard(s.key, list(s.endpoints), s.partitions, s.preferred) for s in smap.shards] if smap else []
+
+    async def refresh(self) -> bool:
+        """Asks every endpoint `Describe` now and rebuilds the shard map (discover=True).
+        False when no endpoint answered (the map is kept)."""
+        self._open()
+        self._refresh.start()
+        req = query_pb2.DescribeRequest()
+
+        async def ask(e: str):
+            try:
+                return described(e, await self._stubs[e].Describe(req, timeout=self.discovery_timeout), None)
+            except Exception as err:  # a down replica is simply not in the map
+                return described(e, None, err)
+
+        try:
+            found = [d for d in await asyncio.gather(*(ask(e) for e in self.endpoints)) if d is not None]
+            smap = build_map(found, self.endpoints, self._map)
+            if smap is not None:
+                self._map = smap
+            return smap is not None
+        finally:
+            self._discovered = True
+            self._refresh.done()
+
+    def _maybe_refresh(self, results: Sequence[Tuple[Shard, Result]] = ()) -> None:
+        """Starts a background refresh of a discovered map when one is due."""
+        if not self._discover:
+            return
+        if shard_failed(results) or self._map is None:
+            self._refresh.wanted = True
+        if self._refresh.due():
+            self._refresh.running = True
+            self._refresh_task = asyncio.get_running_loop().create_task(self.refresh())
+
+    async def _call(self, shard: Shard, method: str, req, end: float, read: Callable) -> Result:
+        """One RPC to a shard: its replicas in turn (the last that answered first) until `end`."""
+        failover = Failover(shard.endpoints, shard.preferred, 0, end=end)
+        for i, timeout in failover.attempts():
+            endpoint = shard.endpoints[i]
+            try:
+                resp = await getattr(self._stubs[endpoint], method)(req, timeout=timeout)
+            except Exception as e:  # fail open on anything; CancelledError is no Exception
+                final = failover.failed(i, e)
+                if final is not None:
+                    return final
+                continue
+            shard.preferred = i
+            return read(resp, endpoint)
+        return failover.unavailable()
+
+    async def _fan_out(self, calls: Sequence[Tuple[Shard, object]], method: str, end: float, read: Callable) -> List[Tuple[Shard, Result]]:
+        """`_call` on every shard at once, all until `end`; a shard still waiting then is a
+        timeout."""
+        tasks = [asyncio.ensure_future(self._call(shard, method, req, end, read)) for shard, req in calls]
+        try:
+            if tasks:
+                await asyncio.wait(tasks, timeout=max(end - time.monotonic(), 0))
+        finally:
+            for t in tasks:
+                t.cancel()  # no-op on finished ones; ends the late ones (and all, if we were cancelled)
+        return [
+            (shard, t.result() if t.done() and not t.cancelled() else MatchResult("unavailable", reason="timeout"))
+            for (shard, _), t in zip(calls, tasks)
+        ]
 
     async def match(
         self,
@@ -74,22 +193,40 @@ class AsyncIndexClient:
         exclude_gapped: bool = False,
     ) -> MatchResult:
         """See IndexClient.match: the same arguments (`min_offsets` in next offsets, e.g. a
-        previous answer's `applied` unchanged) and the same fail-open outcomes."""
+        previous answer's `applied` unchanged) and the same fail-open outcomes, sharded or not."""
         req = match_request(
             keyspace, tokens=tokens, hashes=hashes, namespace=namespace, top_k=top_k, lane=lane,
             intervals=intervals, min_offsets=min_offsets, allow_stale=allow_stale,
             candidate_workers=candidate_workers, exclude_gapped=exclude_gapped,
         )
-        self._open()
-        failover = Failover(self.endpoints, self._preferred, self.deadline if deadline is None else deadline)
-        for i, timeout in failover.attempts():
-            try:
-                resp = await self._stubs[i].Match(req, timeout=timeout)
-            except Exception as e:  # fail open on anything; CancelledError is no Exception
-                final = failover.failed(i, e)
-                if final is not None:
-                    return final
-                continue
-            self._preferred = i
-            return match_result(resp, self.endpoints[i])
-        return failover.unavailable()
+        await self._ready()
+        end = time.monotonic() + (self.deadline if deadline is None else deadline)
+        smap = self._map
+        if smap is None:
+            self._maybe_refresh()
+            return MatchResult("unavailable", reason=NO_MAP)
+        if len(smap.shards) == 1:
+            shard = smap.shards[0]
+            r = await self._call(shard, "Match", req, end, match_result)
+            self._maybe_refresh([(shard, r)])
+            return mark_coverage(smap, shard, r)
+        calls, preset = fan_out_calls(smap, req)
+        results = in_map_order(smap, await self._fan_out(calls, "Match", end, match_result), preset)
+        self._maybe_refresh(results)
+        merged = merge_matches(smap, results, top_k)
+        self.protocol_anomalies += merged.anomalies
+        return merged
+
+    async def list_workers(self, deadline: float = 1.0) -> WorkerList:
+        """See IndexClient.list_workers."""
+        await self._ready()
+        smap = self._map
+        if smap is None:
+            self._maybe_refresh()
+            return WorkerList("unavailable", reason=NO_MAP)
+        end = time.monotonic() + deadline
+        req = query_pb2.ListWorkersRequest()
+        got = await self._fan_out([(s, req) for s in smap.shards], "ListWorkers", end, lambda resp, _e: worker_list(resp))
+        results = [(s, as_worker_list(r)) for s, r in got]
+        self._maybe_refresh(results)
+        return merge_workers(smap, results)

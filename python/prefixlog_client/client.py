@@ -4,16 +4,41 @@ Outcomes: "scores" (some worker holds a prefix), "empty" (none does), "unavailab
 disconnected, overloaded or rejected; `reason` says which) -- a gateway routes without the
 index on anything but "scores". Several endpoints are tried in order (the last one that
 answered first) within one deadline, each getting its share of what is left.
-prefixlog_client.aio.AsyncIndexClient is the same client for asyncio.
+
+Sharded logs (`serve --shard I/N`): give a shard map (`shards=`) or let the client discover it
+(`discover=True`); one Match per shard goes out in parallel under the query's deadline and the
+answers are merged (prefixlog_client._shards). prefixlog_client.aio.AsyncIndexClient is the
+same client for asyncio.
 """
-from typing import Optional, Sequence
+import queue
+import threading
+import time
+from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 import grpc
 
-from ._proto import query_pb2_grpc
-from ._transport import ChannelSecurity, Failover, endpoint_list
-from ._wire import Keyspace, MatchResult, match_request, match_result
+from ._proto import query_pb2, query_pb2_grpc
+from ._shards import (
+    NO_MAP,
+    Refresh,
+    Shard,
+    ShardSpec,
+    as_worker_list,
+    build_map,
+    described,
+    fan_out_calls,
+    in_map_order,
+    mark_coverage,
+    merge_matches,
+    merge_workers,
+    plan,
+    shard_failed,
+)
+from ._transport import ChannelSecurity, Failover
+from ._wire import Keyspace, MatchResult, WorkerList, match_request, match_result, worker_list
 from .tokens import Token
+
+Result = Union[MatchResult, WorkerList]
 
 
 class IndexClient:
@@ -24,26 +49,47 @@ class IndexClient:
     signed the replicas' certificate); for mutual TLS (`serve --tls-client-ca`) also
     `private_key` and `certificate_chain` (PEM). `server_name` overrides the name checked
     against the certificate. Without any of them the channel is plaintext.
+
+    Sharded logs, either of:
+      * `shards={"a": ["10.0.0.5:50151", "10.0.0.6:50151"], "b": [...]}` (or a list of
+        endpoint lists): a static map, one entry per shard, its replicas as endpoints;
+      * `discover=True`: `endpoints` are every replica of every shard; each is asked `Describe`
+        now (up to `discovery_timeout` seconds) and those reporting the same partitions form a
+        shard. The map is asked again in the background every `refresh_interval` seconds, and
+        at most every second after a query found a shard with no replica answering.
+    With one shard (no `shards=`, no `discover=`), queries go to it directly, as they always
+    did.
     """
 
     def __init__(
         self,
-        endpoints: Sequence[str],
+        endpoints: Sequence[str] = (),
         deadline: float = 0.002,
         root_certificates: Optional[bytes] = None,
         private_key: Optional[bytes] = None,
         certificate_chain: Optional[bytes] = None,
         server_name: Optional[str] = None,
+        *,
+        shards: Optional[ShardSpec] = None,
+        discover: bool = False,
+        refresh_interval: float = 30.0,
+        discovery_timeout: float = 1.0,
     ):
         security = ChannelSecurity(root_certificates, private_key, certificate_chain, server_name)
         self.deadline = deadline
-        self.endpoints = endpoint_list(endpoints)
-        self._channels = [security.open(grpc, e) for e in self.endpoints]
-        self._stubs = [query_pb2_grpc.PrefixIndexStub(ch) for ch in self._channels]
-        self._preferred = 0
+        self.endpoints, self._map = plan(endpoints, shards, discover)
+        self._channels = {e: security.open(grpc, e) for e in self.endpoints}
+        self._stubs = {e: query_pb2_grpc.PrefixIndexStub(ch) for e, ch in self._channels.items()}
+        self._discover = discover
+        self.discovery_timeout = discovery_timeout
+        self._refresh = Refresh(refresh_interval)
+        self._lock = threading.Lock()
+        self.protocol_anomalies = 0  # workers reported by two shards, over the client's life
+        if discover:
+            self.refresh()
 
     def close(self) -> None:
-        for ch in self._channels:
+        for ch in self._channels.values():
             ch.close()
 
     def __enter__(self) -> "IndexClient":
@@ -51,6 +97,119 @@ class IndexClient:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    @property
+    def shards(self) -> List[Shard]:
+        """The shard map in use (copies): key, endpoints, partitions (None until known)."""
+        smap = self._map
+        return [Shard(s.key, list(s.endpoints), s.partitions, s.preferred) for s in smap.shards] if smap else []
+
+    def refresh(self) -> bool:
+        """Asks every endpoint `Describe` now and rebuilds the shard map from the answers
+        (discover=True). False when no endpoint answered (the map is kept)."""
+        with self._lock:
+            self._refresh.start()
+        try:
+            req = query_pb2.DescribeRequest()
+            futures = []
+            for e in self.endpoints:
+                try:
+                    futures.append((e, self._stubs[e].Describe.future(req, timeout=self.discovery_timeout)))
+                except Exception:  # a closed client (a background refresh racing close())
+                    continue
+            found = []
+            for e, f in futures:
+                try:
+                    d = described(e, f.result(), None)
+                except Exception as err:  # a down replica is simply not in the map
+                    d = described(e, None, err)
+                if d is not None:
+                    found.append(d)
+            smap = build_map(found, self.endpoints, self._map)
+            if smap is not None:
+                self._map = smap
+            return smap is not None
+        finally:
+            with self._lock:
+                self._refresh.done()
+
+    def _maybe_refresh(self, results: Sequence[Tuple[Shard, Result]] = ()) -> None:
+        """Starts a background refresh of a discovered map when one is due."""
+        if not self._discover:
+            return
+        with self._lock:
+            if shard_failed(results) or self._map is None:
+                self._refresh.wanted = True
+            if not self._refresh.due():
+                return
+            self._refresh.running = True  # claimed here; refresh() takes it from there
+        threading.Thread(target=self.refresh, name="prefixlog-refresh", daemon=True).start()
+
+    def _call(self, shard: Shard, method: str, req, end: float, read: Callable) -> Result:
+        """One RPC to a shard: its replicas in turn (the last that answered first) until `end`."""
+        failover = Failover(shard.endpoints, shard.preferred, 0, end=end)
+        for i, timeout in failover.attempts():
+            endpoint = shard.endpoints[i]
+            try:
+                resp = getattr(self._stubs[endpoint], method)(req, timeout=timeout)
+            except Exception as e:  # fail open on anything, grpc.RpcError or not
+                final = failover.failed(i, e)
+                if final is not None:
+                    return final
+                continue
+            shard.preferred = i
+            return read(resp, endpoint)
+        return failover.unavailable()
+
+    def _fan_out(self, calls: Sequence[Tuple[Shard, object]], method: str, end: float, read: Callable) -> List[Tuple[Shard, Result]]:
+        """`_call` on every shard at once (gRPC futures, no threads of ours): each shard's
+        replicas in turn, all until `end`; a shard still waiting then is a timeout."""
+        results: List[Optional[Result]] = [None] * len(calls)
+        walks = [Failover(shard.endpoints, shard.preferred, 0, end=end) for shard, _ in calls]
+        attempts = [w.attempts() for w in walks]
+        done: "queue.SimpleQueue" = queue.SimpleQueue()
+        inflight = {}
+
+        def start(k: int) -> None:
+            shard, req = calls[k]
+            for i, timeout in attempts[k]:
+                try:
+                    future = getattr(self._stubs[shard.endpoints[i]], method).future(req, timeout=timeout)
+                except Exception as e:
+                    final = walks[k].failed(i, e)
+                    if final is not None:
+                        results[k] = final
+                        return
+                    continue
+                inflight[k] = future
+                future.add_done_callback(lambda f, k=k, i=i: done.put((k, i, f)))
+                return
+            results[k] = walks[k].unavailable()
+
+        for k in range(len(calls)):
+            start(k)
+        while inflight:
+            try:
+                k, i, future = done.get(timeout=max(end - time.monotonic(), 0))
+            except queue.Empty:
+                break
+            del inflight[k]
+            shard = calls[k][0]
+            try:
+                resp = future.result()
+            except Exception as e:
+                final = walks[k].failed(i, e)
+                if final is not None:
+                    results[k] = final
+                else:
+                    start(k)
+                continue
+            shard.preferred = i
+            results[k] = read(resp, shard.endpoints[i])
+        for k, future in inflight.items():
+            future.cancel()
+            results[k] = MatchResult("unavailable", reason="timeout")
+        return [(shard, r) for (shard, _), r in zip(calls, results)]
 
     def match(
         self,
@@ -78,24 +237,50 @@ class IndexClient:
         deadline: "unavailable: timeout", or with `allow_stale` an answer flagged `stale`.
         `candidate_workers`: score only these workers; `exclude_gapped`: leave out holders whose
         event stream had a gap. `deadline` overrides the client's for this query.
+
+        Sharded: every shard is asked in parallel within the one deadline (each gets only its
+        partitions' tokens and candidates) and the answers merged, `top_k` after the merge. A
+        shard that does not answer makes the result `partial` (`missing_shards`,
+        `missing_partitions`) with the other shards' scores; none answering is "unavailable".
         """
         req = match_request(
             keyspace, tokens=tokens, hashes=hashes, namespace=namespace, top_k=top_k, lane=lane,
             intervals=intervals, min_offsets=min_offsets, allow_stale=allow_stale,
             candidate_workers=candidate_workers, exclude_gapped=exclude_gapped,
         )
-        failover = Failover(self.endpoints, self._preferred, self.deadline if deadline is None else deadline)
-        for i, timeout in failover.attempts():
-            try:
-                resp = self._stubs[i].Match(req, timeout=timeout)
-            except Exception as e:  # fail open on anything, grpc.RpcError or not
-                final = failover.failed(i, e)
-                if final is not None:
-                    return final
-                continue
-            self._preferred = i
-            return match_result(resp, self.endpoints[i])
-        return failover.unavailable()
+        end = time.monotonic() + (self.deadline if deadline is None else deadline)
+        smap = self._map
+        if smap is None:
+            self._maybe_refresh()
+            return MatchResult("unavailable", reason=NO_MAP)
+        if len(smap.shards) == 1:
+            shard = smap.shards[0]
+            r = self._call(shard, "Match", req, end, match_result)
+            self._maybe_refresh([(shard, r)])
+            return mark_coverage(smap, shard, r)
+        calls, preset = fan_out_calls(smap, req)
+        results = in_map_order(smap, self._fan_out(calls, "Match", end, match_result), preset)
+        self._maybe_refresh(results)
+        merged = merge_matches(smap, results, top_k)
+        if merged.anomalies:
+            with self._lock:
+                self.protocol_anomalies += merged.anomalies
+        return merged
+
+    def list_workers(self, deadline: float = 1.0) -> WorkerList:
+        """The workers announced by WorkerAdded records (with their metadata, e.g. endpoint and
+        model), from every shard, ascending by worker id. Never raises: "unavailable" when no
+        shard answered within `deadline` seconds, `partial` when some did not."""
+        smap = self._map
+        if smap is None:
+            self._maybe_refresh()
+            return WorkerList("unavailable", reason=NO_MAP)
+        end = time.monotonic() + deadline
+        req = query_pb2.ListWorkersRequest()
+        got = self._fan_out([(s, req) for s in smap.shards], "ListWorkers", end, lambda resp, _e: worker_list(resp))
+        results = [(s, as_worker_list(r)) for s, r in got]
+        self._maybe_refresh(results)
+        return merge_workers(smap, results)
 
 
 def match(endpoint: str, keyspace: Keyspace, deadline: float = 0.002, **kw) -> MatchResult:

@@ -32,6 +32,24 @@ class AsyncAsSync:
     def match(self, *args, **kw):
         return self._loop.run_until_complete(self._client.match(*args, **kw))
 
+    def list_workers(self, *args, **kw):
+        return self._loop.run_until_complete(self._client.list_workers(*args, **kw))
+
+    def refresh(self):
+        return self._loop.run_until_complete(self._client.refresh())
+
+    def enter(self):
+        """What `async with` does on entry (a discovered map is built)."""
+        self._loop.run_until_complete(self._client.__aenter__())
+        return self
+
+    def run_briefly(self, seconds):
+        """Lets the loop run (background refreshes) for `seconds`."""
+        self._loop.run_until_complete(asyncio.sleep(seconds))
+
+    def __getattr__(self, name):  # shards, endpoints, protocol_anomalies, ...
+        return getattr(self._client, name)
+
     def close(self):
         self._loop.run_until_complete(self._client.close())
         self._loop.close()
