@@ -5,7 +5,9 @@
 //! carries the log time it happened at, and the state is a pure function of the writes.
 //!
 //! Module map:
-//! - [`types`]: holder and keyspace ids, options, results, errors, [`partition_of`].
+//! - [`types`]: holder and keyspace ids, options, results, errors.
+//! - [`partition`]: [`partition_of`], which log partition a worker's records live in (a
+//!   cross-language contract with golden vectors).
 //! - [`engine`]: [`Engine`], all keyspaces of a replica, one reader-writer lock each.
 //! - [`keyspace`]: [`Keyspace`], the write operations (store, remove, clear, place,
 //!   drop_worker, expire), capacity and TTL policy, digests.
@@ -34,6 +36,7 @@ pub mod engine;
 mod holder;
 pub mod keyspace;
 mod matching;
+pub mod partition;
 pub mod scheme;
 mod table;
 mod transplant;

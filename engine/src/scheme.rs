@@ -103,7 +103,20 @@ mod tests {
                 if n + 1 < cs.len() { "," } else { "" }
             );
         }
-        s + "  ]\n}\n"
+        s + "  ],\n" + &partition_json() + "}\n"
+    }
+
+    /// The `"partition_of"` vectors ([`crate::partition`]), one entry per line.
+    fn partition_json() -> String {
+        use crate::partition::{partition_of, GOLDEN_PARTITIONS, GOLDEN_WORKERS};
+        let rows: Vec<String> = GOLDEN_WORKERS
+            .iter()
+            .flat_map(|&w| GOLDEN_PARTITIONS.iter().map(move |&n| (w, n)))
+            .map(|(w, n)| {
+                format!("    {{\"worker\": {w}, \"partitions\": {n}, \"partition\": {}}}", partition_of(w, n))
+            })
+            .collect();
+        format!("  \"partition_of\": [\n{}\n  ]\n", rows.join(",\n"))
     }
 
     fn golden_path() -> std::path::PathBuf {

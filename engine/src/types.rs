@@ -82,11 +82,7 @@ impl Default for EngineConfig {
     }
 }
 
-/// The partition a worker's records live in. Publishers key records by worker and place them
-/// with this function, so every replica and every language agrees on it.
-pub fn partition_of(worker: u64, partitions: u32) -> u32 {
-    (crate::digest::mix64(worker ^ 0x7072_6566_6978_6c6f) % u64::from(partitions.max(1))) as u32
-}
+pub use crate::partition::partition_of;
 
 /// How much detail a match computes.
 #[derive(Clone, Debug, Default)]
