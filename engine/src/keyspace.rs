@@ -561,7 +561,7 @@ impl Keyspace {
 
     /// Test-only fault hook: silently drops one block of a holder, as memory corruption or a
     /// bug would, so anti-entropy has a divergence to find. Returns whether a block was dropped.
-    #[doc(hidden)]
+    #[cfg(feature = "testing")]
     pub fn corrupt_for_test(&mut self, key: &HolderKey) -> bool {
         let Some(h) = self.holders.get(key) else { return false };
         let node = (1..self.arena.nodes.len() as u32).find(|&n| {
