@@ -47,6 +47,67 @@ impl KeyspaceDump {
     pub fn holder_blocks(&self) -> u64 {
         self.holders.iter().map(|h| h.members.len() as u64).sum()
     }
+
+    /// The dump of only the holders whose worker lives in a kept log partition
+    /// (`keep(partition_of(worker, partitions))`), with only the nodes they reference (members,
+    /// record leaves, override targets) and those nodes' ancestors, renumbered in the same
+    /// canonical order. [`Keyspace::rebuild`] of the result answers, digests and evolves like
+    /// the original restricted to those partitions, as long as every holder names a block by
+    /// one ext (which a chained hash guarantees): exts bound only by dropped holders' nodes
+    /// are gone, which can change which nodes later stores bind canonically, never what a
+    /// kept holder's ext resolves to.
+    ///
+    /// `stats` are keyspace-wide counters and are copied unchanged. References outside the
+    /// dump (a corrupt input) come out as `u32::MAX`, which rebuild refuses.
+    pub fn retain_partitions(&self, keep: impl Fn(u32) -> bool, partitions: u32) -> KeyspaceDump {
+        let holders: Vec<&DumpHolder> =
+            self.holders.iter().filter(|h| keep(partition_of(h.key.worker, partitions))).collect();
+        let len = self.nodes.len();
+        let mut used = vec![false; len + 1];
+        let mut mark = |n: u32| {
+            if let Some(u) = used.get_mut(n as usize) {
+                *u = true;
+            }
+        };
+        for h in &holders {
+            h.members.iter().for_each(|m| mark(m.0));
+            h.records.iter().for_each(|r| mark(r.1));
+            h.overrides.iter().for_each(|o| mark(o.1));
+        }
+        // Parents come before children, so one backward pass closes the set under ancestors.
+        for k in (1..=len).rev() {
+            let p = self.nodes[k - 1].parent as usize;
+            if used[k] && p < k {
+                used[p] = true;
+            }
+        }
+        let mut number = vec![u32::MAX; len + 1];
+        number[ROOT as usize] = ROOT;
+        let mut nodes = Vec::new();
+        for (k, n) in self.nodes.iter().enumerate().map(|(i, n)| (i + 1, n)) {
+            if used[k] {
+                let parent = number.get(n.parent as usize).copied().unwrap_or(u32::MAX);
+                nodes.push(DumpNode { parent, ..n.clone() });
+                number[k] = nodes.len() as u32;
+            }
+        }
+        let renumber = |n: u32| number.get(n as usize).copied().filter(|&m| n != ROOT && m != 0);
+        let renumber = |n: u32| renumber(n).unwrap_or(u32::MAX);
+        let holders = holders
+            .into_iter()
+            .map(|h| DumpHolder {
+                key: h.key,
+                fed: h.fed,
+                gapped: h.gapped,
+                next_stamp: h.next_stamp,
+                last_time: h.last_time,
+                records: h.records.iter().map(|&(s, leaf, l, t)| (s, renumber(leaf), l, t)).collect(),
+                members: h.members.iter().map(|&(n, s)| (renumber(n), s)).collect(),
+                overrides: h.overrides.iter().map(|&(e, n)| (e, renumber(n))).collect(),
+            })
+            .collect();
+        KeyspaceDump { id: self.id.clone(), nodes, holders, stats: self.stats.clone() }
+    }
 }
 
 /// Dumps with fewer nodes rebuild on one thread (a thread costs more than it saves there).

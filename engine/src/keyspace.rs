@@ -6,8 +6,11 @@
 
 use crate::digest::{block_term, holder_term};
 use crate::holder::{Holder, Holders, Record};
+use crate::store_check::check_store;
 use crate::trie::{Arena, Member, ROOT};
-use crate::types::{partition_of, ApplyError, EngineConfig, HolderKey, KeyspaceId, KeyspaceStats, LogTime};
+use crate::types::{
+    partition_of, ApplyError, EngineConfig, HolderKey, InvalidStoreReason, KeyspaceId, KeyspaceStats, LogTime,
+};
 
 /// What a placement did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,6 +45,8 @@ pub struct Keyspace {
     group_digests: Vec<u64>,
     holder_blocks: u64,
     window: Vec<u32>,
+    /// Scratch set of [`check_store`].
+    ext_scratch: Vec<u64>,
 }
 
 impl Keyspace {
@@ -57,6 +62,7 @@ impl Keyspace {
             group_digests: vec![0; groups],
             holder_blocks: 0,
             window: Vec::new(),
+            ext_scratch: Vec::new(),
         }
     }
 
@@ -134,7 +140,33 @@ impl Keyspace {
 
     /// Extends the holder's chain ending at `parent_ext` (or the root) with `blocks`, given as
     /// `(ext, local)`. Re-storing held blocks is idempotent apart from refreshing their age.
+    /// A store that names an ext twice or names its parent among its blocks is refused whole
+    /// ([`ApplyError::InvalidStore`]): nothing changes but `stores_rejected`.
     pub fn store(
+        &mut self,
+        key: HolderKey,
+        parent_ext: Option<u64>,
+        blocks: &[(u64, u64)],
+        t: LogTime,
+    ) -> Result<u32, ApplyError> {
+        let mut scratch = std::mem::take(&mut self.ext_scratch);
+        let checked = check_store(parent_ext, blocks, &mut scratch);
+        self.ext_scratch = scratch;
+        if let Err(reason) = checked {
+            return Err(self.refuse_store(key, reason));
+        }
+        self.store_checked(key, parent_ext, blocks, t)
+    }
+
+    /// Counts a store refused by [`check_store`]; the state is otherwise unchanged.
+    pub(crate) fn refuse_store(&mut self, holder: HolderKey, reason: InvalidStoreReason) -> ApplyError {
+        self.stats.stores_rejected += 1;
+        ApplyError::InvalidStore { holder, reason }
+    }
+
+    /// [`Self::store`] for a block list that passed [`check_store`] (the engine checks a whole
+    /// store once, before cutting it into chunks).
+    pub(crate) fn store_checked(
         &mut self,
         key: HolderKey,
         parent_ext: Option<u64>,
@@ -242,6 +274,17 @@ impl Keyspace {
     pub fn set_gapped(&mut self, key: HolderKey, gapped: bool) {
         if let Some(h) = self.holders.get(&key) {
             self.holders.at_mut(h).gapped = gapped;
+        }
+    }
+
+    /// Marks every holder of log partition `partition` (under this keyspace's
+    /// `EngineConfig::partitions`) gapped: the log itself lost records of that partition, so
+    /// any of its holders may be missing writes. Holders created later start ungapped.
+    pub fn set_partition_gapped(&mut self, partition: u32) {
+        for h in self.holders.slots.iter_mut().flatten() {
+            if h.group == partition {
+                h.gapped = true;
+            }
         }
     }
 
@@ -390,9 +433,21 @@ impl Keyspace {
         let holder = self.holders.at_mut(h);
         holder.next_stamp = records.len() as u32 + 1;
         holder.records = records.into();
+        debug_assert!(
+            holder.records.iter().enumerate().all(|(i, r)| r.stamp == i as u32 + 1),
+            "renumbered stamps are 1..=n in record order"
+        );
     }
 
     fn push_record(&mut self, h: u32, rec: Record) {
+        debug_assert!(
+            self.arena.nodes[rec.leaf as usize].live() && rec.len >= 1,
+            "a record ends at a live node"
+        );
+        debug_assert!(
+            self.holders.at(h).records.back().is_none_or(|r| r.stamp < rec.stamp),
+            "records are in increasing stamp order (eviction and renumbering rely on it)"
+        );
         self.arena.nodes[rec.leaf as usize].pins += 1;
         self.holders.at_mut(h).records.push_back(rec);
     }
@@ -427,6 +482,7 @@ impl Keyspace {
             }
         }
         self.window = buf;
+        debug_assert!(self.arena.nodes[rec.leaf as usize].pins > 0, "a record's leaf is pinned by it");
         self.arena.nodes[rec.leaf as usize].pins -= 1;
         self.arena.release(rec.leaf);
         n
@@ -487,6 +543,10 @@ impl Keyspace {
             if owns {
                 keep.push_back(rec);
             } else {
+                debug_assert!(
+                    self.arena.nodes[rec.leaf as usize].pins > 0,
+                    "a record's leaf is pinned by it"
+                );
                 self.arena.nodes[rec.leaf as usize].pins -= 1;
                 self.arena.release(rec.leaf);
             }
@@ -497,7 +557,9 @@ impl Keyspace {
 
     /// Adds (or restamps) the holder's membership of `node`. Returns true if it is new.
     fn add_member(&mut self, h: u32, node: u32, stamp: u32) -> bool {
+        debug_assert!(stamp < self.holders.at(h).next_stamp, "a stamp is taken before it is used");
         let n = &mut self.arena.nodes[node as usize];
+        debug_assert!(n.live() && node != ROOT, "members join live, non-root nodes");
         if let Some(pos) = n.member(h) {
             n.members[pos].stamp = stamp;
             return false;
@@ -518,8 +580,10 @@ impl Keyspace {
         let n = &mut self.arena.nodes[node as usize];
         let Some(pos) = n.member(h) else { return };
         let stamp = n.members.swap_remove(pos).stamp;
+        debug_assert!(n.member(h).is_none(), "a holder is listed once per node");
         let path = n.path;
         let holder = self.holders.at_mut(h);
+        debug_assert!(holder.blocks > 0, "a member node is counted in the holder's blocks");
         holder.blocks -= 1;
         holder.digest = holder.digest.wrapping_sub(block_term(path, !holder.fed));
         if let Some(e) = holder.override_of.remove(&node) {
@@ -537,6 +601,7 @@ impl Keyspace {
             rec.leaf = self.arena.nodes[rec.leaf as usize].parent;
             rec.len -= 1;
         }
+        debug_assert!(self.arena.nodes[node as usize].pins > 0, "a record's leaf is pinned by it");
         self.arena.nodes[node as usize].pins -= 1;
         let holder = self.holders.at_mut(h);
         if rec.len == 0 {
@@ -586,6 +651,10 @@ impl Keyspace {
         let holder = self.holders.at(h);
         let new = holder_term(&holder.key, holder.blocks, holder.digest);
         let (group, blocks_after) = (holder.group as usize, holder.blocks);
+        debug_assert!(
+            self.holder_blocks >= u64::from(blocks_before),
+            "the aggregate includes this holder's blocks"
+        );
         self.digest = self.digest.wrapping_sub(old).wrapping_add(new);
         let g = &mut self.group_digests[group];
         *g = g.wrapping_sub(old).wrapping_add(new);

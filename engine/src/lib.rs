@@ -13,12 +13,16 @@
 //!   drop_worker, expire), capacity and TTL policy, digests.
 //! - `matching`: [`Keyspace::match_chain`], longest contiguous prefix per holder.
 //! - [`dump`]: enumerate ([`Keyspace::dump`]) and rebuild ([`Keyspace::rebuild`]).
+//! - [`invariants`]: [`Keyspace::check_invariants`], recomputing everything writes maintain
+//!   by hand (pins, counts, digests, tables, free list, overrides).
 //! - `transplant`: [`Keyspace::replace_group`], moving one partition's holders in from a
 //!   rebuilt keyspace (anti-entropy repair).
 //! - `trie`: the node arena and its (parent, local) and ext lookup tables.
 //! - `table`: those tables: open addressing with hash bits stored beside node indices.
 //! - `holder`: per-holder counts, digest and operation records.
 //! - [`digest`]: the hash mixing behind node identity and digests.
+//! - `store_check`: refusing stores that cannot be a chain (an ext named twice, or the parent
+//!   named among the blocks).
 //! - [`scheme`]: canonical block hashes of token ids (scheme 1: xxh3-64 chained), golden vectors.
 //!
 //! Guarantees (each has tests in `tests/`):
@@ -34,10 +38,12 @@ pub mod digest;
 pub mod dump;
 pub mod engine;
 mod holder;
+pub mod invariants;
 pub mod keyspace;
 mod matching;
 pub mod partition;
 pub mod scheme;
+mod store_check;
 mod table;
 mod transplant;
 mod trie;
@@ -45,8 +51,9 @@ pub mod types;
 
 pub use dump::{DumpHolder, DumpNode, KeyspaceDump};
 pub use engine::{Engine, SharedKeyspace};
+pub use invariants::InvariantError;
 pub use keyspace::{HolderSummary, Keyspace, PlaceOutcome};
 pub use types::{
-    partition_of, ApplyError, EngineConfig, HolderKey, HolderMatch, KeyspaceId, KeyspaceStats, LogTime,
-    MatchOptions,
+    partition_of, ApplyError, EngineConfig, HolderKey, HolderMatch, InvalidStoreReason, KeyspaceId,
+    KeyspaceStats, LogTime, MatchOptions,
 };

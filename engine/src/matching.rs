@@ -23,15 +23,24 @@ impl Keyspace {
     /// covers any position is returned with its intervals. Results are sorted by depth
     /// (descending), then holder key, and cut to `opts.top_k`.
     pub fn match_chain(&self, locals: &[u64], opts: &MatchOptions) -> Vec<HolderMatch> {
+        let sorted;
+        let candidates = match opts.candidates.as_deref() {
+            Some(c) if !c.is_sorted() => {
+                sorted = sorted_copy(c);
+                Some(&sorted[..])
+            }
+            c => c,
+        };
+        let filter = Filter { lane: opts.lane, candidates, exclude_gapped: opts.exclude_gapped };
         if opts.intervals {
-            let mut out = self.match_full(locals, opts);
+            let mut out = self.match_full(locals, &filter);
             out.sort_unstable_by(|a, b| b.depth.cmp(&a.depth).then(a.holder.cmp(&b.holder)));
             out.truncate(opts.top_k.unwrap_or(usize::MAX));
             return out;
         }
         SCRATCH.with(|s| {
             let s = &mut *s.borrow_mut();
-            self.match_depth(locals, opts, s);
+            self.match_depth(locals, &filter, s);
             // Sort small keys, not the results: (depth descending, holder key) is the order.
             let mut keys = std::mem::take(&mut s.keys);
             keys.clear();
@@ -48,18 +57,29 @@ impl Keyspace {
         })
     }
 
-    fn lane_ok(&self, opts: &MatchOptions, holder: u32) -> bool {
-        opts.lane.is_none_or(|l| self.holders.at(holder).key.lane == l)
+    /// Whether the options let `holder` be reported.
+    fn holder_ok(&self, f: &Filter, holder: u32) -> bool {
+        let h = self.holders.at(holder);
+        f.lane.is_none_or(|l| h.key.lane == l)
+            && !(f.exclude_gapped && h.gapped)
+            && f.candidates.is_none_or(|c| c.binary_search(&h.key.worker).is_ok())
     }
 
     fn result(&self, h: u32, depth: u32, intervals: Vec<(u32, u32)>) -> HolderMatch {
         let holder = self.holders.at(h);
-        HolderMatch { holder: holder.key, depth, total: holder.blocks, inferred: !holder.fed, intervals }
+        HolderMatch {
+            holder: holder.key,
+            depth,
+            total: holder.blocks,
+            inferred: !holder.fed,
+            gapped: holder.gapped,
+            intervals,
+        }
     }
 
     /// Depth only, with early exit. Per-holder depths live in a dense per-thread array indexed
     /// by holder slot (no hashing on the hot path); the caller reads and resets touched slots.
-    fn match_depth(&self, locals: &[u64], opts: &MatchOptions, s: &mut Scratch) {
+    fn match_depth(&self, locals: &[u64], f: &Filter, s: &mut Scratch) {
         if s.depth.len() < self.holders.slots.len() {
             s.depth.resize(self.holders.slots.len(), 0);
         }
@@ -72,7 +92,7 @@ impl Keyspace {
             let mut extended = 0usize;
             for m in self.arena.nodes[child as usize].members.iter() {
                 let d = &mut s.depth[m.holder as usize];
-                if *d == i && (opts.lane.is_none() || self.lane_ok(opts, m.holder)) {
+                if *d == i && (f.is_none() || self.holder_ok(f, m.holder)) {
                     *d = i + 1;
                     extended += 1;
                     if i == 0 {
@@ -87,7 +107,7 @@ impl Keyspace {
     }
 
     /// Every holder covering any position, with its intervals.
-    fn match_full(&self, locals: &[u64], opts: &MatchOptions) -> Vec<HolderMatch> {
+    fn match_full(&self, locals: &[u64], f: &Filter) -> Vec<HolderMatch> {
         let mut acc: FxHashMap<u32, Acc> = FxHashMap::default();
         let mut cur = crate::trie::ROOT;
         for (i, &local) in locals.iter().enumerate() {
@@ -95,7 +115,7 @@ impl Keyspace {
             let Some(child) = self.arena.child(cur, local) else { break };
             cur = child;
             for m in self.arena.nodes[child as usize].members.iter() {
-                if !self.lane_ok(opts, m.holder) {
+                if !f.is_none() && !self.holder_ok(f, m.holder) {
                     continue;
                 }
                 let a = acc.entry(m.holder).or_default();
@@ -110,6 +130,27 @@ impl Keyspace {
         }
         acc.into_iter().map(|(h, a)| self.result(h, a.depth, a.intervals)).collect()
     }
+}
+
+/// The holder filters of [`MatchOptions`], with the candidate list sorted.
+struct Filter<'a> {
+    lane: Option<u32>,
+    candidates: Option<&'a [u64]>,
+    exclude_gapped: bool,
+}
+
+impl Filter<'_> {
+    /// No filter: the hot loop skips the holder lookup.
+    #[inline]
+    fn is_none(&self) -> bool {
+        self.lane.is_none() && self.candidates.is_none() && !self.exclude_gapped
+    }
+}
+
+fn sorted_copy(c: &[u64]) -> Vec<u64> {
+    let mut v = c.to_vec();
+    v.sort_unstable();
+    v
 }
 
 #[derive(Default)]

@@ -68,7 +68,8 @@ mod tests {
         assert_eq!(partition_of(12345, 1), 0);
         assert_eq!(fmix64(0), 0);
         assert_eq!(fmix64(1), 0xb456_bcfc_34c2_cb2c);
-        assert_eq!(fmix64(SALT), fmix64(0 ^ SALT));
+        assert_eq!([partition_of(0, 16), partition_of(0, 1000)], [8, 968]);
+        assert_eq!([partition_of(255, 16), partition_of(255, 1000)], [1, 265]);
     }
 
     /// The digest mixer is currently the same function; the partition function must not move

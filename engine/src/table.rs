@@ -188,6 +188,20 @@ impl NodeTable {
         }
     }
 
+    /// Every stored entry as (hash signature, node); see [`Self::signature`].
+    pub fn entries(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
+        self.shards.iter().enumerate().flat_map(|(i, sh)| {
+            sh.slots.iter().filter(|&&s| s != EMPTY).map(move |&s| (((i as u64) << 32) | (s >> 32), s as u32))
+        })
+    }
+
+    /// The bits of a 64-bit hash the table keeps (shard and stored low bits): an entry stored
+    /// under `h` has the signature `signature(h)`.
+    pub fn signature(h: u64) -> u64 {
+        let (s, low) = Self::split(h);
+        ((s as u64) << 32) | u64::from(low)
+    }
+
     #[cfg(test)]
     pub fn len(&self) -> usize {
         self.shards.iter().map(|s| s.len).sum()

@@ -12,6 +12,7 @@
 //! moves 1/256 of the entries.
 
 use crate::digest::{child_path, fold_mul, ROOT_PATH};
+use crate::invariants::{ensure as check, InvariantError};
 use crate::table::NodeTable;
 use smallvec::SmallVec;
 
@@ -122,6 +123,13 @@ impl Nodes {
 
     fn capacity(&self) -> usize {
         self.chunks.len() * CHUNK
+    }
+}
+
+impl Nodes {
+    /// The node at `i`, if in range.
+    pub fn get(&self, i: u32) -> Option<&Node> {
+        ((i as usize) < self.len).then(|| &self[i as usize])
     }
 }
 
@@ -334,6 +342,89 @@ impl Arena {
         }
         v.reverse();
         v
+    }
+
+    /// Structural invariants: liveness and the free list, parent/child links and counts,
+    /// and that both lookup tables hold exactly one entry per indexed node.
+    pub fn check_structure(&self) -> Result<(), InvariantError> {
+        use InvariantError::{Edge, Ext, FreeList, Link};
+        let len = self.nodes.len();
+        let mut freed = vec![false; len];
+        for &f in &self.free {
+            let ok = f != ROOT && (f as usize) < len && !self.nodes[f as usize].live() && !freed[f as usize];
+            check(ok, || FreeList { node: f, what: "free entry is out of range, live, or listed twice" })?;
+            freed[f as usize] = true;
+        }
+        let mut children = vec![0u32; len];
+        let (mut live, mut exts, mut edges) = (0usize, 0usize, 0usize);
+        for (i, n) in self.nodes.iter().enumerate().skip(1) {
+            let node = i as u32;
+            if !n.live() {
+                check(freed[i], || FreeList { node, what: "dead node not on the free list" })?;
+                continue;
+            }
+            live += 1;
+            let p = n.parent as usize;
+            check(p < len && self.nodes[p].live(), || Link { node, what: "parent is not a live node" })?;
+            children[p] += 1;
+            check(self.child(n.parent, n.local) == Some(node), || Link {
+                node,
+                what: "not found as its parent's child",
+            })?;
+            if self.nodes[p].first_child != node {
+                edges += 1;
+            }
+            if n.has_ext() {
+                exts += 1;
+                check(self.by_ext(n.ext) == Some(node), || Ext {
+                    node,
+                    what: "canonical ext does not resolve to it",
+                })?;
+            }
+        }
+        check(live == self.live, || Link { node: ROOT, what: "live count differs from the live nodes" })?;
+        for (i, n) in self.nodes.iter().enumerate() {
+            if !n.live() {
+                continue;
+            }
+            let node = i as u32;
+            check(n.children() == children[i], || Link {
+                node,
+                what: "child count differs from its children",
+            })?;
+            let fc = n.first_child;
+            let fc_ok = fc == NIL
+                || ((fc as usize) < len
+                    && self.nodes[fc as usize].live()
+                    && self.nodes[fc as usize].parent == node);
+            check(fc_ok, || Link { node, what: "first child is not a live child" })?;
+        }
+        let mut ext_entries = 0;
+        for (sig, node) in self.exts.entries() {
+            ext_entries += 1;
+            let n = self.nodes.get(node);
+            let ok =
+                n.is_some_and(|n| n.live() && n.has_ext() && NodeTable::signature(ext_hash(n.ext)) == sig);
+            check(ok, || Ext { node, what: "ext table entry for a dead, unbound or rehashed node" })?;
+        }
+        check(ext_entries == exts, || Ext {
+            node: ROOT,
+            what: "ext table size differs from the bound nodes",
+        })?;
+        let mut edge_entries = 0;
+        for (sig, node) in self.edges.entries() {
+            edge_entries += 1;
+            let ok = self.nodes.get(node).is_some_and(|n| {
+                n.live()
+                    && self.nodes[n.parent as usize].first_child != node
+                    && NodeTable::signature(edge_hash(n.parent, n.local)) == sig
+            });
+            check(ok, || Edge { node, what: "edge table entry for a dead, first or rehashed child" })?;
+        }
+        check(edge_entries == edges, || Edge {
+            node: ROOT,
+            what: "edge table size differs from the non-first children",
+        })
     }
 
     /// Approximate heap bytes (nodes, member spills and tables), for metrics.
