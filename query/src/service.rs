@@ -128,8 +128,12 @@ impl QueryService {
         // Offsets read *before* matching: everything up to them is applied, so the answer
         // reflects at least these (possibly a little more).
         let applied = self.status.offsets();
-        let opts =
-            MatchOptions { intervals: req.intervals, top_k: req.top_k.map(|k| k as usize), lane: req.lane };
+        let opts = MatchOptions {
+            intervals: req.intervals,
+            top_k: req.top_k.map(|k| k as usize),
+            lane: req.lane,
+            ..Default::default()
+        };
         let matches = keyspace.read().match_chain(&locals, &opts);
         Ok(MatchResponse {
             scores: matches
