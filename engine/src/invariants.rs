@@ -1,29 +1,29 @@
 //! [`Keyspace::check_invariants`]: recomputes everything the writes maintain by hand (pins,
-//! counts, digests, table entries, the free list, override maps) and names the first thing
-//! that disagrees. For tests (the differential test runs it after every step) and audits;
-//! it costs a full pass over the state.
+//! counts, digests, run layout, table entries, free lists, override maps) and names the first
+//! thing that disagrees. For tests (the differential test runs it after every step) and
+//! audits; it costs a full pass over the state.
 
-use crate::digest::{block_term, child_path, holder_term};
+use crate::holder::Holder;
 use crate::keyspace::Keyspace;
 use crate::partition::partition_of;
 use crate::trie::ROOT;
 use crate::types::HolderKey;
 use rustc_hash::FxHashMap;
 
-/// What broke. Node and holder numbers are internal indices (arena slots, holder slots).
+/// What broke. Run, block and holder numbers are internal indices.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum InvariantError {
-    /// A node's pin count is not the number of operation records whose window ends there.
-    #[error("node {node}: {pins} pins, but {records} records end there")]
-    Pins { node: u32, pins: u32, records: u32 },
-    /// A holder's block count is not the number of nodes it is a member of.
-    #[error("{holder}: counts {counted} blocks, is a member of {members} nodes")]
+    /// A run's pin count is not the number of operation records ending at its last block.
+    #[error("run {run}: {pins} pins, but {records} records end there")]
+    Pins { run: u32, pins: u32, records: u32 },
+    /// A holder's block count is not the number of blocks it is a member of.
+    #[error("{holder}: counts {counted} blocks, is a member of {members}")]
     HolderBlocks { holder: HolderKey, counted: u32, members: u32 },
     /// A holder's digest is not the sum of its blocks' terms.
     #[error("{holder}: digest {stored:#x}, its blocks sum to {recomputed:#x}")]
     HolderDigest { holder: HolderKey, stored: u64, recomputed: u64 },
-    /// A keyspace-level aggregate (`digest`, `partition N digest`, `holder_blocks`) is not
-    /// the sum over its holders.
+    /// A keyspace-level aggregate (`keyspace digest`, `partition N digest`, `holder_blocks`)
+    /// is not the sum over its holders.
     #[error("{what}: stored {stored:#x}, recomputed {recomputed:#x}")]
     Aggregate { what: String, stored: u64, recomputed: u64 },
     /// A holder is filed under another partition than its worker maps to.
@@ -32,29 +32,33 @@ pub enum InvariantError {
     /// The holder index and the holder slots disagree.
     #[error("holder slot {slot}: {what}")]
     HolderIndex { slot: u32, what: &'static str },
-    /// A node's place in the trie: parent, child count, first child, path hash, lookup.
-    #[error("node {node}: {what}")]
-    Link { node: u32, what: &'static str },
-    /// The ext table: a bound ext that does not resolve to its node, or an entry for no node.
-    #[error("node {node}: {what}")]
-    Ext { node: u32, what: &'static str },
-    /// The edge table holds an entry that is not a live non-first child.
-    #[error("node {node}: {what}")]
-    Edge { node: u32, what: &'static str },
-    /// The free list and node liveness disagree.
-    #[error("node {node}: {what}")]
-    FreeList { node: u32, what: &'static str },
-    /// A node's membership list: a dead holder, or a holder listed twice.
-    #[error("node {node}, holder slot {holder}: {what}")]
-    Member { node: u32, holder: u32, what: &'static str },
-    /// A holder's operation records: stamp order, stamp range, dead leaf, empty window.
+    /// A run's place in the trie: parent, child count, first child, length, paths, lookup.
+    #[error("run {run}: {what}")]
+    Link { run: u32, what: &'static str },
+    /// Block storage: a block's run, a free mark, an allocation overlap or leak.
+    #[error("block {block}: {what}")]
+    Block { block: u32, what: &'static str },
+    /// The ext table: a bound ext that does not resolve to its block, or a stale entry.
+    #[error("block {block}: {what}")]
+    Ext { block: u32, what: &'static str },
+    /// The edge table holds an entry that is not a live run's non-first child link.
+    #[error("run {run}: {what}")]
+    Edge { run: u32, what: &'static str },
+    /// The free list of run ids and run liveness disagree.
+    #[error("run {run}: {what}")]
+    FreeList { run: u32, what: &'static str },
+    /// A run's membership list: a dead holder, a holder listed twice, or not in key order
+    /// (matching lists holders in member order).
+    #[error("run {run}, holder slot {holder}: {what}")]
+    Member { run: u32, holder: u32, what: &'static str },
+    /// A holder's operation records: stamp order, stamp range, leaf, window.
     #[error("{holder}, record stamp {stamp}: {what}")]
     Record { holder: HolderKey, stamp: u32, what: &'static str },
-    /// Some member block of the holder is not inside the window of the record whose stamp it
-    /// carries (every block belongs to exactly one record).
+    /// Some block of the holder is not inside the window of the record whose stamp it carries
+    /// (every block belongs to exactly one record), or a window covers part of such a run.
     #[error("{holder}: {owned} of {blocks} blocks lie in the window of the record that stamped them")]
     Ownership { holder: HolderKey, owned: u32, blocks: u32 },
-    /// `overrides` and `override_of` are not inverse maps of live, held nodes.
+    /// `overrides` and `override_of` are not inverse maps of live, held blocks.
     #[error("{holder}, ext {ext:#x}: {what}")]
     Override { holder: HolderKey, ext: u64, what: &'static str },
 }
@@ -70,16 +74,16 @@ pub(crate) fn ensure(ok: bool, err: impl FnOnce() -> InvariantError) -> Result<(
 
 impl Keyspace {
     /// Recomputes every hand-maintained quantity and compares. `Ok` on a consistent state;
-    /// otherwise the first disagreement found. Cost: a full pass over nodes, tables and records.
+    /// otherwise the first disagreement found. Cost: a full pass over runs, blocks, tables
+    /// and records.
     pub fn check_invariants(&self) -> Result<(), InvariantError> {
-        self.arena.check_structure()?;
-        self.check_nodes()?;
+        self.trie.check_structure()?;
         self.check_holder_index()?;
-        let (blocks, digests) = self.member_totals()?;
+        let totals = self.member_totals()?;
         for (slot, h) in self.holders.slots.iter().enumerate() {
             let Some(h) = h else { continue };
             let slot = slot as u32;
-            let (n, d) = (blocks.get(&slot).copied().unwrap_or(0), digests.get(&slot).copied().unwrap_or(0));
+            let (n, d) = totals.get(&slot).copied().unwrap_or((0, 0));
             ensure(h.blocks == n, || InvariantError::HolderBlocks {
                 holder: h.key,
                 counted: h.blocks,
@@ -96,41 +100,11 @@ impl Keyspace {
                 group: h.group,
                 expected,
             })?;
-            self.check_records(slot)?;
-            self.check_overrides(slot)?;
+            self.check_records(slot, h)?;
+            self.check_overrides(slot, h)?;
         }
         self.check_pins()?;
         self.check_aggregates()
-    }
-
-    /// Paths and membership lists of every live node.
-    fn check_nodes(&self) -> Result<(), InvariantError> {
-        for (i, n) in self.arena.nodes.iter().enumerate().skip(1) {
-            if !n.live() {
-                continue;
-            }
-            let node = i as u32;
-            let want = child_path(self.arena.nodes[n.parent as usize].path, n.local);
-            ensure(n.path == want, || InvariantError::Link {
-                node,
-                what: "path hash is not its parent's chained with its local",
-            })?;
-            for (k, m) in n.members.iter().enumerate() {
-                let live = self.holders.slots.get(m.holder as usize).is_some_and(Option::is_some);
-                ensure(live, || InvariantError::Member {
-                    node,
-                    holder: m.holder,
-                    what: "member holder slot is empty",
-                })?;
-                let dup = n.members[..k].iter().any(|o| o.holder == m.holder);
-                ensure(!dup, || InvariantError::Member {
-                    node,
-                    holder: m.holder,
-                    what: "holder listed twice",
-                })?;
-            }
-        }
-        Ok(())
     }
 
     fn check_holder_index(&self) -> Result<(), InvariantError> {
@@ -151,61 +125,76 @@ impl Keyspace {
         Ok(())
     }
 
-    /// Per holder slot: memberships and the sum of their digest terms.
-    #[allow(clippy::type_complexity)]
-    fn member_totals(&self) -> Result<(FxHashMap<u32, u32>, FxHashMap<u32, u64>), InvariantError> {
-        let (mut blocks, mut digests) = (FxHashMap::default(), FxHashMap::default());
-        for n in self.arena.nodes.iter().skip(1).filter(|n| n.live()) {
-            for m in n.members.iter() {
-                let fed = self.holders.at(m.holder).fed;
-                *blocks.entry(m.holder).or_insert(0u32) += 1;
-                let d = digests.entry(m.holder).or_insert(0u64);
-                *d = d.wrapping_add(block_term(n.path, !fed));
+    /// Per holder slot: blocks held and the sum of their digest terms, from the runs.
+    fn member_totals(&self) -> Result<FxHashMap<u32, (u32, u64)>, InvariantError> {
+        let mut totals: FxHashMap<u32, (u32, u64)> = FxHashMap::default();
+        let trie = &self.trie;
+        for r in 1..trie.runs.slots() {
+            let run = &trie.runs[r];
+            if !run.live() {
+                continue;
+            }
+            for (k, m) in run.members.iter().enumerate() {
+                let holder = self.holders.slots.get(m.holder as usize).and_then(Option::as_ref);
+                let Some(holder) = holder else {
+                    return Err(InvariantError::Member {
+                        run: r,
+                        holder: m.holder,
+                        what: "member holder slot is empty",
+                    });
+                };
+                let before =
+                    k.checked_sub(1).map(|j| self.holders.slots[run.members[j].holder as usize].as_ref());
+                let sorted = before.is_none_or(|p| p.is_some_and(|p| p.key < holder.key));
+                let what = "members not in strictly increasing holder key order";
+                ensure(sorted, || InvariantError::Member { run: r, holder: m.holder, what })?;
+                let t = totals.entry(m.holder).or_insert((0, 0));
+                t.0 += run.len;
+                t.1 = t.1.wrapping_add(trie.terms(r, 0, run.len, !holder.fed));
             }
         }
-        Ok((blocks, digests))
+        Ok(totals)
     }
 
     /// Record order and ranges, and that every block lies in the window of its record.
-    fn check_records(&self, slot: u32) -> Result<(), InvariantError> {
-        let h = self.holders.at(slot);
+    fn check_records(&self, slot: u32, h: &Holder) -> Result<(), InvariantError> {
+        let trie = &self.trie;
         let err = |stamp, what| InvariantError::Record { holder: h.key, stamp, what };
-        let mut prev = 0u32;
-        let mut owned = 0u32;
+        let (mut prev, mut owned) = (0u32, 0u32);
         let mut window = Vec::new();
         for r in &h.records {
             ensure(r.stamp > prev, || err(r.stamp, "stamps not increasing"))?;
             ensure(r.stamp < h.next_stamp, || err(r.stamp, "stamp not below next_stamp"))?;
             ensure(r.len >= 1, || err(r.stamp, "empty window"))?;
-            let leaf_live =
-                (r.leaf as usize) < self.arena.nodes.len() && self.arena.nodes[r.leaf as usize].live();
-            ensure(leaf_live && r.leaf != ROOT, || err(r.stamp, "leaf is not a live node"))?;
+            let leaf_run = (r.leaf < trie.blocks.top()).then(|| trie.run_of(r.leaf));
+            let at_end = leaf_run
+                .and_then(|lr| trie.runs.get(lr))
+                .is_some_and(|run| run.live() && run.last() == r.leaf);
+            ensure(at_end && r.leaf != 0, || err(r.stamp, "leaf is not the last block of a live run"))?;
             prev = r.stamp;
-            self.arena.window(r.leaf, r.len, &mut window);
-            ensure(window.len() == r.len as usize, || err(r.stamp, "window reaches past the root"))?;
-            owned += window
-                .iter()
-                .filter(|&&n| {
-                    self.arena.nodes[n as usize]
-                        .members
-                        .iter()
-                        .any(|m| m.holder == slot && m.stamp == r.stamp)
-                })
-                .count() as u32;
+            trie.window(r.leaf, r.len, &mut window);
+            let reach: u32 = window.iter().map(|s| s.2).sum();
+            ensure(reach == r.len, || err(r.stamp, "window reaches past the root"))?;
+            for &(run, _, count) in &window {
+                if trie.runs[run].has(slot, r.stamp) {
+                    let whole = count == trie.runs[run].len;
+                    ensure(whole, || InvariantError::Ownership { holder: h.key, owned, blocks: h.blocks })?;
+                    owned += count;
+                }
+            }
         }
         ensure(owned == h.blocks, || InvariantError::Ownership { holder: h.key, owned, blocks: h.blocks })
     }
 
-    fn check_overrides(&self, slot: u32) -> Result<(), InvariantError> {
-        let h = self.holders.at(slot);
+    fn check_overrides(&self, slot: u32, h: &Holder) -> Result<(), InvariantError> {
+        let trie = &self.trie;
         let err = |ext, what| InvariantError::Override { holder: h.key, ext, what };
         ensure(h.overrides.len() == h.override_of.len(), || err(0, "maps differ in size"))?;
-        for (&ext, &node) in &h.overrides {
-            ensure(h.override_of.get(&node) == Some(&ext), || err(ext, "override_of does not map back"))?;
-            let held = (node as usize) < self.arena.nodes.len()
-                && self.arena.nodes[node as usize].live()
-                && self.arena.nodes[node as usize].member(slot).is_some();
-            ensure(held, || err(ext, "override target is not a held live node"))?;
+        for (&ext, &b) in &h.overrides {
+            ensure(h.override_of.get(&b) == Some(&ext), || err(ext, "override_of does not map back"))?;
+            let run = (b < trie.blocks.top()).then(|| trie.run_of(b)).and_then(|r| trie.runs.get(r));
+            let held = run.is_some_and(|run| run.live() && run.member(slot).is_some()) && b != 0;
+            ensure(held, || err(ext, "override target is not a held live block"))?;
         }
         Ok(())
     }
@@ -217,10 +206,14 @@ impl Keyspace {
                 *leaves.entry(r.leaf).or_insert(0) += 1;
             }
         }
-        for (i, n) in self.arena.nodes.iter().enumerate().skip(1) {
-            let records = leaves.get(&(i as u32)).copied().unwrap_or(0);
-            let pins = if n.live() { n.pins } else { 0 };
-            ensure(pins == records, || InvariantError::Pins { node: i as u32, pins, records })?;
+        for r in 0..self.trie.runs.slots() {
+            let run = &self.trie.runs[r];
+            let (pins, records) = if run.live() && r != ROOT {
+                (run.pins, leaves.get(&run.last()).copied().unwrap_or(0))
+            } else {
+                (run.pins, 0)
+            };
+            ensure(pins == records, || InvariantError::Pins { run: r, pins, records })?;
         }
         Ok(())
     }
@@ -229,7 +222,7 @@ impl Keyspace {
         let groups = self.cfg.partitions.max(1) as usize;
         let (mut digest, mut parts, mut blocks) = (0u64, vec![0u64; groups], 0u64);
         for h in self.holders.slots.iter().flatten() {
-            let t = holder_term(&h.key, h.blocks, h.digest);
+            let t = crate::digest::holder_term(&h.key, h.blocks, h.digest);
             digest = digest.wrapping_add(t);
             parts[h.group as usize] = parts[h.group as usize].wrapping_add(t);
             blocks += u64::from(h.blocks);

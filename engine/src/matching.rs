@@ -6,6 +6,7 @@
 //! misses an earlier one (an evicted head or a hole in the middle) stops at the hole.
 
 use crate::keyspace::Keyspace;
+use crate::trie::{common_prefix, ROOT};
 use crate::types::{HolderMatch, MatchOptions};
 use rustc_hash::FxHashMap;
 
@@ -41,18 +42,10 @@ impl Keyspace {
         SCRATCH.with(|s| {
             let s = &mut *s.borrow_mut();
             self.match_depth(locals, &filter, s);
-            // Sort small keys, not the results: (depth descending, holder key) is the order.
-            let mut keys = std::mem::take(&mut s.keys);
-            keys.clear();
-            keys.extend(s.touched.iter().map(|&h| {
-                let k = self.holders.at(h).key;
-                let d = std::mem::take(&mut s.depth[h as usize]);
-                (u32::MAX - d, k.worker, (u64::from(k.dp_rank) << 32) | u64::from(k.lane), h, d)
-            }));
-            keys.sort_unstable();
-            keys.truncate(opts.top_k.unwrap_or(usize::MAX));
-            let out = keys.iter().map(|&(_, _, _, h, d)| self.result(h, d, Vec::new())).collect();
-            s.keys = keys;
+            s.sort_by_depth_then_key();
+            let n = s.order.len().min(opts.top_k.unwrap_or(usize::MAX));
+            let out = s.order[..n].iter().map(|&h| self.result(h, s.depth[h as usize], Vec::new())).collect();
+            s.reset();
             out
         })
     }
@@ -79,23 +72,29 @@ impl Keyspace {
 
     /// Depth only, with early exit. Per-holder depths live in a dense per-thread array indexed
     /// by holder slot (no hashing on the hot path); the caller reads and resets touched slots.
+    ///
+    /// The walk goes run by run: the query's locals are compared with the run's as one slice,
+    /// and the run's members are credited once for the whole matched stretch.
     fn match_depth(&self, locals: &[u64], f: &Filter, s: &mut Scratch) {
         if s.depth.len() < self.holders.slots.len() {
             s.depth.resize(self.holders.slots.len(), 0);
         }
         s.touched.clear();
-        let mut cur = crate::trie::ROOT;
-        for (i, &local) in locals.iter().enumerate() {
-            let i = i as u32;
-            let Some(child) = self.arena.child(cur, local) else { break };
-            cur = child;
+        s.ends.clear();
+        let trie = &self.trie;
+        let (mut r, mut i) = (ROOT, 0usize);
+        while i < locals.len() {
+            let Some(c) = trie.child(r, locals[i]) else { break };
+            let run = &trie.runs[c];
+            let k = common_prefix(trie.blocks.locals(run.start, run.len), &locals[i..]);
+            let (from, to) = (i as u32, (i + k as usize) as u32);
             let mut extended = 0usize;
-            for m in self.arena.nodes[child as usize].members.iter() {
+            for m in run.members.iter() {
                 let d = &mut s.depth[m.holder as usize];
-                if *d == i && (f.is_none() || self.holder_ok(f, m.holder)) {
-                    *d = i + 1;
+                if *d == from && (f.is_none() || self.holder_ok(f, m.holder)) {
+                    *d = to;
                     extended += 1;
-                    if i == 0 {
+                    if from == 0 {
                         s.touched.push(m.holder);
                     }
                 }
@@ -103,30 +102,41 @@ impl Keyspace {
             if extended == 0 {
                 break;
             }
+            s.ends.push(to);
+            if k < run.len {
+                break;
+            }
+            (r, i) = (c, to as usize);
         }
     }
 
     /// Every holder covering any position, with its intervals.
     fn match_full(&self, locals: &[u64], f: &Filter) -> Vec<HolderMatch> {
         let mut acc: FxHashMap<u32, Acc> = FxHashMap::default();
-        let mut cur = crate::trie::ROOT;
-        for (i, &local) in locals.iter().enumerate() {
-            let i = i as u32;
-            let Some(child) = self.arena.child(cur, local) else { break };
-            cur = child;
-            for m in self.arena.nodes[child as usize].members.iter() {
+        let trie = &self.trie;
+        let (mut r, mut i) = (ROOT, 0usize);
+        while i < locals.len() {
+            let Some(c) = trie.child(r, locals[i]) else { break };
+            let run = &trie.runs[c];
+            let k = common_prefix(trie.blocks.locals(run.start, run.len), &locals[i..]);
+            let (from, to) = (i as u32, (i + k as usize) as u32);
+            for m in run.members.iter() {
                 if !f.is_none() && !self.holder_ok(f, m.holder) {
                     continue;
                 }
                 let a = acc.entry(m.holder).or_default();
-                if a.depth == i {
-                    a.depth = i + 1;
+                if a.depth == from {
+                    a.depth = to;
                 }
                 match a.intervals.last_mut() {
-                    Some(last) if last.1 == i => last.1 = i + 1,
-                    _ => a.intervals.push((i, i + 1)),
+                    Some(last) if last.1 == from => last.1 = to,
+                    _ => a.intervals.push((from, to)),
                 }
             }
+            if k < run.len {
+                break;
+            }
+            (r, i) = (c, to as usize);
         }
         acc.into_iter().map(|(h, a)| self.result(h, a.depth, a.intervals)).collect()
     }
@@ -153,11 +163,48 @@ fn sorted_copy(c: &[u64]) -> Vec<u64> {
     v
 }
 
+/// Per-thread buffers of the depth-only walk.
 #[derive(Default)]
 struct Scratch {
+    /// Matched depth per holder slot (0 outside a query).
     depth: Vec<u32>,
+    /// Holders with depth >= 1, in the order of the first run's members: holder key order.
     touched: Vec<u32>,
-    keys: Vec<(u32, u64, u64, u32, u32)>,
+    /// The depths reached, one per run that extended someone: increasing.
+    ends: Vec<u32>,
+    count: Vec<u32>,
+    order: Vec<u32>,
+}
+
+impl Scratch {
+    /// `order`: the touched holders by depth (descending), then holder key: a stable counting sort
+    /// over the few distinct depths, since `touched` is already in key order (runs keep
+    /// their members sorted by key, and every touched holder is a member of the first run).
+    fn sort_by_depth_then_key(&mut self) {
+        let stage = |ends: &[u32], d: u32| ends.binary_search(&d).expect("a depth is a run end");
+        self.count.clear();
+        self.count.resize(self.ends.len(), 0);
+        for &h in &self.touched {
+            self.count[stage(&self.ends, self.depth[h as usize])] += 1;
+        }
+        let mut next = 0;
+        for c in self.count.iter_mut().rev() {
+            (*c, next) = (next, next + *c);
+        }
+        self.order.clear();
+        self.order.resize(self.touched.len(), 0);
+        for &h in &self.touched {
+            let slot = &mut self.count[stage(&self.ends, self.depth[h as usize])];
+            self.order[*slot as usize] = h;
+            *slot += 1;
+        }
+    }
+
+    fn reset(&mut self) {
+        for &h in &self.touched {
+            self.depth[h as usize] = 0;
+        }
+    }
 }
 
 thread_local! {

@@ -119,6 +119,19 @@ impl Shard {
     }
 }
 
+/// Starts loading the cache line holding `*p`. A hint only: no effect on results, and a no-op
+/// where the instruction does not exist.
+#[inline]
+pub fn prefetch_ptr<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch never faults and reads nothing.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast())
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
 /// Node indices by 64-bit hash. Keys live in the nodes: callers pass an `eq` that checks a
 /// candidate node, and the table never needs to rehash a key.
 pub struct NodeTable {
@@ -144,6 +157,28 @@ impl NodeTable {
         self.shards[s].find(low, eq)
     }
 
+    /// Replaces `old` stored under `h` by `new` (a run that took over another's place).
+    /// Returns whether `old` was there.
+    pub fn replace(&mut self, h: u64, old: u32, new: u32) -> bool {
+        let (s, low) = Self::split(h);
+        let shard = &mut self.shards[s];
+        if shard.slots.is_empty() {
+            return false;
+        }
+        let (mask, want) = (shard.mask(), slot(low, old));
+        let mut i = low as usize & mask;
+        loop {
+            match shard.slots[i] {
+                EMPTY => return false,
+                x if x == want => {
+                    shard.slots[i] = slot(low, new);
+                    return true;
+                }
+                _ => i = (i + 1) & mask,
+            }
+        }
+    }
+
     /// Starts loading the cache line a lookup of `h` will read first. A write of a long block
     /// list issues these a few blocks ahead, so the table's cache misses (one per new block,
     /// the largest cost of a write) overlap instead of queueing. A hint only: no effect on
@@ -155,12 +190,7 @@ impl NodeTable {
             let (s, low) = Self::split(h);
             let shard = &self.shards[s];
             if let Some(slot) = shard.slots.get(low as usize & shard.mask()) {
-                // SAFETY: a prefetch never faults and reads nothing; the pointer is in bounds.
-                unsafe {
-                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                        (slot as *const u64).cast(),
-                    )
-                };
+                prefetch_ptr(slot);
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
