@@ -35,6 +35,12 @@ fn cfg() -> EngineConfig {
     }
 }
 
+/// Long chains: stores and placements of hundreds of blocks, longer than the engine's
+/// longest run, with capacities that keep them.
+fn long_cfg() -> EngineConfig {
+    EngineConfig { holder_capacity: 3000, inferred_capacity: 2000, ..cfg() }
+}
+
 /// Ext namespace of a holder: most share one (engines with a fixed hash seed), workers
 /// divisible by 3 have their own (per-process seeds), which exercises ext overrides.
 fn ext_of(key: &HolderKey, path: &[u64]) -> u64 {
@@ -50,6 +56,8 @@ fn ext_of(key: &HolderKey, path: &[u64]) -> u64 {
 struct Gen {
     rng: ChaCha8Rng,
     t: u64,
+    /// Sometimes write hundreds of blocks at once, and remove stretches tail-first.
+    long: bool,
 }
 
 impl Gen {
@@ -65,17 +73,29 @@ impl Gen {
         self.rng.random_range(1..5)
     }
 
+    /// A random held path of the holder, if it holds any.
+    fn held(&mut self, model: &RefModel, key: &HolderKey) -> Option<Vec<u64>> {
+        let n = model.held_count(key);
+        (n > 0).then(|| model.held_nth(key, self.rng.random_range(0..n)))
+    }
+
+    /// How many blocks a write adds: a few, or in long mode sometimes hundreds.
+    fn extension(&mut self, short: u32) -> u32 {
+        if self.long && self.rng.random_bool(0.25) {
+            self.rng.random_range(100..1100)
+        } else {
+            self.rng.random_range(0..short)
+        }
+    }
+
     fn chain(&mut self, model: &RefModel) -> Vec<u64> {
         // Mostly a prefix of something some holder holds, extended randomly.
         let mut c = Vec::new();
         if self.rng.random_bool(0.7) {
             let k = self.key();
-            let held = model.held_paths(&k);
-            if !held.is_empty() {
-                c = held[self.rng.random_range(0..held.len())].clone();
-            }
+            c = self.held(model, &k).unwrap_or_default();
         }
-        for _ in 0..self.rng.random_range(0..4) {
+        for _ in 0..self.extension(4) {
             c.push(self.local());
         }
         c
@@ -96,18 +116,15 @@ impl Gen {
     }
 
     fn store(&mut self, model: &RefModel, key: HolderKey, t: u64) -> Op {
-        let held = model.held_paths(&key);
         let r = self.rng.random_range(0..10);
-        let (parent, mut path) = if r < 3 || held.is_empty() {
-            (None, Vec::new())
-        } else if r < 9 {
-            let p = held[self.rng.random_range(0..held.len())].clone();
-            (Some(ext_of(&key, &p)), p)
-        } else {
-            (Some(self.rng.random::<u64>()), vec![99])
+        let held = if r < 3 { None } else { self.held(model, &key) };
+        let (parent, mut path) = match held {
+            None => (None, Vec::new()),
+            Some(p) if r < 9 => (Some(ext_of(&key, &p)), p),
+            Some(_) => (Some(self.rng.random::<u64>()), vec![99]),
         };
         let mut blocks = Vec::new();
-        for _ in 0..self.rng.random_range(0..5) {
+        for _ in 0..self.extension(5) {
             path.push(self.local());
             blocks.push((ext_of(&key, &path), *path.last().unwrap()));
         }
@@ -123,13 +140,18 @@ impl Gen {
     }
 
     fn remove(&mut self, model: &RefModel, key: HolderKey, t: u64) -> Op {
-        let held = model.held_paths(&key);
         let mut exts = Vec::new();
+        if self.long && self.rng.random_bool(0.5) {
+            // An engine's eviction: a stretch of one chain, tail first.
+            if let Some(p) = self.held(model, &key) {
+                let k = self.rng.random_range(1..=p.len().min(60));
+                exts.extend((p.len() + 1 - k..=p.len()).rev().map(|n| ext_of(&key, &p[..n])));
+            }
+        }
         for _ in 0..self.rng.random_range(1..4) {
-            if !held.is_empty() && self.rng.random_bool(0.85) {
-                exts.push(ext_of(&key, &held[self.rng.random_range(0..held.len())]));
-            } else {
-                exts.push(self.rng.random());
+            match self.held(model, &key) {
+                Some(p) if self.rng.random_bool(0.85) => exts.push(ext_of(&key, &p)),
+                _ => exts.push(self.rng.random()),
             }
         }
         Op::Remove { key, exts, t }
@@ -156,8 +178,12 @@ impl Gen {
 
 /// A seed's stream: the model is run alongside so operations and queries name held blocks.
 fn generate(seed: u64, steps: usize) -> Vec<Step> {
-    let mut g = Gen { rng: ChaCha8Rng::seed_from_u64(seed), t: 1000 };
-    let mut model = RefModel::new(cfg());
+    generate_with(seed, steps, false)
+}
+
+fn generate_with(seed: u64, steps: usize, long: bool) -> Vec<Step> {
+    let mut g = Gen { rng: ChaCha8Rng::seed_from_u64(seed), t: 1000, long };
+    let mut model = RefModel::new(if long { long_cfg() } else { cfg() });
     (0..steps)
         .map(|i| {
             let op = g.op(&model, i);
@@ -205,7 +231,11 @@ type Fault<'a> = &'a dyn Fn(&mut Keyspace, &Op);
 /// Runs the steps through a fresh engine and model; the first disagreement, invariant
 /// violation or panic is the error, prefixed with its step number.
 fn run(steps: &[Step], fault: Option<Fault>) -> Result<(), String> {
-    let cfg = cfg();
+    run_with(steps, fault, &cfg())
+}
+
+fn run_with(steps: &[Step], fault: Option<Fault>, cfg: &EngineConfig) -> Result<(), String> {
+    let cfg = cfg.clone();
     let mut ks = keyspace(&cfg);
     let mut model = RefModel::new(cfg.clone());
     for (i, step) in steps.iter().enumerate() {
@@ -259,6 +289,22 @@ fn engine_matches_reference_model() {
     let seeds: u64 = std::env::var("PREFIXLOG_DIFF_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(1500);
     for seed in 0..seeds {
         run_seed(seed, 250);
+    }
+}
+
+/// Long chains (stores and placements of hundreds of blocks, tail-first stretch removals):
+/// writes cross the engine's longest run, removals take its fast path and its splits.
+#[test]
+fn long_chains_match_reference_model() {
+    let seeds: u64 =
+        std::env::var("PREFIXLOG_DIFF_LONG_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(12);
+    for seed in 0..seeds {
+        let stream = generate_with(50_000 + seed, 90, true);
+        if let Err(e) = run_with(&stream, None, &long_cfg()) {
+            let fails = |s: &[Step]| run_with(s, None, &long_cfg()).is_err();
+            let min = shrink_within(shrink(stream, fails), |s: &mut Step| &mut s.queries, fails);
+            panic!("long seed {seed}: {e}\n\nshrunk to {} steps:\n{}", min.len(), to_rust(&min));
+        }
     }
 }
 

@@ -317,4 +317,13 @@ impl RefModel {
     pub fn held_paths(&self, key: &HolderKey) -> Vec<Path> {
         self.chains(key)
     }
+
+    pub fn held_count(&self, key: &HolderKey) -> usize {
+        self.holders.get(key).map_or(0, |h| h.blocks.len())
+    }
+
+    /// The `i`-th held path of the holder in path order (without copying the others).
+    pub fn held_nth(&self, key: &HolderKey, i: usize) -> Path {
+        self.holders[key].blocks.keys().nth(i).expect("i < held_count").clone()
+    }
 }

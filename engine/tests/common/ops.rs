@@ -72,13 +72,21 @@ pub fn apply_model(model: &mut RefModel, op: &Op) -> Option<bool> {
 pub fn apply_engine(ks: &mut Keyspace, cfg: &EngineConfig, op: &Op) -> Result<Option<bool>, String> {
     match op {
         Op::Store { key, parent, blocks, t } => return Ok(Some(ks.store(*key, *parent, blocks, *t).is_ok())),
-        Op::Remove { key, exts, t } => drop(ks.remove(*key, exts, *t)),
-        Op::Clear { key, t } => drop(ks.clear(*key, *t)),
-        Op::DropWorker { worker } => drop(ks.drop_worker(*worker)),
+        Op::Remove { key, exts, t } => {
+            ks.remove(*key, exts, *t);
+        }
+        Op::Clear { key, t } => {
+            ks.clear(*key, *t);
+        }
+        Op::DropWorker { worker } => {
+            ks.drop_worker(*worker);
+        }
         Op::Place { key, locals, t } => {
             return Ok(Some(ks.place(*key, locals, *t) != PlaceOutcome::IgnoredFed))
         }
-        Op::Expire { t } => drop(ks.expire(*t, |_| true)),
+        Op::Expire { t } => {
+            ks.expire(*t, |_| true);
+        }
         Op::SetGapped { key, gapped } => ks.set_gapped(*key, *gapped),
         Op::SetPartitionGapped { partition } => ks.set_partition_gapped(*partition),
         Op::Rebuild => {
