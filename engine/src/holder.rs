@@ -14,13 +14,17 @@ use std::collections::VecDeque;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Record {
     pub stamp: u32,
-    /// Last node of the window; pinned while the record exists.
+    /// Last block of the window: always the last block of a run, whose `pins` count this
+    /// record while it exists.
     pub leaf: u32,
-    /// Nodes in the window, counted from `leaf` towards the root.
+    /// Blocks in the window, counted from `leaf` towards the root.
     pub len: u32,
     pub time: LogTime,
 }
 
+/// Laid out in declaration order, the fields a match reads for every listed holder (key,
+/// blocks, flags) first: they share one cache line.
+#[repr(C)]
 pub struct Holder {
     pub key: HolderKey,
     pub group: u32,
@@ -35,8 +39,8 @@ pub struct Holder {
     pub records: VecDeque<Record>,
     /// Latest log time of any write to this holder.
     pub last_time: LogTime,
-    /// ext → node for blocks this holder stored under an ext that is not the node's canonical
-    /// one (engines with per-process hash seeds). Empty in the common case.
+    /// ext → block for blocks this holder stored under an ext that is not the block's
+    /// canonical one (engines with per-process hash seeds). Empty in the common case.
     pub overrides: FxHashMap<u64, u32>,
     pub override_of: FxHashMap<u32, u64>,
 }

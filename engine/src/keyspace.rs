@@ -8,7 +8,7 @@ use crate::blocks::ROOT_BLOCK;
 use crate::digest::holder_term;
 use crate::holder::{Holder, Holders, Record};
 use crate::store_check::check_store;
-use crate::trie::{Segment, Trie};
+use crate::trie::{Segment, Stretch, Trie};
 use crate::types::{
     partition_of, ApplyError, EngineConfig, HolderKey, InvalidStoreReason, KeyspaceId, KeyspaceStats, LogTime,
 };
@@ -34,7 +34,7 @@ pub struct HolderSummary {
 }
 
 /// How many blocks ahead a write prefetches ext-table slots.
-const PREFETCH_AHEAD: usize = 6;
+const PREFETCH_AHEAD: usize = 12;
 
 pub struct Keyspace {
     pub(crate) id: KeyspaceId,
@@ -47,7 +47,7 @@ pub struct Keyspace {
     holder_blocks: u64,
     /// Scratch: record windows, walked paths, a store's locals, [`check_store`]'s set.
     pub(crate) window: Vec<Segment>,
-    stretches: Vec<(u32, u32)>,
+    stretches: Vec<Stretch>,
     locals: Vec<u64>,
     ext_scratch: Vec<u64>,
 }
@@ -239,19 +239,20 @@ impl Keyspace {
     ) -> u32 {
         let stamp = self.take_stamp(h);
         let mut stretches = std::mem::take(&mut self.stretches);
-        self.trie.walk_create(parent, locals, &mut stretches);
+        let inferred = !self.holders.at(h).fed;
+        self.trie.walk_create(parent, locals, inferred, &mut stretches);
         let mut added = 0;
-        for &(first, count) in &stretches {
-            added += self.add_member_stretch(h, first, count, stamp);
+        for st in &stretches {
+            added += self.add_member_stretch(h, st.first, st.count, stamp, st.new_terms);
         }
         let mut i = 0;
-        for &(first, count) in &stretches {
-            for b in first..first + count {
+        for st in &stretches {
+            for b in st.first..st.first + st.count {
                 each(self, i, b);
                 i += 1;
             }
         }
-        let leaf = stretches.last().map(|&(first, count)| first + count - 1).expect("a non-empty chain");
+        let leaf = stretches.last().map(|st| st.first + st.count - 1).expect("a non-empty chain");
         self.stretches = stretches;
         self.push_record(h, Record { stamp, leaf, len: locals.len() as u32, time: t });
         added
@@ -284,17 +285,25 @@ impl Keyspace {
         self.ensure_fed(h);
         let (mut removed, mut unknown) = (0, 0);
         self.prefetch_exts(exts.iter().copied().take(PREFETCH_AHEAD));
-        let mut prev = None;
-        for (i, &ext) in exts.iter().enumerate() {
-            self.prefetch_exts(exts.get(i + PREFETCH_AHEAD).copied());
-            match self.resolve_after(h, ext, prev) {
-                Some(b) => {
+        let (mut prev, mut i) = (None, 0);
+        while i < exts.len() {
+            let Some(b) = self.resolve_after(h, exts[i], prev) else {
+                self.prefetch_exts(exts.get(i + PREFETCH_AHEAD).copied());
+                unknown += 1;
+                i += 1;
+                continue;
+            };
+            let n = match self.remove_tail(h, b, &exts[i..]) {
+                0 => {
                     self.remove_block(h, b);
-                    removed += 1;
-                    prev = Some(b);
+                    1
                 }
-                None => unknown += 1,
-            }
+                n => n,
+            };
+            self.prefetch_exts(exts.iter().skip(i + PREFETCH_AHEAD).take(n as usize).copied());
+            removed += n;
+            prev = Some(b + 1 - n);
+            i += n as usize;
         }
         self.stats.blocks_removed += u64::from(removed);
         self.stats.removes_unknown += u64::from(unknown);

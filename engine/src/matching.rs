@@ -24,6 +24,16 @@ impl Keyspace {
     /// covers any position is returned with its intervals. Results are sorted by depth
     /// (descending), then holder key, and cut to `opts.top_k`.
     pub fn match_chain(&self, locals: &[u64], opts: &MatchOptions) -> Vec<HolderMatch> {
+        let mut out = Vec::new();
+        self.match_chain_into(locals, opts, &mut out);
+        out
+    }
+
+    /// [`Self::match_chain`] into a caller's buffer (cleared first), so a caller answering
+    /// many queries reuses one allocation: a match that lists hundreds of holders otherwise
+    /// spends a noticeable part of its time allocating and freeing the result.
+    pub fn match_chain_into(&self, locals: &[u64], opts: &MatchOptions, out: &mut Vec<HolderMatch>) {
+        out.clear();
         let sorted;
         let candidates = match opts.candidates.as_deref() {
             Some(c) if !c.is_sorted() => {
@@ -34,19 +44,18 @@ impl Keyspace {
         };
         let filter = Filter { lane: opts.lane, candidates, exclude_gapped: opts.exclude_gapped };
         if opts.intervals {
-            let mut out = self.match_full(locals, &filter);
+            out.extend(self.match_full(locals, &filter));
             out.sort_unstable_by(|a, b| b.depth.cmp(&a.depth).then(a.holder.cmp(&b.holder)));
             out.truncate(opts.top_k.unwrap_or(usize::MAX));
-            return out;
+            return;
         }
         SCRATCH.with(|s| {
             let s = &mut *s.borrow_mut();
             self.match_depth(locals, &filter, s);
             s.sort_by_depth_then_key();
             let n = s.order.len().min(opts.top_k.unwrap_or(usize::MAX));
-            let out = s.order[..n].iter().map(|&h| self.result(h, s.depth[h as usize], Vec::new())).collect();
+            out.extend(s.order[..n].iter().map(|&h| self.result(h, s.depth_of(h), Vec::new())));
             s.reset();
-            out
         })
     }
 
@@ -70,31 +79,45 @@ impl Keyspace {
         }
     }
 
-    /// Depth only, with early exit. Per-holder depths live in a dense per-thread array indexed
-    /// by holder slot (no hashing on the hot path); the caller reads and resets touched slots.
+    /// Depth only, with early exit. The walk goes run by run: the query's locals are compared
+    /// with the run's as one slice, and the run's members are credited once for the whole
+    /// matched stretch.
     ///
-    /// The walk goes run by run: the query's locals are compared with the run's as one slice,
-    /// and the run's members are credited once for the whole matched stretch.
+    /// A holder's progress is its *stage*: how many of the extending runs so far it was
+    /// extended by (a dense per-thread array indexed by holder slot, no hashing). It may extend
+    /// at a run only if it was extended by every extending run before it, i.e. its stage is
+    /// the number of runs so far: contiguous from position 0, never past a hole.
+    ///
+    /// While one run is compared, the next one's record (or the edge table slot that finds
+    /// it) is already being loaded, and its locals once its record is in: a query's walk is a
+    /// chain of dependent loads, and these overlap them with the work on the current run.
     fn match_depth(&self, locals: &[u64], f: &Filter, s: &mut Scratch) {
-        if s.depth.len() < self.holders.slots.len() {
-            s.depth.resize(self.holders.slots.len(), 0);
+        if s.stage.len() < self.holders.slots.len() {
+            s.stage.resize(self.holders.slots.len(), 0);
         }
         s.touched.clear();
         s.ends.clear();
         let trie = &self.trie;
-        let (mut r, mut i) = (ROOT, 0usize);
-        while i < locals.len() {
-            let Some(c) = trie.child(r, locals[i]) else { break };
+        let mut i = 0usize;
+        let mut next = locals.first().and_then(|&l| trie.child(ROOT, l));
+        while let Some(c) = next {
             let run = &trie.runs[c];
+            trie.prefetch_child(c, locals.get(i + run.len as usize).copied());
             let k = common_prefix(trie.blocks.locals(run.start, run.len), &locals[i..]);
-            let (from, to) = (i as u32, (i + k as usize) as u32);
+            let to = i + k as usize;
+            // Found before crediting this run's members, so its locals load meanwhile.
+            next = if k == run.len && to < locals.len() { trie.child(c, locals[to]) } else { None };
+            if let Some(n) = next {
+                trie.prefetch_locals(n);
+            }
+            let stage = s.ends.len() as u32;
             let mut extended = 0usize;
             for m in run.members.iter() {
-                let d = &mut s.depth[m.holder as usize];
-                if *d == from && (f.is_none() || self.holder_ok(f, m.holder)) {
-                    *d = to;
+                let st = &mut s.stage[m.holder as usize];
+                if *st == stage && (f.is_none() || self.holder_ok(f, m.holder)) {
+                    *st = stage + 1;
                     extended += 1;
-                    if from == 0 {
+                    if stage == 0 {
                         s.touched.push(m.holder);
                     }
                 }
@@ -102,11 +125,8 @@ impl Keyspace {
             if extended == 0 {
                 break;
             }
-            s.ends.push(to);
-            if k < run.len {
-                break;
-            }
-            (r, i) = (c, to as usize);
+            s.ends.push(to as u32);
+            i = to;
         }
     }
 
@@ -166,26 +186,29 @@ fn sorted_copy(c: &[u64]) -> Vec<u64> {
 /// Per-thread buffers of the depth-only walk.
 #[derive(Default)]
 struct Scratch {
-    /// Matched depth per holder slot (0 outside a query).
-    depth: Vec<u32>,
+    /// Per holder slot: how many extending runs it was extended by (0 outside a query).
+    stage: Vec<u32>,
     /// Holders with depth >= 1, in the order of the first run's members: holder key order.
     touched: Vec<u32>,
-    /// The depths reached, one per run that extended someone: increasing.
+    /// The depth reached at each extending run: stage `s` means depth `ends[s - 1]`.
     ends: Vec<u32>,
     count: Vec<u32>,
     order: Vec<u32>,
 }
 
 impl Scratch {
-    /// `order`: the touched holders by depth (descending), then holder key: a stable counting sort
-    /// over the few distinct depths, since `touched` is already in key order (runs keep
-    /// their members sorted by key, and every touched holder is a member of the first run).
+    fn depth_of(&self, h: u32) -> u32 {
+        self.ends[self.stage[h as usize] as usize - 1]
+    }
+
+    /// `order`: the touched holders by depth (descending), then holder key: a stable counting
+    /// sort over the stages, since `touched` is already in key order (runs keep their members
+    /// sorted by key, and every touched holder is a member of the first run).
     fn sort_by_depth_then_key(&mut self) {
-        let stage = |ends: &[u32], d: u32| ends.binary_search(&d).expect("a depth is a run end");
         self.count.clear();
-        self.count.resize(self.ends.len(), 0);
+        self.count.resize(self.ends.len() + 1, 0);
         for &h in &self.touched {
-            self.count[stage(&self.ends, self.depth[h as usize])] += 1;
+            self.count[self.stage[h as usize] as usize] += 1;
         }
         let mut next = 0;
         for c in self.count.iter_mut().rev() {
@@ -194,7 +217,7 @@ impl Scratch {
         self.order.clear();
         self.order.resize(self.touched.len(), 0);
         for &h in &self.touched {
-            let slot = &mut self.count[stage(&self.ends, self.depth[h as usize])];
+            let slot = &mut self.count[self.stage[h as usize] as usize];
             self.order[*slot as usize] = h;
             *slot += 1;
         }
@@ -202,7 +225,7 @@ impl Scratch {
 
     fn reset(&mut self) {
         for &h in &self.touched {
-            self.depth[h as usize] = 0;
+            self.stage[h as usize] = 0;
         }
     }
 }

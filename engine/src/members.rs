@@ -10,7 +10,6 @@
 //! A run's members are kept sorted by holder key, so a match lists holders in key order
 //! without sorting them (see `matching.rs`).
 
-use crate::digest::block_term;
 use crate::holder::Record;
 use crate::keyspace::Keyspace;
 use crate::trie::{Member, Segment};
@@ -18,8 +17,16 @@ use crate::trie::{Member, Segment};
 impl Keyspace {
     /// Adds (or restamps) the holder's membership of `count` blocks from `first` (inside one
     /// run), splitting the run so the stretch is a run of its own. Returns the blocks that
-    /// are new to the holder.
-    pub(crate) fn add_member_stretch(&mut self, h: u32, first: u32, count: u32, stamp: u32) -> u32 {
+    /// are new to the holder. `known_terms`: the stretch's digest terms, when its walk just
+    /// created it (then nobody holds it yet).
+    pub(crate) fn add_member_stretch(
+        &mut self,
+        h: u32,
+        first: u32,
+        count: u32,
+        stamp: u32,
+        known_terms: Option<u64>,
+    ) -> u32 {
         debug_assert!(stamp < self.holders.at(h).next_stamp, "a stamp is taken before it is used");
         self.trie.split_before(first);
         if self.trie.runs[self.trie.run_of(first)].len > count {
@@ -36,7 +43,7 @@ impl Keyspace {
         let at = self.trie.runs[r].members.partition_point(|m| holders.at(m.holder).key < key);
         self.trie.runs[r].members.insert(at, Member { holder: h, stamp });
         let inferred = !self.holders.at(h).fed;
-        let terms = self.trie.terms(r, 0, count, inferred);
+        let terms = known_terms.unwrap_or_else(|| self.trie.terms(r, 0, count, inferred));
         let holder = self.holders.at_mut(h);
         holder.blocks += count;
         holder.digest = holder.digest.wrapping_add(terms);
@@ -68,21 +75,13 @@ impl Keyspace {
 
     /// Takes the holder off one block it holds. A record ending at that block shrinks to its
     /// deepest block still owned (engines evict tail-first, so records shrink and vanish as
-    /// their blocks go, and do not keep dead blocks pinned).
-    ///
-    /// The common case, the last block of a run only this holder holds, shrinks the run in
-    /// place; any other block is split out into a run of its own first.
+    /// their blocks go, and do not keep dead blocks pinned). The block is split out into a
+    /// run of its own first (see [`Self::remove_tail`] for the common case).
     pub(crate) fn remove_block(&mut self, h: u32, b: u32) {
         let r = self.trie.run_of(b);
-        let run = &self.trie.runs[r];
-        let Some(pos) = run.member(h) else { return };
-        let stamp = run.members[pos].stamp;
+        let Some(pos) = self.trie.runs[r].member(h) else { return };
+        let stamp = self.trie.runs[r].members[pos].stamp;
         let ends_here = self.record_ending_at(h, stamp, b);
-        let sole = run.members.len() == 1 && run.children() == 0;
-        if b == run.last() && b != run.start && sole && run.pins == u32::from(ends_here.is_some()) {
-            self.shrink_run_tail(h, r, ends_here);
-            return;
-        }
         self.trie.split_before(b);
         if self.trie.runs[self.trie.run_of(b)].len > 1 {
             self.trie.split_before(b + 1);
@@ -95,26 +94,49 @@ impl Keyspace {
         self.trie.release(r);
     }
 
-    /// The fast path of [`Self::remove_block`]: the holder's last block of run `r`, which it
-    /// alone holds, goes; the record ending there (if any) now ends one block earlier, in the
+    /// The common case of removals, in place: block `b` is the last block of a run that only
+    /// this holder holds, and `exts` (which names `b` first) goes on naming the blocks before
+    /// it, tail first, as engines evict. Drops as many of them as it can while the run keeps
+    /// its first block (the run and its records stay; nothing is split), and returns how many
+    /// (0 when the case does not apply). The record ending at `b` then ends earlier in the
     /// same run, so its pin stays.
-    fn shrink_run_tail(&mut self, h: u32, r: u32, ends_here: Option<usize>) {
+    pub(crate) fn remove_tail(&mut self, h: u32, b: u32, exts: &[u64]) -> u32 {
+        let r = self.trie.run_of(b);
         let run = &self.trie.runs[r];
-        let (b, path) = (run.last(), run.end_path);
+        let Some(pos) = run.member(h) else { return 0 };
+        let ends_here = self.record_ending_at(h, run.members[pos].stamp, b);
+        let sole = run.members.len() == 1 && run.children() == 0;
+        if b != run.last() || b == run.start || !sole || run.pins != u32::from(ends_here.is_some()) {
+            return 0;
+        }
+        // Blocks resolve by canonical ext only without overrides: then only `b` is sure.
+        let exts = if self.holders.at(h).overrides.is_empty() { exts } else { &exts[..1] };
+        let keep = run.start + 1;
+        let mut n = 1;
+        while (n as usize) < exts.len()
+            && b - n >= keep
+            && self.trie.blocks.meta(b - n).ext() == Some(exts[n as usize])
+        {
+            n += 1;
+        }
+        let inferred = !self.holders.at(h).fed;
+        let terms = self.trie.shrink_tail(r, n, inferred);
         let holder = self.holders.at_mut(h);
-        holder.blocks -= 1;
-        holder.digest = holder.digest.wrapping_sub(block_term(path, !holder.fed));
-        if let Some(e) = holder.override_of.remove(&b) {
-            holder.overrides.remove(&e);
+        holder.blocks -= n;
+        holder.digest = holder.digest.wrapping_sub(terms);
+        if !holder.override_of.is_empty() {
+            if let Some(e) = holder.override_of.remove(&b) {
+                holder.overrides.remove(&e);
+            }
         }
         if let Some(ri) = ends_here {
             let rec = &mut holder.records[ri];
-            // b - 1 carries the same stamp, so it lies in the window: the window has >= 2 blocks.
-            debug_assert!(rec.len >= 2, "every block lies in the window of its record");
-            rec.leaf = b - 1;
-            rec.len -= 1;
+            // The blocks left in the run carry the same stamp, so they lie in the window.
+            debug_assert!(rec.len > n, "every block lies in the window of its record");
+            rec.leaf = b - n;
+            rec.len -= n;
         }
-        self.trie.shrink_last(r);
+        n
     }
 
     /// The index of the holder's record with `stamp`, if its window ends at block `b`.

@@ -65,6 +65,27 @@ impl Shard {
 
     /// Grows (doubling) until `total` entries fit under a 0.7 load factor: linear probing
     /// stays short there, and probes stay within one or two cache lines.
+    /// Inserts `node` unless an entry under `h` satisfies `eq`, which is returned instead:
+    /// one probe for what a lookup followed by an insert would probe twice.
+    fn insert_new(&mut self, h: u32, node: u32, mut eq: impl FnMut(u32) -> bool) -> Option<u32> {
+        debug_assert_ne!(node, 0, "the root is never stored");
+        self.reserve(self.len + 1);
+        let mask = self.mask();
+        let mut i = h as usize & mask;
+        loop {
+            let s = self.slots[i];
+            if s == EMPTY {
+                self.slots[i] = slot(h, node);
+                self.len += 1;
+                return None;
+            }
+            if (s >> 32) as u32 == h && eq(s as u32) {
+                return Some(s as u32);
+            }
+            i = (i + 1) & mask;
+        }
+    }
+
     fn reserve(&mut self, total: usize) {
         let mut cap = self.slots.len().max(8);
         while total * 10 > cap * 7 {
@@ -201,6 +222,13 @@ impl NodeTable {
     pub fn insert(&mut self, h: u64, node: u32) {
         let (s, low) = Self::split(h);
         self.shards[s].insert(low, node);
+    }
+
+    /// Stores `node` under `h` unless a node stored under `h` satisfies `eq`: returns that
+    /// node then, and stores nothing.
+    pub fn insert_new(&mut self, h: u64, node: u32, eq: impl FnMut(u32) -> bool) -> Option<u32> {
+        let (s, low) = Self::split(h);
+        self.shards[s].insert_new(low, node, eq)
     }
 
     /// Removes `node` stored under `h`; returns whether it was there.

@@ -74,10 +74,10 @@ impl Keyspace {
             locals.clear();
             locals.extend(d.nodes[k - 1..end].iter().map(|x| x.local));
             let parent = blocks[d.nodes[k - 1].parent as usize];
-            self.trie.walk_create(parent, &locals, &mut stretches);
+            self.trie.walk_create(parent, &locals, false, &mut stretches);
             let mut i = k;
-            for &(first, count) in &stretches {
-                for b in first..first + count {
+            for st in &stretches {
+                for b in st.first..st.first + st.count {
                     blocks[i] = b;
                     i += 1;
                 }
@@ -102,7 +102,7 @@ impl Keyspace {
                 }
                 count += 1;
             }
-            self.add_member_stretch(h, first, count, stamp);
+            self.add_member_stretch(h, first, count, stamp, None);
             i += count as usize;
         }
     }

@@ -32,6 +32,8 @@ pub const NIL: u32 = u32::MAX;
 /// hash of a middle block (at most `MAX_RUN / 2` steps) stays cheap.
 pub const MAX_RUN: u32 = 512;
 const _: () = assert!(MAX_RUN as usize <= CHUNK);
+/// How many blocks ahead a walk over a run's blocks prefetches their ext-table slots.
+const PREFETCH_AHEAD: u32 = 8;
 
 const K_EDGE: u64 = 0x9e37_79b9_7f4a_7c15;
 const K_EXT: u64 = 0xd6e8_feb8_6659_fd93;
@@ -54,6 +56,16 @@ pub fn common_prefix(a: &[u64], b: &[u64]) -> u32 {
 
 /// A stretch of blocks of one run: `(run, first block, count)`.
 pub type Segment = (u32, u32, u32);
+
+/// A stretch of a walked chain inside one run: `count` blocks from block `first`. For blocks
+/// the walk created, the sum of their digest terms comes along (the walk computes their
+/// paths anyway).
+#[derive(Clone, Copy, Debug)]
+pub struct Stretch {
+    pub first: u32,
+    pub count: u32,
+    pub new_terms: Option<u64>,
+}
 
 pub struct Trie {
     pub blocks: Blocks,
@@ -127,6 +139,27 @@ impl Trie {
         let pb = run.last();
         let runs = &self.runs;
         self.edges.find(edge_hash(pb, local), |c| runs[c].parent == pb && runs[c].first_local == local)
+    }
+
+    /// Starts loading what finding the child of run `r` with first local `next` will read:
+    /// the first child's record, or the edge table slot when there are several children.
+    /// A hint only.
+    #[inline]
+    pub fn prefetch_child(&self, r: u32, next: Option<u64>) {
+        let run = &self.runs[r];
+        if run.first_child != NIL {
+            crate::table::prefetch_ptr(&self.runs[run.first_child]);
+        }
+        if let Some(local) = next.filter(|_| run.children() > 1) {
+            self.edges.prefetch(edge_hash(run.last(), local));
+        }
+    }
+
+    /// Starts loading the first locals of run `r`. A hint only.
+    #[inline]
+    pub fn prefetch_locals(&self, r: u32) {
+        let run = &self.runs[r];
+        crate::table::prefetch_ptr(self.blocks.locals(run.start, 1).as_ptr());
     }
 
     /// The path hash of the block at offset `off` of run `r`, walked from the nearer end.
@@ -224,8 +257,9 @@ impl Trie {
         }
     }
 
-    /// A new, unheld run of `locals` under `parent` (the last block of its run).
-    pub fn create_run(&mut self, parent: u32, locals: &[u64]) -> u32 {
+    /// A new, unheld run of `locals` under `parent` (the last block of its run). Returns it
+    /// and the sum of its blocks' digest terms (`inferred` variant).
+    pub fn create_run(&mut self, parent: u32, locals: &[u64], inferred: bool) -> (u32, u64) {
         let n = locals.len() as u32;
         debug_assert!((1..=MAX_RUN).contains(&n));
         let pr = self.run_of(parent);
@@ -233,7 +267,12 @@ impl Trie {
         let (start, cap) = self.allocate(pr, n);
         self.blocks.locals_mut(start, n).copy_from_slice(locals);
         let start_path = child_path(self.runs[pr].end_path, locals[0]);
-        let end_path = locals[1..].iter().fold(start_path, |p, &l| child_path(p, l));
+        let mut terms = block_term(start_path, inferred);
+        let end_path = locals[1..].iter().fold(start_path, |p, &l| {
+            let p = child_path(p, l);
+            terms = terms.wrapping_add(block_term(p, inferred));
+            p
+        });
         let run = Run {
             start,
             len: n,
@@ -252,7 +291,7 @@ impl Trie {
         self.link(pr, id);
         self.live_runs += 1;
         self.live_blocks += n as usize;
-        id
+        (id, terms)
     }
 
     /// Room for `n` blocks of a new child of run `pr`: right after the parent's blocks if its
@@ -293,11 +332,11 @@ impl Trie {
     }
 
     /// Walks from block `parent` along `locals`, creating the blocks that do not exist yet
-    /// (as new runs, splitting a run where the chain leaves it in the middle). `segs` receives
-    /// the path as (first block, count) stretches, each inside one run at the time of the
-    /// walk (block ids, which splits do not change).
-    pub fn walk_create(&mut self, parent: u32, locals: &[u64], segs: &mut Vec<(u32, u32)>) {
-        segs.clear();
+    /// (as new runs, splitting a run where the chain leaves it in the middle). `out` receives
+    /// the path as stretches, each inside one run at the time of the walk (by block ids,
+    /// which later splits do not change); created ones carry their `inferred` digest terms.
+    pub fn walk_create(&mut self, parent: u32, locals: &[u64], inferred: bool, out: &mut Vec<Stretch>) {
+        out.clear();
         let (mut cur, mut i) = (parent, 0usize);
         while i < locals.len() {
             let r = self.run_of(cur);
@@ -305,7 +344,7 @@ impl Trie {
             if cur != last {
                 let k = common_prefix(self.blocks.locals(cur + 1, last - cur), &locals[i..]);
                 if k > 0 {
-                    segs.push((cur + 1, k));
+                    out.push(Stretch { first: cur + 1, count: k, new_terms: None });
                     (cur, i) = (cur + k, i + k as usize);
                     continue;
                 }
@@ -313,15 +352,15 @@ impl Trie {
             } else if let Some(c) = self.child(r, locals[i]) {
                 let (start, len) = (self.runs[c].start, self.runs[c].len);
                 let k = common_prefix(self.blocks.locals(start, len), &locals[i..]);
-                segs.push((start, k));
+                out.push(Stretch { first: start, count: k, new_terms: None });
                 (cur, i) = (start + k - 1, i + k as usize);
                 continue;
             }
             while i < locals.len() {
                 let m = (locals.len() - i).min(MAX_RUN as usize);
-                let c = self.create_run(cur, &locals[i..i + m]);
+                let (c, terms) = self.create_run(cur, &locals[i..i + m], inferred);
                 let start = self.runs[c].start;
-                segs.push((start, m as u32));
+                out.push(Stretch { first: start, count: m as u32, new_terms: Some(terms) });
                 (cur, i) = (start + m as u32 - 1, i + m);
             }
         }
@@ -377,17 +416,30 @@ impl Trie {
         }
     }
 
-    /// Drops the last block of run `r` (at least two blocks long, childless; the caller has
-    /// taken every holder off that block and moved its pins).
-    pub fn shrink_last(&mut self, r: u32) {
-        let b = self.runs[r].last();
-        debug_assert!(self.runs[r].len >= 2 && self.runs[r].children() == 0);
-        let local = self.blocks.local(b);
-        self.drop_block(b);
+    /// Drops the last `n` blocks of run `r` (which keeps at least one; childless; the caller
+    /// has taken every holder off those blocks and moved their pins). Returns the sum of the
+    /// dropped blocks' digest terms, walked backwards from the run's end path.
+    pub fn shrink_tail(&mut self, r: u32, n: u32, inferred: bool) -> u64 {
+        let (last, mut path) = (self.runs[r].last(), self.runs[r].end_path);
+        debug_assert!(self.runs[r].len > n && self.runs[r].children() == 0);
+        let mut terms = 0u64;
+        let first = last + 1 - n;
+        for b in (first..=last).rev() {
+            // The ext-table slots are the misses: start them a few blocks ahead.
+            if let Some(e) =
+                b.checked_sub(PREFETCH_AHEAD).filter(|&a| a >= first).and_then(|a| self.blocks.meta(a).ext())
+            {
+                self.prefetch_ext(e);
+            }
+            terms = terms.wrapping_add(block_term(path, inferred));
+            path = parent_path(path, self.blocks.local(b));
+            self.drop_block(b);
+        }
         let run = &mut self.runs[r];
-        run.end_path = parent_path(run.end_path, local);
-        run.len -= 1;
-        self.live_blocks -= 1;
+        run.end_path = path;
+        run.len -= n;
+        self.live_blocks -= n as usize;
+        terms
     }
 
     /// Hints that `ext` will be looked up soon ([`NodeTable::prefetch`]).
@@ -410,10 +462,10 @@ impl Trie {
             // A bound block is in the table under its own ext, and only under it.
             return e == ext;
         }
-        if self.by_ext(ext).is_some() {
+        let blocks = &self.blocks;
+        if self.exts.insert_new(ext_hash(ext), b, |k| blocks.meta(k).ext() == Some(ext)).is_some() {
             return false;
         }
-        self.exts.insert(ext_hash(ext), b);
         self.blocks.set_ext(b, ext);
         true
     }
