@@ -47,14 +47,25 @@ impl Meta {
     }
 }
 
+/// Every `ANCHOR`-th block id keeps its path hash, so the path of any block is at most
+/// `ANCHOR - 1` steps from a known one (a block's path never changes while it lives).
+pub const ANCHOR_BITS: u32 = 6;
+pub const ANCHOR: u32 = 1 << ANCHOR_BITS;
+
 struct Chunk {
     local: Box<[u64]>,
     meta: Box<[Meta]>,
+    /// Path hash of block `k * ANCHOR` of this chunk (valid while that block is live).
+    anchor: Box<[u64]>,
 }
 
 impl Chunk {
     fn new() -> Self {
-        Self { local: vec![0; CHUNK].into_boxed_slice(), meta: vec![Meta::FREE; CHUNK].into_boxed_slice() }
+        Self {
+            local: vec![0; CHUNK].into_boxed_slice(),
+            meta: vec![Meta::FREE; CHUNK].into_boxed_slice(),
+            anchor: vec![0; CHUNK >> ANCHOR_BITS].into_boxed_slice(),
+        }
     }
 }
 
@@ -140,6 +151,21 @@ impl Blocks {
     pub fn locals_mut(&mut self, start: u32, len: u32) -> &mut [u64] {
         let off = start as usize & (CHUNK - 1);
         &mut self.chunks[(start >> CHUNK_BITS) as usize].local[off..off + len as usize]
+    }
+
+    /// The path hash of block `b`, a multiple of [`ANCHOR`].
+    #[inline]
+    pub fn anchor(&self, b: u32) -> u64 {
+        debug_assert!(b.is_multiple_of(ANCHOR));
+        self.chunks[(b >> CHUNK_BITS) as usize].anchor[(b as usize & (CHUNK - 1)) >> ANCHOR_BITS]
+    }
+
+    /// Records the path hash of block `b` if it is an anchor block.
+    #[inline]
+    pub fn set_path(&mut self, b: u32, path: u64) {
+        if b.is_multiple_of(ANCHOR) {
+            self.chunks[(b >> CHUNK_BITS) as usize].anchor[(b as usize & (CHUNK - 1)) >> ANCHOR_BITS] = path;
+        }
     }
 
     /// Moves a block to run `run`, keeping its ext.
@@ -240,7 +266,9 @@ impl Blocks {
     }
 
     pub fn heap_bytes(&self) -> usize {
-        self.capacity() * (8 + std::mem::size_of::<Meta>()) + self.free.by_start.len() * 48
+        self.capacity() * (8 + std::mem::size_of::<Meta>())
+            + (self.capacity() >> ANCHOR_BITS) * 8
+            + self.free.by_start.len() * 48
     }
 }
 

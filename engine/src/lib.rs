@@ -63,6 +63,11 @@ pub mod types;
 
 pub use dump::{DumpHolder, DumpNode, KeyspaceDump};
 pub use engine::{Engine, SharedKeyspace};
+/// Test-only knobs (feature `testing`).
+#[cfg(feature = "testing")]
+pub mod testing {
+    pub use crate::trie::set_max_run_for_test;
+}
 pub use invariants::InvariantError;
 pub use keyspace::{HolderSummary, Keyspace, PlaceOutcome};
 pub use types::{

@@ -3,7 +3,7 @@
 //! Dump node `k` becomes block `k` (the dump is depth-first, so every chain is a stretch of
 //! consecutive numbers, and block 0 is the root in both). Consecutive nodes form one run while
 //! each is the only child of the one before, carries the same members and stamps, and no
-//! record ends inside; runs are also cut at [`MAX_RUN`] and at chunk boundaries. Because the
+//! record ends inside; runs are also cut at `MAX_RUN` and at chunk boundaries. Because the
 //! numbering is known up front, the ext table is built from the dump alone, on the other core,
 //! while this one lays out blocks and runs.
 
@@ -13,7 +13,7 @@ use crate::dump::KeyspaceDump;
 use crate::holder::{Holder, Record};
 use crate::keyspace::Keyspace;
 use crate::table::NodeTable;
-use crate::trie::{ext_hash, Member, Members, MAX_RUN};
+use crate::trie::{ext_hash, max_run, Member, Members};
 use crate::types::{partition_of, EngineConfig};
 
 /// Dumps with fewer nodes rebuild on one thread (a thread costs more than it saves there).
@@ -80,7 +80,7 @@ fn starts_run(dump: &KeyspaceDump, children: &[u32], m: &NodeMembers, k: usize, 
         || dump.nodes[k - 1].parent as usize != k - 1
         || children[k - 1] != 1
         || m.pins[k - 1] > 0
-        || len >= MAX_RUN
+        || len >= max_run()
         || k.is_multiple_of(CHUNK)
         || m.of(k) != m.of(k - 1)
 }
@@ -169,8 +169,9 @@ impl Keyspace {
         let (need_fed, need_inferred) = (fed.iter().any(|&f| f), fed.iter().any(|&f| !f));
         let (mut path, mut start_path) = (parent_path, 0);
         let (mut fed_sum, mut inferred_sum) = (0u64, 0u64);
-        for (i, &local) in self.trie.blocks.locals(first, len).iter().enumerate() {
-            path = child_path(path, local);
+        for i in 0..len {
+            path = child_path(path, self.trie.blocks.local(first + i));
+            self.trie.blocks.set_path(first + i, path);
             if i == 0 {
                 start_path = path;
             }

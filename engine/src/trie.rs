@@ -6,8 +6,8 @@
 //! one dependent load per position. Runs are split where a chain branches (children hang only
 //! off a run's last block) and where membership changes, never merged while they live
 //! (rebuild lays them out maximal again). Runs hold at most [`MAX_RUN`] blocks, which bounds
-//! the walk to the path hash of a block in the middle of a run (runs keep the path hashes of
-//! their two ends; [`parent_path`] walks backwards).
+//! the cost of a split (runs keep the path hashes of their two ends, every 64th block keeps
+//! its own, and [`parent_path`] walks backwards from a run's end).
 //!
 //! Blocks of a run are a contiguous range of [`Blocks`] (`start..start + len`, with spare
 //! capacity up to `cap` that a shrunk run keeps and a child run may reuse). Children are
@@ -19,7 +19,7 @@
 //! Operation records end at run ends: a record's leaf is always the last block of its run,
 //! and `pins` counts the records ending there (a pinned run is never freed).
 
-use crate::blocks::{Blocks, CHUNK, ROOT_BLOCK};
+use crate::blocks::{Blocks, ANCHOR, CHUNK, ROOT_BLOCK};
 use crate::digest::{block_term, child_path, fold_mul, parent_path, ROOT_PATH};
 pub use crate::runs::{Member, Members, Run, Runs};
 use crate::runs::{CHILDREN, LIVE};
@@ -28,10 +28,34 @@ use crate::table::NodeTable;
 /// The root's run: its one (virtual) block is [`ROOT_BLOCK`], the parent of top-level runs.
 pub const ROOT: u32 = 0;
 pub const NIL: u32 = u32::MAX;
-/// Longest run. Long enough that a query walks few runs, short enough that reaching the path
-/// hash of a middle block (at most `MAX_RUN / 2` steps) stays cheap.
-pub const MAX_RUN: u32 = 512;
+/// Longest run. Long enough that a query walks few runs (a long document is one run), short
+/// enough that a split (which rewrites the run ids of its smaller part) stays cheap.
+pub const MAX_RUN: u32 = 4096;
 const _: () = assert!(MAX_RUN as usize <= CHUNK);
+
+/// The longest run new runs may have: [`MAX_RUN`], or less when a test lowers it to make
+/// small states cross run boundaries (any value gives the same answers, digests and dumps;
+/// only the layout differs).
+#[cfg(not(feature = "testing"))]
+#[inline]
+pub fn max_run() -> u32 {
+    MAX_RUN
+}
+
+#[cfg(feature = "testing")]
+static TEST_MAX_RUN: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(MAX_RUN);
+
+#[cfg(feature = "testing")]
+#[inline]
+pub fn max_run() -> u32 {
+    TEST_MAX_RUN.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Test-only: cuts new runs at `n` blocks (clamped to `1..=MAX_RUN`), process-wide.
+#[cfg(feature = "testing")]
+pub fn set_max_run_for_test(n: u32) {
+    TEST_MAX_RUN.store(n.clamp(1, MAX_RUN), std::sync::atomic::Ordering::Relaxed);
+}
 /// How many blocks ahead a walk over a run's blocks prefetches their ext-table slots.
 const PREFETCH_AHEAD: u32 = 8;
 
@@ -48,10 +72,23 @@ pub fn ext_hash(ext: u64) -> u64 {
     fold_mul(ext, K_EXT)
 }
 
-/// Length of the common prefix of two slices.
+/// Length of the common prefix of two slices. Compares 8 at a time first (branch-free
+/// inside a group, so it vectorises): a match walks hundreds of locals per run.
 #[inline]
 pub fn common_prefix(a: &[u64], b: &[u64]) -> u32 {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count() as u32
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut i = 0;
+    for (x, y) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
+        if x.iter().zip(y).fold(0, |d, (p, q)| d | (p ^ q)) != 0 {
+            break;
+        }
+        i += 8;
+    }
+    while i < n && a[i] == b[i] {
+        i += 1;
+    }
+    i as u32
 }
 
 /// A stretch of blocks of one run: `(run, first block, count)`.
@@ -162,15 +199,18 @@ impl Trie {
         crate::table::prefetch_ptr(self.blocks.locals(run.start, 1).as_ptr());
     }
 
-    /// The path hash of the block at offset `off` of run `r`, walked from the nearer end.
+    /// The path hash of the block at offset `off` of run `r`: from the nearest anchor or
+    /// end at or before it, at most [`ANCHOR`]` - 1` steps.
     pub fn path_at(&self, r: u32, off: u32) -> u64 {
         let run = &self.runs[r];
-        let locals = self.blocks.locals(run.start, run.len);
-        if off <= (run.len - 1) / 2 {
-            locals[1..=off as usize].iter().fold(run.start_path, |p, &l| child_path(p, l))
-        } else {
-            locals[off as usize + 1..].iter().rev().fold(run.end_path, |p, &l| parent_path(p, l))
+        if off == run.len - 1 {
+            return run.end_path;
         }
+        let b = run.start + off;
+        let a = b & !(ANCHOR - 1);
+        let (from, path) =
+            if a > run.start { (a, self.blocks.anchor(a)) } else { (run.start, run.start_path) };
+        self.blocks.locals(from + 1, b - from).iter().fold(path, |p, &l| child_path(p, l))
     }
 
     /// Sum of the digest terms of `count` blocks of run `r` from offset `off`.
@@ -261,18 +301,20 @@ impl Trie {
     /// and the sum of its blocks' digest terms (`inferred` variant).
     pub fn create_run(&mut self, parent: u32, locals: &[u64], inferred: bool) -> (u32, u64) {
         let n = locals.len() as u32;
-        debug_assert!((1..=MAX_RUN).contains(&n));
+        debug_assert!((1..=max_run()).contains(&n));
         let pr = self.run_of(parent);
         debug_assert_eq!(parent, self.runs[pr].last(), "children hang off run ends");
         let (start, cap) = self.allocate(pr, n);
         self.blocks.locals_mut(start, n).copy_from_slice(locals);
         let start_path = child_path(self.runs[pr].end_path, locals[0]);
+        self.blocks.set_path(start, start_path);
         let mut terms = block_term(start_path, inferred);
-        let end_path = locals[1..].iter().fold(start_path, |p, &l| {
-            let p = child_path(p, l);
-            terms = terms.wrapping_add(block_term(p, inferred));
-            p
-        });
+        let mut end_path = start_path;
+        for (b, &l) in (start + 1..).zip(&locals[1..]) {
+            end_path = child_path(end_path, l);
+            self.blocks.set_path(b, end_path);
+            terms = terms.wrapping_add(block_term(end_path, inferred));
+        }
         let run = Run {
             start,
             len: n,
@@ -357,7 +399,7 @@ impl Trie {
                 continue;
             }
             while i < locals.len() {
-                let m = (locals.len() - i).min(MAX_RUN as usize);
+                let m = (locals.len() - i).min(max_run() as usize);
                 let (c, terms) = self.create_run(cur, &locals[i..i + m], inferred);
                 let start = self.runs[c].start;
                 out.push(Stretch { first: start, count: m as u32, new_terms: Some(terms) });
@@ -546,5 +588,26 @@ impl Trie {
     /// Approximate heap bytes (blocks, runs, member spills, tables), for metrics.
     pub fn heap_bytes(&self) -> usize {
         self.blocks.heap_bytes() + self.runs.heap_bytes() + self.edges.heap_bytes() + self.exts.heap_bytes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::common_prefix;
+
+    #[test]
+    fn common_prefix_agrees_with_the_plain_loop() {
+        let a: Vec<u64> = (0..70).collect();
+        for len in [0usize, 1, 7, 8, 9, 16, 63, 64, 70] {
+            for diff in 0..=len {
+                let mut b = a[..len].to_vec();
+                if diff < len {
+                    b[diff] ^= 1;
+                }
+                let plain = a.iter().zip(&b).take_while(|(x, y)| x == y).count() as u32;
+                assert_eq!(common_prefix(&a, &b), plain, "len {len} diff {diff}");
+                assert_eq!(common_prefix(&b, &a), plain);
+            }
+        }
     }
 }

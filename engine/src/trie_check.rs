@@ -1,6 +1,6 @@
 //! Structural invariants of the trie, for [`crate::Keyspace::check_invariants`].
 
-use crate::blocks::{CHUNK_BITS, FREE, ROOT_BLOCK};
+use crate::blocks::{ANCHOR, CHUNK_BITS, FREE, ROOT_BLOCK};
 use crate::digest::child_path;
 use crate::invariants::{ensure as check, InvariantError};
 use crate::table::NodeTable;
@@ -100,12 +100,16 @@ impl Trie {
             run: r,
             what: "start path is not the parent's chained",
         })?;
-        let locals = self.blocks.locals(run.start, run.len);
-        let end_path = locals[1..].iter().fold(start_path, |p, &l| child_path(p, l));
-        check(run.end_path == end_path, || Link {
-            run: r,
-            what: "end path differs from the chained locals",
-        })?;
+        let mut path = start_path;
+        for b in run.start..run.start + run.len {
+            if b > run.start {
+                path = child_path(path, self.blocks.local(b));
+            }
+            let anchored = !b.is_multiple_of(ANCHOR) || self.blocks.anchor(b) == path;
+            check(anchored, || Block { block: b, what: "anchor path differs from the chained locals" })?;
+        }
+        let what = "end path differs from the chained locals";
+        check(run.end_path == path, || Link { run: r, what })?;
         Ok(())
     }
 

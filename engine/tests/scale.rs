@@ -148,6 +148,8 @@ fn check_phase(ks: &Keyspace, phase: u64) {
 
 #[test]
 fn large_states_agree_with_their_dump_and_rebuild() {
+    // Chains of up to 2,200 blocks then cross run limits (any limit gives the same answers).
+    prefixlog_engine::testing::set_max_run_for_test(700);
     let cfg = EngineConfig { holder_capacity: 9000, inferred_capacity: 3000, ..Default::default() };
     let mut ks = Keyspace::new(KeyspaceId::new("m", 16, 1), cfg.clone());
     let mut fleet = Fleet::new(WORKERS as usize, 8000);
