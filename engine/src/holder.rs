@@ -22,9 +22,6 @@ pub struct Record {
     pub time: LogTime,
 }
 
-/// Laid out in declaration order, the fields a match reads for every listed holder (key,
-/// blocks, flags) first: they share one cache line.
-#[repr(C)]
 pub struct Holder {
     pub key: HolderKey,
     pub group: u32,
@@ -63,10 +60,29 @@ impl Holder {
     }
 }
 
+/// What a match reads of a holder, packed in one dense array beside the slots: a match that
+/// lists hundreds of holders reads a few cache lines of cards instead of one line (or two) of
+/// each holder. A copy, refreshed by [`Holders::sync_card`] at the end of every operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Card {
+    pub key: HolderKey,
+    pub blocks: u32,
+    pub fed: bool,
+    pub gapped: bool,
+}
+
+impl Card {
+    fn of(h: &Holder) -> Self {
+        Self { key: h.key, blocks: h.blocks, fed: h.fed, gapped: h.gapped }
+    }
+}
+
 /// Holders of a keyspace: a slab indexed by `u32` plus a key → index map.
 #[derive(Default)]
 pub struct Holders {
     pub slots: Vec<Option<Holder>>,
+    /// Per slot, the live holder's [`Card`].
+    cards: Vec<Card>,
     free: Vec<u32>,
     pub index: FxHashMap<HolderKey, u32>,
 }
@@ -78,13 +94,16 @@ impl Holders {
 
     pub fn insert(&mut self, h: Holder) -> u32 {
         let key = h.key;
+        let card = Card::of(&h);
         let idx = match self.free.pop() {
             Some(i) => {
                 self.slots[i as usize] = Some(h);
+                self.cards[i as usize] = card;
                 i
             }
             None => {
                 self.slots.push(Some(h));
+                self.cards.push(card);
                 (self.slots.len() - 1) as u32
             }
         };
@@ -107,6 +126,18 @@ impl Holders {
     #[inline]
     pub fn at_mut(&mut self, idx: u32) -> &mut Holder {
         self.slots[idx as usize].as_mut().expect("live holder index")
+    }
+
+    /// The holder's card as of its last [`Self::sync_card`].
+    #[inline]
+    pub fn card(&self, idx: u32) -> &Card {
+        &self.cards[idx as usize]
+    }
+
+    /// Refreshes the holder's card from the holder.
+    #[inline]
+    pub fn sync_card(&mut self, idx: u32) {
+        self.cards[idx as usize] = Card::of(self.at(idx));
     }
 
     #[allow(clippy::len_without_is_empty)]

@@ -328,6 +328,7 @@ impl Keyspace {
     pub fn set_gapped(&mut self, key: HolderKey, gapped: bool) {
         if let Some(h) = self.holders.get(&key) {
             self.holders.at_mut(h).gapped = gapped;
+            self.holders.sync_card(h);
         }
     }
 
@@ -335,9 +336,10 @@ impl Keyspace {
     /// `EngineConfig::partitions`) gapped: the log itself lost records of that partition, so
     /// any of its holders may be missing writes. Holders created later start ungapped.
     pub fn set_partition_gapped(&mut self, partition: u32) {
-        for h in self.holders.slots.iter_mut().flatten() {
-            if h.group == partition {
-                h.gapped = true;
+        for h in 0..self.holders.slots.len() as u32 {
+            if self.holders.slots[h as usize].as_ref().is_some_and(|x| x.group == partition) {
+                self.holders.at_mut(h).gapped = true;
+                self.holders.sync_card(h);
             }
         }
     }
@@ -534,6 +536,7 @@ impl Keyspace {
     /// Carries the change of a holder's term since [`Self::snap`] into the aggregates. Done once
     /// per operation, not per block.
     fn settle(&mut self, h: u32, (old, blocks_before): (u64, u32)) {
+        self.holders.sync_card(h);
         let holder = self.holders.at(h);
         let new = holder_term(&holder.key, holder.blocks, holder.digest);
         let (group, blocks_after) = (holder.group as usize, holder.blocks);
@@ -549,6 +552,11 @@ impl Keyspace {
 
     /// Recomputes the aggregates from the holders (after a rebuild).
     pub(crate) fn recompute_aggregates(&mut self) {
+        for h in 0..self.holders.slots.len() as u32 {
+            if self.holders.slots[h as usize].is_some() {
+                self.holders.sync_card(h);
+            }
+        }
         self.digest = 0;
         self.group_digests.iter_mut().for_each(|g| *g = 0);
         self.holder_blocks = 0;

@@ -61,14 +61,14 @@ impl Keyspace {
 
     /// Whether the options let `holder` be reported.
     fn holder_ok(&self, f: &Filter, holder: u32) -> bool {
-        let h = self.holders.at(holder);
+        let h = self.holders.card(holder);
         f.lane.is_none_or(|l| h.key.lane == l)
             && !(f.exclude_gapped && h.gapped)
             && f.candidates.is_none_or(|c| c.binary_search(&h.key.worker).is_ok())
     }
 
     fn result(&self, h: u32, depth: u32, intervals: Vec<(u32, u32)>) -> HolderMatch {
-        let holder = self.holders.at(h);
+        let holder = self.holders.card(h);
         HolderMatch {
             holder: holder.key,
             depth,
@@ -97,6 +97,7 @@ impl Keyspace {
         }
         s.touched.clear();
         s.ends.clear();
+        s.reached.clear();
         let trie = &self.trie;
         let mut i = 0usize;
         let mut next = locals.first().and_then(|&l| trie.child(ROOT, l));
@@ -126,6 +127,7 @@ impl Keyspace {
                 break;
             }
             s.ends.push(to as u32);
+            s.reached.push(extended as u32);
             i = to;
         }
     }
@@ -192,7 +194,10 @@ struct Scratch {
     touched: Vec<u32>,
     /// The depth reached at each extending run: stage `s` means depth `ends[s - 1]`.
     ends: Vec<u32>,
-    count: Vec<u32>,
+    /// How many holders each extending run extended: `reached[s - 1]` reached stage `s`.
+    reached: Vec<u32>,
+    /// Where the next holder of each final stage goes in `order`.
+    next: Vec<u32>,
     order: Vec<u32>,
 }
 
@@ -201,25 +206,36 @@ impl Scratch {
         self.ends[self.stage[h as usize] as usize - 1]
     }
 
-    /// `order`: the touched holders by depth (descending), then holder key: a stable counting
-    /// sort over the stages, since `touched` is already in key order (runs keep their members
-    /// sorted by key, and every touched holder is a member of the first run).
+    /// `order`: the touched holders by depth (descending), then holder key. `touched` is
+    /// already in key order (runs keep their members sorted by key, and every touched holder
+    /// is a member of the first run), and the walk counted how many holders reached each
+    /// stage, so one stable pass places them: final stage `s` holds `reached[s-1] - reached[s]`
+    /// holders. Most holders usually stop at the first run; they are placed with a register
+    /// counter, without the memory increment chain a counting sort has on its busiest bucket.
     fn sort_by_depth_then_key(&mut self) {
-        self.count.clear();
-        self.count.resize(self.ends.len() + 1, 0);
-        for &h in &self.touched {
-            self.count[self.stage[h as usize] as usize] += 1;
-        }
-        let mut next = 0;
-        for c in self.count.iter_mut().rev() {
-            (*c, next) = (next, next + *c);
-        }
         self.order.clear();
+        let top = self.reached.len();
+        if top == 0 {
+            return;
+        }
+        self.next.clear();
+        self.next.resize(top + 1, 0);
+        let mut at = 0;
+        for s in (1..=top).rev() {
+            self.next[s] = at;
+            at += self.reached[s - 1] - self.reached.get(s).copied().unwrap_or(0);
+        }
         self.order.resize(self.touched.len(), 0);
+        let mut first = self.next[1];
         for &h in &self.touched {
-            let slot = &mut self.count[self.stage[h as usize] as usize];
-            self.order[*slot as usize] = h;
-            *slot += 1;
+            let s = self.stage[h as usize] as usize;
+            if s == 1 {
+                self.order[first as usize] = h;
+                first += 1;
+            } else {
+                self.order[self.next[s] as usize] = h;
+                self.next[s] += 1;
+            }
         }
     }
 
