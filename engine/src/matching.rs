@@ -101,6 +101,7 @@ impl Keyspace {
         let trie = &self.trie;
         let mut i = 0usize;
         let mut next = locals.first().and_then(|&l| trie.child(ROOT, l));
+        let mut prev: Option<&crate::trie::Run> = None;
         while let Some(c) = next {
             let run = &trie.runs[c];
             trie.prefetch_child(c, locals.get(i + run.len as usize).copied());
@@ -110,6 +111,13 @@ impl Keyspace {
             next = if k == run.len && to < locals.len() { trie.child(c, locals[to]) } else { None };
             if let Some(n) = next {
                 trie.prefetch_locals(n);
+            }
+            if prev.is_some_and(|p| same_holders(p, run)) {
+                // Held by exactly the holders of the run before (a chain its holders stored
+                // in several operations): whoever extended there extends here too.
+                *s.ends.last_mut().expect("the run before extended someone") = to as u32;
+                (prev, i) = (Some(run), to);
+                continue;
             }
             let stage = s.ends.len() as u32;
             let mut extended = 0usize;
@@ -128,7 +136,7 @@ impl Keyspace {
             }
             s.ends.push(to as u32);
             s.reached.push(extended as u32);
-            i = to;
+            (prev, i) = (Some(run), to);
         }
     }
 
@@ -162,6 +170,13 @@ impl Keyspace {
         }
         acc.into_iter().map(|(h, a)| self.result(h, a.depth, a.intervals)).collect()
     }
+}
+
+/// Whether two runs have the same holders (stamps aside). Member lists are sorted by key.
+#[inline]
+fn same_holders(a: &crate::trie::Run, b: &crate::trie::Run) -> bool {
+    a.members.len() == b.members.len()
+        && a.members.iter().zip(b.members.iter()).all(|(x, y)| x.holder == y.holder)
 }
 
 /// The holder filters of [`MatchOptions`], with the candidate list sorted.

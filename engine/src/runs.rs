@@ -21,6 +21,9 @@ pub struct Run {
     pub parent: u32,
     /// The first child created of the last block (`NIL` if none); others are in the edge table.
     pub first_child: u32,
+    /// The first block of `first_child` (when there is one): a match starts loading the next
+    /// run's locals without waiting for its record.
+    pub first_child_start: u32,
     /// The child count in the low 31 bits, then the `live` flag.
     pub(crate) bits: u32,
     /// Operation records whose window ends at the last block.

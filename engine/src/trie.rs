@@ -128,6 +128,7 @@ impl Trie {
             cap: 1,
             parent: ROOT_BLOCK,
             first_child: NIL,
+            first_child_start: 0,
             bits: LIVE,
             pins: 0,
             first_local: 0,
@@ -179,13 +180,16 @@ impl Trie {
     }
 
     /// Starts loading what finding the child of run `r` with first local `next` will read:
-    /// the first child's record, or the edge table slot when there are several children.
-    /// A hint only.
+    /// the first child's record and first locals, and the edge table slot when there are
+    /// several children. A hint only.
     #[inline]
     pub fn prefetch_child(&self, r: u32, next: Option<u64>) {
         let run = &self.runs[r];
         if run.first_child != NIL {
             crate::table::prefetch_ptr(&self.runs[run.first_child]);
+            let locals = self.blocks.locals(run.first_child_start, 1).as_ptr();
+            crate::table::prefetch_ptr(locals);
+            crate::table::prefetch_ptr(locals.wrapping_add(8));
         }
         if let Some(local) = next.filter(|_| run.children() > 1) {
             self.edges.prefetch(edge_hash(run.last(), local));
@@ -249,6 +253,7 @@ impl Trie {
                 cap: j,
                 parent,
                 first_child: r,
+                first_child_start: b,
                 bits: LIVE | 1,
                 pins: 0,
                 first_local,
@@ -270,6 +275,7 @@ impl Trie {
                 cap: cap - j,
                 parent: b - 1,
                 first_child: run.first_child,
+                first_child_start: run.first_child_start,
                 bits: run.bits,
                 pins: run.pins,
                 first_local: self.blocks.local(b),
@@ -282,6 +288,7 @@ impl Trie {
             let run = &mut self.runs[r];
             (run.len, run.cap, run.first_child, run.bits, run.pins, run.end_path) =
                 (j, j, t, LIVE | 1, 0, before);
+            run.first_child_start = b;
         }
         self.live_runs += 1;
     }
@@ -321,6 +328,7 @@ impl Trie {
             cap,
             parent,
             first_child: NIL,
+            first_child_start: 0,
             bits: LIVE,
             pins: 0,
             first_local: locals[0],
@@ -350,11 +358,13 @@ impl Trie {
 
     /// Adds run `c` to run `pr`'s last block's children.
     fn link(&mut self, pr: u32, c: u32) {
+        let c_start = self.runs[c].start;
         let p = &mut self.runs[pr];
         debug_assert!(p.children() < CHILDREN);
         p.bits += 1;
         if p.first_child == NIL {
             p.first_child = c;
+            p.first_child_start = c_start;
         } else {
             let (parent, local) = (self.runs[c].parent, self.runs[c].first_local);
             self.edges.insert(edge_hash(parent, local), c);
@@ -566,6 +576,7 @@ impl Trie {
             cap: len,
             parent,
             first_child: NIL,
+            first_child_start: 0,
             bits: LIVE,
             pins: 0,
             first_local: self.blocks.local(start),

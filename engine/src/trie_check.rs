@@ -36,7 +36,11 @@ impl Trie {
             }
             check(run.children() == children[r as usize], || Link { run: r, what: "child count differs" })?;
             let fc = run.first_child;
-            let fc_ok = fc == NIL || self.runs.get(fc).is_some_and(|c| c.live() && c.parent == run.last());
+            let fc_ok = fc == NIL
+                || self
+                    .runs
+                    .get(fc)
+                    .is_some_and(|c| c.live() && c.parent == run.last() && c.start == run.first_child_start);
             check(fc_ok, || Link { run: r, what: "first child is not a live child" })?;
         }
         self.check_free_blocks(&owner)?;
