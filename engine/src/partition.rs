@@ -33,7 +33,19 @@ pub const fn partition_of(worker: u64, partitions: u32) -> u32 {
 
 /// The workers and partition counts of the golden vectors (`python/golden_vectors.json`).
 #[cfg(test)]
-pub(crate) const GOLDEN_WORKERS: [u64; 7] = [0, 1, 2, 255, 1 << 32, 1 << 63, u64::MAX];
+pub(crate) const GOLDEN_WORKERS: [u64; 11] = [
+    0,
+    1,
+    2,
+    255,
+    1 << 32,
+    1 << 63,
+    u64::MAX,
+    0x9E37_79B9_7F4A_7C15,
+    0xDEAD_BEEF_CAFE_BABE,
+    12_345_678_901_234_567_890,
+    7_000_000_007,
+];
 #[cfg(test)]
 pub(crate) const GOLDEN_PARTITIONS: [u32; 6] = [1, 2, 3, 16, 64, 1000];
 
