@@ -93,7 +93,7 @@ impl Query {
 pub fn answer(engine: &Engine, q: &Query) -> Result<Answer, String> {
     let locals = q.locals()?;
     let id = q.keyspace.id();
-    let opts = MatchOptions { intervals: q.intervals, top_k: q.top_k, lane: None };
+    let opts = MatchOptions { intervals: q.intervals, top_k: q.top_k, lane: None, ..Default::default() };
     let known = || engine.keyspace_ids().iter().map(|k| k.to_string()).collect::<Vec<_>>().join(", ");
     let res = engine
         .match_chain(&id, &locals, &opts)

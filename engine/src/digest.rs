@@ -20,6 +20,17 @@ pub fn mix64(mut x: u64) -> u64 {
     x ^ (x >> 33)
 }
 
+/// The inverse of [`mix64`]: `unmix64(mix64(x)) == x`. Lets a run walk path hashes from its
+/// last block towards its first (see [`parent_path`]).
+#[inline]
+pub fn unmix64(mut x: u64) -> u64 {
+    x ^= x >> 33;
+    x = x.wrapping_mul(0x9cb4_b2f8_1293_37db); // inverse of 0xc4ce_b9fe_1a85_ec53 mod 2^64
+    x ^= x >> 33;
+    x = x.wrapping_mul(0x4f74_430c_22a5_4005); // inverse of 0xff51_afd7_ed55_8ccd mod 2^64
+    x ^ (x >> 33)
+}
+
 /// 64×64→128 multiply folded to 64 bits: a fast, well-distributed table hash.
 #[inline]
 pub fn fold_mul(a: u64, b: u64) -> u64 {
@@ -31,6 +42,13 @@ pub fn fold_mul(a: u64, b: u64) -> u64 {
 #[inline]
 pub fn child_path(parent_path: u64, local: u64) -> u64 {
     mix64(parent_path.rotate_left(23) ^ mix64(local ^ 0x0a40_9382_2299_f31d))
+}
+
+/// The parent's path hash from a child's path hash and the child's local hash: the inverse
+/// of [`child_path`] (runs keep only their end paths and walk to any block from either end).
+#[inline]
+pub fn parent_path(path: u64, local: u64) -> u64 {
+    (unmix64(path) ^ mix64(local ^ 0x0a40_9382_2299_f31d)).rotate_right(23)
 }
 
 /// The digest term of one held block. Inferred (placement) blocks digest differently from
@@ -49,4 +67,21 @@ pub fn holder_term(key: &HolderKey, blocks: u32, digest: u64) -> u64 {
     }
     let k = mix64(key.worker ^ mix64((u64::from(key.dp_rank) << 32) | u64::from(key.lane)));
     mix64(k ^ digest.rotate_left(7) ^ u64::from(blocks))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_walk_both_ways() {
+        let mut p = ROOT_PATH;
+        for i in 0..1000u64 {
+            let local = mix64(i) ^ i;
+            let c = child_path(p, local);
+            assert_eq!(unmix64(mix64(c)), c);
+            assert_eq!(parent_path(c, local), p);
+            p = c;
+        }
+    }
 }

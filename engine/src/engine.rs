@@ -8,6 +8,7 @@
 //! write-locked when a keyspace is created.
 
 use crate::keyspace::Keyspace;
+use crate::store_check::check_store;
 use crate::types::{ApplyError, EngineConfig, HolderKey, HolderMatch, KeyspaceId, LogTime, MatchOptions};
 use parking_lot::{RwLock, RwLockWriteGuard};
 use std::collections::BTreeMap;
@@ -49,6 +50,9 @@ impl Engine {
     /// Stores `blocks` under `parent_ext`, in chunks of `max_blocks_per_lock` (each chunk
     /// extends the previous one), releasing the write lock between chunks. Readers may observe
     /// a prefix of the chain in between: an undercount, never an overcount.
+    ///
+    /// The whole list is checked first ([`ApplyError::InvalidStore`]): a repeat between two
+    /// chunks refuses the store before any chunk is applied.
     pub fn store(
         &self,
         id: &KeyspaceId,
@@ -58,15 +62,18 @@ impl Engine {
         t: LogTime,
     ) -> Result<u32, ApplyError> {
         let ks = self.keyspace_or_create(id);
+        if let Err(reason) = check_store(parent_ext, blocks, &mut Vec::new()) {
+            return Err(ks.write().refuse_store(key, reason));
+        }
         let mut parent = parent_ext;
         let mut added = 0;
         let chunk = self.cfg.max_blocks_per_lock.max(1);
         if blocks.is_empty() {
-            return ks.write().store(key, parent, blocks, t);
+            return ks.write().store_checked(key, parent, blocks, t);
         }
         for c in blocks.chunks(chunk) {
             let mut g = ks.write();
-            let r = g.store(key, parent, c, t);
+            let r = g.store_checked(key, parent, c, t);
             RwLockWriteGuard::unlock_fair(g);
             added += r?;
             parent = c.last().map(|b| b.0);

@@ -14,9 +14,10 @@ use std::collections::VecDeque;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Record {
     pub stamp: u32,
-    /// Last node of the window; pinned while the record exists.
+    /// Last block of the window: always the last block of a run, whose `pins` count this
+    /// record while it exists.
     pub leaf: u32,
-    /// Nodes in the window, counted from `leaf` towards the root.
+    /// Blocks in the window, counted from `leaf` towards the root.
     pub len: u32,
     pub time: LogTime,
 }
@@ -35,8 +36,8 @@ pub struct Holder {
     pub records: VecDeque<Record>,
     /// Latest log time of any write to this holder.
     pub last_time: LogTime,
-    /// ext → node for blocks this holder stored under an ext that is not the node's canonical
-    /// one (engines with per-process hash seeds). Empty in the common case.
+    /// ext → block for blocks this holder stored under an ext that is not the block's
+    /// canonical one (engines with per-process hash seeds). Empty in the common case.
     pub overrides: FxHashMap<u64, u32>,
     pub override_of: FxHashMap<u32, u64>,
 }
@@ -59,10 +60,29 @@ impl Holder {
     }
 }
 
+/// What a match reads of a holder, packed in one dense array beside the slots: a match that
+/// lists hundreds of holders reads a few cache lines of cards instead of one line (or two) of
+/// each holder. A copy, refreshed by [`Holders::sync_card`] at the end of every operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Card {
+    pub key: HolderKey,
+    pub blocks: u32,
+    pub fed: bool,
+    pub gapped: bool,
+}
+
+impl Card {
+    fn of(h: &Holder) -> Self {
+        Self { key: h.key, blocks: h.blocks, fed: h.fed, gapped: h.gapped }
+    }
+}
+
 /// Holders of a keyspace: a slab indexed by `u32` plus a key → index map.
 #[derive(Default)]
 pub struct Holders {
     pub slots: Vec<Option<Holder>>,
+    /// Per slot, the live holder's [`Card`].
+    cards: Vec<Card>,
     free: Vec<u32>,
     pub index: FxHashMap<HolderKey, u32>,
 }
@@ -74,13 +94,16 @@ impl Holders {
 
     pub fn insert(&mut self, h: Holder) -> u32 {
         let key = h.key;
+        let card = Card::of(&h);
         let idx = match self.free.pop() {
             Some(i) => {
                 self.slots[i as usize] = Some(h);
+                self.cards[i as usize] = card;
                 i
             }
             None => {
                 self.slots.push(Some(h));
+                self.cards.push(card);
                 (self.slots.len() - 1) as u32
             }
         };
@@ -103,6 +126,18 @@ impl Holders {
     #[inline]
     pub fn at_mut(&mut self, idx: u32) -> &mut Holder {
         self.slots[idx as usize].as_mut().expect("live holder index")
+    }
+
+    /// The holder's card as of its last [`Self::sync_card`].
+    #[inline]
+    pub fn card(&self, idx: u32) -> &Card {
+        &self.cards[idx as usize]
+    }
+
+    /// Refreshes the holder's card from the holder.
+    #[inline]
+    pub fn sync_card(&mut self, idx: u32) {
+        self.cards[idx as usize] = Card::of(self.at(idx));
     }
 
     #[allow(clippy::len_without_is_empty)]

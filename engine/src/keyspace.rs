@@ -1,13 +1,17 @@
 //! One keyspace: the trie, its holders, and every write operation.
 //!
 //! Writes are deterministic functions of their arguments and the current state; the only
-//! notion of time is the log time passed in. Matching lives in `matching.rs`, enumeration and
-//! rebuild in `dump.rs`.
+//! notion of time is the log time passed in. Membership and operation records live in
+//! `members.rs`, matching in `matching.rs`, enumeration in `dump.rs`, rebuild in `rebuild.rs`.
 
-use crate::digest::{block_term, holder_term};
+use crate::blocks::ROOT_BLOCK;
+use crate::digest::holder_term;
 use crate::holder::{Holder, Holders, Record};
-use crate::trie::{Arena, Member, ROOT};
-use crate::types::{partition_of, ApplyError, EngineConfig, HolderKey, KeyspaceId, KeyspaceStats, LogTime};
+use crate::store_check::check_store;
+use crate::trie::{Segment, Stretch, Trie};
+use crate::types::{
+    partition_of, ApplyError, EngineConfig, HolderKey, InvalidStoreReason, KeyspaceId, KeyspaceStats, LogTime,
+};
 
 /// What a placement did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,18 +34,22 @@ pub struct HolderSummary {
 }
 
 /// How many blocks ahead a write prefetches ext-table slots.
-const PREFETCH_AHEAD: usize = 6;
+const PREFETCH_AHEAD: usize = 12;
 
 pub struct Keyspace {
     pub(crate) id: KeyspaceId,
     pub(crate) cfg: EngineConfig,
-    pub(crate) arena: Arena,
+    pub(crate) trie: Trie,
     pub(crate) holders: Holders,
     pub(crate) stats: KeyspaceStats,
     digest: u64,
     group_digests: Vec<u64>,
     holder_blocks: u64,
-    window: Vec<u32>,
+    /// Scratch: record windows, walked paths, a store's locals, [`check_store`]'s set.
+    pub(crate) window: Vec<Segment>,
+    stretches: Vec<Stretch>,
+    locals: Vec<u64>,
+    ext_scratch: Vec<u64>,
 }
 
 impl Keyspace {
@@ -50,13 +58,16 @@ impl Keyspace {
         Self {
             id,
             cfg,
-            arena: Arena::new(),
+            trie: Trie::new(),
             holders: Holders::default(),
             stats: KeyspaceStats::default(),
             digest: 0,
             group_digests: vec![0; groups],
             holder_blocks: 0,
             window: Vec::new(),
+            stretches: Vec::new(),
+            locals: Vec::new(),
+            ext_scratch: Vec::new(),
         }
     }
 
@@ -87,12 +98,14 @@ impl Keyspace {
         self.holders.len()
     }
 
+    /// Block positions in the trie (each held by one or more holders, or an unheld ancestor
+    /// or record end of held ones).
     pub fn node_count(&self) -> usize {
-        self.arena.len()
+        self.trie.live_blocks()
     }
 
     pub fn heap_bytes(&self) -> usize {
-        self.arena.heap_bytes()
+        self.trie.heap_bytes()
     }
 
     pub fn holder(&self, key: &HolderKey) -> Option<HolderSummary> {
@@ -119,13 +132,13 @@ impl Keyspace {
     /// Every chain of locals (root to block) the holder holds, sorted. For audits and tests.
     pub fn holder_chains(&self, key: &HolderKey) -> Vec<Vec<u64>> {
         let Some(h) = self.holders.get(key) else { return Vec::new() };
-        let mut out: Vec<Vec<u64>> = (1..self.arena.nodes.len() as u32)
-            .filter(|&n| {
-                let node = &self.arena.nodes[n as usize];
-                node.live() && node.member(h).is_some()
-            })
-            .map(|n| self.arena.chain_to(n))
-            .collect();
+        let mut out = Vec::new();
+        for r in 1..self.trie.runs.slots() {
+            let run = &self.trie.runs[r];
+            if run.live() && run.member(h).is_some() {
+                out.extend((run.start..run.start + run.len).map(|b| self.trie.chain_to(b)));
+            }
+        }
         out.sort();
         out
     }
@@ -134,7 +147,33 @@ impl Keyspace {
 
     /// Extends the holder's chain ending at `parent_ext` (or the root) with `blocks`, given as
     /// `(ext, local)`. Re-storing held blocks is idempotent apart from refreshing their age.
+    /// A store that names an ext twice or names its parent among its blocks is refused whole
+    /// ([`ApplyError::InvalidStore`]): nothing changes but `stores_rejected`.
     pub fn store(
+        &mut self,
+        key: HolderKey,
+        parent_ext: Option<u64>,
+        blocks: &[(u64, u64)],
+        t: LogTime,
+    ) -> Result<u32, ApplyError> {
+        let mut scratch = std::mem::take(&mut self.ext_scratch);
+        let checked = check_store(parent_ext, blocks, &mut scratch);
+        self.ext_scratch = scratch;
+        if let Err(reason) = checked {
+            return Err(self.refuse_store(key, reason));
+        }
+        self.store_checked(key, parent_ext, blocks, t)
+    }
+
+    /// Counts a store refused by [`check_store`]; the state is otherwise unchanged.
+    pub(crate) fn refuse_store(&mut self, holder: HolderKey, reason: InvalidStoreReason) -> ApplyError {
+        self.stats.stores_rejected += 1;
+        ApplyError::InvalidStore { holder, reason }
+    }
+
+    /// [`Self::store`] for a block list that passed [`check_store`] (the engine checks a whole
+    /// store once, before cutting it into chunks).
+    pub(crate) fn store_checked(
         &mut self,
         key: HolderKey,
         parent_ext: Option<u64>,
@@ -159,9 +198,9 @@ impl Keyspace {
         self.touch(h, t);
         self.ensure_fed(h);
         let parent = match parent_ext {
-            None => ROOT,
+            None => ROOT_BLOCK,
             Some(p) => match self.resolve(h, p) {
-                Some(n) => n,
+                Some(b) => b,
                 None => {
                     self.holders.at_mut(h).gapped = true;
                     self.stats.stores_rejected += 1;
@@ -172,28 +211,66 @@ impl Keyspace {
         if blocks.is_empty() {
             return Ok(0);
         }
-        let stamp = self.take_stamp(h);
-        let mut cur = parent;
-        let mut added = 0;
         self.prefetch_exts(blocks.iter().map(|b| b.0).take(PREFETCH_AHEAD));
-        for (i, &(ext, local)) in blocks.iter().enumerate() {
-            self.prefetch_exts(blocks.get(i + PREFETCH_AHEAD).map(|b| b.0));
-            cur = self.arena.child_or_insert(cur, local);
-            added += u32::from(self.add_member(h, cur, stamp));
-            if !self.arena.bind_ext(cur, ext) {
-                let holder = self.holders.at_mut(h);
-                holder.overrides.insert(ext, cur);
-                if let Some(old) = holder.override_of.insert(cur, ext) {
-                    if old != ext {
-                        holder.overrides.remove(&old);
-                    }
-                }
-            }
-        }
-        self.push_record(h, Record { stamp, leaf: cur, len: blocks.len() as u32, time: t });
+        let mut locals = std::mem::take(&mut self.locals);
+        locals.clear();
+        locals.extend(blocks.iter().map(|b| b.1));
+        let added = self.hold_chain(h, parent, &locals, t, |ks, i, b| {
+            ks.prefetch_exts(blocks.get(i + PREFETCH_AHEAD).map(|b| b.0));
+            ks.bind_or_override(h, b, blocks[i].0);
+        });
+        self.locals = locals;
         self.stats.blocks_stored += u64::from(added);
         self.after_write(h);
         Ok(added)
+    }
+
+    /// The body of a store or placement: walks (creating what is missing) from block `parent`
+    /// along `locals`, makes the holder a member of every block with a fresh stamp, calls
+    /// `each(self, i, block)` for the i-th block in order, and records the operation at log
+    /// time `t`. Returns the blocks new to the holder.
+    fn hold_chain(
+        &mut self,
+        h: u32,
+        parent: u32,
+        locals: &[u64],
+        t: LogTime,
+        mut each: impl FnMut(&mut Self, usize, u32),
+    ) -> u32 {
+        let stamp = self.take_stamp(h);
+        let mut stretches = std::mem::take(&mut self.stretches);
+        let inferred = !self.holders.at(h).fed;
+        self.trie.walk_create(parent, locals, inferred, &mut stretches);
+        let mut added = 0;
+        for st in &stretches {
+            added += self.add_member_stretch(h, st.first, st.count, stamp, st.new_terms);
+        }
+        let mut i = 0;
+        for st in &stretches {
+            for b in st.first..st.first + st.count {
+                each(self, i, b);
+                i += 1;
+            }
+        }
+        let leaf = stretches.last().map(|st| st.first + st.count - 1).expect("a non-empty chain");
+        self.stretches = stretches;
+        self.push_record(h, Record { stamp, leaf, len: locals.len() as u32, time: t });
+        added
+    }
+
+    /// Makes `ext` resolve to block `b` for the holder: the block's canonical ext when it has
+    /// none and `ext` is free, else a holder-local override.
+    pub(crate) fn bind_or_override(&mut self, h: u32, b: u32, ext: u64) {
+        if self.trie.bind_ext(b, ext) {
+            return;
+        }
+        let holder = self.holders.at_mut(h);
+        holder.overrides.insert(ext, b);
+        if let Some(old) = holder.override_of.insert(b, ext) {
+            if old != ext {
+                holder.overrides.remove(&old);
+            }
+        }
     }
 
     /// Evicts the holder's blocks named by ext. Returns `(removed, unknown)`; exts the holder
@@ -208,16 +285,25 @@ impl Keyspace {
         self.ensure_fed(h);
         let (mut removed, mut unknown) = (0, 0);
         self.prefetch_exts(exts.iter().copied().take(PREFETCH_AHEAD));
-        for (i, &ext) in exts.iter().enumerate() {
-            self.prefetch_exts(exts.get(i + PREFETCH_AHEAD).copied());
-            match self.resolve(h, ext) {
-                Some(node) => {
-                    self.remove_member(h, node);
-                    self.arena.release(node);
-                    removed += 1;
+        let (mut prev, mut i) = (None, 0);
+        while i < exts.len() {
+            let Some(b) = self.resolve_after(h, exts[i], prev) else {
+                self.prefetch_exts(exts.get(i + PREFETCH_AHEAD).copied());
+                unknown += 1;
+                i += 1;
+                continue;
+            };
+            let n = match self.remove_tail(h, b, &exts[i..]) {
+                0 => {
+                    self.remove_block(h, b);
+                    1
                 }
-                None => unknown += 1,
-            }
+                n => n,
+            };
+            self.prefetch_exts(exts.iter().skip(i + PREFETCH_AHEAD).take(n as usize).copied());
+            removed += n;
+            prev = Some(b + 1 - n);
+            i += n as usize;
         }
         self.stats.blocks_removed += u64::from(removed);
         self.stats.removes_unknown += u64::from(unknown);
@@ -242,6 +328,19 @@ impl Keyspace {
     pub fn set_gapped(&mut self, key: HolderKey, gapped: bool) {
         if let Some(h) = self.holders.get(&key) {
             self.holders.at_mut(h).gapped = gapped;
+            self.holders.sync_card(h);
+        }
+    }
+
+    /// Marks every holder of log partition `partition` (under this keyspace's
+    /// `EngineConfig::partitions`) gapped: the log itself lost records of that partition, so
+    /// any of its holders may be missing writes. Holders created later start ungapped.
+    pub fn set_partition_gapped(&mut self, partition: u32) {
+        for h in 0..self.holders.slots.len() as u32 {
+            if self.holders.slots[h as usize].as_ref().is_some_and(|x| x.group == partition) {
+                self.holders.at_mut(h).gapped = true;
+                self.holders.sync_card(h);
+            }
         }
     }
 
@@ -268,14 +367,7 @@ impl Keyspace {
         if locals.is_empty() {
             return PlaceOutcome::Placed { added: 0 };
         }
-        let stamp = self.take_stamp(h);
-        let mut cur = ROOT;
-        let mut added = 0;
-        for &local in locals {
-            cur = self.arena.child_or_insert(cur, local);
-            added += u32::from(self.add_member(h, cur, stamp));
-        }
-        self.push_record(h, Record { stamp, leaf: cur, len: locals.len() as u32, time: t });
+        let added = self.hold_chain(h, ROOT_BLOCK, locals, t, |_, _, _| {});
         self.after_write(h);
         PlaceOutcome::Placed { added }
     }
@@ -339,62 +431,36 @@ impl Keyspace {
         }
     }
 
-    /// The node the holder stored under `ext`, if it still holds it.
     /// Ext-table lookups miss the cache about once per block: writes start them
     /// [`PREFETCH_AHEAD`] blocks early so the misses overlap (measured: single-thread writes
     /// 3.9 -> 5.0-7.6 M blocks/s on `make bench-engine`'s workload).
     fn prefetch_exts(&self, exts: impl IntoIterator<Item = u64>) {
         for e in exts {
-            self.arena.prefetch_ext(e);
+            self.trie.prefetch_ext(e);
         }
     }
 
+    /// The block the holder stored under `ext`, if it still holds it.
     fn resolve(&self, h: u32, ext: u64) -> Option<u32> {
         let holder = self.holders.at(h);
-        if let Some(&n) = holder.overrides.get(&ext) {
-            return Some(n);
+        if let Some(&b) = holder.overrides.get(&ext) {
+            return Some(b);
         }
-        let n = self.arena.by_ext(ext)?;
-        self.arena.nodes[n as usize].member(h).map(|_| n)
+        let b = self.trie.by_ext(ext)?;
+        self.trie.runs[self.trie.run_of(b)].member(h).map(|_| b)
     }
 
-    fn take_stamp(&mut self, h: u32) -> u32 {
-        if self.holders.at(h).next_stamp >= self.cfg.stamp_limit {
-            self.renumber(h);
-        }
-        let holder = self.holders.at_mut(h);
-        let s = holder.next_stamp;
-        holder.next_stamp += 1;
-        s
-    }
-
-    /// Reassigns stamps 1..=n to the holder's records in order. Records are in increasing stamp
-    /// order, so a new stamp never collides with an old one not yet renamed.
-    fn renumber(&mut self, h: u32) {
-        self.compact(h);
-        let mut records: Vec<Record> = self.holders.at(h).records.iter().copied().collect();
-        let mut buf = std::mem::take(&mut self.window);
-        for (i, rec) in records.iter_mut().enumerate() {
-            let new = i as u32 + 1;
-            self.arena.window(rec.leaf, rec.len, &mut buf);
-            for &n in &buf {
-                for m in self.arena.nodes[n as usize].members.iter_mut() {
-                    if m.holder == h && m.stamp == rec.stamp {
-                        m.stamp = new;
-                    }
-                }
+    /// [`Self::resolve`], trying first the block before `prev` (the previous removal): engines
+    /// evict a chain tail-first, so that block's ext is usually the next one named, and its
+    /// meta is already in cache. Canonical exts are unique, so a match there is the answer.
+    fn resolve_after(&self, h: u32, ext: u64, prev: Option<u32>) -> Option<u32> {
+        if let Some(p) = prev.filter(|&p| p > 1) {
+            if self.holders.at(h).overrides.is_empty() && self.trie.blocks.meta(p - 1).ext() == Some(ext) {
+                let b = p - 1;
+                return self.trie.runs[self.trie.run_of(b)].member(h).map(|_| b);
             }
-            rec.stamp = new;
         }
-        self.window = buf;
-        let holder = self.holders.at_mut(h);
-        holder.next_stamp = records.len() as u32 + 1;
-        holder.records = records.into();
-    }
-
-    fn push_record(&mut self, h: u32, rec: Record) {
-        self.arena.nodes[rec.leaf as usize].pins += 1;
-        self.holders.at_mut(h).records.push_back(rec);
+        self.resolve(h, ext)
     }
 
     fn after_write(&mut self, h: u32) {
@@ -411,25 +477,6 @@ impl Keyspace {
             }
         }
         self.maybe_compact(h);
-    }
-
-    /// Removes the holder's blocks that still carry `rec`'s stamp and unpins its leaf.
-    fn evict_record(&mut self, h: u32, rec: Record) -> u32 {
-        let mut buf = std::mem::take(&mut self.window);
-        self.arena.window(rec.leaf, rec.len, &mut buf);
-        let mut n = 0;
-        for &node in &buf {
-            let owned =
-                self.arena.nodes[node as usize].members.iter().any(|m| m.holder == h && m.stamp == rec.stamp);
-            if owned {
-                self.remove_member(h, node);
-                n += 1;
-            }
-        }
-        self.window = buf;
-        self.arena.nodes[rec.leaf as usize].pins -= 1;
-        self.arena.release(rec.leaf);
-        n
     }
 
     fn expire_holder(&mut self, h: u32, now: LogTime) -> u64 {
@@ -455,98 +502,6 @@ impl Keyspace {
         }
     }
 
-    fn clear_blocks(&mut self, h: u32) -> u32 {
-        let mut n = 0;
-        while let Some(rec) = self.holders.at_mut(h).records.pop_front() {
-            n += self.evict_record(h, rec);
-        }
-        let holder = self.holders.at_mut(h);
-        debug_assert_eq!(holder.blocks, 0, "every block belongs to a record");
-        holder.overrides.clear();
-        holder.override_of.clear();
-        n
-    }
-
-    fn maybe_compact(&mut self, h: u32) {
-        let holder = self.holders.at(h);
-        if holder.records.len() > 2 * holder.blocks as usize + 16 {
-            self.compact(h);
-        }
-    }
-
-    /// Drops records that no longer own any block.
-    fn compact(&mut self, h: u32) {
-        let records = std::mem::take(&mut self.holders.at_mut(h).records);
-        let mut keep = std::collections::VecDeque::with_capacity(records.len());
-        let mut buf = std::mem::take(&mut self.window);
-        for rec in records {
-            self.arena.window(rec.leaf, rec.len, &mut buf);
-            let owns = buf.iter().any(|&n| {
-                self.arena.nodes[n as usize].members.iter().any(|m| m.holder == h && m.stamp == rec.stamp)
-            });
-            if owns {
-                keep.push_back(rec);
-            } else {
-                self.arena.nodes[rec.leaf as usize].pins -= 1;
-                self.arena.release(rec.leaf);
-            }
-        }
-        self.window = buf;
-        self.holders.at_mut(h).records = keep;
-    }
-
-    /// Adds (or restamps) the holder's membership of `node`. Returns true if it is new.
-    fn add_member(&mut self, h: u32, node: u32, stamp: u32) -> bool {
-        let n = &mut self.arena.nodes[node as usize];
-        if let Some(pos) = n.member(h) {
-            n.members[pos].stamp = stamp;
-            return false;
-        }
-        n.members.push(Member { holder: h, stamp });
-        let path = n.path;
-        let holder = self.holders.at_mut(h);
-        holder.blocks += 1;
-        holder.digest = holder.digest.wrapping_add(block_term(path, !holder.fed));
-        true
-    }
-
-    /// Removes the holder's membership of `node`. If `node` was the last node of the
-    /// operation record that stamped it, the record shrinks to its deepest block still owned
-    /// (engines evict tail-first, so records shrink and vanish as their blocks go, and do not
-    /// keep dead nodes pinned).
-    fn remove_member(&mut self, h: u32, node: u32) {
-        let n = &mut self.arena.nodes[node as usize];
-        let Some(pos) = n.member(h) else { return };
-        let stamp = n.members.swap_remove(pos).stamp;
-        let path = n.path;
-        let holder = self.holders.at_mut(h);
-        holder.blocks -= 1;
-        holder.digest = holder.digest.wrapping_sub(block_term(path, !holder.fed));
-        if let Some(e) = holder.override_of.remove(&node) {
-            holder.overrides.remove(&e);
-        }
-        let Ok(ri) = holder.records.binary_search_by_key(&stamp, |r| r.stamp) else { return };
-        let mut rec = holder.records[ri];
-        if rec.leaf != node {
-            return;
-        }
-        let owned = |arena: &Arena, n: u32| {
-            arena.nodes[n as usize].members.iter().any(|m| m.holder == h && m.stamp == stamp)
-        };
-        while rec.len > 0 && !owned(&self.arena, rec.leaf) {
-            rec.leaf = self.arena.nodes[rec.leaf as usize].parent;
-            rec.len -= 1;
-        }
-        self.arena.nodes[node as usize].pins -= 1;
-        let holder = self.holders.at_mut(h);
-        if rec.len == 0 {
-            holder.records.remove(ri);
-        } else {
-            holder.records[ri] = rec;
-            self.arena.nodes[rec.leaf as usize].pins += 1;
-        }
-    }
-
     pub(crate) fn snap_term(&self, h: u32) -> (u64, u32) {
         self.snap(h)
     }
@@ -555,21 +510,19 @@ impl Keyspace {
         self.settle(h, snap)
     }
 
-    pub(crate) fn clear_holder(&mut self, h: u32) -> u32 {
-        self.clear_blocks(h)
-    }
-
     /// Test-only fault hook: silently drops one block of a holder, as memory corruption or a
     /// bug would, so anti-entropy has a divergence to find. Returns whether a block was dropped.
-    #[doc(hidden)]
+    #[cfg(feature = "testing")]
     pub fn corrupt_for_test(&mut self, key: &HolderKey) -> bool {
         let Some(h) = self.holders.get(key) else { return false };
-        let node = (1..self.arena.nodes.len() as u32).find(|&n| {
-            self.arena.nodes[n as usize].live() && self.arena.nodes[n as usize].member(h).is_some()
+        let held = (1..self.trie.runs.slots()).find(|&r| {
+            let run = &self.trie.runs[r];
+            run.live() && run.member(h).is_some()
         });
-        let Some(node) = node else { return false };
+        let Some(r) = held else { return false };
         let snap = self.snap(h);
-        self.remove_member(h, node);
+        let b = self.trie.runs[r].start;
+        self.remove_block(h, b);
         self.settle(h, snap);
         true
     }
@@ -583,9 +536,14 @@ impl Keyspace {
     /// Carries the change of a holder's term since [`Self::snap`] into the aggregates. Done once
     /// per operation, not per block.
     fn settle(&mut self, h: u32, (old, blocks_before): (u64, u32)) {
+        self.holders.sync_card(h);
         let holder = self.holders.at(h);
         let new = holder_term(&holder.key, holder.blocks, holder.digest);
         let (group, blocks_after) = (holder.group as usize, holder.blocks);
+        debug_assert!(
+            self.holder_blocks >= u64::from(blocks_before),
+            "the aggregate includes this holder's blocks"
+        );
         self.digest = self.digest.wrapping_sub(old).wrapping_add(new);
         let g = &mut self.group_digests[group];
         *g = g.wrapping_sub(old).wrapping_add(new);
@@ -594,6 +552,11 @@ impl Keyspace {
 
     /// Recomputes the aggregates from the holders (after a rebuild).
     pub(crate) fn recompute_aggregates(&mut self) {
+        for h in 0..self.holders.slots.len() as u32 {
+            if self.holders.slots[h as usize].is_some() {
+                self.holders.sync_card(h);
+            }
+        }
         self.digest = 0;
         self.group_digests.iter_mut().for_each(|g| *g = 0);
         self.holder_blocks = 0;

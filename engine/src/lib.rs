@@ -5,18 +5,31 @@
 //! carries the log time it happened at, and the state is a pure function of the writes.
 //!
 //! Module map:
-//! - [`types`]: holder and keyspace ids, options, results, errors, [`partition_of`].
+//! - [`types`]: holder and keyspace ids, options, results, errors.
+//! - [`partition`]: [`partition_of`], which log partition a worker's records live in (a
+//!   cross-language contract with golden vectors).
 //! - [`engine`]: [`Engine`], all keyspaces of a replica, one reader-writer lock each.
 //! - [`keyspace`]: [`Keyspace`], the write operations (store, remove, clear, place,
 //!   drop_worker, expire), capacity and TTL policy, digests.
-//! - `matching`: [`Keyspace::match_chain`], longest contiguous prefix per holder.
-//! - [`dump`]: enumerate ([`Keyspace::dump`]) and rebuild ([`Keyspace::rebuild`]).
+//! - `members`: holder membership of runs, and the operation records that own it.
+//! - `matching`: [`Keyspace::match_chain`], longest contiguous prefix per holder, run by run.
+//! - [`dump`]: enumerate ([`Keyspace::dump`], [`Keyspace::dump_partitions`]) and filter
+//!   ([`KeyspaceDump::retain_partitions`]) as plain data, one node per block position.
+//! - `rebuild`: [`Keyspace::rebuild`] from a dump, with maximal runs.
+//! - [`invariants`]: [`Keyspace::check_invariants`], recomputing everything writes maintain
+//!   by hand (pins, counts, digests, run layout, tables, free lists, overrides);
+//!   `trie_check`: its structural half.
 //! - `transplant`: [`Keyspace::replace_group`], moving one partition's holders in from a
 //!   rebuilt keyspace (anti-entropy repair).
-//! - `trie`: the node arena and its (parent, local) and ext lookup tables.
-//! - `table`: those tables: open addressing with hash bits stored beside node indices.
+//! - `trie`: the path-compressed trie: runs of blocks with one membership list each, child and
+//!   ext lookup, splitting, walking and creating chains, freeing.
+//! - `runs`: the run records and their arena; `blocks`: per-block storage (locals, canonical
+//!   exts, run ids) and the allocator of the block ranges runs occupy.
+//! - `table`: the lookup tables: open addressing with hash bits stored beside indices.
 //! - `holder`: per-holder counts, digest and operation records.
 //! - [`digest`]: the hash mixing behind node identity and digests.
+//! - `store_check`: refusing stores that cannot be a chain (an ext named twice, or the parent
+//!   named among the blocks).
 //! - [`scheme`]: canonical block hashes of token ids (scheme 1: xxh3-64 chained), golden vectors.
 //!
 //! Guarantees (each has tests in `tests/`):
@@ -28,22 +41,36 @@
 //!   operations first (whole store/placement operations, oldest first, skipping blocks that a
 //!   later operation stored again) until it is at 7/8 of the bound.
 
+mod blocks;
 pub mod digest;
 pub mod dump;
 pub mod engine;
 mod holder;
+pub mod invariants;
 pub mod keyspace;
 mod matching;
+mod members;
+pub mod partition;
+mod rebuild;
+mod runs;
 pub mod scheme;
+mod store_check;
 mod table;
 mod transplant;
 mod trie;
+mod trie_check;
 pub mod types;
 
 pub use dump::{DumpHolder, DumpNode, KeyspaceDump};
 pub use engine::{Engine, SharedKeyspace};
+/// Test-only knobs (feature `testing`).
+#[cfg(feature = "testing")]
+pub mod testing {
+    pub use crate::trie::set_max_run_for_test;
+}
+pub use invariants::InvariantError;
 pub use keyspace::{HolderSummary, Keyspace, PlaceOutcome};
 pub use types::{
-    partition_of, ApplyError, EngineConfig, HolderKey, HolderMatch, KeyspaceId, KeyspaceStats, LogTime,
-    MatchOptions,
+    partition_of, ApplyError, EngineConfig, HolderKey, HolderMatch, InvalidStoreReason, KeyspaceId,
+    KeyspaceStats, LogTime, MatchOptions,
 };

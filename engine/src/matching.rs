@@ -6,6 +6,7 @@
 //! misses an earlier one (an evicted head or a hole in the middle) stops at the hole.
 
 use crate::keyspace::Keyspace;
+use crate::trie::{common_prefix, ROOT};
 use crate::types::{HolderMatch, MatchOptions};
 use rustc_hash::FxHashMap;
 
@@ -23,59 +24,109 @@ impl Keyspace {
     /// covers any position is returned with its intervals. Results are sorted by depth
     /// (descending), then holder key, and cut to `opts.top_k`.
     pub fn match_chain(&self, locals: &[u64], opts: &MatchOptions) -> Vec<HolderMatch> {
+        let mut out = Vec::new();
+        self.match_chain_into(locals, opts, &mut out);
+        out
+    }
+
+    /// [`Self::match_chain`] into a caller's buffer (cleared first), so a caller answering
+    /// many queries reuses one allocation: a match that lists hundreds of holders otherwise
+    /// spends a noticeable part of its time allocating and freeing the result.
+    pub fn match_chain_into(&self, locals: &[u64], opts: &MatchOptions, out: &mut Vec<HolderMatch>) {
+        out.clear();
+        let sorted;
+        let candidates = match opts.candidates.as_deref() {
+            Some(c) if !c.is_sorted() => {
+                sorted = sorted_copy(c);
+                Some(&sorted[..])
+            }
+            c => c,
+        };
+        let filter = Filter { lane: opts.lane, candidates, exclude_gapped: opts.exclude_gapped };
         if opts.intervals {
-            let mut out = self.match_full(locals, opts);
+            out.extend(self.match_full(locals, &filter));
             out.sort_unstable_by(|a, b| b.depth.cmp(&a.depth).then(a.holder.cmp(&b.holder)));
             out.truncate(opts.top_k.unwrap_or(usize::MAX));
-            return out;
+            return;
         }
         SCRATCH.with(|s| {
             let s = &mut *s.borrow_mut();
-            self.match_depth(locals, opts, s);
-            // Sort small keys, not the results: (depth descending, holder key) is the order.
-            let mut keys = std::mem::take(&mut s.keys);
-            keys.clear();
-            keys.extend(s.touched.iter().map(|&h| {
-                let k = self.holders.at(h).key;
-                let d = std::mem::take(&mut s.depth[h as usize]);
-                (u32::MAX - d, k.worker, (u64::from(k.dp_rank) << 32) | u64::from(k.lane), h, d)
-            }));
-            keys.sort_unstable();
-            keys.truncate(opts.top_k.unwrap_or(usize::MAX));
-            let out = keys.iter().map(|&(_, _, _, h, d)| self.result(h, d, Vec::new())).collect();
-            s.keys = keys;
-            out
+            self.match_depth(locals, &filter, s);
+            s.sort_by_depth_then_key();
+            let n = s.order.len().min(opts.top_k.unwrap_or(usize::MAX));
+            out.extend(s.order[..n].iter().map(|&h| self.result(h, s.depth_of(h), Vec::new())));
+            s.reset();
         })
     }
 
-    fn lane_ok(&self, opts: &MatchOptions, holder: u32) -> bool {
-        opts.lane.is_none_or(|l| self.holders.at(holder).key.lane == l)
+    /// Whether the options let `holder` be reported.
+    fn holder_ok(&self, f: &Filter, holder: u32) -> bool {
+        let h = self.holders.card(holder);
+        f.lane.is_none_or(|l| h.key.lane == l)
+            && !(f.exclude_gapped && h.gapped)
+            && f.candidates.is_none_or(|c| c.binary_search(&h.key.worker).is_ok())
     }
 
     fn result(&self, h: u32, depth: u32, intervals: Vec<(u32, u32)>) -> HolderMatch {
-        let holder = self.holders.at(h);
-        HolderMatch { holder: holder.key, depth, total: holder.blocks, inferred: !holder.fed, intervals }
+        let holder = self.holders.card(h);
+        HolderMatch {
+            holder: holder.key,
+            depth,
+            total: holder.blocks,
+            inferred: !holder.fed,
+            gapped: holder.gapped,
+            intervals,
+        }
     }
 
-    /// Depth only, with early exit. Per-holder depths live in a dense per-thread array indexed
-    /// by holder slot (no hashing on the hot path); the caller reads and resets touched slots.
-    fn match_depth(&self, locals: &[u64], opts: &MatchOptions, s: &mut Scratch) {
-        if s.depth.len() < self.holders.slots.len() {
-            s.depth.resize(self.holders.slots.len(), 0);
+    /// Depth only, with early exit. The walk goes run by run: the query's locals are compared
+    /// with the run's as one slice, and the run's members are credited once for the whole
+    /// matched stretch.
+    ///
+    /// A holder's progress is its *stage*: how many of the extending runs so far it was
+    /// extended by (a dense per-thread array indexed by holder slot, no hashing). It may extend
+    /// at a run only if it was extended by every extending run before it, i.e. its stage is
+    /// the number of runs so far: contiguous from position 0, never past a hole.
+    ///
+    /// While one run is compared, the next one's record (or the edge table slot that finds
+    /// it) is already being loaded, and its locals once its record is in: a query's walk is a
+    /// chain of dependent loads, and these overlap them with the work on the current run.
+    fn match_depth(&self, locals: &[u64], f: &Filter, s: &mut Scratch) {
+        if s.stage.len() < self.holders.slots.len() {
+            s.stage.resize(self.holders.slots.len(), 0);
         }
         s.touched.clear();
-        let mut cur = crate::trie::ROOT;
-        for (i, &local) in locals.iter().enumerate() {
-            let i = i as u32;
-            let Some(child) = self.arena.child(cur, local) else { break };
-            cur = child;
+        s.ends.clear();
+        s.reached.clear();
+        let trie = &self.trie;
+        let mut i = 0usize;
+        let mut next = locals.first().and_then(|&l| trie.child(ROOT, l));
+        let mut prev: Option<&crate::trie::Run> = None;
+        while let Some(c) = next {
+            let run = &trie.runs[c];
+            trie.prefetch_child(c, locals.get(i + run.len as usize).copied());
+            let k = common_prefix(trie.blocks.locals(run.start, run.len), &locals[i..]);
+            let to = i + k as usize;
+            // Found before crediting this run's members, so its locals load meanwhile.
+            next = if k == run.len && to < locals.len() { trie.child(c, locals[to]) } else { None };
+            if let Some(n) = next {
+                trie.prefetch_locals(n);
+            }
+            if prev.is_some_and(|p| same_holders(p, run)) {
+                // Held by exactly the holders of the run before (a chain its holders stored
+                // in several operations): whoever extended there extends here too.
+                *s.ends.last_mut().expect("the run before extended someone") = to as u32;
+                (prev, i) = (Some(run), to);
+                continue;
+            }
+            let stage = s.ends.len() as u32;
             let mut extended = 0usize;
-            for m in self.arena.nodes[child as usize].members.iter() {
-                let d = &mut s.depth[m.holder as usize];
-                if *d == i && (opts.lane.is_none() || self.lane_ok(opts, m.holder)) {
-                    *d = i + 1;
+            for m in run.members.iter() {
+                let st = &mut s.stage[m.holder as usize];
+                if *st == stage && (f.is_none() || self.holder_ok(f, m.holder)) {
+                    *st = stage + 1;
                     extended += 1;
-                    if i == 0 {
+                    if stage == 0 {
                         s.touched.push(m.holder);
                     }
                 }
@@ -83,40 +134,131 @@ impl Keyspace {
             if extended == 0 {
                 break;
             }
+            s.ends.push(to as u32);
+            s.reached.push(extended as u32);
+            (prev, i) = (Some(run), to);
         }
     }
 
     /// Every holder covering any position, with its intervals.
-    fn match_full(&self, locals: &[u64], opts: &MatchOptions) -> Vec<HolderMatch> {
+    fn match_full(&self, locals: &[u64], f: &Filter) -> Vec<HolderMatch> {
         let mut acc: FxHashMap<u32, Acc> = FxHashMap::default();
-        let mut cur = crate::trie::ROOT;
-        for (i, &local) in locals.iter().enumerate() {
-            let i = i as u32;
-            let Some(child) = self.arena.child(cur, local) else { break };
-            cur = child;
-            for m in self.arena.nodes[child as usize].members.iter() {
-                if !self.lane_ok(opts, m.holder) {
+        let trie = &self.trie;
+        let (mut r, mut i) = (ROOT, 0usize);
+        while i < locals.len() {
+            let Some(c) = trie.child(r, locals[i]) else { break };
+            let run = &trie.runs[c];
+            let k = common_prefix(trie.blocks.locals(run.start, run.len), &locals[i..]);
+            let (from, to) = (i as u32, (i + k as usize) as u32);
+            for m in run.members.iter() {
+                if !f.is_none() && !self.holder_ok(f, m.holder) {
                     continue;
                 }
                 let a = acc.entry(m.holder).or_default();
-                if a.depth == i {
-                    a.depth = i + 1;
+                if a.depth == from {
+                    a.depth = to;
                 }
                 match a.intervals.last_mut() {
-                    Some(last) if last.1 == i => last.1 = i + 1,
-                    _ => a.intervals.push((i, i + 1)),
+                    Some(last) if last.1 == from => last.1 = to,
+                    _ => a.intervals.push((from, to)),
                 }
             }
+            if k < run.len {
+                break;
+            }
+            (r, i) = (c, to as usize);
         }
         acc.into_iter().map(|(h, a)| self.result(h, a.depth, a.intervals)).collect()
     }
 }
 
+/// Whether two runs have the same holders (stamps aside). Member lists are sorted by key.
+#[inline]
+fn same_holders(a: &crate::trie::Run, b: &crate::trie::Run) -> bool {
+    a.members.len() == b.members.len()
+        && a.members.iter().zip(b.members.iter()).all(|(x, y)| x.holder == y.holder)
+}
+
+/// The holder filters of [`MatchOptions`], with the candidate list sorted.
+struct Filter<'a> {
+    lane: Option<u32>,
+    candidates: Option<&'a [u64]>,
+    exclude_gapped: bool,
+}
+
+impl Filter<'_> {
+    /// No filter: the hot loop skips the holder lookup.
+    #[inline]
+    fn is_none(&self) -> bool {
+        self.lane.is_none() && self.candidates.is_none() && !self.exclude_gapped
+    }
+}
+
+fn sorted_copy(c: &[u64]) -> Vec<u64> {
+    let mut v = c.to_vec();
+    v.sort_unstable();
+    v
+}
+
+/// Per-thread buffers of the depth-only walk.
 #[derive(Default)]
 struct Scratch {
-    depth: Vec<u32>,
+    /// Per holder slot: how many extending runs it was extended by (0 outside a query).
+    stage: Vec<u32>,
+    /// Holders with depth >= 1, in the order of the first run's members: holder key order.
     touched: Vec<u32>,
-    keys: Vec<(u32, u64, u64, u32, u32)>,
+    /// The depth reached at each extending run: stage `s` means depth `ends[s - 1]`.
+    ends: Vec<u32>,
+    /// How many holders each extending run extended: `reached[s - 1]` reached stage `s`.
+    reached: Vec<u32>,
+    /// Where the next holder of each final stage goes in `order`.
+    next: Vec<u32>,
+    order: Vec<u32>,
+}
+
+impl Scratch {
+    fn depth_of(&self, h: u32) -> u32 {
+        self.ends[self.stage[h as usize] as usize - 1]
+    }
+
+    /// `order`: the touched holders by depth (descending), then holder key. `touched` is
+    /// already in key order (runs keep their members sorted by key, and every touched holder
+    /// is a member of the first run), and the walk counted how many holders reached each
+    /// stage, so one stable pass places them: final stage `s` holds `reached[s-1] - reached[s]`
+    /// holders. Most holders usually stop at the first run; they are placed with a register
+    /// counter, without the memory increment chain a counting sort has on its busiest bucket.
+    fn sort_by_depth_then_key(&mut self) {
+        self.order.clear();
+        let top = self.reached.len();
+        if top == 0 {
+            return;
+        }
+        self.next.clear();
+        self.next.resize(top + 1, 0);
+        let mut at = 0;
+        for s in (1..=top).rev() {
+            self.next[s] = at;
+            at += self.reached[s - 1] - self.reached.get(s).copied().unwrap_or(0);
+        }
+        self.order.resize(self.touched.len(), 0);
+        let mut first = self.next[1];
+        for &h in &self.touched {
+            let s = self.stage[h as usize] as usize;
+            if s == 1 {
+                self.order[first as usize] = h;
+                first += 1;
+            } else {
+                self.order[self.next[s] as usize] = h;
+                self.next[s] += 1;
+            }
+        }
+    }
+
+    fn reset(&mut self) {
+        for &h in &self.touched {
+            self.stage[h as usize] = 0;
+        }
+    }
 }
 
 thread_local! {

@@ -103,31 +103,20 @@ mod tests {
                 if n + 1 < cs.len() { "," } else { "" }
             );
         }
-        s += "  ],\n  \"partition_of\": [\n";
-        // The other cross-language contract: which partition a worker's records live in.
-        let workers: [u64; 11] = [
-            0,
-            1,
-            2,
-            255,
-            1 << 32,
-            1 << 63,
-            u64::MAX,
-            0x9E37_79B9_7F4A_7C15,
-            0xDEAD_BEEF_CAFE_BABE,
-            12_345_678_901_234_567_890,
-            7_000_000_007,
-        ];
-        let rows: Vec<String> = workers
+        s + "  ],\n" + &partition_json() + "}\n"
+    }
+
+    /// The `"partition_of"` vectors ([`crate::partition`]), one entry per line.
+    fn partition_json() -> String {
+        use crate::partition::{partition_of, GOLDEN_PARTITIONS, GOLDEN_WORKERS};
+        let rows: Vec<String> = GOLDEN_WORKERS
             .iter()
-            .flat_map(|&w| {
-                [1u32, 2, 3, 16, 64, 1000].map(|n| {
-                    let p = crate::partition_of(w, n);
-                    format!("    {{\"worker\": {w}, \"partitions\": {n}, \"partition\": {p}}}")
-                })
+            .flat_map(|&w| GOLDEN_PARTITIONS.iter().map(move |&n| (w, n)))
+            .map(|(w, n)| {
+                format!("    {{\"worker\": {w}, \"partitions\": {n}, \"partition\": {}}}", partition_of(w, n))
             })
             .collect();
-        s + &rows.join(",\n") + "\n  ]\n}\n"
+        format!("  \"partition_of\": [\n{}\n  ]\n", rows.join(",\n"))
     }
 
     fn golden_path() -> std::path::PathBuf {

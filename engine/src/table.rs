@@ -65,6 +65,27 @@ impl Shard {
 
     /// Grows (doubling) until `total` entries fit under a 0.7 load factor: linear probing
     /// stays short there, and probes stay within one or two cache lines.
+    /// Inserts `node` unless an entry under `h` satisfies `eq`, which is returned instead:
+    /// one probe for what a lookup followed by an insert would probe twice.
+    fn insert_new(&mut self, h: u32, node: u32, mut eq: impl FnMut(u32) -> bool) -> Option<u32> {
+        debug_assert_ne!(node, 0, "the root is never stored");
+        self.reserve(self.len + 1);
+        let mask = self.mask();
+        let mut i = h as usize & mask;
+        loop {
+            let s = self.slots[i];
+            if s == EMPTY {
+                self.slots[i] = slot(h, node);
+                self.len += 1;
+                return None;
+            }
+            if (s >> 32) as u32 == h && eq(s as u32) {
+                return Some(s as u32);
+            }
+            i = (i + 1) & mask;
+        }
+    }
+
     fn reserve(&mut self, total: usize) {
         let mut cap = self.slots.len().max(8);
         while total * 10 > cap * 7 {
@@ -119,6 +140,19 @@ impl Shard {
     }
 }
 
+/// Starts loading the cache line holding `*p`. A hint only: no effect on results, and a no-op
+/// where the instruction does not exist.
+#[inline]
+pub fn prefetch_ptr<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch never faults and reads nothing.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast())
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
 /// Node indices by 64-bit hash. Keys live in the nodes: callers pass an `eq` that checks a
 /// candidate node, and the table never needs to rehash a key.
 pub struct NodeTable {
@@ -144,6 +178,28 @@ impl NodeTable {
         self.shards[s].find(low, eq)
     }
 
+    /// Replaces `old` stored under `h` by `new` (a run that took over another's place).
+    /// Returns whether `old` was there.
+    pub fn replace(&mut self, h: u64, old: u32, new: u32) -> bool {
+        let (s, low) = Self::split(h);
+        let shard = &mut self.shards[s];
+        if shard.slots.is_empty() {
+            return false;
+        }
+        let (mask, want) = (shard.mask(), slot(low, old));
+        let mut i = low as usize & mask;
+        loop {
+            match shard.slots[i] {
+                EMPTY => return false,
+                x if x == want => {
+                    shard.slots[i] = slot(low, new);
+                    return true;
+                }
+                _ => i = (i + 1) & mask,
+            }
+        }
+    }
+
     /// Starts loading the cache line a lookup of `h` will read first. A write of a long block
     /// list issues these a few blocks ahead, so the table's cache misses (one per new block,
     /// the largest cost of a write) overlap instead of queueing. A hint only: no effect on
@@ -155,12 +211,7 @@ impl NodeTable {
             let (s, low) = Self::split(h);
             let shard = &self.shards[s];
             if let Some(slot) = shard.slots.get(low as usize & shard.mask()) {
-                // SAFETY: a prefetch never faults and reads nothing; the pointer is in bounds.
-                unsafe {
-                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                        (slot as *const u64).cast(),
-                    )
-                };
+                prefetch_ptr(slot);
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -171,6 +222,13 @@ impl NodeTable {
     pub fn insert(&mut self, h: u64, node: u32) {
         let (s, low) = Self::split(h);
         self.shards[s].insert(low, node);
+    }
+
+    /// Stores `node` under `h` unless a node stored under `h` satisfies `eq`: returns that
+    /// node then, and stores nothing.
+    pub fn insert_new(&mut self, h: u64, node: u32, eq: impl FnMut(u32) -> bool) -> Option<u32> {
+        let (s, low) = Self::split(h);
+        self.shards[s].insert_new(low, node, eq)
     }
 
     /// Removes `node` stored under `h`; returns whether it was there.
@@ -186,6 +244,20 @@ impl NodeTable {
         for s in &mut self.shards {
             s.reserve(s.len + per);
         }
+    }
+
+    /// Every stored entry as (hash signature, node); see [`Self::signature`].
+    pub fn entries(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
+        self.shards.iter().enumerate().flat_map(|(i, sh)| {
+            sh.slots.iter().filter(|&&s| s != EMPTY).map(move |&s| (((i as u64) << 32) | (s >> 32), s as u32))
+        })
+    }
+
+    /// The bits of a 64-bit hash the table keeps (shard and stored low bits): an entry stored
+    /// under `h` has the signature `signature(h)`.
+    pub fn signature(h: u64) -> u64 {
+        let (s, low) = Self::split(h);
+        ((s as u64) << 32) | u64::from(low)
     }
 
     #[cfg(test)]

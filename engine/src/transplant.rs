@@ -1,14 +1,16 @@
 //! Replacing one partition's holders with another keyspace's (anti-entropy repair).
 //!
-//! Holders of different partitions share trie nodes but never state, so a partition's holders
+//! Holders of different partitions share trie blocks but never state, so a partition's holders
 //! can be rebuilt elsewhere (checkpoint + replay of that partition) and moved in: drop ours,
-//! then recreate theirs node by node (by path), with the same stamps, records and ext
-//! resolution, so the result digests, answers and evolves as if it had been applied here.
+//! enumerate theirs with only the blocks they reference ([`Keyspace::dump_partitions`]), and
+//! graft that onto our trie chain by chain (by locals, so by path), with the same stamps,
+//! records and ext resolution: the result digests, answers and evolves as if it had been
+//! applied here.
 
-use crate::digest::block_term;
+use crate::blocks::ROOT_BLOCK;
+use crate::dump::KeyspaceDump;
 use crate::holder::{Holder, Record};
 use crate::keyspace::Keyspace;
-use crate::trie::{Member, ROOT};
 use rustc_hash::FxHashMap;
 
 impl Keyspace {
@@ -17,81 +19,91 @@ impl Keyspace {
         for h in self.holders.sorted() {
             if self.holders.at(h).group == group {
                 let snap = self.snap_term(h);
-                self.clear_holder(h);
+                self.clear_blocks(h);
                 self.settle_term(h, snap);
                 self.holders.remove(h);
             }
         }
-        let theirs: Vec<u32> =
-            src.holders.sorted().into_iter().filter(|&h| src.holders.at(h).group == group).collect();
-        if theirs.is_empty() {
-            return;
+        let theirs = src.dump_partitions(|g| g == group);
+        if !theirs.holders.is_empty() {
+            self.graft(&theirs);
         }
-        let mut members: FxHashMap<u32, Vec<(u32, u32)>> = FxHashMap::default();
-        for (i, n) in src.arena.nodes.iter().enumerate().skip(1) {
-            if n.live() {
-                for m in n.members.iter() {
-                    if src.holders.at(m.holder).group == group {
-                        members.entry(m.holder).or_default().push((i as u32, m.stamp));
-                    }
-                }
-            }
-        }
-        let mut map: FxHashMap<u32, u32> = FxHashMap::default();
-        map.insert(ROOT, ROOT);
-        for sh in theirs {
-            let s = src.holders.at(sh);
-            let mut h = Holder::new(s.key, s.group);
-            h.fed = s.fed;
-            h.gapped = s.gapped;
-            h.next_stamp = s.next_stamp;
-            h.last_time = s.last_time;
+    }
+
+    /// Adds a dump's holders (none of which exist here) onto this trie.
+    fn graft(&mut self, d: &KeyspaceDump) {
+        let blocks = self.graft_nodes(d);
+        for dh in &d.holders {
+            let mut h =
+                Holder::new(dh.key, crate::partition::partition_of(dh.key.worker, self.cfg.partitions));
+            (h.fed, h.gapped, h.next_stamp, h.last_time) = (dh.fed, dh.gapped, dh.next_stamp, dh.last_time);
             let hi = self.holders.insert(h);
             let snap = self.snap_term(hi);
-            for &(n, stamp) in members.get(&sh).map(Vec::as_slice).unwrap_or(&[]) {
-                let d = self.map_node(src, n, &mut map);
-                let node = &mut self.arena.nodes[d as usize];
-                node.members.push(Member { holder: hi, stamp });
-                let path = node.path;
-                let holder = self.holders.at_mut(hi);
-                holder.blocks += 1;
-                holder.digest = holder.digest.wrapping_add(block_term(path, !holder.fed));
-                // The ext this holder resolves to the node in `src` must resolve here too.
-                let sn = &src.arena.nodes[n as usize];
-                let ext = s.override_of.get(&n).copied().or(sn.has_ext().then_some(sn.ext));
+            self.graft_members(hi, &dh.members, &blocks);
+            let override_of: FxHashMap<u32, u64> = dh.overrides.iter().map(|&(e, k)| (k, e)).collect();
+            for &(k, _) in &dh.members {
+                // The ext this holder resolves to the node in the source must resolve here too.
+                let ext = override_of.get(&k).copied().or(d.nodes[k as usize - 1].ext);
                 if let Some(e) = ext {
-                    if !self.arena.bind_ext(d, e) {
-                        let holder = self.holders.at_mut(hi);
-                        holder.overrides.insert(e, d);
-                        holder.override_of.insert(d, e);
-                    }
+                    self.bind_or_override(hi, blocks[k as usize], e);
                 }
             }
-            for r in &s.records {
-                let leaf = self.map_node(src, r.leaf, &mut map);
-                self.arena.nodes[leaf as usize].pins += 1;
-                self.holders.at_mut(hi).records.push_back(Record { leaf, ..*r });
+            for &(stamp, leaf, len, time) in &dh.records {
+                let leaf = blocks[leaf as usize];
+                if self.trie.runs[self.trie.run_of(leaf)].last() != leaf {
+                    self.trie.split_before(leaf + 1);
+                }
+                self.push_record(hi, Record { stamp, leaf, len, time });
             }
             self.settle_term(hi, snap);
         }
     }
 
-    /// The node here with the same path as `src`'s node `n`, created if needed.
-    fn map_node(&mut self, src: &Keyspace, n: u32, map: &mut FxHashMap<u32, u32>) -> u32 {
-        if let Some(&d) = map.get(&n) {
-            return d;
+    /// The block here of every dump node (index 0 is the root), creating what is missing:
+    /// each maximal chain of consecutive nodes is walked (and created) in one go.
+    fn graft_nodes(&mut self, d: &KeyspaceDump) -> Vec<u32> {
+        let n = d.nodes.len();
+        let mut blocks = vec![ROOT_BLOCK; n + 1];
+        let (mut locals, mut stretches) = (Vec::new(), Vec::new());
+        let mut k = 1;
+        while k <= n {
+            let mut end = k;
+            while end < n && d.nodes[end].parent as usize == end {
+                end += 1;
+            }
+            locals.clear();
+            locals.extend(d.nodes[k - 1..end].iter().map(|x| x.local));
+            let parent = blocks[d.nodes[k - 1].parent as usize];
+            self.trie.walk_create(parent, &locals, false, &mut stretches);
+            let mut i = k;
+            for st in &stretches {
+                for b in st.first..st.first + st.count {
+                    blocks[i] = b;
+                    i += 1;
+                }
+            }
+            k = end + 1;
         }
-        let mut chain = Vec::new();
-        let mut cur = n;
-        while !map.contains_key(&cur) {
-            chain.push(cur);
-            cur = src.arena.nodes[cur as usize].parent;
+        blocks
+    }
+
+    /// The holder's memberships, stretch by stretch: consecutive members on consecutive blocks
+    /// of one run with one stamp are added together.
+    fn graft_members(&mut self, h: u32, members: &[(u32, u32)], blocks: &[u32]) {
+        let mut i = 0;
+        while i < members.len() {
+            let (first, stamp) = (blocks[members[i].0 as usize], members[i].1);
+            let run = self.trie.run_of(first);
+            let mut count = 1;
+            while let Some(&(k, s)) = members.get(i + count as usize) {
+                let b = blocks[k as usize];
+                if s != stamp || b != first + count || self.trie.run_of(b) != run {
+                    break;
+                }
+                count += 1;
+            }
+            self.add_member_stretch(h, first, count, stamp, None);
+            i += count as usize;
         }
-        let mut d = map[&cur];
-        for &c in chain.iter().rev() {
-            d = self.arena.child_or_insert(d, src.arena.nodes[c as usize].local);
-            map.insert(c, d);
-        }
-        d
     }
 }

@@ -1,224 +1,497 @@
-//! The node arena of one keyspace: a trie over local hashes with two lookup tables.
+//! The trie of one keyspace, path-compressed into runs.
 //!
-//! Every block position is one node (no path compression: a node's holder set differs from
-//! its neighbours' often enough under eviction that splitting runs would cost more than it
-//! saves). Nodes live in fixed-size chunks with a free list; children are found through one
-//! keyspace-wide table keyed by `(parent, local)` and ext hashes through another keyed by a
-//! node's canonical ext ([`NodeTable`]: the key lives in the node, the table holds its index
-//! and 32 hash bits, so a lookup costs one probe plus one node read on a match).
+//! A run is a chain of consecutive block positions that share one membership list (every
+//! holder in it holds every block of it, each block stamped by the same operation): matching
+//! compares a run's locals as one contiguous slice and credits its members once, instead of
+//! one dependent load per position. Runs are split where a chain branches (children hang only
+//! off a run's last block) and where membership changes, never merged while they live
+//! (rebuild lays them out maximal again). Runs hold at most [`MAX_RUN`] blocks, which bounds
+//! the cost of a split (runs keep the path hashes of their two ends, every 64th block keeps
+//! its own, and [`parent_path`] walks backwards from a run's end).
 //!
-//! No write may stall readers for long, so nothing here ever reallocates the whole state: the
-//! arena grows by one chunk at a time and each table is split into 256 shards, so a resize
-//! moves 1/256 of the entries.
+//! Blocks of a run are a contiguous range of [`Blocks`] (`start..start + len`, with spare
+//! capacity up to `cap` that a shrunk run keeps and a child run may reuse). Children are
+//! found through the run's `first_child` or the edge table keyed by (parent block, local), and
+//! blocks by canonical ext through the ext table ([`NodeTable`]: one probe, one read on a
+//! match). Block ids never change while blocks live, so splitting a run rewrites only the run
+//! ids of its smaller part and at most one table entry.
+//!
+//! Operation records end at run ends: a record's leaf is always the last block of its run,
+//! and `pins` counts the records ending there (a pinned run is never freed).
 
-use crate::digest::{child_path, fold_mul, ROOT_PATH};
+use crate::blocks::{Blocks, ANCHOR, CHUNK, ROOT_BLOCK};
+use crate::digest::{block_term, child_path, fold_mul, parent_path, ROOT_PATH};
+pub use crate::runs::{Member, Members, Run, Runs};
+use crate::runs::{CHILDREN, LIVE};
 use crate::table::NodeTable;
-use smallvec::SmallVec;
 
+/// The root's run: its one (virtual) block is [`ROOT_BLOCK`], the parent of top-level runs.
 pub const ROOT: u32 = 0;
 pub const NIL: u32 = u32::MAX;
+/// Longest run. Long enough that a query walks few runs (a long document is one run), short
+/// enough that a split (which rewrites the run ids of its smaller part) stays cheap.
+pub const MAX_RUN: u32 = 4096;
+const _: () = assert!(MAX_RUN as usize <= CHUNK);
 
-/// One holder's membership in a node, with the stamp of the operation that last stored it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Member {
-    pub holder: u32,
-    pub stamp: u32,
+/// The longest run new runs may have: [`MAX_RUN`], or less when a test lowers it to make
+/// small states cross run boundaries (any value gives the same answers, digests and dumps;
+/// only the layout differs).
+#[cfg(not(feature = "testing"))]
+#[inline]
+pub fn max_run() -> u32 {
+    MAX_RUN
 }
 
-/// Aligned to the cache line too: a chunk allocation need not start on one, and a node that
-/// straddles two lines costs two misses.
-#[repr(align(64))]
-pub struct Node {
-    pub local: u64,
-    /// Chained hash of all locals from the root: the node's position-bound identity.
-    pub path: u64,
-    /// Canonical ext hash (valid when `has_ext`): the first ext a holder stored it under.
-    pub ext: u64,
-    pub parent: u32,
-    /// The first child created (`NIL` if none): chains are walked without a table probe.
-    /// Other children are in the edge table; a child is in exactly one of the two places.
-    pub first_child: u32,
-    /// The child count in the low 30 bits, then the `has_ext` and `live` flags: packed so a
-    /// node is one 64-byte cache line (the arena is most of a keyspace's memory).
-    bits: u32,
-    /// Operation records whose window ends here; a pinned node is never freed.
-    pub pins: u32,
-    pub members: SmallVec<[Member; 2]>,
+#[cfg(feature = "testing")]
+static TEST_MAX_RUN: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(MAX_RUN);
+
+#[cfg(feature = "testing")]
+#[inline]
+pub fn max_run() -> u32 {
+    TEST_MAX_RUN.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-const _: () = assert!(std::mem::size_of::<Node>() == 64, "a node is one cache line");
-
-const CHILDREN: u32 = (1 << 30) - 1;
-const HAS_EXT: u32 = 1 << 30;
-const LIVE: u32 = 1 << 31;
-
-impl Node {
-    fn new(local: u64, path: u64, parent: u32) -> Self {
-        Self { local, path, ext: 0, parent, first_child: NIL, bits: LIVE, pins: 0, members: SmallVec::new() }
-    }
-
-    #[inline]
-    pub fn children(&self) -> u32 {
-        self.bits & CHILDREN
-    }
-
-    /// Whether `ext` holds the node's canonical ext.
-    #[inline]
-    pub fn has_ext(&self) -> bool {
-        self.bits & HAS_EXT != 0
-    }
-
-    /// False once freed (the slot waits on the free list).
-    #[inline]
-    pub fn live(&self) -> bool {
-        self.bits & LIVE != 0
-    }
-
-    pub fn member(&self, holder: u32) -> Option<usize> {
-        self.members.iter().position(|m| m.holder == holder)
-    }
+/// Test-only: cuts new runs at `n` blocks (clamped to `1..=MAX_RUN`), process-wide.
+#[cfg(feature = "testing")]
+pub fn set_max_run_for_test(n: u32) {
+    TEST_MAX_RUN.store(n.clamp(1, MAX_RUN), std::sync::atomic::Ordering::Relaxed);
 }
+/// How many blocks ahead a walk over a run's blocks prefetches their ext-table slots.
+const PREFETCH_AHEAD: u32 = 8;
 
 const K_EDGE: u64 = 0x9e37_79b9_7f4a_7c15;
 const K_EXT: u64 = 0xd6e8_feb8_6659_fd93;
 
 #[inline]
-fn edge_hash(parent: u32, local: u64) -> u64 {
+pub fn edge_hash(parent: u32, local: u64) -> u64 {
     fold_mul(local ^ (u64::from(parent) << 29), K_EDGE)
 }
 
 #[inline]
-fn ext_hash(ext: u64) -> u64 {
+pub fn ext_hash(ext: u64) -> u64 {
     fold_mul(ext, K_EXT)
 }
 
-const CHUNK_BITS: u32 = 14;
-const CHUNK: usize = 1 << CHUNK_BITS;
-
-/// Nodes in chunks of `CHUNK`; a chunk is allocated once at full size and never moves.
-#[derive(Default)]
-pub struct Nodes {
-    chunks: Vec<Vec<Node>>,
-    len: usize,
-}
-
-impl Nodes {
-    #[inline]
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn push(&mut self, n: Node) {
-        if self.len == self.chunks.len() * CHUNK {
-            self.chunks.push(Vec::with_capacity(CHUNK));
+/// Length of the common prefix of two slices. Compares 8 at a time first (branch-free
+/// inside a group, so it vectorises): a match walks hundreds of locals per run.
+#[inline]
+pub fn common_prefix(a: &[u64], b: &[u64]) -> u32 {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut i = 0;
+    for (x, y) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
+        if x.iter().zip(y).fold(0, |d, (p, q)| d | (p ^ q)) != 0 {
+            break;
         }
-        self.chunks.last_mut().expect("chunk").push(n);
-        self.len += 1;
+        i += 8;
     }
-
-    pub fn iter(&self) -> impl Iterator<Item = &Node> {
-        self.chunks.iter().flatten()
+    while i < n && a[i] == b[i] {
+        i += 1;
     }
-
-    fn capacity(&self) -> usize {
-        self.chunks.len() * CHUNK
-    }
+    i as u32
 }
 
-impl std::ops::Index<usize> for Nodes {
-    type Output = Node;
-    #[inline]
-    fn index(&self, i: usize) -> &Node {
-        &self.chunks[i >> CHUNK_BITS][i & (CHUNK - 1)]
-    }
+/// A stretch of blocks of one run: `(run, first block, count)`.
+pub type Segment = (u32, u32, u32);
+
+/// A stretch of a walked chain inside one run: `count` blocks from block `first`. For blocks
+/// the walk created, the sum of their digest terms comes along (the walk computes their
+/// paths anyway).
+#[derive(Clone, Copy, Debug)]
+pub struct Stretch {
+    pub first: u32,
+    pub count: u32,
+    pub new_terms: Option<u64>,
 }
 
-impl std::ops::IndexMut<usize> for Nodes {
-    #[inline]
-    fn index_mut(&mut self, i: usize) -> &mut Node {
-        &mut self.chunks[i >> CHUNK_BITS][i & (CHUNK - 1)]
-    }
+pub struct Trie {
+    pub blocks: Blocks,
+    pub runs: Runs,
+    pub(crate) edges: NodeTable,
+    pub(crate) exts: NodeTable,
+    live_runs: usize,
+    live_blocks: usize,
 }
 
-pub struct Arena {
-    pub nodes: Nodes,
-    free: Vec<u32>,
-    edges: NodeTable,
-    exts: NodeTable,
-    live: usize,
-}
-
-impl Default for Arena {
+impl Default for Trie {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl Arena {
+impl Trie {
     pub fn new() -> Self {
-        let root = Node::new(0, ROOT_PATH, ROOT);
-        let mut nodes = Nodes::default();
-        nodes.push(root);
-        Self { nodes, free: Vec::new(), edges: NodeTable::default(), exts: NodeTable::default(), live: 0 }
+        let mut runs = Runs::default();
+        let root = Run {
+            start: ROOT_BLOCK,
+            len: 1,
+            cap: 1,
+            parent: ROOT_BLOCK,
+            first_child: NIL,
+            first_child_start: 0,
+            bits: LIVE,
+            pins: 0,
+            first_local: 0,
+            start_path: ROOT_PATH,
+            end_path: ROOT_PATH,
+            members: Members::new(),
+        };
+        runs.alloc(root);
+        Self {
+            blocks: Blocks::new(),
+            runs,
+            edges: NodeTable::default(),
+            exts: NodeTable::default(),
+            live_runs: 0,
+            live_blocks: 0,
+        }
     }
 
-    /// Nodes other than the root.
-    #[allow(clippy::len_without_is_empty)]
-    pub fn len(&self) -> usize {
-        self.live
+    /// Block positions in the trie.
+    pub fn live_blocks(&self) -> usize {
+        self.live_blocks
+    }
+
+    /// Runs other than the root.
+    pub fn live_runs(&self) -> usize {
+        self.live_runs
     }
 
     #[inline]
-    pub fn child(&self, parent: u32, local: u64) -> Option<u32> {
-        let fc = self.nodes[parent as usize].first_child;
-        if fc != NIL && self.nodes[fc as usize].local == local {
-            return Some(fc);
-        }
-        let children = self.nodes[parent as usize].children();
-        if children == 0 || (fc != NIL && children == 1) {
-            return None;
-        }
-        let nodes = &self.nodes;
-        self.edges.find(edge_hash(parent, local), |i| {
-            let n = &nodes[i as usize];
-            n.parent == parent && n.local == local
-        })
+    pub fn run_of(&self, b: u32) -> u32 {
+        self.blocks.run_of(b)
     }
 
-    /// The child of `parent` with `local`, created if absent.
-    pub fn child_or_insert(&mut self, parent: u32, local: u64) -> u32 {
-        if let Some(c) = self.child(parent, local) {
-            return c;
+    /// The child run of run `r`'s last block whose first local is `local`.
+    #[inline]
+    pub fn child(&self, r: u32, local: u64) -> Option<u32> {
+        let run = &self.runs[r];
+        let fc = run.first_child;
+        if fc != NIL && self.runs[fc].first_local == local {
+            return Some(fc);
         }
-        let node = Node::new(local, child_path(self.nodes[parent as usize].path, local), parent);
-        let idx = match self.free.pop() {
-            Some(i) => {
-                self.nodes[i as usize] = node;
-                i
-            }
-            None => {
-                self.nodes.push(node);
-                (self.nodes.len() - 1) as u32
-            }
+        let n = run.children();
+        if n == 0 || (fc != NIL && n == 1) {
+            return None;
+        }
+        let pb = run.last();
+        let runs = &self.runs;
+        self.edges.find(edge_hash(pb, local), |c| runs[c].parent == pb && runs[c].first_local == local)
+    }
+
+    /// Starts loading what finding the child of run `r` with first local `next` will read:
+    /// the first child's record and first locals, and the edge table slot when there are
+    /// several children. A hint only.
+    #[inline]
+    pub fn prefetch_child(&self, r: u32, next: Option<u64>) {
+        let run = &self.runs[r];
+        if run.first_child != NIL {
+            crate::table::prefetch_ptr(&self.runs[run.first_child]);
+            let locals = self.blocks.locals(run.first_child_start, 1).as_ptr();
+            crate::table::prefetch_ptr(locals);
+            crate::table::prefetch_ptr(locals.wrapping_add(8));
+        }
+        if let Some(local) = next.filter(|_| run.children() > 1) {
+            self.edges.prefetch(edge_hash(run.last(), local));
+        }
+    }
+
+    /// Starts loading the first locals of run `r`. A hint only.
+    #[inline]
+    pub fn prefetch_locals(&self, r: u32) {
+        let run = &self.runs[r];
+        crate::table::prefetch_ptr(self.blocks.locals(run.start, 1).as_ptr());
+    }
+
+    /// The path hash of the block at offset `off` of run `r`: from the nearest anchor or
+    /// end at or before it, at most [`ANCHOR`]` - 1` steps.
+    pub fn path_at(&self, r: u32, off: u32) -> u64 {
+        let run = &self.runs[r];
+        if off == run.len - 1 {
+            return run.end_path;
+        }
+        let b = run.start + off;
+        let a = b & !(ANCHOR - 1);
+        let (from, path) =
+            if a > run.start { (a, self.blocks.anchor(a)) } else { (run.start, run.start_path) };
+        self.blocks.locals(from + 1, b - from).iter().fold(path, |p, &l| child_path(p, l))
+    }
+
+    /// Sum of the digest terms of `count` blocks of run `r` from offset `off`.
+    pub fn terms(&self, r: u32, off: u32, count: u32, inferred: bool) -> u64 {
+        let run = &self.runs[r];
+        let locals = self.blocks.locals(run.start, run.len);
+        let mut p = self.path_at(r, off);
+        let mut sum = block_term(p, inferred);
+        for &l in &locals[off as usize + 1..(off + count) as usize] {
+            p = child_path(p, l);
+            sum = sum.wrapping_add(block_term(p, inferred));
+        }
+        sum
+    }
+
+    /// Splits the run holding `b` so that `b` starts a run (no-op if it already does).
+    /// The smaller part gets a new id, so the split costs at most half the run.
+    pub fn split_before(&mut self, b: u32) {
+        let r = self.run_of(b);
+        let (start, len, cap) = (self.runs[r].start, self.runs[r].len, self.runs[r].cap);
+        if b == start {
+            return;
+        }
+        let j = b - start;
+        let before = self.path_at(r, j - 1);
+        let at = child_path(before, self.blocks.local(b));
+        let members = self.runs[r].members.clone();
+        if j <= len - j {
+            let (parent, first_local, start_path) = {
+                let run = &self.runs[r];
+                (run.parent, run.first_local, run.start_path)
+            };
+            let head = Run {
+                start,
+                len: j,
+                cap: j,
+                parent,
+                first_child: r,
+                first_child_start: b,
+                bits: LIVE | 1,
+                pins: 0,
+                first_local,
+                start_path,
+                end_path: before,
+                members,
+            };
+            let h = self.runs.alloc(head);
+            self.relink(parent, first_local, r, h);
+            (start..b).for_each(|x| self.blocks.set_run(x, h));
+            let run = &mut self.runs[r];
+            (run.start, run.len, run.cap, run.parent) = (b, len - j, cap - j, b - 1);
+            (run.first_local, run.start_path) = (self.blocks.local(b), at);
+        } else {
+            let run = &self.runs[r];
+            let tail = Run {
+                start: b,
+                len: len - j,
+                cap: cap - j,
+                parent: b - 1,
+                first_child: run.first_child,
+                first_child_start: run.first_child_start,
+                bits: run.bits,
+                pins: run.pins,
+                first_local: self.blocks.local(b),
+                start_path: at,
+                end_path: run.end_path,
+                members,
+            };
+            let t = self.runs.alloc(tail);
+            (b..start + len).for_each(|x| self.blocks.set_run(x, t));
+            let run = &mut self.runs[r];
+            (run.len, run.cap, run.first_child, run.bits, run.pins, run.end_path) =
+                (j, j, t, LIVE | 1, 0, before);
+            run.first_child_start = b;
+        }
+        self.live_runs += 1;
+    }
+
+    /// Points the parent block's link to child `old` at `new` instead.
+    fn relink(&mut self, parent: u32, first_local: u64, old: u32, new: u32) {
+        let pr = self.run_of(parent);
+        if self.runs[pr].first_child == old {
+            self.runs[pr].first_child = new;
+        } else {
+            let found = self.edges.replace(edge_hash(parent, first_local), old, new);
+            debug_assert!(found, "a non-first child is in the edge table");
+        }
+    }
+
+    /// A new, unheld run of `locals` under `parent` (the last block of its run). Returns it
+    /// and the sum of its blocks' digest terms (`inferred` variant).
+    pub fn create_run(&mut self, parent: u32, locals: &[u64], inferred: bool) -> (u32, u64) {
+        let n = locals.len() as u32;
+        debug_assert!((1..=max_run()).contains(&n));
+        let pr = self.run_of(parent);
+        debug_assert_eq!(parent, self.runs[pr].last(), "children hang off run ends");
+        let (start, cap) = self.allocate(pr, n);
+        self.blocks.locals_mut(start, n).copy_from_slice(locals);
+        let start_path = child_path(self.runs[pr].end_path, locals[0]);
+        self.blocks.set_path(start, start_path);
+        let mut terms = block_term(start_path, inferred);
+        let mut end_path = start_path;
+        for (b, &l) in (start + 1..).zip(&locals[1..]) {
+            end_path = child_path(end_path, l);
+            self.blocks.set_path(b, end_path);
+            terms = terms.wrapping_add(block_term(end_path, inferred));
+        }
+        let run = Run {
+            start,
+            len: n,
+            cap,
+            parent,
+            first_child: NIL,
+            first_child_start: 0,
+            bits: LIVE,
+            pins: 0,
+            first_local: locals[0],
+            start_path,
+            end_path,
+            members: Members::new(),
         };
-        let p = &mut self.nodes[parent as usize];
+        let id = self.runs.alloc(run);
+        (start..start + n).for_each(|b| self.blocks.set_run(b, id));
+        self.link(pr, id);
+        self.live_runs += 1;
+        self.live_blocks += n as usize;
+        (id, terms)
+    }
+
+    /// Room for `n` blocks of a new child of run `pr`: right after the parent's blocks if its
+    /// spare capacity fits (the chain stays contiguous), else from the allocator.
+    fn allocate(&mut self, pr: u32, n: u32) -> (u32, u32) {
+        let p = &mut self.runs[pr];
+        if pr != ROOT && p.cap - p.len >= n {
+            let spare = (p.start + p.len, p.cap - p.len);
+            p.cap = p.len;
+            return spare;
+        }
+        (self.blocks.alloc(n), n)
+    }
+
+    /// Adds run `c` to run `pr`'s last block's children.
+    fn link(&mut self, pr: u32, c: u32) {
+        let c_start = self.runs[c].start;
+        let p = &mut self.runs[pr];
         debug_assert!(p.children() < CHILDREN);
         p.bits += 1;
         if p.first_child == NIL {
-            p.first_child = idx;
+            p.first_child = c;
+            p.first_child_start = c_start;
         } else {
-            self.edges.insert(edge_hash(parent, local), idx);
+            let (parent, local) = (self.runs[c].parent, self.runs[c].first_local);
+            self.edges.insert(edge_hash(parent, local), c);
         }
-        self.live += 1;
-        idx
     }
 
-    /// Makes room for `nodes` more nodes with `exts` canonical exts and `edges` children
-    /// beyond their parent's first, so a rebuild does not rehash its tables as they grow.
-    pub fn reserve(&mut self, nodes: usize, exts: usize, edges: usize) {
-        self.exts.reserve(exts);
-        self.edges.reserve(edges);
-        self.nodes.chunks.reserve(nodes / CHUNK + 1);
+    /// Rebuild: links run `c` under its parent block, refusing a second child with the same
+    /// first local. Returns false (and links nothing) then.
+    pub fn link_checked(&mut self, c: u32) -> bool {
+        let (parent, local) = (self.runs[c].parent, self.runs[c].first_local);
+        let pr = self.run_of(parent);
+        if self.child(pr, local).is_some() {
+            return false;
+        }
+        self.link(pr, c);
+        true
+    }
+
+    /// Walks from block `parent` along `locals`, creating the blocks that do not exist yet
+    /// (as new runs, splitting a run where the chain leaves it in the middle). `out` receives
+    /// the path as stretches, each inside one run at the time of the walk (by block ids,
+    /// which later splits do not change); created ones carry their `inferred` digest terms.
+    pub fn walk_create(&mut self, parent: u32, locals: &[u64], inferred: bool, out: &mut Vec<Stretch>) {
+        out.clear();
+        let (mut cur, mut i) = (parent, 0usize);
+        while i < locals.len() {
+            let r = self.run_of(cur);
+            let last = self.runs[r].last();
+            if cur != last {
+                let k = common_prefix(self.blocks.locals(cur + 1, last - cur), &locals[i..]);
+                if k > 0 {
+                    out.push(Stretch { first: cur + 1, count: k, new_terms: None });
+                    (cur, i) = (cur + k, i + k as usize);
+                    continue;
+                }
+                self.split_before(cur + 1);
+            } else if let Some(c) = self.child(r, locals[i]) {
+                let (start, len) = (self.runs[c].start, self.runs[c].len);
+                let k = common_prefix(self.blocks.locals(start, len), &locals[i..]);
+                out.push(Stretch { first: start, count: k, new_terms: None });
+                (cur, i) = (start + k - 1, i + k as usize);
+                continue;
+            }
+            while i < locals.len() {
+                let m = (locals.len() - i).min(max_run() as usize);
+                let (c, terms) = self.create_run(cur, &locals[i..i + m], inferred);
+                let start = self.runs[c].start;
+                out.push(Stretch { first: start, count: m as u32, new_terms: Some(terms) });
+                (cur, i) = (start + m as u32 - 1, i + m);
+            }
+        }
+    }
+
+    /// Frees run `r` (dead, not the root): unlinks it, drops its blocks' exts, and returns its
+    /// allocation to the parent run when contiguous with it, else to the allocator.
+    fn free_run(&mut self, r: u32) {
+        debug_assert!(r != ROOT && self.runs[r].dead());
+        let (parent, first_local, start, len, cap) = {
+            let run = &self.runs[r];
+            (run.parent, run.first_local, run.start, run.len, run.cap)
+        };
+        let pr = self.run_of(parent);
+        let p = &mut self.runs[pr];
+        p.bits -= 1;
+        if p.first_child == r {
+            p.first_child = NIL;
+        } else {
+            let found = self.edges.remove(edge_hash(parent, first_local), r);
+            debug_assert!(found, "a non-first child is in the edge table");
+        }
+        for b in start..start + len {
+            self.drop_block(b);
+        }
+        let p = &mut self.runs[pr];
+        let same_chunk = p.start >> crate::blocks::CHUNK_BITS == start >> crate::blocks::CHUNK_BITS;
+        if pr != ROOT && p.start + p.cap == start && same_chunk {
+            p.cap += cap;
+        } else {
+            self.blocks.free_range(start, cap);
+        }
+        self.runs.release(r);
+        self.live_runs -= 1;
+        self.live_blocks -= len as usize;
+    }
+
+    /// Unbinds a block's ext and marks it free.
+    fn drop_block(&mut self, b: u32) {
+        if let Some(e) = self.blocks.meta(b).ext() {
+            let found = self.exts.remove(ext_hash(e), b);
+            debug_assert!(found, "a bound ext is in the ext table");
+        }
+        self.blocks.set_free(b);
+    }
+
+    /// Frees run `r` and then its ancestors while they are dead.
+    pub fn release(&mut self, mut r: u32) {
+        while r != ROOT && self.runs[r].dead() {
+            let parent = self.runs[r].parent;
+            self.free_run(r);
+            r = self.run_of(parent);
+        }
+    }
+
+    /// Drops the last `n` blocks of run `r` (which keeps at least one; childless; the caller
+    /// has taken every holder off those blocks and moved their pins). Returns the sum of the
+    /// dropped blocks' digest terms, walked backwards from the run's end path.
+    pub fn shrink_tail(&mut self, r: u32, n: u32, inferred: bool) -> u64 {
+        let (last, mut path) = (self.runs[r].last(), self.runs[r].end_path);
+        debug_assert!(self.runs[r].len > n && self.runs[r].children() == 0);
+        let mut terms = 0u64;
+        let first = last + 1 - n;
+        for b in (first..=last).rev() {
+            // The ext-table slots are the misses: start them a few blocks ahead.
+            if let Some(e) =
+                b.checked_sub(PREFETCH_AHEAD).filter(|&a| a >= first).and_then(|a| self.blocks.meta(a).ext())
+            {
+                self.prefetch_ext(e);
+            }
+            terms = terms.wrapping_add(block_term(path, inferred));
+            path = parent_path(path, self.blocks.local(b));
+            self.drop_block(b);
+        }
+        let run = &mut self.runs[r];
+        run.end_path = path;
+        run.len -= n;
+        self.live_blocks -= n as usize;
+        terms
     }
 
     /// Hints that `ext` will be looked up soon ([`NodeTable::prefetch`]).
@@ -227,127 +500,125 @@ impl Arena {
         self.exts.prefetch(ext_hash(ext));
     }
 
-    /// The node whose canonical ext is `ext`.
+    /// The block whose canonical ext is `ext`.
     #[inline]
     pub fn by_ext(&self, ext: u64) -> Option<u32> {
-        let nodes = &self.nodes;
-        self.exts.find(ext_hash(ext), |i| nodes[i as usize].ext == ext)
+        let blocks = &self.blocks;
+        self.exts.find(ext_hash(ext), |b| blocks.meta(b).ext() == Some(ext))
     }
 
-    /// Makes `ext` the canonical ext of `node` if neither already has one. Returns whether
-    /// `ext` now resolves to `node` through the shared table.
-    pub fn bind_ext(&mut self, node: u32, ext: u64) -> bool {
-        let n = &self.nodes[node as usize];
-        if n.has_ext() {
-            // A bound node is in the table under its own ext, and only under it.
-            return n.ext == ext;
+    /// Makes `ext` the canonical ext of block `b` if neither already has one. Returns whether
+    /// `ext` now resolves to `b` through the shared table.
+    pub fn bind_ext(&mut self, b: u32, ext: u64) -> bool {
+        if let Some(e) = self.blocks.meta(b).ext() {
+            // A bound block is in the table under its own ext, and only under it.
+            return e == ext;
         }
-        if self.by_ext(ext).is_some() {
+        let blocks = &self.blocks;
+        if self.exts.insert_new(ext_hash(ext), b, |k| blocks.meta(k).ext() == Some(ext)).is_some() {
             return false;
         }
-        // The insert probes the cache line the lookup just read.
-        self.exts.insert(ext_hash(ext), node);
-        let n = &mut self.nodes[node as usize];
-        n.ext = ext;
-        n.bits |= HAS_EXT;
+        self.blocks.set_ext(b, ext);
         true
     }
 
-    /// Rebuild: an ext table for `(node, ext)` pairs read from a dump, beside the node pass
-    /// (on another core); `ext_of` reads a candidate node's ext back from the same dump.
-    /// Fails with the first pair whose ext is already taken.
-    pub fn ext_table(
-        entries: impl Iterator<Item = (u32, u64)>,
-        count: usize,
-        ext_of: impl Fn(u32) -> Option<u64>,
-    ) -> Result<NodeTable, (u32, u64)> {
-        let mut t = NodeTable::default();
-        t.reserve(count);
-        for (node, ext) in entries {
-            let h = ext_hash(ext);
-            if t.find(h, |k| ext_of(k) == Some(ext)).is_some() {
-                return Err((node, ext));
-            }
-            t.insert(h, node);
-        }
-        Ok(t)
-    }
-
-    /// Rebuild: `ext` becomes `node`'s canonical ext; [`Self::install_exts`] brings the index.
-    pub fn set_ext_unindexed(&mut self, node: u32, ext: u64) {
-        let n = &mut self.nodes[node as usize];
-        n.ext = ext;
-        n.bits |= HAS_EXT;
-    }
-
-    /// Rebuild: installs the table from [`Self::ext_table`] for the exts set unindexed.
-    pub fn install_exts(&mut self, table: NodeTable) {
-        self.exts = table;
-    }
-
-    /// Frees `node` and then its ancestors while they are unheld, childless and unpinned.
-    pub fn release(&mut self, mut node: u32) {
-        while node != ROOT {
-            let n = &self.nodes[node as usize];
-            if !n.members.is_empty() || n.children() > 0 || n.pins > 0 || !n.live() {
-                return;
-            }
-            let (parent, local, has_ext, ext) = (n.parent, n.local, n.has_ext(), n.ext);
-            if self.nodes[parent as usize].first_child == node {
-                self.nodes[parent as usize].first_child = NIL;
-            } else {
-                self.edges.remove(edge_hash(parent, local), node);
-            }
-            if has_ext {
-                self.exts.remove(ext_hash(ext), node);
-            }
-            let n = &mut self.nodes[node as usize];
-            n.bits = 0; // neither live nor bound, no children
-            n.members = SmallVec::new();
-            self.free.push(node);
-            self.live -= 1;
-            self.nodes[parent as usize].bits -= 1;
-            node = parent;
-        }
-    }
-
-    /// The `len` nodes ending at `leaf`, leaf first.
-    pub fn window(&self, leaf: u32, len: u32, out: &mut Vec<u32>) {
+    /// The `len` blocks ending at `leaf`, as run segments from the leaf towards the root.
+    pub fn window(&self, leaf: u32, len: u32, out: &mut Vec<Segment>) {
         out.clear();
-        let mut n = leaf;
-        for _ in 0..len {
-            if n == ROOT {
-                break;
-            }
-            out.push(n);
-            n = self.nodes[n as usize].parent;
+        let (mut cur, mut rem) = (leaf, len);
+        while rem > 0 && cur != ROOT_BLOCK {
+            let r = self.run_of(cur);
+            let run = &self.runs[r];
+            let off = cur - run.start;
+            let take = (off + 1).min(rem);
+            out.push((r, cur + 1 - take, take));
+            rem -= take;
+            cur = if take == off + 1 { run.parent } else { cur - take };
         }
     }
 
-    /// Local hashes from the root down to `node`.
-    pub fn chain_to(&self, mut node: u32) -> Vec<u64> {
+    /// The block before `b` on its path (its parent position).
+    #[inline]
+    pub fn parent_block(&self, b: u32) -> u32 {
+        let run = &self.runs[self.run_of(b)];
+        if b == run.start {
+            run.parent
+        } else {
+            b - 1
+        }
+    }
+
+    /// Local hashes from the root down to block `b`.
+    pub fn chain_to(&self, mut b: u32) -> Vec<u64> {
         let mut v = Vec::new();
-        while node != ROOT {
-            let n = &self.nodes[node as usize];
-            v.push(n.local);
-            node = n.parent;
+        while b != ROOT_BLOCK {
+            let run = &self.runs[self.run_of(b)];
+            v.extend(self.blocks.locals(run.start, b - run.start + 1).iter().rev());
+            b = run.parent;
         }
         v.reverse();
         v
     }
 
-    /// Approximate heap bytes (nodes, member spills and tables), for metrics.
+    /// Rebuild: a run over blocks the caller has filled (locals and exts, block id order),
+    /// with the given paths; not yet linked (see [`Self::link_checked`]).
+    pub(crate) fn adopt_run(
+        &mut self,
+        start: u32,
+        len: u32,
+        parent: u32,
+        paths: (u64, u64),
+        members: Members,
+    ) -> u32 {
+        let run = Run {
+            start,
+            len,
+            cap: len,
+            parent,
+            first_child: NIL,
+            first_child_start: 0,
+            bits: LIVE,
+            pins: 0,
+            first_local: self.blocks.local(start),
+            start_path: paths.0,
+            end_path: paths.1,
+            members,
+        };
+        let id = self.runs.alloc(run);
+        (start..start + len).for_each(|b| self.blocks.set_run(b, id));
+        self.live_runs += 1;
+        self.live_blocks += len as usize;
+        id
+    }
+
+    /// Rebuild: installs an ext table built beside the run pass.
+    pub fn install_exts(&mut self, table: NodeTable) {
+        self.exts = table;
+    }
+
+    /// Approximate heap bytes (blocks, runs, member spills, tables), for metrics.
     pub fn heap_bytes(&self) -> usize {
-        let spilled: usize = self
-            .nodes
-            .iter()
-            .filter(|n| n.members.spilled())
-            .map(|n| n.members.capacity() * std::mem::size_of::<Member>())
-            .sum();
-        self.nodes.capacity() * std::mem::size_of::<Node>()
-            + self.free.capacity() * 4
-            + self.edges.heap_bytes()
-            + self.exts.heap_bytes()
-            + spilled
+        self.blocks.heap_bytes() + self.runs.heap_bytes() + self.edges.heap_bytes() + self.exts.heap_bytes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::common_prefix;
+
+    #[test]
+    fn common_prefix_agrees_with_the_plain_loop() {
+        let a: Vec<u64> = (0..70).collect();
+        for len in [0usize, 1, 7, 8, 9, 16, 63, 64, 70] {
+            for diff in 0..=len {
+                let mut b = a[..len].to_vec();
+                if diff < len {
+                    b[diff] ^= 1;
+                }
+                let plain = a.iter().zip(&b).take_while(|(x, y)| x == y).count() as u32;
+                assert_eq!(common_prefix(&a, &b), plain, "len {len} diff {diff}");
+                assert_eq!(common_prefix(&b, &a), plain);
+            }
+        }
     }
 }

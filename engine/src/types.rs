@@ -82,13 +82,10 @@ impl Default for EngineConfig {
     }
 }
 
-/// The partition a worker's records live in. Publishers key records by worker and place them
-/// with this function, so every replica and every language agrees on it.
-pub fn partition_of(worker: u64, partitions: u32) -> u32 {
-    (crate::digest::mix64(worker ^ 0x7072_6566_6978_6c6f) % u64::from(partitions.max(1))) as u32
-}
+pub use crate::partition::partition_of;
 
-/// How much detail a match computes.
+/// How much detail a match computes, and which holders it may report. The default reports
+/// every holder with depth >= 1.
 #[derive(Clone, Debug, Default)]
 pub struct MatchOptions {
     /// Report, per holder, the covered intervals of the query (and holders whose overlap does
@@ -99,6 +96,12 @@ pub struct MatchOptions {
     pub top_k: Option<usize>,
     /// Only holders of this lane.
     pub lane: Option<u32>,
+    /// Only holders of these worker ids (every dp rank and lane of each). Any order, duplicates
+    /// allowed; a list sorted ascending is used as is, any other is sorted once per query.
+    /// `None` means every worker; `Some(vec![])` matches nothing.
+    pub candidates: Option<Vec<u64>>,
+    /// Leave out holders marked gapped (their state may be missing blocks or hold stale ones).
+    pub exclude_gapped: bool,
 }
 
 /// One holder's answer to a match.
@@ -111,6 +114,9 @@ pub struct HolderMatch {
     pub total: u32,
     /// True when the holder's blocks come from placements, not from its engine's events.
     pub inferred: bool,
+    /// The holder's gapped flag: a store of it was refused for a missing parent, or its log
+    /// partition had a gap, and it has not been resynchronised since.
+    pub gapped: bool,
     /// Half-open query-position intervals the holder covers (only with `intervals`).
     pub intervals: Vec<(u32, u32)>,
 }
@@ -121,6 +127,22 @@ pub enum ApplyError {
     /// The holder does not hold the parent block; the holder is now marked gapped.
     #[error("{holder}: parent block {parent_ext:#x} is not held (holder marked gapped)")]
     MissingParent { holder: HolderKey, parent_ext: u64 },
+    /// The store names a block twice, or names its own parent among its blocks: it cannot be a
+    /// chain, so none of it is applied (counted in `stores_rejected`; the holder is not marked
+    /// gapped, since nothing was lost).
+    #[error("{holder}: invalid store refused whole: {reason}")]
+    InvalidStore { holder: HolderKey, reason: InvalidStoreReason },
+}
+
+/// Why a store is not a chain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidStoreReason {
+    /// This ext hash appears more than once among the stored blocks.
+    #[error("ext {0:#x} appears twice in the store")]
+    RepeatedExt(u64),
+    /// The parent's ext hash appears among the stored blocks.
+    #[error("the parent ext {0:#x} is also one of the stored blocks")]
+    ParentInStore(u64),
 }
 
 /// Counters of what writes did; deterministic, part of the applied state.

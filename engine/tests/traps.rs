@@ -1,8 +1,8 @@
 //! The overcounting traps other implementations fell into, plus determinism and rebuild.
 
 use prefixlog_engine::{
-    ApplyError, Engine, EngineConfig, HolderKey, HolderMatch, Keyspace, KeyspaceId, MatchOptions,
-    PlaceOutcome,
+    ApplyError, Engine, EngineConfig, HolderKey, HolderMatch, InvalidStoreReason, Keyspace, KeyspaceId,
+    MatchOptions, PlaceOutcome,
 };
 
 const A: HolderKey = HolderKey::new(1, 0, 0);
@@ -98,6 +98,83 @@ fn missing_parent_is_rejected_and_marks_gap() {
     assert!(s.gapped);
     assert_eq!(s.blocks, 1, "rejected store changes no blocks");
     assert_eq!(k.stats().stores_rejected, 1);
+}
+
+#[test]
+fn trap4_store_naming_its_parent_is_refused_whole() {
+    // Stored as the chain [1,1,2,3] and credited depth 4, this would overcount.
+    let mut k = ks();
+    k.store(A, None, &[(100, 1)], 1).unwrap();
+    let (digest, blocks) = (k.digest(), k.holder(&A).unwrap().blocks);
+    let err = k.store(A, Some(100), &[(100, 1), (200, 2), (300, 3)], 2).unwrap_err();
+    let reason = InvalidStoreReason::ParentInStore(100);
+    assert_eq!(err, ApplyError::InvalidStore { holder: A, reason });
+    assert_eq!(depth(&k, &[1, 1, 2, 3], A), 1);
+    assert_eq!((k.digest(), k.holder(&A).unwrap().blocks), (digest, blocks), "nothing applied");
+    assert!(!k.holder(&A).unwrap().gapped, "nothing was lost, so no gap");
+    assert_eq!(k.holder(&A).unwrap().last_time, 1, "the refused store is not a write");
+    assert_eq!(k.stats().stores_rejected, 1);
+
+    let err = k.store(B, None, &[(5, 1), (6, 2), (5, 3)], 3).unwrap_err();
+    let reason = InvalidStoreReason::RepeatedExt(5);
+    assert_eq!(err, ApplyError::InvalidStore { holder: B, reason });
+    assert!(k.holder(&B).is_none(), "a refused store creates no holder");
+    assert_eq!(k.stats().stores_rejected, 2);
+    k.check_invariants().unwrap();
+}
+
+#[test]
+fn engine_checks_the_whole_store_before_cutting_it_into_chunks() {
+    let e = Engine::new(EngineConfig { max_blocks_per_lock: 4, ..Default::default() });
+    let id = KeyspaceId::new("m", 16, 1);
+    // Ext 1 repeats in the third chunk: no chunk is applied.
+    let blocks: Vec<(u64, u64)> = (1..=10u64).map(|i| (if i == 9 { 1 } else { i }, i)).collect();
+    let err = e.store(&id, A, None, &blocks, 1).unwrap_err();
+    let reason = InvalidStoreReason::RepeatedExt(1);
+    assert_eq!(err, ApplyError::InvalidStore { holder: A, reason });
+    let ks = e.keyspace(&id).unwrap();
+    assert_eq!(ks.read().holder_blocks(), 0);
+    assert_eq!(ks.read().stats().stores_rejected, 1);
+    let fine: Vec<(u64, u64)> = (1..=10u64).map(|i| (i, i)).collect();
+    assert_eq!(e.store(&id, A, None, &fine, 2), Ok(10));
+    assert_eq!(
+        e.store(&id, A, Some(10), &[(11, 11), (10, 12)], 3).unwrap_err(),
+        ApplyError::InvalidStore { holder: A, reason: InvalidStoreReason::ParentInStore(10) }
+    );
+}
+
+#[test]
+fn gapped_holders_are_flagged_and_can_be_left_out_and_candidates_filter() {
+    let mut k =
+        Keyspace::new(KeyspaceId::new("m", 16, 1), EngineConfig { partitions: 4, ..Default::default() });
+    for h in [A, B, C] {
+        store_chain(&mut k, h, &[1, 2]);
+    }
+    k.store(B, Some(0xdead), &[(7, 7)], 2).unwrap_err();
+    let all = k.match_chain(&[1, 2], &MatchOptions::default());
+    let flags: Vec<(HolderKey, bool)> = all.iter().map(|m| (m.holder, m.gapped)).collect();
+    assert_eq!(flags, vec![(A, false), (B, true), (C, false)]);
+    let o = MatchOptions { exclude_gapped: true, ..Default::default() };
+    let kept: Vec<HolderKey> = k.match_chain(&[1, 2], &o).iter().map(|m| m.holder).collect();
+    assert_eq!(kept, vec![A, C]);
+    let o = MatchOptions {
+        candidates: Some(vec![C.worker, 99, B.worker]),
+        intervals: true,
+        ..Default::default()
+    };
+    let picked: Vec<HolderKey> = k.match_chain(&[1, 2], &o).iter().map(|m| m.holder).collect();
+    assert_eq!(picked, vec![B, C], "unsorted candidate lists work");
+    let none = MatchOptions { candidates: Some(vec![]), ..Default::default() };
+    assert!(k.match_chain(&[1, 2], &none).is_empty());
+
+    // A log gap in A's partition marks A (and any other holder there) gapped, nobody else.
+    let p = prefixlog_engine::partition_of(A.worker, 4);
+    k.set_gapped(B, false);
+    k.set_partition_gapped(p);
+    for h in [A, B, C] {
+        let same = prefixlog_engine::partition_of(h.worker, 4) == p;
+        assert_eq!(k.holder(&h).unwrap().gapped, same, "{h}");
+    }
 }
 
 #[test]

@@ -404,7 +404,6 @@ impl Applier {
                     match self.engine.store(&key.keyspace, h, *parent_ext, blocks, t) {
                         Ok(_) => {}
                         Err(ApplyError::MissingParent { .. }) => missing += 1,
-                        #[allow(unreachable_patterns)]
                         Err(_) => invalid += 1,
                     }
                 }

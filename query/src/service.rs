@@ -13,7 +13,7 @@ use crate::health::Readiness;
 use crate::metrics::QueryMetrics;
 use crate::validate::{check, unknown_keyspace};
 use parking_lot::Mutex;
-use prefixlog_engine::{Engine, HolderMatch, Keyspace, MatchOptions};
+use prefixlog_engine::{Engine, Keyspace, MatchOptions};
 use prefixlog_ingest::{Applier, ReplicaStatus};
 use prefixlog_proto::v1::{
     prefix_index_server::PrefixIndex, DescribeRequest, DescribeResponse, Interval, ListWorkersRequest,
@@ -224,17 +224,18 @@ fn scores(
     top_k: Option<usize>,
     candidates: &[u64],
 ) -> Vec<WorkerScore> {
-    let filtered = !candidates.is_empty() || req.exclude_gapped;
-    let opts =
-        MatchOptions { intervals: req.intervals, top_k: if filtered { None } else { top_k }, lane: req.lane };
-    let gapped = |m: &HolderMatch| g.holder(&m.holder).is_some_and(|h| h.gapped);
+    // The engine filters before `top_k`, so the k best are the k best of what is asked for.
+    let opts = MatchOptions {
+        intervals: req.intervals,
+        top_k,
+        lane: req.lane,
+        // On the wire an empty list means every worker.
+        candidates: (!candidates.is_empty()).then(|| candidates.to_vec()),
+        exclude_gapped: req.exclude_gapped,
+    };
     g.match_chain(locals, &opts)
         .into_iter()
-        .filter(|m| candidates.is_empty() || candidates.binary_search(&m.holder.worker).is_ok())
-        .map(|m| (gapped(&m), m))
-        .filter(|(gapped, _)| !(req.exclude_gapped && *gapped))
-        .take(top_k.unwrap_or(usize::MAX))
-        .map(|(gapped, m)| WorkerScore {
+        .map(|m| WorkerScore {
             worker: m.holder.worker,
             dp_rank: m.holder.dp_rank,
             lane: m.holder.lane,
@@ -242,7 +243,7 @@ fn scores(
             total_blocks: m.total,
             inferred: m.inferred,
             intervals: m.intervals.into_iter().map(|(start, end)| Interval { start, end }).collect(),
-            gapped,
+            gapped: m.gapped,
         })
         .collect()
 }

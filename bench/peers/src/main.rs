@@ -9,6 +9,7 @@ mod harness;
 mod index;
 mod prefixlog;
 mod smg;
+mod synth;
 
 use clap::Parser;
 use harness::{Answer, RunResult};
@@ -58,6 +59,10 @@ struct Args {
     /// Run only these implementations (comma-separated names).
     #[arg(long)]
     only: Option<String>,
+    /// Workload shape: `trace` (the Mooncake trace) or `long` (generated: long prompts, few
+    /// shared prefixes; see src/synth.rs; --trace is then not read).
+    #[arg(long, default_value = "trace")]
+    shape: String,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -84,7 +89,12 @@ fn main() -> anyhow::Result<()> {
     }
 
     let t = Instant::now();
-    let trace = load_trace(&args.trace)?;
+    let trace = match args.shape.as_str() {
+        "trace" => load_trace(&args.trace)?,
+        "long" => synth::long_prompts(&synth::LongPrompts::default()),
+        other => anyhow::bail!("unknown --shape {other:?}; known: trace, long"),
+    };
+    println!("shape: {}", args.shape);
     let steps = generate(&trace, &cfg);
     drop(trace);
     let resident = resident_holder_blocks(&steps);

@@ -1,21 +1,23 @@
 //! prefixlog's own engine, driven as a replica drives it: one keyspace behind its
-//! `parking_lot::RwLock`, a write lock per event and a read lock per query.
+//! `parking_lot::RwLock`, a write lock per event and a read lock per query. Queries reuse one
+//! result buffer (`match_chain_into`), as smg's adapter reuses its scratch and output buffers.
 
 use crate::index::Index;
-use prefixlog_engine::{Engine, EngineConfig, HolderKey, KeyspaceId, MatchOptions, SharedKeyspace};
+use prefixlog_engine::{Engine, EngineConfig, HolderKey, HolderMatch, KeyspaceId, MatchOptions, SharedKeyspace};
 
 pub struct Prefixlog {
     _engine: Engine,
     ks: SharedKeyspace,
     rejected: u64,
     t: u64,
+    out: Vec<HolderMatch>,
 }
 
 impl Prefixlog {
     pub fn new() -> Self {
         let engine = Engine::new(EngineConfig::default());
         let ks = engine.keyspace_or_create(&KeyspaceId::new("trace", 64, 1));
-        Self { _engine: engine, ks, rejected: 0, t: 0 }
+        Self { _engine: engine, ks, rejected: 0, t: 0, out: Vec::new() }
     }
 }
 
@@ -38,11 +40,8 @@ impl Index for Prefixlog {
     }
 
     fn query(&mut self, locals: &[u64]) -> Vec<(u32, u32)> {
-        let ks = self.ks.read();
-        ks.match_chain(locals, &MatchOptions::default())
-            .into_iter()
-            .map(|m| (m.holder.worker as u32, m.depth))
-            .collect()
+        self.ks.read().match_chain_into(locals, &MatchOptions::default(), &mut self.out);
+        self.out.iter().map(|m| (m.holder.worker as u32, m.depth)).collect()
     }
 
     fn notes(&self) -> String {

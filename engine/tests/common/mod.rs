@@ -7,6 +7,9 @@
 
 #![allow(dead_code)]
 
+pub mod ops;
+pub mod shrink;
+
 use prefixlog_engine::digest::{block_term, child_path, holder_term, ROOT_PATH};
 use prefixlog_engine::{
     partition_of, EngineConfig, HolderKey, HolderMatch, KeyspaceStats, LogTime, MatchOptions,
@@ -82,6 +85,13 @@ impl RefModel {
         }
     }
 
+    /// A store is a chain only if no ext repeats among its blocks and its parent is not one of
+    /// them; otherwise it is refused whole (counted, nothing else changes).
+    pub fn store_is_chain(parent_ext: Option<u64>, blocks: &[(u64, u64)]) -> bool {
+        let mut seen: std::collections::HashSet<u64> = parent_ext.into_iter().collect();
+        blocks.iter().all(|b| seen.insert(b.0))
+    }
+
     pub fn store(
         &mut self,
         key: HolderKey,
@@ -89,6 +99,10 @@ impl RefModel {
         blocks: &[(u64, u64)],
         t: LogTime,
     ) -> bool {
+        if !Self::store_is_chain(parent_ext, blocks) {
+            self.stats.stores_rejected += 1;
+            return false;
+        }
         let h = self.holders.entry(key).or_default();
         h.last_time = h.last_time.max(t);
         if !h.fed {
@@ -218,10 +232,31 @@ impl RefModel {
         }
     }
 
+    /// Marks every holder of the partition gapped.
+    pub fn set_partition_gapped(&mut self, p: u32) {
+        for (k, h) in self.holders.iter_mut() {
+            if partition_of(k.worker, self.cfg.partitions) == p {
+                h.gapped = true;
+            }
+        }
+    }
+
+    pub fn set_gapped(&mut self, key: HolderKey, gapped: bool) {
+        if let Some(h) = self.holders.get_mut(&key) {
+            h.gapped = gapped;
+        }
+    }
+
+    fn reported(opts: &MatchOptions, key: &HolderKey, h: &RefHolder) -> bool {
+        opts.lane.is_none_or(|l| l == key.lane)
+            && !(opts.exclude_gapped && h.gapped)
+            && opts.candidates.as_ref().is_none_or(|c| c.contains(&key.worker))
+    }
+
     pub fn match_chain(&self, locals: &[u64], opts: &MatchOptions) -> Vec<HolderMatch> {
         let mut out = Vec::new();
         for (key, h) in &self.holders {
-            if opts.lane.is_some_and(|l| l != key.lane) {
+            if !Self::reported(opts, key, h) {
                 continue;
             }
             let mut depth = 0u32;
@@ -245,6 +280,7 @@ impl RefModel {
                     depth,
                     total: h.blocks.len() as u32,
                     inferred: !h.fed,
+                    gapped: h.gapped,
                     intervals: if opts.intervals { intervals } else { Vec::new() },
                 });
             }
@@ -280,5 +316,14 @@ impl RefModel {
 
     pub fn held_paths(&self, key: &HolderKey) -> Vec<Path> {
         self.chains(key)
+    }
+
+    pub fn held_count(&self, key: &HolderKey) -> usize {
+        self.holders.get(key).map_or(0, |h| h.blocks.len())
+    }
+
+    /// The `i`-th held path of the holder in path order (without copying the others).
+    pub fn held_nth(&self, key: &HolderKey, i: usize) -> Path {
+        self.holders[key].blocks.keys().nth(i).expect("i < held_count").clone()
     }
 }

@@ -1,0 +1,307 @@
+//! Block storage: one entry per block position of the trie, in fixed chunks, and the
+//! allocator of the contiguous block ranges that runs occupy.
+//!
+//! A block has a local hash (what matching compares) and a [`Meta`]: its canonical ext and the
+//! run it belongs to. Locals are a separate array so that matching reads a run's locals as
+//! one contiguous slice (8 per cache line); ext and run sit together because a removal by ext
+//! reads both. A block id never changes while the block lives, so the ext table, records and
+//! overrides refer to blocks, and splitting a run only rewrites the run ids of one part.
+//!
+//! Ranges never cross a chunk, so a run's locals are one slice. Chunks are allocated once at
+//! full size and never move or grow (no write ever copies the whole state). Free ranges are
+//! kept for best fit, merged with their neighbours, and handed back to the bump pointer when
+//! they end at it.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+pub const CHUNK_BITS: u32 = 16;
+/// Blocks per chunk; also the longest possible run.
+pub const CHUNK: usize = 1 << CHUNK_BITS;
+/// The root's (virtual) block: block 0, never allocated, run 0.
+pub const ROOT_BLOCK: u32 = 0;
+/// `Meta::run` of a block that belongs to no run.
+pub const FREE: u32 = u32::MAX >> 1;
+const HAS_EXT: u32 = 1 << 31;
+
+/// A block's canonical ext and its run. Packed to 12 bytes: the run id's top bit says whether
+/// `ext` is set (the first ext a holder stored the block under).
+#[derive(Clone, Copy, Debug)]
+#[repr(C, packed(4))]
+pub struct Meta {
+    ext: u64,
+    run: u32,
+}
+
+impl Meta {
+    const FREE: Meta = Meta { ext: 0, run: FREE };
+
+    #[inline]
+    pub fn run(self) -> u32 {
+        self.run & !HAS_EXT
+    }
+
+    /// The canonical ext, if bound.
+    #[inline]
+    pub fn ext(self) -> Option<u64> {
+        (self.run & HAS_EXT != 0).then_some(self.ext)
+    }
+}
+
+/// Every `ANCHOR`-th block id keeps its path hash, so the path of any block is at most
+/// `ANCHOR - 1` steps from a known one (a block's path never changes while it lives).
+pub const ANCHOR_BITS: u32 = 6;
+pub const ANCHOR: u32 = 1 << ANCHOR_BITS;
+
+struct Chunk {
+    local: Box<[u64]>,
+    meta: Box<[Meta]>,
+    /// Path hash of block `k * ANCHOR` of this chunk (valid while that block is live).
+    anchor: Box<[u64]>,
+}
+
+impl Chunk {
+    fn new() -> Self {
+        Self {
+            local: vec![0; CHUNK].into_boxed_slice(),
+            meta: vec![Meta::FREE; CHUNK].into_boxed_slice(),
+            anchor: vec![0; CHUNK >> ANCHOR_BITS].into_boxed_slice(),
+        }
+    }
+}
+
+/// Free block ranges: by start (to merge neighbours) and by (length, start) (best fit).
+#[derive(Default)]
+struct FreeRanges {
+    by_start: BTreeMap<u32, u32>,
+    by_len: BTreeSet<(u32, u32)>,
+}
+
+impl FreeRanges {
+    fn insert(&mut self, start: u32, len: u32) {
+        self.by_start.insert(start, len);
+        self.by_len.insert((len, start));
+    }
+
+    fn remove(&mut self, start: u32, len: u32) {
+        self.by_start.remove(&start);
+        self.by_len.remove(&(len, start));
+    }
+
+    /// The smallest free range of at least `n` blocks, removed.
+    fn take_best_fit(&mut self, n: u32) -> Option<(u32, u32)> {
+        let &(len, start) = self.by_len.range((n, 0)..).next()?;
+        self.remove(start, len);
+        Some((start, len))
+    }
+}
+
+fn same_chunk(a: u32, b: u32) -> bool {
+    a >> CHUNK_BITS == b >> CHUNK_BITS
+}
+
+pub struct Blocks {
+    chunks: Vec<Chunk>,
+    /// Blocks at or above this id have never been handed out since they were last free.
+    top: u32,
+    free: FreeRanges,
+}
+
+impl Default for Blocks {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Blocks {
+    /// Storage holding only the root block (run 0).
+    pub fn new() -> Self {
+        let mut b = Self { chunks: vec![Chunk::new()], top: 1, free: FreeRanges::default() };
+        b.set_run(ROOT_BLOCK, 0);
+        b
+    }
+
+    #[inline]
+    pub fn local(&self, b: u32) -> u64 {
+        self.chunks[(b >> CHUNK_BITS) as usize].local[b as usize & (CHUNK - 1)]
+    }
+
+    #[inline]
+    pub fn meta(&self, b: u32) -> Meta {
+        self.chunks[(b >> CHUNK_BITS) as usize].meta[b as usize & (CHUNK - 1)]
+    }
+
+    #[inline]
+    fn meta_mut(&mut self, b: u32) -> &mut Meta {
+        &mut self.chunks[(b >> CHUNK_BITS) as usize].meta[b as usize & (CHUNK - 1)]
+    }
+
+    #[inline]
+    pub fn run_of(&self, b: u32) -> u32 {
+        self.meta(b).run()
+    }
+
+    /// The locals of `len` blocks from `start` (a range inside one chunk).
+    #[inline]
+    pub fn locals(&self, start: u32, len: u32) -> &[u64] {
+        let off = start as usize & (CHUNK - 1);
+        &self.chunks[(start >> CHUNK_BITS) as usize].local[off..off + len as usize]
+    }
+
+    /// Mutable locals of a range inside one chunk.
+    pub fn locals_mut(&mut self, start: u32, len: u32) -> &mut [u64] {
+        let off = start as usize & (CHUNK - 1);
+        &mut self.chunks[(start >> CHUNK_BITS) as usize].local[off..off + len as usize]
+    }
+
+    /// The path hash of block `b`, a multiple of [`ANCHOR`].
+    #[inline]
+    pub fn anchor(&self, b: u32) -> u64 {
+        debug_assert!(b.is_multiple_of(ANCHOR));
+        self.chunks[(b >> CHUNK_BITS) as usize].anchor[(b as usize & (CHUNK - 1)) >> ANCHOR_BITS]
+    }
+
+    /// Records the path hash of block `b` if it is an anchor block.
+    #[inline]
+    pub fn set_path(&mut self, b: u32, path: u64) {
+        if b.is_multiple_of(ANCHOR) {
+            self.chunks[(b >> CHUNK_BITS) as usize].anchor[(b as usize & (CHUNK - 1)) >> ANCHOR_BITS] = path;
+        }
+    }
+
+    /// Moves a block to run `run`, keeping its ext.
+    #[inline]
+    pub fn set_run(&mut self, b: u32, run: u32) {
+        let m = self.meta_mut(b);
+        m.run = (m.run & HAS_EXT) | run;
+    }
+
+    /// Binds the block's canonical ext.
+    #[inline]
+    pub fn set_ext(&mut self, b: u32, ext: u64) {
+        let m = self.meta_mut(b);
+        m.ext = ext;
+        m.run |= HAS_EXT;
+    }
+
+    /// Marks a block as belonging to no run, with no ext.
+    #[inline]
+    pub fn set_free(&mut self, b: u32) {
+        *self.meta_mut(b) = Meta::FREE;
+    }
+
+    /// Blocks ever handed out (ids below this may be live).
+    #[inline]
+    pub fn top(&self) -> u32 {
+        self.top
+    }
+
+    /// Allocates `n` contiguous blocks (`1 <= n <= CHUNK`) inside one chunk: the smallest free
+    /// range that fits, else from the bump pointer. The blocks are marked free; the caller
+    /// assigns them to a run.
+    pub fn alloc(&mut self, n: u32) -> u32 {
+        debug_assert!(n >= 1 && n as usize <= CHUNK);
+        if let Some((start, len)) = self.free.take_best_fit(n) {
+            if len > n {
+                self.free.insert(start + n, len - n);
+            }
+            return start;
+        }
+        let chunk_end = ((self.top >> CHUNK_BITS) + 1) << CHUNK_BITS;
+        if self.top + n > chunk_end {
+            // The rest of this chunk is too short: keep it as a free range, start the next.
+            self.free_range(self.top, chunk_end - self.top);
+            self.top = chunk_end;
+        }
+        while (self.top + n) as usize > self.capacity() {
+            self.chunks.push(Chunk::new());
+        }
+        let start = self.top;
+        self.top += n;
+        start
+    }
+
+    /// Returns `len` blocks from `start` (inside one chunk, already marked free).
+    pub fn free_range(&mut self, mut start: u32, mut len: u32) {
+        debug_assert!(len >= 1 && same_chunk(start, start + len - 1));
+        if let Some((&ps, &pl)) = self.free.by_start.range(..start).next_back() {
+            if ps + pl == start && same_chunk(ps, start) {
+                self.free.remove(ps, pl);
+                (start, len) = (ps, pl + len);
+            }
+        }
+        if let Some(&nl) = self.free.by_start.get(&(start + len)) {
+            if same_chunk(start, start + len) {
+                self.free.remove(start + len, nl);
+                len += nl;
+            }
+        }
+        if start + len == self.top {
+            self.top = start;
+        } else {
+            self.free.insert(start, len);
+        }
+    }
+
+    /// Room for `n` more blocks from the bump pointer without a chunk boundary inside any of
+    /// the ranges a rebuild creates (it allocates in order, block id = dump number).
+    pub fn reserve_chunks(&mut self, total: usize) {
+        while self.capacity() < total {
+            self.chunks.push(Chunk::new());
+        }
+    }
+
+    /// Rebuild: blocks `1..top` are in use, in order.
+    pub fn set_top(&mut self, top: u32) {
+        debug_assert!(top as usize <= self.capacity() && self.free.by_start.is_empty());
+        self.top = top;
+    }
+
+    fn capacity(&self) -> usize {
+        self.chunks.len() * CHUNK
+    }
+
+    /// Free ranges as (start, len), in block order.
+    pub fn free_ranges(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
+        self.free.by_start.iter().map(|(&s, &l)| (s, l))
+    }
+
+    pub fn heap_bytes(&self) -> usize {
+        self.capacity() * (8 + std::mem::size_of::<Meta>())
+            + (self.capacity() >> ANCHOR_BITS) * 8
+            + self.free.by_start.len() * 48
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Allocations never overlap, stay inside a chunk, and freed space is reused.
+    #[test]
+    fn ranges_are_disjoint_and_reused() {
+        let mut b = Blocks::new();
+        let mut live: Vec<(u32, u32)> = Vec::new();
+        let mut x = 1u64;
+        for _ in 0..20_000 {
+            x = crate::digest::mix64(x);
+            if live.len() > 50 && x.is_multiple_of(3) {
+                let (s, l) = live.swap_remove((x >> 8) as usize % live.len());
+                b.free_range(s, l);
+            } else {
+                let n = 1 + (x >> 20) as u32 % 700;
+                let s = b.alloc(n);
+                assert!(s >= 1 && same_chunk(s, s + n - 1), "{s} + {n}");
+                live.push((s, n));
+            }
+        }
+        live.sort_unstable();
+        for w in live.windows(2) {
+            assert!(w[0].0 + w[0].1 <= w[1].0, "{:?} overlaps {:?}", w[0], w[1]);
+        }
+        for (s, l) in b.free_ranges() {
+            assert!(live.iter().all(|&(ls, ll)| s + l <= ls || ls + ll <= s));
+        }
+        let used: u64 = live.iter().map(|r| u64::from(r.1)).sum();
+        assert!(b.capacity() as u64 <= 2 * used + 2 * CHUNK as u64, "space is reused");
+    }
+}

@@ -1,0 +1,242 @@
+//! [`Keyspace::check_invariants`]: recomputes everything the writes maintain by hand (pins,
+//! counts, digests, run layout, table entries, free lists, override maps) and names the first
+//! thing that disagrees. For tests (the differential test runs it after every step) and
+//! audits; it costs a full pass over the state.
+
+use crate::holder::Holder;
+use crate::keyspace::Keyspace;
+use crate::partition::partition_of;
+use crate::trie::ROOT;
+use crate::types::HolderKey;
+use rustc_hash::FxHashMap;
+
+/// What broke. Run, block and holder numbers are internal indices.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum InvariantError {
+    /// A run's pin count is not the number of operation records ending at its last block.
+    #[error("run {run}: {pins} pins, but {records} records end there")]
+    Pins { run: u32, pins: u32, records: u32 },
+    /// A holder's block count is not the number of blocks it is a member of.
+    #[error("{holder}: counts {counted} blocks, is a member of {members}")]
+    HolderBlocks { holder: HolderKey, counted: u32, members: u32 },
+    /// A holder's digest is not the sum of its blocks' terms.
+    #[error("{holder}: digest {stored:#x}, its blocks sum to {recomputed:#x}")]
+    HolderDigest { holder: HolderKey, stored: u64, recomputed: u64 },
+    /// A keyspace-level aggregate (`keyspace digest`, `partition N digest`, `holder_blocks`)
+    /// is not the sum over its holders.
+    #[error("{what}: stored {stored:#x}, recomputed {recomputed:#x}")]
+    Aggregate { what: String, stored: u64, recomputed: u64 },
+    /// A holder is filed under another partition than its worker maps to.
+    #[error("{holder}: filed in partition {group}, belongs in {expected}")]
+    HolderPartition { holder: HolderKey, group: u32, expected: u32 },
+    /// The holder index and the holder slots disagree.
+    #[error("holder slot {slot}: {what}")]
+    HolderIndex { slot: u32, what: &'static str },
+    /// A run's place in the trie: parent, child count, first child, length, paths, lookup.
+    #[error("run {run}: {what}")]
+    Link { run: u32, what: &'static str },
+    /// Block storage: a block's run, a free mark, an allocation overlap or leak.
+    #[error("block {block}: {what}")]
+    Block { block: u32, what: &'static str },
+    /// The ext table: a bound ext that does not resolve to its block, or a stale entry.
+    #[error("block {block}: {what}")]
+    Ext { block: u32, what: &'static str },
+    /// The edge table holds an entry that is not a live run's non-first child link.
+    #[error("run {run}: {what}")]
+    Edge { run: u32, what: &'static str },
+    /// The free list of run ids and run liveness disagree.
+    #[error("run {run}: {what}")]
+    FreeList { run: u32, what: &'static str },
+    /// A run's membership list: a dead holder, a holder listed twice, or not in key order
+    /// (matching lists holders in member order).
+    #[error("run {run}, holder slot {holder}: {what}")]
+    Member { run: u32, holder: u32, what: &'static str },
+    /// A holder's operation records: stamp order, stamp range, leaf, window.
+    #[error("{holder}, record stamp {stamp}: {what}")]
+    Record { holder: HolderKey, stamp: u32, what: &'static str },
+    /// Some block of the holder is not inside the window of the record whose stamp it carries
+    /// (every block belongs to exactly one record), or a window covers part of such a run.
+    #[error("{holder}: {owned} of {blocks} blocks lie in the window of the record that stamped them")]
+    Ownership { holder: HolderKey, owned: u32, blocks: u32 },
+    /// `overrides` and `override_of` are not inverse maps of live, held blocks.
+    #[error("{holder}, ext {ext:#x}: {what}")]
+    Override { holder: HolderKey, ext: u64, what: &'static str },
+}
+
+/// `Ok` if `ok`, else the error `err` builds.
+pub(crate) fn ensure(ok: bool, err: impl FnOnce() -> InvariantError) -> Result<(), InvariantError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(err())
+    }
+}
+
+impl Keyspace {
+    /// Recomputes every hand-maintained quantity and compares. `Ok` on a consistent state;
+    /// otherwise the first disagreement found. Cost: a full pass over runs, blocks, tables
+    /// and records.
+    pub fn check_invariants(&self) -> Result<(), InvariantError> {
+        self.trie.check_structure()?;
+        self.check_holder_index()?;
+        let totals = self.member_totals()?;
+        for (slot, h) in self.holders.slots.iter().enumerate() {
+            let Some(h) = h else { continue };
+            let slot = slot as u32;
+            let (n, d) = totals.get(&slot).copied().unwrap_or((0, 0));
+            ensure(h.blocks == n, || InvariantError::HolderBlocks {
+                holder: h.key,
+                counted: h.blocks,
+                members: n,
+            })?;
+            ensure(h.digest == d, || InvariantError::HolderDigest {
+                holder: h.key,
+                stored: h.digest,
+                recomputed: d,
+            })?;
+            let card = self.holders.card(slot);
+            let synced = (card.key, card.blocks, card.fed, card.gapped) == (h.key, h.blocks, h.fed, h.gapped);
+            ensure(synced, || InvariantError::HolderIndex { slot, what: "card differs from the holder" })?;
+            let expected = partition_of(h.key.worker, self.cfg.partitions);
+            ensure(h.group == expected, || InvariantError::HolderPartition {
+                holder: h.key,
+                group: h.group,
+                expected,
+            })?;
+            self.check_records(slot, h)?;
+            self.check_overrides(slot, h)?;
+        }
+        self.check_pins()?;
+        self.check_aggregates()
+    }
+
+    fn check_holder_index(&self) -> Result<(), InvariantError> {
+        let live = self.holders.slots.iter().filter(|s| s.is_some()).count();
+        ensure(live == self.holders.index.len(), || InvariantError::HolderIndex {
+            slot: u32::MAX,
+            what: "index size differs from the live slot count",
+        })?;
+        for (slot, h) in self.holders.slots.iter().enumerate() {
+            if let Some(h) = h {
+                let indexed = self.holders.index.get(&h.key) == Some(&(slot as u32));
+                ensure(indexed, || InvariantError::HolderIndex {
+                    slot: slot as u32,
+                    what: "key not indexed to its slot",
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Per holder slot: blocks held and the sum of their digest terms, from the runs.
+    fn member_totals(&self) -> Result<FxHashMap<u32, (u32, u64)>, InvariantError> {
+        let mut totals: FxHashMap<u32, (u32, u64)> = FxHashMap::default();
+        let trie = &self.trie;
+        for r in 1..trie.runs.slots() {
+            let run = &trie.runs[r];
+            if !run.live() {
+                continue;
+            }
+            for (k, m) in run.members.iter().enumerate() {
+                let holder = self.holders.slots.get(m.holder as usize).and_then(Option::as_ref);
+                let Some(holder) = holder else {
+                    return Err(InvariantError::Member {
+                        run: r,
+                        holder: m.holder,
+                        what: "member holder slot is empty",
+                    });
+                };
+                let before =
+                    k.checked_sub(1).map(|j| self.holders.slots[run.members[j].holder as usize].as_ref());
+                let sorted = before.is_none_or(|p| p.is_some_and(|p| p.key < holder.key));
+                let what = "members not in strictly increasing holder key order";
+                ensure(sorted, || InvariantError::Member { run: r, holder: m.holder, what })?;
+                let t = totals.entry(m.holder).or_insert((0, 0));
+                t.0 += run.len;
+                t.1 = t.1.wrapping_add(trie.terms(r, 0, run.len, !holder.fed));
+            }
+        }
+        Ok(totals)
+    }
+
+    /// Record order and ranges, and that every block lies in the window of its record.
+    fn check_records(&self, slot: u32, h: &Holder) -> Result<(), InvariantError> {
+        let trie = &self.trie;
+        let err = |stamp, what| InvariantError::Record { holder: h.key, stamp, what };
+        let (mut prev, mut owned) = (0u32, 0u32);
+        let mut window = Vec::new();
+        for r in &h.records {
+            ensure(r.stamp > prev, || err(r.stamp, "stamps not increasing"))?;
+            ensure(r.stamp < h.next_stamp, || err(r.stamp, "stamp not below next_stamp"))?;
+            ensure(r.len >= 1, || err(r.stamp, "empty window"))?;
+            let leaf_run = (r.leaf < trie.blocks.top()).then(|| trie.run_of(r.leaf));
+            let at_end = leaf_run
+                .and_then(|lr| trie.runs.get(lr))
+                .is_some_and(|run| run.live() && run.last() == r.leaf);
+            ensure(at_end && r.leaf != 0, || err(r.stamp, "leaf is not the last block of a live run"))?;
+            prev = r.stamp;
+            trie.window(r.leaf, r.len, &mut window);
+            let reach: u32 = window.iter().map(|s| s.2).sum();
+            ensure(reach == r.len, || err(r.stamp, "window reaches past the root"))?;
+            for &(run, _, count) in &window {
+                if trie.runs[run].has(slot, r.stamp) {
+                    let whole = count == trie.runs[run].len;
+                    ensure(whole, || InvariantError::Ownership { holder: h.key, owned, blocks: h.blocks })?;
+                    owned += count;
+                }
+            }
+        }
+        ensure(owned == h.blocks, || InvariantError::Ownership { holder: h.key, owned, blocks: h.blocks })
+    }
+
+    fn check_overrides(&self, slot: u32, h: &Holder) -> Result<(), InvariantError> {
+        let trie = &self.trie;
+        let err = |ext, what| InvariantError::Override { holder: h.key, ext, what };
+        ensure(h.overrides.len() == h.override_of.len(), || err(0, "maps differ in size"))?;
+        for (&ext, &b) in &h.overrides {
+            ensure(h.override_of.get(&b) == Some(&ext), || err(ext, "override_of does not map back"))?;
+            let run = (b < trie.blocks.top()).then(|| trie.run_of(b)).and_then(|r| trie.runs.get(r));
+            let held = run.is_some_and(|run| run.live() && run.member(slot).is_some()) && b != 0;
+            ensure(held, || err(ext, "override target is not a held live block"))?;
+        }
+        Ok(())
+    }
+
+    fn check_pins(&self) -> Result<(), InvariantError> {
+        let mut leaves: FxHashMap<u32, u32> = FxHashMap::default();
+        for h in self.holders.slots.iter().flatten() {
+            for r in &h.records {
+                *leaves.entry(r.leaf).or_insert(0) += 1;
+            }
+        }
+        for r in 0..self.trie.runs.slots() {
+            let run = &self.trie.runs[r];
+            let (pins, records) = if run.live() && r != ROOT {
+                (run.pins, leaves.get(&run.last()).copied().unwrap_or(0))
+            } else {
+                (run.pins, 0)
+            };
+            ensure(pins == records, || InvariantError::Pins { run: r, pins, records })?;
+        }
+        Ok(())
+    }
+
+    fn check_aggregates(&self) -> Result<(), InvariantError> {
+        let groups = self.cfg.partitions.max(1) as usize;
+        let (mut digest, mut parts, mut blocks) = (0u64, vec![0u64; groups], 0u64);
+        for h in self.holders.slots.iter().flatten() {
+            let t = crate::digest::holder_term(&h.key, h.blocks, h.digest);
+            digest = digest.wrapping_add(t);
+            parts[h.group as usize] = parts[h.group as usize].wrapping_add(t);
+            blocks += u64::from(h.blocks);
+        }
+        let agg = |what: String, stored: u64, recomputed: u64| {
+            ensure(stored == recomputed, || InvariantError::Aggregate { what, stored, recomputed })
+        };
+        agg("keyspace digest".into(), self.digest(), digest)?;
+        for (p, &d) in parts.iter().enumerate() {
+            agg(format!("partition {p} digest"), self.partition_digest(p as u32), d)?;
+        }
+        agg("holder_blocks".into(), self.holder_blocks(), blocks)
+    }
+}

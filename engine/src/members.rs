@@ -1,0 +1,302 @@
+//! Holder membership of runs, and the operation records that own it.
+//!
+//! Every store or placement takes a per-holder stamp; the blocks it touches carry it and a
+//! record remembers the operation's window (its last block and length). A block belongs to
+//! exactly one record, the one whose stamp it carries, and every block a holder holds in one
+//! run carries the same stamp, so a record's window always covers whole runs of its stamp:
+//! evicting, compacting and renumbering work run by run, without splitting. Only a write that
+//! covers part of a run (a store over a shared prefix, a removal of one block) splits it.
+//!
+//! A run's members are kept sorted by holder key, so a match lists holders in key order
+//! without sorting them (see `matching.rs`).
+
+use crate::holder::Record;
+use crate::keyspace::Keyspace;
+use crate::trie::{Member, Segment};
+
+impl Keyspace {
+    /// Adds (or restamps) the holder's membership of `count` blocks from `first` (inside one
+    /// run), splitting the run so the stretch is a run of its own. Returns the blocks that
+    /// are new to the holder. `known_terms`: the stretch's digest terms, when its walk just
+    /// created it (then nobody holds it yet).
+    pub(crate) fn add_member_stretch(
+        &mut self,
+        h: u32,
+        first: u32,
+        count: u32,
+        stamp: u32,
+        known_terms: Option<u64>,
+    ) -> u32 {
+        debug_assert!(stamp < self.holders.at(h).next_stamp, "a stamp is taken before it is used");
+        self.trie.split_before(first);
+        if self.trie.runs[self.trie.run_of(first)].len > count {
+            self.trie.split_before(first + count);
+        }
+        let r = self.trie.run_of(first);
+        debug_assert_eq!((self.trie.runs[r].start, self.trie.runs[r].len), (first, count));
+        if let Some(pos) = self.trie.runs[r].member(h) {
+            self.trie.runs[r].members[pos].stamp = stamp;
+            return 0;
+        }
+        let key = self.holders.at(h).key;
+        let holders = &self.holders;
+        let at = self.trie.runs[r].members.partition_point(|m| holders.at(m.holder).key < key);
+        self.trie.runs[r].members.insert(at, Member { holder: h, stamp });
+        let inferred = !self.holders.at(h).fed;
+        let terms = known_terms.unwrap_or_else(|| self.trie.terms(r, 0, count, inferred));
+        let holder = self.holders.at_mut(h);
+        holder.blocks += count;
+        holder.digest = holder.digest.wrapping_add(terms);
+        count
+    }
+
+    /// Takes the holder off every block of run `r` (it must be a member). Returns the stamp it
+    /// held them with.
+    pub(crate) fn remove_member_run(&mut self, h: u32, r: u32) -> u32 {
+        let run = &mut self.trie.runs[r];
+        let pos = run.member(h).expect("the holder is a member of the run");
+        let stamp = run.members.remove(pos).stamp;
+        let (start, len) = (run.start, run.len);
+        let inferred = !self.holders.at(h).fed;
+        let terms = self.trie.terms(r, 0, len, inferred);
+        let holder = self.holders.at_mut(h);
+        debug_assert!(holder.blocks >= len, "a member run is counted in the holder's blocks");
+        holder.blocks -= len;
+        holder.digest = holder.digest.wrapping_sub(terms);
+        if !holder.override_of.is_empty() {
+            for b in start..start + len {
+                if let Some(e) = holder.override_of.remove(&b) {
+                    holder.overrides.remove(&e);
+                }
+            }
+        }
+        stamp
+    }
+
+    /// Takes the holder off one block it holds. A record ending at that block shrinks to its
+    /// deepest block still owned (engines evict tail-first, so records shrink and vanish as
+    /// their blocks go, and do not keep dead blocks pinned). The block is split out into a
+    /// run of its own first (see [`Self::remove_tail`] for the common case).
+    pub(crate) fn remove_block(&mut self, h: u32, b: u32) {
+        let r = self.trie.run_of(b);
+        let Some(pos) = self.trie.runs[r].member(h) else { return };
+        let stamp = self.trie.runs[r].members[pos].stamp;
+        let ends_here = self.record_ending_at(h, stamp, b);
+        self.trie.split_before(b);
+        if self.trie.runs[self.trie.run_of(b)].len > 1 {
+            self.trie.split_before(b + 1);
+        }
+        let r = self.trie.run_of(b);
+        self.remove_member_run(h, r);
+        if let Some(ri) = ends_here {
+            self.shrink_record(h, ri);
+        }
+        self.trie.release(r);
+    }
+
+    /// The common case of removals, in place: block `b` is the last block of a run that only
+    /// this holder holds, and `exts` (which names `b` first) goes on naming the blocks before
+    /// it, tail first, as engines evict. Drops as many of them as it can while the run keeps
+    /// its first block (the run and its records stay; nothing is split), and returns how many
+    /// (0 when the case does not apply). The record ending at `b` then ends earlier in the
+    /// same run, so its pin stays.
+    pub(crate) fn remove_tail(&mut self, h: u32, b: u32, exts: &[u64]) -> u32 {
+        let r = self.trie.run_of(b);
+        let run = &self.trie.runs[r];
+        let Some(pos) = run.member(h) else { return 0 };
+        let ends_here = self.record_ending_at(h, run.members[pos].stamp, b);
+        let sole = run.members.len() == 1 && run.children() == 0;
+        if b != run.last() || b == run.start || !sole || run.pins != u32::from(ends_here.is_some()) {
+            return 0;
+        }
+        // Blocks resolve by canonical ext only without overrides: then only `b` is sure.
+        let exts = if self.holders.at(h).overrides.is_empty() { exts } else { &exts[..1] };
+        let keep = run.start + 1;
+        let mut n = 1;
+        while (n as usize) < exts.len()
+            && b - n >= keep
+            && self.trie.blocks.meta(b - n).ext() == Some(exts[n as usize])
+        {
+            n += 1;
+        }
+        let inferred = !self.holders.at(h).fed;
+        let terms = self.trie.shrink_tail(r, n, inferred);
+        let holder = self.holders.at_mut(h);
+        holder.blocks -= n;
+        holder.digest = holder.digest.wrapping_sub(terms);
+        if !holder.override_of.is_empty() {
+            if let Some(e) = holder.override_of.remove(&b) {
+                holder.overrides.remove(&e);
+            }
+        }
+        if let Some(ri) = ends_here {
+            let rec = &mut holder.records[ri];
+            // The blocks left in the run carry the same stamp, so they lie in the window.
+            debug_assert!(rec.len > n, "every block lies in the window of its record");
+            rec.leaf = b - n;
+            rec.len -= n;
+        }
+        n
+    }
+
+    /// The index of the holder's record with `stamp`, if its window ends at block `b`.
+    fn record_ending_at(&self, h: u32, stamp: u32, b: u32) -> Option<usize> {
+        let records = &self.holders.at(h).records;
+        let ri = records.binary_search_by_key(&stamp, |r| r.stamp).ok()?;
+        (records[ri].leaf == b).then_some(ri)
+    }
+
+    /// Record `ri`'s leaf lost its block: the record now ends at the deepest block of its
+    /// window the holder still owns with its stamp (always a run end, since a whole run
+    /// carries one stamp), or goes if there is none. Moves the pin accordingly.
+    fn shrink_record(&mut self, h: u32, ri: usize) {
+        let rec = self.holders.at(h).records[ri];
+        let leaf_run = self.trie.run_of(rec.leaf);
+        self.unpin(leaf_run);
+        let (mut cur, mut above) = (rec.leaf, rec.len - 1);
+        let found = loop {
+            if above == 0 {
+                break None;
+            }
+            cur = self.trie.parent_block(cur);
+            above -= 1;
+            let r = self.trie.run_of(cur);
+            if self.trie.runs[r].has(h, rec.stamp) {
+                break Some(cur);
+            }
+            let skip = (cur - self.trie.runs[r].start).min(above);
+            cur -= skip;
+            above -= skip;
+        };
+        let holder = self.holders.at_mut(h);
+        match found {
+            Some(leaf) => {
+                holder.records[ri] = Record { leaf, len: above + 1, ..rec };
+                let r = self.trie.run_of(leaf);
+                debug_assert_eq!(self.trie.runs[r].last(), leaf, "records end at run ends");
+                self.trie.runs[r].pins += 1;
+            }
+            None => drop(holder.records.remove(ri)),
+        }
+    }
+
+    fn unpin(&mut self, r: u32) {
+        debug_assert!(self.trie.runs[r].pins > 0, "a record's leaf run is pinned by it");
+        self.trie.runs[r].pins -= 1;
+    }
+
+    /// Appends a record and pins its leaf (the last block of a run).
+    pub(crate) fn push_record(&mut self, h: u32, rec: Record) {
+        let r = self.trie.run_of(rec.leaf);
+        debug_assert_eq!(self.trie.runs[r].last(), rec.leaf, "records end at run ends");
+        debug_assert!(rec.len >= 1);
+        debug_assert!(
+            self.holders.at(h).records.back().is_none_or(|p| p.stamp < rec.stamp),
+            "records are in increasing stamp order (eviction and renumbering rely on it)"
+        );
+        self.trie.runs[r].pins += 1;
+        self.holders.at_mut(h).records.push_back(rec);
+    }
+
+    /// Removes the holder's blocks that still carry `rec`'s stamp (whole runs) and unpins and
+    /// releases its leaf. `rec` is already out of the holder's record list.
+    pub(crate) fn evict_record(&mut self, h: u32, rec: Record) -> u32 {
+        let mut win = std::mem::take(&mut self.window);
+        self.trie.window(rec.leaf, rec.len, &mut win);
+        let mut n = 0;
+        for &(r, _, count) in &win {
+            if self.trie.runs[r].has(h, rec.stamp) {
+                debug_assert_eq!(count, self.trie.runs[r].len, "a record's window covers its runs whole");
+                self.remove_member_run(h, r);
+                n += count;
+            }
+        }
+        self.window = win;
+        let leaf_run = self.trie.run_of(rec.leaf);
+        self.unpin(leaf_run);
+        self.trie.release(leaf_run);
+        n
+    }
+
+    /// Whether any block of `rec`'s window still carries its stamp for the holder.
+    fn record_owns(&self, h: u32, rec: &Record, win: &mut Vec<Segment>) -> bool {
+        self.trie.window(rec.leaf, rec.len, win);
+        win.iter().any(|&(r, _, _)| self.trie.runs[r].has(h, rec.stamp))
+    }
+
+    pub(crate) fn maybe_compact(&mut self, h: u32) {
+        let holder = self.holders.at(h);
+        if holder.records.len() > 2 * holder.blocks as usize + 16 {
+            self.compact(h);
+        }
+    }
+
+    /// Drops records that no longer own any block.
+    pub(crate) fn compact(&mut self, h: u32) {
+        let records = std::mem::take(&mut self.holders.at_mut(h).records);
+        let mut keep = std::collections::VecDeque::with_capacity(records.len());
+        let mut win = std::mem::take(&mut self.window);
+        for rec in records {
+            if self.record_owns(h, &rec, &mut win) {
+                keep.push_back(rec);
+            } else {
+                let r = self.trie.run_of(rec.leaf);
+                self.unpin(r);
+                self.trie.release(r);
+            }
+        }
+        self.window = win;
+        self.holders.at_mut(h).records = keep;
+    }
+
+    /// Reassigns stamps 1..=n to the holder's records in order. Records are in increasing stamp
+    /// order, so a new stamp never collides with an old one not yet renamed.
+    pub(crate) fn renumber(&mut self, h: u32) {
+        self.compact(h);
+        let mut records: Vec<Record> = self.holders.at(h).records.iter().copied().collect();
+        let mut win = std::mem::take(&mut self.window);
+        for (i, rec) in records.iter_mut().enumerate() {
+            let new = i as u32 + 1;
+            self.trie.window(rec.leaf, rec.len, &mut win);
+            for &(r, _, _) in &win {
+                for m in self.trie.runs[r].members.iter_mut() {
+                    if m.holder == h && m.stamp == rec.stamp {
+                        m.stamp = new;
+                    }
+                }
+            }
+            rec.stamp = new;
+        }
+        self.window = win;
+        let holder = self.holders.at_mut(h);
+        holder.next_stamp = records.len() as u32 + 1;
+        holder.records = records.into();
+        debug_assert!(
+            holder.records.iter().enumerate().all(|(i, r)| r.stamp == i as u32 + 1),
+            "renumbered stamps are 1..=n in record order"
+        );
+    }
+
+    pub(crate) fn take_stamp(&mut self, h: u32) -> u32 {
+        if self.holders.at(h).next_stamp >= self.cfg.stamp_limit {
+            self.renumber(h);
+        }
+        let holder = self.holders.at_mut(h);
+        let s = holder.next_stamp;
+        holder.next_stamp += 1;
+        s
+    }
+
+    /// Drops every block of the holder, record by record.
+    pub(crate) fn clear_blocks(&mut self, h: u32) -> u32 {
+        let mut n = 0;
+        while let Some(rec) = self.holders.at_mut(h).records.pop_front() {
+            n += self.evict_record(h, rec);
+        }
+        let holder = self.holders.at_mut(h);
+        debug_assert_eq!(holder.blocks, 0, "every block belongs to a record");
+        holder.overrides.clear();
+        holder.override_of.clear();
+        n
+    }
+}

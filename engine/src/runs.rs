@@ -1,0 +1,144 @@
+//! Runs: the trie's nodes, each a chain of consecutive block positions with one membership
+//! list (see `trie.rs`), stored in fixed chunks with a free list of ids.
+
+use smallvec::SmallVec;
+
+/// One holder's membership of a run, with the stamp of the operation that last stored it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Member {
+    pub holder: u32,
+    pub stamp: u32,
+}
+
+pub type Members = SmallVec<[Member; 2]>;
+
+pub struct Run {
+    pub start: u32,
+    pub len: u32,
+    /// Blocks `start..start + cap` belong to this run's allocation (`cap >= len`).
+    pub cap: u32,
+    /// The block this run hangs off ([`ROOT_BLOCK`] for top-level runs).
+    pub parent: u32,
+    /// The first child created of the last block (`NIL` if none); others are in the edge table.
+    pub first_child: u32,
+    /// The first block of `first_child` (when there is one): a match starts loading the next
+    /// run's locals without waiting for its record.
+    pub first_child_start: u32,
+    /// The child count in the low 31 bits, then the `live` flag.
+    pub(crate) bits: u32,
+    /// Operation records whose window ends at the last block.
+    pub pins: u32,
+    pub first_local: u64,
+    pub start_path: u64,
+    pub end_path: u64,
+    pub members: Members,
+}
+
+pub(crate) const CHILDREN: u32 = (1 << 31) - 1;
+pub(crate) const LIVE: u32 = 1 << 31;
+
+impl Run {
+    #[inline]
+    pub fn last(&self) -> u32 {
+        self.start + self.len - 1
+    }
+
+    #[inline]
+    pub fn children(&self) -> u32 {
+        self.bits & CHILDREN
+    }
+
+    #[inline]
+    pub fn live(&self) -> bool {
+        self.bits & LIVE != 0
+    }
+
+    #[inline]
+    pub fn member(&self, holder: u32) -> Option<usize> {
+        self.members.iter().position(|m| m.holder == holder)
+    }
+
+    /// Whether `holder` holds this run with `stamp`.
+    #[inline]
+    pub fn has(&self, holder: u32, stamp: u32) -> bool {
+        self.members.iter().any(|m| m.holder == holder && m.stamp == stamp)
+    }
+
+    /// Unheld, childless and unpinned: nothing keeps it.
+    #[inline]
+    pub fn dead(&self) -> bool {
+        self.members.is_empty() && self.children() == 0 && self.pins == 0
+    }
+}
+
+const RUN_CHUNK_BITS: u32 = 12;
+const RUN_CHUNK: usize = 1 << RUN_CHUNK_BITS;
+
+/// Runs in fixed chunks with a free list of ids.
+#[derive(Default)]
+pub struct Runs {
+    chunks: Vec<Vec<Run>>,
+    len: usize,
+    free: Vec<u32>,
+}
+
+impl Runs {
+    pub(crate) fn alloc(&mut self, run: Run) -> u32 {
+        if let Some(r) = self.free.pop() {
+            self[r] = run;
+            return r;
+        }
+        if self.len == self.chunks.len() * RUN_CHUNK {
+            self.chunks.push(Vec::with_capacity(RUN_CHUNK));
+        }
+        self.chunks.last_mut().expect("a chunk").push(run);
+        self.len += 1;
+        (self.len - 1) as u32
+    }
+
+    pub(crate) fn release(&mut self, r: u32) {
+        let run = &mut self[r];
+        (run.bits, run.pins) = (0, 0);
+        run.members = Members::new();
+        self.free.push(r);
+    }
+
+    /// Run ids ever allocated (live or on the free list).
+    #[inline]
+    pub fn slots(&self) -> u32 {
+        self.len as u32
+    }
+
+    pub fn free_ids(&self) -> &[u32] {
+        &self.free
+    }
+
+    pub fn get(&self, r: u32) -> Option<&Run> {
+        ((r as usize) < self.len).then(|| &self[r])
+    }
+
+    /// Heap bytes of the run chunks, the free list and spilled member lists.
+    pub fn heap_bytes(&self) -> usize {
+        let spilled: usize = (0..self.slots())
+            .map(|r| &self[r])
+            .filter(|r| r.members.spilled())
+            .map(|r| r.members.capacity() * std::mem::size_of::<Member>())
+            .sum();
+        self.chunks.len() * RUN_CHUNK * std::mem::size_of::<Run>() + self.free.capacity() * 4 + spilled
+    }
+}
+
+impl std::ops::Index<u32> for Runs {
+    type Output = Run;
+    #[inline]
+    fn index(&self, r: u32) -> &Run {
+        &self.chunks[(r >> RUN_CHUNK_BITS) as usize][r as usize & (RUN_CHUNK - 1)]
+    }
+}
+
+impl std::ops::IndexMut<u32> for Runs {
+    #[inline]
+    fn index_mut(&mut self, r: u32) -> &mut Run {
+        &mut self.chunks[(r >> RUN_CHUNK_BITS) as usize][r as usize & (RUN_CHUNK - 1)]
+    }
+}
