@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The local-image stack check (issue 18): starts deploy/compose.local.yml (tansu, the topic, two
-# replicas peering with each other, the trace-replay fleet) on free loopback ports under a
-# project name of its own, waits for both replicas, queries both with the Python client,
-# compares their anti-entropy digests (scripts/check_stack.py), and removes the stack with its
+# replicas peering with each other, the trace-replay fleet, and the `sharded` profile's 2 shards
+# x 2 replicas) on free loopback ports under a project name of its own, waits for the replicas,
+# queries them with the Python client (the shards fanned out and merged), compares anti-entropy
+# digests (scripts/check_stack.py), and removes the stack with its
 # volumes — also when a step fails (after printing the containers' logs).
 # Needs a running engine and the images: scripts/docker-engine.sh run scripts/check-stack.sh
 # after scripts/build-images.sh (scripts/container-leg.sh does all of it). Installs Debian's
@@ -43,10 +44,10 @@ PY="$VENV/bin/python"
 export PYTHONDONTWRITEBYTECODE=1  # nothing written into the clone
 
 # Free loopback ports below the ephemeral range (see listen_port() in tests/src/lib.rs).
-read -r KAFKA AG AA AP BG BA BP < <("$PY" - <<'PYEOF'
+read -r KAFKA AG AA AP BG BA BP S0AG S0AA S0AP S0BG S0BA S0BP S1AG S1AA S1AP S1BG S1BA S1BP < <("$PY" - <<'PYEOF'
 import random, socket
 ports, held = [], []
-while len(ports) < 7:
+while len(ports) < 19:
     p = random.randrange(18000, 32000)
     s = socket.socket()
     try:
@@ -60,10 +61,15 @@ PYEOF
 )
 export PREFIXLOG_KAFKA_PORT=$KAFKA PREFIXLOG_A_GRPC_PORT=$AG PREFIXLOG_A_ADMIN_PORT=$AA PREFIXLOG_A_PEER_PORT=$AP
 export PREFIXLOG_B_GRPC_PORT=$BG PREFIXLOG_B_ADMIN_PORT=$BA PREFIXLOG_B_PEER_PORT=$BP
+# The `sharded` profile: 2 shards x 2 replicas of the same log.
+export PREFIXLOG_S0A_GRPC_PORT=$S0AG PREFIXLOG_S0A_ADMIN_PORT=$S0AA PREFIXLOG_S0A_PEER_PORT=$S0AP
+export PREFIXLOG_S0B_GRPC_PORT=$S0BG PREFIXLOG_S0B_ADMIN_PORT=$S0BA PREFIXLOG_S0B_PEER_PORT=$S0BP
+export PREFIXLOG_S1A_GRPC_PORT=$S1AG PREFIXLOG_S1A_ADMIN_PORT=$S1AA PREFIXLOG_S1A_PEER_PORT=$S1AP
+export PREFIXLOG_S1B_GRPC_PORT=$S1BG PREFIXLOG_S1B_ADMIN_PORT=$S1BA PREFIXLOG_S1B_PEER_PORT=$S1BP
 PREFIXLOG_TRACE_DIR="$(dirname "$PREFIXLOG_TRACE")"
 export PREFIXLOG_TRACE_DIR
 PROJECT="prefixlog-check-$$"
-COMPOSE=("${DC[@]}" --ansi never -f deploy/compose.local.yml -p "$PROJECT")
+COMPOSE=("${DC[@]}" --ansi never -f deploy/compose.local.yml -p "$PROJECT" --profile sharded)
 
 ok=0
 cleanup() {
@@ -77,7 +83,8 @@ cleanup() {
 }
 trap cleanup EXIT
 echo "==> starting the local-image stack $PROJECT (${DC[*]}): tansu on 127.0.0.1:$KAFKA," \
-  "replica-a gRPC $AG admin $AA peer $AP, replica-b gRPC $BG admin $BA peer $BP"
+  "replica-a gRPC $AG admin $AA peer $AP, replica-b gRPC $BG admin $BA peer $BP," \
+  "2 shards x 2 replicas on gRPC $S0AG $S0BG $S1AG $S1BG"
 "${COMPOSE[@]}" up -d
 
 FLEET=$("${COMPOSE[@]}" ps -q fleet)
@@ -92,6 +99,7 @@ echo "==> fleet replayed $RECORDS records after $(( $(date +%s) - t0 ))s"
 STRETCH=$(grep -o '"--stretch", "[0-9]*"' deploy/compose.local.yml | grep -o '[0-9]*') \
   || { echo "error: no --stretch in the fleet's command in deploy/compose.local.yml" >&2; exit 1; }
 PYTHONPATH="$PREFIXLOG_ROOT/python" "$PY" scripts/check_stack.py --a "$AG,$AA,$AP" --b "$BG,$BA,$BP" \
-  --records "$RECORDS" --trace "$PREFIXLOG_TRACE" --stretch "$STRETCH"
+  --records "$RECORDS" --trace "$PREFIXLOG_TRACE" --stretch "$STRETCH" \
+  --shards "$S0AG,$S0AA,$S0AP" "$S0BG,$S0BA,$S0BP" "$S1AG,$S1AA,$S1AP" "$S1BG,$S1BA,$S1BP"
 ok=1
 echo "==> stack check passed in $(( $(date +%s) - t0 ))s"

@@ -1,13 +1,18 @@
 """Checks a running two-replica stack (scripts/check-stack.sh starts deploy/compose.local.yml).
 
-    python check_stack.py --a GRPC,ADMIN,PEER --b GRPC,ADMIN,PEER --records N --trace FILE --stretch S
+    python check_stack.py --a GRPC,ADMIN,PEER --b GRPC,ADMIN,PEER --records N --trace FILE --stretch S \
+        [--shards S0A S0B S1A S1B]   (each GRPC,ADMIN,PEER: the `sharded` profile's 2 shards x 2 replicas)
 
 1. both replicas ready (/readyz 200) with every replayed record applied or skipped (/metrics);
 2. both answer the trace's last request (its chain is resident: nothing evicts after it) through
    the Python client (prefixlog_client.IndexClient) with a full-depth match, and the same scores;
 3. their anti-entropy digests agree: ReplicaPeer/Digests on each peer port, every digest point
    both hold (equal next_offset in a partition) has the same digest, same settings fingerprint;
-4. neither replica's anti-entropy has counted a mismatch.
+4. neither replica's anti-entropy has counted a mismatch;
+5. with --shards: every shard replica ready, together having applied every replayed record; the
+   Python client, discovering the layout from the four shard replicas, answers with exactly
+   replica-a's scores and no partial flag; each shard's two replicas agree digest for digest,
+   and each agrees with the unsharded replica-a at every point both hold.
 Needs prefixlog_client (python/, with its committed stubs) on sys.path (the shell script sets
 that up).
 """
@@ -56,21 +61,26 @@ def metrics(admin):
     return out
 
 
-def wait_ready(name, admin, records, timeout):
+def wait_ready(name, admins, records, timeout):
+    """Waits until every replica in `admins` is ready and together they have applied or skipped
+    `records` (one replica of the whole log, or one replica of each shard)."""
     end = time.monotonic() + timeout
     n, last = 0.0, "never polled"
     while time.monotonic() < end:
         try:
-            m = metrics(admin)
-            n = m.get("prefixlog_records_applied_total", 0) + m.get("prefixlog_records_skipped_total", 0)
-            if n >= records and urllib.request.urlopen(f"http://127.0.0.1:{admin}/readyz", timeout=5).status == 200:
+            counts = [metrics(a) for a in admins]
+            n = sum(m.get("prefixlog_records_applied_total", 0) + m.get("prefixlog_records_skipped_total", 0)
+                    for m in counts)
+            if n >= records and all(
+                urllib.request.urlopen(f"http://127.0.0.1:{a}/readyz", timeout=5).status == 200 for a in admins
+            ):
                 print(f"{name}: ready, {n:.0f} records applied or skipped (replayed: {records})")
                 return
             last = f"{n:.0f} of {records} records"
         except OSError as e:  # URLError (also a 503 from /readyz), a reset connection
             last = str(e)
         time.sleep(0.2)
-    sys.exit(f"{name} (admin port {admin}) not ready within {timeout}s: {last}")
+    sys.exit(f"{name} (admin ports {admins}) not ready within {timeout}s: {last}")
 
 
 def answer(client, chain, timeout=60):
@@ -92,6 +102,65 @@ def digests(peer):
         return peer_pb2_grpc.ReplicaPeerStub(ch).Digests(peer_pb2.DigestsRequest(), timeout=10)
 
 
+def compare_digests(na, da, nb, db, same_partitions=True):
+    """Every digest point both replicas hold (equal next_offset in a partition both own) must be
+    equal; returns how many were compared. `same_partitions`: they must own the same ones."""
+    # (settings_fingerprint and cluster_id: in peer.proto since the proto revision of 2026-11-30)
+    for field in ("topic", "partition_count", "settings_fingerprint", "cluster_id"):
+        if field in da.DESCRIPTOR.fields_by_name and getattr(da, field) != getattr(db, field):
+            sys.exit(f"Digests of {na} and {nb} differ in {field}: {getattr(da, field)!r} vs {getattr(db, field)!r}")
+    pa = {p.partition: p for p in da.partitions}
+    pb = {p.partition: p for p in db.partitions}
+    if (same_partitions and set(pa) != set(pb)) or not pa or not set(pa) & set(pb):
+        sys.exit(f"{na} and {nb} own partitions {sorted(pa)} and {sorted(pb)}")
+    compared, mismatched, partitions_compared = 0, [], 0
+    for part in sorted(set(pa) & set(pb)):
+        xa = {pt.next_offset: pt.digest for pt in pa[part].points}
+        xb = {pt.next_offset: pt.digest for pt in pb[part].points}
+        common = sorted(set(xa) & set(xb))
+        partitions_compared += bool(common)
+        for off in common:
+            compared += 1
+            if xa[off] != xb[off]:
+                mismatched.append((part, off, hex(xa[off]), hex(xb[off])))
+    print(f"digests {na} / {nb}: {compared} points compared in {partitions_compared} of "
+          f"{len(set(pa) & set(pb))} partitions")
+    if mismatched:
+        sys.exit(f"digest mismatches {na} / {nb} (partition, next_offset, {na}, {nb}): {mismatched}")
+    if compared == 0:
+        sys.exit(f"no digest point held by both {na} and {nb}: nothing compared")
+    return compared
+
+
+def check_shards(shards, records, chain, want, unsharded_digests, timeout):
+    """The `sharded` profile: 2 shards x 2 replicas of the same log (see the module doc, 5)."""
+    names = ["shard0-a", "shard0-b", "shard1-a", "shard1-b"]
+    reps = dict(zip(names, shards))
+    wait_ready("shard0-a + shard1-a", [reps["shard0-a"][1], reps["shard1-a"][1]], records, timeout)
+    wait_ready("shard0-b + shard1-b", [reps["shard0-b"][1], reps["shard1-b"][1]], records, timeout)
+    c = IndexClient([f"127.0.0.1:{g}" for g, _, _ in shards], discover=True, deadline=2.0)
+    end = time.monotonic() + 60
+    got = None
+    while time.monotonic() < end:
+        r = c.match(KS, hashes=chain, deadline=2.0)
+        got = [(s.worker, s.dp_rank, s.lane, s.depth) for s in r.scores] if r.outcome == "scores" else r.reason
+        if got == want and not r.partial:
+            break
+        time.sleep(0.2)
+    c.close()
+    if got != want or r.partial:
+        sys.exit(f"the sharded answer differs from replica-a's (partial={r.partial}): {got} vs {want}")
+    print(f"2 shards x 2 replicas, fanned out by the Python client: the same {len(want)} scores as replica-a")
+    d = {name: digests(peer) for name, (_, _, peer) in reps.items()}
+    for shard in ("shard0", "shard1"):
+        compare_digests(f"{shard}-a", d[f"{shard}-a"], f"{shard}-b", d[f"{shard}-b"])
+        compare_digests(f"{shard}-a", d[f"{shard}-a"], "replica-a", unsharded_digests, same_partitions=False)
+    for name, (_, admin, _) in reps.items():
+        mm = metrics(admin).get("prefixlog_anti_entropy_mismatches_total", 0)
+        if mm:
+            sys.exit(f"{name}'s anti-entropy found {mm:.0f} mismatches")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--a", required=True, help="replica-a's GRPC,ADMIN,PEER ports")
@@ -99,12 +168,14 @@ def main():
     ap.add_argument("--records", type=int, required=True)
     ap.add_argument("--trace", required=True)
     ap.add_argument("--stretch", type=int, default=8)
+    ap.add_argument("--shards", nargs=4, metavar="GRPC,ADMIN,PEER",
+                    help="the sharded profile's shard0-a shard0-b shard1-a shard1-b ports")
     ap.add_argument("--timeout", type=float, default=180)
     a = ap.parse_args()
     reps = {"replica-a": [int(p) for p in a.a.split(",")], "replica-b": [int(p) for p in a.b.split(",")]}
 
     for name, (_, admin, _) in reps.items():
-        wait_ready(name, admin, a.records, a.timeout)
+        wait_ready(name, [admin], a.records, a.timeout)
 
     chain = last_chain(a.trace, a.stretch)
     answers = {}
@@ -121,31 +192,7 @@ def main():
     print("both replicas give the same scores")
 
     d = {name: digests(peer) for name, (_, _, peer) in reps.items()}
-    da, db = d["replica-a"], d["replica-b"]
-    # (settings_fingerprint and cluster_id: in peer.proto since the proto revision of 2026-11-30)
-    for field in ("topic", "partition_count", "settings_fingerprint", "cluster_id"):
-        if field in da.DESCRIPTOR.fields_by_name and getattr(da, field) != getattr(db, field):
-            sys.exit(f"Digests differ in {field}: {getattr(da, field)!r} vs {getattr(db, field)!r}")
-    pa = {p.partition: p for p in da.partitions}
-    pb = {p.partition: p for p in db.partitions}
-    if set(pa) != set(pb) or not pa:
-        sys.exit(f"the replicas own different partitions: {sorted(pa)} vs {sorted(pb)}")
-    compared, mismatched, partitions_compared = 0, [], 0
-    for part in sorted(pa):
-        xa = {pt.next_offset: pt.digest for pt in pa[part].points}
-        xb = {pt.next_offset: pt.digest for pt in pb[part].points}
-        common = sorted(set(xa) & set(xb))
-        partitions_compared += bool(common)
-        for off in common:
-            compared += 1
-            if xa[off] != xb[off]:
-                mismatched.append((part, off, hex(xa[off]), hex(xb[off])))
-    print(f"digests: {compared} points compared in {partitions_compared} of {len(pa)} partitions "
-          f"(next offsets a={sum(p.next_offset for p in pa.values())} b={sum(p.next_offset for p in pb.values())})")
-    if mismatched:
-        sys.exit(f"digest mismatches (partition, next_offset, a, b): {mismatched}")
-    if compared == 0:
-        sys.exit("no digest point held by both replicas: nothing compared")
+    compare_digests("replica-a", d["replica-a"], "replica-b", d["replica-b"])
 
     for name, (_, admin, _) in reps.items():
         m = metrics(admin)
@@ -154,6 +201,9 @@ def main():
               f"points compared {m.get('prefixlog_anti_entropy_points_compared_total', 0):.0f}, mismatches {mm:.0f}")
         if mm:
             sys.exit(f"{name}'s anti-entropy found {mm:.0f} mismatches")
+    if a.shards:
+        shards = [[int(p) for p in s.split(",")] for s in a.shards]
+        check_shards(shards, a.records, chain, answers["replica-a"], d["replica-a"], a.timeout)
     print("stack check passed")
 
 

@@ -12,6 +12,7 @@
 //! - [`identity`]: [`LogIdentity`] and [`check_compatible`], the one compatibility rule
 //!   (cluster, topic, partitions, settings, covered partitions) for checkpoints and peers.
 //! - [`probe`]: cluster id, partition count and watermarks of a log.
+//! - [`topics`]: create and delete a topic (benchmarks, tests; replicas never do).
 //! - [`continuity`]: does the log still continue a state's offsets (start-up check).
 //! - [`reader`]: [`LogReader`], the one consumer: offset order, gaps and out-of-range offsets
 //!   become [`reader::Discontinuity`], never a silent reset.
@@ -43,6 +44,7 @@ pub mod record;
 pub mod replay;
 pub mod replica;
 pub mod settings;
+pub mod topics;
 
 pub use apply::{Applier, NotNext, Outcome};
 pub use embedded::EmbeddedKafka;
@@ -56,3 +58,4 @@ pub use record::{BadReason, KvBatch, KvOp, LaneMeta, Lifecycle, Op};
 pub use replay::{replay, ReplayError, ReplayOptions, Until};
 pub use replica::{GapPolicy, IngestOptions, Replica, ReplicaError, ReplicaStatus};
 pub use settings::StateSettings;
+pub use topics::{create_topic, delete_topic, TopicError};

@@ -71,6 +71,10 @@ pub struct PartitionStatus {
     pub discontinuities: AtomicU64,
     /// Whether the watermark thread has read this partition's watermarks yet.
     pub watermarks_known: AtomicBool,
+    /// The log ended before this partition's state at the last watermark read (topic recreated
+    /// or truncated). Decided against the next offset sampled *before* the broker round trip,
+    /// so records applied meanwhile never make a stale watermark look like a rewind.
+    pub rewound: AtomicBool,
 }
 
 /// Progress of the whole replica, readable without locks.
@@ -123,25 +127,23 @@ impl ReplicaStatus {
         self.owned.iter().map(|&p| (p, self.part(p).next_offset.load(Ordering::Acquire))).collect()
     }
 
-    /// Records behind the high watermark, summed over owned partitions. A partition whose log
-    /// ends before its state (a rewind) counts 0 here and is reported by [`Self::rewound`].
+    /// Records behind the high watermark, summed over owned partitions.
     pub fn lag(&self) -> i64 {
-        self.owned.iter().map(|&p| self.partition_lag(p).max(0)).sum()
+        self.owned.iter().map(|&p| self.partition_lag(p)).sum()
     }
 
-    /// High watermark minus next offset: negative when the log ends before the state.
+    /// Records behind the last polled high watermark. Never negative: the watermark is polled
+    /// while records are applied, so "next offset past the watermark" is usually just a stale
+    /// poll. A real rewind is decided by the watermark thread and reported by
+    /// [`Self::rewound`] (and its own gauge), not hidden in or inferred from this number.
     pub fn partition_lag(&self, p: u32) -> i64 {
         let s = self.part(p);
-        s.high_watermark.load(Ordering::Acquire) - s.next_offset.load(Ordering::Acquire)
+        (s.high_watermark.load(Ordering::Acquire) - s.next_offset.load(Ordering::Acquire)).max(0)
     }
 
     /// Owned partitions whose log ends before their state (topic recreated or truncated).
     pub fn rewound(&self) -> Vec<u32> {
-        self.owned
-            .iter()
-            .copied()
-            .filter(|&p| self.part(p).watermarks_known.load(Ordering::Acquire) && self.partition_lag(p) < 0)
-            .collect()
+        self.owned.iter().copied().filter(|&p| self.part(p).rewound.load(Ordering::Acquire)).collect()
     }
 
     /// Owned partitions the log does not continue right now.
@@ -449,9 +451,13 @@ fn poll_watermarks(consumer: BaseConsumer, topic: &str, status: Arc<ReplicaStatu
     while !stop.load(Ordering::Acquire) {
         let mut ok = true;
         for &p in status.owned() {
+            // Sampled before the round trip: every offset below it was fetched from the broker
+            // earlier, so a watermark below it means the log really ends before the state.
+            let applied_before = status.part(p).next_offset.load(Ordering::Acquire);
             match consumer.fetch_watermarks(topic, p as i32, Duration::from_secs(1)) {
                 Ok((low, high)) => {
                     let s = status.part(p);
+                    s.rewound.store(high < applied_before, Ordering::Release);
                     s.low_watermark.store(low, Ordering::Release);
                     s.high_watermark.store(high, Ordering::Release);
                     s.watermarks_known.store(true, Ordering::Release);

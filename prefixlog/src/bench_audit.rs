@@ -1,119 +1,137 @@
-//! `prefixlog bench-audit`: time to reconstruct the state at a point about an hour into a long
-//! log from retained checkpoints, next to a full replay from the start to the same point.
+//! `prefixlog bench-audit`: reconstructing the state at random past points of a long log from
+//! the checkpoints a replica keeps under the default retention (the newest few plus the oldest
+//! of every hour of log time), next to a full replay from the start to the same points.
+//!
+//! The log is ingested window by window with a checkpoint after each window of log time, as a
+//! live replica checkpointing on its timer would leave them; retention then thins them.
 
-use crate::bench_env::{bench_options, token, BenchLog};
-use crate::fleet_records::{keyspace, WorkloadArgs};
+use crate::bench_env::{bench_options, token, BenchBroker, BenchLog};
+use crate::fleet_records::{fleet_records, WorkloadArgs};
 use prefixlog_audit::{reconstruct, Point};
-use prefixlog_ingest::record::encode_kv_events;
-use prefixlog_ingest::KvOp;
 use prefixlog_node::{CheckpointPolicy, NodeOptions};
 use prefixlog_snapshot::{CheckpointStore, Retention};
-use prefixlog_workload::{expand_request, load_trace, Event, Fleet};
 use std::time::{Duration, Instant};
 
 /// Log time of the start of the log (any positive value; 0 means "now" to librdkafka).
 const BASE: u64 = 1_000_000;
+const HOUR_MS: u64 = 3_600_000;
 
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
+    pub broker: BenchBroker,
+    #[command(flatten)]
     pub workload: WorkloadArgs,
-    /// Hours of log: the trace (one hour) is replayed this many times back to back, each time
-    /// with fresh content.
+    /// Hours of log: the trace (one hour) back to back this many times, fresh content each hour.
+    /// 24 and more need a real broker (--brokers).
     #[arg(long, env = "PREFIXLOG_BENCH_HOURS", default_value_t = 3)]
-    pub hours: u64,
-    /// A checkpoint is taken every this many minutes of log time.
-    #[arg(long, env = "PREFIXLOG_BENCH_CHECKPOINT_MINUTES", default_value_t = 5)]
-    pub checkpoint_minutes: u64,
-    /// The audited point, in seconds of log time from the start.
-    #[arg(long, env = "PREFIXLOG_BENCH_AT_SECS", default_value_t = 3750)]
-    pub at_secs: u64,
+    pub hours: usize,
+    /// A checkpoint after every this much log time (retention keeps the hourly ones).
+    #[arg(long, env = "PREFIXLOG_BENCH_CHECKPOINT_EVERY", default_value = "10m", value_parser = humantime::parse_duration)]
+    pub checkpoint_every: Duration,
+    /// Audited points, drawn uniformly over the log's time span (seeded: the same points in
+    /// every run with the same arguments).
+    #[arg(long, env = "PREFIXLOG_BENCH_POINTS", default_value_t = 3)]
+    pub points: usize,
+    #[arg(long, env = "PREFIXLOG_BENCH_SEED", default_value_t = 1)]
+    pub seed: u64,
     #[arg(long, env = "PREFIXLOG_BENCH_PARTITIONS", default_value_t = 16)]
     pub partitions: u32,
 }
 
 pub async fn run(a: Args) -> anyhow::Result<()> {
-    let env = BenchLog::start("prefixlog.bench-audit", a.partitions)?;
-    let trace = load_trace(&a.workload.trace)?;
-    let hour = 3_600_000u64;
-    let mut fleet = Fleet::new(a.workload.workers, a.workload.capacity);
-    let mut seq = vec![0u64; a.workload.workers];
-    // (time, worker, value)
-    let mut records: Vec<(u64, u64, Vec<u8>)> = Vec::new();
-    for h in 0..a.hours {
-        for req in &trace {
-            let chain = expand_request(req, h as usize, a.workload.stretch);
-            let conv = req.hash_ids.get(1).copied().unwrap_or(0);
-            let w = (prefixlog_engine::digest::mix64(conv ^ h) % a.workload.workers as u64) as u32;
-            for ev in fleet.serve(w, &chain) {
-                let (w, op) = match ev {
-                    Event::Stored { worker, parent_ext, blocks } => {
-                        (worker, KvOp::Stored { lane: 0, parent_ext, blocks })
-                    }
-                    Event::Removed { worker, exts } => (worker, KvOp::Removed { lane: 0, exts }),
-                };
-                seq[w as usize] += 1;
-                let v = encode_kv_events(&keyspace(), u64::from(w), 0, 1, seq[w as usize], false, &[op]);
-                // Log time starts at BASE: a timestamp of 0 would make librdkafka stamp the wall clock.
-                records.push((BASE + h * hour + req.timestamp_ms, u64::from(w), v));
-            }
-        }
-    }
+    let env = BenchLog::start(&a.broker, "prefixlog.bench-audit", a.partitions).await?;
     let dir = std::env::temp_dir().join(format!("prefixlog-bench-audit-{}", std::process::id()));
-    // Checkpoints only when asked; all of them kept (the audit picks among them).
+    let (records, checkpoints) = ingest_with_checkpoints(&env, &a, &dir).await?;
+    let store = CheckpointStore::open_reader(&dir.join("checkpoints"))?;
+    let kept = store.ids();
+    println!(
+        "log: {} hours, {records} records; {checkpoints} checkpoints written (one per {} of log time), {} kept by the default retention",
+        a.hours,
+        humantime::format_duration(a.checkpoint_every),
+        kept.len()
+    );
+
+    let span = a.hours as u64 * HOUR_MS;
+    println!("\n| point (log time) | audit: from checkpoint | records replayed | audit s | full replay: records | full s | audit / full |");
+    println!("|---|---|---:|---:|---:|---:|---:|");
+    let (mut audit_total, mut full_total) = (0.0, 0.0);
+    for i in 0..a.points as u64 {
+        // Seeded, uniform enough over the span: a 64-bit mix of (seed, i).
+        let at = prefixlog_engine::digest::mix64(a.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ i) % span;
+        let point = Point::Time(BASE + at);
+        let t = Instant::now();
+        let r = reconstruct(Some(&store), &env.spec, &point, false)?;
+        let audit_s = t.elapsed().as_secs_f64();
+        let (ck, replayed, digest) = (r.checkpoint, r.replayed, r.applier.engine().digest());
+        drop(r); // one engine at a time
+        let t = Instant::now();
+        let f = reconstruct(None, &env.spec, &point, false)?;
+        let full_s = t.elapsed().as_secs_f64();
+        anyhow::ensure!(f.applier.engine().digest() == digest, "audit and full replay disagree at {at} ms");
+        println!(
+            "| {} | {} | {replayed} | {audit_s:.2} | {} | {full_s:.2} | {:.3} |",
+            humantime::format_duration(Duration::from_secs(at / 1000)),
+            ck.map_or("none (log start)".into(), |c| format!("#{c}")),
+            f.replayed,
+            audit_s / full_s
+        );
+        audit_total += audit_s;
+        full_total += full_s;
+    }
+    println!(
+        "\naudit / full replay over {} random points = {:.3} (target ≤ 0.1); digests identical at every point",
+        a.points,
+        audit_total / full_total.max(1e-9)
+    );
+    drop(store);
+    std::fs::remove_dir_all(&dir).ok();
+    env.finish().await;
+    Ok(())
+}
+
+/// Publishes the workload one checkpoint window at a time into a replica that checkpoints after
+/// each window under the default retention. Returns (records, checkpoints written).
+async fn ingest_with_checkpoints(
+    env: &BenchLog,
+    a: &Args,
+    dir: &std::path::Path,
+) -> anyhow::Result<(usize, usize)> {
+    let records = fleet_records(&a.workload, a.hours)?;
     let opts = NodeOptions {
-        data_dir: Some(dir.clone()),
+        data_dir: Some(dir.to_path_buf()),
         checkpoints: CheckpointPolicy {
             interval: Duration::ZERO,
             records: 0,
-            retention: Retention { keep_last: usize::MAX, ..Default::default() },
+            retention: Retention::default(),
         },
         ..bench_options()
     };
     let replica = env.node(opts).await?;
-    let step = a.checkpoint_minutes.max(1) * 60_000;
-    let mut i = 0;
-    let mut checkpoints = 0;
+    let step = (a.checkpoint_every.as_millis() as u64).max(1_000);
+    let (mut i, mut checkpoints) = (0, 0);
     let t = Instant::now();
+    let progress = indicatif::ProgressBar::new(records.len() as u64).with_style(
+        indicatif::ProgressStyle::with_template("ingest {bar:40} {pos}/{len} records {elapsed}")
+            .expect("template"),
+    );
     while i < records.len() {
-        let window_end = (records[i].0 / step + 1) * step;
+        let window_end = (records[i].time_ms / step + 1) * step;
         let mut items = Vec::new();
-        while i < records.len() && records[i].0 < window_end {
-            items.push((records[i].1, records[i].0 as i64, std::mem::take(&mut records[i].2)));
+        while i < records.len() && records[i].time_ms < window_end {
+            let r = &records[i];
+            // Log time starts at BASE: a timestamp of 0 would make librdkafka stamp the wall clock.
+            items.push((r.worker, (BASE + r.time_ms) as i64, r.value.clone()));
             i += 1;
         }
         let token = token(&env.publish(items).await?);
         anyhow::ensure!(replica.status().wait_for(&token, Duration::from_secs(600)).await, "ingest stalled");
         replica.checkpoint_now()?;
         checkpoints += 1;
+        progress.set_position(i as u64);
     }
+    progress.finish_and_clear();
     replica.kill().await;
-    println!(
-        "log: {} hours of trace time, {} records; {checkpoints} checkpoints (every {} min) written while ingesting in {:.1} s",
-        a.hours,
-        records.len(),
-        a.checkpoint_minutes,
-        t.elapsed().as_secs_f64()
-    );
-    let store = CheckpointStore::open_reader(&dir.join("checkpoints"))?;
-    let point = Point::Time(BASE + a.at_secs * 1000);
-    let t = Instant::now();
-    let r = reconstruct(Some(&store), &env.spec, &point, false)?;
-    let audit_s = t.elapsed().as_secs_f64();
-    let (ck, replayed, d1) = (r.checkpoint, r.replayed, r.applier.engine().digest());
-    drop(r);
-    let t = Instant::now();
-    let f = reconstruct(None, &env.spec, &point, false)?;
-    let full_s = t.elapsed().as_secs_f64();
-    anyhow::ensure!(f.applier.engine().digest() == d1, "audit and full replay disagree");
-    println!("\n| path to the state at {} s of log time | records replayed | seconds |", a.at_secs);
-    println!("|---|---:|---:|");
-    println!(
-        "| audit: checkpoint {} + replay | {replayed} | {audit_s:.2} |",
-        ck.map_or("-".into(), |c| c.to_string())
-    );
-    println!("| full replay from offset 0 | {} | {full_s:.2} |", f.replayed);
-    println!("\naudit / full = {:.3} (target ≤ 0.1); identical digests", audit_s / full_s);
-    std::fs::remove_dir_all(&dir).ok();
-    Ok(())
+    println!("ingested with checkpoints in {:.1} s", t.elapsed().as_secs_f64());
+    Ok((records.len(), checkpoints))
 }

@@ -1,15 +1,31 @@
-//! What the Kafka benchmarks share: an embedded broker with one topic, a publisher, replicas
-//! started the one way (`ReplicaNode`), and publishing records grouped by worker.
+//! What the Kafka benchmarks share: a topic of their own (on the embedded broker, or on a real
+//! one with `--brokers`), a publisher, replicas started the one way (`ReplicaNode`), and
+//! publishing records grouped by worker.
 
-use prefixlog_ingest::{EmbeddedKafka, KafkaConnection, Landed, LogSpec, Publisher};
+use prefixlog_ingest::{
+    create_topic, delete_topic, EmbeddedKafka, KafkaConnection, Landed, LogSpec, Publisher,
+};
 use prefixlog_node::{NodeOptions, ReplicaNode};
 use std::collections::BTreeMap;
+
+/// Where a benchmark's log lives.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct BenchBroker {
+    /// A real broker to run on (e.g. tansu: `scripts/with-tansu.sh` exports PREFIXLOG_TEST_KAFKA):
+    /// the benchmark creates a topic of its own there and deletes it at the end. Omit for the
+    /// embedded broker, whose retention (5 MiB or 100,000 messages per partition) cannot hold
+    /// long logs.
+    #[arg(long = "brokers", env = "PREFIXLOG_BENCH_BROKERS")]
+    pub brokers: Option<String>,
+}
 
 pub struct BenchLog {
     pub publisher: Publisher,
     pub spec: LogSpec,
+    /// The topic was created on a real broker: deleted by [`BenchLog::finish`].
+    created: bool,
     /// Last: fields drop in order, and the broker must outlive its clients.
-    _kafka: EmbeddedKafka,
+    _kafka: Option<EmbeddedKafka>,
 }
 
 /// A benchmark replica: a query port only (no admin or peer port, no ticks).
@@ -18,10 +34,42 @@ pub fn bench_options() -> NodeOptions {
 }
 
 impl BenchLog {
-    pub fn start(topic: &str, partitions: u32) -> anyhow::Result<Self> {
-        let kafka = EmbeddedKafka::start(topic, partitions)?;
-        let spec = LogSpec::new(KafkaConnection::new(kafka.bootstrap_servers()), topic, partitions);
-        Ok(Self { publisher: Publisher::new(&spec)?, spec, _kafka: kafka })
+    /// A fresh topic named after `topic` (plus the process id on a real broker).
+    pub async fn start(broker: &BenchBroker, topic: &str, partitions: u32) -> anyhow::Result<Self> {
+        let (spec, kafka) = match &broker.brokers {
+            None => {
+                let kafka = EmbeddedKafka::start(topic, partitions)?;
+                (
+                    LogSpec::new(KafkaConnection::new(kafka.bootstrap_servers()), topic, partitions),
+                    Some(kafka),
+                )
+            }
+            Some(b) => {
+                let topic = format!("{topic}-{}", std::process::id());
+                let conn = KafkaConnection::new(b.clone());
+                create_topic(&conn, &topic, partitions, &[]).await?;
+                (LogSpec::new(conn, topic, partitions), None)
+            }
+        };
+        println!(
+            "log: topic {} ({} partitions) on {}",
+            spec.topic,
+            partitions,
+            if kafka.is_some() { "the embedded broker".to_string() } else { spec.kafka.brokers.clone() }
+        );
+        let created = kafka.is_none();
+        Ok(Self { publisher: Publisher::new(&spec)?, spec, created, _kafka: kafka })
+    }
+
+    /// Deletes the benchmark's topic from a real broker (best effort).
+    pub async fn finish(self) {
+        let Self { publisher, spec, created, _kafka } = self;
+        drop(publisher);
+        if created {
+            if let Err(e) = delete_topic(&spec.kafka, &spec.topic).await {
+                eprintln!("could not delete the benchmark topic {}: {e}", spec.topic);
+            }
+        }
     }
 
     /// A replica of the benchmark log.
@@ -39,8 +87,9 @@ impl BenchLog {
         if let Some((p, w)) = probe.watermarks.iter().find(|(_, w)| w.low > 0) {
             let low = w.low;
             anyhow::bail!(
-                "the embedded broker dropped the start of partition {p} (low watermark {low}): its \
-                 retention is 5 MiB or 100,000 messages per partition; use more --partitions"
+                "the broker dropped the start of partition {p} (low watermark {low}); the embedded \
+                 broker's retention is 5 MiB or 100,000 messages per partition: use more \
+                 --partitions, or a real broker with --brokers"
             );
         }
         Ok(landed)

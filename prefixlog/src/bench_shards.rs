@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
+    pub broker: crate::bench_env::BenchBroker,
+    #[command(flatten)]
     pub workload: WorkloadArgs,
     /// Partitions of the benchmark topic.
     #[arg(long, env = "PREFIXLOG_BENCH_PARTITIONS", default_value_t = 16)]
@@ -41,7 +43,7 @@ fn pct(v: &[Duration], q: f64) -> f64 {
 
 pub async fn run(a: Args) -> anyhow::Result<()> {
     anyhow::ensure!(a.shards >= 2 && a.shards <= a.partitions, "--shards must be in 2..=--partitions");
-    let env = BenchLog::start("prefixlog.bench-shards", a.partitions)?;
+    let env = BenchLog::start(&a.broker, "prefixlog.bench-shards", a.partitions).await?;
     let records = fleet_records(&a.workload, 1)?;
     let landed = crate::replay::publish_all(&env.publisher, &records).await?;
     println!("workload: {landed} records, {} partitions, {} shards", a.partitions, a.shards);
@@ -128,5 +130,6 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     for s in shards {
         s.kill().await;
     }
+    env.finish().await;
     Ok(())
 }

@@ -23,6 +23,8 @@ use std::time::{Duration, Instant};
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
+    pub broker: crate::bench_env::BenchBroker,
+    #[command(flatten)]
     pub workload: WorkloadArgs,
     /// Partitions of the benchmark topic.
     #[arg(long, env = "PREFIXLOG_BENCH_PARTITIONS", default_value_t = 16)]
@@ -118,7 +120,7 @@ fn prost_len(q: &MatchRequest) -> usize {
 }
 
 pub async fn run(a: Args) -> anyhow::Result<()> {
-    let env = BenchLog::start("prefixlog.bench-query", a.partitions)?;
+    let env = BenchLog::start(&a.broker, "prefixlog.bench-query", a.partitions).await?;
     let records = fleet_records(&a.workload, 1)?;
     let blocks: usize = records.iter().map(|r| r.blocks).sum();
     let trace = load_trace(std::path::Path::new(&a.workload.trace))?;
@@ -219,6 +221,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         l99 / i99,
         yes(l99 / i99 <= 1.5)
     );
+    env.finish().await;
     Ok(())
 }
 

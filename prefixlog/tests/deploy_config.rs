@@ -50,7 +50,11 @@ fn deploy_files_match_the_cli() {
     prefixlog_cmds.extend(commands(&k8s, "args:"));
     let (ours, others): (Vec<_>, Vec<_>) =
         prefixlog_cmds.into_iter().partition(|c| subcommands.contains(&c[0].as_str()));
-    assert_eq!(ours.iter().filter(|c| c[0] == "serve").count(), 3, "two compose replicas + the StatefulSet");
+    assert_eq!(
+        ours.iter().filter(|c| c[0] == "serve").count(),
+        7,
+        "two compose replicas + the sharded profile's 2 x 2 + the StatefulSet"
+    );
     assert!(ours.iter().any(|c| c[0] == "replay"), "the compose fleet");
     for c in &ours {
         parses(c);
@@ -109,16 +113,30 @@ fn compose_defaults(text: &str) -> String {
 
 #[test]
 fn every_deploy_command_line_parses() {
-    let mut cmds = commands(&compose_defaults(&read("deploy/compose.local.yml")), "command:");
-    cmds.retain(|c| ["serve", "replay"].contains(&c[0].as_str())); // not tansu's
-    let local = cmds.len();
-    cmds.extend(commands(&read("deploy/k8s/sharded.yaml"), "args:"));
-    assert!(local >= 3 && cmds.len() >= local + 2, "{cmds:?}");
-    for c in &cmds {
+    let mut local = commands(&compose_defaults(&read("deploy/compose.local.yml")), "command:");
+    local.retain(|c| ["serve", "replay"].contains(&c[0].as_str())); // not tansu's
+    let k8s = commands(&read("deploy/k8s/sharded.yaml"), "args:");
+    assert!(local.len() >= 3 && k8s.len() >= 2, "{local:?} {k8s:?}");
+    for c in local.iter().chain(&k8s) {
         parses(c);
     }
-    let shards: Vec<&str> = cmds.iter().filter_map(|c| value(c, "--shard")).collect();
-    assert_eq!(shards, ["0/2", "1/2"], "one StatefulSet per shard");
+    let shards =
+        |cmds: &[Vec<String>]| cmds.iter().filter_map(|c| value(c, "--shard")).collect::<Vec<_>>().join(" ");
+    assert_eq!(shards(&k8s), "0/2 1/2", "one StatefulSet per shard");
+    assert_eq!(
+        shards(&local),
+        "0/2 0/2 1/2 1/2",
+        "the local compose's sharded profile: 2 shards x 2 replicas"
+    );
+    // A sharded replica's --peers are the other replicas of its own shard.
+    let sharded: Vec<&Vec<String>> = local.iter().filter(|c| value(c, "--shard").is_some()).collect();
+    for c in &sharded {
+        for peer in value(c, "--peers").expect("--peers").split(',') {
+            let owner =
+                sharded.iter().find(|o| value(o, "--peer-addr") == Some(peer)).expect("a compose replica");
+            assert_eq!(value(owner, "--shard"), value(c, "--shard"), "{peer} is of another shard");
+        }
+    }
 }
 
 /// Every alert's `runbook` annotation names a heading of docs/operations.md.

@@ -344,7 +344,7 @@ def merge_workers(smap: ShardMap, results: Sequence[Tuple[Shard, WorkerList]]) -
     answered = [(s, r) for s, r in results if r.outcome == "workers"]
     missing = [(s, r) for s, r in results if r.outcome != "workers"]
     for s, r in answered:
-        smap.learn(s, r)
+        smap.learn(s, r, r.partition_count)
     if not answered:
         s, first = missing[0] if missing else (None, WorkerList("unavailable", reason="disconnected: no shard map"))
         return replace(first, missing_shards=[s.key for s, _ in missing])
@@ -367,6 +367,7 @@ def merge_workers(smap: ShardMap, results: Sequence[Tuple[Shard, WorkerList]]) -
         missing_shards=[s.key for s, _ in missing],
         missing_partitions=lost,
         anomalies=anomalies,
+        partition_count=smap.partition_count,
     )
 
 

@@ -82,6 +82,7 @@ class WorkerList:
     missing_shards: List[str] = field(default_factory=list)
     missing_partitions: List[int] = field(default_factory=list)
     anomalies: int = 0
+    partition_count: int = 0  # of the whole log; 0 from replicas older than the field
 
 
 def match_request(
@@ -157,4 +158,5 @@ def worker_list(resp: query_pb2.ListWorkersResponse) -> WorkerList:
         "workers",
         workers=[WorkerInfo(w.worker, w.partition, dict(w.metadata)) for w in resp.workers],
         partitions=list(resp.partitions),
+        partition_count=resp.partition_count,
     )

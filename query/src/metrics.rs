@@ -83,6 +83,7 @@ struct Scrape {
     high: IntGaugeVec,
     lag: IntGaugeVec,
     log_time: prometheus::GaugeVec,
+    rewound: IntGaugeVec,
     discontinuous: IntGaugeVec,
     discontinuities: IntCounterVec,
     applied: prometheus::IntCounter,
@@ -116,19 +117,39 @@ fn c(name: &str, help: &str) -> prometheus::IntCounter {
 impl Scrape {
     fn new() -> Self {
         Self {
-            next_offset: gv("prefixlog_partition_next_offset", "Next offset to apply, per owned partition", "partition"),
-            low: gv("prefixlog_partition_low_watermark", "First offset the broker retains, per owned partition", "partition"),
-            high: gv("prefixlog_partition_high_watermark", "Broker high watermark, per owned partition", "partition"),
+            next_offset: gv(
+                "prefixlog_partition_next_offset",
+                "Next offset to apply, per owned partition",
+                "partition",
+            ),
+            low: gv(
+                "prefixlog_partition_low_watermark",
+                "First offset the broker retains, per owned partition",
+                "partition",
+            ),
+            high: gv(
+                "prefixlog_partition_high_watermark",
+                "Broker high watermark, per owned partition",
+                "partition",
+            ),
             lag: gv(
                 "prefixlog_partition_lag",
-                "High watermark minus next offset, per owned partition (negative: the log ends before the state)",
+                "Records between the next offset and the last polled high watermark, per owned partition",
                 "partition",
             ),
             log_time: prometheus::GaugeVec::new(
-                Opts::new("prefixlog_partition_log_time_seconds", "Log time (record timestamps), per owned partition"),
+                Opts::new(
+                    "prefixlog_partition_log_time_seconds",
+                    "Log time (record timestamps), per owned partition",
+                ),
                 &["partition"],
             )
             .expect("valid metric"),
+            rewound: gv(
+                "prefixlog_partition_rewound",
+                "1 while the log ends before the partition's state (topic recreated or truncated; not ready)",
+                "partition",
+            ),
             discontinuous: gv(
                 "prefixlog_partition_discontinuous",
                 "1 while the log does not continue the partition's state (halted; not ready)",
@@ -139,11 +160,24 @@ impl Scrape {
                 "Gaps, out-of-range offsets and rewinds found in the log, per partition",
                 "partition",
             ),
-            applied: c("prefixlog_records_applied_total", "Records applied (owned partitions, since the log start)"),
+            applied: c(
+                "prefixlog_records_applied_total",
+                "Records applied (owned partitions, since the log start)",
+            ),
             skipped: cv("prefixlog_records_skipped_total", "Records skipped, by reason", "reason"),
-            refused_stores: cv("prefixlog_stores_refused_total", "Stores refused by the engine, by reason", "reason"),
-            feed_gaps: c("prefixlog_feed_gaps_total", "Sequence gaps in engine event feeds (holders marked gapped)"),
-            clamped: c("prefixlog_log_time_clamped_total", "Records whose timestamp moved log time too far (cut)"),
+            refused_stores: cv(
+                "prefixlog_stores_refused_total",
+                "Stores refused by the engine, by reason",
+                "reason",
+            ),
+            feed_gaps: c(
+                "prefixlog_feed_gaps_total",
+                "Sequence gaps in engine event feeds (holders marked gapped)",
+            ),
+            clamped: c(
+                "prefixlog_log_time_clamped_total",
+                "Records whose timestamp moved log time too far (cut)",
+            ),
             gaps_accepted: c("prefixlog_log_gaps_accepted_total", "Log gaps accepted by --accept-log-gaps"),
             keyspaces: g("prefixlog_keyspaces", "Keyspaces in the engine"),
             holders: g("prefixlog_holders", "Holders (worker, dp rank, lane) over all keyspaces"),
@@ -162,6 +196,7 @@ impl Scrape {
             &self.high,
             &self.lag,
             &self.log_time,
+            &self.rewound,
             &self.discontinuous,
             &self.discontinuities,
             &self.applied,
@@ -202,6 +237,7 @@ impl StateCollector {
             s.high.with_label_values(&l).set(st.high_watermark.load(Ordering::Acquire));
             s.lag.with_label_values(&l).set(self.status.partition_lag(p));
             s.log_time.with_label_values(&l).set(st.log_time.load(Ordering::Acquire) as f64 / 1e3);
+            s.rewound.with_label_values(&l).set(i64::from(st.rewound.load(Ordering::Acquire)));
             s.discontinuous.with_label_values(&l).set(i64::from(st.discontinuous.load(Ordering::Acquire)));
             s.discontinuities.with_label_values(&l).inc_by(st.discontinuities.load(Ordering::Relaxed));
         }

@@ -197,7 +197,11 @@ impl QueryService {
             }
         }
         workers.sort_by_key(|w| w.worker);
-        ListWorkersResponse { workers, partitions: self.view.info.owned.clone() }
+        ListWorkersResponse {
+            workers,
+            partitions: self.view.info.owned.clone(),
+            partition_count: self.view.info.partition_count,
+        }
     }
 
     /// The wait budget of a unary request: its `grpc-timeout` minus a margin (a fifth, at most

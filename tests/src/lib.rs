@@ -18,8 +18,6 @@ pub mod http;
 pub mod replicas;
 
 use prefixlog_ingest::EmbeddedKafka;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use std::time::{Duration, Instant};
 use testcontainers::core::WaitFor;
@@ -47,16 +45,8 @@ impl KafkaBackend {
             e.create_topic(topic, partitions)?;
             return Ok(());
         }
-        let admin: AdminClient<DefaultClientContext> =
-            ClientConfig::new().set("bootstrap.servers", &self.brokers).create()?;
-        let t = NewTopic::new(topic, partitions as i32, TopicReplication::Fixed(1));
-        let res = admin
-            .create_topics([&t], &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))))
-            .await?;
-        for r in res {
-            r.map_err(|(t, e)| anyhow::anyhow!("creating topic {t}: {e}"))?;
-        }
-        Ok(())
+        let conn = prefixlog_ingest::KafkaConnection::new(&self.brokers);
+        Ok(prefixlog_ingest::create_topic(&conn, topic, partitions, &[]).await?)
     }
 }
 

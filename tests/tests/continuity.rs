@@ -17,7 +17,6 @@ use prefixlog_ingest::{
 use prefixlog_node::{CheckpointPolicy, GapChoice, NodeError, NodeOptions, ReplicaNode, StateSource};
 use prefixlog_snapshot::CheckpointStore;
 use prefixlog_tests::{kafka_backends, unique_topic, KafkaBackend};
-use rdkafka::config::ClientConfig;
 use std::time::Duration;
 
 const P: u32 = 2;
@@ -295,8 +294,6 @@ async fn a_log_that_ends_before_the_checkpoint_is_refused() {
 /// check is what its restart meets.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_recreated_topic_refuses_the_restart() {
-    use rdkafka::admin::{AdminClient, AdminOptions};
-    use rdkafka::client::DefaultClientContext;
     let mut ran = Vec::new();
     for b in kafka_backends().await {
         if b.name == "embedded" {
@@ -317,13 +314,7 @@ async fn a_recreated_topic_refuses_the_restart() {
             a.checkpoint_now().unwrap();
             a.kill().await;
         }
-        let admin: AdminClient<DefaultClientContext> =
-            ClientConfig::new().set("bootstrap.servers", &b.brokers).create().unwrap();
-        let o = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
-        for r in admin.delete_topics(&[&topic], &o).await.unwrap() {
-            r.unwrap();
-        }
-        drop(admin);
+        prefixlog_ingest::delete_topic(&spec.kafka, &topic).await.unwrap();
         tokio::time::sleep(Duration::from_secs(1)).await;
         b.create_topic(&topic, P).await.unwrap();
         publish(&Publisher::new(&spec).unwrap(), 9, &mut vec![0u64; WORKERS as usize]).await;
@@ -339,8 +330,6 @@ async fn a_recreated_topic_refuses_the_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_compacted_topic_is_refused() {
     use prefixlog_ingest::{cleanup_policy, CleanupPolicy};
-    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-    use rdkafka::client::DefaultClientContext;
     let mut ran = Vec::new();
     for b in kafka_backends().await {
         if b.name == "embedded" {
@@ -348,14 +337,10 @@ async fn a_compacted_topic_is_refused() {
             continue;
         }
         let topic = unique_topic("prefixlog.compacted");
-        let admin: AdminClient<DefaultClientContext> =
-            ClientConfig::new().set("bootstrap.servers", &b.brokers).create().unwrap();
-        let t = NewTopic::new(&topic, P as i32, TopicReplication::Fixed(1)).set("cleanup.policy", "compact");
-        let o = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
-        for r in admin.create_topics([&t], &o).await.unwrap() {
-            r.unwrap();
-        }
         let spec = spec(&b, &topic);
+        prefixlog_ingest::create_topic(&spec.kafka, &topic, P, &[("cleanup.policy", "compact")])
+            .await
+            .unwrap();
         match cleanup_policy(&spec).await {
             CleanupPolicy::Compacted(_) => {
                 let err = ReplicaNode::start(spec, opts("c", None)).await.err().expect("refused");
@@ -367,6 +352,48 @@ async fn a_compacted_topic_is_refused() {
                 b.name
             ),
         }
+    }
+    eprintln!("[kafka backend] ran: {ran:?}");
+}
+
+/// A replica applying records while they are published never reports a rewind: its watermark
+/// is polled, so the next offset often runs past the last polled watermark, and that alone must
+/// not read as "the log ends before the state" (a readiness flap seen by a gateway).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ingesting_while_the_log_grows_never_reads_as_a_rewind() {
+    let mut ran = Vec::new();
+    for b in kafka_backends().await {
+        let topic = unique_topic("prefixlog.growing");
+        b.create_topic(&topic, P).await.unwrap();
+        let spec = spec(&b, &topic);
+        let publisher = Publisher::new(&spec).unwrap();
+        let a = ReplicaNode::start(spec.clone(), opts("a", None)).await.unwrap();
+        let status = a.status().clone();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let watcher = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut seen = std::collections::BTreeSet::new();
+                while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                    seen.extend(status.rewound());
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                seen
+            })
+        };
+        let mut seqs = vec![0u64; WORKERS as usize];
+        let mut landed = Vec::new();
+        for round in 0..200 {
+            landed = publish(&publisher, round, &mut seqs).await;
+        }
+        caught_up(&a, &token_of(&landed)).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        stop.store(true, std::sync::atomic::Ordering::Release);
+        let seen = watcher.join().unwrap();
+        assert!(seen.is_empty(), "{}: rewound reported for partitions {seen:?} during ingest", b.name);
+        assert!(a.status().rewound().is_empty() && a.status().lag() == 0, "{}", b.name);
+        a.kill().await;
+        ran.push(b.name);
     }
     eprintln!("[kafka backend] ran: {ran:?}");
 }

@@ -12,9 +12,6 @@ use prefixlog_engine::{KeyspaceId, MatchOptions};
 use prefixlog_ingest::{token_of, KvOp, Landed, LogSpec, Publisher};
 use prefixlog_node::ReplicaNode;
 use prefixlog_tests::replicas;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
-use rdkafka::config::ClientConfig;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -89,13 +86,8 @@ async fn replicas_survive_a_broker_outage() {
     let brokers = format!("127.0.0.1:{port}");
     let mut broker = start_broker(&bin, dir.path(), port);
     wait_port(port).await;
-    let admin: AdminClient<DefaultClientContext> =
-        ClientConfig::new().set("bootstrap.servers", &brokers).create().unwrap();
-    let t = NewTopic::new(TOPIC, P as i32, TopicReplication::Fixed(1));
-    for r in admin.create_topics([&t], &AdminOptions::new()).await.unwrap() {
-        r.unwrap();
-    }
     let spec = replicas::spec(&brokers, TOPIC, P);
+    prefixlog_ingest::create_topic(&spec.kafka, TOPIC, P, &[]).await.unwrap();
     let publisher = Publisher::new(&spec).unwrap();
     let a = replica(&spec, "a").await;
     let mut seqs = vec![0u64; 6];

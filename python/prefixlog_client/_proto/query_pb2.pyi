@@ -149,9 +149,11 @@ class WorkerInfo(_message.Message):
     def __init__(self, worker: _Optional[int] = ..., partition: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ListWorkersResponse(_message.Message):
-    __slots__ = ("workers", "partitions")
+    __slots__ = ("workers", "partitions", "partition_count")
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_COUNT_FIELD_NUMBER: _ClassVar[int]
     workers: _containers.RepeatedCompositeFieldContainer[WorkerInfo]
     partitions: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerInfo, _Mapping]]] = ..., partitions: _Optional[_Iterable[int]] = ...) -> None: ...
+    partition_count: int
+    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerInfo, _Mapping]]] = ..., partitions: _Optional[_Iterable[int]] = ..., partition_count: _Optional[int] = ...) -> None: ...
