@@ -150,11 +150,21 @@ impl Positions {
     }
 
     fn halt(&mut self, consumer: &BaseConsumer, topic: &str, d: Discontinuity) -> Discontinuity {
-        self.halted[d.partition as usize] = true;
-        if let Err(e) = self.assign(consumer, topic) {
+        if let Err(e) = self.stop(consumer, topic, d.partition) {
             tracing::warn!(partition = d.partition, error = %e, "could not stop fetching a discontinuous partition");
         }
         d
+    }
+
+    /// Stops fetching one partition. A pause, not a new assignment: re-assigning would drop
+    /// every other partition's prefetched records and restart their fetches (a bounded replay
+    /// halts each partition at its end, so that was one round of refetches per partition).
+    /// Records of it already queued are skipped by `poll`.
+    fn stop(&mut self, consumer: &BaseConsumer, topic: &str, partition: u32) -> Result<(), KafkaError> {
+        self.halted[partition as usize] = true;
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(topic, partition as i32);
+        consumer.pause(&tpl)
     }
 
     /// An out-of-range error does not say which partition: compare every read partition's
@@ -214,23 +224,25 @@ impl LogReader {
 
     /// Stops fetching `partition` (its state cannot take the log's next records).
     pub fn halt(&mut self, partition: u32) -> Result<(), KafkaError> {
-        if let Some(h) = self.pos.halted.get_mut(partition as usize) {
-            if !*h {
-                *h = true;
-                self.pos.assign(&self.consumer, &self.topic)?;
-            }
+        match self.pos.halted.get(partition as usize) {
+            Some(false) => self.pos.stop(&self.consumer, &self.topic, partition),
+            _ => Ok(()),
         }
-        Ok(())
     }
 
     /// Reads `partition` again from `offset`, where its (replaced or accepted) state now ends.
+    /// (A new assignment of every running partition at its expected offset: rare, and it also
+    /// clears the pause of a halted partition.)
     pub fn resume_at(&mut self, partition: u32, offset: i64) -> Result<(), KafkaError> {
         if let Some(e) = self.pos.expected.get_mut(partition as usize) {
             *e = Some(offset);
             self.pos.halted[partition as usize] = false;
             self.pos.found.retain(|d| d.partition != partition);
         }
-        self.pos.assign(&self.consumer, &self.topic)
+        self.pos.assign(&self.consumer, &self.topic)?;
+        let mut paused = TopicPartitionList::new();
+        paused.add_partition(&self.topic, partition as i32);
+        self.consumer.resume(&paused)
     }
 
     /// The next record, discontinuity or error within `timeout`.

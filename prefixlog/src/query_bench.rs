@@ -178,6 +178,10 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         println!("reniced {n} ingest/librdkafka threads by {by}");
     }
     let ch2 = channel(&r2).await?;
+    // Until its first record is applied the keyspace does not exist there (NOT_FOUND).
+    while r2.engine().keyspace(&crate::fleet_records::keyspace()).is_none() {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
     let st = r2.status().clone();
     let caught_up = move || {
         st.records_applied.load(Ordering::Acquire) + st.records_skipped.load(Ordering::Acquire) >= n as u64
