@@ -136,8 +136,7 @@ pub fn reconstruct_at(
     point: &Point,
     progress: bool,
 ) -> Result<Reconstructed, AuditError> {
-    let probe = probe.clone();
-    let target = target_offsets(spec, point, &probe)?;
+    let target = target_offsets(spec, point, probe)?;
     let ours = LogIdentity {
         cluster_id: probe.cluster_id.clone(),
         topic: spec.topic.clone(),
@@ -156,7 +155,7 @@ pub fn reconstruct_at(
             (restore_for(&loaded, &ours, spec.owned())?, Some(meta.id))
         }
         None if probe.from_start() => (Applier::new(spec.partitions, spec.settings), None),
-        None => return Err(too_old(oldest, &probe)),
+        None => return Err(too_old(oldest, probe)),
     };
     // For a checkpoint base, the log must still hold everything after it.
     for &p in spec.owned() {
@@ -168,7 +167,7 @@ pub fn reconstruct_at(
             });
         }
     }
-    let replayed = advance(&mut applier, spec, point, progress)?;
+    let replayed = advance_on(&mut applier, spec, probe, point, progress)?;
     Ok(Reconstructed { applier, checkpoint, replayed })
 }
 
@@ -180,11 +179,21 @@ pub fn advance(
     point: &Point,
     progress: bool,
 ) -> Result<u64, AuditError> {
+    advance_on(applier, spec, &probe_log(spec)?, point, progress)
+}
+
+/// [`advance`] on the log's range as `probe` says (probed just before by the caller).
+fn advance_on(
+    applier: &mut Applier,
+    spec: &LogSpec,
+    probe: &LogProbe,
+    point: &Point,
+    progress: bool,
+) -> Result<u64, AuditError> {
     let until = match point {
         Point::Time(t) => Until::Time(*t),
         Point::Offsets(_) => {
-            let probe = probe_log(spec)?;
-            let target = target_offsets(spec, point, &probe)?.unwrap_or_default();
+            let target = target_offsets(spec, point, probe)?.unwrap_or_default();
             Until::Offsets(
                 target.into_iter().filter(|&(p, o)| applier.partition(p).next_offset < o).collect(),
             )
@@ -199,7 +208,7 @@ pub fn advance(
         bar.set_length(total);
         bar.set_position(done);
     };
-    let opts = ReplayOptions { progress: Some(&mut report), ..ReplayOptions::default() };
+    let opts = ReplayOptions { progress: Some(&mut report), probe: Some(probe), ..ReplayOptions::default() };
     let n = replay(spec, applier, &until, opts)?;
     bar.finish_and_clear();
     Ok(n)

@@ -54,11 +54,14 @@ pub struct ReplayOptions<'a> {
     pub idle_timeout: Duration,
     /// Called with (records applied so far, records to apply in all) as the replay goes.
     pub progress: Option<&'a mut dyn FnMut(u64, u64)>,
+    /// The log's range as the caller has just probed it (one broker round trip per partition
+    /// saved); probed here when `None`.
+    pub probe: Option<&'a LogProbe>,
 }
 
 impl Default for ReplayOptions<'_> {
     fn default() -> Self {
-        Self { idle_timeout: Duration::from_secs(30), progress: None }
+        Self { idle_timeout: Duration::from_secs(30), progress: None, probe: None }
     }
 }
 
@@ -99,15 +102,22 @@ pub fn replay(
     until: &Until,
     mut opts: ReplayOptions<'_>,
 ) -> Result<u64, ReplayError> {
-    let probe = probe_log(spec)?;
-    let ends = ends(spec, applier, until, &probe)?;
+    let probed;
+    let probe = match opts.probe {
+        Some(p) => p,
+        None => {
+            probed = probe_log(spec)?;
+            &probed
+        }
+    };
+    let ends = ends(spec, applier, until, probe)?;
     let open: BTreeMap<u32, i64> =
         ends.iter().filter(|(&p, &e)| applier.partition(p).next_offset < e).map(|(&p, &e)| (p, e)).collect();
     if open.is_empty() {
         return Ok(0);
     }
     let state = open.keys().map(|&p| (p, applier.partition(p).next_offset));
-    if let Some(problem) = check_offsets(state, &probe).into_iter().next() {
+    if let Some(problem) = check_offsets(state, probe).into_iter().next() {
         return Err(ReplayError::NotContinued(problem));
     }
     let total: u64 = open.iter().map(|(&p, &e)| (e - applier.partition(p).next_offset) as u64).sum();

@@ -5,7 +5,7 @@
 //! The log is ingested window by window with a checkpoint after each window of log time, as a
 //! live replica checkpointing on its timer would leave them; retention then thins them.
 
-use crate::bench_env::{bench_options, token, BenchBroker, BenchLog};
+use crate::bench_env::{bench_options, token, BenchLog, BenchLogArgs};
 use crate::fleet_records::{fleet_records, WorkloadArgs};
 use prefixlog_audit::{reconstruct, Point};
 use prefixlog_node::{CheckpointPolicy, NodeOptions};
@@ -19,7 +19,7 @@ const HOUR_MS: u64 = 3_600_000;
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    pub broker: BenchBroker,
+    pub log: BenchLogArgs,
     #[command(flatten)]
     pub workload: WorkloadArgs,
     /// Hours of log: the trace (one hour) back to back this many times, fresh content each hour.
@@ -35,12 +35,10 @@ pub struct Args {
     pub points: usize,
     #[arg(long, env = "PREFIXLOG_BENCH_SEED", default_value_t = 1)]
     pub seed: u64,
-    #[arg(long, env = "PREFIXLOG_BENCH_PARTITIONS", default_value_t = 16)]
-    pub partitions: u32,
 }
 
 pub async fn run(a: Args) -> anyhow::Result<()> {
-    let env = BenchLog::start(&a.broker, "prefixlog.bench-audit", a.partitions).await?;
+    let env = BenchLog::start(&a.log, "prefixlog.bench-audit").await?;
     let dir = std::env::temp_dir().join(format!("prefixlog-bench-audit-{}", std::process::id()));
     let (records, checkpoints) = ingest_with_checkpoints(&env, &a, &dir).await?;
     let store = CheckpointStore::open_reader(&dir.join("checkpoints"))?;

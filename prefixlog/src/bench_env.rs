@@ -9,14 +9,17 @@ use prefixlog_node::{NodeOptions, ReplicaNode};
 use std::collections::BTreeMap;
 
 /// Where a benchmark's log lives.
-#[derive(clap::Args, Clone, Debug, Default)]
-pub struct BenchBroker {
+#[derive(clap::Args, Clone, Debug)]
+pub struct BenchLogArgs {
     /// A real broker to run on (e.g. tansu: `scripts/with-tansu.sh` exports PREFIXLOG_TEST_KAFKA):
     /// the benchmark creates a topic of its own there and deletes it at the end. Omit for the
     /// embedded broker, whose retention (5 MiB or 100,000 messages per partition) cannot hold
     /// long logs.
     #[arg(long = "brokers", env = "PREFIXLOG_BENCH_BROKERS")]
     pub brokers: Option<String>,
+    /// Partitions of the benchmark topic.
+    #[arg(long, env = "PREFIXLOG_BENCH_PARTITIONS", default_value_t = 16)]
+    pub partitions: u32,
 }
 
 pub struct BenchLog {
@@ -35,7 +38,8 @@ pub fn bench_options() -> NodeOptions {
 
 impl BenchLog {
     /// A fresh topic named after `topic` (plus the process id on a real broker).
-    pub async fn start(broker: &BenchBroker, topic: &str, partitions: u32) -> anyhow::Result<Self> {
+    pub async fn start(broker: &BenchLogArgs, topic: &str) -> anyhow::Result<Self> {
+        let partitions = broker.partitions;
         let (spec, kafka) = match &broker.brokers {
             None => {
                 let kafka = EmbeddedKafka::start(topic, partitions)?;

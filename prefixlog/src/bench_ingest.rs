@@ -9,16 +9,13 @@ use std::time::{Duration, Instant};
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    pub broker: crate::bench_env::BenchBroker,
+    pub log: crate::bench_env::BenchLogArgs,
     #[command(flatten)]
     pub workload: WorkloadArgs,
-    /// Partitions of the benchmark topic.
-    #[arg(long, env = "PREFIXLOG_BENCH_PARTITIONS", default_value_t = 16)]
-    pub partitions: u32,
 }
 
 pub async fn run(a: Args) -> anyhow::Result<()> {
-    let env = BenchLog::start(&a.broker, "prefixlog.bench", a.partitions).await?;
+    let env = BenchLog::start(&a.log, "prefixlog.bench").await?;
     let records = fleet_records(&a.workload, 1)?;
     let blocks: usize = records.iter().map(|r| r.blocks).sum();
     let publisher = &env.publisher;
@@ -29,12 +26,12 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     println!(
         "workload: {n} records, {blocks} blocks ({} keyspace), {} partitions; published in {publish_s:.2} s",
         keyspace(),
-        a.partitions
+        a.log.partitions
     );
 
     // Raw consume: every record fetched (by the same reader a replica uses) and touched,
     // nothing applied.
-    let mut reader = LogReader::open(&env.spec, (0..a.partitions).map(|p| (p, 0)))?;
+    let mut reader = LogReader::open(&env.spec, (0..a.log.partitions).map(|p| (p, 0)))?;
     let t = Instant::now();
     let (mut got, mut bytes) = (0usize, 0usize);
     while got < n {

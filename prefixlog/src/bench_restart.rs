@@ -10,12 +10,9 @@ use std::time::{Duration, Instant};
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    pub broker: crate::bench_env::BenchBroker,
+    pub log: crate::bench_env::BenchLogArgs,
     #[command(flatten)]
     pub workload: WorkloadArgs,
-    /// Partitions of the benchmark topic.
-    #[arg(long, env = "PREFIXLOG_BENCH_PARTITIONS", default_value_t = 16)]
-    pub partitions: u32,
     /// The tail: records of the last this-many ms of trace time are published after the
     /// checkpoint.
     #[arg(long, env = "PREFIXLOG_BENCH_TAIL_MS", default_value_t = 60_000)]
@@ -29,7 +26,7 @@ pub struct Args {
 
 pub async fn run(a: Args) -> anyhow::Result<()> {
     let topic = "prefixlog.bench-restart";
-    let env = BenchLog::start(&a.broker, topic, a.partitions).await?;
+    let env = BenchLog::start(&a.log, topic).await?;
     let records = fleet_records(&a.workload, a.hours)?;
     let end = records.iter().map(|r| r.time_ms).max().unwrap_or(0);
     let cut = end.saturating_sub(a.tail_ms);
@@ -161,7 +158,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     let r = env.node(with_store).await?;
     anyhow::ensure!(r.status().wait_for(&all_ends, Duration::from_secs(3600)).await, "tail not applied");
     let restart_s = t.elapsed().as_secs_f64();
-    let d_restart: Vec<u64> = (0..a.partitions).map(|p| r.applier().lock().partition_digest(p)).collect();
+    let d_restart: Vec<u64> = (0..a.log.partitions).map(|p| r.applier().lock().partition_digest(p)).collect();
     r.kill().await;
 
     // Full replay from offset 0.
@@ -172,7 +169,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         "full replay incomplete"
     );
     let full_s = t.elapsed().as_secs_f64();
-    let d_full: Vec<u64> = (0..a.partitions).map(|p| r.applier().lock().partition_digest(p)).collect();
+    let d_full: Vec<u64> = (0..a.log.partitions).map(|p| r.applier().lock().partition_digest(p)).collect();
     r.kill().await;
     anyhow::ensure!(d_restart == d_full, "restarted replica's digests differ from the full replay's");
 

@@ -14,12 +14,9 @@ use std::time::{Duration, Instant};
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    pub broker: crate::bench_env::BenchBroker,
+    pub log: crate::bench_env::BenchLogArgs,
     #[command(flatten)]
     pub workload: WorkloadArgs,
-    /// Partitions of the benchmark topic.
-    #[arg(long, env = "PREFIXLOG_BENCH_PARTITIONS", default_value_t = 16)]
-    pub partitions: u32,
     /// Shards to split the partitions into.
     #[arg(long, env = "PREFIXLOG_BENCH_SHARDS", default_value_t = 2)]
     pub shards: u32,
@@ -42,11 +39,11 @@ fn pct(v: &[Duration], q: f64) -> f64 {
 }
 
 pub async fn run(a: Args) -> anyhow::Result<()> {
-    anyhow::ensure!(a.shards >= 2 && a.shards <= a.partitions, "--shards must be in 2..=--partitions");
-    let env = BenchLog::start(&a.broker, "prefixlog.bench-shards", a.partitions).await?;
+    anyhow::ensure!(a.shards >= 2 && a.shards <= a.log.partitions, "--shards must be in 2..=--partitions");
+    let env = BenchLog::start(&a.log, "prefixlog.bench-shards").await?;
     let records = fleet_records(&a.workload, 1)?;
     let landed = crate::replay::publish_all(&env.publisher, &records).await?;
-    println!("workload: {landed} records, {} partitions, {} shards", a.partitions, a.shards);
+    println!("workload: {landed} records, {} partitions, {} shards", a.log.partitions, a.shards);
     let unsharded = env.node(bench_options()).await?;
     let mut shards = Vec::new();
     for i in 0..a.shards {
@@ -62,7 +59,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     let (uh, ub) = heap(&unsharded);
     println!("\n| replica | partitions | holder-blocks | engine heap MB | of unsharded |");
     println!("|---|---:|---:|---:|---:|");
-    println!("| unsharded | {} | {ub} | {:.1} | 1.00 |", a.partitions, uh as f64 / 1e6);
+    println!("| unsharded | {} | {ub} | {:.1} | 1.00 |", a.log.partitions, uh as f64 / 1e6);
     for (i, s) in shards.iter().enumerate() {
         let (h, b) = heap(s);
         println!(

@@ -23,12 +23,9 @@ use std::time::{Duration, Instant};
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    pub broker: crate::bench_env::BenchBroker,
+    pub log: crate::bench_env::BenchLogArgs,
     #[command(flatten)]
     pub workload: WorkloadArgs,
-    /// Partitions of the benchmark topic.
-    #[arg(long, env = "PREFIXLOG_BENCH_PARTITIONS", default_value_t = 16)]
-    pub partitions: u32,
     /// Match + Echo pairs in the idle phase.
     #[arg(long, env = "PREFIXLOG_BENCH_IDLE_QUERIES", default_value_t = 20_000)]
     pub idle_queries: usize,
@@ -120,7 +117,7 @@ fn prost_len(q: &MatchRequest) -> usize {
 }
 
 pub async fn run(a: Args) -> anyhow::Result<()> {
-    let env = BenchLog::start(&a.broker, "prefixlog.bench-query", a.partitions).await?;
+    let env = BenchLog::start(&a.log, "prefixlog.bench-query").await?;
     let records = fleet_records(&a.workload, 1)?;
     let blocks: usize = records.iter().map(|r| r.blocks).sum();
     let trace = load_trace(std::path::Path::new(&a.workload.trace))?;
@@ -153,7 +150,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     let avg_blocks = queries.iter().map(prompt_blocks).sum::<usize>() as f64 / queries.len() as f64;
     println!(
         "workload: {n} records, {blocks} blocks, {} partitions; {} distinct queries, {avg_blocks:.0} blocks each on average",
-        a.partitions,
+        a.log.partitions,
         queries.len()
     );
 

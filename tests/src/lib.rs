@@ -201,23 +201,6 @@ pub fn unique_topic(prefix: &str) -> String {
     format!("{prefix}.{}.{}.{}", std::process::id(), nanos % 1_000_000_000, N.fetch_add(1, Ordering::Relaxed))
 }
 
-/// A loopback port that is free now, for a server another process will start on it.
-///
-/// Below the kernel's ephemeral range (32768–60999 on Linux) on purpose: binding port 0 hands
-/// out a port *in* that range, and clients that keep reconnecting to endpoints not listening yet
-/// (the bridge's ZMQ sockets, librdkafka during a broker outage) open outgoing connections from
-/// ephemeral ports too — one of them took such a port before the Python engine could bind it.
-pub fn listen_port() -> u16 {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    // Processes (test binaries run side by side) start at different offsets.
-    let start = std::process::id().wrapping_mul(7_919) % 14_000;
-    loop {
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        assert!(n < 14_000, "no free loopback port in 18000-31999");
-        let port = 18_000 + (start + n) % 14_000;
-        if std::net::TcpListener::bind(("127.0.0.1", port as u16)).is_ok() {
-            return port as u16;
-        }
-    }
-}
+/// A loopback port that is free now, for a server another process will start on it (below
+/// the kernel's ephemeral range: see [`prefixlog_node::loopback_port`]).
+pub use prefixlog_node::loopback_port as listen_port;
