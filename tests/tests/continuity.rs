@@ -22,6 +22,11 @@ use std::time::Duration;
 const P: u32 = 2;
 const WORKERS: u64 = 6;
 
+/// The tests of this file take turns: on tansu (one SQLite store, writes serialised) a topic
+/// deleted and recreated under other tests' production and probes made them fail (CreateTopics
+/// timed out, a produce got an unknown broker error, a start was refused for the wrong reason).
+static BROKER_HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn ks() -> KeyspaceId {
     KeyspaceId::new("m", 16, 1)
 }
@@ -120,6 +125,7 @@ async fn cut_head(b: &KafkaBackend, spec: &LogSpec, publisher: &Publisher, befor
 /// with that partition's holders gapped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_checkpoint_behind_retention_is_refused_or_replaced_from_a_peer() {
+    let _turn = BROKER_HEAVY.lock().await;
     let mut ran = Vec::new();
     for b in kafka_backends().await {
         let topic = unique_topic("prefixlog.retention");
@@ -187,6 +193,7 @@ async fn a_checkpoint_behind_retention_is_refused_or_replaced_from_a_peer() {
 // while the broker's retention runs.
 #[allow(clippy::await_holding_lock)]
 async fn a_replica_that_falls_behind_retention_halts_then_recovers_from_a_peer() {
+    let _turn = BROKER_HEAVY.lock().await;
     let mut ran = Vec::new();
     for b in kafka_backends().await {
         if b.name != "embedded" {
@@ -247,6 +254,7 @@ async fn a_replica_that_falls_behind_retention_halts_then_recovers_from_a_peer()
 /// can delete topics, the topic is also really deleted and recreated.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_log_that_ends_before_the_checkpoint_is_refused() {
+    let _turn = BROKER_HEAVY.lock().await;
     let mut ran = Vec::new();
     for b in kafka_backends().await {
         let topic = unique_topic("prefixlog.rewind");
@@ -294,6 +302,7 @@ async fn a_log_that_ends_before_the_checkpoint_is_refused() {
 /// check is what its restart meets.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_recreated_topic_refuses_the_restart() {
+    let _turn = BROKER_HEAVY.lock().await;
     let mut ran = Vec::new();
     for b in kafka_backends().await {
         if b.name == "embedded" {
@@ -330,6 +339,7 @@ async fn a_recreated_topic_refuses_the_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_compacted_topic_is_refused() {
     use prefixlog_ingest::{cleanup_policy, CleanupPolicy};
+    let _turn = BROKER_HEAVY.lock().await;
     let mut ran = Vec::new();
     for b in kafka_backends().await {
         if b.name == "embedded" {
@@ -361,6 +371,7 @@ async fn a_compacted_topic_is_refused() {
 /// not read as "the log ends before the state" (a readiness flap seen by a gateway).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ingesting_while_the_log_grows_never_reads_as_a_rewind() {
+    let _turn = BROKER_HEAVY.lock().await;
     let mut ran = Vec::new();
     for b in kafka_backends().await {
         let topic = unique_topic("prefixlog.growing");
