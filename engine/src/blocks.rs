@@ -12,6 +12,7 @@
 //! kept for best fit, merged with their neighbours, and handed back to the bump pointer when
 //! they end at it.
 
+use crate::image::{put_u32, put_u64, put_u64s, tag, ImageError, ImageReader, ImageWriter};
 use std::collections::{BTreeMap, BTreeSet};
 
 pub const CHUNK_BITS: u32 = 16;
@@ -269,6 +270,79 @@ impl Blocks {
         self.capacity() * (8 + std::mem::size_of::<Meta>())
             + (self.capacity() >> ANCHOR_BITS) * 8
             + self.free.by_start.len() * 48
+    }
+}
+
+impl Blocks {
+    /// Blocks of chunk `k` below `top` (the rest are free and need not be kept).
+    fn used_in(&self, k: usize) -> usize {
+        (self.top as usize).saturating_sub(k * CHUNK).min(CHUNK)
+    }
+
+    /// Image sections: chunk count, bump pointer and free ranges, then per chunk its used
+    /// locals, metas and anchors.
+    pub(crate) fn write_image<W: std::io::Write>(&self, w: &mut ImageWriter<W>) -> std::io::Result<()> {
+        w.section(tag::BLOCKS, |b| {
+            put_u32(b, self.chunks.len() as u32);
+            put_u32(b, self.top);
+            put_u64(b, self.free.by_start.len() as u64);
+            for (&start, &len) in &self.free.by_start {
+                put_u32(b, start);
+                put_u32(b, len);
+            }
+        })?;
+        for (k, c) in self.chunks.iter().enumerate() {
+            let used = self.used_in(k);
+            w.section(tag::LOCALS, |b| put_u64s(b, &c.local[..used]))?;
+            w.section(tag::META, |b| {
+                b.reserve(used * 12);
+                for m in &c.meta[..used] {
+                    put_u64(b, m.ext);
+                    put_u32(b, m.run);
+                }
+            })?;
+            w.section(tag::ANCHORS, |b| put_u64s(b, &c.anchor[..used.div_ceil(ANCHOR as usize)]))?;
+        }
+        Ok(())
+    }
+
+    /// Reads what [`Self::write_image`] wrote. Run ids in metas are checked by the caller.
+    pub(crate) fn read_image(r: &mut ImageReader) -> Result<Self, ImageError> {
+        let mut s = r.section(tag::BLOCKS)?;
+        let (chunks, top) = (s.u32()? as usize, s.u32()?);
+        if chunks == 0 || chunks > (1usize << (32 - CHUNK_BITS)) || top == 0 || top as usize > chunks * CHUNK
+        {
+            return Err(s.invalid("chunk count or top out of range"));
+        }
+        let mut free = FreeRanges::default();
+        for _ in 0..s.count(8)? {
+            let (start, len) = (s.u32()?, s.u32()?);
+            let end = u64::from(start) + u64::from(len);
+            if start == 0 || len == 0 || end > u64::from(top) || !same_chunk(start, start + len - 1) {
+                return Err(s.invalid("free range out of range"));
+            }
+            free.insert(start, len);
+        }
+        s.done()?;
+        let mut blocks = Blocks { chunks: Vec::with_capacity(chunks), top, free };
+        for k in 0..chunks {
+            let used = blocks.used_in(k);
+            let mut c = Chunk::new();
+            let mut s = r.section(tag::LOCALS)?;
+            s.u64s_into(&mut c.local[..used])?;
+            s.done()?;
+            let mut s = r.section(tag::META)?;
+            for (m, x) in c.meta[..used].iter_mut().zip(s.bytes(used * 12)?.chunks_exact(12)) {
+                let ext = u64::from_le_bytes(x[..8].try_into().expect("8 bytes"));
+                *m = Meta { ext, run: u32::from_le_bytes(x[8..].try_into().expect("4 bytes")) };
+            }
+            s.done()?;
+            let mut s = r.section(tag::ANCHORS)?;
+            s.u64s_into(&mut c.anchor[..used.div_ceil(ANCHOR as usize)])?;
+            s.done()?;
+            blocks.chunks.push(c);
+        }
+        Ok(blocks)
     }
 }
 

@@ -6,6 +6,7 @@
 //! its least-recently-stored blocks for capacity, and expiring placements all walk records,
 //! so no per-holder block list is needed.
 
+use crate::image::{put_u32, put_u64, tag, ImageError, ImageReader, ImageWriter};
 use crate::types::{HolderKey, LogTime};
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
@@ -150,5 +151,98 @@ impl Holders {
         let mut v: Vec<(HolderKey, u32)> = self.index.iter().map(|(k, i)| (*k, *i)).collect();
         v.sort_unstable();
         v.into_iter().map(|(_, i)| i).collect()
+    }
+}
+
+impl Holders {
+    /// Image section: every slot (empty or a holder with its records and overrides, in a
+    /// deterministic order), then the free slot list.
+    pub(crate) fn write_image<W: std::io::Write>(&self, w: &mut ImageWriter<W>) -> std::io::Result<()> {
+        w.section(tag::HOLDERS, |b| {
+            put_u64(b, self.slots.len() as u64);
+            for slot in &self.slots {
+                let Some(h) = slot else {
+                    b.push(0);
+                    continue;
+                };
+                b.push(1 | u8::from(h.fed) << 1 | u8::from(h.gapped) << 2);
+                put_u64(b, h.key.worker);
+                put_u32(b, h.key.dp_rank);
+                put_u32(b, h.key.lane);
+                put_u32(b, h.blocks);
+                put_u64(b, h.digest);
+                put_u32(b, h.next_stamp);
+                put_u64(b, h.last_time);
+                put_u64(b, h.records.len() as u64);
+                for r in &h.records {
+                    put_u32(b, r.stamp);
+                    put_u32(b, r.leaf);
+                    put_u32(b, r.len);
+                    put_u64(b, r.time);
+                }
+                let mut overrides: Vec<(u64, u32)> = h.overrides.iter().map(|(&e, &n)| (e, n)).collect();
+                overrides.sort_unstable();
+                put_u64(b, overrides.len() as u64);
+                for (e, n) in overrides {
+                    put_u64(b, e);
+                    put_u32(b, n);
+                }
+            }
+            put_u64(b, self.free.len() as u64);
+            self.free.iter().for_each(|&f| put_u32(b, f));
+        })
+    }
+
+    /// Reads what [`Self::write_image`] wrote; `group` files each holder in its partition.
+    /// Block references are checked by the caller.
+    pub(crate) fn read_image(r: &mut ImageReader, group: impl Fn(u64) -> u32) -> Result<Self, ImageError> {
+        let mut s = r.section(tag::HOLDERS)?;
+        let n = s.count(1)?;
+        let mut holders = Holders::default();
+        for i in 0..n {
+            let flags = s.bytes(1)?[0];
+            if flags & 1 == 0 {
+                holders.slots.push(None);
+                holders.cards.push(Card {
+                    key: HolderKey::new(0, 0, 0),
+                    blocks: 0,
+                    fed: false,
+                    gapped: false,
+                });
+                continue;
+            }
+            let key = HolderKey::new(s.u64()?, s.u32()?, s.u32()?);
+            let mut h = Holder::new(key, group(key.worker));
+            (h.fed, h.gapped) = (flags & 2 != 0, flags & 4 != 0);
+            (h.blocks, h.digest, h.next_stamp, h.last_time) = (s.u32()?, s.u64()?, s.u32()?, s.u64()?);
+            for _ in 0..s.count(20)? {
+                let rec = Record { stamp: s.u32()?, leaf: s.u32()?, len: s.u32()?, time: s.u64()? };
+                h.records.push_back(rec);
+            }
+            for _ in 0..s.count(12)? {
+                let (e, b) = (s.u64()?, s.u32()?);
+                h.overrides.insert(e, b);
+                if h.override_of.insert(b, e).is_some() {
+                    return Err(s.invalid("two overrides of one block"));
+                }
+            }
+            if holders.index.insert(key, i as u32).is_some() {
+                return Err(s.invalid("duplicate holder key"));
+            }
+            holders.cards.push(Card::of(&h));
+            holders.slots.push(Some(h));
+        }
+        for _ in 0..s.count(4)? {
+            let f = s.u32()?;
+            if holders.slots.get(f as usize).is_none_or(Option::is_some) {
+                return Err(s.invalid("free holder slot out of range or in use"));
+            }
+            holders.free.push(f);
+        }
+        if holders.free.len() + holders.index.len() != holders.slots.len() {
+            return Err(s.invalid("free slots and holders do not cover the slots"));
+        }
+        s.done()?;
+        Ok(holders)
     }
 }

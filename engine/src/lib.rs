@@ -16,6 +16,8 @@
 //! - [`dump`]: enumerate ([`Keyspace::dump`], [`Keyspace::dump_partitions`]) and filter
 //!   ([`KeyspaceDump::retain_partitions`]) as plain data, one node per block position.
 //! - `rebuild`: [`Keyspace::rebuild`] from a dump, with maximal runs.
+//! - [`image`]: [`Keyspace::write_image`] / [`Keyspace::read_image`], the in-memory layout as
+//!   checksummed sections, restored with bulk copies (fast restart).
 //! - [`invariants`]: [`Keyspace::check_invariants`], recomputing everything writes maintain
 //!   by hand (pins, counts, digests, run layout, tables, free lists, overrides);
 //!   `trie_check`: its structural half.
@@ -46,6 +48,7 @@ pub mod digest;
 pub mod dump;
 pub mod engine;
 mod holder;
+pub mod image;
 pub mod invariants;
 pub mod keyspace;
 mod matching;
@@ -68,6 +71,7 @@ pub use engine::{Engine, SharedKeyspace};
 pub mod testing {
     pub use crate::trie::set_max_run_for_test;
 }
+pub use image::ImageError;
 pub use invariants::InvariantError;
 pub use keyspace::{HolderSummary, Keyspace, PlaceOutcome};
 pub use types::{

@@ -1,6 +1,7 @@
 //! Runs: the trie's nodes, each a chain of consecutive block positions with one membership
 //! list (see `trie.rs`), stored in fixed chunks with a free list of ids.
 
+use crate::image::{put_u32, put_u64, tag, ImageError, ImageReader, ImageWriter};
 use smallvec::SmallVec;
 
 /// One holder's membership of a run, with the stamp of the operation that last stored it.
@@ -140,5 +141,95 @@ impl std::ops::IndexMut<u32> for Runs {
     #[inline]
     fn index_mut(&mut self, r: u32) -> &mut Run {
         &mut self.chunks[(r >> RUN_CHUNK_BITS) as usize][r as usize & (RUN_CHUNK - 1)]
+    }
+}
+
+impl Runs {
+    /// Image sections: the run slots (fixed fields, member counts) and free ids, then every
+    /// member list in slot order.
+    pub(crate) fn write_image<W: std::io::Write>(&self, w: &mut ImageWriter<W>) -> std::io::Result<()> {
+        w.section(tag::RUNS, |b| {
+            put_u64(b, self.len as u64);
+            for r in 0..self.slots() {
+                let x = &self[r];
+                for v in [x.start, x.len, x.cap, x.parent, x.first_child, x.first_child_start, x.bits, x.pins]
+                {
+                    put_u32(b, v);
+                }
+                for v in [x.first_local, x.start_path, x.end_path] {
+                    put_u64(b, v);
+                }
+                put_u32(b, x.members.len() as u32);
+            }
+            put_u64(b, self.free.len() as u64);
+            self.free.iter().for_each(|&f| put_u32(b, f));
+        })?;
+        w.section(tag::MEMBERS, |b| {
+            for r in 0..self.slots() {
+                for m in self[r].members.iter() {
+                    put_u32(b, m.holder);
+                    put_u32(b, m.stamp);
+                }
+            }
+        })
+    }
+
+    /// Reads what [`Self::write_image`] wrote. References are checked by the caller.
+    pub(crate) fn read_image(r: &mut ImageReader) -> Result<Self, ImageError> {
+        const FIXED: usize = 8 * 4 + 3 * 8 + 4;
+        let mut s = r.section(tag::RUNS)?;
+        let n = s.count(FIXED)?;
+        if n == 0 || n > u32::MAX as usize {
+            return Err(s.invalid("run count out of range"));
+        }
+        let mut runs = Runs::default();
+        let mut counts = Vec::with_capacity(n);
+        for _ in 0..n {
+            let mut f = [0u32; 8];
+            for v in &mut f {
+                *v = s.u32()?;
+            }
+            let [start, len, cap, parent, first_child, first_child_start, bits, pins] = f;
+            let (first_local, start_path, end_path) = (s.u64()?, s.u64()?, s.u64()?);
+            counts.push(s.u32()? as usize);
+            let members = Members::new();
+            let run = Run {
+                start,
+                len,
+                cap,
+                parent,
+                first_child,
+                first_child_start,
+                bits,
+                pins,
+                first_local,
+                start_path,
+                end_path,
+                members,
+            };
+            if runs.len == runs.chunks.len() * RUN_CHUNK {
+                runs.chunks.push(Vec::with_capacity(RUN_CHUNK));
+            }
+            runs.chunks.last_mut().expect("a chunk").push(run);
+            runs.len += 1;
+        }
+        for _ in 0..s.count(4)? {
+            let f = s.u32()?;
+            if f as usize >= n || f == 0 || runs[f].live() {
+                return Err(s.invalid("free run id out of range or live"));
+            }
+            runs.free.push(f);
+        }
+        s.done()?;
+        let mut s = r.section(tag::MEMBERS)?;
+        for (r, &c) in counts.iter().enumerate() {
+            let mut members = Members::with_capacity(c.min(4096));
+            for _ in 0..c {
+                members.push(Member { holder: s.u32()?, stamp: s.u32()? });
+            }
+            runs[r as u32].members = members;
+        }
+        s.done()?;
+        Ok(runs)
     }
 }

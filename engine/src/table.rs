@@ -11,6 +11,8 @@
 //! Shards keep every resize small (1/256 of the entries), so no write stalls readers for
 //! long; the shard is chosen by hash bits 32..40, independent of the stored low bits.
 
+use crate::image::{put_u64, put_u64s, tag, ImageError, ImageReader, ImageWriter};
+
 const SHARDS: usize = 256;
 /// Node 0 is the root, which is never stored, so an all-zero slot is free.
 const EMPTY: u64 = 0;
@@ -258,6 +260,51 @@ impl NodeTable {
     pub fn signature(h: u64) -> u64 {
         let (s, low) = Self::split(h);
         ((s as u64) << 32) | u64::from(low)
+    }
+
+    /// Image sections: one per shard (its entry count and slots, as in memory).
+    pub(crate) fn write_image<W: std::io::Write>(&self, w: &mut ImageWriter<W>) -> std::io::Result<()> {
+        for sh in &self.shards {
+            w.section(tag::TABLE, |b| {
+                put_u64(b, sh.len as u64);
+                put_u64(b, sh.slots.len() as u64);
+                put_u64s(b, &sh.slots);
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Reads what [`Self::write_image`] wrote. Returns the table and the largest index it
+    /// stores (0 if none), for the caller to check against what the indices refer to.
+    pub(crate) fn read_image(r: &mut ImageReader) -> Result<(Self, u32), ImageError> {
+        let mut shards = Vec::with_capacity(SHARDS);
+        let mut max = 0u32;
+        for _ in 0..SHARDS {
+            let mut s = r.section(tag::TABLE)?;
+            let len = s.u64()? as usize;
+            let cap = s.count(8)?;
+            if !(cap == 0 || cap.is_power_of_two()) || len > cap * 7 / 10 + 1 {
+                return Err(s.invalid("table shard size out of range"));
+            }
+            let mut slots = vec![EMPTY; cap].into_boxed_slice();
+            s.u64s_into(&mut slots)?;
+            s.done()?;
+            // One pass: entries counted, the root (index 0) never stored, the largest index.
+            let (mut used, mut root) = (0usize, false);
+            for &x in slots.iter().filter(|&&x| x != EMPTY) {
+                used += 1;
+                root |= x as u32 == 0;
+                max = max.max(x as u32);
+            }
+            if used != len || root {
+                return Err(ImageError::Invalid {
+                    tag: tag::TABLE,
+                    what: "table entry count or index out of range",
+                });
+            }
+            shards.push(Shard { slots, len });
+        }
+        Ok((Self { shards }, max))
     }
 
     #[cfg(test)]

@@ -591,6 +591,19 @@ impl Trie {
         id
     }
 
+    /// Image: a trie from its parts (block storage, runs, edge and ext tables), counting its
+    /// live runs and blocks.
+    pub(crate) fn from_parts(blocks: Blocks, runs: Runs, edges: NodeTable, exts: NodeTable) -> Self {
+        let (mut live_runs, mut live_blocks) = (0, 0);
+        for r in 1..runs.slots() {
+            if runs[r].live() {
+                live_runs += 1;
+                live_blocks += runs[r].len as usize;
+            }
+        }
+        Self { blocks, runs, edges, exts, live_runs, live_blocks }
+    }
+
     /// Rebuild: installs an ext table built beside the run pass.
     pub fn install_exts(&mut self, table: NodeTable) {
         self.exts = table;

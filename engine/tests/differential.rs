@@ -1,8 +1,9 @@
 //! Seeded differential test: random operation streams through the engine and the reference
 //! model; every answer, digest, counter and holder summary must agree after every step, and
 //! `Keyspace::check_invariants` must hold after every step. Every 37 steps the engine is
-//! replaced by `rebuild(dump())`, so rebuild is checked for identical answers *and* identical
-//! future behaviour (eviction, expiry).
+//! replaced by `rebuild(dump())`, and in between once by `read_image(write_image())`, so both
+//! restores are checked for identical answers *and* identical future behaviour (eviction,
+//! expiry).
 //!
 //! A stream is generated up front as data (`common::ops::Step`: one write plus the queries
 //! checked after it), so a failing seed is shrunk (delta debugging) to a minimal list of
@@ -160,6 +161,9 @@ impl Gen {
     fn op(&mut self, model: &RefModel, step: usize) -> Op {
         if step % 37 == 36 {
             return Op::Rebuild;
+        }
+        if step % 37 == 18 {
+            return Op::Image;
         }
         self.t += self.rng.random_range(0..60);
         let (t, key) = (self.t, self.key());

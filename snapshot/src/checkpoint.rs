@@ -6,11 +6,11 @@
 //! the applier mutex. Encoding and the RocksDB write happen after both are released.
 
 use crate::error::StoreError;
-use crate::export::{encode_export, Loaded};
+use crate::export::{encode_export, KeyspaceImage, Loaded};
 use crate::meta::CheckpointMeta;
 use crate::store::CheckpointStore;
 use parking_lot::Mutex;
-use prefixlog_engine::{Engine, Keyspace, KeyspaceDump, KeyspaceId};
+use prefixlog_engine::{Engine, Keyspace, KeyspaceId};
 use prefixlog_ingest::{check_compatible, Applier, Incompatible, LogIdentity, PartitionState};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,7 +18,8 @@ use std::time::{Duration, Instant};
 /// A consistent copy of a replica's state.
 pub struct Capture {
     pub partitions: Vec<PartitionState>,
-    pub keyspaces: Vec<KeyspaceDump>,
+    /// Each keyspace as an engine image (written under its read lock: queries keep running).
+    pub keyspaces: Vec<KeyspaceImage>,
     /// Each partition's digest at the same point.
     pub digests: Vec<u64>,
     /// How long ingest was paused.
@@ -30,9 +31,15 @@ impl Capture {
     pub fn of(a: &Applier) -> Self {
         let partitions = a.partitions().to_vec();
         let digests = (0..a.partition_count()).map(|p| a.partition_digest(p)).collect();
-        let keyspaces = a.engine().keyspaces().iter().map(|k| k.read().dump()).collect();
+        let keyspaces = a.engine().keyspaces().iter().map(|k| image_of(&k.read())).collect();
         Self { partitions, keyspaces, digests, ingest_pause: Duration::ZERO }
     }
+}
+
+fn image_of(ks: &Keyspace) -> KeyspaceImage {
+    let mut bytes = Vec::with_capacity(ks.heap_bytes() + (1 << 16));
+    ks.write_image(&mut bytes).expect("writing to a Vec cannot fail");
+    KeyspaceImage { id: ks.id().clone(), bytes, holder_blocks: ks.holder_blocks() }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -76,12 +83,16 @@ pub fn restore(loaded: &Loaded) -> Result<Applier, RestoreError> {
     let id = &loaded.meta.identity;
     let engine_cfg = id.settings.engine_config(id.partitions);
     let engine = Engine::new(engine_cfg.clone());
-    for d in &loaded.keyspaces {
-        let ks = Keyspace::rebuild(d, engine_cfg.clone()).map_err(|why| RestoreError::Rebuild {
+    for k in &loaded.keyspaces {
+        let ks = Keyspace::read_image(&k.bytes, engine_cfg.clone()).map_err(|why| RestoreError::Rebuild {
             id: loaded.meta.id,
-            keyspace: d.id.clone(),
+            keyspace: k.id.clone(),
             why: why.to_string(),
         })?;
+        if ks.id() != &k.id {
+            let why = format!("the image holds keyspace {}", ks.id());
+            return Err(RestoreError::Rebuild { id: loaded.meta.id, keyspace: k.id.clone(), why });
+        }
         engine.install(ks);
     }
     let mut applier = Applier::with_engine(Arc::new(engine), id.settings);

@@ -5,33 +5,54 @@
 use crate::checkpoint::Capture;
 use crate::codec::{self, Reader, Writer};
 use crate::error::{damaged, verify, Damage, Part, StoreError};
-use crate::meta::{covered, decode_meta, encode_meta, meta_of, CheckpointMeta, EncodedKeyspace};
-use prefixlog_engine::KeyspaceDump;
+use crate::meta::{
+    covered, decode_meta, encode_meta, meta_of, verify_keyspace, CheckpointMeta, EncodedKeyspace,
+};
+use prefixlog_engine::KeyspaceId;
 use prefixlog_ingest::{LogIdentity, PartitionState};
 
 const EXPORT_MAGIC: &[u8] = b"PREFIXLOG-CHECKPOINT-1\n";
 
-/// A verified, decoded checkpoint.
+/// One keyspace as an engine image (`Keyspace::write_image`): its in-memory layout, so a
+/// restore is bulk copies (`Keyspace::read_image`) rather than a rebuild node by node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyspaceImage {
+    pub id: KeyspaceId,
+    pub bytes: Vec<u8>,
+    pub holder_blocks: u64,
+}
+
+/// A verified checkpoint: partition state decoded, keyspace images checksummed (they are
+/// decoded, and verified section by section, by the restore that reads them).
 pub struct Loaded {
     pub meta: CheckpointMeta,
     pub partitions: Vec<PartitionState>,
-    pub keyspaces: Vec<KeyspaceDump>,
+    pub keyspaces: Vec<KeyspaceImage>,
 }
 
 /// An export's parts, borrowed from it: meta, partition state, keyspace values.
 pub(crate) type ExportParts<'a> = (CheckpointMeta, &'a [u8], Vec<&'a [u8]>);
 
-pub(crate) fn decode_loaded(meta: CheckpointMeta, pbytes: &[u8], ks: &[&[u8]]) -> Result<Loaded, StoreError> {
+pub(crate) fn decode_loaded(
+    meta: CheckpointMeta,
+    pbytes: &[u8],
+    ks: Vec<Vec<u8>>,
+) -> Result<Loaded, StoreError> {
     let partitions = codec::decode_partitions(pbytes)?;
     if partitions.len() != meta.offsets.len() {
         let damage = Damage::PartitionCount { meta: meta.offsets.len(), state: partitions.len() };
         return Err(damaged(meta.id, Part::PartitionState, damage));
     }
-    let keyspaces = ks.iter().map(|b| codec::decode_keyspace(b)).collect::<Result<Vec<_>, _>>()?;
+    let keyspaces = meta
+        .keyspaces
+        .iter()
+        .zip(ks)
+        .map(|(e, bytes)| KeyspaceImage { id: e.id.clone(), bytes, holder_blocks: e.holder_blocks })
+        .collect();
     Ok(Loaded { meta, partitions, keyspaces })
 }
 
-pub(crate) fn pack_export(meta: &CheckpointMeta, pbytes: &[u8], ks: &[Vec<u8>]) -> Vec<u8> {
+pub(crate) fn pack_export(meta: &CheckpointMeta, pbytes: &[u8], ks: &[&[u8]]) -> Vec<u8> {
     let mut w = Writer::default();
     w.buf.extend_from_slice(EXPORT_MAGIC);
     w.bytes(&encode_meta(meta));
@@ -54,7 +75,7 @@ pub(crate) fn unpack_export(data: &[u8]) -> Result<ExportParts<'_>, StoreError> 
     let mut ks = Vec::with_capacity(meta.keyspaces.len());
     for e in &meta.keyspaces {
         let b = r.bytes()?;
-        verify(meta.id, Part::Keyspace(e.id.clone()), b, e.bytes, e.checksum)?;
+        verify_keyspace(meta.id, e, b)?;
         ks.push(b);
     }
     r.done()?;
@@ -64,7 +85,7 @@ pub(crate) fn unpack_export(data: &[u8]) -> Result<ExportParts<'_>, StoreError> 
 /// Verifies and decodes an export without storing it (recovering a partition from a peer).
 pub fn decode_export(data: &[u8]) -> Result<Loaded, StoreError> {
     let (meta, pbytes, ks) = unpack_export(data)?;
-    decode_loaded(meta, pbytes, &ks)
+    decode_loaded(meta, pbytes, ks.into_iter().map(<[u8]>::to_vec).collect())
 }
 
 /// An export of an in-memory state (a partition-filtered copy of a checkpoint): what
@@ -73,15 +94,15 @@ pub fn encode_export(identity: &LogIdentity, state: &Capture, created_unix_ms: u
     let (pbytes, ks) = encode_parts(&state.partitions, &state.keyspaces);
     let meta =
         meta_of(0, identity, covered(&state.partitions, &state.digests), &pbytes, &ks, created_unix_ms);
-    let ks: Vec<Vec<u8>> = ks.into_iter().map(|(_, b, _)| b).collect();
+    let ks: Vec<&[u8]> = ks.into_iter().map(|(_, b, _)| b).collect();
     pack_export(&meta, &pbytes, &ks)
 }
 
-pub(crate) fn encode_parts(
+pub(crate) fn encode_parts<'a>(
     partitions: &[PartitionState],
-    keyspaces: &[KeyspaceDump],
-) -> (Vec<u8>, Vec<EncodedKeyspace>) {
+    keyspaces: &'a [KeyspaceImage],
+) -> (Vec<u8>, Vec<EncodedKeyspace<'a>>) {
     let pbytes = codec::encode_partitions(partitions);
-    let ks = keyspaces.iter().map(|d| (d.id.clone(), codec::encode_keyspace(d), d.holder_blocks())).collect();
+    let ks = keyspaces.iter().map(|k| (k.id.clone(), k.bytes.as_slice(), k.holder_blocks)).collect();
     (pbytes, ks)
 }

@@ -14,9 +14,11 @@
 //!   applier with the checkpoint's settings; choose the newest usable; partition-filtered
 //!   exports.
 //! - [`meta`]: [`CheckpointMeta`] (identity, offsets, log times, checksums) and its encoding.
-//! - [`export`]: a checkpoint as one verified byte string for transfer; [`Loaded`].
+//! - [`export`]: a checkpoint as one verified byte string for transfer; [`Loaded`] and
+//!   [`KeyspaceImage`].
 //! - [`error`]: [`StoreError`] with the damaged [`Part`] and the [`Damage`].
-//! - [`codec`]: the hand-laid columnar encoding of keyspace dumps and partition states.
+//! - [`codec`]: the hand-laid encoding of metas and partition states (keyspaces are engine
+//!   images: `prefixlog_engine::image`).
 
 pub mod checkpoint;
 pub mod codec;
@@ -29,6 +31,6 @@ pub use checkpoint::{
     capture, checkpoint, export_partitions, newest_usable, restore, restore_for, Capture, RestoreError,
 };
 pub use error::{Damage, Part, StoreError};
-pub use export::{decode_export, encode_export, Loaded};
+pub use export::{decode_export, encode_export, KeyspaceImage, Loaded};
 pub use meta::{CheckpointMeta, KeyspaceEntry, FORMAT_VERSION};
 pub use store::{CheckpointStore, Retention};

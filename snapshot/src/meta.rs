@@ -10,13 +10,38 @@ use xxhash_rust::xxh3::xxh3_64;
 
 /// 2: the identity carries the covered partitions and the state settings; partition state
 /// carries announced workers and the log-gap / clamp / invalid-store counters.
-pub const FORMAT_VERSION: u32 = 2;
+/// 3: keyspaces are engine images (the in-memory layout, restored by bulk copies) instead of
+/// columnar dumps rebuilt node by node.
+pub const FORMAT_VERSION: u32 = 3;
 
 /// Keyspace values are stored in chunks of at most this many bytes.
 pub(crate) const CHUNK: usize = 4 << 20;
 
-/// A keyspace's encoded dump as stored.
-pub(crate) type EncodedKeyspace = (KeyspaceId, Vec<u8>, u64);
+/// A keyspace value's checksum: xxh3-64 over the xxh3-64 of each of its `CHUNK`-sized pieces
+/// (little-endian), so the pieces are verified in parallel as they are read.
+pub(crate) fn keyspace_checksum(chunk_sums: impl IntoIterator<Item = u64>) -> u64 {
+    let sums: Vec<u8> = chunk_sums.into_iter().flat_map(u64::to_le_bytes).collect();
+    xxh3_64(&sums)
+}
+
+pub(crate) fn keyspace_checksum_of(bytes: &[u8]) -> u64 {
+    keyspace_checksum(bytes.chunks(CHUNK).map(xxh3_64))
+}
+
+/// Checks a keyspace value's length and checksum against its meta entry.
+pub(crate) fn verify_keyspace(id: u64, e: &KeyspaceEntry, bytes: &[u8]) -> Result<(), StoreError> {
+    let part = || Part::Keyspace(e.id.clone());
+    if bytes.len() as u64 != e.bytes {
+        return Err(damaged(id, part(), Damage::Length { expected: e.bytes, found: bytes.len() as u64 }));
+    }
+    if keyspace_checksum_of(bytes) != e.checksum {
+        return Err(damaged(id, part(), Damage::Checksum));
+    }
+    Ok(())
+}
+
+/// A keyspace's image as stored: id, bytes, holder-blocks.
+pub(crate) type EncodedKeyspace<'a> = (KeyspaceId, &'a [u8], u64);
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KeyspaceEntry {
@@ -218,7 +243,7 @@ pub(crate) fn meta_of(
                 id: id.clone(),
                 chunks: b.len().div_ceil(CHUNK) as u32,
                 bytes: b.len() as u64,
-                checksum: xxh3_64(b),
+                checksum: keyspace_checksum_of(b),
                 holder_blocks: *hb,
             })
             .collect(),

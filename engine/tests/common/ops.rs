@@ -43,6 +43,8 @@ pub enum Op {
     },
     /// Replace the engine with `rebuild(dump())` (the model is unaffected).
     Rebuild,
+    /// Replace the engine with `read_image(write_image())`.
+    Image,
 }
 
 /// A write and the queries compared after it.
@@ -63,7 +65,7 @@ pub fn apply_model(model: &mut RefModel, op: &Op) -> Option<bool> {
         Op::Expire { t } => model.expire(*t),
         Op::SetGapped { key, gapped } => model.set_gapped(*key, *gapped),
         Op::SetPartitionGapped { partition } => model.set_partition_gapped(*partition),
-        Op::Rebuild => {}
+        Op::Rebuild | Op::Image => {}
     }
     None
 }
@@ -95,6 +97,15 @@ pub fn apply_engine(ks: &mut Keyspace, cfg: &EngineConfig, op: &Op) -> Result<Op
                 .map_err(|e| format!("own dump does not rebuild: {e}"))?;
             if ks.dump() != dump {
                 return Err("the dump of a rebuild differs from the dump it was built from".into());
+            }
+        }
+        Op::Image => {
+            let (dump, mut image) = (ks.dump(), Vec::new());
+            ks.write_image(&mut image).map_err(|e| format!("write_image: {e}"))?;
+            *ks = Keyspace::read_image(&image, cfg.clone())
+                .map_err(|e| format!("own image does not read: {e}"))?;
+            if ks.dump() != dump {
+                return Err("the dump of a restored image differs from the original's".into());
             }
         }
     }
@@ -136,6 +147,7 @@ fn op_rust(op: &Op) -> String {
             format!("Op::SetPartitionGapped {{ partition: {partition} }}")
         }
         Op::Rebuild => "Op::Rebuild".into(),
+        Op::Image => "Op::Image".into(),
     }
 }
 
