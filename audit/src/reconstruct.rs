@@ -136,6 +136,7 @@ pub fn reconstruct_at(
     point: &Point,
     progress: bool,
 ) -> Result<Reconstructed, AuditError> {
+    let started = std::time::Instant::now();
     let target = target_offsets(spec, point, probe)?;
     let ours = LogIdentity {
         cluster_id: probe.cluster_id.clone(),
@@ -167,7 +168,15 @@ pub fn reconstruct_at(
             });
         }
     }
+    let restored_secs = started.elapsed().as_secs_f64();
     let replayed = advance_on(&mut applier, spec, probe, point, progress)?;
+    tracing::info!(
+        checkpoint,
+        restored_secs,
+        replayed,
+        secs = started.elapsed().as_secs_f64(),
+        "reconstructed"
+    );
     Ok(Reconstructed { applier, checkpoint, replayed })
 }
 

@@ -286,16 +286,20 @@ impl NodeTable {
             if !(cap == 0 || cap.is_power_of_two()) || len > cap * 7 / 10 + 1 {
                 return Err(s.invalid("table shard size out of range"));
             }
+            // One pass over the bytes: slots copied, entries counted, the root (index 0) never
+            // stored, the largest index.
             let mut slots = vec![EMPTY; cap].into_boxed_slice();
-            s.u64s_into(&mut slots)?;
-            s.done()?;
-            // One pass: entries counted, the root (index 0) never stored, the largest index.
             let (mut used, mut root) = (0usize, false);
-            for &x in slots.iter().filter(|&&x| x != EMPTY) {
-                used += 1;
-                root |= x as u32 == 0;
-                max = max.max(x as u32);
+            for (d, b) in slots.iter_mut().zip(s.bytes(cap * 8)?.chunks_exact(8)) {
+                let x = u64::from_le_bytes(b.try_into().expect("8 bytes"));
+                *d = x;
+                if x != EMPTY {
+                    used += 1;
+                    root |= x as u32 == 0;
+                    max = max.max(x as u32);
+                }
             }
+            s.done()?;
             if used != len || root {
                 return Err(ImageError::Invalid {
                     tag: tag::TABLE,

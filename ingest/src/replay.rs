@@ -121,6 +121,8 @@ pub fn replay(
         return Err(ReplayError::NotContinued(problem));
     }
     let total: u64 = open.iter().map(|(&p, &e)| (e - applier.partition(p).next_offset) as u64).sum();
+    let started = Instant::now();
+    let mut first_record = None;
     let mut reader = LogReader::open(spec, open.keys().map(|&p| (p, applier.partition(p).next_offset)))?;
     let mut open = open;
     let mut applied = 0u64;
@@ -129,6 +131,7 @@ pub fn replay(
         match reader.poll(Duration::from_millis(200)) {
             Read::Record(r) => {
                 last_progress = Instant::now();
+                first_record.get_or_insert_with(|| started.elapsed());
                 let (p, offset) = (r.partition(), r.offset());
                 let Some(&end) = open.get(&p) else { continue };
                 let past_time = matches!(until, Until::Time(t) if r.timestamp_ms() > *t);
@@ -159,5 +162,12 @@ pub fn replay(
             }
         }
     }
+    tracing::info!(
+        records = applied,
+        partitions = ends.len(),
+        secs = started.elapsed().as_secs_f64(),
+        first_record_secs = first_record.unwrap_or_default().as_secs_f64(),
+        "bounded replay done"
+    );
     Ok(applied)
 }

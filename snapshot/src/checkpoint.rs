@@ -84,15 +84,11 @@ pub fn restore(loaded: &Loaded) -> Result<Applier, RestoreError> {
     let engine_cfg = id.settings.engine_config(id.partitions);
     let engine = Engine::new(engine_cfg.clone());
     for k in &loaded.keyspaces {
-        let ks = Keyspace::read_image(&k.bytes, engine_cfg.clone()).map_err(|why| RestoreError::Rebuild {
+        let ks = k.restore(engine_cfg.clone()).map_err(|why| RestoreError::Rebuild {
             id: loaded.meta.id,
             keyspace: k.id.clone(),
-            why: why.to_string(),
+            why,
         })?;
-        if ks.id() != &k.id {
-            let why = format!("the image holds keyspace {}", ks.id());
-            return Err(RestoreError::Rebuild { id: loaded.meta.id, keyspace: k.id.clone(), why });
-        }
         engine.install(ks);
     }
     let mut applier = Applier::with_engine(Arc::new(engine), id.settings);

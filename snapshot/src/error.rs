@@ -1,7 +1,7 @@
 //! What can go wrong with a checkpoint, precisely: which value is damaged and how.
 
 use crate::codec::DecodeError;
-use crate::meta::FORMAT_VERSION;
+use crate::meta::READABLE_FORMATS;
 use prefixlog_engine::KeyspaceId;
 use std::path::PathBuf;
 use xxhash_rust::xxh3::xxh3_64;
@@ -70,7 +70,7 @@ pub enum StoreError {
     NoSuchCheckpoint(u64),
     #[error("checkpoint {id}: {part}: {damage}")]
     Damaged { id: u64, part: Part, damage: Damage },
-    #[error("checkpoint {id}: format version {found}, this build reads {FORMAT_VERSION} (take a new checkpoint or replay the log)")]
+    #[error("checkpoint {id}: format version {found}, this build reads {READABLE_FORMATS:?} (take a new checkpoint or replay the log)")]
     Format { id: u64, found: u32 },
     #[error("checkpoint {id}: {what}")]
     Settings { id: u64, what: prefixlog_ingest::settings::SettingsError },

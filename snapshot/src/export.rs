@@ -7,8 +7,9 @@ use crate::codec::{self, Reader, Writer};
 use crate::error::{damaged, verify, Damage, Part, StoreError};
 use crate::meta::{
     covered, decode_meta, encode_meta, meta_of, verify_keyspace, CheckpointMeta, EncodedKeyspace,
+    FORMAT_VERSION,
 };
-use prefixlog_engine::KeyspaceId;
+use prefixlog_engine::{EngineConfig, Keyspace, KeyspaceDump, KeyspaceId};
 use prefixlog_ingest::{LogIdentity, PartitionState};
 
 const EXPORT_MAGIC: &[u8] = b"PREFIXLOG-CHECKPOINT-1\n";
@@ -22,12 +23,40 @@ pub struct KeyspaceImage {
     pub holder_blocks: u64,
 }
 
-/// A verified checkpoint: partition state decoded, keyspace images checksummed (they are
-/// decoded, and verified section by section, by the restore that reads them).
+/// A verified checkpoint: partition state decoded, keyspaces checksummed (an image is
+/// decoded, and verified section by section, by the restore that reads it).
 pub struct Loaded {
     pub meta: CheckpointMeta,
     pub partitions: Vec<PartitionState>,
-    pub keyspaces: Vec<KeyspaceImage>,
+    pub keyspaces: Vec<LoadedKeyspace>,
+}
+
+/// One keyspace of a loaded checkpoint, in its format's form.
+pub struct LoadedKeyspace {
+    pub id: KeyspaceId,
+    pub holder_blocks: u64,
+    pub state: StoredKeyspace,
+}
+
+pub enum StoredKeyspace {
+    /// Format 3: an engine image, restored by bulk copies.
+    Image(Vec<u8>),
+    /// Format 2: a dump, rebuilt node by node.
+    Dump(KeyspaceDump),
+}
+
+impl LoadedKeyspace {
+    /// The keyspace, with holders filed into partitions under `cfg`.
+    pub fn restore(&self, cfg: EngineConfig) -> Result<Keyspace, String> {
+        let ks = match &self.state {
+            StoredKeyspace::Image(bytes) => Keyspace::read_image(bytes, cfg).map_err(|e| e.to_string())?,
+            StoredKeyspace::Dump(d) => Keyspace::rebuild(d, cfg).map_err(|e| e.to_string())?,
+        };
+        if ks.id() != &self.id {
+            return Err(format!("the stored state is of keyspace {}", ks.id()));
+        }
+        Ok(ks)
+    }
 }
 
 /// An export's parts, borrowed from it: meta, partition state, keyspace values.
@@ -43,12 +72,15 @@ pub(crate) fn decode_loaded(
         let damage = Damage::PartitionCount { meta: meta.offsets.len(), state: partitions.len() };
         return Err(damaged(meta.id, Part::PartitionState, damage));
     }
-    let keyspaces = meta
-        .keyspaces
-        .iter()
-        .zip(ks)
-        .map(|(e, bytes)| KeyspaceImage { id: e.id.clone(), bytes, holder_blocks: e.holder_blocks })
-        .collect();
+    let mut keyspaces = Vec::with_capacity(ks.len());
+    for (e, bytes) in meta.keyspaces.iter().zip(ks) {
+        let state = if meta.format >= 3 {
+            StoredKeyspace::Image(bytes)
+        } else {
+            StoredKeyspace::Dump(crate::dump_codec::decode_keyspace(&bytes)?)
+        };
+        keyspaces.push(LoadedKeyspace { id: e.id.clone(), holder_blocks: e.holder_blocks, state });
+    }
     Ok(Loaded { meta, partitions, keyspaces })
 }
 
@@ -75,7 +107,7 @@ pub(crate) fn unpack_export(data: &[u8]) -> Result<ExportParts<'_>, StoreError> 
     let mut ks = Vec::with_capacity(meta.keyspaces.len());
     for e in &meta.keyspaces {
         let b = r.bytes()?;
-        verify_keyspace(meta.id, e, b)?;
+        verify_keyspace(meta.id, meta.format, e, b)?;
         ks.push(b);
     }
     r.done()?;
@@ -92,8 +124,8 @@ pub fn decode_export(data: &[u8]) -> Result<Loaded, StoreError> {
 /// [`CheckpointStore::export`] would give had it been written, with id 0.
 pub fn encode_export(identity: &LogIdentity, state: &Capture, created_unix_ms: u64) -> Vec<u8> {
     let (pbytes, ks) = encode_parts(&state.partitions, &state.keyspaces);
-    let meta =
-        meta_of(0, identity, covered(&state.partitions, &state.digests), &pbytes, &ks, created_unix_ms);
+    let covered = covered(&state.partitions, &state.digests);
+    let meta = meta_of(0, FORMAT_VERSION, identity, covered, &pbytes, &ks, created_unix_ms);
     let ks: Vec<&[u8]> = ks.into_iter().map(|(_, b, _)| b).collect();
     pack_export(&meta, &pbytes, &ks)
 }

@@ -18,10 +18,12 @@
 //!   [`KeyspaceImage`].
 //! - [`error`]: [`StoreError`] with the damaged [`Part`] and the [`Damage`].
 //! - [`codec`]: the hand-laid encoding of metas and partition states (keyspaces are engine
-//!   images: `prefixlog_engine::image`).
+//!   images: `prefixlog_engine::image`); [`dump_codec`]: format-2 keyspace values (columnar
+//!   dumps), still restored after an upgrade.
 
 pub mod checkpoint;
 pub mod codec;
+pub mod dump_codec;
 pub mod error;
 pub mod export;
 pub mod meta;
@@ -31,6 +33,6 @@ pub use checkpoint::{
     capture, checkpoint, export_partitions, newest_usable, restore, restore_for, Capture, RestoreError,
 };
 pub use error::{Damage, Part, StoreError};
-pub use export::{decode_export, encode_export, KeyspaceImage, Loaded};
-pub use meta::{CheckpointMeta, KeyspaceEntry, FORMAT_VERSION};
+pub use export::{decode_export, encode_export, KeyspaceImage, Loaded, LoadedKeyspace, StoredKeyspace};
+pub use meta::{CheckpointMeta, KeyspaceEntry, FORMAT_VERSION, READABLE_FORMATS};
 pub use store::{CheckpointStore, Retention};

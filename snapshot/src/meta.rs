@@ -14,6 +14,10 @@ use xxhash_rust::xxh3::xxh3_64;
 /// columnar dumps rebuilt node by node.
 pub const FORMAT_VERSION: u32 = 3;
 
+/// Formats this build restores: its own, and format 2 (so that an upgraded replica restores
+/// its own and its peers' checkpoints rather than needing the whole log).
+pub const READABLE_FORMATS: [u32; 2] = [2, FORMAT_VERSION];
+
 /// Keyspace values are stored in chunks of at most this many bytes.
 pub(crate) const CHUNK: usize = 4 << 20;
 
@@ -24,17 +28,27 @@ pub(crate) fn keyspace_checksum(chunk_sums: impl IntoIterator<Item = u64>) -> u6
     xxh3_64(&sums)
 }
 
-pub(crate) fn keyspace_checksum_of(bytes: &[u8]) -> u64 {
-    keyspace_checksum(bytes.chunks(CHUNK).map(xxh3_64))
+/// A keyspace value's checksum as `format` defines it (format 2: xxh3-64 of the whole value).
+pub(crate) fn keyspace_checksum_of(format: u32, bytes: &[u8]) -> u64 {
+    if format >= 3 {
+        keyspace_checksum(bytes.chunks(CHUNK).map(xxh3_64))
+    } else {
+        xxh3_64(bytes)
+    }
 }
 
 /// Checks a keyspace value's length and checksum against its meta entry.
-pub(crate) fn verify_keyspace(id: u64, e: &KeyspaceEntry, bytes: &[u8]) -> Result<(), StoreError> {
+pub(crate) fn verify_keyspace(
+    id: u64,
+    format: u32,
+    e: &KeyspaceEntry,
+    bytes: &[u8],
+) -> Result<(), StoreError> {
     let part = || Part::Keyspace(e.id.clone());
     if bytes.len() as u64 != e.bytes {
         return Err(damaged(id, part(), Damage::Length { expected: e.bytes, found: bytes.len() as u64 }));
     }
-    if keyspace_checksum_of(bytes) != e.checksum {
+    if keyspace_checksum_of(format, bytes) != e.checksum {
         return Err(damaged(id, part(), Damage::Checksum));
     }
     Ok(())
@@ -139,7 +153,7 @@ pub(crate) fn decode_meta(id: u64, buf: &[u8]) -> Result<CheckpointMeta, StoreEr
     }
     let mut r = Reader::new(body);
     let format = r.u32()?;
-    if format != FORMAT_VERSION {
+    if !READABLE_FORMATS.contains(&format) {
         return Err(StoreError::Format { id, found: format });
     }
     let mid = r.u64()?;
@@ -218,8 +232,10 @@ pub(crate) fn covered(partitions: &[prefixlog_ingest::PartitionState], digests: 
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn meta_of(
     id: u64,
+    format: u32,
     identity: &LogIdentity,
     covered: Covered,
     pbytes: &[u8],
@@ -229,7 +245,7 @@ pub(crate) fn meta_of(
     let Covered { offsets, log_times, digests } = covered;
     CheckpointMeta {
         id,
-        format: FORMAT_VERSION,
+        format,
         created_unix_ms,
         identity: identity.clone(),
         offsets,
@@ -243,7 +259,7 @@ pub(crate) fn meta_of(
                 id: id.clone(),
                 chunks: b.len().div_ceil(CHUNK) as u32,
                 bytes: b.len() as u64,
-                checksum: keyspace_checksum_of(b),
+                checksum: keyspace_checksum_of(format, b),
                 holder_blocks: *hb,
             })
             .collect(),

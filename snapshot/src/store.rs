@@ -22,7 +22,7 @@ use crate::error::{damaged, verify, Damage, Part, StoreError};
 use crate::export::{decode_loaded, encode_parts, pack_export, unpack_export, Loaded};
 use crate::meta::{
     covered, decode_meta, encode_meta, keyspace_checksum, meta_of, CheckpointMeta, Covered, EncodedKeyspace,
-    KeyspaceEntry, CHUNK,
+    KeyspaceEntry, CHUNK, FORMAT_VERSION,
 };
 use prefixlog_ingest::LogIdentity;
 use rocksdb::{Options, ReadOptions, WriteBatch, WriteOptions, DB};
@@ -126,17 +126,31 @@ impl CheckpointStore {
         created_unix_ms: u64,
     ) -> Result<CheckpointMeta, StoreError> {
         let (pbytes, ks) = encode_parts(&state.partitions, &state.keyspaces);
-        self.write_encoded(
-            identity,
-            covered(&state.partitions, &state.digests),
-            &pbytes,
-            &ks,
-            created_unix_ms,
-        )
+        let covered = covered(&state.partitions, &state.digests);
+        self.write_encoded(FORMAT_VERSION, identity, covered, &pbytes, &ks, created_unix_ms)
     }
 
+    /// Writes a format-2 checkpoint (keyspaces as columnar dumps), as the previous release did:
+    /// for the upgrade test only.
+    #[doc(hidden)]
+    pub fn write_format2_for_test(
+        &self,
+        identity: &LogIdentity,
+        partitions: &[prefixlog_ingest::PartitionState],
+        digests: &[u64],
+        dumps: &[prefixlog_engine::KeyspaceDump],
+    ) -> Result<CheckpointMeta, StoreError> {
+        let pbytes = crate::codec::encode_partitions(partitions);
+        let values: Vec<Vec<u8>> = dumps.iter().map(crate::dump_codec::encode_keyspace).collect();
+        let ks: Vec<EncodedKeyspace> =
+            dumps.iter().zip(&values).map(|(d, v)| (d.id.clone(), v.as_slice(), d.holder_blocks())).collect();
+        self.write_encoded(2, identity, covered(partitions, digests), &pbytes, &ks, 0)
+    }
+
+    #[allow(clippy::too_many_arguments)]
     fn write_encoded(
         &self,
+        format: u32,
         identity: &LogIdentity,
         covered: Covered,
         pbytes: &[u8],
@@ -145,7 +159,7 @@ impl CheckpointStore {
     ) -> Result<CheckpointMeta, StoreError> {
         let _writing = self.write_lock.lock();
         let id = self.ids().first().map_or(1, |i| i + 1);
-        let meta = meta_of(id, identity, covered, pbytes, keyspaces, created_unix_ms);
+        let meta = meta_of(id, format, identity, covered, pbytes, keyspaces, created_unix_ms);
         let mut batch = WriteBatch::default();
         for (ki, (_, bytes, _)) in keyspaces.iter().enumerate() {
             for (ci, c) in bytes.chunks(CHUNK).enumerate() {
@@ -192,7 +206,7 @@ impl CheckpointStore {
             log_times: meta.log_times.clone(),
             digests: meta.digests.clone(),
         };
-        self.write_encoded(&meta.identity, covered, pbytes, &ks, meta.created_unix_ms)
+        self.write_encoded(meta.format, &meta.identity, covered, pbytes, &ks, meta.created_unix_ms)
     }
 
     /// Meta, partition bytes and keyspace bytes of a checkpoint, all checksums verified.
@@ -206,7 +220,8 @@ impl CheckpointStore {
         let mut out = Vec::with_capacity(meta.keyspaces.len());
         for (ki, e) in meta.keyspaces.iter().enumerate() {
             let (bytes, sums) = self.read_chunks(id, ki as u32, e)?;
-            if keyspace_checksum(sums) != e.checksum {
+            let sum = if meta.format >= 3 { keyspace_checksum(sums) } else { xxh3_64(&bytes) };
+            if sum != e.checksum {
                 return Err(damaged(id, Part::Keyspace(e.id.clone()), Damage::Checksum));
             }
             out.push(bytes);

@@ -292,3 +292,39 @@ fn decoding_garbage_never_panics() {
     }
     assert!(refused > 1_900, "damaged images are refused ({refused} of 2000)");
 }
+
+/// An upgrade: a format-2 checkpoint (columnar dumps, as the previous release wrote) is still
+/// restored, equal to the state it was taken of now and after the same tail; its export
+/// carries format 2 to a peer and imports unchanged; new checkpoints are format 3 (images).
+#[test]
+fn format_2_checkpoints_still_restore_after_an_upgrade() {
+    let log = log();
+    let (head, tail) = log.split_at(log.len() / 2);
+    let dir = tempfile::tempdir().unwrap();
+    let store = CheckpointStore::open(dir.path()).unwrap();
+    let mut live = applier();
+    apply_all(&mut live, head);
+    let dumps: Vec<_> = live.engine().keyspaces().iter().map(|k| k.read().dump()).collect();
+    let old = store.write_format2_for_test(&identity(), live.partitions(), &digests(&live), &dumps).unwrap();
+    assert_eq!(store.meta(old.id).unwrap().format, 2);
+    let (loaded, skipped) = newest_usable(&store, &identity(), &ALL);
+    let loaded = loaded.expect("the format-2 checkpoint is usable");
+    assert!(skipped.is_empty(), "{skipped:?}");
+    assert!(matches!(loaded.keyspaces[0].state, prefixlog_snapshot::StoredKeyspace::Dump(_)));
+    let mut restored = restore(&loaded).unwrap();
+    assert_eq!(digests(&restored), digests(&live));
+    apply_all(&mut restored, tail);
+    apply_all(&mut live, tail);
+    assert_eq!(digests(&restored), digests(&live), "and evolves alike");
+
+    let peer_dir = tempfile::tempdir().unwrap();
+    let peer = CheckpointStore::open(peer_dir.path()).unwrap();
+    let imported = peer.import(&store.export(old.id).unwrap()).unwrap();
+    assert_eq!(imported.format, 2, "an import keeps the format it was written in");
+    assert_eq!(digests(&restore(&peer.load(imported.id).unwrap()).unwrap()), old.digests);
+
+    let new = checkpoint(&parking_lot::Mutex::new(live), &store, &identity()).unwrap().0;
+    assert_eq!(new.format, prefixlog_snapshot::FORMAT_VERSION);
+    let loaded = store.load(new.id).unwrap();
+    assert!(matches!(loaded.keyspaces[0].state, prefixlog_snapshot::StoredKeyspace::Image(_)));
+}
