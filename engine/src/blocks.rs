@@ -281,7 +281,7 @@ impl Blocks {
 
     /// Image sections: chunk count, bump pointer and free ranges, then per chunk its used
     /// locals, metas and anchors.
-    pub(crate) fn write_image<W: std::io::Write>(&self, w: &mut ImageWriter<W>) -> std::io::Result<()> {
+    pub(crate) fn write_image(&self, w: &mut ImageWriter) -> std::io::Result<()> {
         w.section(tag::BLOCKS, |b| {
             put_u32(b, self.chunks.len() as u32);
             put_u32(b, self.top);

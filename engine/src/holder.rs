@@ -157,7 +157,7 @@ impl Holders {
 impl Holders {
     /// Image section: every slot (empty or a holder with its records and overrides, in a
     /// deterministic order), then the free slot list.
-    pub(crate) fn write_image<W: std::io::Write>(&self, w: &mut ImageWriter<W>) -> std::io::Result<()> {
+    pub(crate) fn write_image(&self, w: &mut ImageWriter) -> std::io::Result<()> {
         w.section(tag::HOLDERS, |b| {
             put_u64(b, self.slots.len() as u64);
             for slot in &self.slots {

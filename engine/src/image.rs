@@ -14,7 +14,7 @@
 //! a flipped bit would break) is what [`crate::Keyspace::check_invariants`] proves, in a full
 //! pass, for callers that want it.
 
-use std::io::{self, Write};
+use std::io;
 use xxhash_rust::xxh3::xxh3_64;
 
 pub(crate) const MAGIC: &[u8; 8] = b"PLXIMG\x00\x01";
@@ -52,30 +52,37 @@ pub enum ImageError {
     Invalid { tag: u32, what: &'static str },
 }
 
-/// Writes sections: each is built in one reused buffer, checksummed, then written.
-pub(crate) struct ImageWriter<'a, W: Write> {
-    out: &'a mut W,
-    buf: Vec<u8>,
-    pub written: u64,
+/// Writes sections straight into the output: a header placeholder, the contents, then the
+/// header filled in with the length and checksum (no intermediate buffer: an image is as large
+/// as the state, and a capture holds ingest still while it is written).
+pub(crate) struct ImageWriter<'a> {
+    out: &'a mut Vec<u8>,
+    start: usize,
 }
 
-impl<'a, W: Write> ImageWriter<'a, W> {
-    pub fn new(out: &'a mut W) -> io::Result<Self> {
-        out.write_all(MAGIC)?;
-        Ok(Self { out, buf: Vec::new(), written: MAGIC.len() as u64 })
+impl<'a> ImageWriter<'a> {
+    pub fn new(out: &'a mut Vec<u8>) -> Self {
+        let start = out.len();
+        out.extend_from_slice(MAGIC);
+        Self { out, start }
     }
 
     pub fn section(&mut self, tag: u32, fill: impl FnOnce(&mut Vec<u8>)) -> io::Result<()> {
-        self.buf.clear();
-        fill(&mut self.buf);
-        let mut head = [0u8; 20];
+        let at = self.out.len();
+        self.out.extend_from_slice(&[0u8; 20]);
+        fill(self.out);
+        let data = &self.out[at + 20..];
+        let (len, sum) = (data.len() as u64, xxh3_64(data));
+        let head = &mut self.out[at..at + 20];
         head[..4].copy_from_slice(&tag.to_le_bytes());
-        head[4..12].copy_from_slice(&(self.buf.len() as u64).to_le_bytes());
-        head[12..].copy_from_slice(&xxh3_64(&self.buf).to_le_bytes());
-        self.out.write_all(&head)?;
-        self.out.write_all(&self.buf)?;
-        self.written += (head.len() + self.buf.len()) as u64;
+        head[4..12].copy_from_slice(&len.to_le_bytes());
+        head[12..].copy_from_slice(&sum.to_le_bytes());
         Ok(())
+    }
+
+    /// Bytes written so far.
+    pub fn written(&self) -> u64 {
+        (self.out.len() - self.start) as u64
     }
 }
 
@@ -88,9 +95,10 @@ pub(crate) fn put_u64(b: &mut Vec<u8>, v: u64) {
 }
 
 pub(crate) fn put_u64s(b: &mut Vec<u8>, v: &[u64]) {
-    b.reserve(v.len() * 8);
-    for x in v {
-        b.extend_from_slice(&x.to_le_bytes());
+    let start = b.len();
+    b.resize(start + v.len() * 8, 0);
+    for (d, x) in b[start..].chunks_exact_mut(8).zip(v) {
+        d.copy_from_slice(&x.to_le_bytes());
     }
 }
 
@@ -253,8 +261,8 @@ impl Keyspace {
     /// Writes the keyspace as an image (see the `image` module): its block storage, runs,
     /// lookup tables and holders in their in-memory layout, each section checksummed.
     /// Returns the bytes written. [`Keyspace::read_image`] restores it with bulk copies.
-    pub fn write_image(&self, out: &mut impl Write) -> io::Result<u64> {
-        let mut w = ImageWriter::new(out)?;
+    pub fn write_image(&self, out: &mut Vec<u8>) -> io::Result<u64> {
+        let mut w = ImageWriter::new(out);
         w.section(tag::HEADER, |b| {
             put_u64(b, self.id.model.len() as u64);
             b.extend_from_slice(self.id.model.as_bytes());
@@ -268,7 +276,7 @@ impl Keyspace {
         self.trie.exts.write_image(&mut w)?;
         self.holders.write_image(&mut w)?;
         w.section(tag::END, |_| {})?;
-        Ok(w.written)
+        Ok(w.written())
     }
 
     /// Restores a keyspace from [`Keyspace::write_image`]'s bytes: the same state, layout

@@ -147,7 +147,7 @@ impl std::ops::IndexMut<u32> for Runs {
 impl Runs {
     /// Image sections: the run slots (fixed fields, member counts) and free ids, then every
     /// member list in slot order.
-    pub(crate) fn write_image<W: std::io::Write>(&self, w: &mut ImageWriter<W>) -> std::io::Result<()> {
+    pub(crate) fn write_image(&self, w: &mut ImageWriter) -> std::io::Result<()> {
         w.section(tag::RUNS, |b| {
             put_u64(b, self.len as u64);
             for r in 0..self.slots() {

@@ -263,7 +263,7 @@ impl NodeTable {
     }
 
     /// Image sections: one per shard (its entry count and slots, as in memory).
-    pub(crate) fn write_image<W: std::io::Write>(&self, w: &mut ImageWriter<W>) -> std::io::Result<()> {
+    pub(crate) fn write_image(&self, w: &mut ImageWriter) -> std::io::Result<()> {
         for sh in &self.shards {
             w.section(tag::TABLE, |b| {
                 put_u64(b, sh.len as u64);

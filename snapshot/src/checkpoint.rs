@@ -3,14 +3,16 @@
 //! Capture holds the applier's mutex (so ingest pauses at a record boundary and the offsets
 //! match the state exactly) and only *read* locks on the keyspaces: queries keep running
 //! during a capture, because no writer is queued on a keyspace lock while ingest is parked on
-//! the applier mutex. Encoding and the RocksDB write happen after both are released.
+//! the applier mutex. Under them the keyspaces are written out as images (a copy of their
+//! layout: 0.27 s for a 663 MB image), into buffers allocated, and their pages faulted in,
+//! before ingest was paused; the RocksDB write happens after both are released.
 
 use crate::error::StoreError;
 use crate::export::{encode_export, KeyspaceImage, Loaded};
 use crate::meta::CheckpointMeta;
 use crate::store::CheckpointStore;
 use parking_lot::Mutex;
-use prefixlog_engine::{Engine, Keyspace, KeyspaceId};
+use prefixlog_engine::{Engine, KeyspaceId};
 use prefixlog_ingest::{check_compatible, Applier, Incompatible, LogIdentity, PartitionState};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,17 +31,50 @@ pub struct Capture {
 impl Capture {
     /// A consistent copy of `a`'s state (the caller holds it still).
     pub fn of(a: &Applier) -> Self {
+        Self::into_buffers(a, Vec::new())
+    }
+
+    /// [`Capture::of`], writing each keyspace's image into the buffer prepared for it, if any.
+    fn into_buffers(a: &Applier, mut buffers: Vec<(KeyspaceId, Vec<u8>)>) -> Self {
         let partitions = a.partitions().to_vec();
         let digests = (0..a.partition_count()).map(|p| a.partition_digest(p)).collect();
-        let keyspaces = a.engine().keyspaces().iter().map(|k| image_of(&k.read())).collect();
+        let keyspaces = a
+            .engine()
+            .keyspaces()
+            .iter()
+            .map(|k| {
+                let ks = k.read();
+                let i = buffers.iter().position(|(id, _)| id == ks.id());
+                let mut bytes = i.map(|i| buffers.swap_remove(i).1).unwrap_or_default();
+                ks.write_image(&mut bytes).expect("writing to a Vec cannot fail");
+                KeyspaceImage { id: ks.id().clone(), bytes, holder_blocks: ks.holder_blocks() }
+            })
+            .collect();
         Self { partitions, keyspaces, digests, ingest_pause: Duration::ZERO }
     }
 }
 
-fn image_of(ks: &Keyspace) -> KeyspaceImage {
-    let mut bytes = Vec::with_capacity(ks.heap_bytes() + (1 << 16));
-    ks.write_image(&mut bytes).expect("writing to a Vec cannot fail");
-    KeyspaceImage { id: ks.id().clone(), bytes, holder_blocks: ks.holder_blocks() }
+/// Empty buffers for the images of `applier`'s keyspaces, sized from their heap and written
+/// through once, so the page faults of a state-sized allocation are taken before ingest is
+/// paused, not while it is (measured in a running replica: 2.1 s of faults for a 663 MB
+/// image, against 0.27 s to write it).
+fn image_buffers(applier: &Mutex<Applier>) -> Vec<(KeyspaceId, Vec<u8>)> {
+    let engine = applier.lock().engine().clone();
+    let keyspaces = engine.keyspaces();
+    keyspaces
+        .iter()
+        .map(|k| {
+            let (id, heap) = {
+                let ks = k.read();
+                (ks.id().clone(), ks.heap_bytes())
+            };
+            let cap = heap + heap / 16 + (1 << 16);
+            let mut bytes = vec![0u8; cap];
+            bytes.iter_mut().step_by(4096).for_each(|b| *b = 1);
+            bytes.clear();
+            (id, bytes)
+        })
+        .collect()
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -53,9 +88,10 @@ pub enum RestoreError {
 }
 
 pub fn capture(applier: &Mutex<Applier>) -> Capture {
+    let buffers = image_buffers(applier);
     let t = Instant::now();
     let a = applier.lock();
-    let mut c = Capture::of(&a);
+    let mut c = Capture::into_buffers(&a, buffers);
     drop(a);
     c.ingest_pause = t.elapsed();
     c
