@@ -245,18 +245,6 @@ use crate::table::NodeTable;
 use crate::trie::{Trie, NIL, ROOT};
 use crate::types::{EngineConfig, KeyspaceId, KeyspaceStats};
 
-fn stats_fields(s: &KeyspaceStats) -> [u64; 7] {
-    [
-        s.blocks_stored,
-        s.blocks_removed,
-        s.removes_unknown,
-        s.stores_rejected,
-        s.placements_ignored,
-        s.evicted_capacity,
-        s.expired_ttl,
-    ]
-}
-
 impl Keyspace {
     /// Writes the keyspace as an image (see the `image` module): its block storage, runs,
     /// lookup tables and holders in their in-memory layout, each section checksummed.
@@ -268,7 +256,7 @@ impl Keyspace {
             b.extend_from_slice(self.id.model.as_bytes());
             put_u32(b, self.id.block_size);
             put_u32(b, self.id.scheme);
-            stats_fields(&self.stats).iter().for_each(|&v| put_u64(b, v));
+            self.stats.to_fields().iter().for_each(|&v| put_u64(b, v));
         })?;
         self.trie.blocks.write_image(&mut w)?;
         self.trie.runs.write_image(&mut w)?;
@@ -329,17 +317,7 @@ impl Keyspace {
         let mut ks = Keyspace::new(id, cfg);
         ks.trie = Trie::from_parts(blocks, runs, edges, exts);
         ks.holders = holders;
-        let [blocks_stored, blocks_removed, removes_unknown, stores_rejected, placements_ignored, evicted_capacity, expired_ttl] =
-            f;
-        ks.stats = KeyspaceStats {
-            blocks_stored,
-            blocks_removed,
-            removes_unknown,
-            stores_rejected,
-            placements_ignored,
-            evicted_capacity,
-            expired_ttl,
-        };
+        ks.stats = KeyspaceStats::from_fields(f);
         ks.recompute_aggregates();
         Ok(ks)
     }

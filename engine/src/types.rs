@@ -156,3 +156,33 @@ pub struct KeyspaceStats {
     pub evicted_capacity: u64,
     pub expired_ttl: u64,
 }
+
+impl KeyspaceStats {
+    /// The counters in their one serialized order (images and dumps both use it).
+    pub fn to_fields(&self) -> [u64; 7] {
+        [
+            self.blocks_stored,
+            self.blocks_removed,
+            self.removes_unknown,
+            self.stores_rejected,
+            self.placements_ignored,
+            self.evicted_capacity,
+            self.expired_ttl,
+        ]
+    }
+
+    /// The inverse of [`KeyspaceStats::to_fields`].
+    pub fn from_fields(f: [u64; 7]) -> Self {
+        let [blocks_stored, blocks_removed, removes_unknown, stores_rejected, placements_ignored, evicted_capacity, expired_ttl] =
+            f;
+        Self {
+            blocks_stored,
+            blocks_removed,
+            removes_unknown,
+            stores_rejected,
+            placements_ignored,
+            evicted_capacity,
+            expired_ttl,
+        }
+    }
+}

@@ -7,24 +7,12 @@
 use crate::codec::{get_keyspace_id, put_keyspace_id, DecodeError, Reader, Writer};
 use prefixlog_engine::{DumpHolder, DumpNode, HolderKey, KeyspaceDump, KeyspaceStats};
 
-fn stats_fields(s: &KeyspaceStats) -> [u64; 7] {
-    [
-        s.blocks_stored,
-        s.blocks_removed,
-        s.removes_unknown,
-        s.stores_rejected,
-        s.placements_ignored,
-        s.evicted_capacity,
-        s.expired_ttl,
-    ]
-}
-
 /// Encodes a keyspace: columns of nodes, then holders.
 pub fn encode_keyspace(d: &KeyspaceDump) -> Vec<u8> {
     let mut w =
         Writer { buf: Vec::with_capacity(d.nodes.len() * 21 + d.holder_blocks() as usize * 8 + 1024) };
     put_keyspace_id(&mut w, &d.id);
-    for v in stats_fields(&d.stats) {
+    for v in d.stats.to_fields() {
         w.u64(v);
     }
     w.u64(d.nodes.len() as u64);
@@ -80,15 +68,7 @@ pub fn decode_keyspace(buf: &[u8]) -> Result<KeyspaceDump, DecodeError> {
     for v in &mut f {
         *v = r.u64()?;
     }
-    let stats = KeyspaceStats {
-        blocks_stored: f[0],
-        blocks_removed: f[1],
-        removes_unknown: f[2],
-        stores_rejected: f[3],
-        placements_ignored: f[4],
-        evicted_capacity: f[5],
-        expired_ttl: f[6],
-    };
+    let stats = KeyspaceStats::from_fields(f);
     let n = r.len(13)?;
     let mut nodes: Vec<DumpNode> = Vec::with_capacity(n);
     for _ in 0..n {

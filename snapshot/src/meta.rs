@@ -30,8 +30,18 @@ pub(crate) fn keyspace_checksum(chunk_sums: impl IntoIterator<Item = u64>) -> u6
 
 /// A keyspace value's checksum as `format` defines it (format 2: xxh3-64 of the whole value).
 pub(crate) fn keyspace_checksum_of(format: u32, bytes: &[u8]) -> u64 {
+    keyspace_checksum_with(format, bytes, || bytes.chunks(CHUNK).map(xxh3_64).collect())
+}
+
+/// [`keyspace_checksum_of`], given the chunks' checksums when they were already taken (a
+/// store read checksums each chunk as it lands).
+pub(crate) fn keyspace_checksum_with(
+    format: u32,
+    bytes: &[u8],
+    chunk_sums: impl FnOnce() -> Vec<u64>,
+) -> u64 {
     if format >= 3 {
-        keyspace_checksum(bytes.chunks(CHUNK).map(xxh3_64))
+        keyspace_checksum(chunk_sums())
     } else {
         xxh3_64(bytes)
     }

@@ -21,8 +21,8 @@ use crate::checkpoint::Capture;
 use crate::error::{damaged, verify, Damage, Part, StoreError};
 use crate::export::{decode_loaded, encode_parts, pack_export, unpack_export, Loaded};
 use crate::meta::{
-    covered, decode_meta, encode_meta, keyspace_checksum, meta_of, CheckpointMeta, Covered, EncodedKeyspace,
-    KeyspaceEntry, CHUNK, FORMAT_VERSION,
+    covered, decode_meta, encode_meta, keyspace_checksum_with, meta_of, CheckpointMeta, Covered,
+    EncodedKeyspace, KeyspaceEntry, CHUNK, FORMAT_VERSION,
 };
 use prefixlog_ingest::LogIdentity;
 use rocksdb::{Options, ReadOptions, WriteBatch, WriteOptions, DB};
@@ -220,8 +220,7 @@ impl CheckpointStore {
         let mut out = Vec::with_capacity(meta.keyspaces.len());
         for (ki, e) in meta.keyspaces.iter().enumerate() {
             let (bytes, sums) = self.read_chunks(id, ki as u32, e)?;
-            let sum = if meta.format >= 3 { keyspace_checksum(sums) } else { xxh3_64(&bytes) };
-            if sum != e.checksum {
+            if keyspace_checksum_with(meta.format, &bytes, || sums) != e.checksum {
                 return Err(damaged(id, Part::Keyspace(e.id.clone()), Damage::Checksum));
             }
             out.push(bytes);
