@@ -114,10 +114,22 @@ struct RawSection<'a> {
 pub(crate) struct ImageReader<'a> {
     sections: Vec<RawSection<'a>>,
     next: usize,
+    checks: SectionChecks,
+}
+
+/// Whether a reader verifies each section's checksum as it reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SectionChecks {
+    /// Every section's checksum is verified (bytes of unknown provenance).
+    Verify,
+    /// The caller verified every byte of the image end to end before reading it (a checkpoint
+    /// store's chunk checksums): the sections are not hashed a second time. Every size, count
+    /// and id is still range-checked, so a malformed image is refused, never a panic.
+    VerifiedByCaller,
 }
 
 impl<'a> ImageReader<'a> {
-    pub fn new(bytes: &'a [u8]) -> Result<Self, ImageError> {
+    pub fn new(bytes: &'a [u8], checks: SectionChecks) -> Result<Self, ImageError> {
         if bytes.len() < MAGIC.len() || &bytes[..MAGIC.len()] != MAGIC {
             return Err(ImageError::BadMagic);
         }
@@ -135,7 +147,7 @@ impl<'a> ImageReader<'a> {
             sections.push(RawSection { tag, data: &bytes[start..end], sum });
             pos = end;
         }
-        Ok(Self { sections, next: 0 })
+        Ok(Self { sections, next: 0, checks })
     }
 
     /// The next section, which must carry `want`, checksum verified.
@@ -144,7 +156,7 @@ impl<'a> ImageReader<'a> {
         if raw.tag != want {
             return Err(ImageError::UnexpectedSection { want, found: raw.tag });
         }
-        if xxh3_64(raw.data) != raw.sum {
+        if self.checks == SectionChecks::Verify && xxh3_64(raw.data) != raw.sum {
             return Err(ImageError::Checksum { tag: want });
         }
         self.next += 1;
@@ -158,7 +170,7 @@ impl<'a> ImageReader<'a> {
             .iter()
             .position(|s| s.tag == at)
             .map_or(self.sections.len(), |i| self.next + i);
-        ImageReader { sections: self.sections.split_off(i), next: 0 }
+        ImageReader { sections: self.sections.split_off(i), next: 0, checks: self.checks }
     }
 
     /// Fails unless every section was read.
@@ -272,7 +284,22 @@ impl Keyspace {
     /// like `rebuild(dump())` of it). Holders are filed into partitions under `cfg`, as
     /// rebuild does. A corrupt or truncated image is refused ([`ImageError`]), never a panic.
     pub fn read_image(bytes: &[u8], cfg: EngineConfig) -> Result<Keyspace, ImageError> {
-        let mut r = ImageReader::new(bytes)?;
+        Self::read_image_with(bytes, cfg, SectionChecks::Verify)
+    }
+
+    /// [`Keyspace::read_image`] of bytes whose every byte the caller has verified (a
+    /// checkpoint store checksums each chunk as it lands): the section checksums are not
+    /// computed again, which is a pass over the whole image less. Everything else is checked.
+    pub fn read_verified_image(bytes: &[u8], cfg: EngineConfig) -> Result<Keyspace, ImageError> {
+        Self::read_image_with(bytes, cfg, SectionChecks::VerifiedByCaller)
+    }
+
+    fn read_image_with(
+        bytes: &[u8],
+        cfg: EngineConfig,
+        checks: SectionChecks,
+    ) -> Result<Keyspace, ImageError> {
+        let mut r = ImageReader::new(bytes, checks)?;
         let mut s = r.section(tag::HEADER)?;
         let model_len = s.count(1)?;
         let model = std::str::from_utf8(s.bytes(model_len)?).map_err(|_| s.invalid("model is not UTF-8"))?;

@@ -22,6 +22,10 @@ pub struct Args {
     /// a full replay must read grows; production logs are retained for days.
     #[arg(long, env = "PREFIXLOG_BENCH_HOURS", default_value_t = 1)]
     pub hours: usize,
+    /// Times the restore (open, read + verify + decode, rebuild) is repeated on the checkpoint;
+    /// each phase reports its median (a shared machine varies by tens of percent run to run).
+    #[arg(long, env = "PREFIXLOG_BENCH_RESTORES", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub restores: u32,
 }
 
 pub async fn run(a: Args) -> anyhow::Result<()> {
@@ -143,16 +147,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     );
     println!("checkpoint: written in {write_s:.2} s (queries not blocked)");
 
-    // The restore's phases, timed on their own: open, read + verify + decode, rebuild.
-    let t = Instant::now();
-    let store = CheckpointStore::open(&dir.join("checkpoints"))?;
-    let open_s = t.elapsed().as_secs_f64();
-    let loaded = store.load(meta.id)?;
-    let load_s = t.elapsed().as_secs_f64();
-    let restored = restore(&loaded)?;
-    let restore_s = t.elapsed().as_secs_f64() - load_s;
-    // Freeing the engine is not part of getting ready: dropped outside the timing.
-    drop((restored, loaded, store));
+    let (open_s, read_s, restore_s) = time_restores(&dir.join("checkpoints"), meta.id, a.restores)?;
 
     // Restart: a replica on the same data dir (restore + the tail), to caught up.
     let t = Instant::now();
@@ -177,9 +172,10 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     println!("\n| path | seconds |");
     println!("|---|---:|");
     println!("| restart: open the store | {open_s:.2} |");
-    println!("| restart: read + verify + decode checkpoint | {:.2} |", load_s - open_s);
+    println!("| restart: read + verify + decode checkpoint (median of {}) | {read_s:.2} |", a.restores);
     println!(
-        "| restart: rebuild engine ({:.1} M holder-blocks/s) | {restore_s:.2} |",
+        "| restart: rebuild engine (median of {}: {:.1} M holder-blocks/s) | {restore_s:.2} |",
+        a.restores,
         hb as f64 / restore_s / 1e6
     );
     println!("| restart total to caught up (incl. tail replay) | {restart_s:.2} |");
@@ -187,11 +183,39 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     println!(
         "\nrestart / full replay = {:.3} (target ≤ 0.05); restore (read + verify + rebuild) {:.1} M holder-blocks/s (target ≥ 20); digests identical",
         restart_s / full_s,
-        hb as f64 / (load_s + restore_s) / 1e6
+        hb as f64 / (read_s + restore_s) / 1e6
     );
     std::fs::remove_dir_all(&dir).ok();
     env.finish().await;
     Ok(())
+}
+
+/// The restore's phases, timed on their own `n` times: open the store, read + verify + decode
+/// the checkpoint, rebuild the engine. Returns each phase's median, in seconds.
+fn time_restores(path: &std::path::Path, id: u64, n: u32) -> anyhow::Result<(f64, f64, f64)> {
+    let mut runs = Vec::new();
+    for i in 0..n {
+        let t = Instant::now();
+        let store = CheckpointStore::open(path)?;
+        let open_s = t.elapsed().as_secs_f64();
+        let loaded = store.load(id)?;
+        let read_s = t.elapsed().as_secs_f64() - open_s;
+        let restored = restore(&loaded)?;
+        let restore_s = t.elapsed().as_secs_f64() - open_s - read_s;
+        // Freeing the engine is not part of getting ready: dropped outside the timing.
+        drop((restored, loaded, store));
+        println!(
+            "restore {}: open {open_s:.3} s, read + verify + decode {read_s:.3} s, rebuild {restore_s:.3} s",
+            i + 1
+        );
+        runs.push([open_s, read_s, restore_s]);
+    }
+    let median = |k: usize| {
+        let mut v: Vec<f64> = runs.iter().map(|r| r[k]).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    Ok((median(0), median(1), median(2)))
 }
 
 fn tempdir() -> anyhow::Result<std::path::PathBuf> {

@@ -40,16 +40,29 @@ pub struct LoadedKeyspace {
 
 pub enum StoredKeyspace {
     /// Format 3: an engine image, restored by bulk copies.
-    Image(Vec<u8>),
+    Image(VerifiedImage),
     /// Format 2: a dump, rebuilt node by node.
     Dump(KeyspaceDump),
+}
+
+/// An image's bytes, every one verified against the checkpoint's meta (the store's chunk
+/// checksums, or an export's keyspace checksum) before this was made: only this crate makes
+/// one, so its restore need not hash the image's sections a second time.
+pub struct VerifiedImage(Vec<u8>);
+
+impl VerifiedImage {
+    pub fn bytes(&self) -> &[u8] {
+        &self.0
+    }
 }
 
 impl LoadedKeyspace {
     /// The keyspace, with holders filed into partitions under `cfg`.
     pub fn restore(&self, cfg: EngineConfig) -> Result<Keyspace, String> {
         let ks = match &self.state {
-            StoredKeyspace::Image(bytes) => Keyspace::read_image(bytes, cfg).map_err(|e| e.to_string())?,
+            StoredKeyspace::Image(image) => {
+                Keyspace::read_verified_image(&image.0, cfg).map_err(|e| e.to_string())?
+            }
             StoredKeyspace::Dump(d) => Keyspace::rebuild(d, cfg).map_err(|e| e.to_string())?,
         };
         if ks.id() != &self.id {
@@ -75,7 +88,9 @@ pub(crate) fn decode_loaded(
     let mut keyspaces = Vec::with_capacity(ks.len());
     for (e, bytes) in meta.keyspaces.iter().zip(ks) {
         let state = if meta.format >= 3 {
-            StoredKeyspace::Image(bytes)
+            // Verified by every caller: the store checks each chunk as it lands, an import
+            // checks the keyspace's checksum.
+            StoredKeyspace::Image(VerifiedImage(bytes))
         } else {
             StoredKeyspace::Dump(crate::dump_codec::decode_keyspace(&bytes)?)
         };

@@ -33,6 +33,8 @@ pub use checkpoint::{
     capture, checkpoint, export_partitions, newest_usable, restore, restore_for, Capture, RestoreError,
 };
 pub use error::{Damage, Part, StoreError};
-pub use export::{decode_export, encode_export, KeyspaceImage, Loaded, LoadedKeyspace, StoredKeyspace};
+pub use export::{
+    decode_export, encode_export, KeyspaceImage, Loaded, LoadedKeyspace, StoredKeyspace, VerifiedImage,
+};
 pub use meta::{CheckpointMeta, KeyspaceEntry, FORMAT_VERSION, READABLE_FORMATS};
 pub use store::{CheckpointStore, Retention};
