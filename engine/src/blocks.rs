@@ -306,8 +306,9 @@ impl Blocks {
         Ok(())
     }
 
-    /// Reads what [`Self::write_image`] wrote. Run ids in metas are checked by the caller.
-    pub(crate) fn read_image(r: &mut ImageReader) -> Result<Self, ImageError> {
+    /// Reads what [`Self::write_image`] wrote. Returns the storage and the largest run id a
+    /// block names (0 if none), for the caller to check against the runs.
+    pub(crate) fn read_image(r: &mut ImageReader) -> Result<(Self, u32), ImageError> {
         let mut s = r.section(tag::BLOCKS)?;
         let (chunks, top) = (s.u32()? as usize, s.u32()?);
         if chunks == 0 || chunks > (1usize << (32 - CHUNK_BITS)) || top == 0 || top as usize > chunks * CHUNK
@@ -325,24 +326,33 @@ impl Blocks {
         }
         s.done()?;
         let mut blocks = Blocks { chunks: Vec::with_capacity(chunks), top, free };
+        let mut max_run = 0;
         for k in 0..chunks {
             let used = blocks.used_in(k);
-            let mut c = Chunk::new();
+            // Each array written once: zeroed ones come from the allocator as untouched pages,
+            // and metas are decoded straight into place before the rest is filled as free.
+            let (mut local, mut anchor) = (vec![0; CHUNK], vec![0; CHUNK >> ANCHOR_BITS]);
             let mut s = r.section(tag::LOCALS)?;
-            s.u64s_into(&mut c.local[..used])?;
+            s.u64s_into(&mut local[..used])?;
             s.done()?;
             let mut s = r.section(tag::META)?;
-            for (m, x) in c.meta[..used].iter_mut().zip(s.bytes(used * 12)?.chunks_exact(12)) {
-                let ext = u64::from_le_bytes(x[..8].try_into().expect("8 bytes"));
-                *m = Meta { ext, run: u32::from_le_bytes(x[8..].try_into().expect("4 bytes")) };
-            }
+            let mut meta = Vec::with_capacity(CHUNK);
+            meta.extend(s.bytes(used * 12)?.chunks_exact(12).map(|x| Meta {
+                ext: u64::from_le_bytes(x[..8].try_into().expect("8 bytes")),
+                run: u32::from_le_bytes(x[8..].try_into().expect("4 bytes")),
+            }));
+            // Branch-free (vectorised): a free block names no run.
+            max_run = meta.iter().fold(max_run, |m, b| m.max(if b.run() == FREE { 0 } else { b.run() }));
+            meta.resize(CHUNK, Meta::FREE);
             s.done()?;
             let mut s = r.section(tag::ANCHORS)?;
-            s.u64s_into(&mut c.anchor[..used.div_ceil(ANCHOR as usize)])?;
+            s.u64s_into(&mut anchor[..used.div_ceil(ANCHOR as usize)])?;
             s.done()?;
-            blocks.chunks.push(c);
+            let (local, meta, anchor) =
+                (local.into_boxed_slice(), meta.into_boxed_slice(), anchor.into_boxed_slice());
+            blocks.chunks.push(Chunk { local, meta, anchor });
         }
-        Ok(blocks)
+        Ok((blocks, max_run))
     }
 }
 

@@ -248,7 +248,7 @@ impl<'a> Section<'a> {
     }
 }
 
-use crate::blocks::{Blocks, CHUNK_BITS, FREE};
+use crate::blocks::{Blocks, CHUNK_BITS};
 use crate::holder::Holders;
 use crate::keyspace::Keyspace;
 use crate::partition::partition_of;
@@ -312,9 +312,12 @@ impl Keyspace {
         // Two halves decoded at once: block storage and runs; lookup tables and holders.
         let mut back = r.split_off_at(tag::TABLE);
         let front = move || -> Result<_, ImageError> {
-            let blocks = Blocks::read_image(&mut r)?;
+            let (blocks, max_block_run) = Blocks::read_image(&mut r)?;
             let runs = Runs::read_image(&mut r)?;
             r.done()?;
+            if max_block_run >= runs.slots() {
+                return Err(ImageError::Invalid { tag: tag::META, what: "block in a run out of range" });
+            }
             Ok((blocks, runs))
         };
         let partitions = cfg.partitions;
@@ -350,14 +353,12 @@ impl Keyspace {
     }
 }
 
-/// Every block, run and holder id an image holds is in range, so no later operation indexes
-/// out of bounds.
+/// Every run and holder id an image holds is in range (blocks' run ids are checked as they
+/// are decoded), so no later operation indexes out of bounds.
 fn check_references(blocks: &Blocks, runs: &Runs, holders: &Holders) -> Result<(), ImageError> {
     let bad = |tag, what| Err(ImageError::Invalid { tag, what });
+    // Blocks' run ids were checked as they were decoded.
     let (top, slots) = (blocks.top(), runs.slots());
-    if (0..top).any(|b| blocks.meta(b).run() != FREE && blocks.meta(b).run() >= slots) {
-        return bad(tag::META, "block in a run out of range");
-    }
     let root = &runs[ROOT];
     if !root.live() || (root.start, root.len) != (0, 1) {
         return bad(tag::RUNS, "no root run");

@@ -290,14 +290,14 @@ impl NodeTable {
             // stored, the largest index.
             let mut slots = vec![EMPTY; cap].into_boxed_slice();
             let (mut used, mut root) = (0usize, false);
+            // Branch-free, so the compiler vectorises it (an empty slot is 0: it counts for
+            // nothing and never raises the largest index).
             for (d, b) in slots.iter_mut().zip(s.bytes(cap * 8)?.chunks_exact(8)) {
                 let x = u64::from_le_bytes(b.try_into().expect("8 bytes"));
                 *d = x;
-                if x != EMPTY {
-                    used += 1;
-                    root |= x as u32 == 0;
-                    max = max.max(x as u32);
-                }
+                used += usize::from(x != EMPTY);
+                root |= (x != EMPTY) & (x as u32 == 0);
+                max = max.max(x as u32);
             }
             s.done()?;
             if used != len || root {
