@@ -357,7 +357,6 @@ impl Keyspace {
 /// are decoded), so no later operation indexes out of bounds.
 fn check_references(blocks: &Blocks, runs: &Runs, holders: &Holders) -> Result<(), ImageError> {
     let bad = |tag, what| Err(ImageError::Invalid { tag, what });
-    // Blocks' run ids were checked as they were decoded.
     let (top, slots) = (blocks.top(), runs.slots());
     let root = &runs[ROOT];
     if !root.live() || (root.start, root.len) != (0, 1) {
