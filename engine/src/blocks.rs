@@ -341,7 +341,7 @@ impl Blocks {
                 ext: u64::from_le_bytes(x[..8].try_into().expect("8 bytes")),
                 run: u32::from_le_bytes(x[8..].try_into().expect("4 bytes")),
             }));
-            // Branch-free (vectorised): a free block names no run.
+            // Branch-free, so it can be vectorised: a free block names no run.
             max_run = meta.iter().fold(max_run, |m, b| m.max(if b.run() == FREE { 0 } else { b.run() }));
             meta.resize(CHUNK, Meta::FREE);
             s.done()?;

@@ -37,6 +37,14 @@ fn stream(ks: &mut Keyspace, seed: u64, n: u64) {
     }
 }
 
+/// `img` with one bit flipped, chosen by `x`, and the byte it is in.
+fn flip_bit(img: &[u8], x: u64) -> (Vec<u8>, usize) {
+    let mut bad = img.to_vec();
+    let at = (x % bad.len() as u64) as usize;
+    bad[at] ^= 1 << ((x >> 60) % 8);
+    (bad, at)
+}
+
 fn image_of(ks: &Keyspace) -> Vec<u8> {
     let mut out = Vec::new();
     let n = ks.write_image(&mut out).unwrap();
@@ -89,9 +97,7 @@ fn damaged_images_are_refused_not_panicking() {
     let mut x = 11u64;
     for _ in 0..300 {
         x = mix64(x);
-        let mut bad = img.clone();
-        let at = (x % bad.len() as u64) as usize;
-        bad[at] ^= 1 << ((x >> 60) % 8);
+        let (bad, at) = flip_bit(&img, x);
         assert!(Keyspace::read_image(&bad, cfg()).is_err(), "bit flip at {at}");
     }
     let mut longer = img.clone();
@@ -114,9 +120,7 @@ fn verified_images_skip_the_section_checksums_and_never_panic() {
     let (mut read, mut x) = (0, 13u64);
     for _ in 0..600 {
         x = mix64(x);
-        let mut bad = img.clone();
-        let at = (x % bad.len() as u64) as usize;
-        bad[at] ^= 1 << ((x >> 60) % 8);
+        let (bad, at) = flip_bit(&img, x);
         assert!(Keyspace::read_image(&bad, cfg()).is_err(), "bit flip at {at}");
         match Keyspace::read_verified_image(&bad, cfg()) {
             Ok(back) => {

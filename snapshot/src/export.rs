@@ -23,8 +23,8 @@ pub struct KeyspaceImage {
     pub holder_blocks: u64,
 }
 
-/// A verified checkpoint: partition state decoded, keyspaces checksummed (an image is
-/// decoded, and verified section by section, by the restore that reads it).
+/// A verified checkpoint: partition state decoded, keyspaces checksummed (an image is decoded
+/// by the restore that reads it, without hashing its sections again: see [`VerifiedImage`]).
 pub struct Loaded {
     pub meta: CheckpointMeta,
     pub partitions: Vec<PartitionState>,
@@ -49,12 +49,6 @@ pub enum StoredKeyspace {
 /// checksums, or an export's keyspace checksum) before this was made: only this crate makes
 /// one, so its restore need not hash the image's sections a second time.
 pub struct VerifiedImage(Vec<u8>);
-
-impl VerifiedImage {
-    pub fn bytes(&self) -> &[u8] {
-        &self.0
-    }
-}
 
 impl LoadedKeyspace {
     /// The keyspace, with holders filed into partitions under `cfg`.

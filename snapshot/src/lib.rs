@@ -17,6 +17,7 @@
 //! - [`export`]: a checkpoint as one verified byte string for transfer; [`Loaded`] and
 //!   [`KeyspaceImage`].
 //! - [`error`]: [`StoreError`] with the damaged [`Part`] and the [`Damage`].
+//! - `pages`: fresh buffers mapped in one call before a bulk write (capture, restore read).
 //! - [`codec`]: the hand-laid encoding of metas and partition states (keyspaces are engine
 //!   images: `prefixlog_engine::image`); [`dump_codec`]: format-2 keyspace values (columnar
 //!   dumps), still restored after an upgrade.
@@ -27,6 +28,7 @@ pub mod dump_codec;
 pub mod error;
 pub mod export;
 pub mod meta;
+mod pages;
 pub mod store;
 
 pub use checkpoint::{

@@ -266,7 +266,7 @@ impl CheckpointStore {
                     let damage = Damage::Length { expected: dst.len() as u64, found: c.len() as u64 };
                     return Err(damaged(id, part(), damage));
                 }
-                populate(dst);
+                crate::pages::populate(dst);
                 dst.copy_from_slice(&c);
                 sums.push((ci, xxh3_64(dst)));
             }
@@ -341,27 +341,5 @@ impl CheckpointStore {
             self.db.put(&k, v)?;
         }
         Ok(())
-    }
-}
-
-/// Maps the pages of `buf` (a fresh allocation) in one call rather than one page fault each: a
-/// restore writes hundreds of MB into a new buffer, and `perf` on `bench-restart` showed the
-/// faults taking a fifth of the read (with it: read + verify 0.31 → 0.25 s at 16.7M
-/// holder-blocks). A hint only: contents are unchanged, and a kernel without
-/// `MADV_POPULATE_WRITE` (before 5.14) refuses it, which is ignored. (The same hint on the
-/// engine's decoded arrays measured no gain and is not used.)
-fn populate(buf: &mut [u8]) {
-    const PAGE: usize = 4096;
-    let start = buf.as_mut_ptr() as usize;
-    let aligned = start.next_multiple_of(PAGE);
-    let whole = (start + buf.len()).saturating_sub(aligned) / PAGE * PAGE;
-    if whole == 0 {
-        return;
-    }
-    // SAFETY: the range lies inside `buf`, which is borrowed mutably; the call only maps its
-    // pages (as writing each would) and never changes what they hold. Its result is ignored: a
-    // refusal leaves the pages to be faulted in one by one, as without it.
-    unsafe {
-        libc::madvise(aligned as *mut libc::c_void, whole, libc::MADV_POPULATE_WRITE);
     }
 }
