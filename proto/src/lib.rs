@@ -5,7 +5,11 @@
 //! - [`v1`]: log records (`records.proto`: what bridges and gateways append to Kafka) and the
 //!   query service (`query.proto`: `PrefixIndex`, and the `Echo` benchmark baseline).
 //!   `peer.proto`: `ReplicaPeer`, replica to replica (digests, checkpoint transfer).
+//! - [`codec`]: the gRPC codec every generated client and server uses (prost on the wire, one
+//!   slice per message in memory).
 //! - [`FILE_DESCRIPTOR_SET`]: every schema, encoded, for gRPC server reflection.
+
+pub mod codec;
 
 /// Version 1 of the log schema.
 pub mod v1 {

@@ -5,7 +5,7 @@
 //! for them). Everything goes into the replica's own registry (the node adds its checkpoint,
 //! anti-entropy and process metrics there); nothing is global.
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use prefixlog_engine::{Engine, KeyspaceId};
 use prefixlog_ingest::{Applier, ReplicaStatus};
 use prometheus::core::{Collector, Desc};
@@ -13,6 +13,7 @@ use prometheus::proto::MetricFamily;
 use prometheus::{
     Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,7 +22,12 @@ use std::time::Duration;
 pub struct QueryMetrics {
     latency: Histogram,
     by_code: IntCounterVec,
+    /// `by_code`'s OK child, resolved once: the common case skips the label lookup.
+    ok: prometheus::IntCounter,
     depth: HistogramVec,
+    /// `depth`'s child per keyspace, resolved on a keyspace's first query: formatting the
+    /// label and looking it up on every query cost more than the histogram update.
+    depth_by_keyspace: RwLock<HashMap<KeyspaceId, Histogram>>,
 }
 
 impl QueryMetrics {
@@ -53,17 +59,28 @@ impl QueryMetrics {
         r.register(Box::new(latency.clone()))?;
         r.register(Box::new(by_code.clone()))?;
         r.register(Box::new(depth.clone()))?;
-        Ok(Self { latency, by_code, depth })
+        let ok = by_code.with_label_values(&["Ok"]);
+        Ok(Self { latency, by_code, ok, depth, depth_by_keyspace: RwLock::default() })
     }
 
     pub fn observe(&self, d: Duration, err: Option<tonic::Code>) {
         self.latency.observe(d.as_secs_f64());
-        let code = err.map_or("Ok".to_string(), |c| format!("{c:?}"));
-        self.by_code.with_label_values(&[code.as_str()]).inc();
+        match err {
+            None => self.ok.inc(),
+            Some(c) => self.by_code.with_label_values(&[format!("{c:?}").as_str()]).inc(),
+        }
     }
 
-    pub fn observe_depth(&self, keyspace: &KeyspaceId, depth: u32, _query_blocks: usize) {
-        self.depth.with_label_values(&[keyspace.to_string().as_str()]).observe(f64::from(depth));
+    /// Records an answered query's best depth. Only keyspaces the engine holds reach here (an
+    /// unknown one is NOT_FOUND first), so the per-keyspace cache is as bounded as the engine.
+    pub fn observe_depth(&self, keyspace: &KeyspaceId, depth: u32) {
+        let depth = f64::from(depth);
+        if let Some(h) = self.depth_by_keyspace.read().get(keyspace) {
+            return h.observe(depth);
+        }
+        let h = self.depth.with_label_values(&[keyspace.to_string().as_str()]);
+        h.observe(depth);
+        self.depth_by_keyspace.write().insert(keyspace.clone(), h);
     }
 }
 

@@ -145,7 +145,7 @@ impl QueryService {
             let g = keyspace.read();
             scores(&g, &c.locals, &req, c.top_k, &c.candidates)
         };
-        self.metrics.observe_depth(&c.keyspace, scores.first().map_or(0, |s| s.depth), c.locals.len());
+        self.metrics.observe_depth(&c.keyspace, scores.first().map_or(0, |s| s.depth));
         Ok(MatchResponse {
             scores,
             applied: applied
