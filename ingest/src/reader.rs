@@ -13,8 +13,16 @@
 //! Records below the expected offset are re-deliveries after a seek and are skipped. The topic
 //! is non-compacted and non-transactional by design (README "The log"), so offsets are dense
 //! and any hole is data loss.
+//!
+//! Each consumer is assigned exactly once, when it is opened: a halt pauses the partition, and
+//! a resume opens a new consumer at every running partition's expected offset (at the next
+//! poll, so resumes in a row cost one). librdkafka 2.12 aborts the process when a partition is
+//! removed from an assignment again while its previous removal is still stopping the fetcher
+//! (confluentinc/librdkafka#5573, `rd_kafka_assignment_partition_stopped: Assertion
+//! rktp->rktp_started failed`): two re-assignments in a row did that.
 
 use crate::log_spec::{ClientRole, LogSpec};
+use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedMessage, Message};
@@ -124,8 +132,12 @@ pub enum Read<'a> {
 /// A consumer over some partitions of a log, with continuity checks.
 pub struct LogReader {
     consumer: BaseConsumer,
+    /// What [`LogReader::reopen`] creates a consumer from.
+    config: ClientConfig,
     topic: String,
     pos: Positions,
+    /// A partition was resumed: the next poll reads from a new consumer.
+    reopen: bool,
 }
 
 /// Where each partition stands. Kept apart from the consumer so that `poll` can update it while
@@ -138,7 +150,8 @@ struct Positions {
 }
 
 impl Positions {
-    /// Assigns every partition that is read and not halted, at its expected offset.
+    /// Assigns every partition that is read and not halted, at its expected offset: once per
+    /// consumer (module doc).
     fn assign(&self, consumer: &BaseConsumer, topic: &str) -> Result<(), KafkaError> {
         let mut tpl = TopicPartitionList::new();
         for (p, e) in self.expected.iter().enumerate() {
@@ -156,10 +169,9 @@ impl Positions {
         d
     }
 
-    /// Stops fetching one partition. A pause, not a new assignment: re-assigning would drop
-    /// every other partition's prefetched records and restart their fetches (a bounded replay
-    /// halts each partition at its end, so that was one round of refetches per partition).
-    /// Records of it already queued are skipped by `poll`.
+    /// Stops fetching one partition. A pause, not a new assignment (module doc; re-assigning
+    /// would also drop every other partition's prefetched records: a bounded replay halts each
+    /// partition at its end). Records of it already queued are skipped by `poll`.
     fn stop(&mut self, consumer: &BaseConsumer, topic: &str, partition: u32) -> Result<(), KafkaError> {
         self.halted[partition as usize] = true;
         let mut tpl = TopicPartitionList::new();
@@ -169,7 +181,7 @@ impl Positions {
 
     /// An out-of-range error does not say which partition: compare every read partition's
     /// expected offset with the log's watermarks. Halts and queues each one found; returns the
-    /// first.
+    /// first. (librdkafka already stopped fetching it: `auto.offset.reset=error`.)
     fn locate_out_of_range(
         &mut self,
         consumer: &BaseConsumer,
@@ -187,10 +199,7 @@ impl Positions {
             }
         }
         for d in &found {
-            self.halted[d.partition as usize] = true;
-        }
-        if !found.is_empty() {
-            self.assign(consumer, topic)?;
+            self.stop(consumer, topic, d.partition)?;
         }
         self.found.extend(found);
         Ok(self.found.pop_front())
@@ -200,7 +209,8 @@ impl Positions {
 impl LogReader {
     /// Starts reading `start` = `(partition, next offset)` pairs of `spec`'s topic.
     pub fn open(spec: &LogSpec, start: impl IntoIterator<Item = (u32, i64)>) -> Result<Self, KafkaError> {
-        let consumer: BaseConsumer = spec.client_config(ClientRole::Reader).create()?;
+        let config = spec.client_config(ClientRole::Reader);
+        let consumer: BaseConsumer = config.create()?;
         let mut expected = vec![None; spec.partitions as usize];
         for (p, o) in start {
             if let Some(e) = expected.get_mut(p as usize) {
@@ -210,7 +220,25 @@ impl LogReader {
         let halted = vec![false; expected.len()];
         let pos = Positions { expected, halted, found: VecDeque::new() };
         pos.assign(&consumer, &spec.topic)?;
-        Ok(Self { consumer, topic: spec.topic.clone(), pos })
+        Ok(Self { consumer, config, topic: spec.topic.clone(), pos, reopen: false })
+    }
+
+    /// Replaces the consumer by one assigned at every running partition's expected offset;
+    /// records the old one fetched and did not deliver are fetched again by the new one. The
+    /// old one is closed on a thread of its own: a close polls until librdkafka has left (about
+    /// 0.1 s), which the records behind it need not wait for.
+    fn reopen(&mut self) -> Result<(), KafkaError> {
+        let consumer: BaseConsumer = self.config.create()?;
+        self.pos.assign(&consumer, &self.topic)?;
+        let old = std::mem::replace(&mut self.consumer, consumer);
+        let closing = std::thread::Builder::new().name("log-reader-close".into()).spawn(move || drop(old));
+        if let Err(e) = closing {
+            // The closure (and the consumer in it) came back with the error and was dropped
+            // here, on this thread: slower, not wrong.
+            tracing::debug!(error = %e, "closed the previous consumer inline");
+        }
+        self.reopen = false;
+        Ok(())
     }
 
     /// The next offset this reader expects for `partition`.
@@ -230,25 +258,30 @@ impl LogReader {
         }
     }
 
-    /// Reads `partition` again from `offset`, where its (replaced or accepted) state now ends.
-    /// (A new assignment of every running partition at its expected offset: rare, and it also
-    /// clears the pause of a halted partition.)
-    pub fn resume_at(&mut self, partition: u32, offset: i64) -> Result<(), KafkaError> {
+    /// Reads `partition` again from `offset`, where its (replaced or accepted) state now ends,
+    /// from the next poll on. That poll opens a new consumer (module doc): rare, and resumes in
+    /// a row share it. A partition this reader does not read is left alone.
+    pub fn resume_at(&mut self, partition: u32, offset: i64) {
         if let Some(e) = self.pos.expected.get_mut(partition as usize) {
             *e = Some(offset);
             self.pos.halted[partition as usize] = false;
             self.pos.found.retain(|d| d.partition != partition);
+            self.reopen = true;
         }
-        self.pos.assign(&self.consumer, &self.topic)?;
-        let mut paused = TopicPartitionList::new();
-        paused.add_partition(&self.topic, partition as i32);
-        self.consumer.resume(&paused)
     }
 
     /// The next record, discontinuity or error within `timeout`.
     pub fn poll(&mut self, timeout: Duration) -> Read<'_> {
         if let Some(d) = self.pos.found.pop_front() {
             return Read::Discontinuity(d);
+        }
+        if self.reopen {
+            if let Err(e) = self.reopen() {
+                // Creating a consumer contacts no broker: only resources can fail it. Retried
+                // on the next poll.
+                std::thread::sleep(timeout.min(Duration::from_millis(100)));
+                return Read::BrokerError(e);
+            }
         }
         let deadline = Instant::now() + timeout;
         let (consumer, topic, pos) = (&self.consumer, self.topic.as_str(), &mut self.pos);

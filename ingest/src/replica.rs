@@ -203,7 +203,7 @@ impl ReplicaStatus {
 /// A request to the ingest thread.
 enum Command {
     /// Replace partition `p`'s state with `src`'s and read on from `src`'s next offset.
-    Replace { partition: u32, src: Box<Applier>, done: oneshot::Sender<Result<(), ReplicaError>> },
+    Replace { partition: u32, src: Box<Applier>, done: oneshot::Sender<()> },
 }
 
 /// A running ingest loop.
@@ -285,7 +285,7 @@ impl Replica {
             .lock()
             .send(Command::Replace { partition, src: Box::new(src), done })
             .map_err(|_| ReplicaError::Stopped)?;
-        rx.await.map_err(|_| ReplicaError::Stopped)?
+        rx.await.map_err(|_| ReplicaError::Stopped)
     }
 
     /// Stops the ingest thread and waits for it; returns the applier (final checkpoint).
@@ -407,11 +407,9 @@ impl Ingest {
                      the partition marked gapped"
                 );
                 self.status.publish(p, next, lt);
-                match self.reader.resume_at(p, to) {
-                    // Counted above; the partition reads on, its holders flagged gapped.
-                    Ok(()) => self.status.mark_discontinuous(p, false),
-                    Err(e) => tracing::error!(partition = p, error = %e, "could not resume the partition"),
-                }
+                // Counted above; the partition reads on, its holders flagged gapped.
+                self.reader.resume_at(p, to);
+                self.status.mark_discontinuous(p, false);
             }
         }
     }
@@ -424,17 +422,15 @@ impl Ingest {
                     a.replace_partition(p, &src);
                     (a.partition(p).next_offset, a.partition(p).log_time)
                 };
-                let r = self.reader.resume_at(p, next).map_err(ReplicaError::from);
-                if r.is_ok() {
-                    self.status.mark_discontinuous(p, false);
-                }
+                self.reader.resume_at(p, next);
+                self.status.mark_discontinuous(p, false);
                 self.status.publish(p, next, lt);
                 tracing::info!(
                     partition = p,
                     next_offset = next,
                     "partition state replaced; reading on from its offset"
                 );
-                let _ = done.send(r);
+                let _ = done.send(());
             }
         }
     }

@@ -110,6 +110,19 @@ async fn measure(
     Ok((lm, le, (hits, scores)))
 }
 
+/// A read-lock wait counted as long by the report: a bucket bound of the histogram, well above
+/// one 32-block write chunk (a few µs).
+const LONG_WAIT_S: f64 = 128e-6;
+
+/// `(calls, calls that waited over LONG_WAIT_S, total wait in s)` from a replica's read-lock
+/// wait histogram.
+fn read_lock_waits(r: &prometheus::Registry) -> Option<(u64, u64, f64)> {
+    let f = r.gather().into_iter().find(|f| f.name() == "prefixlog_query_read_lock_wait_seconds")?;
+    let h = f.get_metric().first()?.get_histogram();
+    let within = h.get_bucket().iter().find(|b| (b.upper_bound() - LONG_WAIT_S).abs() < 1e-9)?;
+    Some((h.get_sample_count(), h.get_sample_count() - within.cumulative_count(), h.get_sample_sum()))
+}
+
 /// The encoded size of a Match request: the Echo payload size, so both RPCs move the same bytes
 /// (EchoMessage adds a tag and a length varint: a few bytes).
 fn prost_len(q: &MatchRequest) -> usize {
@@ -186,6 +199,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     let t = Instant::now();
     let (lm, le, _) = measure(ch2, &queries, usize::MAX, caught_up).await?;
     let ingest_s = t.elapsed().as_secs_f64();
+    let waits = read_lock_waits(r2.registry());
     r1.kill().await;
     r2.kill().await;
 
@@ -201,6 +215,13 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         blocks as f64 / ingest_s / 1e6,
         lm.v.len()
     );
+    if let Some((count, over, sum)) = waits {
+        println!(
+            "ingesting: {over} of {count} Match calls waited over {} µs for the keyspace's read lock, {:.1} ms in all (prefixlog_query_read_lock_wait_seconds)\n",
+            LONG_WAIT_S * 1e6,
+            sum * 1e3
+        );
+    }
     println!("| RPC | replica | calls | p50 µs | p99 µs | p99.9 µs |");
     println!("|---|---|---:|---:|---:|---:|");
     for (cond, l) in [("idle", &im), ("idle", &ie), ("ingesting", &lm), ("ingesting", &le)] {

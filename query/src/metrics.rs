@@ -28,6 +28,7 @@ pub struct QueryMetrics {
     /// `depth`'s child per keyspace, resolved on a keyspace's first query: formatting the
     /// label and looking it up on every query cost more than the histogram update.
     depth_by_keyspace: RwLock<HashMap<KeyspaceId, Histogram>>,
+    read_lock_wait: Histogram,
 }
 
 impl QueryMetrics {
@@ -56,11 +57,21 @@ impl QueryMetrics {
             .buckets(depth_buckets),
             &["keyspace"],
         )?;
+        // 1 µs .. ~1 s, doubling: uncontended is well under 1 µs.
+        let read_lock_wait = Histogram::with_opts(
+            HistogramOpts::new(
+                "prefixlog_query_read_lock_wait_seconds",
+                "Time a Match waited for its keyspace's read lock (held by the ingest thread's \
+                 writes), per request",
+            )
+            .buckets(prometheus::exponential_buckets(1e-6, 2.0, 21)?),
+        )?;
+        r.register(Box::new(read_lock_wait.clone()))?;
         r.register(Box::new(latency.clone()))?;
         r.register(Box::new(by_code.clone()))?;
         r.register(Box::new(depth.clone()))?;
         let ok = by_code.with_label_values(&["Ok"]);
-        Ok(Self { latency, by_code, ok, depth, depth_by_keyspace: RwLock::default() })
+        Ok(Self { latency, by_code, ok, depth, depth_by_keyspace: RwLock::default(), read_lock_wait })
     }
 
     pub fn observe(&self, d: Duration, err: Option<tonic::Code>) {
@@ -69,6 +80,10 @@ impl QueryMetrics {
             None => self.ok.inc(),
             Some(c) => self.by_code.with_label_values(&[format!("{c:?}").as_str()]).inc(),
         }
+    }
+
+    pub fn observe_read_lock_wait(&self, d: Duration) {
+        self.read_lock_wait.observe(d.as_secs_f64());
     }
 
     /// Records an answered query's best depth. Only keyspaces the engine holds reach here (an

@@ -142,7 +142,10 @@ impl QueryService {
         // reflects at least these (possibly a little more).
         let applied = status.offsets();
         let scores = {
+            // Timed: the one place a query can wait for the ingest thread (its write chunks).
+            let waiting = Instant::now();
             let g = keyspace.read();
+            self.metrics.observe_read_lock_wait(waiting.elapsed());
             scores(&g, &c.locals, &req, c.top_k, &c.candidates)
         };
         self.metrics.observe_depth(&c.keyspace, scores.first().map_or(0, |s| s.depth));

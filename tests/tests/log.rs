@@ -246,3 +246,61 @@ async fn partition_count_mismatch_is_refused() {
         );
     }
 }
+
+/// Every record of every partition, once and in order, although each partition is halted and
+/// resumed many times in quick succession while records are in flight, sometimes past the log's
+/// end first (an out-of-range fetch: a discontinuity, then a resume at the right offset, back
+/// to back, as `--accept-log-gaps` does). A resume used to re-assign the consumer, and two
+/// assignments closer together than a partition's fetch stop made librdkafka 2.12 abort the
+/// process (confluentinc/librdkafka#5573: `rd_kafka_assignment_partition_stopped: Assertion
+/// rktp->rktp_started failed`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_resumed_over_and_over_reads_every_record_once() {
+    const RESUMES: u32 = 200;
+    let mut ran = Vec::new();
+    for b in kafka_backends().await {
+        let topic = unique_topic("prefixlog.resume");
+        b.create_topic(&topic, P).await.unwrap();
+        let spec = spec(&b, &topic);
+        let landed = publish_fleet(&Publisher::new(&spec).unwrap()).await;
+        let mut end: BTreeMap<u32, i64> = (0..P).map(|p| (p, 0)).collect();
+        end.extend(token(&landed));
+        let mut reader = LogReader::open(&spec, (0..P).map(|p| (p, 0))).unwrap();
+        let mut next: BTreeMap<u32, i64> = (0..P).map(|p| (p, 0)).collect();
+        let t = std::time::Instant::now();
+        let (mut resumes, mut past_end) = (0, std::collections::BTreeSet::new());
+        while next != end || !past_end.is_empty() {
+            assert!(t.elapsed() < Duration::from_secs(60), "{}: read {next:?} of {end:?}", b.name);
+            match reader.poll(Duration::from_millis(100)) {
+                Read::Record(r) => {
+                    let at = next.get_mut(&r.partition()).unwrap();
+                    assert_eq!(r.offset(), *at, "{}: partition {} in order, once", b.name, r.partition());
+                    *at += 1;
+                }
+                Read::Discontinuity(d) => {
+                    assert!(past_end.remove(&d.partition), "{}: only the resumes past the end: {d}", b.name);
+                    assert_eq!(d.expected, end[&d.partition] + 100, "{}: {d}", b.name);
+                    reader.resume_at(d.partition, next[&d.partition]);
+                }
+                Read::Idle | Read::BrokerError(_) => {}
+            }
+            if resumes < RESUMES {
+                // Every partition, back to back: records fetched but not yet delivered are
+                // dropped and fetched again.
+                let running: Vec<u32> = (0..P).filter(|p| !past_end.contains(p)).collect();
+                for p in running {
+                    reader.halt(p).unwrap();
+                    if resumes % 10 == 9 && p == (resumes / 10) % P {
+                        reader.resume_at(p, end[&p] + 100);
+                        past_end.insert(p);
+                    } else {
+                        reader.resume_at(p, reader.expected(p).unwrap());
+                    }
+                }
+                resumes += 1;
+            }
+        }
+        ran.push(b.name);
+    }
+    eprintln!("[kafka backend] ran: {ran:?}");
+}
