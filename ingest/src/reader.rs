@@ -10,7 +10,12 @@
 //!
 //! becomes a [`Discontinuity`] for that partition, which is then halted (no longer fetched)
 //! until the owner resumes it at an offset it has a state for ([`LogReader::resume_at`]).
-//! Records below the expected offset are re-deliveries after a seek and are skipped. The topic
+//! Records below the expected offset are re-deliveries after a seek and are skipped.
+//! Not every broker answers a fetch beyond the log's end with an out-of-range error (tansu
+//! answers with no records), so the reader also compares each running partition's expected
+//! offset with the high watermark the fetch responses carry, every [`END_CHECK_EVERY`], and
+//! confirms a partition that is beyond it with the broker's own watermarks before it calls it
+//! a discontinuity. The topic
 //! is non-compacted and non-transactional by design (README "The log"), so offsets are dense
 //! and any hole is data loss.
 //!
@@ -28,8 +33,13 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::{Offset, TopicPartitionList};
 use std::collections::VecDeque;
+use std::ffi::{CStr, CString};
 use std::fmt;
 use std::time::{Duration, Instant};
+
+/// How often `poll` compares the expected offsets with the fetched high watermarks (a lock per
+/// partition, no broker round trip; the broker is asked only when one is beyond its log).
+pub const END_CHECK_EVERY: Duration = Duration::from_millis(250);
 
 /// What the reader found instead of the expected offset.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -135,9 +145,13 @@ pub struct LogReader {
     /// What [`LogReader::reopen`] creates a consumer from.
     config: ClientConfig,
     topic: String,
+    /// `topic` for librdkafka calls the rdkafka crate does not wrap.
+    topic_c: CString,
     pos: Positions,
     /// A partition was resumed: the next poll reads from a new consumer.
     reopen: bool,
+    /// When `poll` last compared the expected offsets with the fetched high watermarks.
+    end_checked: Instant,
 }
 
 /// Where each partition stands. Kept apart from the consumer so that `poll` can update it while
@@ -179,9 +193,21 @@ impl Positions {
         consumer.pause(&tpl)
     }
 
-    /// An out-of-range error does not say which partition: compare every read partition's
-    /// expected offset with the log's watermarks. Halts and queues each one found; returns the
-    /// first. (librdkafka already stopped fetching it: `auto.offset.reset=error`.)
+    /// Whether a running partition expects an offset beyond the high watermark of the last
+    /// fetch response for it (none yet: not known, not beyond). Its records up to the expected
+    /// offset were fetched, so in a log that still holds them the watermark is at least there.
+    fn beyond_fetched_end(&self, consumer: &BaseConsumer, topic: &CStr) -> bool {
+        self.expected.iter().enumerate().any(|(p, e)| match (e, self.halted[p]) {
+            (Some(exp), false) => fetched_high_watermark(consumer, topic, p as i32).is_some_and(|h| *exp > h),
+            _ => false,
+        })
+    }
+
+    /// An out-of-range error does not say which partition, and a fetched high watermark is a
+    /// cached one: compare every read partition's expected offset with the watermarks the
+    /// broker reports now. Halts and queues each one found; returns the first.
+    /// (After an out-of-range error librdkafka already stopped fetching it:
+    /// `auto.offset.reset=error`.)
     fn locate_out_of_range(
         &mut self,
         consumer: &BaseConsumer,
@@ -206,9 +232,32 @@ impl Positions {
     }
 }
 
+/// The high watermark of `partition` that the last fetch response for it carried: librdkafka's
+/// cache, no broker round trip (the rdkafka crate wraps only the round-trip query). `None`
+/// before the first response.
+fn fetched_high_watermark(consumer: &BaseConsumer, topic: &CStr, partition: i32) -> Option<i64> {
+    let (mut low, mut high) = (-1_i64, -1_i64);
+    // SAFETY: the client handle lives as long as `consumer`, `topic` is NUL-terminated, and the
+    // out-pointers are locals; the call only reads the partition's cached offsets under its lock.
+    let err = unsafe {
+        rdkafka::bindings::rd_kafka_get_watermark_offsets(
+            consumer.client().native_ptr(),
+            topic.as_ptr(),
+            partition,
+            &mut low,
+            &mut high,
+        )
+    };
+    (err == rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR && high >= 0).then_some(high)
+}
+
 impl LogReader {
     /// Starts reading `start` = `(partition, next offset)` pairs of `spec`'s topic.
     pub fn open(spec: &LogSpec, start: impl IntoIterator<Item = (u32, i64)>) -> Result<Self, KafkaError> {
+        // Kafka topic names are [a-zA-Z0-9._-]; refused here before librdkafka sees one with NUL.
+        let topic_c = CString::new(spec.topic.as_str()).map_err(|_| {
+            KafkaError::ClientCreation(format!("topic name {:?} holds a NUL byte", spec.topic))
+        })?;
         let config = spec.client_config(ClientRole::Reader);
         let consumer: BaseConsumer = config.create()?;
         let mut expected = vec![None; spec.partitions as usize];
@@ -220,7 +269,8 @@ impl LogReader {
         let halted = vec![false; expected.len()];
         let pos = Positions { expected, halted, found: VecDeque::new() };
         pos.assign(&consumer, &spec.topic)?;
-        Ok(Self { consumer, config, topic: spec.topic.clone(), pos, reopen: false })
+        let (topic, end_checked) = (spec.topic.clone(), Instant::now());
+        Ok(Self { consumer, config, topic, topic_c, pos, reopen: false, end_checked })
     }
 
     /// Replaces the consumer by one assigned at every running partition's expected offset;
@@ -281,6 +331,19 @@ impl LogReader {
                 // on the next poll.
                 std::thread::sleep(timeout.min(Duration::from_millis(100)));
                 return Read::BrokerError(e);
+            }
+        }
+        if self.end_checked.elapsed() >= END_CHECK_EVERY {
+            self.end_checked = Instant::now();
+            if self.pos.beyond_fetched_end(&self.consumer, &self.topic_c) {
+                // Confirmed against the broker's watermarks, not the cached ones: a new leader
+                // may report a lower high watermark for a moment (Kafka answers
+                // OFFSET_NOT_AVAILABLE then, a broker error here, and the next check retries).
+                match self.pos.locate_out_of_range(&self.consumer, &self.topic) {
+                    Ok(Some(d)) => return Read::Discontinuity(d),
+                    Ok(None) => {}
+                    Err(e) => return Read::BrokerError(e),
+                }
             }
         }
         let deadline = Instant::now() + timeout;
