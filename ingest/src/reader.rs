@@ -10,14 +10,15 @@
 //!
 //! becomes a [`Discontinuity`] for that partition, which is then halted (no longer fetched)
 //! until the owner resumes it at an offset it has a state for ([`LogReader::resume_at`]).
-//! Records below the expected offset are re-deliveries after a seek and are skipped.
-//! Not every broker answers a fetch beyond the log's end with an out-of-range error (tansu
-//! answers with no records), so the reader also compares each running partition's expected
-//! offset with the high watermark the fetch responses carry, every [`END_CHECK_EVERY`], and
-//! confirms a partition that is beyond it with the broker's own watermarks before it calls it
-//! a discontinuity. The topic
+//! Records below the expected offset are re-deliveries after a seek and are skipped. The topic
 //! is non-compacted and non-transactional by design (README "The log"), so offsets are dense
 //! and any hole is data loss.
+//!
+//! Not every broker answers a fetch beyond the log's end with an out-of-range error (tansu
+//! answers with no records), so every [`END_CHECK_EVERY`] the reader also compares each
+//! running partition's expected offset with the high watermark the fetch responses carried,
+//! and confirms a partition beyond it with the broker's own watermarks before it calls it a
+//! discontinuity.
 //!
 //! Each consumer is assigned exactly once, when it is opened: a halt pauses the partition, and
 //! a resume opens a new consumer at every running partition's expected offset (at the next

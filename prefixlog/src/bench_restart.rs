@@ -85,7 +85,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
                 &q,
                 &Default::default(),
             ));
-            lat.push(s.elapsed().as_nanos() as u64);
+            lat.push(s.elapsed());
         }
         lat.sort_unstable();
         lat
@@ -98,7 +98,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
             while !done.load(std::sync::atomic::Ordering::Acquire) {
                 let t = Instant::now();
                 std::hint::black_box(engine.match_chain(&ks, &q, &Default::default()));
-                lat.push(t.elapsed().as_nanos() as u64);
+                lat.push(t.elapsed());
             }
             lat
         })
@@ -109,10 +109,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     done.store(true, std::sync::atomic::Ordering::Release);
     let mut lat = querier.join().expect("querier");
     lat.sort_unstable();
-    let pct = |p: f64| {
-        lat.get(((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1)))
-            .map_or(0.0, |&x| x as f64 / 1e3)
-    };
+    let pct = |q: f64| crate::quantile::quantile_us(&lat, q);
     println!(
         "queries during the checkpoint: {} answered, p50 {:.1} µs, p99 {:.1} µs, max {:.1} µs",
         lat.len(),
@@ -120,11 +117,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         pct(0.99),
         pct(1.0)
     );
-    let b = |p: f64| {
-        baseline
-            .get(((baseline.len() as f64 * p) as usize).min(baseline.len().saturating_sub(1)))
-            .map_or(0.0, |&x| x as f64 / 1e3)
-    };
+    let b = |q: f64| crate::quantile::quantile_us(&baseline, q);
     println!(
         "queries without a checkpoint (3 s baseline, same run): {} answered, p50 {:.1} µs, p99 {:.1} µs, max {:.1} µs",
         baseline.len(),

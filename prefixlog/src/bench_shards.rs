@@ -5,6 +5,7 @@
 
 use crate::bench_env::{bench_options, BenchLog};
 use crate::fleet_records::{fleet_records, keyspace, WorkloadArgs};
+use crate::quantile::quantile_us as pct;
 use prefixlog_ingest::Shard;
 use prefixlog_node::ReplicaNode;
 use prefixlog_query::{IndexClient, MatchOutcome, MatchQuery, Prompt};
@@ -32,10 +33,6 @@ fn heap(n: &ReplicaNode) -> (u64, u64) {
     let e = n.engine();
     let heap = e.keyspaces().iter().map(|k| k.read().heap_bytes() as u64).sum();
     (heap, e.holder_blocks())
-}
-
-fn pct(v: &[Duration], q: f64) -> f64 {
-    v.get(((v.len() as f64 - 1.0) * q).round() as usize).map_or(f64::NAN, |d| d.as_secs_f64() * 1e6)
 }
 
 pub async fn run(a: Args) -> anyhow::Result<()> {

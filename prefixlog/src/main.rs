@@ -24,6 +24,7 @@ mod checkpoints_cmd;
 mod demo;
 mod fleet_records;
 mod kafka_args;
+mod quantile;
 mod query_bench;
 mod replay;
 mod serve;

@@ -65,8 +65,7 @@ struct Lat {
 impl Lat {
     /// The q-quantile in µs (`v` is sorted when measuring ends).
     fn pct(&self, q: f64) -> f64 {
-        let i = ((self.v.len() as f64 - 1.0) * q).round() as usize;
-        self.v.get(i).map_or(f64::NAN, |d| d.as_secs_f64() * 1e6)
+        crate::quantile::quantile_us(&self.v, q)
     }
 }
 
