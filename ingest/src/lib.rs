@@ -22,6 +22,7 @@
 //!   counters) and digest points.
 //! - [`apply`]: the deterministic [`Applier`].
 //! - [`publisher`]: idempotent keyed producer; [`Landed::token`] gives consistency tokens.
+//! - [`affinity`]: [`CpuSet`], pinning the ingest thread (and its consumer's threads) to CPUs.
 //! - [`replica`]: the ingest thread, [`ReplicaStatus`] (offsets, lag, discontinuities,
 //!   read-your-writes waits), partition replacement for repair and recovery.
 //! - [`dead_letter`]: the optional copy of refused records to a dead-letter topic.
@@ -29,6 +30,7 @@
 //! - [`bridge`]: vLLM / SGLang KV events over ZeroMQ (both msgpack layouts) → KV event records:
 //!   sequence gaps, replay, epochs, canonical local hashes, counters.
 
+pub mod affinity;
 pub mod apply;
 pub mod bridge;
 pub mod continuity;
@@ -46,6 +48,7 @@ pub mod replica;
 pub mod settings;
 pub mod topics;
 
+pub use affinity::CpuSet;
 pub use apply::{Applier, NotNext, Outcome};
 pub use embedded::EmbeddedKafka;
 pub use identity::{check_compatible, Incompatible, LogIdentity};

@@ -14,6 +14,7 @@
 //! records and marks the partition's holders gapped. Replacements run on the ingest thread
 //! between two records, so the swap never races an apply and never holds a lock across I/O.
 
+use crate::affinity::CpuSet;
 use crate::apply::{Applier, NotNext, Outcome};
 use crate::dead_letter::{DeadLetter, Source};
 use crate::log_spec::LogSpec;
@@ -36,6 +37,8 @@ pub enum ReplicaError {
     DeadLetterIsSource(String),
     #[error("the ingest thread has stopped")]
     Stopped,
+    #[error("could not pin the ingest thread to CPUs {0}: {1}")]
+    Pin(CpuSet, #[source] std::io::Error),
 }
 
 /// What the ingest loop does when the log does not continue a partition's state.
@@ -55,6 +58,9 @@ pub struct IngestOptions {
     /// Copy every refused record to this topic ([`crate::dead_letter`]).
     pub dead_letter_topic: Option<String>,
     pub gap_policy: GapPolicy,
+    /// Pin the ingest thread and its Kafka consumer's threads to these CPUs
+    /// ([`crate::affinity`]); `None`: wherever the scheduler puts them.
+    pub cpus: Option<CpuSet>,
 }
 
 /// Live progress of one partition.
@@ -231,7 +237,6 @@ impl Replica {
         }
         let start: Vec<(u32, i64)> =
             spec.owned().iter().map(|&p| (p, applier.partition(p).next_offset)).collect();
-        let reader = LogReader::open(spec, start)?;
         let watermark_client: BaseConsumer = spec.client_config(crate::ClientRole::Probe).create()?;
         let applier = Arc::new(Mutex::new(applier));
         let stop = Arc::new(AtomicBool::new(false));
@@ -243,21 +248,40 @@ impl Replica {
                 .spawn(move || poll_watermarks(watermark_client, &topic, status, stop))
                 .expect("spawn watermark thread")
         };
+        // The consumer is created on the ingest thread, after any pinning: librdkafka's
+        // threads inherit the CPU set of the thread that creates the client.
+        let (opened_tx, opened_rx) = mpsc::sync_channel(1);
         let ingest = {
-            let mut ingest = Ingest {
-                reader,
-                topic: spec.topic.clone(),
-                applier: applier.clone(),
-                status: status.clone(),
-                dead_letter,
-                policy: opts.gap_policy,
-            };
-            let stop = stop.clone();
+            let (spec, applier, status, stop) = (spec.clone(), applier.clone(), status.clone(), stop.clone());
+            let policy = opts.gap_policy;
             std::thread::Builder::new()
                 .name("prefixlog-ingest".into())
-                .spawn(move || ingest.run(&stop, &rx))
+                .spawn(move || {
+                    let opened = opts
+                        .cpus
+                        .as_ref()
+                        .map_or(Ok(()), |c| {
+                            c.pin_current_thread().map_err(|e| ReplicaError::Pin(c.clone(), e))
+                        })
+                        .and_then(|()| LogReader::open(&spec, start).map_err(ReplicaError::from));
+                    let reader = match opened {
+                        Ok(r) => r,
+                        Err(e) => return drop(opened_tx.send(Err(e))),
+                    };
+                    let _ = opened_tx.send(Ok(()));
+                    let topic = spec.topic.clone();
+                    let mut ingest = Ingest { reader, topic, applier, status, dead_letter, policy };
+                    ingest.run(&stop, &rx)
+                })
                 .expect("spawn ingest thread")
         };
+        let opened = opened_rx.recv().unwrap_or_else(|_| Err(ReplicaError::Stopped));
+        if let Err(e) = opened {
+            stop.store(true, Ordering::Release);
+            let _ = ingest.join();
+            let _ = watermarks.join();
+            return Err(e);
+        }
         Ok(Self {
             applier,
             status,

@@ -58,7 +58,11 @@ impl ReplicaNode {
             GapChoice::Refuse => GapPolicy::Halt,
             GapChoice::Accept => GapPolicy::Accept,
         };
-        let ingest = IngestOptions { dead_letter_topic: opts.dead_letter_topic.clone(), gap_policy };
+        let ingest = IngestOptions {
+            dead_letter_topic: opts.dead_letter_topic.clone(),
+            gap_policy,
+            cpus: opts.ingest_cpus.clone(),
+        };
         let replica = Arc::new(Replica::start(&spec, applier, ingest)?);
         let checkpoint_metrics = Arc::new(CheckpointMetrics::new(&registry)?);
         let checkpointer = store.as_ref().map(|s| {

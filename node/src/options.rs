@@ -78,6 +78,9 @@ pub struct NodeOptions {
     pub settings_change: SettingsChange,
     /// How long a clean stop waits for in-flight queries.
     pub shutdown_grace: Duration,
+    /// Pin the ingest thread and its Kafka consumer's threads to these CPUs (`--ingest-cpus`);
+    /// `None`: unpinned.
+    pub ingest_cpus: Option<prefixlog_ingest::CpuSet>,
 }
 
 impl Default for NodeOptions {
@@ -102,6 +105,7 @@ impl Default for NodeOptions {
             gaps: GapChoice::Refuse,
             settings_change: SettingsChange::Refuse,
             shutdown_grace: Duration::from_secs(5),
+            ingest_cpus: None,
         }
     }
 }

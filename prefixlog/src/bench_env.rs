@@ -20,6 +20,9 @@ pub struct BenchLogArgs {
     /// Partitions of the benchmark topic.
     #[arg(long, env = "PREFIXLOG_BENCH_PARTITIONS", default_value_t = 16)]
     pub partitions: u32,
+    /// Pin the embedded broker's threads to these CPUs (e.g. `0`: the log side on one core).
+    #[arg(long, env = "PREFIXLOG_BENCH_BROKER_CPUS")]
+    pub broker_cpus: Option<prefixlog_ingest::CpuSet>,
 }
 
 pub struct BenchLog {
@@ -42,7 +45,11 @@ impl BenchLog {
         let partitions = broker.partitions;
         let (spec, kafka) = match &broker.brokers {
             None => {
-                let kafka = EmbeddedKafka::start(topic, partitions)?;
+                let kafka = match broker.broker_cpus.clone() {
+                    None => EmbeddedKafka::start(topic, partitions)?,
+                    // librdkafka's mock cluster threads inherit the CPU set of their creator.
+                    Some(cpus) => cpus.run_pinned(|| EmbeddedKafka::start(topic, partitions))??,
+                };
                 (
                     LogSpec::new(KafkaConnection::new(kafka.bootstrap_servers()), topic, partitions),
                     Some(kafka),

@@ -10,7 +10,7 @@
 
 use crate::bench_env::{bench_options, BenchLog};
 use crate::fleet_records::{fleet_records, keyspace, WorkloadArgs};
-use prefixlog_node::ReplicaNode;
+use prefixlog_node::{NodeOptions, ReplicaNode};
 use prefixlog_proto::v1::{
     echo_client::EchoClient, match_request::Prompt, prefix_index_client::PrefixIndexClient, BlockHashes,
     EchoMessage, MatchRequest,
@@ -36,6 +36,10 @@ pub struct Args {
     /// so that query threads win the CPU when both are runnable.
     #[arg(long, env = "PREFIXLOG_BENCH_INGEST_NICE")]
     pub ingest_nice: Option<i32>,
+    /// Pin the replicas' ingest threads and their consumers' threads to these CPUs
+    /// (`serve --ingest-cpus`), leaving the others to the query path.
+    #[arg(long, env = "PREFIXLOG_BENCH_INGEST_CPUS")]
+    pub ingest_cpus: Option<prefixlog_ingest::CpuSet>,
 }
 
 /// Renices this process's threads whose name starts with one of `prefixes` (Linux `renice`
@@ -69,8 +73,11 @@ impl Lat {
     }
 }
 
-async fn replica(env: &BenchLog) -> anyhow::Result<ReplicaNode> {
-    env.node(bench_options()).await
+async fn replica(
+    env: &BenchLog,
+    ingest_cpus: &Option<prefixlog_ingest::CpuSet>,
+) -> anyhow::Result<ReplicaNode> {
+    env.node(NodeOptions { ingest_cpus: ingest_cpus.clone(), ..bench_options() }).await
 }
 
 async fn channel(n: &ReplicaNode) -> anyhow::Result<Channel> {
@@ -167,7 +174,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     );
 
     // Idle: caught up, nothing to apply.
-    let r1 = replica(&env).await?;
+    let r1 = replica(&env, &a.ingest_cpus).await?;
     while r1.status().records_applied.load(Ordering::Acquire)
         + r1.status().records_skipped.load(Ordering::Acquire)
         < n as u64
@@ -181,7 +188,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     let hb = engine.holder_blocks();
 
     // Ingesting: a fresh replica catching up from offset 0 while it answers.
-    let r2 = replica(&env).await?;
+    let r2 = replica(&env, &a.ingest_cpus).await?;
     if let Some(by) = a.ingest_nice {
         let n = renice_threads(&["prefixlog-inges", "prefixlog-water", "rdk:"], by);
         println!("reniced {n} ingest/librdkafka threads by {by}");

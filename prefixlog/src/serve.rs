@@ -60,6 +60,11 @@ pub struct Args {
     /// On SIGTERM: how long in-flight queries may take to finish.
     #[arg(long, env = "PREFIXLOG_SHUTDOWN_GRACE", default_value = "5s", value_parser = humantime::parse_duration)]
     pub shutdown_grace: Duration,
+    /// Pin the ingest thread and its Kafka consumer's threads to these CPUs (Linux; e.g. `0`
+    /// or `0-1`), so that catching up at full speed leaves the other CPUs to queries. Default:
+    /// unpinned.
+    #[arg(long, env = "PREFIXLOG_INGEST_CPUS")]
+    pub ingest_cpus: Option<prefixlog_ingest::CpuSet>,
     #[command(flatten)]
     pub query: QueryArgs,
     #[command(flatten)]
@@ -164,6 +169,7 @@ impl Args {
                 SettingsChange::Refuse
             },
             shutdown_grace: self.shutdown_grace,
+            ingest_cpus: self.ingest_cpus.clone(),
         })
     }
 }

@@ -310,3 +310,45 @@ async fn a_reader_resumed_over_and_over_reads_every_record_once() {
     }
     eprintln!("[kafka backend] ran: {ran:?}");
 }
+
+/// Threads of this process named `prefixlog-ingest` (the kernel keeps 15 bytes of a name)
+/// whose CPU set is exactly `cpus` (as /proc writes it, e.g. `0`).
+fn ingest_threads_on(cpus: &str) -> usize {
+    let tasks = std::fs::read_dir("/proc/self/task").unwrap().flatten();
+    tasks
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "prefixlog-inges")
+        })
+        .filter(|t| {
+            let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+            status.lines().any(|l| l.strip_prefix("Cpus_allowed_list:").is_some_and(|v| v.trim() == cpus))
+        })
+        .count()
+}
+
+/// `--ingest-cpus`: the ingest thread runs on the CPUs given and applies the log as an unpinned
+/// one does; CPUs the machine does not have fail the start with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_pinned_to_cpus_ingests_there_and_a_missing_cpu_is_refused() {
+    for b in kafka_backends().await {
+        let topic = unique_topic("prefixlog.pinned");
+        b.create_topic(&topic, P).await.unwrap();
+        let landed = publish_fleet(&Publisher::new(&spec(&b, &topic)).unwrap()).await;
+        let before = ingest_threads_on("0");
+        let pinned = NodeOptions { ingest_cpus: Some("0".parse().unwrap()), ..replicas::options("pinned") };
+        let r = ReplicaNode::start(spec(&b, &topic), pinned).await.expect("pinned replica starts");
+        let unpinned = replica(&b, &topic).await;
+        assert_eq!(ingest_threads_on("0"), before + 1, "{}: the pinned replica's ingest thread", b.name);
+        for n in [&r, &unpinned] {
+            assert!(n.status().wait_for(&token(&landed), Duration::from_secs(30)).await, "{}", b.name);
+        }
+        assert_eq!(digests(&r), digests(&unpinned), "{}", b.name);
+        let missing = NodeOptions { ingest_cpus: Some("1023".parse().unwrap()), ..replicas::options("m") };
+        let err = ReplicaNode::start(spec(&b, &topic), missing).await.err().expect("refused");
+        assert!(
+            err.to_string().contains("could not pin the ingest thread to CPUs 1023"),
+            "{}: {err}",
+            b.name
+        );
+    }
+}
