@@ -237,6 +237,15 @@ impl Replica {
         }
         let start: Vec<(u32, i64)> =
             spec.owned().iter().map(|&p| (p, applier.partition(p).next_offset)).collect();
+        // librdkafka's threads inherit the CPU set of the thread that creates the client, so a
+        // pinned replica creates its consumer pinned (the new consumers of later resumes are
+        // created on the ingest thread, pinned below).
+        let reader = match &opts.cpus {
+            None => LogReader::open(spec, start)?,
+            Some(c) => c
+                .run_pinned(|| LogReader::open(spec, start))
+                .map_err(|e| ReplicaError::Pin(c.clone(), e))??,
+        };
         let watermark_client: BaseConsumer = spec.client_config(crate::ClientRole::Probe).create()?;
         let applier = Arc::new(Mutex::new(applier));
         let stop = Arc::new(AtomicBool::new(false));
@@ -248,40 +257,29 @@ impl Replica {
                 .spawn(move || poll_watermarks(watermark_client, &topic, status, stop))
                 .expect("spawn watermark thread")
         };
-        // The consumer is created on the ingest thread, after any pinning: librdkafka's
-        // threads inherit the CPU set of the thread that creates the client.
-        let (opened_tx, opened_rx) = mpsc::sync_channel(1);
         let ingest = {
-            let (spec, applier, status, stop) = (spec.clone(), applier.clone(), status.clone(), stop.clone());
-            let policy = opts.gap_policy;
+            let mut ingest = Ingest {
+                reader,
+                topic: spec.topic.clone(),
+                applier: applier.clone(),
+                status: status.clone(),
+                dead_letter,
+                policy: opts.gap_policy,
+            };
+            let (stop, cpus) = (stop.clone(), opts.cpus);
             std::thread::Builder::new()
                 .name("prefixlog-ingest".into())
                 .spawn(move || {
-                    let opened = opts
-                        .cpus
-                        .as_ref()
-                        .map_or(Ok(()), |c| {
-                            c.pin_current_thread().map_err(|e| ReplicaError::Pin(c.clone(), e))
-                        })
-                        .and_then(|()| LogReader::open(&spec, start).map_err(ReplicaError::from));
-                    let reader = match opened {
-                        Ok(r) => r,
-                        Err(e) => return drop(opened_tx.send(Err(e))),
-                    };
-                    let _ = opened_tx.send(Ok(()));
-                    let topic = spec.topic.clone();
-                    let mut ingest = Ingest { reader, topic, applier, status, dead_letter, policy };
+                    if let Some(c) = cpus {
+                        // The same set was just applied to the thread that opened the reader.
+                        if let Err(e) = c.pin_current_thread() {
+                            tracing::warn!(cpus = %c, error = %e, "could not pin the ingest thread; it runs unpinned");
+                        }
+                    }
                     ingest.run(&stop, &rx)
                 })
                 .expect("spawn ingest thread")
         };
-        let opened = opened_rx.recv().unwrap_or_else(|_| Err(ReplicaError::Stopped));
-        if let Err(e) = opened {
-            stop.store(true, Ordering::Release);
-            let _ = ingest.join();
-            let _ = watermarks.join();
-            return Err(e);
-        }
         Ok(Self {
             applier,
             status,

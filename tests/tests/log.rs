@@ -251,11 +251,11 @@ async fn partition_count_mismatch_is_refused() {
 /// resumed many times in quick succession while records are in flight, sometimes past the log's
 /// end first (a discontinuity, then a resume at the right offset, back to back, as
 /// `--accept-log-gaps` does; Kafka and the embedded broker answer such a fetch with an
-/// out-of-range error, tansu with no records and its high watermark). A round of resumes follows each record read: a
-/// resume opens a new consumer, and on a real broker its first fetch takes longer than a poll,
-/// so resuming on every poll would never let one deliver. A resume used to re-assign the consumer, and two
-/// assignments closer together than a partition's fetch stop made librdkafka 2.12 abort the
-/// process (confluentinc/librdkafka#5573: `rd_kafka_assignment_partition_stopped: Assertion
+/// out-of-range error, tansu with no records and its high watermark). A round of resumes
+/// follows each record read: a resume opens a new consumer, and on a real broker its first
+/// fetch takes longer than a poll, so resuming on every poll would never let one deliver. A
+/// resume used to re-assign the consumer, and two assignments closer together than a
+/// partition's fetch stop made librdkafka 2.12 abort the process (confluentinc/librdkafka#5573: `rd_kafka_assignment_partition_stopped: Assertion
 /// rktp->rktp_started failed`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reader_resumed_over_and_over_reads_every_record_once() {
