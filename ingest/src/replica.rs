@@ -157,9 +157,14 @@ impl ReplicaStatus {
         self.owned.iter().copied().filter(|&p| self.part(p).discontinuous.load(Ordering::Acquire)).collect()
     }
 
-    /// Whether every owned partition's watermarks have been read once.
-    pub fn watermarks_known(&self) -> bool {
-        self.owned.iter().all(|&p| self.part(p).watermarks_known.load(Ordering::Acquire))
+    /// Owned partitions whose watermarks have not been read from the broker yet (their lag is
+    /// unknown, not zero).
+    pub fn watermarks_unknown(&self) -> Vec<u32> {
+        self.owned
+            .iter()
+            .copied()
+            .filter(|&p| !self.part(p).watermarks_known.load(Ordering::Acquire))
+            .collect()
     }
 
     /// True when every record below each `(partition, next offset)` is applied. Partitions

@@ -15,7 +15,6 @@ use prefixlog_snapshot::{CheckpointMeta, CheckpointStore};
 use prometheus::Registry;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::task::JoinHandle;
 
 /// A running replica: ingest, checkpoints, the peer service, anti-entropy, recovery of cut
@@ -357,7 +356,6 @@ async fn start_query(
         grpc_addr: opts.grpc_addr,
         admin_addr: opts.admin_addr,
         ready_lag: opts.ready_lag,
-        watermark_grace: Duration::from_secs(2),
         query: opts.query.clone(),
         tls: opts.tls.clone(),
     };

@@ -49,7 +49,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     }
     for n in std::iter::once(&unsharded).chain(&shards) {
         // Caught up: every owned partition's watermark read and reached.
-        while !n.status().watermarks_known() || n.status().lag() > 0 {
+        while !n.status().watermarks_unknown().is_empty() || n.status().lag() > 0 {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }

@@ -2,8 +2,9 @@
 //! state, and says so through the standard gRPC health service (`grpc.health.v1`), the admin
 //! port's `/readyz`, `Describe` and the `prefixlog_ready` metric.
 //!
-//! Ready = every owned partition's watermarks are known (or `watermark_grace` has passed), the
-//! total lag is ≤ `ready_lag`, no owned partition is discontinuous (the log no longer
+//! Ready = every owned partition's high watermark has been read from the broker at least once
+//! (without it the lag is unknown, not zero: a replica whose broker has not answered yet cannot
+//! prove it is caught up, so it waits however long that takes), the total lag is ≤ `ready_lag`, no owned partition is discontinuous (the log no longer
 //! continues its state: a gap, an offset deleted by retention) or rewound (the log ends before
 //! the state: a recreated topic), and the replica is not stopping. Broker loss alone does not
 //! flip readiness: a replica that cannot reach Kafka keeps answering from its state (its
@@ -12,7 +13,7 @@
 use prefixlog_ingest::ReplicaStatus;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
@@ -22,14 +23,12 @@ pub const SERVICE_NAME: &str = "prefixlog.v1.PrefixIndex";
 pub struct Readiness {
     status: Arc<ReplicaStatus>,
     ready_lag: i64,
-    started: Instant,
-    watermark_grace: Duration,
     stopping: AtomicBool,
 }
 
 impl Readiness {
-    pub fn new(status: Arc<ReplicaStatus>, ready_lag: i64, watermark_grace: Duration) -> Self {
-        Self { status, ready_lag, started: Instant::now(), watermark_grace, stopping: AtomicBool::new(false) }
+    pub fn new(status: Arc<ReplicaStatus>, ready_lag: i64) -> Self {
+        Self { status, ready_lag, stopping: AtomicBool::new(false) }
     }
 
     /// From now on never ready (a clean stop: health goes NOT_SERVING before ingest stops).
@@ -56,8 +55,14 @@ impl Readiness {
                 format!("the log ends before the state of partitions {rewound:?} (topic recreated?)"),
             );
         }
-        if !self.status.watermarks_known() && self.started.elapsed() < self.watermark_grace {
-            return (false, "high watermarks not known yet".into());
+        let unknown = self.status.watermarks_unknown();
+        if !unknown.is_empty() {
+            return (
+                false,
+                format!(
+                    "the high watermarks of partitions {unknown:?} have not been read from the broker yet"
+                ),
+            );
         }
         let lag = self.status.lag();
         (lag <= self.ready_lag, format!("lag {lag} records (ready at ≤ {})", self.ready_lag))
@@ -77,5 +82,39 @@ impl Readiness {
             }
             tokio::time::sleep(every).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The lag of a partition whose watermarks were never read is unknown, not zero: such a
+    /// replica is not ready however long it waits (a 2 s grace once made it ready at lag 0
+    /// while its broker had not answered yet, and a client then moved to a shard that had not
+    /// read the log's tail).
+    #[test]
+    fn ready_only_once_every_owned_watermark_was_read_and_the_lag_is_small() {
+        let status = Arc::new(ReplicaStatus::new(4, &[0, 2]));
+        let r = Readiness::new(status.clone(), 5);
+        let (ready, why) = r.check();
+        assert!(!ready && why.contains("[0, 2]"), "{why}");
+        let known = |p: usize, high: i64| {
+            status.partitions[p].high_watermark.store(high, Ordering::Release);
+            status.partitions[p].watermarks_known.store(true, Ordering::Release);
+        };
+        known(0, 3);
+        known(1, 1_000); // not owned: neither its watermarks nor its lag count
+        let (ready, why) = r.check();
+        assert!(!ready && why.contains("[2]"), "{why}");
+        known(2, 3);
+        assert_eq!(r.check(), (false, "lag 6 records (ready at ≤ 5)".into()));
+        status.partitions[2].next_offset.store(3, Ordering::Release);
+        assert!(r.check().0, "{}", r.check().1);
+        status.partitions[0].discontinuous.store(true, Ordering::Release);
+        assert!(!r.check().0);
+        status.partitions[0].discontinuous.store(false, Ordering::Release);
+        r.set_stopping();
+        assert_eq!(r.check(), (false, "stopping".into()));
     }
 }

@@ -30,8 +30,6 @@ pub struct ServerConfig {
     pub admin_addr: Option<SocketAddr>,
     /// Caught up (SERVING, `/readyz` 200) at total lag ≤ this many records.
     pub ready_lag: i64,
-    /// See [`Readiness`].
-    pub watermark_grace: Duration,
     pub query: QueryConfig,
     /// Serve gRPC over TLS (and require client certificates when `client_ca` is set: mTLS).
     pub tls: Option<TlsFiles>,
@@ -66,7 +64,6 @@ impl Default for ServerConfig {
             grpc_addr: ([127, 0, 0, 1], 50151).into(),
             admin_addr: Some(([127, 0, 0, 1], 9151).into()),
             ready_lag: 1000,
-            watermark_grace: Duration::from_secs(2),
             query: QueryConfig::default(),
             tls: None,
         }
@@ -184,7 +181,7 @@ impl Drop for RunningServer {
 /// Binds both ports and starts serving on the current tokio runtime.
 pub async fn start(cfg: ServerConfig, served: Served) -> anyhow::Result<RunningServer> {
     let Served { engine, status, applier, info, registry } = served;
-    let readiness = Arc::new(Readiness::new(status.clone(), cfg.ready_lag, cfg.watermark_grace));
+    let readiness = Arc::new(Readiness::new(status.clone(), cfg.ready_lag));
     let query_metrics = Arc::new(QueryMetrics::new(&registry)?);
     let ready = {
         let r = readiness.clone();

@@ -5,8 +5,9 @@
 //! - Resharding from 1 to 2 shards while queries run: the new shards bootstrap their partitions
 //!   from the unsharded replica's checkpoint (a partition-filtered export), the client moves to
 //!   them once all are ready, and no answer at any time differs from the unsharded reference.
-//! - A shard that loses both replicas: answers are partial and flagged (the missing partitions
-//!   named), never errors, and the workers they do score are scored exactly.
+//! - A shard that loses both replicas, with no complete layout left to move to (the unsharded
+//!   replica retired): answers are partial and flagged (the missing partitions named), never
+//!   errors, and the workers they do score are scored exactly.
 
 use prefixlog_engine::KeyspaceId;
 use prefixlog_ingest::record::encode_kv_events;
@@ -251,6 +252,9 @@ async fn resharding_under_queries_never_answers_wrong_and_a_lost_shard_is_flagge
         assert_eq!(before.keys().collect::<Vec<_>>(), vec![&1], "{}: {before:?}", b.name);
         assert_eq!(after.keys().collect::<Vec<_>>(), vec![&2], "{}: {after:?} ({during:?} during)", b.name);
 
+        // The unsharded replica is retired. While it ran, the client's rediscovery (every 5 s)
+        // would move back to it once shard 1 is lost: a complete layout beats a partial one.
+        u.kill().await;
         // Shard 1 loses both replicas (it had one): partial answers, flagged, exact elsewhere.
         s1.kill().await;
         let even = |w: &(u64, u32, u32, u32, u32, bool, bool)| {
