@@ -261,7 +261,9 @@ async fn resharding_under_queries_never_answers_wrong_and_a_lost_shard_is_flagge
             prefixlog_engine::partition_of(w.0, P).is_multiple_of(2)
         };
         for (i, w) in want.iter().enumerate().take(50) {
-            let got = client.match_with_deadline(&query(&queries[i], i), Duration::from_millis(500)).await;
+            // A lost replica refuses connections at once; the deadline only has to cover the
+            // live shard on a loaded machine (500 ms timed out under the container leg in CI).
+            let got = client.match_with_deadline(&query(&queries[i], i), Duration::from_secs(5)).await;
             let (MatchOutcome::Scores(a) | MatchOutcome::Empty(a)) = &got else {
                 panic!("{}: not an error: {got:?}", b.name)
             };
