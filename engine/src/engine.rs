@@ -1,7 +1,8 @@
 //! The engine: every keyspace of a replica, each behind its own reader-writer lock.
 //!
 //! Locking: one `parking_lot::RwLock` per keyspace. A write holds the write lock for at most
-//! `max_blocks_per_lock` blocks and releases it with `unlock_fair`, which hands the lock to
+//! `max_blocks_per_lock` blocks, after growing what those need under the upgradable read lock
+//! (`crate::ahead`: queries read on meanwhile), and releases it with `unlock_fair`, which hands the lock to
 //! queued readers (a plain unlock lets a busy writer re-acquire before a parked reader wakes,
 //! measured as 60 µs median waits during catch-up). Queries of different keyspaces never
 //! contend. The keyspace map itself is only
@@ -10,7 +11,7 @@
 use crate::keyspace::Keyspace;
 use crate::store_check::check_store;
 use crate::types::{ApplyError, EngineConfig, HolderKey, HolderMatch, KeyspaceId, LogTime, MatchOptions};
-use parking_lot::{RwLock, RwLockWriteGuard};
+use parking_lot::{RwLock, RwLockUpgradableReadGuard, RwLockWriteGuard};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -72,9 +73,15 @@ impl Engine {
             return ks.write().store_checked(key, parent, blocks, t);
         }
         for c in blocks.chunks(chunk) {
-            let mut g = ks.write();
+            // Allocations and rehashes this chunk is about to need happen first, while queries
+            // still read (`crate::ahead`); the write lock then only swaps them in.
+            let g = ks.upgradable_read();
+            let grown = g.trie.grow_ahead();
+            let mut g = RwLockUpgradableReadGuard::upgrade(g);
+            let replaced = g.trie.install(grown);
             let r = g.store_checked(key, parent, c, t);
             RwLockWriteGuard::unlock_fair(g);
+            drop(replaced);
             added += r?;
             parent = c.last().map(|b| b.0);
         }

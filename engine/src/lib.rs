@@ -28,6 +28,8 @@
 //! - `runs`: the run records and their arena; `blocks`: per-block storage (locals, canonical
 //!   exts, run ids) and the allocator of the block ranges runs occupy.
 //! - `table`: the lookup tables: open addressing with hash bits stored beside indices.
+//! - `ahead`: growing tables and block storage ahead of the write lock, so a write holds it
+//!   only to swap the grown arrays in.
 //! - `holder`: per-holder counts, digest and operation records.
 //! - [`digest`]: the hash mixing behind node identity and digests.
 //! - `store_check`: refusing stores that cannot be a chain (an ext named twice, or the parent
@@ -43,6 +45,7 @@
 //!   operations first (whole store/placement operations, oldest first, skipping blocks that a
 //!   later operation stored again) until it is at 7/8 of the bound.
 
+mod ahead;
 mod blocks;
 pub mod digest;
 pub mod dump;

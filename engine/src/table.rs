@@ -8,19 +8,51 @@
 //! only when all 32 stored hash bits match, and growing or deleting (backward shift) never
 //! reads a node: a slot's home position is its stored hash bits under the mask.
 //!
-//! Shards keep every resize small (1/256 of the entries), so no write stalls readers for
-//! long; the shard is chosen by hash bits 32..40, independent of the stored low bits.
+//! Shards keep every resize small (1/256 of the entries); the shard is chosen by hash bits
+//! 32..40, independent of the stored low bits. Even a 1/256 resize of a large table (16 K slots,
+//! with the page faults of a fresh array) held the keyspace's write lock for 100 µs or more, a
+//! few hundred times per million blocks written, so a large shard close to full is also grown
+//! *ahead*: [`NodeTable::grow_ahead`] builds its doubled array from a shared borrow (under the
+//! writer's upgradable read lock, while queries read on) and [`NodeTable::install`] swaps it in
+//! under the write lock. The capacities that result depend only on the writes, never on timing.
 
 use crate::image::{put_u64, put_u64s, tag, ImageError, ImageReader, ImageWriter};
 
 const SHARDS: usize = 256;
 /// Node 0 is the root, which is never stored, so an all-zero slot is free.
 const EMPTY: u64 = 0;
+/// Shards from this many slots on are grown ahead ([`NodeTable::grow_ahead`]); smaller ones
+/// grow in place, which costs little.
+const AHEAD_MIN_SLOTS: usize = 1024;
+/// A shard is grown ahead once fewer than this many more entries fit under its load factor:
+/// more than one locked write (32 blocks by default) can add to one shard.
+const AHEAD_ROOM: usize = 64;
 
 #[derive(Default)]
 struct Shard {
     slots: Box<[u64]>,
     len: usize,
+    /// Listed in [`NodeTable::ahead`] (at most once).
+    queued: bool,
+}
+
+/// Whether `len` entries fit in `cap` slots under the 0.7 load factor.
+#[inline]
+fn fits(len: usize, cap: usize) -> bool {
+    len * 10 <= cap * 7
+}
+
+/// Copies the entries of `old` into the empty power-of-two `slots`: each at its home position
+/// under the new mask or the first free one after it. Reads no node.
+fn rehash_into(old: &[u64], slots: &mut [u64]) {
+    let mask = slots.len() - 1;
+    for s in old.iter().copied().filter(|&s| s != EMPTY) {
+        let mut i = (s >> 32) as usize & mask;
+        while slots[i] != EMPTY {
+            i = (i + 1) & mask;
+        }
+        slots[i] = s;
+    }
 }
 
 #[inline]
@@ -90,21 +122,27 @@ impl Shard {
 
     fn reserve(&mut self, total: usize) {
         let mut cap = self.slots.len().max(8);
-        while total * 10 > cap * 7 {
+        while !fits(total, cap) {
             cap *= 2;
         }
         if cap == self.slots.len() {
             return;
         }
         let old = std::mem::replace(&mut self.slots, vec![EMPTY; cap].into_boxed_slice());
-        let mask = cap - 1;
-        for s in old.iter().copied().filter(|&s| s != EMPTY) {
-            let mut i = (s >> 32) as usize & mask;
-            while self.slots[i] != EMPTY {
-                i = (i + 1) & mask;
-            }
-            self.slots[i] = s;
-        }
+        rehash_into(&old, &mut self.slots);
+    }
+
+    /// Large and within [`AHEAD_ROOM`] entries of growing.
+    #[inline]
+    fn wants_growth_ahead(&self) -> bool {
+        self.slots.len() >= AHEAD_MIN_SLOTS && !fits(self.len + AHEAD_ROOM, self.slots.len())
+    }
+
+    /// The slots at twice the size, rehashed; `self` is left as it is.
+    fn doubled(&self) -> Box<[u64]> {
+        let mut slots = vec![EMPTY; self.slots.len() * 2].into_boxed_slice();
+        rehash_into(&self.slots, &mut slots);
+        slots
     }
 
     fn remove(&mut self, h: u32, node: u32) -> bool {
@@ -159,12 +197,22 @@ pub fn prefetch_ptr<T>(p: *const T) {
 /// candidate node, and the table never needs to rehash a key.
 pub struct NodeTable {
     shards: Vec<Shard>,
+    /// Shards that wanted growth ahead when an insert last touched them ([`Self::grow_ahead`]).
+    ahead: Vec<usize>,
 }
 
 impl Default for NodeTable {
     fn default() -> Self {
-        Self { shards: (0..SHARDS).map(|_| Shard::default()).collect() }
+        Self { shards: (0..SHARDS).map(|_| Shard::default()).collect(), ahead: Vec::new() }
     }
+}
+
+/// A shard's doubled slot array, built by [`NodeTable::grow_ahead`] for [`NodeTable::install`].
+pub struct GrownShard {
+    shard: usize,
+    /// The shard's entry count when it was built: nothing may write the table in between.
+    len: usize,
+    slots: Box<[u64]>,
 }
 
 impl NodeTable {
@@ -224,13 +272,53 @@ impl NodeTable {
     pub fn insert(&mut self, h: u64, node: u32) {
         let (s, low) = Self::split(h);
         self.shards[s].insert(low, node);
+        self.queue_if_full(s);
     }
 
     /// Stores `node` under `h` unless a node stored under `h` satisfies `eq`: returns that
     /// node then, and stores nothing.
     pub fn insert_new(&mut self, h: u64, node: u32, eq: impl FnMut(u32) -> bool) -> Option<u32> {
         let (s, low) = Self::split(h);
-        self.shards[s].insert_new(low, node, eq)
+        let found = self.shards[s].insert_new(low, node, eq);
+        self.queue_if_full(s);
+        found
+    }
+
+    #[inline]
+    fn queue_if_full(&mut self, s: usize) {
+        let shard = &mut self.shards[s];
+        if !shard.queued && shard.wants_growth_ahead() {
+            shard.queued = true;
+            self.ahead.push(s);
+        }
+    }
+
+    /// The doubled arrays of the shards that are large and close to growing, built from a
+    /// shared borrow: the costly part of a resize (allocating, faulting pages in, rehashing)
+    /// happens while readers may still read. Empty (and free) almost always.
+    pub fn grow_ahead(&self) -> Vec<GrownShard> {
+        self.ahead
+            .iter()
+            .map(|&s| (s, &self.shards[s]))
+            .filter(|(_, sh)| sh.wants_growth_ahead())
+            .map(|(shard, sh)| GrownShard { shard, len: sh.len, slots: sh.doubled() })
+            .collect()
+    }
+
+    /// Swaps in what [`Self::grow_ahead`] built, with no write to the table in between.
+    /// Returns the replaced arrays, for the caller to free after releasing its lock.
+    pub fn install(&mut self, grown: Vec<GrownShard>) -> Vec<Box<[u64]>> {
+        for s in self.ahead.drain(..) {
+            self.shards[s].queued = false;
+        }
+        grown
+            .into_iter()
+            .map(|g| {
+                let sh = &mut self.shards[g.shard];
+                assert_eq!(sh.len, g.len, "table shard {} written between grow_ahead and install", g.shard);
+                std::mem::replace(&mut sh.slots, g.slots)
+            })
+            .collect()
     }
 
     /// Removes `node` stored under `h`; returns whether it was there.
@@ -306,9 +394,9 @@ impl NodeTable {
                     what: "table entry count or index out of range",
                 });
             }
-            shards.push(Shard { slots, len });
+            shards.push(Shard { slots, len, queued: false });
         }
-        Ok((Self { shards }, max))
+        Ok((Self { shards, ahead: Vec::new() }, max))
     }
 
     #[cfg(test)]
@@ -379,6 +467,35 @@ mod tests {
                 assert!(seen.iter().all(|n| reference[n] as u32 == h as u32));
             }
         }
+    }
+
+    /// A writer that calls `grow_ahead` + `install` before every 32 inserts (as
+    /// `Engine::store` does per locked chunk) never grows a large shard in place, and the
+    /// table stays a map.
+    #[test]
+    fn growth_ahead_leaves_large_shards_room_for_the_next_writes() {
+        let caps = |t: &NodeTable| t.shards.iter().map(|s| s.slots.len()).collect::<Vec<_>>();
+        let mut t = NodeTable::default();
+        let (mut installed, mut n) = (0, 0u32);
+        for _batch in 0..20_000 {
+            let grown = t.grow_ahead();
+            installed += grown.len();
+            let replaced = t.install(grown);
+            assert!(replaced.iter().all(|a| a.len() >= AHEAD_MIN_SLOTS));
+            let before = caps(&t);
+            for _ in 0..32 {
+                n += 1;
+                t.insert(mix(u64::from(n)), n);
+            }
+            for (s, (&b, a)) in before.iter().zip(caps(&t)).enumerate() {
+                assert!(b < AHEAD_MIN_SLOTS || a == b, "shard {s} grew in place from {b} to {a} slots");
+            }
+        }
+        assert!(installed >= SHARDS, "every shard grew ahead at least once ({installed})");
+        for k in 1..=n {
+            assert_eq!(t.find(mix(u64::from(k)), |c| c == k), Some(k));
+        }
+        assert_eq!(t.len(), n as usize);
     }
 
     #[test]
