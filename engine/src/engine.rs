@@ -2,11 +2,11 @@
 //!
 //! Locking: one `parking_lot::RwLock` per keyspace. A write holds the write lock for at most
 //! `max_blocks_per_lock` blocks, after growing what those need under the upgradable read lock
-//! (`crate::ahead`: queries read on meanwhile), and releases it with `unlock_fair`, which hands the lock to
-//! queued readers (a plain unlock lets a busy writer re-acquire before a parked reader wakes,
-//! measured as 60 µs median waits during catch-up). Queries of different keyspaces never
-//! contend. The keyspace map itself is only
-//! write-locked when a keyspace is created.
+//! (`crate::ahead`: queries read on meanwhile), and releases it with `unlock_fair`, which hands
+//! the lock to queued readers (a plain unlock lets a busy writer re-acquire before a parked
+//! reader wakes, measured as 60 µs median waits during catch-up). Queries of different
+//! keyspaces never contend. The keyspace map itself is only write-locked when a keyspace is
+//! created.
 
 use crate::keyspace::Keyspace;
 use crate::store_check::check_store;
