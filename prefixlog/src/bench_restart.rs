@@ -3,6 +3,7 @@
 
 use crate::bench_env::{bench_options, token, BenchLog};
 use crate::fleet_records::{fleet_records, WorkloadArgs};
+use crate::quantile::median;
 use prefixlog_node::{CheckpointPolicy, NodeOptions};
 use prefixlog_snapshot::{restore, CheckpointStore};
 use std::time::{Duration, Instant};
@@ -203,12 +204,8 @@ fn time_restores(path: &std::path::Path, id: u64, n: u32) -> anyhow::Result<(f64
         );
         runs.push([open_s, read_s, restore_s]);
     }
-    let median = |k: usize| {
-        let mut v: Vec<f64> = runs.iter().map(|r| r[k]).collect();
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    Ok((median(0), median(1), median(2)))
+    let median_of = |k: usize| median(runs.iter().map(|r| r[k]));
+    Ok((median_of(0), median_of(1), median_of(2)))
 }
 
 fn tempdir() -> anyhow::Result<std::path::PathBuf> {

@@ -15,6 +15,13 @@ pub fn quantile_us(sorted: &[Duration], q: f64) -> f64 {
     nearest_rank(sorted, q).map_or(f64::NAN, |d| d.as_secs_f64() * 1e6)
 }
 
+/// The median of `xs` by the same nearest-rank rule; NaN when there are none.
+pub fn median(xs: impl IntoIterator<Item = f64>) -> f64 {
+    let mut v: Vec<f64> = xs.into_iter().collect();
+    v.sort_by(f64::total_cmp);
+    nearest_rank(&v, 0.5).unwrap_or(f64::NAN)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -28,6 +35,8 @@ mod tests {
         assert_eq!(nearest_rank(&[7u32], 0.99), Some(7));
         assert_eq!(nearest_rank::<u32>(&[], 0.5), None);
         assert!(quantile_us(&[], 0.5).is_nan());
+        assert_eq!(median([3.0, 1.0, 2.0]), 2.0);
+        assert!(median([]).is_nan());
         assert_eq!(quantile_us(&[Duration::from_micros(3)], 0.5), 3.0);
     }
 }
