@@ -53,6 +53,7 @@ impl Meta {
 pub const ANCHOR_BITS: u32 = 6;
 pub const ANCHOR: u32 = 1 << ANCHOR_BITS;
 
+#[derive(Clone)]
 struct Chunk {
     local: Box<[u64]>,
     meta: Box<[Meta]>,
@@ -71,7 +72,7 @@ impl Chunk {
 }
 
 /// Free block ranges: by start (to merge neighbours) and by (length, start) (best fit).
-#[derive(Default)]
+#[derive(Clone, Default)]
 struct FreeRanges {
     by_start: BTreeMap<u32, u32>,
     by_len: BTreeSet<(u32, u32)>,
@@ -108,6 +109,7 @@ const CHUNK_AHEAD_ROOM: usize = CHUNK / 8;
 /// A chunk allocated outside the write lock, for [`Blocks::add_chunk`].
 pub struct SpareChunk(Chunk);
 
+#[derive(Clone)]
 pub struct Blocks {
     chunks: Vec<Chunk>,
     /// Blocks at or above this id have never been handed out since they were last free.

@@ -1,30 +1,58 @@
-//! The engine: every keyspace of a replica, each behind its own reader-writer lock.
+//! The engine: every keyspace of a replica, each in a [`KeyspaceCell`].
 //!
-//! Locking: one `parking_lot::RwLock` per keyspace. A write holds the write lock for at most
-//! `max_blocks_per_lock` blocks, after growing what those need under the upgradable read lock
-//! (`crate::ahead`: queries read on meanwhile), and releases it with `unlock_fair`, which hands
-//! the lock to queued readers (a plain unlock lets a busy writer re-acquire before a parked
-//! reader wakes, measured as 60 µs median waits during catch-up). Queries of different
-//! keyspaces never contend. The keyspace map itself is only write-locked when a keyspace is
-//! created.
+//! Locking: one `parking_lot::RwLock` per keyspace copy. A write holds the write lock for at
+//! most `max_blocks_per_lock` blocks, after growing what those need under the upgradable read
+//! lock (`crate::ahead`: queries read on meanwhile), and releases it with `unlock_fair`, which
+//! hands the lock to queued readers (a plain unlock lets a busy writer re-acquire before a
+//! parked reader wakes, measured as 60 µs median waits during catch-up). With
+//! [`Engine::keep_query_copies`] each keyspace has two copies and queries never wait on a
+//! write (`crate::cell`). Queries of different keyspaces never contend. The keyspace map
+//! itself is only write-locked when a keyspace is created or installed.
 
+use crate::cell::KeyspaceCell;
 use crate::keyspace::Keyspace;
 use crate::store_check::check_store;
 use crate::types::{ApplyError, EngineConfig, HolderKey, HolderMatch, KeyspaceId, LogTime, MatchOptions};
-use parking_lot::{RwLock, RwLockUpgradableReadGuard, RwLockWriteGuard};
+use parking_lot::RwLock;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-pub type SharedKeyspace = Arc<RwLock<Keyspace>>;
+pub type SharedKeyspace = Arc<KeyspaceCell>;
 
 pub struct Engine {
     cfg: EngineConfig,
     keyspaces: RwLock<BTreeMap<KeyspaceId, SharedKeyspace>>,
+    /// Every keyspace has two copies ([`Engine::keep_query_copies`]).
+    paired: AtomicBool,
 }
 
 impl Engine {
     pub fn new(cfg: EngineConfig) -> Self {
-        Self { cfg, keyspaces: RwLock::new(BTreeMap::new()) }
+        Self { cfg, keyspaces: RwLock::new(BTreeMap::new()), paired: AtomicBool::new(false) }
+    }
+
+    /// From now on every keyspace keeps two copies, so queries never wait on a write, at twice
+    /// the engine's memory and write work (`crate::cell`). Not a state setting: the copies are
+    /// identical, and answers, digests and checkpoints do not change. Call it before the
+    /// engine is shared: keyspaces handed out earlier keep their single copy.
+    pub fn keep_query_copies(&self) {
+        self.paired.store(true, Ordering::Release);
+        let mut map = self.keyspaces.write();
+        for cell in map.values_mut() {
+            if !cell.is_paired() {
+                *cell = Arc::new(cell.to_paired());
+            }
+        }
+    }
+
+    /// Whether keyspaces keep two copies ([`Self::keep_query_copies`]).
+    pub fn keeps_query_copies(&self) -> bool {
+        self.paired.load(Ordering::Acquire)
+    }
+
+    fn cell(&self, ks: Keyspace) -> SharedKeyspace {
+        Arc::new(if self.keeps_query_copies() { KeyspaceCell::paired(ks) } else { KeyspaceCell::single(ks) })
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -44,7 +72,7 @@ impl Engine {
         self.keyspaces
             .write()
             .entry(id.clone())
-            .or_insert_with(|| Arc::new(RwLock::new(Keyspace::new(id.clone(), self.cfg.clone()))))
+            .or_insert_with(|| self.cell(Keyspace::new(id.clone(), self.cfg.clone())))
             .clone()
     }
 
@@ -64,24 +92,16 @@ impl Engine {
     ) -> Result<u32, ApplyError> {
         let ks = self.keyspace_or_create(id);
         if let Err(reason) = check_store(parent_ext, blocks, &mut Vec::new()) {
-            return Err(ks.write().refuse_store(key, reason));
+            return Err(ks.write(|k| k.refuse_store(key, reason)));
         }
         let mut parent = parent_ext;
         let mut added = 0;
         let chunk = self.cfg.max_blocks_per_lock.max(1);
         if blocks.is_empty() {
-            return ks.write().store_checked(key, parent, blocks, t);
+            return ks.write(|k| k.store_checked(key, parent, blocks, t));
         }
         for c in blocks.chunks(chunk) {
-            // Allocations and rehashes this chunk is about to need happen first, while queries
-            // still read (`crate::ahead`); the write lock then only swaps them in.
-            let g = ks.upgradable_read();
-            let grown = g.trie.grow_ahead();
-            let mut g = RwLockUpgradableReadGuard::upgrade(g);
-            let replaced = g.trie.install(grown);
-            let r = g.store_checked(key, parent, c, t);
-            RwLockWriteGuard::unlock_fair(g);
-            drop(replaced);
+            let r = ks.write_grown_ahead(|k| k.store_checked(key, parent, c, t));
             added += r?;
             parent = c.last().map(|b| b.0);
         }
@@ -93,9 +113,7 @@ impl Engine {
         let ks = self.keyspace_or_create(id);
         let (mut removed, mut unknown) = (0, 0);
         for c in exts.chunks(self.cfg.max_blocks_per_lock.max(1)) {
-            let mut g = ks.write();
-            let (r, u) = g.remove(key, c, t);
-            RwLockWriteGuard::unlock_fair(g);
+            let (r, u) = ks.write(|k| k.remove(key, c, t));
             removed += r;
             unknown += u;
         }
@@ -104,7 +122,8 @@ impl Engine {
 
     /// Installs a rebuilt keyspace, replacing any existing one.
     pub fn install(&self, ks: Keyspace) {
-        self.keyspaces.write().insert(ks.id().clone(), Arc::new(RwLock::new(ks)));
+        let id = ks.id().clone();
+        self.keyspaces.write().insert(id, self.cell(ks));
     }
 
     /// Keyspace ids in order.

@@ -23,6 +23,7 @@ pub struct Record {
     pub time: LogTime,
 }
 
+#[derive(Clone)]
 pub struct Holder {
     pub key: HolderKey,
     pub group: u32,
@@ -79,7 +80,7 @@ impl Card {
 }
 
 /// Holders of a keyspace: a slab indexed by `u32` plus a key → index map.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub struct Holders {
     pub slots: Vec<Option<Holder>>,
     /// Per slot, the live holder's [`Card`].

@@ -36,6 +36,7 @@ pub struct HolderSummary {
 /// How many blocks ahead a write prefetches ext-table slots.
 const PREFETCH_AHEAD: usize = 12;
 
+#[derive(Clone)]
 pub struct Keyspace {
     pub(crate) id: KeyspaceId,
     pub(crate) cfg: EngineConfig,

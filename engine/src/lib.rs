@@ -8,7 +8,9 @@
 //! - [`types`]: holder and keyspace ids, options, results, errors.
 //! - [`partition`]: [`partition_of`], which log partition a worker's records live in (a
 //!   cross-language contract with golden vectors).
-//! - [`engine`]: [`Engine`], all keyspaces of a replica, one reader-writer lock each.
+//! - [`engine`]: [`Engine`], all keyspaces of a replica, each in a [`KeyspaceCell`].
+//! - [`cell`]: [`KeyspaceCell`], a keyspace behind one lock, or two identical copies so that
+//!   queries never wait on a write (`serve --query-copy`).
 //! - [`keyspace`]: [`Keyspace`], the write operations (store, remove, clear, place,
 //!   drop_worker, expire), capacity and TTL policy, digests.
 //! - `members`: holder membership of runs, and the operation records that own it.
@@ -47,6 +49,7 @@
 
 mod ahead;
 mod blocks;
+pub mod cell;
 pub mod digest;
 pub mod dump;
 pub mod engine;
@@ -67,6 +70,7 @@ mod trie;
 mod trie_check;
 pub mod types;
 
+pub use cell::KeyspaceCell;
 pub use dump::{DumpHolder, DumpNode, KeyspaceDump};
 pub use engine::{Engine, SharedKeyspace};
 /// Test-only knobs (feature `testing`).

@@ -13,6 +13,7 @@ pub struct Member {
 
 pub type Members = SmallVec<[Member; 2]>;
 
+#[derive(Clone)]
 pub struct Run {
     pub start: u32,
     pub len: u32,
@@ -76,7 +77,7 @@ const RUN_CHUNK_BITS: u32 = 12;
 const RUN_CHUNK: usize = 1 << RUN_CHUNK_BITS;
 
 /// Runs in fixed chunks with a free list of ids.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub struct Runs {
     chunks: Vec<Vec<Run>>,
     len: usize,

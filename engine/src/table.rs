@@ -28,7 +28,7 @@ const AHEAD_MIN_SLOTS: usize = 1024;
 /// more than one locked write (32 blocks by default) can add to one shard.
 const AHEAD_ROOM: usize = 64;
 
-#[derive(Default)]
+#[derive(Clone, Default)]
 struct Shard {
     slots: Box<[u64]>,
     len: usize,
@@ -195,6 +195,7 @@ pub fn prefetch_ptr<T>(p: *const T) {
 
 /// Node indices by 64-bit hash. Keys live in the nodes: callers pass an `eq` that checks a
 /// candidate node, and the table never needs to rehash a key.
+#[derive(Clone)]
 pub struct NodeTable {
     shards: Vec<Shard>,
     /// Shards that wanted growth ahead when an insert last touched them ([`Self::grow_ahead`]).

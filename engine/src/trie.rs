@@ -104,6 +104,7 @@ pub struct Stretch {
     pub new_terms: Option<u64>,
 }
 
+#[derive(Clone)]
 pub struct Trie {
     pub blocks: Blocks,
     pub runs: Runs,

@@ -314,6 +314,38 @@ fn long_chains_match_reference_model() {
     }
 }
 
+/// The two-copy keyspace (`serve --query-copy`): every step goes through
+/// `KeyspaceCell::write`, which applies it to both copies and checks that both gave the same
+/// verdict; after every step both copies must dump identically, hold their invariants, and the
+/// copy queries read must agree with the model.
+#[test]
+fn paired_copies_stay_identical_and_match_the_model() {
+    let seeds: u64 =
+        std::env::var("PREFIXLOG_DIFF_PAIRED_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(150);
+    let cfg = cfg();
+    for seed in 0..seeds {
+        let cell = prefixlog_engine::KeyspaceCell::paired(keyspace(&cfg));
+        let mut model = RefModel::new(cfg.clone());
+        for (i, step) in generate(seed, 250).iter().enumerate() {
+            let want = apply_model(&mut model, &step.op);
+            let got = cell.write(|k| apply_engine(k, &cfg, &step.op));
+            assert_eq!(got, Ok(want), "seed {seed} step {i} ({:?}): verdict", step.op);
+            let copies: Vec<_> = cell.copies().collect();
+            assert_eq!(copies.len(), 2);
+            assert!(
+                copies[0].dump() == copies[1].dump(),
+                "seed {seed} step {i} ({:?}): the copies differ",
+                step.op
+            );
+            copies[1].check_invariants().unwrap_or_else(|e| panic!("seed {seed} step {i}: back copy: {e}"));
+            drop(copies);
+            if let Err(e) = compare(&cell.read(), &model, &step.queries) {
+                panic!("seed {seed} step {i} ({:?}): {e}", step.op);
+            }
+        }
+    }
+}
+
 /// Paste a shrunk failure printed by [`run_seed`] here to replay it under a debugger.
 #[test]
 fn replay_minimal_failure() {

@@ -294,7 +294,7 @@ fn engine_keyspaces_are_independent_and_digested_per_partition() {
     let e = Engine::new(EngineConfig { partitions: 4, ..Default::default() });
     let k1 = KeyspaceId::new("m", 16, 1);
     let k2 = KeyspaceId::new("m", 32, 1);
-    store_chain(&mut e.keyspace_or_create(&k1).write(), A, &[1, 2]);
+    e.keyspace_or_create(&k1).write(|k| store_chain(k, A, &[1, 2]));
     assert!(e.match_chain(&k2, &[1, 2], &MatchOptions::default()).is_none());
     assert_eq!(e.match_chain(&k1, &[1, 2], &MatchOptions::default()).unwrap()[0].depth, 2);
     let p = prefixlog_engine::partition_of(A.worker, 4);
@@ -306,40 +306,44 @@ fn engine_keyspaces_are_independent_and_digested_per_partition() {
 
 #[test]
 fn queries_run_while_a_writer_applies() {
-    // Readers and a writer on one keyspace: answers stay consistent snapshots (depth never
-    // exceeds the query or the holder's total), and nothing deadlocks.
-    let e = std::sync::Arc::new(Engine::new(EngineConfig::default()));
-    let id = KeyspaceId::new("m", 16, 1);
-    let ks = e.keyspace_or_create(&id);
-    let writer = {
-        let ks = ks.clone();
-        std::thread::spawn(move || {
+    // Readers and a writer on one keyspace, with one copy and with two: answers stay
+    // consistent snapshots (depth never exceeds the query or the holder's total), and nothing
+    // deadlocks.
+    for paired in [false, true] {
+        let e = std::sync::Arc::new(Engine::new(EngineConfig::default()));
+        if paired {
+            e.keep_query_copies();
+        }
+        let id = KeyspaceId::new("m", 16, 1);
+        let ks = e.keyspace_or_create(&id);
+        assert_eq!(ks.is_paired(), paired);
+        let writer = std::thread::spawn(move || {
             for i in 0..20_000u64 {
                 let chain = [1, 2, 3, 4 + i % 5];
                 let blocks: Vec<(u64, u64)> = (0..4).map(|j| (ext(&chain[..=j]), chain[j])).collect();
                 let h = HolderKey::new(i % 8, 0, 0);
-                ks.write().store(h, None, &blocks, i).unwrap();
+                ks.write(|k| k.store(h, None, &blocks, i)).unwrap();
                 if i % 3 == 0 {
-                    ks.write().remove(h, &[ext(&chain[..2])], i);
+                    ks.write(|k| k.remove(h, &[ext(&chain[..2])], i));
                 }
             }
-        })
-    };
-    let mut answers = 0;
-    // At least one query, after the writer is done at the latest: this thread may be
-    // descheduled for the whole writer run on a loaded 2-core machine.
-    loop {
-        let done = writer.is_finished();
-        for m in e.match_chain(&id, &[1, 2, 3, 4], &MatchOptions::default()).unwrap() {
-            assert!(m.depth <= 4 && m.depth <= m.total);
-            answers += 1;
+        });
+        let mut answers = 0;
+        // At least one query, after the writer is done at the latest: this thread may be
+        // descheduled for the whole writer run on a loaded 2-core machine.
+        loop {
+            let done = writer.is_finished();
+            for m in e.match_chain(&id, &[1, 2, 3, 4], &MatchOptions::default()).unwrap() {
+                assert!(m.depth <= 4 && m.depth <= m.total);
+                answers += 1;
+            }
+            if done {
+                break;
+            }
         }
-        if done {
-            break;
-        }
+        writer.join().unwrap();
+        assert!(answers > 0);
     }
-    writer.join().unwrap();
-    assert!(answers > 0);
 }
 
 #[test]

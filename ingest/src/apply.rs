@@ -130,10 +130,11 @@ impl Applier {
             }
             let dst = self.engine.keyspace_or_create(&id);
             match theirs {
-                Some(s) => dst.write().replace_group(p, &s.read()),
-                None => dst
-                    .write()
-                    .replace_group(p, &prefixlog_engine::Keyspace::new(id, self.engine.config().clone())),
+                Some(s) => dst.write(|k| k.replace_group(p, &s.read())),
+                None => {
+                    let empty = prefixlog_engine::Keyspace::new(id, self.engine.config().clone());
+                    dst.write(|k| k.replace_group(p, &empty))
+                }
             }
         }
         self.parts[p as usize] = src.parts[p as usize].clone();
@@ -170,10 +171,11 @@ impl Applier {
         part.feeds.values_mut().for_each(|f| f.gapped = true);
         let n = self.partitions;
         for ks in self.engine.keyspaces() {
-            let mut ks = ks.write();
-            for h in ks.holder_summaries().into_iter().filter(|h| partition_of(h.key.worker, n) == p) {
-                ks.set_gapped(h.key, true);
-            }
+            ks.write(|ks| {
+                for h in ks.holder_summaries().into_iter().filter(|h| partition_of(h.key.worker, n) == p) {
+                    ks.set_gapped(h.key, true);
+                }
+            });
         }
     }
 
@@ -255,7 +257,7 @@ impl Applier {
         let now = part.log_time;
         let n = self.partitions;
         for ks in self.engine.keyspaces() {
-            ks.write().expire(now, |k| partition_of(k.worker, n) == partition);
+            ks.write(|ks| ks.expire(now, |k| partition_of(k.worker, n) == partition));
         }
     }
 
@@ -273,7 +275,7 @@ impl Applier {
                 out
             }
             Op::Placement { keyspace, holder, locals, .. } => {
-                self.engine.keyspace_or_create(&keyspace).write().place(holder, &locals, t);
+                self.engine.keyspace_or_create(&keyspace).write(|k| k.place(holder, &locals, t));
                 Outcome::Applied
             }
             Op::Lifecycle { worker, change } => {
@@ -294,7 +296,7 @@ impl Applier {
                 part.workers.remove(&worker);
                 part.feeds.retain(|k, _| k.worker != worker);
                 for ks in self.engine.keyspaces() {
-                    ks.write().drop_worker(worker);
+                    ks.write(|k| k.drop_worker(worker));
                 }
             }
             Lifecycle::Restarted { new_epoch } => {
@@ -311,12 +313,13 @@ impl Applier {
         let part = &mut self.parts[partition as usize];
         let feed = part.feeds.get_mut(key).expect("feed exists");
         if let Some(ks) = self.engine.keyspace(&key.keyspace) {
-            let mut ks = ks.write();
-            for &lane in &feed.lanes {
-                let h = HolderKey::new(key.worker, key.dp_rank, lane);
-                ks.clear(h, t);
-                ks.set_gapped(h, false);
-            }
+            ks.write(|ks| {
+                for &lane in &feed.lanes {
+                    let h = HolderKey::new(key.worker, key.dp_rank, lane);
+                    ks.clear(h, t);
+                    ks.set_gapped(h, false);
+                }
+            });
         }
         *feed = Feed::new(epoch);
         part.counters.epochs += 1;
@@ -383,10 +386,11 @@ impl Applier {
         let (missing, invalid) = self.apply_events(&key, events, t);
         if gapped {
             let ks = self.engine.keyspace_or_create(&key.keyspace);
-            let mut ks = ks.write();
-            for lane in lanes {
-                ks.set_gapped(HolderKey::new(key.worker, key.dp_rank, lane), true);
-            }
+            ks.write(|ks| {
+                for &lane in &lanes {
+                    ks.set_gapped(HolderKey::new(key.worker, key.dp_rank, lane), true);
+                }
+            });
         }
         let c = &mut self.parts[partition as usize].counters;
         c.missing_parents += missing;
@@ -412,9 +416,10 @@ impl Applier {
                 }
                 KvOp::Cleared { .. } => {
                     let ks = self.engine.keyspace_or_create(&key.keyspace);
-                    let mut ks = ks.write();
-                    ks.clear(h, t);
-                    ks.set_gapped(h, false);
+                    ks.write(|ks| {
+                        ks.clear(h, t);
+                        ks.set_gapped(h, false);
+                    });
                 }
             }
         }

@@ -81,6 +81,9 @@ pub struct NodeOptions {
     /// Pin the ingest thread and its Kafka consumer's threads to these CPUs (`--ingest-cpus`);
     /// `None`: unpinned.
     pub ingest_cpus: Option<prefixlog_ingest::CpuSet>,
+    /// Keep two copies of every keyspace so queries never wait on a write (`--query-copy`):
+    /// twice the engine's memory and write work. Answers, digests and checkpoints are the same.
+    pub query_copy: bool,
 }
 
 impl Default for NodeOptions {
@@ -106,6 +109,7 @@ impl Default for NodeOptions {
             settings_change: SettingsChange::Refuse,
             shutdown_grace: Duration::from_secs(5),
             ingest_cpus: None,
+            query_copy: false,
         }
     }
 }

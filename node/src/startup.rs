@@ -72,6 +72,11 @@ pub async fn prepare(spec: &LogSpec, opts: &NodeOptions) -> Result<Prepared, Nod
         tracing::warn!("no data dir: no checkpoints; every start replays the whole log");
     }
     prove_continuity(spec, opts, &identity, &probe, &mut applier).await?;
+    if opts.query_copy {
+        // Before anything else holds the engine: keyspaces handed out earlier keep one copy.
+        applier.engine().keep_query_copies();
+        tracing::info!("query copy on: two copies of every keyspace, queries never wait on a write");
+    }
     Ok(Prepared { applier, identity, probe, store, source, covered })
 }
 

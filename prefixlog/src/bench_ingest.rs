@@ -10,6 +10,7 @@ use crate::bench_env::{bench_options, BenchLog};
 use crate::fleet_records::{fleet_records, keyspace, WorkloadArgs};
 use crate::quantile::median;
 use prefixlog_ingest::reader::{LogReader, Read};
+use prefixlog_node::NodeOptions;
 use std::time::{Duration, Instant};
 
 #[derive(clap::Args)]
@@ -22,6 +23,10 @@ pub struct Args {
     /// is the median apply rate over the median raw rate.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=20))]
     pub rounds: u32,
+    /// The replicas keep two copies of every keyspace (`serve --query-copy`): twice the write
+    /// work.
+    #[arg(long, env = "PREFIXLOG_BENCH_QUERY_COPY")]
+    pub query_copy: bool,
 }
 
 /// One pass over the whole log.
@@ -54,7 +59,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     let mut last_hb = 0;
     for _ in 0..a.rounds {
         let raw = raw_consume(&env, n, blocks, a.log.partitions)?;
-        let (apply, hb) = replica_apply(&env, n, blocks).await?;
+        let (apply, hb) = replica_apply(&env, n, blocks, a.query_copy).await?;
         last_hb = hb;
         rounds.push((raw, apply));
     }
@@ -95,9 +100,14 @@ fn raw_consume(env: &BenchLog, n: usize, blocks: usize, partitions: u32) -> anyh
 /// moment it is up: its start is a fixed cost, not throughput. Records applied during the start
 /// are left out of the rate, and the blocks with them in proportion. Returns the pass and the
 /// resident holder-blocks after it.
-async fn replica_apply(env: &BenchLog, n: usize, blocks: usize) -> anyhow::Result<(Pass, u64)> {
+async fn replica_apply(
+    env: &BenchLog,
+    n: usize,
+    blocks: usize,
+    query_copy: bool,
+) -> anyhow::Result<(Pass, u64)> {
     let t = Instant::now();
-    let node = env.node(bench_options()).await?;
+    let node = env.node(NodeOptions { query_copy, ..bench_options() }).await?;
     let start_s = t.elapsed().as_secs_f64();
     let applied = || node.status().records_applied.load(std::sync::atomic::Ordering::Acquire);
     let untimed = applied();

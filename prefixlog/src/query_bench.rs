@@ -40,6 +40,10 @@ pub struct Args {
     /// (`serve --ingest-cpus`), leaving the others to the query path.
     #[arg(long, env = "PREFIXLOG_BENCH_INGEST_CPUS")]
     pub ingest_cpus: Option<prefixlog_ingest::CpuSet>,
+    /// The replicas keep two copies of every keyspace (`serve --query-copy`): queries never
+    /// wait on the writer.
+    #[arg(long, env = "PREFIXLOG_BENCH_QUERY_COPY")]
+    pub query_copy: bool,
 }
 
 /// Renices this process's threads whose name starts with one of `prefixes` (Linux `renice`
@@ -73,11 +77,9 @@ impl Lat {
     }
 }
 
-async fn replica(
-    env: &BenchLog,
-    ingest_cpus: &Option<prefixlog_ingest::CpuSet>,
-) -> anyhow::Result<ReplicaNode> {
-    env.node(NodeOptions { ingest_cpus: ingest_cpus.clone(), ..bench_options() }).await
+async fn replica(env: &BenchLog, a: &Args) -> anyhow::Result<ReplicaNode> {
+    env.node(NodeOptions { ingest_cpus: a.ingest_cpus.clone(), query_copy: a.query_copy, ..bench_options() })
+        .await
 }
 
 async fn channel(n: &ReplicaNode) -> anyhow::Result<Channel> {
@@ -174,7 +176,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     );
 
     // Idle: caught up, nothing to apply.
-    let r1 = replica(&env, &a.ingest_cpus).await?;
+    let r1 = replica(&env, &a).await?;
     while r1.status().records_applied.load(Ordering::Acquire)
         + r1.status().records_skipped.load(Ordering::Acquire)
         < n as u64
@@ -188,7 +190,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     let hb = engine.holder_blocks();
 
     // Ingesting: a fresh replica catching up from offset 0 while it answers.
-    let r2 = replica(&env, &a.ingest_cpus).await?;
+    let r2 = replica(&env, &a).await?;
     if let Some(by) = a.ingest_nice {
         let n = renice_threads(&["prefixlog-inges", "prefixlog-water", "rdk:"], by);
         println!("reniced {n} ingest/librdkafka threads by {by}");

@@ -65,6 +65,13 @@ pub struct Args {
     /// unpinned.
     #[arg(long, env = "PREFIXLOG_INGEST_CPUS")]
     pub ingest_cpus: Option<prefixlog_ingest::CpuSet>,
+    /// Keep two copies of every keyspace, so a query never waits on a write: the ingest thread
+    /// applies each write to the copy queries are not reading, switches them over, then applies
+    /// it to the other. Costs twice the engine's memory and write work; answers, digests and
+    /// checkpoints are unchanged (not a state setting). For machines where catching up would
+    /// otherwise stretch query tails (few cores, virtual CPUs).
+    #[arg(long, env = "PREFIXLOG_QUERY_COPY")]
+    pub query_copy: bool,
     #[command(flatten)]
     pub query: QueryArgs,
     #[command(flatten)]
@@ -170,6 +177,7 @@ impl Args {
             },
             shutdown_grace: self.shutdown_grace,
             ingest_cpus: self.ingest_cpus.clone(),
+            query_copy: self.query_copy,
         })
     }
 }

@@ -302,13 +302,15 @@ impl StateCollector {
     fn fill_state(&self, s: &Scrape) {
         let kss = self.engine.keyspaces();
         s.keyspaces.set(kss.len() as i64);
-        for k in kss {
-            let k = k.read();
+        for cell in kss {
+            // Two copies (`--query-copy`) take twice the memory.
+            let copies = if cell.is_paired() { 2 } else { 1 };
+            let k = cell.read();
             let summaries = k.holder_summaries();
             s.holders.add(summaries.len() as i64);
             s.holders_gapped.add(summaries.iter().filter(|h| h.gapped).count() as i64);
             s.holder_blocks.add(k.holder_blocks() as i64);
-            s.heap.add(k.heap_bytes() as i64);
+            s.heap.add((k.heap_bytes() * copies) as i64);
         }
     }
 }

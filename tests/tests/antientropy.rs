@@ -120,7 +120,7 @@ async fn repair_under_ingest(backend: &KafkaBackend) {
     // Fault: one holder on b silently loses a block.
     let victim = HolderKey::new(3, 0, 0);
     let q = partition_of(victim.worker, P);
-    assert!(b.engine().keyspace(&ks()).unwrap().write().corrupt_for_test(&victim));
+    assert!(b.engine().keyspace(&ks()).unwrap().write(|k| k.corrupt_for_test(&victim)));
     let tok = publish_rounds(&publisher, 18..24, &mut seqs).await;
     caught_up(&[&a, &b], &tok).await;
 

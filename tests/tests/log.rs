@@ -109,7 +109,9 @@ async fn replicas_converge_and_late_replica_catches_up() {
         b.create_topic(&topic, P).await.unwrap();
         let publisher = Publisher::new(&spec(&b, &topic)).unwrap();
         let r1 = replica(&b, &topic).await;
-        let r2 = replica(&b, &topic).await;
+        // The second keeps two copies of every keyspace (`--query-copy`): the same state.
+        let paired = NodeOptions { query_copy: true, ..replicas::options("r") };
+        let r2 = ReplicaNode::start(spec(&b, &topic), paired).await.expect("replica starts");
         let landed = publish_fleet(&publisher).await;
         let tok = token(&landed);
         for r in [&r1, &r2] {
@@ -121,6 +123,12 @@ async fn replicas_converge_and_late_replica_catches_up() {
         }
         let d1 = digests(&r1);
         assert_eq!(d1, digests(&r2), "{}: identical per-partition digests at equal offsets", b.name);
+        let cells = r2.engine().keyspaces();
+        assert!(!cells.is_empty() && cells.iter().all(|c| c.is_paired()), "{}: two copies", b.name);
+        for c in &cells {
+            let copies: Vec<_> = c.copies().collect();
+            assert!(copies[0].dump() == copies[1].dump(), "{}: the two copies are identical", b.name);
+        }
         assert_eq!(r1.status().offsets(), r2.status().offsets());
         assert!(d1.iter().any(|&d| d != 0));
         // Lag is reported and drops to 0 once caught up (watermarks are polled).

@@ -29,14 +29,14 @@ impl Index for Prefixlog {
     fn stored(&mut self, worker: u32, parent: Option<u64>, blocks: &[(u64, u64)]) {
         self.t += 1;
         let key = HolderKey::new(u64::from(worker), 0, 0);
-        if self.ks.write().store(key, parent, blocks, self.t).is_err() {
+        if self.ks.write(|k| k.store(key, parent, blocks, self.t)).is_err() {
             self.rejected += 1;
         }
     }
 
     fn removed(&mut self, worker: u32, exts: &[u64]) {
         self.t += 1;
-        self.ks.write().remove(HolderKey::new(u64::from(worker), 0, 0), exts, self.t);
+        self.ks.write(|k| k.remove(HolderKey::new(u64::from(worker), 0, 0), exts, self.t));
     }
 
     fn query(&mut self, locals: &[u64]) -> Vec<(u32, u32)> {
