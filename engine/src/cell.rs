@@ -11,9 +11,11 @@
 
 use crate::ahead::{GrownAhead, Replaced};
 use crate::keyspace::Keyspace;
+use crate::types::KeyspaceStats;
 use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockUpgradableReadGuard, RwLockWriteGuard};
 use std::fmt::Debug;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 /// A keyspace with one copy or two (see the module doc). Readers get a read guard of the copy
 /// queries read; writers pass a closure that is applied to every copy.
@@ -52,7 +54,9 @@ impl KeyspaceCell {
     }
 
     /// The state as of the last write made visible. With two copies this never waits on a
-    /// write: the writer locks only the copy readers have been sent away from.
+    /// write: the writer only locks a copy after pointing readers at the other one (a reader
+    /// that looked at `front` just before may still take the copy the writer wants next; then
+    /// the writer waits for it, not the other way round).
     pub fn read(&self) -> RwLockReadGuard<'_, Keyspace> {
         if !self.is_paired() {
             return self.copies[0].read();
@@ -69,6 +73,11 @@ impl KeyspaceCell {
 
     /// Applies `write` to every copy, in the same order for every write, and returns its result
     /// (the same from each copy: writes are deterministic).
+    ///
+    /// # Panics
+    /// If the two copies disagree afterwards (result, digest, holder-blocks or counters): a bug,
+    /// and queries would flip between two states. The replica's ingest thread turns the panic
+    /// into "not ready" (`ReplicaStatus::ingest_failure`).
     pub fn write<R: PartialEq + Debug>(&self, mut write: impl FnMut(&mut Keyspace) -> R) -> R {
         if !self.is_paired() {
             let mut g = self.copies[0].write();
@@ -79,12 +88,20 @@ impl KeyspaceCell {
         let _one_writer = self.writer.lock();
         let front = self.front.load(Ordering::Acquire);
         let back = 1 - front;
-        let first = write(&mut self.copies[back].write());
+        let first = {
+            let mut g = self.copies[back].write();
+            let r = write(&mut g);
+            (r, Outline::of(&g))
+        };
         self.front.store(back, Ordering::Release);
         // Waits for the queries still reading the old front; new ones read the new front.
-        let second = write(&mut self.copies[front].write());
+        let second = {
+            let mut g = self.copies[front].write();
+            let r = write(&mut g);
+            (r, Outline::of(&g))
+        };
         assert_eq!(first, second, "the two copies of keyspace {} diverged", self.copies[front].read().id());
-        first
+        first.0
     }
 
     /// [`Self::write`] for a store chunk. With one copy, what the write will need to grow is
@@ -106,13 +123,51 @@ impl KeyspaceCell {
         r
     }
 
-    /// Every copy, for checks: with two, they must be identical. May wait on a write.
-    pub fn copies(&self) -> impl Iterator<Item = RwLockReadGuard<'_, Keyspace>> {
-        self.copies.iter().map(|c| c.read())
+    /// Every copy, for checks: with two, they must be identical. Waits for a write in progress,
+    /// so both are taken between the same two writes.
+    pub fn copies(&self) -> Vec<RwLockReadGuard<'_, Keyspace>> {
+        let _no_writer = self.writer.lock();
+        self.copies.iter().map(|c| c.read()).collect()
     }
 
-    /// The same keyspace with two copies (a clone of this one's state).
-    pub(crate) fn to_paired(&self) -> Self {
-        Self::paired(self.read().clone())
+    /// Tests only: changes the copy queries are not reading, and only it, to plant a divergence
+    /// (`None` with one copy).
+    #[doc(hidden)]
+    pub fn write_back_copy_for_test<R>(&self, write: impl FnOnce(&mut Keyspace) -> R) -> Option<R> {
+        if !self.is_paired() {
+            return None;
+        }
+        let _one_writer = self.writer.lock();
+        let back = 1 - self.front.load(Ordering::Acquire);
+        Some(write(&mut self.copies[back].write()))
+    }
+
+    /// The same keyspace with two copies. Takes the state over without a clone when nothing
+    /// else holds `cell` (at start, as `Engine::keep_query_copies` is meant to be called), so
+    /// the pair costs one clone, not two.
+    pub(crate) fn into_paired(cell: Arc<Self>) -> Self {
+        match Arc::try_unwrap(cell) {
+            Ok(c) if c.is_paired() => c,
+            Ok(c) => {
+                let first = c.copies.into_vec().swap_remove(0).into_inner();
+                Self::paired(first)
+            }
+            Err(shared) => Self::paired(shared.read().clone()),
+        }
+    }
+}
+
+/// What both copies must agree on after every write, besides its result: fields the keyspace
+/// keeps up to date anyway, so comparing them costs nothing.
+#[derive(Debug, PartialEq)]
+struct Outline {
+    digest: u64,
+    holder_blocks: u64,
+    stats: KeyspaceStats,
+}
+
+impl Outline {
+    fn of(ks: &Keyspace) -> Self {
+        Self { digest: ks.digest(), holder_blocks: ks.holder_blocks(), stats: ks.stats().clone() }
     }
 }

@@ -1,12 +1,12 @@
 //! The engine: every keyspace of a replica, each in a [`KeyspaceCell`].
 //!
-//! Locking: one `parking_lot::RwLock` per keyspace copy. A write holds the write lock for at
-//! most `max_blocks_per_lock` blocks, after growing what those need under the upgradable read
-//! lock (`crate::ahead`: queries read on meanwhile), and releases it with `unlock_fair`, which
-//! hands the lock to queued readers (a plain unlock lets a busy writer re-acquire before a
-//! parked reader wakes, measured as 60 µs median waits during catch-up). With
-//! [`Engine::keep_query_copies`] each keyspace has two copies and queries never wait on a
-//! write (`crate::cell`). Queries of different keyspaces never contend. The keyspace map
+//! Locking: one `parking_lot::RwLock` per keyspace copy. With one copy (the default) a write
+//! holds the write lock for at most `max_blocks_per_lock` blocks, after growing what those need
+//! under the upgradable read lock (`crate::ahead`: queries read on meanwhile), and releases it
+//! with `unlock_fair`, which hands the lock to queued readers (a plain unlock lets a busy writer
+//! re-acquire before a parked reader wakes, measured as 60 µs median waits during catch-up).
+//! With [`Engine::keep_query_copies`] each keyspace has two copies and queries never wait on a
+//! write (`crate::cell`); growth then happens in place, in the copy queries are not reading. Queries of different keyspaces never contend. The keyspace map
 //! itself is only write-locked when a keyspace is created or installed.
 
 use crate::cell::KeyspaceCell;
@@ -39,10 +39,8 @@ impl Engine {
     pub fn keep_query_copies(&self) {
         self.paired.store(true, Ordering::Release);
         let mut map = self.keyspaces.write();
-        for cell in map.values_mut() {
-            if !cell.is_paired() {
-                *cell = Arc::new(cell.to_paired());
-            }
+        for (id, cell) in std::mem::take(&mut *map) {
+            map.insert(id, Arc::new(KeyspaceCell::into_paired(cell)));
         }
     }
 

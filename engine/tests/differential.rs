@@ -330,14 +330,16 @@ fn paired_copies_stay_identical_and_match_the_model() {
             let want = apply_model(&mut model, &step.op);
             let got = cell.write(|k| apply_engine(k, &cfg, &step.op));
             assert_eq!(got, Ok(want), "seed {seed} step {i} ({:?}): verdict", step.op);
-            let copies: Vec<_> = cell.copies().collect();
+            let copies = cell.copies();
             assert_eq!(copies.len(), 2);
             assert!(
                 copies[0].dump() == copies[1].dump(),
                 "seed {seed} step {i} ({:?}): the copies differ",
                 step.op
             );
-            copies[1].check_invariants().unwrap_or_else(|e| panic!("seed {seed} step {i}: back copy: {e}"));
+            for (c, copy) in copies.iter().enumerate() {
+                copy.check_invariants().unwrap_or_else(|e| panic!("seed {seed} step {i}: copy {c}: {e}"));
+            }
             drop(copies);
             if let Err(e) = compare(&cell.read(), &model, &step.queries) {
                 panic!("seed {seed} step {i} ({:?}): {e}", step.op);

@@ -95,6 +95,9 @@ pub struct ReplicaStatus {
     /// Decode + apply time of one record on the ingest thread (registered by the node).
     pub apply_latency: prometheus::Histogram,
     progress: watch::Sender<u64>,
+    /// Why the ingest thread stopped on a bug (a panic), if it did: the state no longer follows
+    /// the log, so the replica is not ready.
+    ingest_failure: Mutex<Option<String>>,
 }
 
 impl ReplicaStatus {
@@ -116,7 +119,19 @@ impl ReplicaStatus {
             records_skipped: AtomicU64::new(0),
             apply_latency,
             progress: watch::channel(0).0,
+            ingest_failure: Mutex::new(None),
         }
+    }
+
+    /// Why the ingest thread stopped on a bug, if it did ([`Self::record_ingest_failure`]).
+    pub fn ingest_failure(&self) -> Option<String> {
+        self.ingest_failure.lock().clone()
+    }
+
+    /// The ingest thread stopped on a bug (a panic, e.g. the two copies of a keyspace
+    /// disagreeing): from now on the replica is not ready, and says why.
+    pub fn record_ingest_failure(&self, why: String) {
+        self.ingest_failure.lock().get_or_insert(why);
     }
 
     /// The owned partitions, ascending.
@@ -271,7 +286,7 @@ impl Replica {
                 dead_letter,
                 policy: opts.gap_policy,
             };
-            let (stop, cpus) = (stop.clone(), opts.cpus);
+            let (stop, cpus, status) = (stop.clone(), opts.cpus, status.clone());
             std::thread::Builder::new()
                 .name("prefixlog-ingest".into())
                 .spawn(move || {
@@ -281,7 +296,18 @@ impl Replica {
                             tracing::warn!(cpus = %c, error = %e, "could not pin the ingest thread; it runs unpinned");
                         }
                     }
-                    ingest.run(&stop, &rx)
+                    // A panic here is a bug, never input (bad records are skipped and counted).
+                    // Left alone it would end the thread and leave the replica answering from a
+                    // state that no longer follows the log, still "ready".
+                    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ingest.run(&stop, &rx)));
+                    if let Err(panic) = run {
+                        let why = panic_message(panic.as_ref());
+                        tracing::error!(
+                            error = %why,
+                            "the ingest thread stopped on a bug: this replica no longer follows the log and reports not ready; restart it (it restores its last checkpoint and replays the tail)"
+                        );
+                        status.record_ingest_failure(why);
+                    }
                 })
                 .expect("spawn ingest thread")
         };
@@ -495,4 +521,13 @@ fn poll_watermarks(consumer: BaseConsumer, topic: &str, status: Arc<ReplicaStatu
         status.notify();
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// The message of a caught panic (`panic!` with a string or a format).
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "a panic without a message".into())
 }

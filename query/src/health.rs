@@ -6,7 +6,8 @@
 //! (without it the lag is unknown, not zero: a replica whose broker has not answered yet cannot
 //! prove it is caught up, so it waits however long that takes), the total lag is ≤ `ready_lag`, no owned partition is discontinuous (the log no longer
 //! continues its state: a gap, an offset deleted by retention) or rewound (the log ends before
-//! the state: a recreated topic), and the replica is not stopping. Broker loss alone does not
+//! the state: a recreated topic), the ingest thread has not stopped on a bug, and the replica
+//! is not stopping. Broker loss alone does not
 //! flip readiness: a replica that cannot reach Kafka keeps answering from its state (its
 //! `applied` offsets in each response show how old it is).
 
@@ -40,6 +41,9 @@ impl Readiness {
     pub fn check(&self) -> (bool, String) {
         if self.stopping.load(Ordering::Acquire) {
             return (false, "stopping".into());
+        }
+        if let Some(why) = self.status.ingest_failure() {
+            return (false, format!("the ingest thread stopped on a bug ({why}); restart the replica"));
         }
         let broken = self.status.discontinuous();
         if !broken.is_empty() {
@@ -94,7 +98,7 @@ mod tests {
     /// while its broker had not answered yet, and a client then moved to a shard that had not
     /// read the log's tail).
     #[test]
-    fn ready_only_once_every_owned_watermark_was_read_and_the_lag_is_small() {
+    fn ready_only_once_every_owned_watermark_was_read_the_lag_is_small_and_ingest_runs() {
         let status = Arc::new(ReplicaStatus::new(4, &[0, 2]));
         let r = Readiness::new(status.clone(), 5);
         let (ready, why) = r.check();
@@ -114,6 +118,10 @@ mod tests {
         status.partitions[0].discontinuous.store(true, Ordering::Release);
         assert!(!r.check().0);
         status.partitions[0].discontinuous.store(false, Ordering::Release);
+        assert!(r.check().0);
+        status.record_ingest_failure("the two copies of keyspace m diverged".into());
+        let (ready, why) = r.check();
+        assert!(!ready && why.contains("stopped on a bug") && why.contains("diverged"), "{why}");
         r.set_stopping();
         assert_eq!(r.check(), (false, "stopping".into()));
     }

@@ -126,7 +126,7 @@ async fn replicas_converge_and_late_replica_catches_up() {
         let cells = r2.engine().keyspaces();
         assert!(!cells.is_empty() && cells.iter().all(|c| c.is_paired()), "{}: two copies", b.name);
         for c in &cells {
-            let copies: Vec<_> = c.copies().collect();
+            let copies = c.copies();
             assert!(copies[0].dump() == copies[1].dump(), "{}: the two copies are identical", b.name);
         }
         assert_eq!(r1.status().offsets(), r2.status().offsets());
@@ -151,6 +151,53 @@ async fn replicas_converge_and_late_replica_catches_up() {
         let late = replica(&b, &topic).await;
         assert!(late.status().wait_for(&tok, Duration::from_secs(60)).await);
         assert_eq!(digests(&late), d1, "{}: late replica agrees", b.name);
+        ran.push(b.name);
+    }
+    eprintln!("[kafka backend] ran: {ran:?}");
+}
+
+/// A bug that makes the two copies of a `--query-copy` replica disagree (planted: one copy
+/// loses a block) is caught by the next write to the keyspace. The ingest thread stops, and
+/// the replica reports not ready and why, instead of answering from a state that no longer
+/// follows the log. A replica beside it is unaffected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn diverging_copies_stop_ingest_and_the_replica_is_not_ready() {
+    let mut ran = Vec::new();
+    for b in kafka_backends().await {
+        let topic = unique_topic("prefixlog.diverge");
+        b.create_topic(&topic, P).await.unwrap();
+        let publisher = Publisher::new(&spec(&b, &topic)).unwrap();
+        let plain = replica(&b, &topic).await;
+        let paired = NodeOptions { query_copy: true, ..replicas::options("r") };
+        let r = ReplicaNode::start(spec(&b, &topic), paired).await.expect("replica starts");
+        let tok = token(&publish_fleet(&publisher).await);
+        for node in [&plain, &r] {
+            assert!(node.status().wait_for(&tok, Duration::from_secs(60)).await, "{}: caught up", b.name);
+        }
+        let victim = HolderKey::new(3, 0, 0);
+        let cell = r.engine().keyspace(&ks()).expect("keyspace");
+        assert_eq!(cell.write_back_copy_for_test(|k| k.corrupt_for_test(&victim)), Some(true));
+        // Any write to the keyspace compares the copies: a placement for another worker.
+        let placed = publisher
+            .publish_placement(&ks(), HolderKey::new(99, 0, 0), &[1, 2], &[], "test", Some(5_000))
+            .await
+            .expect("publish");
+        assert!(plain.status().wait_for(&[placed.token()], Duration::from_secs(60)).await);
+        let mut state = r.ready();
+        for _ in 0..300 {
+            if !state.0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            state = r.ready();
+        }
+        assert!(
+            !state.0 && state.1.contains("stopped on a bug") && state.1.contains("diverged"),
+            "{}: {state:?}",
+            b.name
+        );
+        assert!(r.status().ingest_failure().is_some());
+        assert!(plain.ready().0, "{}: the other replica is unaffected: {:?}", b.name, plain.ready());
         ran.push(b.name);
     }
     eprintln!("[kafka backend] ran: {ran:?}");
