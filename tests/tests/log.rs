@@ -176,6 +176,7 @@ async fn diverging_copies_stop_ingest_and_the_replica_is_not_ready() {
         }
         let victim = HolderKey::new(3, 0, 0);
         let cell = r.engine().keyspace(&ks()).expect("keyspace");
+        eprintln!("[{}] planting a divergence: the ingest thread's panic printed next is expected", b.name);
         assert_eq!(cell.write_back_copy_for_test(|k| k.corrupt_for_test(&victim)), Some(true));
         // Any write to the keyspace compares the copies: a placement for another worker.
         let placed = publisher
