@@ -35,6 +35,10 @@ struct Args {
     /// writer + concurrent reader run.
     #[arg(long)]
     skip_concurrent: bool,
+    /// The writer + concurrent reader run keeps two copies of the keyspace (`serve
+    /// --query-copy`): the reader never waits on the writer, which does every write twice.
+    #[arg(long)]
+    query_copy: bool,
 }
 
 fn pct(v: &mut [u64], p: f64) -> f64 {
@@ -154,6 +158,9 @@ fn main() -> anyhow::Result<()> {
 
     // 2. One writer applying every event, one reader querying concurrently.
     let e = Arc::new(Engine::new(EngineConfig::default()));
+    if a.query_copy {
+        e.keep_query_copies();
+    }
     e.keyspace_or_create(&id);
     let done = Arc::new(AtomicBool::new(false));
     let writer = {
@@ -189,7 +196,8 @@ fn main() -> anyhow::Result<()> {
     }
     let (mut events, el) = writer.join().expect("writer");
     println!(
-        "| writer + concurrent reader | {:.2} | {:.1} | {:.1} | {:.1} |",
+        "| writer + concurrent reader{} | {:.2} | {:.1} | {:.1} | {:.1} |",
+        if a.query_copy { " (two copies)" } else { "" },
         writes as f64 / el.as_secs_f64() / 1e6,
         pct(&mut lat, 0.5),
         pct(&mut lat, 0.99),
