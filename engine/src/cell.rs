@@ -50,7 +50,12 @@ impl KeyspaceCell {
 
     /// Whether queries read a copy that writes never lock while they read it.
     pub fn is_paired(&self) -> bool {
-        self.copies.len() == 2
+        self.copy_count() == 2
+    }
+
+    /// How many copies of the keyspace this cell keeps in memory (1 or 2).
+    pub fn copy_count(&self) -> usize {
+        self.copies.len()
     }
 
     /// The state as of the last write made visible. With two copies this never waits on a
@@ -108,7 +113,7 @@ impl KeyspaceCell {
     /// built first under the upgradable read lock, while queries read on (`crate::ahead`),
     /// and the write lock only swaps it in. With two copies queries do not read the copy being
     /// written, so it grows in place.
-    pub fn write_grown_ahead<R: PartialEq + Debug>(&self, write: impl FnMut(&mut Keyspace) -> R) -> R {
+    pub fn write_grown_ahead<R: PartialEq + Debug>(&self, mut write: impl FnMut(&mut Keyspace) -> R) -> R {
         if self.is_paired() {
             return self.write(write);
         }
@@ -116,7 +121,6 @@ impl KeyspaceCell {
         let grown: GrownAhead = g.trie.grow_ahead();
         let mut g = RwLockUpgradableReadGuard::upgrade(g);
         let replaced: Replaced = g.trie.install(grown);
-        let mut write = write;
         let r = write(&mut g);
         RwLockWriteGuard::unlock_fair(g);
         drop(replaced); // the old arrays are freed outside the lock

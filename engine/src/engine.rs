@@ -6,8 +6,9 @@
 //! with `unlock_fair`, which hands the lock to queued readers (a plain unlock lets a busy writer
 //! re-acquire before a parked reader wakes, measured as 60 µs median waits during catch-up).
 //! With [`Engine::keep_query_copies`] each keyspace has two copies and queries never wait on a
-//! write (`crate::cell`); growth then happens in place, in the copy queries are not reading. Queries of different keyspaces never contend. The keyspace map
-//! itself is only write-locked when a keyspace is created or installed.
+//! write (`crate::cell`); growth then happens in place, in the copy queries are not reading.
+//! Queries of different keyspaces never contend. The keyspace map itself is only write-locked
+//! when a keyspace is created or installed.
 
 use crate::cell::KeyspaceCell;
 use crate::keyspace::Keyspace;

@@ -4,12 +4,12 @@
 //!
 //! Ready = every owned partition's high watermark has been read from the broker at least once
 //! (without it the lag is unknown, not zero: a replica whose broker has not answered yet cannot
-//! prove it is caught up, so it waits however long that takes), the total lag is ≤ `ready_lag`, no owned partition is discontinuous (the log no longer
-//! continues its state: a gap, an offset deleted by retention) or rewound (the log ends before
-//! the state: a recreated topic), the ingest thread has not stopped on a bug, and the replica
-//! is not stopping. Broker loss alone does not
-//! flip readiness: a replica that cannot reach Kafka keeps answering from its state (its
-//! `applied` offsets in each response show how old it is).
+//! prove it is caught up, so it waits however long that takes), the total lag is ≤
+//! `ready_lag`, no owned partition is discontinuous (the log no longer continues its state: a
+//! gap, an offset deleted by retention) or rewound (the log ends before the state: a recreated
+//! topic), the ingest thread has not stopped on a bug, and the replica is not stopping. Broker
+//! loss alone does not flip readiness: a replica that cannot reach Kafka keeps answering from
+//! its state (its `applied` offsets in each response show how old it is).
 
 use prefixlog_ingest::ReplicaStatus;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -304,7 +304,7 @@ impl StateCollector {
         s.keyspaces.set(kss.len() as i64);
         for cell in kss {
             // Two copies (`--query-copy`) take twice the memory.
-            let copies = if cell.is_paired() { 2 } else { 1 };
+            let copies = cell.copy_count();
             let k = cell.read();
             let summaries = k.holder_summaries();
             s.holders.add(summaries.len() as i64);

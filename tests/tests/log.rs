@@ -25,6 +25,12 @@ async fn replica(b: &KafkaBackend, topic: &str) -> ReplicaNode {
     replicas::replica(&spec(b, topic), "r").await
 }
 
+/// A replica that keeps two copies of every keyspace (`--query-copy`).
+async fn paired_replica(b: &KafkaBackend, topic: &str) -> ReplicaNode {
+    let opts = NodeOptions { query_copy: true, ..replicas::options("r") };
+    ReplicaNode::start(spec(b, topic), opts).await.expect("replica starts")
+}
+
 async fn replica_with_dead_letter(b: &KafkaBackend, topic: &str, dead_letter: &str) -> ReplicaNode {
     let opts = NodeOptions { dead_letter_topic: Some(dead_letter.into()), ..replicas::options("r") };
     ReplicaNode::start(spec(b, topic), opts).await.expect("replica starts")
@@ -110,8 +116,7 @@ async fn replicas_converge_and_late_replica_catches_up() {
         let publisher = Publisher::new(&spec(&b, &topic)).unwrap();
         let r1 = replica(&b, &topic).await;
         // The second keeps two copies of every keyspace (`--query-copy`): the same state.
-        let paired = NodeOptions { query_copy: true, ..replicas::options("r") };
-        let r2 = ReplicaNode::start(spec(&b, &topic), paired).await.expect("replica starts");
+        let r2 = paired_replica(&b, &topic).await;
         let landed = publish_fleet(&publisher).await;
         let tok = token(&landed);
         for r in [&r1, &r2] {
@@ -168,8 +173,7 @@ async fn diverging_copies_stop_ingest_and_the_replica_is_not_ready() {
         b.create_topic(&topic, P).await.unwrap();
         let publisher = Publisher::new(&spec(&b, &topic)).unwrap();
         let plain = replica(&b, &topic).await;
-        let paired = NodeOptions { query_copy: true, ..replicas::options("r") };
-        let r = ReplicaNode::start(spec(&b, &topic), paired).await.expect("replica starts");
+        let r = paired_replica(&b, &topic).await;
         let tok = token(&publish_fleet(&publisher).await);
         for node in [&plain, &r] {
             assert!(node.status().wait_for(&tok, Duration::from_secs(60)).await, "{}: caught up", b.name);
