@@ -102,12 +102,7 @@ build_on_base() {
 }
 
 build_tansu() {
-  if [ ! -x "$TANSU" ]; then
-    # The same install scripts/with-tansu.sh does (once per machine, ~18 min on 2 cores).
-    echo "==> installing tansu 0.6.0 into $CACHE/tools (once per machine, ~18 min)"
-    cargo install tansu --version 0.6.0 --locked --features dynostore,libsql --root "$CACHE/tools" \
-      --target-dir "$CACHE/tansu-target"
-  fi
+  bash scripts/install-tansu.sh > /dev/null
   build_on_base local/tansu:0.6.0 deploy/local/tansu.Dockerfile "$TANSU" tansu
 }
 

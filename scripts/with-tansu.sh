@@ -1,26 +1,28 @@
 #!/usr/bin/env bash
 # Runs a command against tansu, an independent Kafka-compatible broker (issue 10):
 #   scripts/with-tansu.sh [command...]     (default: the cross-crate integration tests)
-# Installs tansu once per machine into ~/.cache/prefixlog/tools (~18 min on 2 cores), starts it
-# on a free loopback port with SQLite storage in a temporary directory, exports
+# Installs tansu once per machine (scripts/install-tansu.sh, ~18 min on 2 cores), starts it on a
+# free loopback port with SQLite storage in a temporary directory (PREFIXLOG_TANSU_STORAGE=slatedb:
+# SlateDB in memory instead), exports
 # PREFIXLOG_TEST_KAFKA (the test fixture's external backend) and PREFIXLOG_TANSU_BIN, runs the
 # command, and stops tansu and removes its data — also when the command fails.
 # `make test` runs the whole cross-crate suite through it (scripts/test.sh).
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
 cd "$PREFIXLOG_ROOT"
-TOOLS="$HOME/.cache/prefixlog/tools"
-TANSU="$TOOLS/bin/tansu"
-if [ ! -x "$TANSU" ]; then
-  echo "==> installing tansu 0.6.0 into $TOOLS (once per machine, ~18 min)"
-  cargo install tansu --version 0.6.0 --locked --features dynostore,libsql --root "$TOOLS" \
-    --target-dir "$HOME/.cache/prefixlog/tansu-target"
-fi
+TANSU="$(bash scripts/install-tansu.sh)"
+# PREFIXLOG_TANSU_STORAGE: sqlite (default: the log on disk) or slatedb (in memory; its fetch
+# costs what it returns, see scripts/install-tansu.sh).
+case "${PREFIXLOG_TANSU_STORAGE:-sqlite}" in
+  sqlite) STORAGE="sqlite://tansu.db" ;;
+  slatedb) STORAGE="slatedb://memory" ;;
+  *) echo "PREFIXLOG_TANSU_STORAGE must be sqlite or slatedb, not ${PREFIXLOG_TANSU_STORAGE}" >&2; exit 2 ;;
+esac
 DATA="$(mktemp -d)"
 PORT="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 # tansu resolves sqlite:// paths against its working directory.
 (cd "$DATA" && exec "$TANSU" broker --listener-url "tcp://127.0.0.1:$PORT" \
-  --advertised-listener-url "tcp://127.0.0.1:$PORT" --storage-engine "sqlite://tansu.db" \
+  --advertised-listener-url "tcp://127.0.0.1:$PORT" --storage-engine "$STORAGE" \
   > "$DATA/broker.log" 2>&1) &
 PID=$!
 cleanup() { kill "$PID" 2>/dev/null || true; wait "$PID" 2>/dev/null || true; rm -rf "$DATA"; }
@@ -41,7 +43,7 @@ if [ "$ready" != 1 ]; then
   cat "$DATA/broker.log" >&2 || true
   exit 1
 fi
-echo "==> tansu on 127.0.0.1:$PORT (data in $DATA)"
+echo "==> tansu on 127.0.0.1:$PORT ($STORAGE, data in $DATA)"
 export PREFIXLOG_TEST_KAFKA="127.0.0.1:$PORT" PREFIXLOG_TANSU_BIN="$TANSU" PREFIXLOG_TANSU_PORT="$PORT"
 if [ "$#" -eq 0 ]; then
   set -- cargo test -p prefixlog-tests -- --nocapture
