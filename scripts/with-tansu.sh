@@ -2,21 +2,20 @@
 # Runs a command against tansu, an independent Kafka-compatible broker (issue 10):
 #   scripts/with-tansu.sh [command...]     (default: the cross-crate integration tests)
 # Installs tansu once per machine (scripts/install-tansu.sh, ~18 min on 2 cores), starts it on a
-# free loopback port with SQLite storage in a temporary directory (PREFIXLOG_TANSU_STORAGE=slatedb:
-# SlateDB in memory instead), exports
-# PREFIXLOG_TEST_KAFKA (the test fixture's external backend) and PREFIXLOG_TANSU_BIN, runs the
-# command, and stops tansu and removes its data — also when the command fails.
+# free loopback port with SQLite storage in a temporary directory, exports PREFIXLOG_TEST_KAFKA
+# (the test fixture's external backend) and PREFIXLOG_TANSU_BIN, runs the command, and stops
+# tansu and removes its data — also when the command fails.
 # `make test` runs the whole cross-crate suite through it (scripts/test.sh).
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
 cd "$PREFIXLOG_ROOT"
 TANSU="$(bash scripts/install-tansu.sh)"
-# PREFIXLOG_TANSU_STORAGE: sqlite (default: the log on disk) or slatedb (in memory; its fetch
-# costs what it returns, see scripts/install-tansu.sh).
+# PREFIXLOG_TANSU_STORAGE: sqlite (default: the log on disk) or memory (tansu's object-store
+# engine in memory; bench-audit was measured on both, see the README's Audit benchmark).
 case "${PREFIXLOG_TANSU_STORAGE:-sqlite}" in
   sqlite) STORAGE="sqlite://tansu.db" ;;
-  slatedb) STORAGE="slatedb://memory" ;;
-  *) echo "PREFIXLOG_TANSU_STORAGE must be sqlite or slatedb, not ${PREFIXLOG_TANSU_STORAGE}" >&2; exit 2 ;;
+  memory) STORAGE="memory://tansu/" ;;
+  *) echo "PREFIXLOG_TANSU_STORAGE must be sqlite or memory, not ${PREFIXLOG_TANSU_STORAGE}" >&2; exit 2 ;;
 esac
 DATA="$(mktemp -d)"
 PORT="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
