@@ -3,7 +3,7 @@
 #
 #   local/debian:bookworm  Debian 12 minbase from `debootstrap` + `docker import`, with tini and
 #                          ca-certificates (the base of the two images below)
-#   local/tansu:0.6.0      the base + the tansu broker binary scripts/with-tansu.sh installs
+#   local/tansu:0.6.0      the base + the tansu broker binary scripts/install-tansu.sh installs
 #   prefixlog:local        Dockerfile.local: the base + a host-built prefixlog binary
 #
 #   scripts/build-images.sh [base|tansu|prefixlog|all]   (default: all; needs a running engine,
@@ -20,7 +20,6 @@ source "$(dirname "$0")/env.sh"
 cd "$PREFIXLOG_ROOT"
 export DOCKER_BUILDKIT=0   # the classic builder: no buildx plugin, no frontend image to pull
 CACHE="$HOME/.cache/prefixlog"
-TANSU="$CACHE/tools/bin/tansu"
 SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
 BASE=local/debian:bookworm
 SUITE=bookworm
@@ -102,8 +101,9 @@ build_on_base() {
 }
 
 build_tansu() {
-  bash scripts/install-tansu.sh > /dev/null
-  build_on_base local/tansu:0.6.0 deploy/local/tansu.Dockerfile "$TANSU" tansu
+  local tansu
+  tansu="$(bash scripts/install-tansu.sh)"
+  build_on_base local/tansu:0.6.0 deploy/local/tansu.Dockerfile "$tansu" tansu
 }
 
 build_prefixlog() {
