@@ -19,12 +19,26 @@ pub struct KafkaConnection {
     pub properties: Vec<(String, String)>,
 }
 
+/// `fetch.max.bytes` of a [`ClientRole::Replayer`], for the whole request: 512 KiB, about 250
+/// records of the trace workload.
+const REPLAY_FETCH_MAX_BYTES: &str = "524288";
+
 /// What a client is for: each role has its own librdkafka settings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ClientRole {
     /// Reads partitions by manual assignment, never commits, never resets an offset silently:
     /// an out-of-range offset is an error the reader turns into a discontinuity.
     Reader,
+    /// A [`ClientRole::Reader`] of a stretch of history with a known end (replays, audits),
+    /// with small fetches that do not wait:
+    /// - each request asks for at most 512 KiB. What a request returns past the replay's end is
+    ///   read for nothing, and librdkafka's default request (50 MiB) is spent by some brokers
+    ///   on the first partitions listed (tansu caps it at 5 MiB and ignores the per-partition
+    ///   cap): an audit's replay from a checkpoint fetched about 1.5× the records it applied.
+    /// - the broker waits at most 1 ms for data. History is there to read, so on Kafka the
+    ///   wait never starts; tansu sleeps it out after every request, full or not, which cost
+    ///   small requests 10 ms each at the live reader's setting (README, Audit benchmark).
+    Replayer,
     /// Metadata and watermarks only.
     Probe,
     /// Idempotent keyed producer (`acks=all`), bounded queue.
@@ -48,7 +62,7 @@ impl KafkaConnection {
         let mut cc = ClientConfig::new();
         cc.set("bootstrap.servers", &self.brokers);
         match role {
-            ClientRole::Reader => {
+            ClientRole::Reader | ClientRole::Replayer => {
                 // group.id is required by librdkafka's consumer even with manual assignment;
                 // nothing is ever committed under it.
                 cc.set("group.id", "prefixlog-reader-unused")
@@ -56,6 +70,14 @@ impl KafkaConnection {
                     .set("enable.auto.offset.store", "false")
                     .set("auto.offset.reset", "error")
                     .set("fetch.wait.max.ms", "10");
+                if role == ClientRole::Replayer {
+                    // librdkafka refuses a fetch.max.bytes below message.max.bytes (1 MB by
+                    // default), which a consumer uses for nothing else; a larger record is
+                    // still returned whole (a fetch returns at least one batch).
+                    cc.set("fetch.max.bytes", REPLAY_FETCH_MAX_BYTES)
+                        .set("message.max.bytes", REPLAY_FETCH_MAX_BYTES)
+                        .set("fetch.wait.max.ms", "1");
+                }
             }
             ClientRole::Probe => {
                 cc.set("group.id", "prefixlog-probe-unused");
@@ -254,5 +276,16 @@ mod tests {
         let k = KafkaConnection::new("b:9092").with_properties(vec![("linger.ms".into(), "50".into())]);
         assert_eq!(k.client_config(ClientRole::Publisher).get("linger.ms"), Some("50"));
         assert_eq!(k.client_config(ClientRole::Reader).get("auto.offset.reset"), Some("error"));
+        assert_eq!(k.client_config(ClientRole::Reader).get("fetch.max.bytes"), None);
+        let replayer = k.client_config(ClientRole::Replayer);
+        assert_eq!(replayer.get("auto.offset.reset"), Some("error"));
+        assert_eq!(replayer.get("fetch.max.bytes"), Some("524288"));
+        assert_eq!(replayer.get("fetch.wait.max.ms"), Some("1"));
+        // librdkafka accepts the combination (it checks fetch.max.bytes >= message.max.bytes
+        // when the client is created; no broker is contacted).
+        let _: rdkafka::consumer::BaseConsumer = replayer.create().expect("a valid replayer config");
+        let overridden = KafkaConnection::new("b:9092")
+            .with_properties(vec![("fetch.max.bytes".into(), "5242880".into())]);
+        assert_eq!(overridden.client_config(ClientRole::Replayer).get("fetch.max.bytes"), Some("5242880"));
     }
 }

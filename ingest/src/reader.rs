@@ -253,13 +253,31 @@ fn fetched_high_watermark(consumer: &BaseConsumer, topic: &CStr, partition: i32)
 }
 
 impl LogReader {
-    /// Starts reading `start` = `(partition, next offset)` pairs of `spec`'s topic.
+    /// Starts reading `start` = `(partition, next offset)` pairs of `spec`'s topic, to follow
+    /// the log (a replica's reader).
     pub fn open(spec: &LogSpec, start: impl IntoIterator<Item = (u32, i64)>) -> Result<Self, KafkaError> {
+        Self::open_as(spec, start, ClientRole::Reader)
+    }
+
+    /// [`Self::open`] for a stretch of history with a known end (replays, audits): smaller
+    /// fetches, so less is read past the end ([`ClientRole::Replayer`]).
+    pub fn open_bounded(
+        spec: &LogSpec,
+        start: impl IntoIterator<Item = (u32, i64)>,
+    ) -> Result<Self, KafkaError> {
+        Self::open_as(spec, start, ClientRole::Replayer)
+    }
+
+    fn open_as(
+        spec: &LogSpec,
+        start: impl IntoIterator<Item = (u32, i64)>,
+        role: ClientRole,
+    ) -> Result<Self, KafkaError> {
         // Kafka topic names are [a-zA-Z0-9._-]; refused here before librdkafka sees one with NUL.
         let topic_c = CString::new(spec.topic.as_str()).map_err(|_| {
             KafkaError::ClientCreation(format!("topic name {:?} holds a NUL byte", spec.topic))
         })?;
-        let config = spec.client_config(ClientRole::Reader);
+        let config = spec.client_config(role);
         let consumer: BaseConsumer = config.create()?;
         let mut expected = vec![None; spec.partitions as usize];
         for (p, o) in start {

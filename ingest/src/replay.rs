@@ -123,7 +123,8 @@ pub fn replay(
     let total: u64 = open.iter().map(|(&p, &e)| (e - applier.partition(p).next_offset) as u64).sum();
     let started = Instant::now();
     let mut first_record = None;
-    let mut reader = LogReader::open(spec, open.keys().map(|&p| (p, applier.partition(p).next_offset)))?;
+    let mut reader =
+        LogReader::open_bounded(spec, open.keys().map(|&p| (p, applier.partition(p).next_offset)))?;
     let mut open = open;
     let mut applied = 0u64;
     let mut last_progress = Instant::now();

@@ -258,7 +258,7 @@ fn parse_holder(s: &str) -> anyhow::Result<(KeyspaceId, HolderKey)> {
 
 /// One record of the log, read through the one log reader.
 fn read_record(log: &LogSpec, p: u32, o: i64) -> anyhow::Result<Option<Vec<u8>>> {
-    let mut reader = LogReader::open(log, [(p, o)])?;
+    let mut reader = LogReader::open_bounded(log, [(p, o)])?;
     for _ in 0..100 {
         match reader.poll(std::time::Duration::from_millis(100)) {
             Read::Record(r) => return Ok(r.payload().map(<[u8]>::to_vec)),

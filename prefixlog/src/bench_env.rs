@@ -23,6 +23,9 @@ pub struct BenchLogArgs {
     /// Pin the embedded broker's threads to these CPUs (e.g. `0`: the log side on one core).
     #[arg(long, env = "PREFIXLOG_BENCH_BROKER_CPUS")]
     pub broker_cpus: Option<prefixlog_ingest::CpuSet>,
+    /// Extra librdkafka property for every client of the benchmark, repeatable (as `serve -X`).
+    #[arg(short = 'X', env = "PREFIXLOG_BENCH_KAFKA_PROPERTIES", value_delimiter = ';', value_parser = crate::kafka_args::parse_kv)]
+    pub property: Vec<(String, String)>,
 }
 
 pub struct BenchLog {
@@ -50,14 +53,13 @@ impl BenchLog {
                     // librdkafka's mock cluster threads inherit the CPU set of their creator.
                     Some(cpus) => cpus.run_pinned(|| EmbeddedKafka::start(topic, partitions))??,
                 };
-                (
-                    LogSpec::new(KafkaConnection::new(kafka.bootstrap_servers()), topic, partitions),
-                    Some(kafka),
-                )
+                let conn =
+                    KafkaConnection::new(kafka.bootstrap_servers()).with_properties(broker.property.clone());
+                (LogSpec::new(conn, topic, partitions), Some(kafka))
             }
             Some(b) => {
                 let topic = format!("{topic}-{}", std::process::id());
-                let conn = KafkaConnection::new(b.clone());
+                let conn = KafkaConnection::new(b.clone()).with_properties(broker.property.clone());
                 create_topic(&conn, &topic, partitions, &[]).await?;
                 (LogSpec::new(conn, topic, partitions), None)
             }
