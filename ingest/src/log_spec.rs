@@ -68,9 +68,10 @@ impl KafkaConnection {
                 cc.set("group.id", "prefixlog-reader-unused")
                     .set("enable.auto.commit", "false")
                     .set("enable.auto.offset.store", "false")
-                    .set("auto.offset.reset", "error")
-                    .set("fetch.wait.max.ms", "10");
-                if role == ClientRole::Replayer {
+                    .set("auto.offset.reset", "error");
+                if role == ClientRole::Reader {
+                    cc.set("fetch.wait.max.ms", "10");
+                } else {
                     // librdkafka refuses a fetch.max.bytes below message.max.bytes (1 MB by
                     // default), which a consumer uses for nothing else; a larger record is
                     // still returned whole (a fetch returns at least one batch).
@@ -277,6 +278,7 @@ mod tests {
         assert_eq!(k.client_config(ClientRole::Publisher).get("linger.ms"), Some("50"));
         assert_eq!(k.client_config(ClientRole::Reader).get("auto.offset.reset"), Some("error"));
         assert_eq!(k.client_config(ClientRole::Reader).get("fetch.max.bytes"), None);
+        assert_eq!(k.client_config(ClientRole::Reader).get("fetch.wait.max.ms"), Some("10"));
         let replayer = k.client_config(ClientRole::Replayer);
         assert_eq!(replayer.get("auto.offset.reset"), Some("error"));
         assert_eq!(replayer.get("fetch.max.bytes"), Some("524288"));
