@@ -86,6 +86,17 @@ enum Cmd {
     BenchRouting(demo::routing_sim::Args),
 }
 
+impl Cmd {
+    /// The CPUs the whole process is pinned to before its runtime starts (`--query-cpus`).
+    fn query_cpus(&self) -> Option<&prefixlog_ingest::CpuSet> {
+        match self {
+            Cmd::Serve(a) => a.query_cpus.as_ref(),
+            Cmd::BenchQuery(a) => a.query_cpus.as_ref(),
+            _ => None,
+        }
+    }
+}
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     // The demo draws a progress bar and a table: only warnings go to the log by default.
@@ -96,6 +107,10 @@ fn main() -> anyhow::Result<()> {
     match cli.log_format {
         LogFormat::Text => logs.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init(),
         LogFormat::Json => logs.json().init(),
+    }
+    // Before the runtime exists: its threads, and every thread started later, inherit the set.
+    if let Some(cpus) = cli.cmd.query_cpus() {
+        cpus.pin_current_thread().map_err(|e| anyhow::anyhow!("--query-cpus {cpus}: {e}"))?;
     }
     let rt = tokio::runtime::Runtime::new()?;
     match cli.cmd {

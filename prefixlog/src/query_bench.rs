@@ -40,6 +40,10 @@ pub struct Args {
     /// (`serve --ingest-cpus`), leaving the others to the query path.
     #[arg(long, env = "PREFIXLOG_BENCH_INGEST_CPUS")]
     pub ingest_cpus: Option<prefixlog_ingest::CpuSet>,
+    /// Pin the rest of the process (the replicas' query servers, the client) to these CPUs
+    /// before its runtime starts (`serve --query-cpus`).
+    #[arg(long, env = "PREFIXLOG_BENCH_QUERY_CPUS")]
+    pub query_cpus: Option<prefixlog_ingest::CpuSet>,
     /// The replicas keep two copies of every keyspace (`serve --query-copy`): queries never
     /// wait on the writer.
     #[arg(long, env = "PREFIXLOG_BENCH_QUERY_COPY")]
@@ -103,9 +107,10 @@ async fn measure(
             break;
         }
         let q = &queries[i % queries.len()];
-        let payload = vec![0u8; prost_len(q)];
+        // Both requests are built before their timers start: the clock covers the RPC only.
+        let (request, payload) = (q.clone(), vec![0u8; prost_len(q)]);
         let t = Instant::now();
-        let r = m.r#match(q.clone()).await?;
+        let r = m.r#match(request).await?;
         lm.v.push(t.elapsed());
         hits += usize::from(!r.get_ref().scores.is_empty());
         scores += r.get_ref().scores.len();

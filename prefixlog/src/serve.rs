@@ -65,6 +65,13 @@ pub struct Args {
     /// unpinned.
     #[arg(long, env = "PREFIXLOG_INGEST_CPUS")]
     pub ingest_cpus: Option<prefixlog_ingest::CpuSet>,
+    /// Pin the query side to these CPUs (e.g. `1`, or `1-3`): the process is pinned before its
+    /// runtime starts, so the gRPC server's threads (one runtime worker per CPU named) and
+    /// every thread started later run there, except the ingest thread and its consumer when
+    /// `--ingest-cpus` names others. Both together give a catch-up at full speed and the
+    /// queries separate cores. Unset: unpinned.
+    #[arg(long, env = "PREFIXLOG_QUERY_CPUS")]
+    pub query_cpus: Option<prefixlog_ingest::CpuSet>,
     /// Keep two copies of every keyspace, so a query never waits on a write: the ingest thread
     /// applies each write to the copy queries are not reading, switches them over, then applies
     /// it to the other. Costs twice the engine's memory and write work; answers, digests and

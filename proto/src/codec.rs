@@ -9,9 +9,16 @@
 //! Here a message is decoded from one contiguous slice (tonic hands a decoder a whole message,
 //! and its buffer is one `BytesMut`) and encoded into a `Vec` of its exact size, then copied
 //! into tonic's buffer with one `put_slice`.
+//!
+//! `MatchResponse`, the one message on the hot path that carries hundreds of small nested
+//! messages, is encoded and decoded by [`crate::match_wire`] (same bytes again; prost handles
+//! everything but its score list).
 
+use crate::match_wire;
+use crate::v1::MatchResponse;
 use prost::bytes::{Buf, BufMut};
 use prost::Message;
+use std::any::Any;
 use std::marker::PhantomData;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::Status;
@@ -49,12 +56,15 @@ where
 #[derive(Debug, Clone, Copy)]
 pub struct SliceEncoder<T>(PhantomData<T>);
 
-impl<T: Message> Encoder for SliceEncoder<T> {
+impl<T: Message + 'static> Encoder for SliceEncoder<T> {
     type Item = T;
     type Error = Status;
 
-    fn encode(&mut self, item: T, buf: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        let bytes = item.encode_to_vec();
+    fn encode(&mut self, mut item: T, buf: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        let bytes = match (&mut item as &mut dyn Any).downcast_mut::<MatchResponse>() {
+            Some(r) => match_wire::encode(std::mem::take(r)),
+            None => item.encode_to_vec(),
+        };
         buf.reserve(bytes.len());
         buf.put_slice(&bytes);
         Ok(())
@@ -65,14 +75,18 @@ impl<T: Message> Encoder for SliceEncoder<T> {
 #[derive(Debug, Clone, Copy)]
 pub struct SliceDecoder<U>(PhantomData<U>);
 
-impl<U: Message + Default> Decoder for SliceDecoder<U> {
+impl<U: Message + Default + 'static> Decoder for SliceDecoder<U> {
     type Item = U;
     type Error = Status;
 
     fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
         let len = buf.remaining();
         let item = if buf.chunk().len() == len {
-            let item = U::decode(buf.chunk()).map_err(decode_error)?;
+            let mut item = U::default();
+            match (&mut item as &mut dyn Any).downcast_mut::<MatchResponse>() {
+                Some(r) => *r = match_wire::decode(buf.chunk()).map_err(decode_error)?,
+                None => item = U::decode(buf.chunk()).map_err(decode_error)?,
+            }
             buf.advance(len);
             item
         } else {

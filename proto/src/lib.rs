@@ -7,9 +7,12 @@
 //!   `peer.proto`: `ReplicaPeer`, replica to replica (digests, checkpoint transfer).
 //! - [`codec`]: the gRPC codec every generated client and server uses (prost on the wire, one
 //!   slice per message in memory).
+//! - [`match_wire`]: `MatchResponse` encoded and decoded by hand for its score list (the same
+//!   bytes as prost, checked against it), the codec's fast path for the largest hot message.
 //! - [`FILE_DESCRIPTOR_SET`]: every schema, encoded, for gRPC server reflection.
 
 pub mod codec;
+pub mod match_wire;
 
 /// Version 1 of the log schema.
 pub mod v1 {
