@@ -110,7 +110,8 @@ fn main() -> anyhow::Result<()> {
     }
     // Before the runtime exists: its threads, and every thread started later, inherit the set.
     if let Some(cpus) = cli.cmd.query_cpus() {
-        cpus.pin_current_thread().map_err(|e| anyhow::anyhow!("--query-cpus {cpus}: {e}"))?;
+        cpus.pin_current_thread()
+            .map_err(|e| anyhow::anyhow!("--query-cpus {cpus}: cannot run on these CPUs: {e}"))?;
     }
     let rt = tokio::runtime::Runtime::new()?;
     match cli.cmd {
