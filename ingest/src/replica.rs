@@ -292,8 +292,11 @@ impl Replica {
                 .spawn(move || {
                     if let Some(c) = cpus {
                         // The same set was just applied to the thread that opened the reader.
-                        if let Err(e) = c.pin_current_thread() {
-                            tracing::warn!(cpus = %c, error = %e, "could not pin the ingest thread; it runs unpinned");
+                        match c.pin_current_thread() {
+                            Ok(()) => tracing::info!(cpus = %c, "ingest thread pinned (--ingest-cpus)"),
+                            Err(e) => {
+                                tracing::warn!(cpus = %c, error = %e, "could not pin the ingest thread; it runs unpinned")
+                            }
                         }
                     }
                     // A panic here is a bug, never input (bad records are skipped and counted).

@@ -112,6 +112,7 @@ fn main() -> anyhow::Result<()> {
     if let Some(cpus) = cli.cmd.query_cpus() {
         cpus.pin_current_thread()
             .map_err(|e| anyhow::anyhow!("--query-cpus {cpus}: cannot run on these CPUs: {e}"))?;
+        tracing::info!(cpus = %cpus, "pinned the process to --query-cpus (the ingest thread re-pins to --ingest-cpus if set)");
     }
     let rt = tokio::runtime::Runtime::new()?;
     match cli.cmd {
