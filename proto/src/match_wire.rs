@@ -21,6 +21,7 @@
 //!   and on mutations of their bytes (unknown fields, duplicates, truncation, noise).
 
 use crate::v1::{Interval, MatchResponse, WorkerScore};
+use prost::encoding::encode_varint;
 use prost::{DecodeError, Message};
 
 /// Key of `MatchResponse.scores` (field 1, length-delimited).
@@ -41,18 +42,10 @@ const GAPPED: u8 = 0x40;
 const MAX_PLAIN_SCORE: usize = (1 + 10) + 4 * (1 + 5) + 2 * 2;
 const _: () = assert!(MAX_PLAIN_SCORE < 128);
 
-fn put_varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push(v as u8 | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
-}
-
 fn put_varint_field(out: &mut Vec<u8>, key: u8, v: u64) {
     if v != 0 {
         out.push(key);
-        put_varint(out, v);
+        encode_varint(v, out);
     }
 }
 
@@ -64,7 +57,7 @@ fn put_score(out: &mut Vec<u8>, s: &WorkerScore) {
     if s.intervals.is_empty() {
         out.push(0);
     } else {
-        put_varint(out, s.encoded_len() as u64);
+        encode_varint(s.encoded_len() as u64, out);
     }
     let body_at = out.len();
     put_varint_field(out, WORKER, s.worker);
@@ -75,7 +68,7 @@ fn put_score(out: &mut Vec<u8>, s: &WorkerScore) {
     put_varint_field(out, INFERRED, s.inferred.into());
     for i in &s.intervals {
         out.push(INTERVALS);
-        put_varint(out, i.encoded_len() as u64);
+        encode_varint(i.encoded_len() as u64, out);
         i.encode_raw(out);
     }
     put_varint_field(out, GAPPED, s.gapped.into());
@@ -201,6 +194,8 @@ fn interval(buf: &mut &[u8]) -> Option<Interval> {
 }
 
 /// A varint read from a slice, as prost reads it: at most ten bytes, the tenth at most 1.
+/// Written out because prost's `decode_varint` (generic over `Buf`) made the decode ~20%
+/// slower here (`match-codec-bench`: 7.5–8.4 against 6.0–6.3 µs).
 #[inline]
 fn varint(buf: &mut &[u8]) -> Option<u64> {
     let mut v = 0u64;
