@@ -27,6 +27,8 @@
 //!   rebuilt keyspace (anti-entropy repair).
 //! - `trie`: the path-compressed trie: runs of blocks with one membership list each, child and
 //!   ext lookup, splitting, walking and creating chains, freeing.
+//! - `same`: the flag a run carries when its only child has the same holders, so a match
+//!   steps into that child without comparing holder lists.
 //! - `runs`: the run records and their arena; `blocks`: per-block storage (locals, canonical
 //!   exts, run ids) and the allocator of the block ranges runs occupy.
 //! - `table`: the lookup tables: open addressing with hash bits stored beside indices.
@@ -62,6 +64,7 @@ mod members;
 pub mod partition;
 mod rebuild;
 mod runs;
+mod same;
 pub mod scheme;
 mod store_check;
 mod table;

@@ -6,7 +6,7 @@
 //! misses an earlier one (an evicted head or a hole in the middle) stops at the hole.
 
 use crate::keyspace::Keyspace;
-use crate::trie::{common_prefix, ROOT};
+use crate::trie::{common_prefix, same_holders, ROOT};
 use crate::types::{HolderMatch, MatchOptions};
 use rustc_hash::FxHashMap;
 
@@ -112,7 +112,9 @@ impl Keyspace {
             if let Some(n) = next {
                 trie.prefetch_locals(n);
             }
-            if prev.is_some_and(|p| same_holders(p, run)) {
+            // `prev` is the run this one hangs off: its flag says so when this is its only
+            // child; a run with several children compares the lists.
+            if prev.is_some_and(|p| p.same_as_child() || same_holders(p, run)) {
                 // Held by exactly the holders of the run before (a chain its holders stored
                 // in several operations): whoever extended there extends here too.
                 *s.ends.last_mut().expect("the run before extended someone") = to as u32;
@@ -170,13 +172,6 @@ impl Keyspace {
         }
         acc.into_iter().map(|(h, a)| self.result(h, a.depth, a.intervals)).collect()
     }
-}
-
-/// Whether two runs have the same holders (stamps aside). Member lists are sorted by key.
-#[inline]
-fn same_holders(a: &crate::trie::Run, b: &crate::trie::Run) -> bool {
-    a.members.len() == b.members.len()
-        && a.members.iter().zip(b.members.iter()).all(|(x, y)| x.holder == y.holder)
 }
 
 /// The holder filters of [`MatchOptions`], with the candidate list sorted.

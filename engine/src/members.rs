@@ -42,6 +42,7 @@ impl Keyspace {
         let holders = &self.holders;
         let at = self.trie.runs[r].members.partition_point(|m| holders.at(m.holder).key < key);
         self.trie.runs[r].members.insert(at, Member { holder: h, stamp });
+        self.trie.holders_changed(r);
         let inferred = !self.holders.at(h).fed;
         let terms = known_terms.unwrap_or_else(|| self.trie.terms(r, 0, count, inferred));
         let holder = self.holders.at_mut(h);
@@ -57,6 +58,7 @@ impl Keyspace {
         let pos = run.member(h).expect("the holder is a member of the run");
         let stamp = run.members.remove(pos).stamp;
         let (start, len) = (run.start, run.len);
+        self.trie.holders_changed(r);
         let inferred = !self.holders.at(h).fed;
         let terms = self.trie.terms(r, 0, len, inferred);
         let holder = self.holders.at_mut(h);

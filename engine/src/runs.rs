@@ -36,7 +36,9 @@ pub struct Run {
     pub members: Members,
 }
 
-pub(crate) const CHILDREN: u32 = (1 << 31) - 1;
+pub(crate) const CHILDREN: u32 = (1 << 30) - 1;
+/// One child, with the same holders (see `same.rs`). Derived: never written to an image.
+pub(crate) const SAME: u32 = 1 << 30;
 pub(crate) const LIVE: u32 = 1 << 31;
 
 impl Run {
@@ -48,6 +50,12 @@ impl Run {
     #[inline]
     pub fn children(&self) -> u32 {
         self.bits & CHILDREN
+    }
+
+    /// The run has one child, with the same holders (see `same.rs`).
+    #[inline]
+    pub fn same_as_child(&self) -> bool {
+        self.bits & SAME != 0
     }
 
     #[inline]
@@ -153,8 +161,16 @@ impl Runs {
             put_u64(b, self.len as u64);
             for r in 0..self.slots() {
                 let x = &self[r];
-                for v in [x.start, x.len, x.cap, x.parent, x.first_child, x.first_child_start, x.bits, x.pins]
-                {
+                for v in [
+                    x.start,
+                    x.len,
+                    x.cap,
+                    x.parent,
+                    x.first_child,
+                    x.first_child_start,
+                    x.bits & !SAME,
+                    x.pins,
+                ] {
                     put_u32(b, v);
                 }
                 for v in [x.first_local, x.start_path, x.end_path] {
@@ -201,7 +217,8 @@ impl Runs {
                 parent,
                 first_child,
                 first_child_start,
-                bits,
+                // Derived: recomputed once the trie is whole.
+                bits: bits & !SAME,
                 pins,
                 first_local,
                 start_path,

@@ -23,6 +23,7 @@ use crate::blocks::{Blocks, ANCHOR, CHUNK, ROOT_BLOCK};
 use crate::digest::{block_term, child_path, fold_mul, parent_path, ROOT_PATH};
 pub use crate::runs::{Member, Members, Run, Runs};
 use crate::runs::{CHILDREN, LIVE};
+pub(crate) use crate::same::same_holders;
 use crate::table::NodeTable;
 
 /// The root's run: its one (virtual) block is [`ROOT_BLOCK`], the parent of top-level runs.
@@ -292,6 +293,10 @@ impl Trie {
             run.first_child_start = b;
         }
         self.live_runs += 1;
+        let (head, tail) = (self.run_of(b - 1), self.run_of(b));
+        self.refresh_same(head);
+        self.refresh_same(tail);
+        self.refresh_same(self.run_of(self.runs[head].parent));
     }
 
     /// Points the parent block's link to child `old` at `new` instead.
@@ -370,6 +375,7 @@ impl Trie {
             let (parent, local) = (self.runs[c].parent, self.runs[c].first_local);
             self.edges.insert(edge_hash(parent, local), c);
         }
+        self.refresh_same(pr);
     }
 
     /// Rebuild: links run `c` under its parent block, refusing a second child with the same
@@ -436,6 +442,7 @@ impl Trie {
             let found = self.edges.remove(edge_hash(parent, first_local), r);
             debug_assert!(found, "a non-first child is in the edge table");
         }
+        self.refresh_same(pr);
         for b in start..start + len {
             self.drop_block(b);
         }
@@ -602,7 +609,9 @@ impl Trie {
                 live_blocks += runs[r].len as usize;
             }
         }
-        Self { blocks, runs, edges, exts, live_runs, live_blocks }
+        let mut trie = Self { blocks, runs, edges, exts, live_runs, live_blocks };
+        trie.refresh_all_same();
+        trie
     }
 
     /// Rebuild: installs an ext table built beside the run pass.

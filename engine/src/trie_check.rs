@@ -42,6 +42,11 @@ impl Trie {
                     .get(fc)
                     .is_some_and(|c| c.live() && c.parent == run.last() && c.start == run.first_child_start);
             check(fc_ok, || Link { run: r, what: "first child is not a live child" })?;
+            let same = self.same_as_child(r);
+            check(run.same_as_child() == same, || Link {
+                run: r,
+                what: "same-holders-as-child flag is stale",
+            })?;
         }
         self.check_free_blocks(&owner)?;
         self.check_exts()?;
