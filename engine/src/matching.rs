@@ -54,8 +54,12 @@ impl Keyspace {
             self.match_depth(locals, &filter, s);
             s.sort_by_depth_then_key();
             let n = s.order.len().min(opts.top_k.unwrap_or(usize::MAX));
-            out.extend(s.order[..n].iter().map(|&h| self.result(h, s.depth_of(h), Vec::new())));
-            s.reset();
+            out.reserve(n);
+            s.take_in_order(|i, h, depth| {
+                if i < n {
+                    out.push(self.result(h, depth, Vec::new()));
+                }
+            });
         })
     }
 
@@ -122,17 +126,22 @@ impl Keyspace {
                 continue;
             }
             let stage = s.ends.len() as u32;
-            let mut extended = 0usize;
-            for m in run.members.iter() {
-                let st = &mut s.stage[m.holder as usize];
-                if *st == stage && (f.is_none() || self.holder_ok(f, m.holder)) {
-                    *st = stage + 1;
-                    extended += 1;
-                    if stage == 0 {
-                        s.touched.push(m.holder);
+            let extended = if stage == 0 && f.is_none() {
+                s.credit_all(run)
+            } else {
+                let mut extended = 0usize;
+                for m in run.members.iter() {
+                    let st = &mut s.stage[m.holder as usize];
+                    if *st == stage && (f.is_none() || self.holder_ok(f, m.holder)) {
+                        *st = stage + 1;
+                        extended += 1;
+                        if stage == 0 {
+                            s.touched.push(m.holder);
+                        }
                     }
                 }
-            }
+                extended
+            };
             if extended == 0 {
                 break;
             }
@@ -212,8 +221,23 @@ struct Scratch {
 }
 
 impl Scratch {
-    fn depth_of(&self, h: u32) -> u32 {
-        self.ends[self.stage[h as usize] as usize - 1]
+    /// The first run without a filter: every stage is still 0, so every member (members are
+    /// distinct) extends to stage 1, with no per-member test. Returns how many.
+    fn credit_all(&mut self, run: &crate::trie::Run) -> usize {
+        for m in run.members.iter() {
+            self.stage[m.holder as usize] = 1;
+        }
+        self.touched.extend(run.members.iter().map(|m| m.holder));
+        run.members.len()
+    }
+
+    /// Calls `f(i, holder, depth)` for the touched holders in `order`, resetting each one's
+    /// stage for the next query in the same pass (one walk over them instead of two).
+    fn take_in_order(&mut self, mut f: impl FnMut(usize, u32, u32)) {
+        for (i, &h) in self.order.iter().enumerate() {
+            let stage = std::mem::take(&mut self.stage[h as usize]);
+            f(i, h, self.ends[stage as usize - 1]);
+        }
     }
 
     /// `order`: the touched holders by depth (descending), then holder key. `touched` is
@@ -246,12 +270,6 @@ impl Scratch {
                 self.order[self.next[s] as usize] = h;
                 self.next[s] += 1;
             }
-        }
-    }
-
-    fn reset(&mut self) {
-        for &h in &self.touched {
-            self.stage[h as usize] = 0;
         }
     }
 }
