@@ -56,7 +56,9 @@ pub fn block_hashes_after(parent: u64, tokens: &[u32], block_size: usize) -> Vec
         return Vec::new();
     }
     let mut out = Vec::with_capacity(tokens.len() / block_size);
-    let mut bytes = Vec::with_capacity(block_size * 4);
+    // Sized by the tokens present: `block_size` comes from requests and records, and a huge
+    // one must not reserve memory for a block that cannot be filled.
+    let mut bytes = Vec::with_capacity(block_size.min(tokens.len()) * 4);
     let mut parent = parent;
     for block in tokens.chunks_exact(block_size) {
         bytes.clear();
@@ -72,6 +74,16 @@ pub fn block_hashes_after(parent: u64, tokens: &[u32], block_size: usize) -> Vec
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A block size far beyond the prompt hashes nothing and reserves nothing (it once reserved
+    /// `block_size * 4` bytes up front: 17 GB for a request naming block size 2^32 - 1, an
+    /// overflow panic beyond that).
+    #[test]
+    fn a_huge_block_size_hashes_nothing_and_reserves_nothing() {
+        for block_size in [u32::MAX as usize, usize::MAX / 2, usize::MAX] {
+            assert!(block_hashes_after(0, &[1, 2, 3], block_size).is_empty());
+        }
+    }
 
     /// The golden cases: (name, tokens, block size). Shared with other languages through
     /// `python/golden_vectors.json`; changing a hash here is a wire-incompatible change.

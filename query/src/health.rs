@@ -37,9 +37,14 @@ impl Readiness {
         self.stopping.store(true, Ordering::Release);
     }
 
+    /// Whether a clean stop has begun ([`Self::set_stopping`]).
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::Acquire)
+    }
+
     /// (ready, human-readable reason).
     pub fn check(&self) -> (bool, String) {
-        if self.stopping.load(Ordering::Acquire) {
+        if self.is_stopping() {
             return (false, "stopping".into());
         }
         if let Some(why) = self.status.ingest_failure() {

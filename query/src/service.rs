@@ -11,7 +11,7 @@
 
 use crate::health::Readiness;
 use crate::metrics::QueryMetrics;
-use crate::validate::{check, unknown_keyspace};
+use crate::validate::{check, clip, unknown_keyspace};
 use parking_lot::Mutex;
 use prefixlog_engine::{Engine, Keyspace, MatchOptions};
 use prefixlog_ingest::{Applier, ReplicaStatus};
@@ -125,15 +125,18 @@ impl QueryService {
         // Wait for the token before looking the keyspace up: a read-your-writes query may be
         // the first to name a keyspace that the awaited record creates.
         let mut stale = false;
-        if !c.token.is_empty() && !status.wait_for(&c.token, wait).await {
-            if !req.allow_stale {
-                return Err(Status::deadline_exceeded(format!(
-                    "consistency token not reached within {wait:?}: wanted {:?} (next offsets), applied {:?}",
-                    c.token,
-                    status.offsets()
-                )));
+        if !c.token.is_empty() {
+            let reached = match self.token_unprovable(&c.token) {
+                Some(why) if !req.allow_stale => return Err(Status::unavailable(why)),
+                Some(_) => false,
+                None => status.wait_for(&c.token, wait).await,
+            };
+            if !reached {
+                if !req.allow_stale {
+                    return Err(token_not_reached(&c.token, &status.offsets(), wait));
+                }
+                stale = true;
             }
-            stale = true;
         }
         let Some(keyspace) = self.view.engine.keyspace(&c.keyspace) else {
             return Err(unknown_keyspace(&c.keyspace, &self.view.engine.keyspace_ids()));
@@ -161,6 +164,44 @@ impl QueryService {
             request_id: req.request_id,
             partitions: info.owned.clone(),
             partition_count: info.partition_count,
+        })
+    }
+
+    /// Why this replica cannot truthfully say it reached `token`, if it cannot: a partition the
+    /// token names was rewound (the log was recreated: its offsets and this state's are not
+    /// comparable, whatever their values), or the token is not reached yet and never will be
+    /// here (the log does not continue a named partition, ingest stopped on a bug, or the
+    /// replica is stopping). Such a query gets UNAVAILABLE at once, to retry on another
+    /// replica, instead of a wait that ends in DEADLINE_EXCEEDED or a false "reached".
+    fn token_unprovable(&self, token: &[(u32, i64)]) -> Option<String> {
+        let status = &self.view.status;
+        let named =
+            |ps: Vec<u32>| ps.into_iter().filter(|p| token.iter().any(|t| t.0 == *p)).collect::<Vec<_>>();
+        let rewound = named(status.rewound());
+        if !rewound.is_empty() {
+            return Some(format!(
+                "the log ends before this replica's state of partitions {rewound:?} (topic recreated?): \
+                 the consistency token cannot be compared with what is applied"
+            ));
+        }
+        if status.reached(token) {
+            return None;
+        }
+        if let Some(why) = status.ingest_failure() {
+            return Some(clip(
+                &format!("consistency token not reached: the ingest thread stopped on a bug ({why})"),
+                1000,
+            ));
+        }
+        if self.view.readiness.is_stopping() {
+            return Some("consistency token not reached: this replica is stopping".into());
+        }
+        let broken = named(status.discontinuous());
+        (!broken.is_empty()).then(|| {
+            format!(
+                "consistency token not reached: the log does not continue this replica's state of \
+                 partitions {broken:?} (see its error log)"
+            )
         })
     }
 
@@ -211,15 +252,39 @@ impl QueryService {
     /// 100 ms) so that DEADLINE_EXCEEDED or the stale answer reaches the client before the
     /// client's own timer fires, also on a loaded machine (20 ms was too tight there: the
     /// client's timer won and the call ended CANCELLED); capped by `max_wait`.
-    fn wait_budget<T>(&self, req: &Request<T>) -> Duration {
-        let deadline =
-            req.metadata().get("grpc-timeout").and_then(|v| v.to_str().ok()).and_then(parse_grpc_timeout);
-        match deadline {
+    fn wait_budget(&self, timeout: Option<Duration>) -> Duration {
+        match timeout {
             Some(d) => d.saturating_sub((d / 5).min(Duration::from_millis(100))),
             None => self.cfg.default_wait,
         }
         .min(self.cfg.max_wait)
     }
+}
+
+/// The call's `grpc-timeout`, if it has one.
+fn grpc_timeout<T>(req: &Request<T>) -> Option<Duration> {
+    req.metadata().get("grpc-timeout").and_then(|v| v.to_str().ok()).and_then(parse_grpc_timeout)
+}
+
+/// Partitions shown at most in a DEADLINE_EXCEEDED message (it travels in gRPC metadata).
+const UNREACHED_SHOWN: usize = 8;
+
+/// DEADLINE_EXCEEDED for a token not reached in time, naming the owned partitions still
+/// behind (a few of them: the message travels in gRPC metadata, 8 KiB soft limit).
+fn token_not_reached(token: &[(u32, i64)], applied: &[(u32, i64)], wait: Duration) -> Status {
+    let behind: Vec<String> = token
+        .iter()
+        .filter_map(|&(p, want)| {
+            let (_, at) = applied.iter().find(|a| a.0 == p)?;
+            (*at < want).then(|| format!("partition {p} at {at}, wanted {want}"))
+        })
+        .collect();
+    let more = behind.len().saturating_sub(UNREACHED_SHOWN);
+    Status::deadline_exceeded(format!(
+        "consistency token not reached within {wait:?} (next offsets): {}{}",
+        behind[..behind.len().min(UNREACHED_SHOWN)].join(", "),
+        if more > 0 { format!(", and {more} more partitions") } else { String::new() }
+    ))
 }
 
 /// The holders' scores, best first: the request's lane and interval options, candidates and
@@ -278,7 +343,7 @@ type MatchStream = Pin<Box<dyn Stream<Item = Result<MatchResponse, Status>> + Se
 #[tonic::async_trait]
 impl PrefixIndex for QueryService {
     async fn r#match(&self, request: Request<MatchRequest>) -> Result<Response<MatchResponse>, Status> {
-        let wait = self.wait_budget(&request);
+        let wait = self.wait_budget(grpc_timeout(&request));
         self.answer(request.into_inner(), wait).await.map(Response::new)
     }
 
@@ -305,6 +370,8 @@ impl PrefixIndex for QueryService {
                 self.cfg.max_concurrent_streams
             ))
         })?;
+        // The stream's deadline bounds every message's token wait, as a unary call's does.
+        let (opened, timeout) = (Instant::now(), grpc_timeout(&request));
         let mut inbound = request.into_inner();
         let svc = self.clone();
         // Answers in request order; a failed query ends the stream with its status (the
@@ -313,7 +380,10 @@ impl PrefixIndex for QueryService {
             let _permit = permit;
             while let Some(req) = inbound.next().await {
                 let r = match req {
-                    Ok(req) => svc.answer(req, svc.cfg.default_wait.min(svc.cfg.max_wait)).await,
+                    Ok(req) => {
+                        let left = timeout.map(|t| t.saturating_sub(opened.elapsed()));
+                        svc.answer(req, svc.wait_budget(left)).await
+                    }
                     // Same contract as unary calls (see `server::oversize_is_resource_exhausted`).
                     Err(s) if s.code() == tonic::Code::OutOfRange => {
                         Err(Status::resource_exhausted(s.message()))
@@ -345,6 +415,94 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use prefixlog_engine::{EngineConfig, KeyspaceId};
+    use prefixlog_proto::v1::{match_request::Prompt, BlockHashes, Keyspace as WireKeyspace};
+    use std::sync::atomic::Ordering;
+
+    /// A service over an empty engine with keyspace ("m", 4, 1), a 2-partition log owning both.
+    fn service() -> (QueryService, Arc<ReplicaStatus>) {
+        let engine = Arc::new(Engine::new(EngineConfig::default()));
+        engine.keyspace_or_create(&KeyspaceId::new("m", 4, 1));
+        let status = Arc::new(ReplicaStatus::new(2, &[0, 1]));
+        let info = ReplicaInfo {
+            replica_id: "r".into(),
+            topic: "t".into(),
+            partition_count: 2,
+            owned: vec![0, 1],
+            shard: (0, 1),
+            peers: vec![],
+        };
+        let view = ReplicaView {
+            engine,
+            status: status.clone(),
+            applier: None,
+            info: Arc::new(info),
+            readiness: Arc::new(Readiness::new(status.clone(), 0)),
+        };
+        let metrics = Arc::new(QueryMetrics::new(&prometheus::Registry::new()).unwrap());
+        (QueryService::new(view, QueryConfig::default(), metrics), status)
+    }
+
+    fn request(partition: u32, offset: i64, allow_stale: bool) -> MatchRequest {
+        MatchRequest {
+            keyspace: Some(WireKeyspace { model: "m".into(), block_size: 4, hash_scheme: 1 }),
+            prompt: Some(Prompt::Hashes(BlockHashes { local: vec![1, 2] })),
+            min_offsets: vec![PartitionOffset { partition, offset }],
+            allow_stale,
+            ..Default::default()
+        }
+    }
+
+    /// A rewound partition's offsets belong to another log: a token naming it is never
+    /// "reached", however large the applied offset (read-your-writes would silently break).
+    #[tokio::test]
+    async fn a_token_naming_a_rewound_partition_is_unavailable_at_once() {
+        let (svc, status) = service();
+        status.publish(0, 1000, 0);
+        status.partitions[0].rewound.store(true, Ordering::Release);
+        let wait = Duration::from_secs(5);
+        let started = Instant::now();
+        let err = svc.answer(request(0, 11, false), wait).await.expect_err("unprovable");
+        assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+        assert!(err.message().contains("[0]") && err.message().contains("recreated"), "{}", err.message());
+        assert!(started.elapsed() < wait, "answered without waiting");
+        let stale = svc.answer(request(0, 11, true), wait).await.expect("allow_stale answers");
+        assert!(stale.stale);
+        // The other partition is unaffected.
+        status.publish(1, 20, 0);
+        assert!(!svc.answer(request(1, 11, false), wait).await.expect("reached").stale);
+    }
+
+    /// A token that can no longer be reached (the log does not continue the partition, or the
+    /// ingest thread stopped) fails at once instead of waiting out the deadline; one already
+    /// reached is still answered.
+    #[tokio::test]
+    async fn a_token_that_cannot_be_reached_is_unavailable_at_once() {
+        let (svc, status) = service();
+        status.publish(0, 10, 0);
+        status.partitions[0].discontinuous.store(true, Ordering::Release);
+        let wait = Duration::from_secs(5);
+        assert!(!svc.answer(request(0, 10, false), wait).await.expect("reached before the gap").stale);
+        let err = svc.answer(request(0, 11, false), wait).await.expect_err("never reached");
+        assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+        status.partitions[0].discontinuous.store(false, Ordering::Release);
+        status.record_ingest_failure("a bug".into());
+        let err = svc.answer(request(1, 1, false), wait).await.expect_err("ingest stopped");
+        assert!(err.code() == tonic::Code::Unavailable && err.message().contains("a bug"), "{err:?}");
+    }
+
+    /// DEADLINE_EXCEEDED names only the partitions still behind, and a few of them.
+    #[test]
+    fn deadline_exceeded_names_a_few_partitions_behind() {
+        let token: Vec<(u32, i64)> = (0..300).map(|p| (p, 50)).collect();
+        let applied: Vec<(u32, i64)> = (0..300).map(|p| (p, if p == 7 { 60 } else { 1 })).collect();
+        let s = token_not_reached(&token, &applied, Duration::from_millis(5));
+        assert_eq!(s.code(), tonic::Code::DeadlineExceeded);
+        assert!(s.message().contains("partition 0 at 1, wanted 50"), "{}", s.message());
+        assert!(!s.message().contains("partition 7 "), "{}", s.message());
+        assert!(s.message().contains("and 291 more"), "{}", s.message());
+        assert!(s.message().len() < 1000, "{}", s.message().len());
+    }
 
     #[test]
     fn grpc_timeout_header() {

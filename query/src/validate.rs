@@ -10,6 +10,9 @@ use tonic::Status;
 const KNOWN_KEYSPACES_SHOWN: usize = 5;
 /// Longest NOT_FOUND message, in bytes (model names are client-controlled).
 const NOT_FOUND_MAX_BYTES: usize = 1000;
+/// Most `candidate_workers` a request may name: far more than any fleet a gateway routes to,
+/// and small enough that copying and sorting them stays cheap next to the match.
+pub const MAX_CANDIDATES: usize = 65_536;
 
 /// A validated request.
 pub struct Checked {
@@ -39,6 +42,12 @@ pub fn check(req: &MatchRequest, max_blocks: usize, partition_count: u32) -> Res
         k => k.map(|k| k as usize),
     };
     let token = token(&req.min_offsets, partition_count)?;
+    if req.candidate_workers.len() > MAX_CANDIDATES {
+        return Err(Status::invalid_argument(format!(
+            "{} candidate_workers; at most {MAX_CANDIDATES}",
+            req.candidate_workers.len()
+        )));
+    }
     let mut candidates = req.candidate_workers.clone();
     candidates.sort_unstable();
     candidates.dedup();
@@ -79,22 +88,30 @@ fn locals(id: &KeyspaceId, prompt: Option<&Prompt>, max_blocks: usize) -> Result
     }
 }
 
+/// The token as one (partition, next offset) per partition, ascending; a partition named more
+/// than once (a token built from several publishes, or merged from two) keeps its largest
+/// offset. One linear pass: the wait re-checks the token on every applied record, so its
+/// length is bounded by the log's partitions, whatever the request's.
 fn token(offs: &[PartitionOffset], partitions: u32) -> Result<Vec<(u32, i64)>, Status> {
-    offs.iter()
-        .map(|o| {
-            if o.partition >= partitions {
-                return Err(Status::invalid_argument(format!(
-                    "consistency token names partition {} but the log has {partitions}",
-                    o.partition
-                )));
-            }
-            Ok((o.partition, o.offset))
-        })
-        .collect()
+    let mut largest: Vec<Option<i64>> = Vec::new();
+    for o in offs {
+        if o.partition >= partitions {
+            return Err(Status::invalid_argument(format!(
+                "consistency token names partition {} but the log has {partitions}",
+                o.partition
+            )));
+        }
+        if largest.is_empty() {
+            largest = vec![None; partitions as usize];
+        }
+        let slot = &mut largest[o.partition as usize];
+        *slot = Some(slot.map_or(o.offset, |x| x.max(o.offset)));
+    }
+    Ok(largest.into_iter().enumerate().filter_map(|(p, o)| Some((p as u32, o?))).collect())
 }
 
 /// `s`, cut to at most `max` bytes (on a character boundary) with "..." when cut.
-fn clip(s: &str, max: usize) -> String {
+pub fn clip(s: &str, max: usize) -> String {
     if s.len() <= max {
         return s.to_string();
     }
@@ -135,6 +152,42 @@ mod tests {
         assert!(s.message().len() <= NOT_FOUND_MAX_BYTES, "{}", s.message().len());
         let s = unknown_keyspace(&KeyspaceId::new("m", 16, 1), &known[..7]);
         assert!(s.message().contains("7 known, 2 not shown"), "{}", s.message());
+    }
+
+    fn request(min_offsets: Vec<PartitionOffset>, candidate_workers: Vec<u64>) -> MatchRequest {
+        MatchRequest {
+            keyspace: Some(prefixlog_proto::v1::Keyspace {
+                model: "m".into(),
+                block_size: 4,
+                hash_scheme: 1,
+            }),
+            prompt: Some(Prompt::Hashes(prefixlog_proto::v1::BlockHashes { local: vec![1] })),
+            min_offsets,
+            candidate_workers,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_token_is_one_entry_per_partition_with_the_largest_offset() {
+        let po = |partition, offset| PartitionOffset { partition, offset };
+        let c = check(&request(vec![po(2, 5), po(0, 9), po(2, 7), po(2, -1)], vec![]), 10, 4).unwrap();
+        assert_eq!(c.token, vec![(0, 9), (2, 7)]);
+        // Many entries (a token built from many publishes) fold into one per partition.
+        let many = (0..100_000).map(|i| po(i % 4, i64::from(i))).collect();
+        let c = check(&request(many, vec![]), 10, 4).unwrap();
+        assert_eq!(c.token, vec![(0, 99_996), (1, 99_997), (2, 99_998), (3, 99_999)]);
+        let err = check(&request(vec![po(4, 1)], vec![]), 10, 4).err().expect("no partition 4");
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    }
+
+    #[test]
+    fn candidate_workers_are_bounded() {
+        let ok = check(&request(vec![], (0..MAX_CANDIDATES as u64).rev().collect()), 10, 1).unwrap();
+        assert_eq!(ok.candidates.len(), MAX_CANDIDATES);
+        assert!(ok.candidates.windows(2).all(|w| w[0] < w[1]), "sorted");
+        let err = check(&request(vec![], vec![7; MAX_CANDIDATES + 1]), 10, 1).err().expect("too many");
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
     }
 
     #[test]
