@@ -44,6 +44,16 @@ pub struct Reconstructed {
     pub checkpoint: Option<u64>,
     /// Records replayed on top of it.
     pub replayed: u64,
+    /// The log audited (its settings: the command line's; a checkpoint's own settings apply
+    /// when replay starts from it).
+    pub log: LogIdentity,
+}
+
+/// Whether `meta` is a checkpoint of the log `log` covering `need`, whatever its settings (an
+/// audit applies a checkpoint's own settings): the one compatibility rule, settings relaxed.
+pub fn of_this_log(meta: &CheckpointMeta, log: &LogIdentity, need: &[u32]) -> bool {
+    let ours = LogIdentity { settings: meta.identity.settings, ..log.clone() };
+    check_compatible(&ours, &meta.identity, need).is_ok()
 }
 
 impl Reconstructed {
@@ -92,8 +102,7 @@ fn choose(
     let (mut base, mut oldest) = (None, None);
     for id in store.ids() {
         let Ok(meta) = store.meta(id) else { continue };
-        let ours = LogIdentity { settings: meta.identity.settings, ..ours.clone() };
-        if check_compatible(&ours, &meta.identity, need).is_err() {
+        if !of_this_log(&meta, ours, need) {
             continue;
         }
         if base.is_none() && usable(&meta, point, target) {
@@ -155,7 +164,19 @@ pub fn reconstruct_at(
             let ours = LogIdentity { settings: meta.identity.settings, ..ours.clone() };
             (restore_for(&loaded, &ours, spec.owned())?, Some(meta.id))
         }
-        None if probe.from_start() => (Applier::new(spec.partitions, spec.settings), None),
+        // From the log start: with the settings of this log's oldest retained checkpoint when
+        // there is one (what the replica ran with, closer than the command line's flags).
+        None if probe.from_start() => {
+            let settings = oldest.as_ref().map_or(spec.settings, |m| m.identity.settings);
+            if settings != spec.settings {
+                tracing::info!(
+                    checkpoint = oldest.as_ref().map(|m| m.id),
+                    ?settings,
+                    "replaying from the log start with the settings of the oldest retained checkpoint"
+                );
+            }
+            (Applier::new(spec.partitions, settings), None)
+        }
         None => return Err(too_old(oldest, probe)),
     };
     // For a checkpoint base, the log must still hold everything after it.
@@ -177,7 +198,7 @@ pub fn reconstruct_at(
         secs = started.elapsed().as_secs_f64(),
         "reconstructed"
     );
-    Ok(Reconstructed { applier, checkpoint, replayed })
+    Ok(Reconstructed { applier, checkpoint, replayed, log: ours })
 }
 
 /// Applies records from the applier's current offsets up to `point` (also for walking forward

@@ -1,6 +1,6 @@
 //! Determinism over real history: replay a range and check every retained checkpoint in it.
 
-use crate::reconstruct::{advance, reconstruct, AuditError, Point};
+use crate::reconstruct::{advance, of_this_log, reconstruct, AuditError, Point};
 use prefixlog_ingest::LogSpec;
 use prefixlog_snapshot::CheckpointStore;
 
@@ -25,7 +25,14 @@ pub fn verify(
     progress: bool,
 ) -> Result<VerifyReport, AuditError> {
     let mut r = reconstruct(Some(store), spec, &Point::Time(from), progress)?;
-    let mut metas: Vec<_> = store.ids().into_iter().filter_map(|id| store.meta(id).ok()).collect();
+    // Only this log's checkpoints: another cluster's, topic's or partition count's say nothing
+    // about this log (and their offsets do not index its partitions).
+    let mut metas: Vec<_> = store
+        .ids()
+        .into_iter()
+        .filter_map(|id| store.meta(id).ok())
+        .filter(|m| of_this_log(m, &r.log, spec.owned()))
+        .collect();
     metas.sort_by_key(|m| m.id);
     let mut report = VerifyReport::default();
     for m in metas.iter().filter(|m| m.log_time() <= to && Some(m.id) != r.checkpoint) {

@@ -103,16 +103,25 @@ fn open_store(opts: &NodeOptions) -> Result<Option<Arc<CheckpointStore>>, NodeEr
     Ok(Some(Arc::new(store)))
 }
 
-/// The newest local checkpoint of the same log with other settings, if any: such a checkpoint
-/// means the operator changed a state-deciding setting.
+/// The newest local checkpoint of the same log, when its settings differ from ours: the
+/// operator changed a state-deciding setting since it was written. Older checkpoints do not
+/// count: after a replay with new settings (`--replay-on-settings-change`) the retention keeps
+/// checkpoints of the old ones for a while, and a later restart must restore the new state,
+/// not refuse because of them.
 fn settings_changed(store: &CheckpointStore, ours: &LogIdentity) -> Option<(u64, Vec<String>)> {
-    store.ids().into_iter().find_map(|id| {
-        let meta = store.meta(id).ok()?;
-        match check_compatible(ours, &meta.identity, &[]) {
-            Err(Incompatible::Settings { differences }) => Some((id, differences)),
-            _ => None,
-        }
-    })
+    store
+        .ids()
+        .into_iter()
+        .find_map(|id| {
+            let meta = store.meta(id).ok()?;
+            match check_compatible(ours, &meta.identity, &[]) {
+                Ok(()) => Some(None),
+                Err(Incompatible::Settings { differences }) => Some(Some((id, differences))),
+                // Another log's checkpoint says nothing about this log's settings.
+                Err(_) => None,
+            }
+        })
+        .flatten()
 }
 
 async fn initial_checkpoint(

@@ -68,6 +68,19 @@ async fn a_checkpoint_of_other_settings_is_refused_replayed_on_request_and_audit
         let at = reconstruct(Some(&store), &other, &Point::Offsets(token.clone()), false).unwrap();
         assert!(at.checkpoint.is_some(), "{}: started from the checkpoint", b.name);
         assert_eq!(at.applier.settings(), &StateSettings::default(), "{}", b.name);
+
+        // Once a checkpoint with the new settings exists, a plain restart restores it: the
+        // older checkpoint with the old settings (still retained) is history, not a refusal.
+        let o = NodeOptions { settings_change: SettingsChange::Replay, ..opts(d.path()) };
+        let r = ReplicaNode::start(other.clone(), o).await.unwrap();
+        assert!(r.status().wait_for(&token, Duration::from_secs(30)).await);
+        let newest = r.checkpoint_now().unwrap().expect("a checkpoint store");
+        r.kill().await;
+        let r =
+            ReplicaNode::start(other.clone(), opts(d.path())).await.expect("the newest checkpoint matches");
+        assert_eq!(r.source(), &StateSource::LocalCheckpoint(newest.id), "{}", b.name);
+        assert_eq!(r.applier().lock().settings().placement_ttl_ms, 7_000);
+        r.kill().await;
         ran.push(b.name);
     }
     eprintln!("[kafka backend] ran: {ran:?}");
