@@ -162,6 +162,11 @@ struct Positions {
     expected: Vec<Option<i64>>,
     halted: Vec<bool>,
     found: VecDeque<Discontinuity>,
+    /// An out-of-range error came that no partition's watermarks explained yet (a watermark
+    /// query failed, or the log looked fine a moment later). librdkafka stopped fetching the
+    /// partition it was about, so `poll` keeps locating, and reads from a new consumer when
+    /// the watermarks still explain nothing: a partition never stalls on a lost error.
+    unlocated: bool,
 }
 
 impl Positions {
@@ -214,10 +219,18 @@ impl Positions {
         consumer: &BaseConsumer,
         topic: &str,
     ) -> Result<Option<Discontinuity>, KafkaError> {
-        let mut found = Vec::new();
+        // Every partition is asked even when one query fails, and every one found is halted:
+        // a failed query must not leave the others unattributed.
+        let (mut found, mut failed) = (Vec::new(), None);
         for (p, e) in self.expected.iter().enumerate() {
             let (Some(exp), false) = (*e, self.halted[p]) else { continue };
-            let (low, high) = consumer.fetch_watermarks(topic, p as i32, Duration::from_secs(5))?;
+            let (low, high) = match consumer.fetch_watermarks(topic, p as i32, Duration::from_secs(5)) {
+                Ok(w) => w,
+                Err(e) => {
+                    failed.get_or_insert(e);
+                    continue;
+                }
+            };
             if exp < low {
                 found.push(Discontinuity { partition: p as u32, expected: exp, found: Found::LogStart(low) });
             } else if exp > high {
@@ -226,10 +239,19 @@ impl Positions {
             }
         }
         for d in &found {
-            self.stop(consumer, topic, d.partition)?;
+            if let Err(e) = self.stop(consumer, topic, d.partition) {
+                tracing::warn!(partition = d.partition, error = %e, "could not stop fetching a discontinuous partition");
+            }
+        }
+        if !found.is_empty() {
+            self.unlocated = false;
         }
         self.found.extend(found);
-        Ok(self.found.pop_front())
+        match (self.found.pop_front(), failed) {
+            (Some(d), _) => Ok(Some(d)),
+            (None, Some(e)) => Err(e),
+            (None, None) => Ok(None),
+        }
     }
 }
 
@@ -286,7 +308,7 @@ impl LogReader {
             }
         }
         let halted = vec![false; expected.len()];
-        let pos = Positions { expected, halted, found: VecDeque::new() };
+        let pos = Positions { expected, halted, found: VecDeque::new(), unlocated: false };
         pos.assign(&consumer, &spec.topic)?;
         let (topic, end_checked) = (spec.topic.clone(), Instant::now());
         Ok(Self { consumer, config, topic, topic_c, pos, reopen: false, end_checked })
@@ -354,12 +376,22 @@ impl LogReader {
         }
         if self.end_checked.elapsed() >= END_CHECK_EVERY {
             self.end_checked = Instant::now();
-            if self.pos.beyond_fetched_end(&self.consumer, &self.topic_c) {
+            if self.pos.unlocated || self.pos.beyond_fetched_end(&self.consumer, &self.topic_c) {
                 // Confirmed against the broker's watermarks, not the cached ones: a new leader
                 // may report a lower high watermark for a moment (Kafka answers
                 // OFFSET_NOT_AVAILABLE then, a broker error here, and the next check retries).
                 match self.pos.locate_out_of_range(&self.consumer, &self.topic) {
                     Ok(Some(d)) => return Read::Discontinuity(d),
+                    Ok(None) if self.pos.unlocated => {
+                        // The log explains nothing now: fetch every partition again from where
+                        // it stands (an offset still out of range errs again and is located then).
+                        tracing::warn!(
+                            "an out-of-range error no watermark explains: reading from a new consumer"
+                        );
+                        self.pos.unlocated = false;
+                        self.reopen = true;
+                        return Read::Idle;
+                    }
                     Ok(None) => {}
                     Err(e) => return Read::BrokerError(e),
                 }
@@ -388,6 +420,7 @@ impl LogReader {
                     return Read::Record(LogRecord { msg });
                 }
                 Some(Err(KafkaError::MessageConsumption(RDKafkaErrorCode::AutoOffsetReset))) => {
+                    pos.unlocated = true;
                     return match pos.locate_out_of_range(consumer, topic) {
                         Ok(Some(d)) => Read::Discontinuity(d),
                         Ok(None) => Read::BrokerError(KafkaError::MessageConsumption(
