@@ -167,6 +167,8 @@ impl Applier {
     pub fn accept_gap(&mut self, p: u32, to: i64) {
         let part = &mut self.parts[p as usize];
         part.next_offset = to;
+        // The record before `to` was never applied here: nothing to tell the log by.
+        part.last_mark = 0;
         part.counters.log_gaps += 1;
         part.feeds.values_mut().for_each(|f| f.gapped = true);
         let n = self.partitions;
@@ -196,6 +198,7 @@ impl Applier {
             return Err(NotNext { partition, expected: part.next_offset, offered: offset });
         }
         part.next_offset = offset + 1;
+        part.last_mark = crate::continuity::record_mark(ts, value);
         self.advance_log_time(partition, ts);
         let t = self.parts[partition as usize].log_time;
         let max_blocks = self.settings.max_blocks_per_record as usize;

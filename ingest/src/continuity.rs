@@ -8,9 +8,43 @@
 //!   the checkpoint is older than the log): replaying from `low` would skip them;
 //! - `o > high`: the log ends before the state does (the topic was deleted and recreated, or
 //!   truncated): its offsets no longer mean what the state says.
+//!
+//! Offsets alone cannot tell a recreated topic that has grown past `o` again (publishers and
+//! ticks refill it) from the log the state came from. So a state also keeps the fingerprint of
+//! the record at `o - 1` ([`record_mark`]: its timestamp and bytes), and [`check_marks`] reads
+//! that record back: another record there means another log.
 
+use crate::log_spec::LogSpec;
 use crate::probe::LogProbe;
+use crate::reader::{LogReader, Read};
+use prefixlog_engine::digest::mix64;
+use rdkafka::error::KafkaError;
+use std::collections::BTreeMap;
 use std::fmt;
+use std::time::{Duration, Instant};
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+/// The fingerprint of a record: its timestamp and value bytes (a record republished into a
+/// recreated topic carries a new timestamp). Never 0, which means "not known".
+pub fn record_mark(ts_ms: u64, value: Option<&[u8]>) -> u64 {
+    let h = match value {
+        Some(v) => xxh3_64_with_seed(v, ts_ms),
+        None => mix64(ts_ms ^ 0x6e6f_2d76_616c_7565),
+    };
+    h.max(1)
+}
+
+/// Reading back the records a state's fingerprints name failed.
+#[derive(Debug, thiserror::Error)]
+pub enum MarkCheckError {
+    #[error("reading the log to check that the state was applied from it: {0}")]
+    Kafka(#[from] KafkaError),
+    #[error(
+        "the records before the state of partitions {partitions:?} could not be read within {waited:?} \
+         (needed to check that the state was applied from this log)"
+    )]
+    Timeout { partitions: Vec<u32>, waited: Duration },
+}
 
 /// A partition whose log does not continue its state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -19,14 +53,17 @@ pub enum OffsetProblem {
     TailGone { partition: u32, state: i64, log_start: i64 },
     /// The log ends before the state does.
     LogEndsBefore { partition: u32, state: i64, log_end: i64 },
+    /// The record before the state's offset is not the one the state applied: another log
+    /// under the same name (recreated, and grown past the state since).
+    Replaced { partition: u32, state: i64 },
 }
 
 impl OffsetProblem {
     pub fn partition(&self) -> u32 {
         match *self {
-            OffsetProblem::TailGone { partition, .. } | OffsetProblem::LogEndsBefore { partition, .. } => {
-                partition
-            }
+            OffsetProblem::TailGone { partition, .. }
+            | OffsetProblem::LogEndsBefore { partition, .. }
+            | OffsetProblem::Replaced { partition, .. } => partition,
         }
     }
 
@@ -49,6 +86,12 @@ impl fmt::Display for OffsetProblem {
                 "partition {partition}: the state ends at offset {state} but the log ends at {log_end} \
                  (the topic was recreated or truncated)"
             ),
+            OffsetProblem::Replaced { partition, state } => write!(
+                f,
+                "partition {partition}: the record at offset {} is not the one the state applied (the \
+                 topic was recreated and has grown past the state since)",
+                state - 1
+            ),
         }
     }
 }
@@ -65,6 +108,48 @@ pub fn check_offsets(state: impl IntoIterator<Item = (u32, i64)>, probe: &LogPro
         }
     }
     out
+}
+
+/// The partitions of `state` (partition, next offset, [`record_mark`] of the record before
+/// it) whose record at `next offset - 1` is another one: the log was replaced. Not checked
+/// (nothing to compare): an unknown mark (0: a checkpoint of an older format), offset 0, and a
+/// record retention deleted (`o - 1 < low`); [`check_offsets`] covers offsets outside the log.
+/// Reads at most one record per checked partition, within `timeout`.
+pub fn check_marks(
+    spec: &LogSpec,
+    state: &[(u32, i64, u64)],
+    probe: &LogProbe,
+    timeout: Duration,
+) -> Result<Vec<OffsetProblem>, MarkCheckError> {
+    let mut want: BTreeMap<u32, (i64, u64)> = state
+        .iter()
+        .filter(|&&(p, o, mark)| mark != 0 && o > 0 && probe.low(p) < o && o <= probe.high(p))
+        .map(|&(p, o, mark)| (p, (o, mark)))
+        .collect();
+    let mut out = Vec::new();
+    if want.is_empty() {
+        return Ok(out);
+    }
+    let mut reader = LogReader::open(spec, want.iter().map(|(&p, &(o, _))| (p, o - 1)))?;
+    let deadline = Instant::now() + timeout;
+    while !want.is_empty() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(MarkCheckError::Timeout { partitions: want.into_keys().collect(), waited: timeout });
+        }
+        let (p, mark) = match reader.poll(left.min(Duration::from_millis(200))) {
+            Read::Record(r) => (r.partition(), record_mark(r.timestamp_ms(), r.payload())),
+            // Deleted by retention since the probe: nothing left to compare.
+            Read::Discontinuity(d) => (d.partition, 0),
+            Read::Idle | Read::BrokerError(_) => continue,
+        };
+        let Some((o, expected)) = want.remove(&p) else { continue };
+        if mark != 0 && mark != expected {
+            out.push(OffsetProblem::Replaced { partition: p, state: o });
+        }
+        let _ = reader.halt(p);
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -60,6 +60,11 @@ pub struct PartitionState {
     pub counters: PartitionCounters,
     /// The last placement-expiry bucket (log time / expiry interval) handled.
     pub expiry_bucket: u64,
+    /// Fingerprint of the record at `next_offset - 1` ([`crate::continuity::record_mark`];
+    /// 0 = not known): what tells this log from a recreated one that has since grown past the
+    /// state's offsets. Not digested (replicas at the same offsets of one log agree on it by
+    /// construction); checkpoints keep it in their meta.
+    pub last_mark: u64,
 }
 
 /// A partition's digest after applying every record below `next_offset`. Also a time → offset

@@ -42,6 +42,8 @@ pub enum NodeError {
     PeerNotContinued { peer: String, problem: OffsetProblem },
     #[error(transparent)]
     Replica(#[from] prefixlog_ingest::ReplicaError),
+    #[error(transparent)]
+    MarkCheck(#[from] prefixlog_ingest::continuity::MarkCheckError),
     #[error("binding {what} {addr}: {source}")]
     Bind { what: &'static str, addr: std::net::SocketAddr, source: std::io::Error },
     #[error("query server: {0}")]

@@ -7,7 +7,7 @@
 //! read on from there. Until then the partition stays discontinuous and the replica not ready.
 
 use crate::error::NodeError;
-use prefixlog_ingest::continuity::check_offsets;
+use prefixlog_ingest::continuity::{check_marks, check_offsets, OffsetProblem};
 use prefixlog_ingest::{probe_log, Applier, LogIdentity, LogProbe, LogSpec, Replica};
 use prefixlog_snapshot::restore_for;
 use prometheus::IntCounterVec;
@@ -16,8 +16,36 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tonic::transport::ClientTlsConfig;
 
-/// A peer's checkpoint of `need` partitions, restored, if the log continues its offsets.
+/// How long reading back the records a state's fingerprints name may take.
+const MARK_CHECK_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The partitions of `applier` (among `need`) the log does not continue: offsets outside the
+/// retained range ([`check_offsets`]), then, for the others, a record before the offset that
+/// is not the one the state applied ([`check_marks`]: the topic was recreated and refilled).
+pub async fn not_continued(
+    spec: &LogSpec,
+    applier: &Applier,
+    need: &[u32],
+    probe: &LogProbe,
+) -> Result<Vec<OffsetProblem>, NodeError> {
+    let mut problems = check_offsets(need.iter().map(|&p| (p, applier.partition(p).next_offset)), probe);
+    let marks: Vec<(u32, i64, u64)> = need
+        .iter()
+        .filter(|&&p| problems.iter().all(|x| x.partition() != p))
+        .map(|&p| (p, applier.partition(p).next_offset, applier.partition(p).last_mark))
+        .collect();
+    let (spec, probe) = (spec.clone(), probe.clone());
+    let replaced =
+        tokio::task::spawn_blocking(move || check_marks(&spec, &marks, &probe, MARK_CHECK_TIMEOUT))
+            .await
+            .map_err(NodeError::task)??;
+    problems.extend(replaced);
+    Ok(problems)
+}
+
+/// A peer's checkpoint of `need` partitions, restored, if the log continues it.
 pub async fn fetch_continued(
+    spec: &LogSpec,
     peer: &str,
     tls: Option<&ClientTlsConfig>,
     identity: &LogIdentity,
@@ -25,11 +53,11 @@ pub async fn fetch_continued(
     probe: &LogProbe,
 ) -> Result<Applier, NodeError> {
     let loaded = prefixlog_peer::fetch_checkpoint(peer, tls, identity, need).await?;
-    let offsets: Vec<(u32, i64)> = need.iter().map(|&p| (p, loaded.meta.offsets[p as usize])).collect();
-    if let Some(problem) = check_offsets(offsets, probe).into_iter().next() {
+    let state = restore_for(&loaded, identity, need)?;
+    if let Some(problem) = not_continued(spec, &state, need, probe).await?.into_iter().next() {
         return Err(NodeError::PeerNotContinued { peer: peer.to_string(), problem });
     }
-    Ok(restore_for(&loaded, identity, need)?)
+    Ok(state)
 }
 
 /// Where recovery fetches from, and how.
@@ -89,7 +117,7 @@ async fn recover(
         }
     };
     for peer in &sources.peers {
-        match fetch_continued(peer, sources.tls.as_ref(), identity, &[p], &probe).await {
+        match fetch_continued(spec, peer, sources.tls.as_ref(), identity, &[p], &probe).await {
             Ok(state) => {
                 let at = state.partition(p).next_offset;
                 match replica.replace_partition(p, state).await {

@@ -10,7 +10,8 @@
 
 use crate::error::NodeError;
 use crate::options::{GapChoice, NodeOptions, SettingsChange};
-use prefixlog_ingest::continuity::{check_offsets, OffsetProblem};
+use crate::recovery::not_continued;
+use prefixlog_ingest::continuity::OffsetProblem;
 use prefixlog_ingest::{
     check_compatible, cleanup_policy, probe_log, Applier, CleanupPolicy, Incompatible, LogIdentity, LogProbe,
     LogSpec,
@@ -178,9 +179,7 @@ async fn prove_continuity(
     probe: &LogProbe,
     applier: &mut Applier,
 ) -> Result<(), NodeError> {
-    let offsets =
-        |a: &Applier| spec.owned().iter().map(|&p| (p, a.partition(p).next_offset)).collect::<Vec<_>>();
-    let mut problems = check_offsets(offsets(applier), probe);
+    let mut problems = not_continued(spec, applier, spec.owned(), probe).await?;
     if problems.is_empty() {
         return Ok(());
     }
@@ -189,15 +188,22 @@ async fn prove_continuity(
     }
     for peer in opts.checkpoint_sources() {
         let need: Vec<u32> = problems.iter().map(OffsetProblem::partition).collect();
-        match crate::recovery::fetch_continued(&peer, opts.peer_client_tls().as_ref(), identity, &need, probe)
-            .await
+        match crate::recovery::fetch_continued(
+            spec,
+            &peer,
+            opts.peer_client_tls().as_ref(),
+            identity,
+            &need,
+            probe,
+        )
+        .await
         {
             Ok(replacement) => {
                 for &p in &need {
                     applier.replace_partition(p, &replacement);
                 }
                 tracing::warn!(%peer, partitions = ?need, "partitions replaced from the peer's checkpoint, which the log continues");
-                problems = check_offsets(offsets(applier), probe);
+                problems = not_continued(spec, applier, spec.owned(), probe).await?;
                 break;
             }
             Err(e) => tracing::warn!(%peer, error = %e, "could not take the partitions from this peer"),

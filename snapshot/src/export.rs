@@ -74,10 +74,14 @@ pub(crate) fn decode_loaded(
     pbytes: &[u8],
     ks: Vec<Vec<u8>>,
 ) -> Result<Loaded, StoreError> {
-    let partitions = codec::decode_partitions(pbytes)?;
+    let mut partitions = codec::decode_partitions(pbytes)?;
     if partitions.len() != meta.offsets.len() {
         let damage = Damage::PartitionCount { meta: meta.offsets.len(), state: partitions.len() };
         return Err(damaged(meta.id, Part::PartitionState, damage));
+    }
+    // The record fingerprints live in the meta (format 4 on; none before: left unknown).
+    for (p, &mark) in partitions.iter_mut().zip(&meta.marks) {
+        p.last_mark = mark;
     }
     let mut keyspaces = Vec::with_capacity(ks.len());
     for (e, bytes) in meta.keyspaces.iter().zip(ks) {

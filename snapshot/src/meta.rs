@@ -12,11 +12,14 @@ use xxhash_rust::xxh3::xxh3_64;
 /// carries announced workers and the log-gap / clamp / invalid-store counters.
 /// 3: keyspaces are engine images (the in-memory layout, restored by bulk copies) instead of
 /// columnar dumps rebuilt node by node.
-pub const FORMAT_VERSION: u32 = 3;
+/// 4: the meta carries each partition's record fingerprint (the record before its offset), so
+/// a restart tells this log from a recreated one that has grown past the checkpoint.
+pub const FORMAT_VERSION: u32 = 4;
 
-/// Formats this build restores: its own, and format 2 (so that an upgraded replica restores
-/// its own and its peers' checkpoints rather than needing the whole log).
-pub const READABLE_FORMATS: [u32; 2] = [2, FORMAT_VERSION];
+/// Formats this build restores: its own, and formats 2 and 3 (so that an upgraded replica
+/// restores its own and its peers' checkpoints rather than needing the whole log; theirs have
+/// no fingerprints, so only their offsets are checked against the log).
+pub const READABLE_FORMATS: [u32; 3] = [2, 3, FORMAT_VERSION];
 
 /// Keyspace values are stored in chunks of at most this many bytes.
 pub(crate) const CHUNK: usize = 4 << 20;
@@ -93,6 +96,9 @@ pub struct CheckpointMeta {
     /// Each partition's digest (holders, feeds, workers) at `offsets`, taken with the state:
     /// what a replay of the log must reproduce (`audit verify`), without rebuilding the state.
     pub digests: Vec<u64>,
+    /// Each partition's fingerprint of the record before its offset
+    /// ([`prefixlog_ingest::continuity::record_mark`], 0 = unknown); empty before format 4.
+    pub marks: Vec<u64>,
 }
 
 impl CheckpointMeta {
@@ -139,6 +145,12 @@ pub(crate) fn encode_meta(m: &CheckpointMeta) -> Vec<u8> {
     w.u64(m.digests.len() as u64);
     for &d in &m.digests {
         w.u64(d);
+    }
+    if m.format >= 4 {
+        w.u64(m.marks.len() as u64);
+        for &x in &m.marks {
+            w.u64(x);
+        }
     }
     w.u64(m.keyspaces.len() as u64);
     for k in &m.keyspaces {
@@ -198,6 +210,16 @@ pub(crate) fn decode_meta(id: u64, buf: &[u8]) -> Result<CheckpointMeta, StoreEr
     for _ in 0..nd {
         digests.push(r.u64()?);
     }
+    let mut marks = Vec::new();
+    if format >= 4 {
+        let nm = r.len(8)?;
+        if nm != partitions as usize {
+            return Err(codec::DecodeError(format!("{nm} record marks for {partitions} partitions")).into());
+        }
+        for _ in 0..nm {
+            marks.push(r.u64()?);
+        }
+    }
     let nk = r.len(36)?;
     let mut keyspaces = Vec::with_capacity(nk);
     for _ in 0..nk {
@@ -221,6 +243,7 @@ pub(crate) fn decode_meta(id: u64, buf: &[u8]) -> Result<CheckpointMeta, StoreEr
         partitions_checksum,
         keyspaces,
         digests,
+        marks,
     })
 }
 
@@ -231,6 +254,7 @@ pub(crate) struct Covered {
     pub offsets: Vec<i64>,
     pub log_times: Vec<u64>,
     pub digests: Vec<u64>,
+    pub marks: Vec<u64>,
 }
 
 /// What `partitions` (one state per partition of the log) and their `digests` cover.
@@ -239,6 +263,7 @@ pub(crate) fn covered(partitions: &[prefixlog_ingest::PartitionState], digests: 
         offsets: partitions.iter().map(|p| p.next_offset).collect(),
         log_times: partitions.iter().map(|p| p.log_time).collect(),
         digests: digests.to_vec(),
+        marks: partitions.iter().map(|p| p.last_mark).collect(),
     }
 }
 
@@ -252,7 +277,9 @@ pub(crate) fn meta_of(
     ks: &[EncodedKeyspace],
     created_unix_ms: u64,
 ) -> CheckpointMeta {
-    let Covered { offsets, log_times, digests } = covered;
+    let Covered { offsets, log_times, digests, marks } = covered;
+    // A format without fingerprints records none (a format-2 test writer, an imported older one).
+    let marks = if format >= 4 { marks } else { Vec::new() };
     CheckpointMeta {
         id,
         format,
@@ -263,6 +290,7 @@ pub(crate) fn meta_of(
         partitions_len: pbytes.len() as u64,
         partitions_checksum: xxh3_64(pbytes),
         digests,
+        marks,
         keyspaces: ks
             .iter()
             .map(|(id, b, hb)| KeyspaceEntry {

@@ -209,6 +209,7 @@ impl CheckpointStore {
             offsets: meta.offsets.clone(),
             log_times: meta.log_times.clone(),
             digests: meta.digests.clone(),
+            marks: meta.marks.clone(),
         };
         self.write_encoded(meta.format, &meta.identity, covered, pbytes, &ks, meta.created_unix_ms)
     }

@@ -3,7 +3,7 @@
 
 use prefixlog_engine::{partition_of, EngineConfig, HolderKey, KeyspaceId, MatchOptions};
 use prefixlog_ingest::record::{encode_kv_events, encode_placement};
-use prefixlog_ingest::{Applier, KvOp, LogIdentity, StateSettings};
+use prefixlog_ingest::{Applier, KvOp, LogIdentity, PartitionState, StateSettings};
 use prefixlog_snapshot::{
     checkpoint, codec, decode_export, export_partitions, newest_usable, restore, CheckpointStore, Retention,
 };
@@ -272,7 +272,10 @@ fn decoding_garbage_never_panics() {
     let back = prefixlog_engine::Keyspace::read_image(&good, ecfg()).unwrap();
     assert_eq!(back.dump(), ks.read().dump());
     let parts = codec::encode_partitions(a.partitions());
-    assert_eq!(codec::decode_partitions(&parts).unwrap(), a.partitions());
+    // Everything but the record marks, which a checkpoint keeps in its meta.
+    let unmarked: Vec<_> =
+        a.partitions().iter().cloned().map(|p| PartitionState { last_mark: 0, ..p }).collect();
+    assert_eq!(codec::decode_partitions(&parts).unwrap(), unmarked);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
     let mut refused = 0;
     for i in 0..2_000 {
