@@ -343,6 +343,14 @@ impl Applier {
         let feed = part.feeds.entry(key.clone()).or_insert_with(|| Feed::new(epoch));
         if epoch < feed.epoch {
             part.counters.stale_epochs += 1;
+            // An older epoch after a newer one: two writers for one feed (a bridge left
+            // running), or a restarted bridge whose epoch (its start time) is behind its
+            // predecessor's. Either way the holders no longer follow an accepted stream, and
+            // blocks that stream removed would stay credited: flag them until a new epoch or a
+            // clear of every lane resynchronises the feed.
+            feed.gapped = true;
+            let lanes: Vec<u32> = feed.lanes.iter().copied().collect();
+            self.mark_gapped(key, &lanes);
             return Err(Outcome::StaleEpoch);
         }
         if epoch > feed.epoch {
@@ -382,23 +390,35 @@ impl Applier {
         };
         let feed = self.parts[partition as usize].feeds.get_mut(&key).expect("feed exists");
         feed.lanes.extend(events.iter().map(KvOp::lane));
-        // An all-cleared event in the batch resynchronises the feed: the gap is behind it.
-        let cleared = events.iter().any(|e| matches!(e, KvOp::Cleared { .. }));
-        feed.gapped = (feed.gapped || gap) && !cleared;
+        // All-cleared events for every lane of the feed resynchronise it: the gap is behind them.
+        // Clearing some lanes only leaves the feed gapped (each cleared lane is re-flagged with
+        // the others below: conservative, never an overcount): a removal for another lane may
+        // have been among the lost records.
+        let cleared: BTreeSet<u32> =
+            events.iter().filter(|e| matches!(e, KvOp::Cleared { .. })).map(KvOp::lane).collect();
+        let resynced = !cleared.is_empty() && feed.lanes.iter().all(|l| cleared.contains(l));
+        feed.gapped = (feed.gapped || gap) && !resynced;
         let (lanes, gapped): (Vec<u32>, bool) = (feed.lanes.iter().copied().collect(), feed.gapped);
         let (missing, invalid) = self.apply_events(&key, events, t);
         if gapped {
-            let ks = self.engine.keyspace_or_create(&key.keyspace);
-            ks.write(|ks| {
-                for &lane in &lanes {
-                    ks.set_gapped(HolderKey::new(key.worker, key.dp_rank, lane), true);
-                }
-            });
+            self.mark_gapped(&key, &lanes);
         }
         let c = &mut self.parts[partition as usize].counters;
         c.missing_parents += missing;
         c.invalid_stores += invalid;
         Outcome::Applied
+    }
+
+    /// Flags the feed's holders of `lanes` gapped (those that exist: a holder with no blocks
+    /// credits nothing).
+    fn mark_gapped(&self, key: &FeedKey, lanes: &[u32]) {
+        if let Some(ks) = self.engine.keyspace(&key.keyspace) {
+            ks.write(|ks| {
+                for &lane in lanes {
+                    ks.set_gapped(HolderKey::new(key.worker, key.dp_rank, lane), true);
+                }
+            });
+        }
     }
 
     /// Applies a batch's events; returns (stores with a missing parent, stores refused whole).

@@ -278,6 +278,57 @@ fn a_gap_in_offsets_is_refused_until_accepted_and_then_visible() {
     assert!(!gapped(&a));
 }
 
+/// A gap resynchronised by an all-cleared event for only some of the feed's lanes leaves the
+/// other lanes' holders gapped: a removal for them may have been among the lost records.
+#[test]
+fn clearing_some_lanes_after_a_gap_leaves_the_others_gapped() {
+    let w = 7u64;
+    let p = partition_of(w, P);
+    let mut a = applier();
+    let lane =
+        |l: u32, ext: u64, local: u64| KvOp::Stored { lane: l, parent_ext: None, blocks: vec![(ext, local)] };
+    let b1 = encode_kv_events(&ks(), w, 0, 1, 1, false, &[lane(0, 11, 1), lane(1, 12, 2)]);
+    assert_eq!(a.apply(p, 0, 10, Some(&b1)), Ok(Outcome::Applied));
+    let gapped = |a: &Applier, l: u32| {
+        a.engine().keyspace(&ks()).unwrap().read().holder(&HolderKey::new(w, 0, l)).unwrap().gapped
+    };
+    // Seqs 2..3 lost; the batch clears lane 0 only.
+    let b4 = encode_kv_events(&ks(), w, 0, 1, 4, false, &[KvOp::Cleared { lane: 0 }]);
+    assert_eq!(a.apply(p, 1, 11, Some(&b4)), Ok(Outcome::Applied));
+    assert!(gapped(&a, 1), "lane 1 was not resynchronised");
+    assert!(a.partition(p).feeds.values().all(|f| f.gapped));
+    // Clearing every lane resynchronises the feed.
+    let b5 =
+        encode_kv_events(&ks(), w, 0, 1, 5, false, &[KvOp::Cleared { lane: 0 }, KvOp::Cleared { lane: 1 }]);
+    assert_eq!(a.apply(p, 2, 12, Some(&b5)), Ok(Outcome::Applied));
+    assert!(!gapped(&a, 0) && !gapped(&a, 1));
+    assert!(a.partition(p).feeds.values().all(|f| !f.gapped));
+}
+
+/// Records of an older epoch after a newer one are skipped, and the feed's holders flagged
+/// gapped: a stream whose records are ignored no longer keeps them exact (a bridge whose clock
+/// is behind its predecessor's, or two bridges for one worker). A newer epoch resynchronises.
+#[test]
+fn a_stale_epoch_flags_the_feed_gapped_until_a_newer_epoch() {
+    let w = 7u64;
+    let p = partition_of(w, P);
+    let mut a = applier();
+    let gapped = |a: &Applier| {
+        a.engine().keyspace(&ks()).unwrap().read().holder(&HolderKey::new(w, 0, 0)).unwrap().gapped
+    };
+    let b = encode_kv_events(&ks(), w, 0, 5, 1, false, &[stored(None, &[(11, 1)])]);
+    assert_eq!(a.apply(p, 0, 10, Some(&b)), Ok(Outcome::Applied));
+    assert!(!gapped(&a));
+    let stale = encode_kv_events(&ks(), w, 0, 4, 1, false, &[KvOp::Removed { lane: 0, exts: vec![11] }]);
+    assert_eq!(a.apply(p, 1, 11, Some(&stale)), Ok(Outcome::StaleEpoch));
+    assert!(gapped(&a), "the removal was ignored: the holder may hold less than it is credited");
+    assert_eq!(depth(&a, w, &[1]), 1);
+    let newer = encode_kv_events(&ks(), w, 0, 6, 1, false, &[stored(None, &[(21, 2)])]);
+    assert_eq!(a.apply(p, 2, 12, Some(&newer)), Ok(Outcome::Applied));
+    assert!(!gapped(&a));
+    assert_eq!(depth(&a, w, &[1]), 0, "the new epoch cleared the old blocks");
+}
+
 /// Issue 14 item 4: one record stamped far in the future (a producer with a wrong clock) must
 /// not expire every placement of its partition at once and freeze expiry afterwards.
 #[test]
