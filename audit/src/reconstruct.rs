@@ -1,14 +1,12 @@
 //! Rebuilding the state at a past point.
 
 use indicatif::{ProgressBar, ProgressStyle};
-use prefixlog_ingest::continuity::{check_marks, MarkCheckError, OffsetProblem};
 use prefixlog_ingest::{
     check_compatible, probe_log, replay, Applier, LogIdentity, LogProbe, LogSpec, ReplayError, ReplayOptions,
     Until,
 };
 use prefixlog_snapshot::{restore_for, CheckpointMeta, CheckpointStore, RestoreError};
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 /// Where to stop.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -37,13 +35,6 @@ pub enum AuditError {
     Replay(#[from] ReplayError),
     #[error(transparent)]
     Probe(#[from] prefixlog_ingest::ProbeError),
-    #[error(
-        "checkpoint {checkpoint} was not applied from this log: {}",
-        problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
-    )]
-    NotThisLog { checkpoint: u64, problems: Vec<OffsetProblem> },
-    #[error(transparent)]
-    MarkCheck(#[from] MarkCheckError),
 }
 
 /// The state at the point.
@@ -198,19 +189,8 @@ pub fn reconstruct_at(
             });
         }
     }
-    // A checkpoint base must be of this very log: the record before each of its offsets is the
-    // one it applied (not a recreated topic's that has grown past it).
-    if let Some(id) = checkpoint {
-        let marks: Vec<(u32, i64, u64)> = spec
-            .owned()
-            .iter()
-            .map(|&p| (p, applier.partition(p).next_offset, applier.partition(p).last_mark))
-            .collect();
-        let problems = check_marks(spec, &marks, probe, Duration::from_secs(30))?;
-        if !problems.is_empty() {
-            return Err(AuditError::NotThisLog { checkpoint: id, problems });
-        }
-    }
+    // A checkpoint base must be of this very log: the replay starts at the record before each
+    // offset and checks it is the one the checkpoint applied (`prefixlog_ingest::replay`).
     let restored_secs = started.elapsed().as_secs_f64();
     let replayed = advance_on(&mut applier, spec, probe, point, progress)?;
     tracing::info!(

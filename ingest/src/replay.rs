@@ -7,7 +7,7 @@
 //! (the broker is gone) are errors, never a partial result.
 
 use crate::apply::Applier;
-use crate::continuity::{check_offsets, OffsetProblem};
+use crate::continuity::{check_offsets, record_mark, OffsetProblem};
 use crate::log_spec::LogSpec;
 use crate::probe::{probe_log, LogProbe, ProbeError};
 use crate::reader::{Discontinuity, LogReader, Read};
@@ -121,10 +121,19 @@ pub fn replay(
         return Err(ReplayError::NotContinued(problem));
     }
     let total: u64 = open.iter().map(|(&p, &e)| (e - applier.partition(p).next_offset) as u64).sum();
+    // A state that names the record before its offset (a checkpoint's fingerprint) is read from
+    // that record, which must be the same one: a recreated topic grown past the state is
+    // another log (the record costs nothing extra: it comes in the same fetch).
+    let mut verify: BTreeMap<u32, (i64, u64)> = open
+        .keys()
+        .map(|&p| (p, applier.partition(p)))
+        .filter(|(p, s)| s.last_mark != 0 && s.next_offset > probe.low(*p))
+        .map(|(p, s)| (p, (s.next_offset - 1, s.last_mark)))
+        .collect();
+    let start = |p: u32| verify.get(&p).map_or(applier.partition(p).next_offset, |v| v.0);
     let started = Instant::now();
     let mut first_record = None;
-    let mut reader =
-        LogReader::open_bounded(spec, open.keys().map(|&p| (p, applier.partition(p).next_offset)))?;
+    let mut reader = LogReader::open_bounded(spec, open.keys().map(|&p| (p, start(p))))?;
     let mut open = open;
     let mut applied = 0u64;
     let mut last_progress = Instant::now();
@@ -135,6 +144,16 @@ pub fn replay(
                 first_record.get_or_insert_with(|| started.elapsed());
                 let (p, offset) = (r.partition(), r.offset());
                 let Some(&end) = open.get(&p) else { continue };
+                if let Some(&(at, mark)) = verify.get(&p).filter(|v| v.0 == offset) {
+                    if record_mark(r.timestamp_ms(), r.payload()) != mark {
+                        return Err(ReplayError::NotContinued(OffsetProblem::Replaced {
+                            partition: p,
+                            state: at + 1,
+                        }));
+                    }
+                    verify.remove(&p);
+                    continue;
+                }
                 let past_time = matches!(until, Until::Time(t) if r.timestamp_ms() > *t);
                 if offset >= end || past_time {
                     drop(r);
