@@ -130,8 +130,9 @@ pub fn check_marks(
     if want.is_empty() {
         return Ok(out);
     }
+    let (checked, started) = (want.len(), Instant::now());
     let mut reader = LogReader::open(spec, want.iter().map(|(&p, &(o, _))| (p, o - 1)))?;
-    let deadline = Instant::now() + timeout;
+    let deadline = started + timeout;
     while !want.is_empty() {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -149,6 +150,13 @@ pub fn check_marks(
         }
         let _ = reader.halt(p);
     }
+    let secs = started.elapsed().as_secs_f64();
+    tracing::info!(
+        partitions = checked,
+        secs,
+        replaced = out.len(),
+        "read back the record before each partition's offset"
+    );
     Ok(out)
 }
 

@@ -34,21 +34,11 @@ pub async fn not_continued(
         .filter(|&&p| problems.iter().all(|x| x.partition() != p))
         .map(|&p| (p, applier.partition(p).next_offset, applier.partition(p).last_mark))
         .collect();
-    let (spec, probe, checked) = (spec.clone(), probe.clone(), marks.iter().filter(|m| m.2 != 0).count());
-    let started = Instant::now();
+    let (spec, probe) = (spec.clone(), probe.clone());
     let replaced =
         tokio::task::spawn_blocking(move || check_marks(&spec, &marks, &probe, MARK_CHECK_TIMEOUT))
             .await
             .map_err(NodeError::task)??;
-    if checked > 0 {
-        let secs = started.elapsed().as_secs_f64();
-        tracing::info!(
-            partitions = checked,
-            secs,
-            replaced = replaced.len(),
-            "read back the record before each partition's offset"
-        );
-    }
     problems.extend(replaced);
     Ok(problems)
 }
