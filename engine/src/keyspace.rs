@@ -301,7 +301,12 @@ impl Keyspace {
                 }
                 n => n,
             };
-            self.prefetch_exts(exts.iter().skip(i + PREFETCH_AHEAD).take(n as usize).copied());
+            // Exts up to `i + PREFETCH_AHEAD` were started already and those up to `i + n` are
+            // gone (a tail removal starts its own slots as it walks): start only the ones after
+            // both (measured: a tail removal used to start `n` slots it had just dropped).
+            let ahead = i + PREFETCH_AHEAD;
+            let next = exts.iter().take(ahead + n as usize).skip(ahead.max(i + n as usize));
+            self.prefetch_exts(next.copied());
             removed += n;
             prev = Some(b + 1 - n);
             i += n as usize;

@@ -101,15 +101,19 @@ impl Shard {
     /// stays short there, and probes stay within one or two cache lines.
     /// Inserts `node` unless an entry under `h` satisfies `eq`, which is returned instead:
     /// one probe for what a lookup followed by an insert would probe twice.
+    #[inline]
     fn insert_new(&mut self, h: u32, node: u32, mut eq: impl FnMut(u32) -> bool) -> Option<u32> {
         debug_assert_ne!(node, 0, "the root is never stored");
-        self.reserve(self.len + 1);
-        let mask = self.mask();
+        if !fits(self.len + 1, self.slots.len()) {
+            self.reserve(self.len + 1);
+        }
+        let slots = &mut *self.slots;
+        let mask = slots.len() - 1;
         let mut i = h as usize & mask;
         loop {
-            let s = self.slots[i];
+            let s = slots[i];
             if s == EMPTY {
-                self.slots[i] = slot(h, node);
+                slots[i] = slot(h, node);
                 self.len += 1;
                 return None;
             }
@@ -145,16 +149,22 @@ impl Shard {
         slots
     }
 
+    /// Inlined into the tail removal's loop and indexing a local slice under its own mask, so
+    /// the probe has no bounds checks ([`Self::insert_new`] likewise; README "Engine vs
+    /// published peers" has the before/after).
+    #[inline]
     fn remove(&mut self, h: u32, node: u32) -> bool {
         if self.slots.is_empty() {
             return false;
         }
-        let (mask, want) = (self.mask(), slot(h, node));
+        let want = slot(h, node);
+        let slots = &mut *self.slots;
+        let mask = slots.len() - 1;
         let mut i = h as usize & mask;
         loop {
-            match self.slots[i] {
-                EMPTY => return false,
+            match slots[i] {
                 s if s == want => break,
+                EMPTY => return false,
                 _ => i = (i + 1) & mask,
             }
         }
@@ -163,18 +173,18 @@ impl Shard {
         let mut hole = i;
         let mut j = (i + 1) & mask;
         loop {
-            let s = self.slots[j];
+            let s = slots[j];
             if s == EMPTY {
                 break;
             }
             let home = (s >> 32) as usize & mask;
             if (j.wrapping_sub(home) & mask) >= (j.wrapping_sub(hole) & mask) {
-                self.slots[hole] = s;
+                slots[hole] = s;
                 hole = j;
             }
             j = (j + 1) & mask;
         }
-        self.slots[hole] = EMPTY;
+        slots[hole] = EMPTY;
         self.len -= 1;
         true
     }
@@ -278,6 +288,7 @@ impl NodeTable {
 
     /// Stores `node` under `h` unless a node stored under `h` satisfies `eq`: returns that
     /// node then, and stores nothing.
+    #[inline]
     pub fn insert_new(&mut self, h: u64, node: u32, eq: impl FnMut(u32) -> bool) -> Option<u32> {
         let (s, low) = Self::split(h);
         let found = self.shards[s].insert_new(low, node, eq);
@@ -323,6 +334,7 @@ impl NodeTable {
     }
 
     /// Removes `node` stored under `h`; returns whether it was there.
+    #[inline]
     pub fn remove(&mut self, h: u64, node: u32) -> bool {
         let (s, low) = Self::split(h);
         self.shards[s].remove(low, node)
