@@ -2,7 +2,7 @@
 //! range (low and high watermark) of every owned partition. Start-up continuity checks,
 //! bounded replays and benchmarks read it; the running replica polls watermarks itself.
 
-use crate::log_spec::{ClientRole, LogSpec};
+use crate::log_spec::{close_in_background, ClientRole, LogSpec};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -79,6 +79,7 @@ pub fn probe_log(spec: &LogSpec) -> Result<LogProbe, ProbeError> {
         let (low, high) = consumer.fetch_watermarks(&spec.topic, p as i32, Duration::from_secs(10))?;
         watermarks.insert(p, Watermarks { low, high });
     }
+    close_in_background(consumer, "probe");
     Ok(LogProbe { cluster_id, partitions, watermarks })
 }
 

@@ -8,7 +8,7 @@
 
 use crate::apply::Applier;
 use crate::continuity::{check_offsets, record_mark, OffsetProblem};
-use crate::log_spec::LogSpec;
+use crate::log_spec::{close_in_background, LogSpec};
 use crate::probe::{probe_log, LogProbe, ProbeError};
 use crate::reader::{Discontinuity, LogReader, Read};
 use prefixlog_engine::LogTime;
@@ -182,6 +182,7 @@ pub fn replay(
             }
         }
     }
+    close_in_background(reader, "replay");
     tracing::info!(
         records = applied,
         partitions = ends.len(),
