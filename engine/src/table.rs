@@ -154,6 +154,7 @@ impl Shard {
     /// published peers" has the before/after).
     #[inline]
     fn remove(&mut self, h: u32, node: u32) -> bool {
+        debug_assert_ne!(node, 0, "the root is never stored");
         if self.slots.is_empty() {
             return false;
         }
@@ -384,7 +385,8 @@ impl NodeTable {
             let mut s = r.section(tag::TABLE)?;
             let len = s.u64()? as usize;
             let cap = s.count(8)?;
-            if !(cap == 0 || cap.is_power_of_two()) || len > cap * 7 / 10 + 1 {
+            // At least one free slot, or a probe for a missing key would never end.
+            if !(cap == 0 || cap.is_power_of_two()) || len > cap * 7 / 10 + 1 || (cap > 0 && len >= cap) {
                 return Err(s.invalid("table shard size out of range"));
             }
             // One pass over the bytes: slots copied, entries counted, the root (index 0) never
@@ -432,6 +434,32 @@ mod tests {
         x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
         x ^ (x >> 31)
+    }
+
+    /// An image whose shard has no free slot is refused: a lookup of a missing key would probe
+    /// it forever (a full 2-slot shard passed the load check before, which allows one entry
+    /// of slack).
+    #[test]
+    fn an_image_with_a_full_shard_is_refused() {
+        use crate::image::{ImageReader, SectionChecks};
+        let image = |slots: Vec<u64>| {
+            let mut t = NodeTable::default();
+            t.shards[0] = Shard {
+                len: slots.iter().filter(|&&s| s != EMPTY).count(),
+                slots: slots.into(),
+                queued: false,
+            };
+            let mut bytes = Vec::new();
+            t.write_image(&mut ImageWriter::new(&mut bytes)).expect("written to memory");
+            bytes
+        };
+        let read = |bytes: &[u8]| {
+            let mut r = ImageReader::new(bytes, SectionChecks::Verify).expect("magic");
+            NodeTable::read_image(&mut r).map(|(t, _)| t.len())
+        };
+        assert_eq!(read(&image(vec![slot(1, 1), EMPTY])), Ok(1));
+        assert!(matches!(read(&image(vec![slot(1, 1), slot(2, 2)])), Err(ImageError::Invalid { .. })));
+        assert!(matches!(read(&image(vec![slot(1, 1)])), Err(ImageError::Invalid { .. })));
     }
 
     /// Differential test against a BTreeMap under inserts, removes and lookups, with hashes

@@ -250,19 +250,39 @@ impl LogSpec {
     }
 }
 
+/// Clients [`close_in_background`] is closing. A process joins them before it exits
+/// ([`wait_for_closing_clients`]): an exit in the middle of librdkafka's destroy would tear
+/// down what it still uses (TLS libraries clean up in exit handlers).
+static CLOSING: parking_lot::Mutex<Vec<std::thread::JoinHandle<()>>> = parking_lot::Mutex::new(Vec::new());
+
 /// Drops a Kafka client on a thread of its own. librdkafka's destroy waits for the client's
-/// internal threads to wind down, which took ~0.1 s for some consumers on tansu: a bounded
-/// replay (an audit, a repair) or a probe that is done with its client has no reason to wait
-/// for that.
+/// internal threads to wind down, which took ~0.1 s per consumer on tansu: a bounded replay
+/// (an audit, a repair) or a probe that is done with its client has no reason to wait for
+/// that.
 pub fn close_in_background<C: Send + 'static>(client: C, what: &'static str) {
     let spawned = std::thread::Builder::new().name(format!("close-{what}")).spawn(move || {
         let started = Instant::now();
         drop(client);
         tracing::debug!(what, secs = started.elapsed().as_secs_f64(), "Kafka client closed");
     });
-    if let Err(e) = spawned {
+    match spawned {
+        Ok(handle) => {
+            let mut closing = CLOSING.lock();
+            closing.retain(|h| !h.is_finished());
+            closing.push(handle);
+        }
         // The failed spawn dropped the closure, and the client with it, right here.
-        tracing::warn!(what, error = %e, "no thread to close a Kafka client on; closed it inline");
+        Err(e) => tracing::warn!(what, error = %e, "no thread to close a Kafka client on; closed it inline"),
+    }
+}
+
+/// Waits until every client handed to [`close_in_background`] is closed (call before the
+/// process exits).
+pub fn wait_for_closing_clients() {
+    let closing = std::mem::take(&mut *CLOSING.lock());
+    for h in closing {
+        // A panic while closing was already reported by the panic hook; nothing to add.
+        let _ = h.join();
     }
 }
 

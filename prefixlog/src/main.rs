@@ -115,7 +115,7 @@ fn main() -> anyhow::Result<()> {
         tracing::info!(cpus = %cpus, "pinned the process to --query-cpus (the ingest thread re-pins to --ingest-cpus if set)");
     }
     let rt = tokio::runtime::Runtime::new()?;
-    match cli.cmd {
+    let result = match cli.cmd {
         Cmd::Serve(a) => rt.block_on(serve::run(*a)),
         Cmd::Replay(a) => rt.block_on(replay::run(a)),
         Cmd::Bridge(a) => rt.block_on(bridge_cmd::run(a)),
@@ -128,5 +128,9 @@ fn main() -> anyhow::Result<()> {
         Cmd::BenchShards(a) => rt.block_on(bench_shards::run(a)),
         Cmd::Demo(a) => rt.block_on(demo::run(a)),
         Cmd::BenchRouting(a) => demo::routing_sim::run(a),
-    }
+    };
+    // Replays and probes close their Kafka clients in the background: none may be mid-destroy
+    // when the process exits.
+    prefixlog_ingest::log_spec::wait_for_closing_clients();
+    result
 }
