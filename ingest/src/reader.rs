@@ -27,7 +27,7 @@
 //! (confluentinc/librdkafka#5573, `rd_kafka_assignment_partition_stopped: Assertion
 //! rktp->rktp_started failed`): two re-assignments in a row did that.
 
-use crate::log_spec::{ClientRole, LogSpec};
+use crate::log_spec::{close_in_background, ClientRole, LogSpec};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -316,18 +316,13 @@ impl LogReader {
 
     /// Replaces the consumer by one assigned at every running partition's expected offset;
     /// records the old one fetched and did not deliver are fetched again by the new one. The
-    /// old one is closed on a thread of its own: a close polls until librdkafka has left (about
-    /// 0.1 s), which the records behind it need not wait for.
+    /// old one is closed in the background ([`close_in_background`]: a close waits until
+    /// librdkafka has left, about 0.1 s, which the records behind it need not wait for).
     fn reopen(&mut self) -> Result<(), KafkaError> {
         let consumer: BaseConsumer = self.config.create()?;
         self.pos.assign(&consumer, &self.topic)?;
         let old = std::mem::replace(&mut self.consumer, consumer);
-        let closing = std::thread::Builder::new().name("log-reader-close".into()).spawn(move || drop(old));
-        if let Err(e) = closing {
-            // The closure (and the consumer in it) came back with the error and was dropped
-            // here, on this thread: slower, not wrong.
-            tracing::debug!(error = %e, "closed the previous consumer inline");
-        }
+        close_in_background(old, "log-reader");
         self.reopen = false;
         Ok(())
     }
