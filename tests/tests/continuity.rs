@@ -384,22 +384,13 @@ async fn record_marks_tell_the_log_a_state_came_from() {
         // checks it the same way, at no extra read.
         let more = publish(&publisher, 2, &mut seqs).await;
         let until = Until::Offsets(token_of(&more).into_iter().collect());
-        let mut at_marks = Applier::new(P, spec.settings);
-        replay(
-            &spec,
-            &mut at_marks,
-            &Until::Offsets(token_of(&landed).into_iter().collect()),
-            Default::default(),
-        )
-        .unwrap();
-        let mut wrong = Applier::new(P, spec.settings);
-        replay(
-            &spec,
-            &mut wrong,
-            &Until::Offsets(token_of(&landed).into_iter().collect()),
-            Default::default(),
-        )
-        .unwrap();
+        let at_landed = || {
+            let mut app = Applier::new(P, spec.settings);
+            let until = Until::Offsets(token_of(&landed).into_iter().collect());
+            replay(&spec, &mut app, &until, Default::default()).unwrap();
+            app
+        };
+        let (mut at_marks, mut wrong) = (at_landed(), at_landed());
         let mut parts = wrong.partitions().to_vec();
         parts[1].last_mark ^= 1;
         wrong.restore_partitions(parts);
