@@ -8,7 +8,7 @@ use crate::blocks::ROOT_BLOCK;
 use crate::digest::holder_term;
 use crate::holder::{Holder, Holders, Record};
 use crate::store_check::check_store;
-use crate::trie::{Segment, Stretch, Trie};
+use crate::trie::{ext_hash, Segment, Stretch, Trie};
 use crate::types::{
     partition_of, ApplyError, EngineConfig, HolderKey, InvalidStoreReason, KeyspaceId, KeyspaceStats, LogTime,
 };
@@ -51,6 +51,8 @@ pub struct Keyspace {
     stretches: Vec<Stretch>,
     locals: Vec<u64>,
     ext_scratch: Vec<u64>,
+    /// The ext hashes of a removal.
+    hash_scratch: Vec<u64>,
 }
 
 impl Keyspace {
@@ -69,6 +71,7 @@ impl Keyspace {
             stretches: Vec::new(),
             locals: Vec::new(),
             ext_scratch: Vec::new(),
+            hash_scratch: Vec::new(),
         }
     }
 
@@ -285,16 +288,20 @@ impl Keyspace {
         self.touch(h, t);
         self.ensure_fed(h);
         let (mut removed, mut unknown) = (0, 0);
-        self.prefetch_exts(exts.iter().copied().take(PREFETCH_AHEAD));
+        // Hashed once: the same hash starts a slot early and then finds it.
+        let mut hashes = std::mem::take(&mut self.hash_scratch);
+        hashes.clear();
+        hashes.extend(exts.iter().map(|&e| ext_hash(e)));
+        self.prefetch_hashes(&hashes[..hashes.len().min(PREFETCH_AHEAD)]);
         let (mut prev, mut i) = (None, 0);
         while i < exts.len() {
             let Some(b) = self.resolve_after(h, exts[i], prev) else {
-                self.prefetch_exts(exts.get(i + PREFETCH_AHEAD).copied());
+                self.prefetch_hashes(hashes.get(i + PREFETCH_AHEAD));
                 unknown += 1;
                 i += 1;
                 continue;
             };
-            let n = match self.remove_tail(h, b, &exts[i..]) {
+            let n = match self.remove_tail(h, b, &exts[i..], &hashes[i..]) {
                 0 => {
                     self.remove_block(h, b);
                     1
@@ -305,12 +312,12 @@ impl Keyspace {
             // gone (a tail removal starts its own slots as it walks): start only the ones after
             // both (measured: a tail removal used to start `n` slots it had just dropped).
             let ahead = i + PREFETCH_AHEAD;
-            let next = exts.iter().take(ahead + n as usize).skip(ahead.max(i + n as usize));
-            self.prefetch_exts(next.copied());
+            self.prefetch_hashes(hashes.iter().take(ahead + n as usize).skip(ahead.max(i + n as usize)));
             removed += n;
             prev = Some(b + 1 - n);
             i += n as usize;
         }
+        self.hash_scratch = hashes;
         self.stats.blocks_removed += u64::from(removed);
         self.stats.removes_unknown += u64::from(unknown);
         self.maybe_compact(h);
@@ -434,6 +441,13 @@ impl Keyspace {
         if !self.holders.at(h).fed {
             self.clear_blocks(h);
             self.holders.at_mut(h).fed = true;
+        }
+    }
+
+    /// Starts the ext-table slots of exts hashed by [`ext_hash`].
+    fn prefetch_hashes<'a>(&self, hashes: impl IntoIterator<Item = &'a u64>) {
+        for &h in hashes {
+            self.trie.prefetch_ext_hash(h);
         }
     }
 

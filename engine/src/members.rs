@@ -102,7 +102,8 @@ impl Keyspace {
     /// its first block (the run and its records stay; nothing is split), and returns how many
     /// (0 when the case does not apply). The record ending at `b` then ends earlier in the
     /// same run, so its pin stays.
-    pub(crate) fn remove_tail(&mut self, h: u32, b: u32, exts: &[u64]) -> u32 {
+    /// `hashes[k]` is `ext_hash(exts[k])`.
+    pub(crate) fn remove_tail(&mut self, h: u32, b: u32, exts: &[u64], hashes: &[u64]) -> u32 {
         let r = self.trie.run_of(b);
         let run = &self.trie.runs[r];
         let Some(pos) = run.member(h) else { return 0 };
@@ -122,7 +123,7 @@ impl Keyspace {
             n += 1;
         }
         let inferred = !self.holders.at(h).fed;
-        let terms = self.trie.shrink_tail(r, n, inferred);
+        let terms = self.trie.shrink_tail(r, n, inferred, hashes);
         let holder = self.holders.at_mut(h);
         holder.blocks -= n;
         holder.digest = holder.digest.wrapping_sub(terms);
