@@ -63,6 +63,11 @@ struct Args {
     /// shared prefixes; see src/synth.rs; --trace is then not read).
     #[arg(long, default_value = "trace")]
     shape: String,
+    /// Replays per implementation, interleaved (round 1 runs every implementation once, then
+    /// round 2, ...). The table shows each column's median over the rounds: this machine is
+    /// shared, and one replay per implementation compares moments as much as implementations.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -100,18 +105,53 @@ fn main() -> anyhow::Result<()> {
     let resident = resident_holder_blocks(&steps);
     print_workload(&cfg, &steps, resident, t.elapsed().as_secs_f64());
 
+    anyhow::ensure!(args.rounds >= 1, "--rounds must be at least 1");
     let mut reference: Option<Vec<Answer>> = None;
-    let mut results = Vec::new();
-    for (name, make) in &impls {
-        println!("\n== {name}");
-        let r = harness::run(make, &steps, &mut reference);
-        assert_eq!(r.name, *name, "registry name differs from Index::name()");
-        print_details(&r, resident);
-        results.push(r);
+    let mut rounds: Vec<Vec<Summary>> = vec![Vec::new(); impls.len()];
+    for round in 0..args.rounds {
+        // Each round starts one implementation later, so none always runs first or last.
+        for k in (0..impls.len()).map(|k| (k + round) % impls.len()) {
+            let (name, make) = &impls[k];
+            println!("\n== {name} (round {} of {})", round + 1, args.rounds);
+            let r = harness::run(make, &steps, &mut reference);
+            assert_eq!(r.name, *name, "registry name differs from Index::name()");
+            print_details(&r, resident);
+            rounds[k].push(Summary::of(&r, resident));
+        }
     }
     println!();
-    print_table(&results, resident);
+    print_table(&rounds);
     Ok(())
+}
+
+/// One replay's row of the table.
+#[derive(Clone)]
+struct Summary {
+    name: String,
+    writes: f64,
+    p50_us: f64,
+    p99_us: f64,
+    bytes: f64,
+    /// `None` for the reference run.
+    mismatches: Option<u64>,
+}
+
+impl Summary {
+    fn of(r: &RunResult, resident: u64) -> Self {
+        Self {
+            name: r.name.clone(),
+            writes: r.write_mblocks_per_s(),
+            p50_us: r.percentile_us(0.50),
+            p99_us: r.percentile_us(0.99),
+            bytes: r.bytes as f64 / resident.max(1) as f64,
+            mismatches: r.mismatches.as_ref().map(|m| m.0),
+        }
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
 fn print_workload(cfg: &FleetConfig, steps: &[Step], resident: u64, secs: f64) {
@@ -170,22 +210,53 @@ fn print_details(r: &RunResult, resident: u64) {
     }
 }
 
-fn print_table(results: &[RunResult], resident: u64) {
+/// Medians over the rounds (the middle round of an odd count), every round's writes, and the
+/// ratios the speed targets are stated in: prefixlog against the best peer in each column.
+fn print_table(rounds: &[Vec<Summary>]) {
+    let n = rounds.first().map_or(0, Vec::len);
+    println!("medians of {n} round(s):");
     println!("| implementation | writes (M blocks/s) | match p50 µs | match p99 µs | bytes/holder-block | answer mismatches |");
     println!("|---|---:|---:|---:|---:|---:|");
-    for r in results {
-        let mism = match &r.mismatches {
+    let col = |runs: &[Summary], f: fn(&Summary) -> f64| median(runs.iter().map(f).collect());
+    let mut rows = Vec::new();
+    for runs in rounds {
+        let mism = match runs[0].mismatches {
             None => "reference".to_string(),
-            Some((n, _)) => n.to_string(),
+            Some(_) => runs.iter().filter_map(|r| r.mismatches).max().unwrap_or(0).to_string(),
         };
+        let row = (
+            col(runs, |r| r.writes),
+            col(runs, |r| r.p50_us),
+            col(runs, |r| r.p99_us),
+            col(runs, |r| r.bytes),
+        );
         println!(
             "| {} | {:.2} | {:.1} | {:.1} | {:.0} | {} |",
-            r.name,
-            r.write_mblocks_per_s(),
-            r.percentile_us(0.50),
-            r.percentile_us(0.99),
-            r.bytes as f64 / resident.max(1) as f64,
-            mism
+            runs[0].name, row.0, row.1, row.2, row.3, mism
         );
+        rows.push((runs[0].name.as_str(), row));
     }
+    for runs in rounds {
+        let each: Vec<String> = runs.iter().map(|r| format!("{:.2}", r.writes)).collect();
+        println!("writes per round, {}: {}", runs[0].name, each.join(" / "));
+    }
+    let Some(&(_, ours)) = rows.iter().find(|(name, _)| *name == "prefixlog") else { return };
+    let peers: Vec<_> = rows.iter().filter(|(name, _)| *name != "prefixlog").map(|&(_, r)| r).collect();
+    if peers.is_empty() {
+        return;
+    }
+    let best = |f: fn(&(f64, f64, f64, f64)) -> f64, higher_is_better: bool| {
+        let vals = peers.iter().map(f);
+        if higher_is_better {
+            vals.fold(f64::MIN, f64::max)
+        } else {
+            vals.fold(f64::MAX, f64::min)
+        }
+    };
+    println!(
+        "prefixlog vs the best peer (medians): writes {:.2}x, match p99 {:.2}x, bytes {:.2}x",
+        ours.0 / best(|r| r.0, true),
+        ours.2 / best(|r| r.2, false),
+        ours.3 / best(|r| r.3, false)
+    );
 }

@@ -3,7 +3,9 @@
 //! result buffer (`match_chain_into`), as smg's adapter reuses its scratch and output buffers.
 
 use crate::index::Index;
-use prefixlog_engine::{Engine, EngineConfig, HolderKey, HolderMatch, KeyspaceId, MatchOptions, SharedKeyspace};
+use prefixlog_engine::{
+    Engine, EngineConfig, HolderKey, HolderMatch, KeyspaceId, MatchOptions, SharedKeyspace,
+};
 
 pub struct Prefixlog {
     _engine: Engine,
