@@ -147,6 +147,22 @@ impl Summary {
             mismatches: r.mismatches.as_ref().map(|m| m.0),
         }
     }
+
+    /// Each column's median over the rounds; mismatches are the most any round had (`None`
+    /// when the first round was the reference).
+    fn median_of(runs: &[Summary]) -> Self {
+        let col = |f: fn(&Summary) -> f64| median(runs.iter().map(f).collect());
+        Self {
+            name: runs[0].name.clone(),
+            writes: col(|r| r.writes),
+            p50_us: col(|r| r.p50_us),
+            p99_us: col(|r| r.p99_us),
+            bytes: col(|r| r.bytes),
+            mismatches: runs[0]
+                .mismatches
+                .map(|_| runs.iter().filter_map(|r| r.mismatches).max().unwrap_or(0)),
+        }
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -217,46 +233,30 @@ fn print_table(rounds: &[Vec<Summary>]) {
     println!("medians of {n} round(s):");
     println!("| implementation | writes (M blocks/s) | match p50 µs | match p99 µs | bytes/holder-block | answer mismatches |");
     println!("|---|---:|---:|---:|---:|---:|");
-    let col = |runs: &[Summary], f: fn(&Summary) -> f64| median(runs.iter().map(f).collect());
-    let mut rows = Vec::new();
-    for runs in rounds {
-        let mism = match runs[0].mismatches {
-            None => "reference".to_string(),
-            Some(_) => runs.iter().filter_map(|r| r.mismatches).max().unwrap_or(0).to_string(),
-        };
-        let row = (
-            col(runs, |r| r.writes),
-            col(runs, |r| r.p50_us),
-            col(runs, |r| r.p99_us),
-            col(runs, |r| r.bytes),
-        );
+    let medians: Vec<Summary> = rounds.iter().map(|runs| Summary::median_of(runs)).collect();
+    for m in &medians {
+        let mism = m.mismatches.map_or("reference".to_string(), |n| n.to_string());
         println!(
             "| {} | {:.2} | {:.1} | {:.1} | {:.0} | {} |",
-            runs[0].name, row.0, row.1, row.2, row.3, mism
+            m.name, m.writes, m.p50_us, m.p99_us, m.bytes, mism
         );
-        rows.push((runs[0].name.as_str(), row));
     }
     for runs in rounds {
         let each: Vec<String> = runs.iter().map(|r| format!("{:.2}", r.writes)).collect();
         println!("writes per round, {}: {}", runs[0].name, each.join(" / "));
     }
-    let Some(&(_, ours)) = rows.iter().find(|(name, _)| *name == "prefixlog") else { return };
-    let peers: Vec<_> = rows.iter().filter(|(name, _)| *name != "prefixlog").map(|&(_, r)| r).collect();
+    let Some(ours) = medians.iter().find(|m| m.name == "prefixlog") else { return };
+    let peers: Vec<&Summary> = medians.iter().filter(|m| m.name != "prefixlog").collect();
     if peers.is_empty() {
         return;
     }
-    let best = |f: fn(&(f64, f64, f64, f64)) -> f64, higher_is_better: bool| {
-        let vals = peers.iter().map(f);
-        if higher_is_better {
-            vals.fold(f64::MIN, f64::max)
-        } else {
-            vals.fold(f64::MAX, f64::min)
-        }
-    };
+    let best_writes = peers.iter().map(|p| p.writes).fold(f64::MIN, f64::max);
+    let best_p99 = peers.iter().map(|p| p.p99_us).fold(f64::MAX, f64::min);
+    let best_bytes = peers.iter().map(|p| p.bytes).fold(f64::MAX, f64::min);
     println!(
         "prefixlog vs the best peer (medians): writes {:.2}x, match p99 {:.2}x, bytes {:.2}x",
-        ours.0 / best(|r| r.0, true),
-        ours.2 / best(|r| r.2, false),
-        ours.3 / best(|r| r.3, false)
+        ours.writes / best_writes,
+        ours.p99_us / best_p99,
+        ours.bytes / best_bytes
     );
 }
