@@ -309,8 +309,9 @@ impl Keyspace {
                 n => n,
             };
             // Exts up to `i + PREFETCH_AHEAD` were started already and those up to `i + n` are
-            // gone (a tail removal starts its own slots as it walks): start only the ones after
-            // both (measured: a tail removal used to start `n` slots it had just dropped).
+            // gone (a tail removal starts its own slots as it walks, and a few past its run):
+            // start only the ones after both (measured: a tail removal used to start `n` slots
+            // it had just dropped).
             let ahead = i + PREFETCH_AHEAD;
             self.prefetch_hashes(hashes.iter().take(ahead + n as usize).skip(ahead.max(i + n as usize)));
             removed += n;

@@ -8,9 +8,9 @@
 
 use crate::bench_env::{bench_options, BenchLog};
 use crate::fleet_records::{fleet_records, keyspace, WorkloadArgs};
-use crate::quantile::median;
 use prefixlog_ingest::reader::{LogReader, Read};
 use prefixlog_node::NodeOptions;
+use prefixlog_workload::quantile::median;
 use std::time::{Duration, Instant};
 
 #[derive(clap::Args)]

@@ -3,9 +3,9 @@
 
 use crate::bench_env::{bench_options, token, BenchLog};
 use crate::fleet_records::{fleet_records, WorkloadArgs};
-use crate::quantile::median;
 use prefixlog_node::{CheckpointPolicy, NodeOptions};
 use prefixlog_snapshot::{restore, CheckpointStore};
+use prefixlog_workload::quantile::median;
 use std::time::{Duration, Instant};
 
 #[derive(clap::Args)]
@@ -110,7 +110,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     done.store(true, std::sync::atomic::Ordering::Release);
     let mut lat = querier.join().expect("querier");
     lat.sort_unstable();
-    let pct = |q: f64| crate::quantile::quantile_us(&lat, q);
+    let pct = |q: f64| prefixlog_workload::quantile::quantile_us(&lat, q);
     println!(
         "queries during the checkpoint: {} answered, p50 {:.1} µs, p99 {:.1} µs, max {:.1} µs",
         lat.len(),
@@ -118,7 +118,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         pct(0.99),
         pct(1.0)
     );
-    let b = |q: f64| crate::quantile::quantile_us(&baseline, q);
+    let b = |q: f64| prefixlog_workload::quantile::quantile_us(&baseline, q);
     println!(
         "queries without a checkpoint (3 s baseline, same run): {} answered, p50 {:.1} µs, p99 {:.1} µs, max {:.1} µs",
         baseline.len(),

@@ -24,7 +24,6 @@ mod checkpoints_cmd;
 mod demo;
 mod fleet_records;
 mod kafka_args;
-mod quantile;
 mod query_bench;
 mod replay;
 mod serve;

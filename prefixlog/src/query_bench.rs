@@ -77,7 +77,7 @@ struct Lat {
 impl Lat {
     /// The q-quantile in µs (`v` is sorted when measuring ends).
     fn pct(&self, q: f64) -> f64 {
-        crate::quantile::quantile_us(&self.v, q)
+        prefixlog_workload::quantile::quantile_us(&self.v, q)
     }
 }
 

@@ -9,10 +9,12 @@
 //!   and expanding a request into a chain of `(ext, local)` block hashes.
 //! - [`fleet`]: per-worker LRU caches that turn "this worker serves this chain" into the
 //!   `stored` / `removed` events a real engine (vLLM, SGLang) would publish.
+//! - [`quantile`]: the one quantile rule (nearest rank) and median every benchmark prints.
 //! - [`generate`]: the fixed-routing event stream used by the benchmarks: a match query before
 //!   every request, then the worker's events.
 
 pub mod fleet;
+pub mod quantile;
 pub mod trace;
 
 pub use fleet::{Event, Fleet};

@@ -2,6 +2,7 @@
 
 use crate::alloc;
 use crate::index::Index;
+use prefixlog_workload::quantile::nearest_rank;
 use prefixlog_workload::Step;
 use std::time::Instant;
 
@@ -30,12 +31,9 @@ impl RunResult {
         self.write_blocks as f64 / ((self.write_ns + self.flush_ns) as f64 / 1e9) / 1e6
     }
 
+    /// The `p`-quantile of the query latencies in µs (the workspace's one rule: nearest rank).
     pub fn percentile_us(&self, p: f64) -> f64 {
-        if self.lat_ns.is_empty() {
-            return f64::NAN;
-        }
-        let i = ((self.lat_ns.len() as f64 * p) as usize).min(self.lat_ns.len() - 1);
-        self.lat_ns[i] as f64 / 1e3
+        nearest_rank(&self.lat_ns, p).map_or(f64::NAN, |ns| ns as f64 / 1e3)
     }
 }
 

@@ -14,6 +14,7 @@ mod synth;
 use clap::Parser;
 use harness::{Answer, RunResult};
 use index::Index;
+use prefixlog_workload::quantile::median;
 use prefixlog_workload::{generate, load_trace, resident_holder_blocks, FleetConfig, Step};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -151,7 +152,7 @@ impl Summary {
     /// Each column's median over the rounds; mismatches are the most any round had (`None`
     /// when the first round was the reference).
     fn median_of(runs: &[Summary]) -> Self {
-        let col = |f: fn(&Summary) -> f64| median(runs.iter().map(f).collect());
+        let col = |f: fn(&Summary) -> f64| median(runs.iter().map(f));
         Self {
             name: runs[0].name.clone(),
             writes: col(|r| r.writes),
@@ -163,11 +164,6 @@ impl Summary {
                 .map(|_| runs.iter().filter_map(|r| r.mismatches).max().unwrap_or(0)),
         }
     }
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 fn print_workload(cfg: &FleetConfig, steps: &[Step], resident: u64, secs: f64) {

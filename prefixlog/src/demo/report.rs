@@ -41,7 +41,7 @@ pub fn ratios(v: &[Outcome]) -> Ratios {
 }
 
 pub fn percentile_ms(sorted_us: &[u64], q: f64) -> f64 {
-    crate::quantile::nearest_rank(sorted_us, q).map_or(f64::NAN, |us| us as f64 / 1000.0)
+    prefixlog_workload::quantile::nearest_rank(sorted_us, q).map_or(f64::NAN, |us| us as f64 / 1000.0)
 }
 
 /// Everything the final table shows besides the outcomes.

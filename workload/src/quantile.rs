@@ -1,5 +1,5 @@
-//! One quantile rule for every latency the binary prints (benchmarks and the demo's table):
-//! nearest rank over ascending samples.
+//! One quantile rule for every latency and median the benchmarks print (the binary's
+//! benchmarks, the demo's table, `bench/peers`): nearest rank over ascending samples.
 
 use std::time::Duration;
 
