@@ -42,6 +42,36 @@ const GAPPED: u8 = 0x40;
 const MAX_PLAIN_SCORE: usize = (1 + 10) + 4 * (1 + 5) + 2 * 2;
 const _: () = assert!(MAX_PLAIN_SCORE < 128);
 
+/// A score's body without intervals, built on the stack and appended in one copy (pushing
+/// byte by byte into the `Vec` checked its capacity at every byte).
+struct PlainScore {
+    bytes: [u8; MAX_PLAIN_SCORE],
+    len: usize,
+}
+
+impl PlainScore {
+    fn new() -> Self {
+        Self { bytes: [0; MAX_PLAIN_SCORE], len: 0 }
+    }
+
+    /// A varint field, left out when 0 (proto3 default), as prost writes it.
+    #[inline(always)]
+    fn field(&mut self, key: u8, mut v: u64) {
+        if v == 0 {
+            return;
+        }
+        self.bytes[self.len] = key;
+        self.len += 1;
+        while v >= 0x80 {
+            self.bytes[self.len] = v as u8 | 0x80;
+            self.len += 1;
+            v >>= 7;
+        }
+        self.bytes[self.len] = v as u8;
+        self.len += 1;
+    }
+}
+
 fn put_varint_field(out: &mut Vec<u8>, key: u8, v: u64) {
     if v != 0 {
         out.push(key);
@@ -49,17 +79,28 @@ fn put_varint_field(out: &mut Vec<u8>, key: u8, v: u64) {
     }
 }
 
-/// One score with its key and length prefix. Without intervals the body is written first and
-/// its one-byte length filled in after; with them prost computes the length first.
+/// One score with its key and length prefix.
 fn put_score(out: &mut Vec<u8>, s: &WorkerScore) {
-    out.push(SCORES_KEY);
-    let len_at = out.len();
-    if s.intervals.is_empty() {
-        out.push(0);
-    } else {
-        encode_varint(s.encoded_len() as u64, out);
+    if !s.intervals.is_empty() {
+        return put_score_with_intervals(out, s);
     }
-    let body_at = out.len();
+    let mut b = PlainScore::new();
+    b.field(WORKER, s.worker);
+    b.field(DP_RANK, s.dp_rank.into());
+    b.field(LANE, s.lane.into());
+    b.field(DEPTH, s.depth.into());
+    b.field(TOTAL_BLOCKS, s.total_blocks.into());
+    b.field(INFERRED, s.inferred.into());
+    b.field(GAPPED, s.gapped.into());
+    // Under 128 bytes (MAX_PLAIN_SCORE): a one-byte length prefix.
+    out.extend_from_slice(&[SCORES_KEY, b.len as u8]);
+    out.extend_from_slice(&b.bytes[..b.len]);
+}
+
+/// A score with intervals (answers that ask for them): its length from prost first.
+fn put_score_with_intervals(out: &mut Vec<u8>, s: &WorkerScore) {
+    out.push(SCORES_KEY);
+    encode_varint(s.encoded_len() as u64, out);
     put_varint_field(out, WORKER, s.worker);
     put_varint_field(out, DP_RANK, s.dp_rank.into());
     put_varint_field(out, LANE, s.lane.into());
@@ -72,11 +113,6 @@ fn put_score(out: &mut Vec<u8>, s: &WorkerScore) {
         i.encode_raw(out);
     }
     put_varint_field(out, GAPPED, s.gapped.into());
-    if s.intervals.is_empty() {
-        let len = out.len() - body_at;
-        debug_assert!(len <= MAX_PLAIN_SCORE);
-        out[len_at] = len as u8;
-    }
 }
 
 /// `r` encoded, byte for byte what `r.encode_to_vec()` gives.
@@ -159,6 +195,68 @@ fn count_scores(bytes: &[u8]) -> usize {
 /// Reads one score's body into `s` (a default score); `false` when it holds anything but the
 /// known fields with their own wire types, or does not parse (prost then decodes it).
 fn fill_score(s: &mut WorkerScore, body: &[u8]) -> bool {
+    if fill_in_order(s, body) {
+        return true;
+    }
+    *s = WorkerScore::default();
+    fill_any_order(s, body)
+}
+
+/// The fields in number order, each at most once (intervals any number of times), which is
+/// how prost writes a score: one well-predicted test per field instead of a jump-table dispatch
+/// per field. `false` as soon as the body is anything else; `fill_any_order` then reads it
+/// again. Equivalent where it succeeds: with each field present at most once, "last value
+/// wins" and "the only value" agree.
+#[inline(always)]
+fn fill_in_order(s: &mut WorkerScore, body: &[u8]) -> bool {
+    let mut buf = body;
+    if let Some(v) = varint_field(&mut buf, WORKER) {
+        s.worker = v;
+    }
+    // uint32 and bool from a varint as prost reads them: truncated, and non-zero.
+    if let Some(v) = varint_field(&mut buf, DP_RANK) {
+        s.dp_rank = v as u32;
+    }
+    if let Some(v) = varint_field(&mut buf, LANE) {
+        s.lane = v as u32;
+    }
+    if let Some(v) = varint_field(&mut buf, DEPTH) {
+        s.depth = v as u32;
+    }
+    if let Some(v) = varint_field(&mut buf, TOTAL_BLOCKS) {
+        s.total_blocks = v as u32;
+    }
+    if let Some(v) = varint_field(&mut buf, INFERRED) {
+        s.inferred = v != 0;
+    }
+    while let Some((&INTERVALS, tail)) = buf.split_first() {
+        buf = tail;
+        match interval(&mut buf) {
+            Some(i) => s.intervals.push(i),
+            None => return false,
+        }
+    }
+    if let Some(v) = varint_field(&mut buf, GAPPED) {
+        s.gapped = v != 0;
+    }
+    buf.is_empty()
+}
+
+/// The value of the varint field `key` if it comes next in `buf` (and parses), consuming it.
+#[inline(always)]
+fn varint_field(buf: &mut &[u8], key: u8) -> Option<u64> {
+    let (&k, tail) = buf.split_first()?;
+    if k != key {
+        return None;
+    }
+    let mut rest = tail;
+    let v = varint(&mut rest)?;
+    *buf = rest;
+    Some(v)
+}
+
+/// Any order, repeats allowed (last value wins, intervals append), as prost reads a message.
+fn fill_any_order(s: &mut WorkerScore, body: &[u8]) -> bool {
     let mut buf = body;
     while let Some((&key, tail)) = buf.split_first() {
         buf = tail;
@@ -172,7 +270,6 @@ fn fill_score(s: &mut WorkerScore, body: &[u8]) -> bool {
         let Some(v) = varint(&mut buf) else { return false };
         match key {
             WORKER => s.worker = v,
-            // uint32 and bool from a varint as prost reads them: truncated, and non-zero.
             DP_RANK => s.dp_rank = v as u32,
             LANE => s.lane = v as u32,
             DEPTH => s.depth = v as u32,
@@ -195,9 +292,25 @@ fn interval(buf: &mut &[u8]) -> Option<Interval> {
 
 /// A varint read from a slice, as prost reads it: at most ten bytes, the tenth at most 1.
 /// Written out because prost's `decode_varint` (generic over `Buf`) made the decode ~20%
-/// slower here (`match-codec-bench`: 7.5–8.4 against 6.0–6.3 µs).
-#[inline]
+/// slower here (`match-codec-bench`: 7.5–8.4 against 6.0–6.3 µs). One- and two-byte values
+/// (keys, lengths, depths, most worker ids) take the first branch.
+#[inline(always)]
 fn varint(buf: &mut &[u8]) -> Option<u64> {
+    match *buf {
+        [b0, rest @ ..] if *b0 < 0x80 => {
+            *buf = rest;
+            Some(u64::from(*b0))
+        }
+        [b0, b1, rest @ ..] if *b1 < 0x80 => {
+            *buf = rest;
+            Some(u64::from(*b0 & 0x7f) | u64::from(*b1) << 7)
+        }
+        _ => varint_long(buf),
+    }
+}
+
+#[inline(never)]
+fn varint_long(buf: &mut &[u8]) -> Option<u64> {
     let mut v = 0u64;
     for (i, &b) in buf.iter().take(10).enumerate() {
         v |= u64::from(b & 0x7f) << (7 * i);
