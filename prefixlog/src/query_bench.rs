@@ -8,7 +8,8 @@
 //! fresh replica starts from offset 0 and the same alternating loop runs against it until it
 //! has caught up — the replica's ingest thread applies as fast as it can meanwhile. One
 //! catch-up lasts under a second (~1,000 calls, whose p99 is their 11th slowest), so the phase
-//! runs `--catch-ups` of them, one fresh replica after another, and pools their calls.
+//! runs `--catch-ups` of them, one fresh replica after another, and pools their calls. The
+//! client runs on a thread of its own ([`ClientThread`]).
 
 use crate::bench_env::{bench_options, BenchLog};
 use crate::fleet_records::{fleet_records, keyspace, WorkloadArgs};
@@ -19,7 +20,9 @@ use prefixlog_proto::v1::{
 };
 use prefixlog_query::tonic::transport::{Channel, Endpoint};
 use prefixlog_workload::{generate, load_trace, FleetConfig, Step};
+use std::future::Future;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 #[derive(clap::Args)]
@@ -33,7 +36,7 @@ pub struct Args {
     pub idle_queries: usize,
     /// Catch-ups in the ingesting phase, each by a fresh replica; their calls are pooled (one
     /// catch-up gives ~1,000 calls, too few for a steady p99).
-    #[arg(long, env = "PREFIXLOG_BENCH_CATCH_UPS", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, env = "PREFIXLOG_BENCH_CATCH_UPS", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
     pub catch_ups: u32,
     /// Ask for the k best workers only (default: every worker holding a prefix).
     #[arg(long, env = "PREFIXLOG_BENCH_TOP_K")]
@@ -87,6 +90,53 @@ impl Lat {
     }
 }
 
+/// The measuring client's thread, with a current-thread runtime of its own, started before
+/// the workload is generated. Why not the main thread: glibc gives a thread that allocates an
+/// arena of its own (up to 8 per core), and the main thread's is left fragmented by the
+/// workload's generation (vectors of many sizes, most of them freed). A profile of the idle
+/// phase with the client there put a quarter of the client's time in `_int_malloc`, walking a
+/// large bin's free list for tonic's 8 KiB receive buffers and a 256-score answer's 14 KiB
+/// list: harness cost, on the timed path of both RPCs.
+struct ClientThread {
+    jobs: std::sync::mpsc::Sender<ClientJob>,
+}
+
+type ClientJob = Box<dyn FnOnce(&tokio::runtime::Runtime) + Send>;
+
+impl ClientThread {
+    fn start() -> anyhow::Result<Self> {
+        let (jobs, rx) = std::sync::mpsc::channel::<ClientJob>();
+        let (ready, started) = std::sync::mpsc::channel();
+        std::thread::Builder::new().name("bench-client".into()).spawn(move || {
+            // Built here, so that this thread's first allocations bind it to its arena now.
+            match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                Ok(rt) => {
+                    let _ = ready.send(Ok(()));
+                    for job in rx {
+                        job(&rt);
+                    }
+                }
+                Err(e) => {
+                    let _ = ready.send(Err(e));
+                }
+            }
+        })?;
+        started.recv()??;
+        Ok(Self { jobs })
+    }
+
+    /// Runs `f` to completion on the client thread.
+    async fn run<T: Send + 'static>(&self, f: impl Future<Output = T> + Send + 'static) -> anyhow::Result<T> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.jobs
+            .send(Box::new(move |rt| {
+                let _ = tx.send(rt.block_on(f));
+            }))
+            .map_err(|_| anyhow::anyhow!("the bench client thread has stopped"))?;
+        Ok(rx.await?)
+    }
+}
+
 /// One catch-up of the ingesting phase.
 struct CatchUp {
     secs: f64,
@@ -101,7 +151,8 @@ struct CatchUp {
 async fn ingesting_phase(
     env: &BenchLog,
     a: &Args,
-    queries: &[MatchRequest],
+    client: &ClientThread,
+    queries: &Arc<[MatchRequest]>,
     n: u64,
 ) -> anyhow::Result<(Lat, Lat, Vec<CatchUp>)> {
     let (mut matches, mut echoes) = (Lat { name: "Match", v: vec![] }, Lat { name: "Echo", v: vec![] });
@@ -122,7 +173,7 @@ async fn ingesting_phase(
             st.records_applied.load(Ordering::Acquire) + st.records_skipped.load(Ordering::Acquire) >= n
         };
         let t = Instant::now();
-        let (lm, le, _) = measure(ch, queries, usize::MAX, caught_up).await?;
+        let (lm, le, _) = client.run(measure(ch, queries.clone(), usize::MAX, caught_up)).await??;
         let secs = t.elapsed().as_secs_f64();
         catch_ups.push(CatchUp {
             secs,
@@ -150,9 +201,9 @@ async fn channel(n: &ReplicaNode) -> anyhow::Result<Channel> {
 /// Alternates Match and Echo calls until `n` pairs are done or `stop()` says so.
 async fn measure(
     ch: Channel,
-    queries: &[MatchRequest],
+    queries: Arc<[MatchRequest]>,
     n: usize,
-    stop: impl Fn() -> bool,
+    stop: impl Fn() -> bool + Send + 'static,
 ) -> anyhow::Result<(Lat, Lat, (usize, usize))> {
     let mut m = PrefixIndexClient::new(ch.clone());
     let mut e = EchoClient::new(ch);
@@ -200,6 +251,7 @@ fn prost_len(q: &MatchRequest) -> usize {
 }
 
 pub async fn run(a: Args) -> anyhow::Result<()> {
+    let client = ClientThread::start()?;
     let env = BenchLog::start(&a.log, "prefixlog.bench-query").await?;
     let records = fleet_records(&a.workload, 1)?;
     let blocks: usize = records.iter().map(|r| r.blocks).sum();
@@ -212,7 +264,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         seed: 1,
     };
     let ks = keyspace();
-    let queries: Vec<MatchRequest> = generate(&trace, &cfg)
+    let queries: Arc<[MatchRequest]> = generate(&trace, &cfg)
         .into_iter()
         .filter_map(|s| match s {
             Step::Match { locals } => Some(MatchRequest {
@@ -247,12 +299,13 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     }
     let engine = r1.engine();
     let ch = channel(&r1).await?;
-    measure(ch.clone(), &queries, 2_000, || false).await?; // warm-up
-    let (im, ie, (hits, scores)) = measure(ch, &queries, a.idle_queries, || false).await?;
+    client.run(measure(ch.clone(), queries.clone(), 2_000, || false)).await??; // warm-up
+    let (im, ie, (hits, scores)) =
+        client.run(measure(ch, queries.clone(), a.idle_queries, || false)).await??;
     let hb = engine.holder_blocks();
 
     // Ingesting: fresh replicas catching up from offset 0 while they answer.
-    let (lm, le, catch_ups) = ingesting_phase(&env, &a, &queries, n as u64).await?;
+    let (lm, le, catch_ups) = ingesting_phase(&env, &a, &client, &queries, n as u64).await?;
     r1.kill().await;
 
     println!(
