@@ -102,6 +102,8 @@ pub fn engines(a: &Args) -> anyhow::Result<Vec<EngineSpec>> {
     }
     out.extend(a.engines.iter().cloned());
     anyhow::ensure!(!out.is_empty(), "no engine: give --endpoint and --worker-id, or --engine");
+    // Before connecting to anything (`bridge::run` checks again, for library callers).
+    bridge::engines::check_engines(&out)?;
     Ok(out)
 }
 
@@ -229,5 +231,25 @@ mod tests {
             .is_err());
         let none = Cli::try_parse_from(["x", "--model", "m", "--block-size", "4"]).unwrap();
         assert!(engines(&none.a).is_err());
+    }
+
+    #[test]
+    fn one_engine_stream_named_twice_is_refused_before_anything_connects() {
+        let c = Cli::try_parse_from([
+            "bridge",
+            "--model",
+            "m",
+            "--block-size",
+            "16",
+            "--endpoint",
+            "tcp://h:5557",
+            "--worker-id",
+            "7",
+            "--engine",
+            "endpoint=tcp://h:5557,worker=8",
+        ])
+        .unwrap();
+        let e = engines(&c.a).unwrap_err().to_string();
+        assert!(e.contains("tcp://h:5557 is given twice"), "{e}");
     }
 }

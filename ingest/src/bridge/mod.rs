@@ -28,6 +28,7 @@
 //! engine answers one request with many messages (`[seq, payload]`…, then `[-1, b""]`), which a
 //! strict REQ socket cannot receive.
 
+pub mod engines;
 pub mod metrics;
 pub mod session;
 pub mod wire;
@@ -513,6 +514,7 @@ pub async fn run(
     stop: watch::Receiver<bool>,
     exported: &metrics::BridgeCollector,
 ) -> anyhow::Result<Vec<(EngineSpec, Arc<BridgeMetrics>)>> {
+    engines::check_engines(&engines)?;
     for e in &engines {
         for ep in std::iter::once(&e.endpoint).chain(&e.replay_endpoint) {
             ep.parse::<zeromq::Endpoint>()
