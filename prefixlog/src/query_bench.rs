@@ -7,9 +7,10 @@
 //! size as the Match request) calls, so both see the same conditions. Phase "ingesting": a
 //! fresh replica starts from offset 0 and the same alternating loop runs against it until it
 //! has caught up — the replica's ingest thread applies as fast as it can meanwhile. One
-//! catch-up lasts under a second (~1,000 calls, whose p99 is their 11th slowest), so the phase
-//! runs `--catch-ups` of them, one fresh replica after another, and pools their calls. The
-//! client runs on a thread of its own ([`ClientThread`]).
+//! catch-up lasts under a second (~1,100–1,700 calls here, whose p99 is their 12th–18th
+//! slowest), so the phase runs `--catch-ups` of them, one fresh replica after another, and pools
+//! their calls. The client's calls (and its decoding of the answers) run on a thread of its own
+//! ([`ClientThread`]); its HTTP/2 connection task runs on the runtime's workers, as before.
 
 use crate::bench_env::{bench_options, BenchLog};
 use crate::fleet_records::{fleet_records, keyspace, WorkloadArgs};
@@ -35,7 +36,7 @@ pub struct Args {
     #[arg(long, env = "PREFIXLOG_BENCH_IDLE_QUERIES", default_value_t = 20_000)]
     pub idle_queries: usize,
     /// Catch-ups in the ingesting phase, each by a fresh replica; their calls are pooled (one
-    /// catch-up gives ~1,000 calls, too few for a steady p99).
+    /// catch-up gives ~1,100–1,700 calls, too few for a steady p99).
     #[arg(long, env = "PREFIXLOG_BENCH_CATCH_UPS", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
     pub catch_ups: u32,
     /// Ask for the k best workers only (default: every worker holding a prefix).

@@ -188,3 +188,38 @@ fn a_score_with_fields_it_does_not_know_keeps_them_as_prost_does() {
     let r = match_wire::decode(&framed(&body)).expect("decodes");
     assert_eq!(r.scores, vec![known]);
 }
+
+#[test]
+fn hand_made_score_bodies_decode_as_prost_decodes_them() {
+    // Bodies the in-order reader must either read exactly or hand to the any-order reader
+    // (or prost): each is checked alone, and after a plain score (a fallback must not keep
+    // anything the in-order attempt filled in).
+    let interval = |s: u8, e: u8| vec![0x3a, 4, 0x08, s, 0x10, e];
+    let bodies: Vec<(&str, Vec<u8>)> = vec![
+        ("in order", vec![0x08, 0x05, 0x20, 0x03, 0x28, 0x09, 0x40, 0x01]),
+        ("two-byte varints", vec![0x08, 0x80, 0x01, 0x20, 0xff, 0x7f]),
+        ("non-minimal two-byte varint", vec![0x08, 0x80, 0x00, 0x20, 0x85, 0x00]),
+        ("out of order", vec![0x20, 0x03, 0x08, 0x05]),
+        ("a field twice", vec![0x08, 0x05, 0x08, 0x06]),
+        (
+            "intervals, then gapped",
+            [vec![0x08, 0x05], interval(1, 2), interval(3, 4), vec![0x40, 0x01]].concat(),
+        ),
+        ("an interval after gapped", [vec![0x08, 0x05, 0x40, 0x01], interval(1, 2)].concat()),
+        ("intervals split by a field", [interval(1, 2), vec![0x20, 0x03], interval(3, 4)].concat()),
+        ("a continuation byte at the end", vec![0x08, 0x05, 0x20, 0x80]),
+        ("a non-minimal key", vec![0x88, 0x00, 0x05]),
+        ("a bad interval length", [vec![0x08, 0x05], vec![0x3a, 9, 0x08, 1]].concat()),
+        ("bool from a large varint", vec![0x30, 0x80, 0x02, 0x40, 0x02]),
+        ("empty", vec![]),
+    ];
+    let plain = framed(&WorkerScore { worker: 1, depth: 2, ..Default::default() }.encode_to_vec());
+    for (what, body) in &bodies {
+        assert_decodes_as_prost(&framed(body), what);
+        assert_decodes_as_prost(&[plain.clone(), framed(body), plain.clone()].concat(), what);
+    }
+    // A non-minimal top-level key for the score list (0x8a 0x00 = field 1, length-delimited).
+    let mut b = vec![0x8a, 0x00, 2, 0x08, 0x05];
+    b.extend(&plain);
+    assert_decodes_as_prost(&b, "a non-minimal top-level key");
+}

@@ -14,6 +14,9 @@ pub enum EngineConflict {
     /// Two subscriptions to one PUB endpoint whose topic prefixes overlap (one is a prefix of
     /// the other): every message matching both would be published twice.
     SameStream { endpoint: String, workers: (u64, u64), topics: (String, String) },
+    /// One replay endpoint for two streams: one engine's history would be replayed into the
+    /// other's feed.
+    SameReplay { endpoint: String, workers: (u64, u64) },
     /// One worker's data-parallel rank named twice: two streams would write one feed.
     SameFeed { worker: u64, dp_rank: u32 },
 }
@@ -27,6 +30,12 @@ impl fmt::Display for EngineConflict {
                  its events would be published twice; give each engine stream once",
                 workers.0, topics.0, workers.1, topics.1
             ),
+            Self::SameReplay { endpoint, workers } => write!(
+                f,
+                "replay endpoint {endpoint} is given for two engines (workers {} and {}): one \
+                 engine's history would be replayed into the other's feed",
+                workers.0, workers.1
+            ),
             Self::SameFeed { worker, dp_rank } => write!(
                 f,
                 "worker {worker} dp rank {dp_rank} is given twice: two engine streams would write \
@@ -39,7 +48,9 @@ impl fmt::Display for EngineConflict {
 impl std::error::Error for EngineConflict {}
 
 /// The first conflict between two of `engines`, if any. Endpoints are compared as written
-/// (after trimming), so two spellings of one address are not caught.
+/// (trimmed), so two spellings of one address are not caught. Engines of one worker without an
+/// explicit `dp_rank` are not compared: each takes the rank its batches carry (vLLM's
+/// data-parallel ranks say their own), which only the running streams know.
 pub fn check_engines(engines: &[EngineSpec]) -> Result<(), EngineConflict> {
     for (i, a) in engines.iter().enumerate() {
         for b in &engines[i + 1..] {
@@ -50,6 +61,14 @@ pub fn check_engines(engines: &[EngineSpec]) -> Result<(), EngineConflict> {
                     workers: (a.worker, b.worker),
                     topics: (a.topic.clone(), b.topic.clone()),
                 });
+            }
+            if let (Some(ra), Some(rb)) = (&a.replay_endpoint, &b.replay_endpoint) {
+                if ra.trim() == rb.trim() {
+                    return Err(EngineConflict::SameReplay {
+                        endpoint: ra.trim().to_string(),
+                        workers: (a.worker, b.worker),
+                    });
+                }
             }
             if let (Some(ra), Some(rb)) = (a.dp_rank, b.dp_rank) {
                 if a.worker == b.worker && ra == rb {
@@ -104,6 +123,20 @@ mod tests {
         ]);
         assert!(matches!(e, Err(EngineConflict::SameStream { .. })), "{e:?}");
         assert!(e.unwrap_err().to_string().contains("given twice"));
+    }
+
+    #[test]
+    fn one_replay_endpoint_for_two_streams_is_refused() {
+        let mut a = engine("tcp://h:5557", 5, None, "");
+        let mut b = engine("tcp://h:5558", 6, None, "");
+        a.replay_endpoint = Some("tcp://h:5600".into());
+        b.replay_endpoint = Some("tcp://h:5601".into());
+        assert_eq!(check_engines(&[a.clone(), b.clone()]), Ok(()));
+        b.replay_endpoint = Some("tcp://h:5600 ".into());
+        assert_eq!(
+            check_engines(&[a, b]),
+            Err(EngineConflict::SameReplay { endpoint: "tcp://h:5600".into(), workers: (5, 6) })
+        );
     }
 
     #[test]
