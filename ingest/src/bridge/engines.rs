@@ -6,6 +6,8 @@
 //! and a removal skipped as a "duplicate" leaves a block credited that is gone.
 
 use super::EngineSpec;
+use parking_lot::Mutex;
+use std::collections::HashMap;
 use std::fmt;
 
 /// Why a set of engines cannot run together.
@@ -80,6 +82,28 @@ pub fn check_engines(engines: &[EngineSpec]) -> Result<(), EngineConflict> {
     Ok(())
 }
 
+/// Which engine stream writes each feed `(worker, dp rank)`, claimed by the first batch that
+/// resolves to it. The start-up check cannot compare engines without an explicit `dp_rank`
+/// (each takes the rank its batches carry); this catches two of them meeting in one feed while
+/// they run. Shared by the engines of one bridge.
+#[derive(Debug, Default)]
+pub struct FeedClaims {
+    owners: Mutex<HashMap<(u64, u32), String>>,
+}
+
+impl FeedClaims {
+    /// Claims the feed for `stream` (its PUB endpoint), or returns the stream that holds it.
+    pub fn claim(&self, worker: u64, dp_rank: u32, stream: &str) -> Result<(), String> {
+        let mut owners = self.owners.lock();
+        let owner = owners.entry((worker, dp_rank)).or_insert_with(|| stream.to_string());
+        if owner == stream {
+            Ok(())
+        } else {
+            Err(owner.clone())
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -137,6 +161,16 @@ mod tests {
             check_engines(&[a, b]),
             Err(EngineConflict::SameReplay { endpoint: "tcp://h:5600".into(), workers: (5, 6) })
         );
+    }
+
+    #[test]
+    fn a_feed_belongs_to_the_first_stream_that_writes_it() {
+        let claims = FeedClaims::default();
+        assert_eq!(claims.claim(5, 0, "tcp://a:1"), Ok(()));
+        assert_eq!(claims.claim(5, 0, "tcp://a:1"), Ok(()));
+        assert_eq!(claims.claim(5, 1, "tcp://b:1"), Ok(()));
+        assert_eq!(claims.claim(6, 0, "tcp://b:1"), Ok(()));
+        assert_eq!(claims.claim(5, 0, "tcp://b:1"), Err("tcp://a:1".to_string()));
     }
 
     #[test]

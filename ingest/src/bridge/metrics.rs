@@ -94,6 +94,9 @@ pub struct BridgeMetrics {
     pub batches_published: AtomicU64,
     /// Records carrying more blocks than replicas accept by default (they will skip them).
     pub batches_oversized: AtomicU64,
+    /// Batches not published because another engine stream of this bridge writes their feed
+    /// (same worker and resolved dp rank).
+    pub batches_feed_taken: AtomicU64,
     pub publish_errors: AtomicU64,
     /// Publish latency (enqueue → broker acknowledgement), seconds.
     pub publish_latency: prometheus::Histogram,
@@ -125,6 +128,7 @@ impl Default for BridgeMetrics {
             reconnects: z(),
             batches_published: z(),
             batches_oversized: z(),
+            batches_feed_taken: z(),
             publish_errors: z(),
             publish_latency: prometheus::Histogram::with_opts(latency_opts()).expect("valid histogram"),
         }
@@ -191,6 +195,7 @@ impl BridgeMetrics {
             ("reconnects", g(&self.reconnects)),
             ("batches_published", g(&self.batches_published)),
             ("batches_oversized", g(&self.batches_oversized)),
+            ("batches_feed_taken", g(&self.batches_feed_taken)),
             ("publish_errors", g(&self.publish_errors)),
         ]
     }

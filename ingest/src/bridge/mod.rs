@@ -155,6 +155,11 @@ pub struct EngineBridge {
     /// Records handed to the producer, awaited in order by the acker task.
     acks: Option<mpsc::Sender<InFlight>>,
     acker: Option<tokio::task::JoinHandle<()>>,
+    /// Shared with the other engines of this bridge (see [`engines::FeedClaims`]).
+    feeds: Arc<engines::FeedClaims>,
+    /// The dp rank of this stream's last decoded batch: where a message that cannot be decoded
+    /// (and so names no rank) publishes its gap, the feed it would have gone to.
+    last_dp: Option<u32>,
 }
 
 type Pending = Pin<Box<dyn Future<Output = Result<Landed, PublishError>> + Send>>;
@@ -201,7 +206,15 @@ impl EngineBridge {
             gap_pending: false,
             acks: Some(tx),
             acker: Some(acker),
+            feeds: Arc::default(),
+            last_dp: None,
         }
+    }
+
+    /// Feeds claimed together with other engines (`run` gives all of its engines one set).
+    pub fn with_feed_claims(mut self, feeds: Arc<engines::FeedClaims>) -> Self {
+        self.feeds = feeds;
+        self
     }
 
     pub fn metrics(&self) -> Arc<BridgeMetrics> {
@@ -462,7 +475,34 @@ impl EngineBridge {
                 "bridge: batch over the replicas' default per-record block limit"
             );
         }
-        let dp = self.spec.dp_rank.or(batch.dp_rank).unwrap_or(0);
+        // A decoded batch's feed is the configured rank, else the batch's, else 0. An
+        // undecodable message names no rank: its gap goes to this stream's feed as far as the
+        // stream has told (the configured rank, else its last batch's); with nothing told yet,
+        // to rank 0 without claiming it (a guess must not take a feed from the stream that
+        // really writes it).
+        let told = if undecodable {
+            self.spec.dp_rank.or(self.last_dp)
+        } else {
+            Some(self.spec.dp_rank.or(batch.dp_rank).unwrap_or(0))
+        };
+        if !undecodable {
+            self.last_dp = told;
+        }
+        let dp = told.unwrap_or(0);
+        let taken = told.and_then(|dp| self.feeds.claim(self.spec.worker, dp, &self.spec.endpoint).err());
+        if let Some(owner) = taken {
+            // Two streams in one feed: their sequences would read as duplicates and gaps.
+            BridgeMetrics::inc(&m.batches_feed_taken);
+            tracing::error!(
+                worker = self.spec.worker,
+                dp_rank = dp,
+                seq,
+                endpoint = %self.spec.endpoint,
+                %owner,
+                "bridge: not published: this feed (worker, dp rank) is written by another engine stream of this bridge; give each engine its own worker id or dp="
+            );
+            return;
+        }
         let lanes = self.session.take_pending_lanes();
         self.publish(dp, seq, gap_before, &ops, lanes).await;
     }
@@ -530,8 +570,10 @@ pub async fn run(
     }
     let mut tasks = Vec::new();
     let mut out = Vec::new();
+    let feeds = Arc::new(engines::FeedClaims::default());
     for spec in engines {
-        let b = EngineBridge::new(spec.clone(), opts.clone(), publisher.clone());
+        let b =
+            EngineBridge::new(spec.clone(), opts.clone(), publisher.clone()).with_feed_claims(feeds.clone());
         exported.add(spec.worker, &spec.endpoint, b.metrics());
         out.push((spec, b.metrics()));
         tasks.push(tokio::spawn(b.run(stop.clone())));
