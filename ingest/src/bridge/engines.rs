@@ -92,7 +92,8 @@ pub struct FeedClaims {
 }
 
 impl FeedClaims {
-    /// Claims the feed for `stream` (its PUB endpoint), or returns the stream that holds it.
+    /// Claims the feed for `stream` ([`EngineSpec::stream`]), or returns the stream that holds
+    /// it.
     pub fn claim(&self, worker: u64, dp_rank: u32, stream: &str) -> Result<(), String> {
         let mut owners = self.owners.lock();
         let owner = owners.entry((worker, dp_rank)).or_insert_with(|| stream.to_string());
@@ -171,6 +172,10 @@ mod tests {
         assert_eq!(claims.claim(5, 1, "tcp://b:1"), Ok(()));
         assert_eq!(claims.claim(6, 0, "tcp://b:1"), Ok(()));
         assert_eq!(claims.claim(5, 0, "tcp://b:1"), Err("tcp://a:1".to_string()));
+        // Two streams of one endpoint under disjoint topics are two streams.
+        let (a, b) = (engine("tcp://g:5557", 7, None, "kv.a"), engine("tcp://g:5557", 7, None, "kv.b"));
+        assert_eq!(claims.claim(7, 0, &a.stream()), Ok(()));
+        assert_eq!(claims.claim(7, 0, &b.stream()), Err(a.stream()));
     }
 
     #[test]

@@ -61,6 +61,18 @@ pub struct EngineSpec {
     pub topic: String,
 }
 
+impl EngineSpec {
+    /// The stream this spec subscribes to, for logs and feed claims: the endpoint, with the
+    /// topic prefix when there is one (one endpoint may carry streams under disjoint topics).
+    pub fn stream(&self) -> String {
+        if self.topic.is_empty() {
+            self.endpoint.trim().to_string()
+        } else {
+            format!("{} topic {:?}", self.endpoint.trim(), self.topic)
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct BridgeOptions {
     pub keyspace: KeyspaceId,
@@ -489,7 +501,7 @@ impl EngineBridge {
             self.last_dp = told;
         }
         let dp = told.unwrap_or(0);
-        let taken = told.and_then(|dp| self.feeds.claim(self.spec.worker, dp, &self.spec.endpoint).err());
+        let taken = told.and_then(|dp| self.feeds.claim(self.spec.worker, dp, &self.spec.stream()).err());
         if let Some(owner) = taken {
             // Two streams in one feed: their sequences would read as duplicates and gaps.
             BridgeMetrics::inc(&m.batches_feed_taken);
@@ -497,7 +509,7 @@ impl EngineBridge {
                 worker = self.spec.worker,
                 dp_rank = dp,
                 seq,
-                endpoint = %self.spec.endpoint,
+                stream = %self.spec.stream(),
                 %owner,
                 "bridge: not published: this feed (worker, dp rank) is written by another engine stream of this bridge; give each engine its own worker id or dp="
             );
