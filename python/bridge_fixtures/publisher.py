@@ -103,6 +103,10 @@ F_OLD = toks(7000, 8)                # worker 6 before a restart the sequence do
 F_HASH = [71, 72]
 G_NEW = toks(8000, 20)               # worker 6 after it
 G_HASH = [81, 82, 83, 84, 85]
+J_TOKENS = toks(9000, 8)             # worker 7, first of two streams without a dp rank
+J_HASH = [91, 92]
+K_TOKENS = toks(9500, 4)             # worker 7 again, second stream: its feed is taken
+K_HASH = [93]
 
 
 def fixtures(out):
@@ -245,6 +249,7 @@ def serve(a):
     D (worker 4): the bridge joins after seq 0-4; replay from 0 recovers them (not gapped).
     E (worker 5): the same with a 2-batch ring buffer: seq 0-2 are gone (gapped).
     F (worker 6): restarts and publishes past its old last seq before the bridge re-subscribes.
+    J, K (worker 7, no dp rank): two streams for one feed; the second one's batch is refused.
     """
     import zmq
     ctx = zmq.Context()
@@ -276,6 +281,8 @@ def serve(a):
     eng_b.publish(batch_map([{"type": "BlockRemoved", "block_hashes": [B_HASH[1]]}], dp_rank=1),
                   send=False)  # lost, and there is no replay socket
     eng_b.publish(batch_map([stored_map([B_HASH[3]], B_HASH[1], B_TOKENS[8:12])], dp_rank=1))
+    # Not msgpack: published as a gap, to B's feed (dp rank 1 from its last batch), not rank 0.
+    eng_b.publish(b"\xc1 not msgpack")
     eng_b.pump(0.5)
     print("engine B done", flush=True)
 
@@ -335,7 +342,18 @@ def serve(a):
     # Two replays: the gap (seq 2-3), and the old last seq, whose copy differs (a restart).
     eng_f.pump_until(lambda: eng_f.replays >= 2)
     print(f"engine F done (replays answered: {eng_f.replays})", flush=True)
-    for e in (eng_a, eng_b, eng_c, eng_d, eng_e, eng_f):
+    # J and K (both worker 7, no dp rank given, batches without one: rank 0): two streams for
+    # one feed. J writes first and claims it; K's batch is not published.
+    eng_j = Engine(ctx, a.j)
+    eng_j.wait_subscriber()
+    eng_j.publish(batch_array([stored_array(J_HASH, None, J_TOKENS)]))
+    eng_j.pump(0.5)
+    eng_k = Engine(ctx, a.k)
+    eng_k.wait_subscriber()
+    eng_k.publish(batch_array([stored_array(K_HASH, None, K_TOKENS)]))
+    eng_k.pump(0.5)
+    print("engines J and K done", flush=True)
+    for e in (eng_a, eng_b, eng_c, eng_d, eng_e, eng_f, eng_j, eng_k):
         e.close()
     ctx.term()
     print("DONE", flush=True)
@@ -424,7 +442,7 @@ def main():
     sub.add_parser("selfcheck")
     s = sub.add_parser("serve")
     for name in ("a", "a-replay", "b", "c", "c-replay", "d", "d-replay", "e", "e-replay", "f",
-                 "f-replay"):
+                 "f-replay", "j", "k"):
         s.add_argument(f"--{name}", type=int, required=True)
     a = p.parse_args()
     if a.cmd == "fixtures":

@@ -3,8 +3,10 @@
 //! backend) → a replica → `match_chain`. Covers both msgpack layouts, a gap answered over the
 //! replay socket (complete, not gapped), a gap whose replay fails (holder gapped), refused events,
 //! a cache-group lane, an engine restart (old blocks cleared), and a bridge joining running
-//! engines (replay from 0 recovers everything; a too-short replay buffer leaves it gapped), and
-//! an engine restart the sequence numbers do not show (told through the replay socket).
+//! engines (replay from 0 recovers everything; a too-short replay buffer leaves it gapped), an
+//! engine restart the sequence numbers do not show (told through the replay socket), an
+//! undecodable message (its gap goes to the stream's own dp rank), and two streams of one worker
+//! without dp ranks meeting in one feed (the second one's batch is not published).
 //!
 //! Needs a Python with pyzmq and msgpack: `$PREFIXLOG_VENV/bin/python`, else
 //! `~/.cache/prefixlog/venv/bin/python`, else `python3`. Without one the test prints
@@ -87,8 +89,8 @@ async fn python_engines_through_bridge_to_replica() {
         let spec = replicas::spec(&b.brokers, &topic, P);
         let r = replicas::replica(&spec, "bridge").await;
         let publisher = Publisher::new(&spec).unwrap();
-        let [pa, pa_replay, pb, pc, pc_replay, dead, pd, pd_replay, pe, pe_replay, pf, pf_replay] =
-            [(); 12].map(|_| listen_port());
+        let [pa, pa_replay, pb, pc, pc_replay, dead, pd, pd_replay, pe, pe_replay, pf, pf_replay, pj, pk] =
+            [(); 14].map(|_| listen_port());
         let ep = |p: u16| format!("tcp://127.0.0.1:{p}");
         let engines = vec![
             EngineSpec {
@@ -134,6 +136,21 @@ async fn python_engines_through_bridge_to_replica() {
                 dp_rank: None,
                 topic: String::new(),
             },
+            // J and K: one worker, no dp rank, batches without one: two streams for one feed.
+            EngineSpec {
+                endpoint: ep(pj),
+                replay_endpoint: None,
+                worker: 7,
+                dp_rank: None,
+                topic: String::new(),
+            },
+            EngineSpec {
+                endpoint: ep(pk),
+                replay_endpoint: None,
+                worker: 7,
+                dp_rank: None,
+                topic: String::new(),
+            },
         ];
         let mut opts = BridgeOptions::new(ks());
         // Generous, CI is a loaded 2-core machine: a stalled publisher must not look idle (a
@@ -159,6 +176,7 @@ async fn python_engines_through_bridge_to_replica() {
             .args(["--d", &pd.to_string(), "--d-replay", &pd_replay.to_string()])
             .args(["--e", &pe.to_string(), "--e-replay", &pe_replay.to_string()])
             .args(["--f", &pf.to_string(), "--f-replay", &pf_replay.to_string()])
+            .args(["--j", &pj.to_string(), "--k", &pk.to_string()])
             .kill_on_drop(true)
             .spawn()
             .expect("python publisher starts");
@@ -202,6 +220,20 @@ async fn python_engines_through_bridge_to_replica() {
             }
             assert!(Instant::now() < deadline, "{}: replica state {got:?}, want {expected:?}", b.name);
             tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // J and K: J wrote first and holds the feed (7, 0); K's batch was not published.
+        let (j_prompt, k_prompt) = (toks(9000, 8), toks(9500, 4));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while probe(&r, HolderKey::new(7, 0, 0), &j_prompt).0 != 2 {
+            assert!(Instant::now() < deadline, "{}: J's blocks applied", b.name);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(probe(&r, HolderKey::new(7, 0, 0), &k_prompt), (0, false), "{}: K", b.name);
+        // B's undecodable message went to B's feed (dp 1), not to a feed of dp rank 0.
+        {
+            let a = r.applier().lock();
+            let feeds = &a.partition(prefixlog_engine::partition_of(2, P)).feeds;
+            assert!(!feeds.keys().any(|k| k.worker == 2 && k.dp_rank == 0), "{}: a (2, 0) feed", b.name);
         }
         // The same scores through the replica's gRPC query service, prompts as token ids.
         let mut client = PrefixIndexClient::connect(r.endpoint()).await.unwrap();
@@ -265,11 +297,17 @@ async fn python_engines_through_bridge_to_replica() {
             b.name
         );
         assert_eq!(get(1, "fields_ignored"), 1, "{}: the extra tail element", b.name);
-        // B: the unknown event type and the lost batch are each published as a gap.
+        // B: the unknown event type, the lost batch and the undecodable message are each
+        // published as a gap.
         assert_eq!(get(2, "events_unknown_type"), 1, "{}", b.name);
         assert_eq!(
-            (get(2, "gaps"), get(2, "replays_failed"), get(2, "gaps_published")),
-            (1, 1, 2),
+            (
+                get(2, "gaps"),
+                get(2, "replays_failed"),
+                get(2, "gaps_published"),
+                get(2, "messages_undecodable")
+            ),
+            (1, 1, 3, 1),
             "{}: B",
             b.name
         );
@@ -308,6 +346,13 @@ async fn python_engines_through_bridge_to_replica() {
             b.name
         );
         assert!(metrics.iter().all(|(_, m)| m.get("publish_errors") == Some(0)));
+        let taken = |port: u16| {
+            metrics
+                .iter()
+                .find(|(s, _)| s.endpoint == ep(port))
+                .and_then(|(_, m)| m.get("batches_feed_taken"))
+        };
+        assert_eq!((taken(pj), taken(pk)), (Some(0), Some(1)), "{}: J's feed, K refused", b.name);
         // Clean shutdown with remove_on_exit: worker-removed drops every holder of the workers.
         let deadline = Instant::now() + Duration::from_secs(30);
         while probe(&r, HolderKey::new(1, 0, 0), &a_prompt).0 != 0 {
