@@ -72,18 +72,10 @@ impl PlainScore {
     }
 }
 
-fn put_varint_field(out: &mut Vec<u8>, key: u8, v: u64) {
-    if v != 0 {
-        out.push(key);
-        encode_varint(v, out);
-    }
-}
-
-/// One score with its key and length prefix.
+/// One score with its key and length prefix: its fields in number order, the varint ones
+/// through a stack buffer. Without intervals the body is that buffer alone (under 128 bytes, a
+/// one-byte length prefix); with them prost computes the length first.
 fn put_score(out: &mut Vec<u8>, s: &WorkerScore) {
-    if !s.intervals.is_empty() {
-        return put_score_with_intervals(out, s);
-    }
     let mut b = PlainScore::new();
     b.field(WORKER, s.worker);
     b.field(DP_RANK, s.dp_rank.into());
@@ -91,28 +83,23 @@ fn put_score(out: &mut Vec<u8>, s: &WorkerScore) {
     b.field(DEPTH, s.depth.into());
     b.field(TOTAL_BLOCKS, s.total_blocks.into());
     b.field(INFERRED, s.inferred.into());
-    b.field(GAPPED, s.gapped.into());
-    // Under 128 bytes (MAX_PLAIN_SCORE): a one-byte length prefix.
-    out.extend_from_slice(&[SCORES_KEY, b.len as u8]);
-    out.extend_from_slice(&b.bytes[..b.len]);
-}
-
-/// A score with intervals (answers that ask for them): its length from prost first.
-fn put_score_with_intervals(out: &mut Vec<u8>, s: &WorkerScore) {
+    if s.intervals.is_empty() {
+        b.field(GAPPED, s.gapped.into());
+        out.extend_from_slice(&[SCORES_KEY, b.len as u8]);
+        out.extend_from_slice(&b.bytes[..b.len]);
+        return;
+    }
     out.push(SCORES_KEY);
     encode_varint(s.encoded_len() as u64, out);
-    put_varint_field(out, WORKER, s.worker);
-    put_varint_field(out, DP_RANK, s.dp_rank.into());
-    put_varint_field(out, LANE, s.lane.into());
-    put_varint_field(out, DEPTH, s.depth.into());
-    put_varint_field(out, TOTAL_BLOCKS, s.total_blocks.into());
-    put_varint_field(out, INFERRED, s.inferred.into());
+    out.extend_from_slice(&b.bytes[..b.len]);
     for i in &s.intervals {
         out.push(INTERVALS);
         encode_varint(i.encoded_len() as u64, out);
         i.encode_raw(out);
     }
-    put_varint_field(out, GAPPED, s.gapped.into());
+    if s.gapped {
+        out.extend_from_slice(&[GAPPED, 1]);
+    }
 }
 
 /// `r` encoded, byte for byte what `r.encode_to_vec()` gives.

@@ -169,6 +169,10 @@ pub struct EngineBridge {
     acker: Option<tokio::task::JoinHandle<()>>,
     /// Shared with the other engines of this bridge (see [`engines::FeedClaims`]).
     feeds: Arc<engines::FeedClaims>,
+    /// [`EngineSpec::stream`], computed once: this stream's name in feed claims and logs.
+    stream: String,
+    /// The feed rank this stream holds (checked against `feeds` only when it changes).
+    claimed: Option<u32>,
     /// The dp rank of this stream's last decoded batch: where a message that cannot be decoded
     /// (and so names no rank) publishes its gap, the feed it would have gone to.
     last_dp: Option<u32>,
@@ -209,6 +213,7 @@ impl EngineBridge {
         let metrics = Arc::new(BridgeMetrics::default());
         let (tx, rx) = mpsc::channel(opts.publish_window.max(1));
         let acker = tokio::spawn(acker(rx, metrics.clone(), spec.worker));
+        let stream = spec.stream();
         Self {
             spec,
             opts,
@@ -219,6 +224,8 @@ impl EngineBridge {
             acks: Some(tx),
             acker: Some(acker),
             feeds: Arc::default(),
+            stream,
+            claimed: None,
             last_dp: None,
         }
     }
@@ -501,7 +508,15 @@ impl EngineBridge {
             self.last_dp = told;
         }
         let dp = told.unwrap_or(0);
-        let taken = told.and_then(|dp| self.feeds.claim(self.spec.worker, dp, &self.spec.stream()).err());
+        let taken = match told {
+            Some(dp) if self.claimed != Some(dp) => {
+                self.feeds.claim(self.spec.worker, dp, &self.stream).err()
+            }
+            _ => None,
+        };
+        if taken.is_none() && told.is_some() {
+            self.claimed = told;
+        }
         if let Some(owner) = taken {
             // Two streams in one feed: their sequences would read as duplicates and gaps.
             BridgeMetrics::inc(&m.batches_feed_taken);
@@ -509,7 +524,7 @@ impl EngineBridge {
                 worker = self.spec.worker,
                 dp_rank = dp,
                 seq,
-                stream = %self.spec.stream(),
+                stream = %self.stream,
                 %owner,
                 "bridge: not published: this feed (worker, dp rank) is written by another engine stream of this bridge; give each engine its own worker id or dp="
             );
