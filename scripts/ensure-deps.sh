@@ -2,12 +2,13 @@
 # Installs the system packages the build needs, if missing (Debian/Ubuntu; root or sudo).
 #   libclang-dev     bindgen for RocksDB's bindings
 #   build-essential  C/C++ toolchain and make for the bundled RocksDB and librdkafka
-#   pkg-config       librdkafka's configure
+#   pkg-config       librdkafka's configure (finds OpenSSL)
+#   libssl-dev       librdkafka's TLS and SASL SCRAM / OAUTHBEARER (rdkafka's `ssl` feature)
 #   python3-venv     the Python client's tests
 # protoc is not needed: proto/build.rs compiles .proto files with the pure-Rust protox.
 set -euo pipefail
 need=()
-for p in libclang-dev build-essential pkg-config python3-venv; do
+for p in libclang-dev build-essential pkg-config libssl-dev python3-venv; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
 done
 if ((${#need[@]})); then
