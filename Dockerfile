@@ -1,4 +1,4 @@
-# The prefixlog binary. Build: docker build -t prefixlog .   (see README "docker compose")
+# The prefixlog binary. Build: docker build -t prefixlog .   (see docs/deploy.md)
 # Needs BuildKit (the default builder since Docker 23; `docker compose` always uses it) for the
 # cache mounts below. Without a registry, Dockerfile.local builds the same runtime image from a
 # host-built binary on a local Debian base (scripts/build-images.sh).
