@@ -50,6 +50,18 @@ pub enum Outcome {
     AlreadyApplied,
 }
 
+/// Applying a record failed (a panic: a bug, never input; bad records are refused and
+/// counted). The state may hold part of that record: the [`Applier`] is marked with it
+/// ([`Applier::mark_failed`]) and no checkpoint is taken of it from then on.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("applying partition {partition}'s record at offset {offset} failed: {message}")]
+pub struct ApplyFailure {
+    pub partition: u32,
+    pub offset: i64,
+    /// The panic's message.
+    pub message: String,
+}
+
 /// A record offered out of order: the partition's state ends at `expected`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("partition {partition}: offset {offered} offered, the state ends at {expected} (records in between are missing)")]
@@ -65,6 +77,8 @@ pub struct Applier {
     partitions: u32,
     parts: Vec<PartitionState>,
     points: Vec<VecDeque<DigestPoint>>,
+    /// The first record whose apply failed, if one did: the state may hold part of it.
+    failed: Option<ApplyFailure>,
 }
 
 impl Applier {
@@ -78,7 +92,7 @@ impl Applier {
         let partitions = engine.config().partitions;
         let parts = (0..partitions).map(|_| PartitionState::default()).collect();
         let points = (0..partitions).map(|_| VecDeque::new()).collect();
-        Self { engine, settings, partitions, parts, points }
+        Self { engine, settings, partitions, parts, points, failed: None }
     }
 
     pub fn engine(&self) -> &Arc<Engine> {
@@ -104,6 +118,17 @@ impl Applier {
     /// The next offset to apply, per partition: the log prefix this state is a function of.
     pub fn offsets(&self) -> Vec<i64> {
         self.parts.iter().map(|p| p.next_offset).collect()
+    }
+
+    /// Marks the state as holding part of a record that failed to apply (the caller caught the
+    /// panic). Kept until the applier is dropped: nothing may persist this state.
+    pub fn mark_failed(&mut self, failure: ApplyFailure) {
+        self.failed.get_or_insert(failure);
+    }
+
+    /// The first record that failed to apply, if one did ([`Self::mark_failed`]).
+    pub fn failure(&self) -> Option<&ApplyFailure> {
+        self.failed.as_ref()
     }
 
     /// Replaces partition states (restoring a checkpoint).
@@ -197,10 +222,10 @@ impl Applier {
         if offset > part.next_offset {
             return Err(NotNext { partition, expected: part.next_offset, offered: offset });
         }
-        part.next_offset = offset + 1;
-        part.last_mark = crate::continuity::record_mark(ts, value);
         self.advance_log_time(partition, ts);
         let t = self.parts[partition as usize].log_time;
+        #[cfg(feature = "testing")]
+        crate::testing::maybe_panic(value);
         let max_blocks = self.settings.max_blocks_per_record as usize;
         let outcome = match decode(value, partition, self.partitions, max_blocks) {
             Err(r) => {
@@ -212,6 +237,11 @@ impl Applier {
         if outcome == Outcome::Applied {
             self.parts[partition as usize].counters.applied += 1;
         }
+        // Only now: a record that did not finish applying (a panic above) must not count as
+        // applied, or a checkpoint would resume past it.
+        let part = &mut self.parts[partition as usize];
+        part.next_offset = offset + 1;
+        part.last_mark = crate::continuity::record_mark(ts, value);
         self.maybe_expire(partition);
         self.maybe_record_point(partition);
         Ok(outcome)

@@ -1,5 +1,10 @@
 //! The checkpoint loop: a checkpoint every `interval` or `records`, retention after each, and
-//! its metrics (duration, ingest pause, bytes, age of the newest, failures).
+//! its metrics (duration, ingest pause, bytes, age of the newest, failures, withheld).
+//!
+//! Once a record has failed to apply, the state may hold part of it: every checkpoint due from
+//! then on (periodic and final) is withheld — nothing is written, the reason is logged and
+//! `prefixlog_checkpoints_withheld_total` counts it — so a restart resumes from the last sound
+//! checkpoint and reads that record again.
 //!
 //! Progress is judged by offsets, not by an applied-records counter sampled when the loop
 //! starts: ingest may already have applied the tail by then, and a counter would then never
@@ -25,6 +30,7 @@ pub struct CheckpointMetrics {
     bytes: IntGauge,
     written: IntCounter,
     failures: IntCounter,
+    withheld: IntCounter,
     /// Wall time of the newest checkpoint, unix ms (0: none yet).
     newest_unix_ms: Arc<AtomicU64>,
 }
@@ -49,6 +55,10 @@ impl CheckpointMetrics {
                 "prefixlog_checkpoint_failures_total",
                 "Checkpoints that failed (will be retried)",
             )?,
+            withheld: IntCounter::new(
+                "prefixlog_checkpoints_withheld_total",
+                "Checkpoints not written because a record failed to apply (the state may hold part of it)",
+            )?,
             newest_unix_ms: Arc::new(AtomicU64::new(0)),
         };
         r.register(Box::new(m.duration.clone()))?;
@@ -56,6 +66,7 @@ impl CheckpointMetrics {
         r.register(Box::new(m.bytes.clone()))?;
         r.register(Box::new(m.written.clone()))?;
         r.register(Box::new(m.failures.clone()))?;
+        r.register(Box::new(m.withheld.clone()))?;
         r.register(Box::new(AgeCollector::new(m.newest_unix_ms.clone())))?;
         Ok(m)
     }
@@ -118,6 +129,17 @@ pub fn take(
     let r = checkpoint(applier, store, identity);
     let (meta, pause) = match r {
         Ok(x) => x,
+        Err(StoreError::Withheld(f)) => {
+            m.withheld.inc();
+            tracing::error!(
+                partition = f.partition,
+                offset = f.offset,
+                error = %f.message,
+                "checkpoint withheld: a record failed to apply and the state may hold part of it; a \
+                 restart resumes from the last checkpoint written"
+            );
+            return Err(StoreError::Withheld(f));
+        }
         Err(e) => {
             m.failures.inc();
             return Err(e);
@@ -212,6 +234,8 @@ fn run(ctx: LoopContext, mut covered: Vec<i64>, stop: &AtomicBool) -> Vec<i64> {
                 covered = meta.offsets;
                 retry_at = None;
             }
+            // Logged and counted by `take`; due again after the next interval.
+            Err(StoreError::Withheld(_)) => {}
             Err(e) => {
                 tracing::error!(error = %e, retry_in = ?backoff, "checkpoint failed; will retry");
                 retry_at = Some(Instant::now() + backoff);

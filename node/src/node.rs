@@ -291,7 +291,8 @@ impl ReplicaNode {
     }
 
     /// Takes a checkpoint now (None without a store). Runs beside the loop's own: both go
-    /// through the store, which gives each its own id under its write lock.
+    /// through the store, which gives each its own id under its write lock. Withheld
+    /// ([`prefixlog_snapshot::StoreError::Withheld`]) once a record has failed to apply.
     pub fn checkpoint_now(&self) -> Result<Option<CheckpointMeta>, prefixlog_snapshot::StoreError> {
         let Some(store) = &self.store else { return Ok(None) };
         checkpoints::take(
@@ -321,7 +322,11 @@ impl ReplicaNode {
         let offsets = self.replica.applier().lock().offsets();
         let final_checkpoint = match (&self.store, covered) {
             (Some(_), Some(c)) if checkpoints::records_between(&c, &offsets) > 0 => {
-                self.checkpoint_now().map_err(NodeError::FinalCheckpoint)?
+                match self.checkpoint_now() {
+                    // Logged and counted: a restart resumes from the last checkpoint written.
+                    Err(prefixlog_snapshot::StoreError::Withheld(_)) => None,
+                    r => r.map_err(NodeError::FinalCheckpoint)?,
+                }
             }
             _ => None,
         };
@@ -356,6 +361,7 @@ async fn start_query(
         grpc_addr: opts.grpc_addr,
         admin_addr: opts.admin_addr,
         ready_lag: opts.ready_lag,
+        stale_after: opts.stale_after,
         query: opts.query.clone(),
         tls: opts.tls.clone(),
     };

@@ -61,6 +61,9 @@ pub struct NodeOptions {
     pub tls: Option<TlsFiles>,
     /// Ready once the total lag is at most this many records.
     pub ready_lag: i64,
+    /// Answers without a consistency token say `stale` once the broker has not answered for
+    /// longer than this (`--stale-after`).
+    pub stale_after: Duration,
     pub query: QueryConfig,
     /// Checkpoint store directory; `None`: no checkpoints (every start replays the log).
     pub data_dir: Option<PathBuf>,
@@ -97,6 +100,7 @@ impl Default for NodeOptions {
             peer_tls: None,
             tls: None,
             ready_lag: 1000,
+            stale_after: prefixlog_query::health::DEFAULT_STALE_AFTER,
             query: QueryConfig::default(),
             data_dir: None,
             checkpoints: CheckpointPolicy::default(),

@@ -100,6 +100,11 @@ pub struct QueryArgs {
     /// Ready (gRPC health SERVING, /readyz 200) once the total lag is at most this many records.
     #[arg(long, env = "PREFIXLOG_READY_LAG", default_value_t = 1000)]
     pub ready_lag: i64,
+    /// Answers without a consistency token say `stale = true` once the broker has not answered
+    /// for longer than this (and always while the replica is not ready). A broker outage alone
+    /// does not make the replica not ready: it keeps answering from its state.
+    #[arg(long, env = "PREFIXLOG_STALE_AFTER", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub stale_after: Duration,
     /// Serve gRPC over TLS with this certificate chain (PEM); needs --tls-key.
     #[arg(long, env = "PREFIXLOG_TLS_CERT", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
@@ -160,6 +165,7 @@ impl Args {
                 client_ca: q.tls_client_ca.clone(),
             }),
             ready_lag: q.ready_lag,
+            stale_after: q.stale_after,
             query: prefixlog_query::QueryConfig::default(),
             data_dir: self.data_dir.clone(),
             checkpoints: CheckpointPolicy {
@@ -220,6 +226,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
                 skipped = status.records_skipped.load(Ordering::Relaxed),
                 lag = status.lag(),
                 discontinuous = ?status.discontinuous(),
+                apply_failed = ?status.apply_failures().iter().map(|f| (f.partition, f.offset)).collect::<Vec<_>>(),
                 broker_ok = status.broker_ok.load(Ordering::Relaxed),
                 keyspaces = engine.keyspace_ids().len(),
                 holder_blocks = engine.holder_blocks(),

@@ -97,18 +97,38 @@ pub fn capture(applier: &Mutex<Applier>) -> Capture {
     c
 }
 
+/// [`capture`], refused when a record failed to apply ([`Applier::failure`]): decided under
+/// the same hold of the applier lock as the copy, so no failure can slip in between.
+pub fn capture_sound(applier: &Mutex<Applier>) -> Result<Capture, StoreError> {
+    if let Some(f) = applier.lock().failure() {
+        // Before allocating buffers the size of the state.
+        return Err(StoreError::Withheld(f.clone()));
+    }
+    let buffers = image_buffers(applier);
+    let t = Instant::now();
+    let a = applier.lock();
+    if let Some(f) = a.failure() {
+        return Err(StoreError::Withheld(f.clone()));
+    }
+    let mut c = Capture::into_buffers(&a, buffers);
+    drop(a);
+    c.ingest_pause = t.elapsed();
+    Ok(c)
+}
+
 /// Wall-clock time for the operator-facing `created` field (never applied state).
 fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
-/// Captures and writes a checkpoint.
+/// Captures and writes a checkpoint; writes nothing ([`StoreError::Withheld`]) of a state that
+/// holds part of a record whose apply failed.
 pub fn checkpoint(
     applier: &Mutex<Applier>,
     store: &CheckpointStore,
     identity: &LogIdentity,
 ) -> Result<(CheckpointMeta, Duration), StoreError> {
-    let c = capture(applier);
+    let c = capture_sound(applier)?;
     let meta = store.write(identity, &c, now_ms())?;
     Ok((meta, c.ingest_pause))
 }

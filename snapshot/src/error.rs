@@ -76,6 +76,9 @@ pub enum StoreError {
     Settings { id: u64, what: prefixlog_ingest::settings::SettingsError },
     #[error("opening a reader beside the store at {path}: {source}")]
     Reader { path: PathBuf, source: rocksdb::Error },
+    /// Nothing is written of a state that holds part of a record whose apply failed.
+    #[error("checkpoint withheld: {0} (the state may hold part of that record)")]
+    Withheld(prefixlog_ingest::ApplyFailure),
 }
 
 pub(crate) fn damaged(id: u64, part: Part, damage: Damage) -> StoreError {

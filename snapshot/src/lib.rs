@@ -32,7 +32,8 @@ mod pages;
 pub mod store;
 
 pub use checkpoint::{
-    capture, checkpoint, export_partitions, newest_usable, restore, restore_for, Capture, RestoreError,
+    capture, capture_sound, checkpoint, export_partitions, newest_usable, restore, restore_for, Capture,
+    RestoreError,
 };
 pub use error::{Damage, Part, StoreError};
 pub use export::{
