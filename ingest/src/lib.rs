@@ -71,6 +71,6 @@ pub use reader::{Discontinuity, LogReader};
 pub use record::{BadReason, KvBatch, KvOp, LaneMeta, Lifecycle, Op};
 pub use replay::{replay, ReplayError, ReplayOptions, Until};
 pub use replica::{GapPolicy, IngestOptions, Replica, ReplicaError};
-pub use status::{HoleCause, LogHole, ReplicaStatus};
 pub use settings::StateSettings;
+pub use status::{HoleCause, LogHole, ReplicaStatus};
 pub use topics::{create_topic, delete_topic, TopicError};

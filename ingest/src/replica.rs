@@ -307,7 +307,9 @@ impl Ingest {
         }
         // Before the partition shows as discontinuous: recovery must never see it without its hole.
         match d.found {
-            Found::Offset(end) => self.found_hole(LogHole { partition: p, start: d.expected, end, cause: None }),
+            Found::Offset(end) => {
+                self.found_hole(LogHole { partition: p, start: d.expected, end, cause: None })
+            }
             Found::LogStart(_) | Found::LogEnd { .. } => self.status.clear_hole(p),
         }
         self.status.mark_discontinuous(p, true);

@@ -236,7 +236,9 @@ impl ReplicaStatus {
     /// `Some((configured, observed))` while the broker reports another partition count than
     /// the one this replica was started for.
     pub fn partition_count_changed(&self) -> Option<(u32, u32)> {
-        self.partitions_observed().filter(|&n| n != self.partition_count()).map(|n| (self.partition_count(), n))
+        self.partitions_observed()
+            .filter(|&n| n != self.partition_count())
+            .map(|n| (self.partition_count(), n))
     }
 
     /// The broker answered a complete watermark round just now.

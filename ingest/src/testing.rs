@@ -21,8 +21,12 @@ static ANY: AtomicBool = AtomicBool::new(false);
 fn markers() -> &'static Mutex<Vec<Vec<u8>>> {
     static MARKERS: OnceLock<Mutex<Vec<Vec<u8>>>> = OnceLock::new();
     MARKERS.get_or_init(|| {
-        let from_env: Vec<Vec<u8>> =
-            std::env::var(PANIC_ON_ENV).ok().filter(|m| !m.is_empty()).map(String::into_bytes).into_iter().collect();
+        let from_env: Vec<Vec<u8>> = std::env::var(PANIC_ON_ENV)
+            .ok()
+            .filter(|m| !m.is_empty())
+            .map(String::into_bytes)
+            .into_iter()
+            .collect();
         ANY.store(!from_env.is_empty(), Ordering::Release);
         Mutex::new(from_env)
     })

@@ -92,7 +92,11 @@ fn check_partition_count(consumer: &BaseConsumer, topic: &str, status: &ReplicaS
                      again (docs/operations.md, runbook \"partition count changed\")"
                 ),
                 None if before.is_some() => {
-                    tracing::warn!(topic, partitions = n, "the topic has the configured partition count again")
+                    tracing::warn!(
+                        topic,
+                        partitions = n,
+                        "the topic has the configured partition count again"
+                    )
                 }
                 None => {}
             }

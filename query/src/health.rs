@@ -43,7 +43,13 @@ pub struct Readiness {
 
 impl Readiness {
     pub fn new(status: Arc<ReplicaStatus>, ready_lag: i64, stale_after: Duration) -> Self {
-        Self { status, ready_lag, stale_after, stopping: AtomicBool::new(false), stale: AtomicBool::new(true) }
+        Self {
+            status,
+            ready_lag,
+            stale_after,
+            stopping: AtomicBool::new(false),
+            stale: AtomicBool::new(true),
+        }
     }
 
     /// From now on never ready (a clean stop: health goes NOT_SERVING before ingest stops).
@@ -198,7 +204,8 @@ mod tests {
         assert!(r.answers_stale(), "not ready: stale");
         status.observe_partitions(4);
         assert!(r.check().0);
-        let failure = |offset| prefixlog_ingest::ApplyFailure { partition: 2, offset, message: "boom".into() };
+        let failure =
+            |offset| prefixlog_ingest::ApplyFailure { partition: 2, offset, message: "boom".into() };
         status.record_apply_failure(failure(17));
         let (ready, why) = r.check();
         assert!(!ready && why.contains("partition 2's record at offset 17") && why.contains("boom"), "{why}");
