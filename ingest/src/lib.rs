@@ -12,7 +12,8 @@
 //! - [`identity`]: [`LogIdentity`] and [`check_compatible`], the one compatibility rule
 //!   (cluster, topic, partitions, settings, covered partitions) for checkpoints and peers.
 //! - [`probe`]: cluster id, partition count and watermarks of a log.
-//! - [`topics`]: create and delete a topic (benchmarks, tests; replicas never do).
+//! - [`topics`]: create and delete a topic, add partitions (benchmarks, tests; replicas never
+//!   do).
 //! - [`continuity`]: does the log still continue a state's offsets (start-up check); what a
 //!   hole in the log is made of.
 //! - [`reader`]: [`LogReader`], the one consumer: offset order, gaps and out-of-range offsets
@@ -73,4 +74,4 @@ pub use replay::{replay, ReplayError, ReplayOptions, Until};
 pub use replica::{GapPolicy, IngestOptions, Replica, ReplicaError};
 pub use settings::StateSettings;
 pub use status::{HoleCause, LogHole, ReplicaStatus};
-pub use topics::{create_topic, delete_topic, TopicError};
+pub use topics::{add_partitions, create_topic, delete_topic, TopicError};

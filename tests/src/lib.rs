@@ -39,6 +39,11 @@ pub struct KafkaBackend {
 }
 
 impl KafkaBackend {
+    /// The embedded broker, when this is that backend (it can be taken down and brought back).
+    pub fn embedded(&self) -> Option<&EmbeddedKafka> {
+        self.embedded.as_ref()
+    }
+
     /// Creates a topic (the mock cluster has no admin API; real brokers use it).
     pub async fn create_topic(&self, topic: &str, partitions: u32) -> anyhow::Result<()> {
         if let Some(e) = &self.embedded {
