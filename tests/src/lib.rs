@@ -13,8 +13,12 @@
 //! nothing is silently skipped. Unset, every backend that is available runs and the others are
 //! reported as `NOT RUN (reason)` — e.g. testcontainers without a Docker engine, which fails
 //! within milliseconds. Tests run their body once per backend and print which ran.
+//!
+//! Module map: [`http`] (a GET against an admin port, metric samples), [`replicas`] (replicas
+//! started the one way), [`raw_produce`] (hand-built record batches: transaction markers).
 
 pub mod http;
+pub mod raw_produce;
 pub mod replicas;
 
 use prefixlog_ingest::EmbeddedKafka;
