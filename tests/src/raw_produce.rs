@@ -15,6 +15,9 @@ use std::time::Duration;
 const TRANSACTIONAL: i16 = 0x10;
 const CONTROL: i16 = 0x20;
 
+/// A record's key and value.
+type KeyValue<'a> = (Option<&'a [u8]>, Option<&'a [u8]>);
+
 /// The type of a transaction marker.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Marker {
@@ -54,12 +57,7 @@ fn bytes_field(out: &mut Vec<u8>, b: Option<&[u8]>) {
 }
 
 /// A record batch (v2) of `records` (key, value), all at `timestamp_ms`.
-fn batch(
-    attributes: i16,
-    producer: (i64, i16, i32),
-    timestamp_ms: i64,
-    records: &[(Option<&[u8]>, Option<&[u8]>)],
-) -> Vec<u8> {
+fn batch(attributes: i16, producer: (i64, i16, i32), timestamp_ms: i64, records: &[KeyValue]) -> Vec<u8> {
     let mut body = Vec::new(); // from attributes on: what the CRC covers
     body.extend_from_slice(&attributes.to_be_bytes());
     body.extend_from_slice(&(records.len() as i32 - 1).to_be_bytes()); // lastOffsetDelta
@@ -104,8 +102,7 @@ pub fn transactional_batch(
     values: &[Vec<u8>],
     timestamp_ms: i64,
 ) -> Vec<u8> {
-    let records: Vec<(Option<&[u8]>, Option<&[u8]>)> =
-        values.iter().map(|v| (Some(key), Some(&v[..]))).collect();
+    let records: Vec<KeyValue> = values.iter().map(|v| (Some(key), Some(&v[..]))).collect();
     batch(TRANSACTIONAL, (producer.0, producer.1, 0), timestamp_ms, &records)
 }
 
