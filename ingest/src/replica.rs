@@ -134,6 +134,7 @@ impl Replica {
                 status: status.clone(),
                 dead_letter,
                 policy: opts.gap_policy,
+                explaining: Arc::new(AtomicBool::new(false)),
             };
             let (stop, cpus, status) = (stop.clone(), opts.cpus, status.clone());
             std::thread::Builder::new()
@@ -223,6 +224,8 @@ struct Ingest {
     status: Arc<ReplicaStatus>,
     dead_letter: Option<DeadLetter>,
     policy: GapPolicy,
+    /// A hole is being read again ([`Ingest::found_hole`]).
+    explaining: Arc<AtomicBool>,
 }
 
 impl Ingest {
@@ -346,10 +349,16 @@ impl Ingest {
     }
 
     /// Records a hole in the log and explains it on a thread of its own (a second read of the
-    /// hole, which may take seconds, must not hold up the other partitions).
+    /// hole, which may take seconds, must not hold up the other partitions). One such read at a
+    /// time: holes met meanwhile (a transactional producer under `--accept-log-gaps` makes one
+    /// per transaction) are counted unexplained rather than each opening a consumer.
     fn found_hole(&self, hole: LogHole) {
         self.status.record_hole(hole);
-        let (spec, status) = (self.spec.clone(), self.status.clone());
+        if self.explaining.swap(true, Ordering::AcqRel) {
+            self.status.hole_explained(hole, HoleCause::Unexplained);
+            return;
+        }
+        let (spec, status, explaining) = (self.spec.clone(), self.status.clone(), self.explaining.clone());
         let spawned = std::thread::Builder::new().name("prefixlog-hole".into()).spawn(move || {
             let cause = crate::continuity::explain_hole(&spec, &hole, HOLE_READ_TIMEOUT);
             let explained = LogHole { cause: Some(cause), ..hole };
@@ -363,10 +372,12 @@ impl Ingest {
                  again, so no peer state that does is swapped in"
             );
             status.hole_explained(hole, cause);
+            explaining.store(false, Ordering::Release);
         });
         if let Err(e) = spawned {
             tracing::warn!(error = %e, "could not start the thread that explains a log hole");
             self.status.hole_explained(hole, HoleCause::Unexplained);
+            self.explaining.store(false, Ordering::Release);
         }
     }
 

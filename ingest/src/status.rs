@@ -178,13 +178,6 @@ impl ReplicaStatus {
         self.owned.iter().filter_map(|&p| self.part(p).failure.lock().clone()).collect()
     }
 
-    /// Whether partition `p` is halted at a record whose apply failed (a cheap check first: the
-    /// counter is only ever raised together with the failure).
-    pub fn apply_failed(&self, p: u32) -> bool {
-        let s = self.part(p);
-        s.apply_failures.load(Ordering::Relaxed) > 0 && s.failure.lock().is_some()
-    }
-
     /// The partition is halted before a hole in its log (cause not known yet).
     pub fn record_hole(&self, hole: LogHole) {
         *self.part(hole.partition).hole.lock() = Some(hole);
@@ -365,10 +358,12 @@ mod tests {
     #[test]
     fn apply_failures_and_holes_are_kept_per_partition_and_counted() {
         let s = ReplicaStatus::new(3, &[0, 2]);
-        assert!(s.apply_failures().is_empty() && !s.apply_failed(2));
+        assert!(s.apply_failures().is_empty());
         s.record_apply_failure(ApplyFailure { partition: 2, offset: 7, message: "boom".into() });
-        assert!(s.apply_failed(2) && !s.apply_failed(0));
-        assert_eq!(s.apply_failures()[0].offset, 7);
+        assert_eq!(
+            s.apply_failures().iter().map(|f| (f.partition, f.offset)).collect::<Vec<_>>(),
+            vec![(2, 7)]
+        );
         assert_eq!(s.partitions[2].apply_failures.load(Ordering::Relaxed), 1);
         let hole = LogHole { partition: 0, start: 5, end: 6, cause: None };
         s.record_hole(hole);
