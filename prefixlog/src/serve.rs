@@ -207,6 +207,8 @@ async fn stop_signal() -> &'static str {
 pub async fn run(a: Args) -> anyhow::Result<()> {
     let (brokers, _embedded) = a.kafka.brokers_or_embedded()?;
     let spec = a.kafka.spec(&brokers).with_settings(a.settings.settings()).with_shard(a.shard.clone())?;
+    let (librdkafka, features) = prefixlog_ingest::connect::librdkafka_build();
+    tracing::info!(librdkafka, features = %features.join(","), "kafka client");
     if a.data_dir.is_none() {
         // Here, not in the library: a deliberate choice of the demo and the tests, a likely
         // mistake of an operator.

@@ -13,9 +13,13 @@
 //! nothing is silently skipped. Unset, every backend that is available runs and the others are
 //! reported as `NOT RUN (reason)` — e.g. testcontainers without a Docker engine, which fails
 //! within milliseconds. Tests run their body once per backend and print which ran.
+//!
+//! [`secured::SecuredKafka`] is a broker as production runs it (SASL/SCRAM over TLS, tansu behind
+//! a TLS terminator) for the tests of each component's secured connection.
 
 pub mod http;
 pub mod replicas;
+pub mod secured;
 
 use prefixlog_ingest::EmbeddedKafka;
 use rdkafka::config::ClientConfig;
