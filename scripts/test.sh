@@ -40,8 +40,11 @@ else
   echo "==> cargo test (cross-crate integration tests again, on tansu; includes the outage test)"
   leg_start=$(date +%s)
   PREFIXLOG_TEST_BACKENDS=external bash scripts/with-tansu.sh cargo test -p prefixlog-tests -- --nocapture
-  # SIGTERM mid-ingest and restart, on a real broker as well (the workspace leg runs it embedded).
-  PREFIXLOG_TEST_BACKENDS=external bash scripts/with-tansu.sh cargo test -p prefixlog --test sigterm -- --nocapture
+  # SIGTERM mid-ingest and restart, on a real broker as well (the workspace leg runs it embedded);
+  # the binary's -X / --kafka-config / PREFIXLOG_KAFKA_PROPERTIES against SASL/SCRAM over TLS
+  # (tests/tests/secured_kafka.rs, in the suite above, covers the libraries the same way).
+  PREFIXLOG_TEST_BACKENDS=external bash scripts/with-tansu.sh \
+    cargo test -p prefixlog --test sigterm --test secured_cli -- --nocapture
   echo "==> tansu leg finished in $(( $(date +%s) - leg_start ))s"
 fi
 # The same suites on tansu in a container started by testcontainers, then the local-image

@@ -22,7 +22,8 @@ pub enum PublishError {
     Kafka { partition: u32, source: rdkafka::error::KafkaError },
     #[error("producer setup: {0}")]
     Setup(rdkafka::error::KafkaError),
-    #[error("the log is not reachable as configured: {0}")]
+    /// The start-up check of [`Publisher::connect`] (its message says what failed).
+    #[error(transparent)]
     Check(#[from] ProbeError),
 }
 

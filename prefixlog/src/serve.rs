@@ -206,7 +206,7 @@ async fn stop_signal() -> &'static str {
 
 pub async fn run(a: Args) -> anyhow::Result<()> {
     let (brokers, _embedded) = a.kafka.brokers_or_embedded()?;
-    let spec = a.kafka.spec(&brokers).with_settings(a.settings.settings()).with_shard(a.shard.clone())?;
+    let spec = a.kafka.spec(&brokers)?.with_settings(a.settings.settings()).with_shard(a.shard.clone())?;
     let (librdkafka, features) = prefixlog_ingest::connect::librdkafka_build();
     tracing::info!(librdkafka, features = %features.join(","), "kafka client");
     if a.data_dir.is_none() {
