@@ -24,6 +24,9 @@ bash scripts/check-k8s.sh
 echo "==> python for the bridge end-to-end test (pyzmq + msgpack)"
 bash scripts/bridge-fixtures.sh
 export PREFIXLOG_BRIDGE_E2E=required  # tests/tests/bridge.rs fails instead of skipping
+echo "==> python for the foreign-producer test (kafka-python with lz4 and zstd)"
+bash scripts/foreign-producer.sh
+export PREFIXLOG_FOREIGN_PRODUCER=required  # tests/tests/foreign_producer.rs fails instead of skipping
 # The cross-crate suite runs once per Kafka backend leg; PREFIXLOG_TEST_BACKENDS names the
 # backend of each leg, and a named backend that cannot start fails the leg (tests/src/lib.rs).
 # Every test prints which backends ran.

@@ -1,4 +1,4 @@
-//! The binary's Kafka flags against a broker as production runs it: SASL/SCRAM-SHA-256 over TLS
+//! The binary's Kafka flags against a broker as production runs it: SASL/SCRAM-SHA-512 over TLS
 //! (`prefixlog_tests::secured`: tansu behind a TLS terminator, certificates made at start).
 //!
 //! - `replay` publishes and `serve` reads it to the end (ready at lag 0), the connection given
@@ -80,7 +80,7 @@ async fn replay_and_serve_over_sasl_ssl_and_a_wrong_password_named() {
         "-X",
         &format!("ssl.ca.location={ca}"),
         "-X",
-        "sasl.mechanism=SCRAM-SHA-256",
+        "sasl.mechanism=SCRAM-SHA-512",
         "-X",
         &format!("sasl.username={USER}"),
     ];
@@ -117,7 +117,7 @@ async fn replay_and_serve_over_sasl_ssl_and_a_wrong_password_named() {
 
     // The environment form, with a wrong password.
     let wrong = format!(
-        "security.protocol=SASL_SSL;ssl.ca.location={ca};sasl.mechanism=SCRAM-SHA-256;\
+        "security.protocol=SASL_SSL;ssl.ca.location={ca};sasl.mechanism=SCRAM-SHA-512;\
          sasl.username={USER};sasl.password=not-{PASSWORD}"
     );
     for cmd in ["serve", "replay"] {

@@ -4,7 +4,8 @@
 //!
 //! - The broker is tansu 0.6.0 (`PREFIXLOG_TANSU_BIN`, set by scripts/with-tansu.sh) with
 //!   `--authentication`: SASL PLAIN and SCRAM-SHA-256/512, SCRAM credentials kept in its storage.
-//!   The user is created with `tansu user create` (AlterUserScramCredentials) on a first start
+//!   The user (both SCRAM mechanisms; [`SecuredKafka::properties`] use SHA-256) is created
+//!   with `tansu user create` (AlterUserScramCredentials) on a first start
 //!   without authentication, then tansu restarts on the same SQLite storage with it. (tansu's
 //!   PLAIN accepts any password, so the tests use SCRAM.)
 //! - tansu 0.6.0 has no TLS listener (it reads `--cert`/`--key` but never uses the acceptor),
@@ -159,16 +160,19 @@ fn start_tansu(bin: &str, dir: &Path, port: u16, advertised: &str, auth: bool) -
     Ok(cmd.stdout(Stdio::null()).stderr(log).spawn()?)
 }
 
+/// The user's SCRAM-SHA-256 and SCRAM-SHA-512 credentials.
 fn create_user(bin: &str, broker_url: &str) -> anyhow::Result<()> {
-    let out = Command::new(bin)
-        .args(["user", "create", "--broker", broker_url, "--mechanism", "scram256", USER, PASSWORD])
-        .output()?;
-    anyhow::ensure!(
-        out.status.success(),
-        "tansu user create: {}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    for mechanism in ["scram256", "scram512"] {
+        let out = Command::new(bin)
+            .args(["user", "create", "--broker", broker_url, "--mechanism", mechanism, USER, PASSWORD])
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "tansu user create --mechanism {mechanism}: {}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     Ok(())
 }
 
