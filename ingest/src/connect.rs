@@ -62,7 +62,8 @@ pub struct ConnectErrors {
 }
 
 impl ConnectErrors {
-    /// The last failure reported, if any.
+    /// The last failure reported that says why (an "all brokers are down" only when nothing
+    /// else was reported).
     pub fn last(&self) -> Option<ClientFailure> {
         self.last.lock().clone()
     }
@@ -81,7 +82,10 @@ impl ClientContext for ConnectErrors {
         if failure.is_conclusive() {
             self.conclusive.lock().get_or_insert_with(|| failure.clone());
         }
-        *self.last.lock() = Some(failure);
+        // "1/1 brokers are down" follows every failed connection and says nothing of why.
+        if code != RDKafkaErrorCode::AllBrokersDown || self.last.lock().is_none() {
+            *self.last.lock() = Some(failure);
+        }
     }
 }
 
@@ -112,6 +116,8 @@ mod tests {
         ctx.error(KafkaError::Global(RDKafkaErrorCode::Authentication), "SASL authentication error: bad");
         ctx.error(KafkaError::Global(RDKafkaErrorCode::AllBrokersDown), "1/1 brokers are down");
         assert_eq!(ctx.conclusive().unwrap().reason, "SASL authentication error: bad");
-        assert_eq!(ctx.last().unwrap().code, RDKafkaErrorCode::AllBrokersDown);
+        assert_eq!(ctx.last().unwrap().code, RDKafkaErrorCode::Authentication, "the reason, not its echo");
+        ctx.error(KafkaError::Global(RDKafkaErrorCode::BrokerTransportFailure), "Connection refused");
+        assert_eq!(ctx.last().unwrap().reason, "Connection refused");
     }
 }

@@ -43,7 +43,7 @@ pub enum ProbeError {
         METADATA_TIMEOUT.as_secs(),
         cause.as_deref().unwrap_or("none reported")
     )]
-    Unreachable { brokers: String, error: rdkafka::error::KafkaError, cause: Option<String> },
+    Unreachable { brokers: String, error: String, cause: Option<String> },
     #[error("topic {0:?} does not exist (create it with the configured partition count)")]
     NoTopic(String),
     #[error(
@@ -112,7 +112,7 @@ fn metadata_or_cause(consumer: &BaseConsumer<ConnectErrors>, spec: &LogSpec) -> 
         }
         if Instant::now() >= deadline {
             let cause = seen.last().map(|f| f.reason);
-            return Err(ProbeError::Unreachable { brokers: brokers(), error, cause });
+            return Err(ProbeError::Unreachable { brokers: brokers(), error: error.to_string(), cause });
         }
         round *= 2;
     }

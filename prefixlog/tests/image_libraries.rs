@@ -43,12 +43,17 @@ fn the_images_install_every_library_the_binary_links() {
     assert!(packages.contains("libssl3"), "the binary links OpenSSL (Kafka TLS): {packages:?}");
     let dockerfile = root_file("Dockerfile");
     let runtime = dockerfile.rsplit("FROM debian:").next().expect("a Debian runtime stage");
-    let install = runtime.lines().find(|l| l.contains("apt-get install")).expect("the runtime's apt-get install");
+    let install =
+        runtime.lines().find(|l| l.contains("apt-get install")).expect("the runtime's apt-get install");
     let build_images = root_file("scripts/build-images.sh");
-    let include = build_images.lines().find_map(|l| l.strip_prefix("INCLUDE=")).expect("INCLUDE= in build-images.sh");
+    let include =
+        build_images.lines().find_map(|l| l.strip_prefix("INCLUDE=")).expect("INCLUDE= in build-images.sh");
     let included: BTreeSet<&str> = include.split(',').collect();
     for p in packages.iter().filter(|p| !IN_EVERY_BASE.contains(&p.as_str())) {
-        assert!(install.split_whitespace().any(|w| w == p), "the Dockerfile's runtime does not install {p}: {install}");
+        assert!(
+            install.split_whitespace().any(|w| w == p),
+            "the Dockerfile's runtime does not install {p}: {install}"
+        );
         assert!(included.contains(p.as_str()), "build-images.sh INCLUDE lacks {p}: {include}");
     }
 }

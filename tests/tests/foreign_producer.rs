@@ -143,7 +143,7 @@ async fn compressed_batches_applied(py: &Path, b: &KafkaBackend) {
         b.name
     );
     let status = replica.status();
-    let published = (WORKERS * BATCHES * 2) as u64;
+    let published = WORKERS * BATCHES * 2;
     assert_eq!(status.records_applied.load(Ordering::Acquire), published, "{}: every record applied", b.name);
     assert_eq!(status.records_skipped.load(Ordering::Acquire), 0, "{}: none refused", b.name);
     let a = replica.applier().lock();

@@ -63,13 +63,14 @@ async fn publisher_and_replica_over_sasl_ssl() {
     let landed = publish(&publisher, 6).await;
     let replica = replicas::replica(&spec, "secured-a").await;
     caught_up(&replica, &landed).await;
-    let a = replica.applier().lock();
-    for w in 0..6u64 {
-        let chain: Vec<u64> = (0..3).map(|j| 100 * w + j + 1).collect();
-        let hits = a.engine().match_chain(&ks(), &chain, &MatchOptions::default()).unwrap();
-        assert!(hits.iter().any(|m| m.holder.worker == w && m.depth == 3), "worker {w}: {hits:?}");
+    {
+        let a = replica.applier().lock();
+        for w in 0..6u64 {
+            let chain: Vec<u64> = (0..3).map(|j| 100 * w + j + 1).collect();
+            let hits = a.engine().match_chain(&ks(), &chain, &MatchOptions::default()).unwrap();
+            assert!(hits.iter().any(|m| m.holder.worker == w && m.depth == 3), "worker {w}: {hits:?}");
+        }
     }
-    drop(a);
     replica.shutdown().await.unwrap();
     drop(kafka);
 }
