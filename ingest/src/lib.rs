@@ -11,7 +11,10 @@
 //! - [`settings`]: [`StateSettings`], the settings that decide applied state.
 //! - [`identity`]: [`LogIdentity`] and [`check_compatible`], the one compatibility rule
 //!   (cluster, topic, partitions, settings, covered partitions) for checkpoints and peers.
-//! - [`probe`]: cluster id, partition count and watermarks of a log.
+//! - [`connect`]: what the linked librdkafka supports (TLS, SASL, codecs) and
+//!   [`connect::ConnectErrors`], the client context that names why a connection failed.
+//! - [`probe`]: cluster id, partition count and watermarks of a log; [`probe::check_topic`],
+//!   the publishers' start-up check.
 //! - [`topics`]: create and delete a topic, add partitions (benchmarks, tests; replicas never
 //!   do).
 //! - [`continuity`]: does the log still continue a state's offsets (start-up check); what a
@@ -41,6 +44,7 @@
 pub mod affinity;
 pub mod apply;
 pub mod bridge;
+pub mod connect;
 pub mod continuity;
 pub mod dead_letter;
 pub mod embedded;
@@ -66,7 +70,7 @@ pub use embedded::EmbeddedKafka;
 pub use identity::{check_compatible, Incompatible, LogIdentity};
 pub use log_spec::{ClientRole, KafkaConnection, LogSpec, Shard, ShardError};
 pub use partition_state::{DigestPoint, PartitionState};
-pub use probe::{cleanup_policy, probe_log, CleanupPolicy, LogProbe, ProbeError, Watermarks};
+pub use probe::{check_topic, cleanup_policy, probe_log, CleanupPolicy, LogProbe, ProbeError, Watermarks};
 pub use publisher::{token_of, Landed, PublishError, Publisher};
 pub use reader::{Discontinuity, LogReader};
 pub use record::{BadReason, KvBatch, KvOp, LaneMeta, Lifecycle, Op};

@@ -69,9 +69,6 @@ pub async fn prepare(spec: &LogSpec, opts: &NodeOptions) -> Result<Prepared, Nod
         }
         None => (Applier::new(spec.partitions, spec.settings), vec![0; spec.partitions as usize]),
     };
-    if store.is_none() {
-        tracing::warn!("no data dir: no checkpoints; every start replays the whole log");
-    }
     prove_continuity(spec, opts, &identity, &probe, &mut applier).await?;
     if opts.query_copy {
         // Before anything else holds the engine: keyspaces handed out earlier keep one copy.

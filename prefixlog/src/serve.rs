@@ -212,7 +212,14 @@ async fn stop_signal() -> &'static str {
 
 pub async fn run(a: Args) -> anyhow::Result<()> {
     let (brokers, _embedded) = a.kafka.brokers_or_embedded()?;
-    let spec = a.kafka.spec(&brokers).with_settings(a.settings.settings()).with_shard(a.shard.clone())?;
+    let spec = a.kafka.spec(&brokers)?.with_settings(a.settings.settings()).with_shard(a.shard.clone())?;
+    let (librdkafka, features) = prefixlog_ingest::connect::librdkafka_build();
+    tracing::info!(librdkafka, features = %features.join(","), "kafka client");
+    if a.data_dir.is_none() {
+        // Here, not in the library: a deliberate choice of the demo and the tests, a likely
+        // mistake of an operator.
+        tracing::warn!("no --data-dir: no checkpoints; every start replays the whole log");
+    }
     let node = ReplicaNode::start(spec, a.node_options()?).await?;
     let (status, engine) = (node.status().clone(), node.engine());
     let mut tick = tokio::time::interval(a.status_interval);

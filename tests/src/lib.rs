@@ -16,10 +16,13 @@
 //!
 //! Module map: [`http`] (a GET against an admin port, metric samples), [`replicas`] (replicas
 //! started the one way), [`raw_produce`] (hand-built record batches: transaction markers).
+//! [`secured::SecuredKafka`] is a broker as production runs it (SASL/SCRAM over TLS, tansu behind
+//! a TLS terminator) for the tests of each component's secured connection.
 
 pub mod http;
 pub mod raw_produce;
 pub mod replicas;
+pub mod secured;
 
 use prefixlog_ingest::EmbeddedKafka;
 use rdkafka::config::ClientConfig;
