@@ -110,7 +110,7 @@ impl Keyspace {
         self.check_aggregates()
     }
 
-    fn check_holder_index(&self) -> Result<(), InvariantError> {
+    pub(crate) fn check_holder_index(&self) -> Result<(), InvariantError> {
         let live = self.holders.slots.iter().filter(|s| s.is_some()).count();
         ensure(live == self.holders.index.len(), || InvariantError::HolderIndex {
             slot: u32::MAX,
@@ -160,7 +160,7 @@ impl Keyspace {
     }
 
     /// Record order and ranges, and that every block lies in the window of its record.
-    fn check_records(&self, slot: u32, h: &Holder) -> Result<(), InvariantError> {
+    pub(crate) fn check_records(&self, slot: u32, h: &Holder) -> Result<(), InvariantError> {
         let trie = &self.trie;
         let err = |stamp, what| InvariantError::Record { holder: h.key, stamp, what };
         let (mut prev, mut owned) = (0u32, 0u32);
@@ -189,7 +189,7 @@ impl Keyspace {
         ensure(owned == h.blocks, || InvariantError::Ownership { holder: h.key, owned, blocks: h.blocks })
     }
 
-    fn check_overrides(&self, slot: u32, h: &Holder) -> Result<(), InvariantError> {
+    pub(crate) fn check_overrides(&self, slot: u32, h: &Holder) -> Result<(), InvariantError> {
         let trie = &self.trie;
         let err = |ext, what| InvariantError::Override { holder: h.key, ext, what };
         ensure(h.overrides.len() == h.override_of.len(), || err(0, "maps differ in size"))?;
@@ -221,7 +221,7 @@ impl Keyspace {
         Ok(())
     }
 
-    fn check_aggregates(&self) -> Result<(), InvariantError> {
+    pub(crate) fn check_aggregates(&self) -> Result<(), InvariantError> {
         let groups = self.cfg.partitions.max(1) as usize;
         let (mut digest, mut parts, mut blocks) = (0u64, vec![0u64; groups], 0u64);
         for h in self.holders.slots.iter().flatten() {

@@ -571,7 +571,8 @@ impl Keyspace {
         self.holder_blocks = self.holder_blocks + u64::from(blocks_after) - u64::from(blocks_before);
     }
 
-    /// Recomputes the aggregates from the holders (after a rebuild).
+    /// Recomputes the aggregates from the holders (after a rebuild or an image read, and after
+    /// a repair's transplant, so a damaged holder leaves no residue behind).
     pub(crate) fn recompute_aggregates(&mut self) {
         for h in 0..self.holders.slots.len() as u32 {
             if self.holders.slots[h as usize].is_some() {

@@ -13,8 +13,8 @@ use prefixlog_snapshot::restore_for;
 use prometheus::IntCounterVec;
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use prefixlog_peer::PeerClient;
 use std::time::{Duration, Instant};
-use tonic::transport::ClientTlsConfig;
 
 /// How long reading back the records a state's fingerprints name may take.
 const MARK_CHECK_TIMEOUT: Duration = Duration::from_secs(30);
@@ -47,12 +47,12 @@ pub async fn not_continued(
 pub async fn fetch_continued(
     spec: &LogSpec,
     peer: &str,
-    tls: Option<&ClientTlsConfig>,
+    client: &PeerClient,
     identity: &LogIdentity,
     need: &[u32],
     probe: &LogProbe,
 ) -> Result<Applier, NodeError> {
-    let loaded = prefixlog_peer::fetch_checkpoint(peer, tls, identity, need).await?;
+    let loaded = client.fetch_checkpoint(peer, identity, need).await?;
     let state = restore_for(&loaded, identity, need)?;
     if let Some(problem) = not_continued(spec, &state, need, probe).await?.into_iter().next() {
         return Err(NodeError::PeerNotContinued { peer: peer.to_string(), problem });
@@ -63,7 +63,7 @@ pub async fn fetch_continued(
 /// Where recovery fetches from, and how.
 pub struct Sources {
     pub peers: Vec<String>,
-    pub tls: Option<ClientTlsConfig>,
+    pub client: PeerClient,
 }
 
 /// Watches for discontinuous partitions and recovers them from `sources`, forever.
@@ -117,7 +117,7 @@ async fn recover(
         }
     };
     for peer in &sources.peers {
-        match fetch_continued(spec, peer, sources.tls.as_ref(), identity, &[p], &probe).await {
+        match fetch_continued(spec, peer, &sources.client, identity, &[p], &probe).await {
             Ok(state) => {
                 let at = state.partition(p).next_offset;
                 match replica.replace_partition(p, state).await {
