@@ -87,7 +87,10 @@ pub(crate) fn options() -> Options {
     o.set_compression_type(rocksdb::DBCompressionType::None);
     // Checkpoint values are large and written once: keep write amplification low.
     o.set_target_file_size_base(64 << 20);
-    o
+    // No preallocation of WAL and MANIFEST files (tens of MiB): on a nearly full disk it only
+    // makes writes fail sooner, and hands the space back unpredictably when the files go.
+    // (The crate has no setter for it; the options string is RocksDB's own way.)
+    o.get_options_from_string("allow_fallocate=false").expect("allow_fallocate is a RocksDB option")
 }
 
 /// A read-write open, or, when the disk is full, the best that can be had: read-only, or none.
@@ -125,6 +128,21 @@ pub(crate) fn move_aside(path: &Path) -> std::io::Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_options_string_keeps_the_other_options() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(DB::open(&options(), dir.path()).unwrap());
+        let file = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("OPTIONS-"))
+            .unwrap();
+        let text = std::fs::read_to_string(file).unwrap();
+        for want in ["allow_fallocate=false", "compression=kNoCompression", "target_file_size_base=67108864"] {
+            assert!(text.contains(want), "{want} missing from the store's OPTIONS file");
+        }
+    }
 
     #[test]
     fn failures_are_told_apart_by_message() {

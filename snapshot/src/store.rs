@@ -83,6 +83,16 @@ impl Drop for CheckpointStore {
     }
 }
 
+/// Reads of checkpoint values: RocksDB's block checksums off (every value is verified end to
+/// end against the checksums the meta records, and the meta carries its own), the block cache
+/// skipped (a checkpoint is read once).
+pub(crate) fn unverified() -> ReadOptions {
+    let mut o = ReadOptions::default();
+    o.fill_cache(false);
+    o.set_verify_checksums(false);
+    o
+}
+
 pub(crate) fn key(tag: u8, id: u64) -> Vec<u8> {
     let mut k = vec![tag];
     k.extend_from_slice(&id.to_be_bytes());
@@ -264,11 +274,14 @@ impl CheckpointStore {
         }
     }
 
-    /// Checkpoint ids, newest first (none when the store cannot be read).
+    /// Checkpoint ids, newest first (none when the store cannot be read). Read without
+    /// RocksDB's block checksums, like every value here (each carries its own): a flipped byte
+    /// in a table block that also holds a large keyspace value must fail that checkpoint's
+    /// verification, not end the listing and hide the older checkpoints in healthy files.
     pub fn ids(&self) -> Vec<u64> {
         let Ok(db) = self.db() else { return Vec::new() };
         let mut ids: Vec<u64> = db
-            .prefix_iterator(b"i")
+            .iterator_opt(rocksdb::IteratorMode::From(b"i", rocksdb::Direction::Forward), unverified())
             .filter_map(|kv| kv.ok())
             .take_while(|(k, _)| k.first() == Some(&b'i'))
             .filter_map(|(k, _)| k.get(1..9).map(|b| u64::from_be_bytes(b.try_into().expect("8 bytes"))))
@@ -352,7 +365,7 @@ impl CheckpointStore {
 
     /// The meta of a checkpoint (its own checksum verified; contents not read).
     pub fn meta(&self, id: u64) -> Result<CheckpointMeta, StoreError> {
-        let v = self.db()?.get(key(b'i', id))?.ok_or(StoreError::NoSuchCheckpoint(id))?;
+        let v = self.db()?.get_opt(key(b'i', id), &unverified())?.ok_or(StoreError::NoSuchCheckpoint(id))?;
         decode_meta(id, &v)
     }
 
@@ -383,7 +396,7 @@ impl CheckpointStore {
         let meta = self.meta(id)?;
         let pbytes = self
             .db()?
-            .get(key(b'p', id))?
+            .get_opt(key(b'p', id), &unverified())?
             .ok_or_else(|| damaged(id, Part::PartitionState, Damage::Missing { chunk: None }))?;
         verify(id, Part::PartitionState, &pbytes, meta.partitions_len, meta.partitions_checksum)?;
         let mut out = Vec::with_capacity(meta.keyspaces.len());
@@ -421,9 +434,7 @@ impl CheckpointStore {
         }
         let read = |lane: Vec<(u32, &mut [u8])>| -> Result<Vec<(u32, u64)>, StoreError> {
             let mut sums = Vec::with_capacity(lane.len());
-            let mut once = ReadOptions::default();
-            once.fill_cache(false);
-            once.set_verify_checksums(false);
+            let once = unverified();
             for (ci, dst) in lane {
                 let c = db
                     .get_pinned_opt(chunk_key(id, ki, ci), &once)?

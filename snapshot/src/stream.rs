@@ -12,8 +12,8 @@
 use crate::error::{damaged, verify, Damage, Part, StoreError};
 use crate::export::EXPORT_MAGIC;
 use crate::meta::{decode_meta, encode_meta, keyspace_checksum, CheckpointMeta, KeyspaceEntry, CHUNK};
-use crate::store::{chunk_key, key, CheckpointStore};
-use rocksdb::{ReadOptions, SnapshotWithThreadMode, DB};
+use crate::store::{chunk_key, key, unverified, CheckpointStore};
+use rocksdb::{SnapshotWithThreadMode, DB};
 use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 
 /// Where a streamed export goes.
@@ -45,10 +45,10 @@ impl CheckpointStore {
     pub fn export_to(&self, id: u64, sink: &mut dyn ExportSink) -> Result<Streamed, StoreError> {
         let db = self.db()?;
         let snap = db.snapshot();
-        let mb = snap.get(key(b'i', id))?.ok_or(StoreError::NoSuchCheckpoint(id))?;
+        let mb = snap.get_opt(key(b'i', id), unverified())?.ok_or(StoreError::NoSuchCheckpoint(id))?;
         let meta = decode_meta(id, &mb)?;
         let pbytes = snap
-            .get(key(b'p', id))?
+            .get_opt(key(b'p', id), unverified())?
             .ok_or_else(|| damaged(id, Part::PartitionState, Damage::Missing { chunk: None }))?;
         verify(id, Part::PartitionState, &pbytes, meta.partitions_len, meta.partitions_checksum)?;
         let mb = encode_meta(&meta);
@@ -89,17 +89,10 @@ fn stream_keyspace(
         let damage = Damage::Length { expected: e.bytes, found: u64::from(e.chunks) * CHUNK as u64 };
         return Err(damaged(id, part(), damage));
     }
-    let once = || {
-        let mut o = ReadOptions::default();
-        o.fill_cache(false);
-        // Our own checksums cover every byte end to end.
-        o.set_verify_checksums(false);
-        o
-    };
     let (mut sums, mut whole) = (Vec::with_capacity(chunks), Xxh3::new());
     for ci in 0..chunks {
         let c = snap
-            .get_pinned_opt(chunk_key(id, ki, ci as u32), once())?
+            .get_pinned_opt(chunk_key(id, ki, ci as u32), unverified())?
             .ok_or_else(|| damaged(id, part(), Damage::Missing { chunk: Some(ci as u32) }))?;
         let want = if ci + 1 < chunks { CHUNK as u64 } else { e.bytes - (chunks as u64 - 1) * CHUNK as u64 };
         if c.len() as u64 != want {
