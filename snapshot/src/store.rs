@@ -320,6 +320,16 @@ impl CheckpointStore {
         self.write_encoded(2, identity, covered(partitions, digests), &pbytes, &ks, 0)
     }
 
+    /// Writes a format-4 checkpoint (images, no digest points), as the previous release did:
+    /// for the upgrade test only.
+    #[doc(hidden)]
+    pub fn write_format4_for_test(&self, identity: &LogIdentity, state: &Capture) -> Result<CheckpointMeta, StoreError> {
+        let pbytes = crate::codec::encode_partitions(&state.partitions);
+        let ks: Vec<EncodedKeyspace> =
+            state.keyspaces.iter().map(|k| (k.id.clone(), k.bytes.as_slice(), k.holder_blocks)).collect();
+        self.write_encoded(4, identity, covered(&state.partitions, &state.digests), &pbytes, &ks, 0)
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn write_encoded(
         &self,
