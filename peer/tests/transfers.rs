@@ -158,3 +158,94 @@ async fn a_peer_that_sends_more_than_the_cap_is_refused() {
     let e = small.fetch_export(&s.addr, &[]).await.expect_err("over the cap");
     assert!(matches!(e, prefixlog_peer::FetchError::TooLarge { .. }), "{e}");
 }
+
+/// Peak resident memory (VmHWM, KiB) since the last reset.
+fn peak_kib() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap();
+    s.lines().find_map(|l| l.strip_prefix("VmHWM:")).unwrap().trim().trim_end_matches(" kB").trim().parse().unwrap()
+}
+
+/// Resets VmHWM to the current resident size (Linux: `echo 5 > /proc/self/clear_refs`).
+fn reset_peak() -> u64 {
+    std::fs::write("/proc/self/clear_refs", "5").unwrap();
+    peak_kib()
+}
+
+/// The measurement behind the README's numbers (run alone: `cargo test -p prefixlog-peer --test
+/// transfers -- --ignored --nocapture`): peak memory of 4 concurrent transfers of a ~100 MiB
+/// checkpoint, streamed, against building each export in memory first (what `FetchCheckpoint`
+/// did before: load, export, copy into chunks).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn measure_transfer_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(CheckpointStore::open(&dir.path().join("checkpoints")).unwrap());
+    let mut a = Applier::new(P, StateSettings::default());
+    let ks = KeyspaceId::new("m", 16, 1);
+    for w in 0..64u64 {
+        for r in 0..64u64 {
+            let blocks: Vec<(u64, u64)> = (0..1000).map(|j| (w << 40 | r << 20 | j, w << 32 | r << 16 | j)).collect();
+            let parent = (r > 0).then(|| w << 40 | (r - 1) << 20 | 999);
+            let v = encode_kv_events(&ks, w, 0, 1, r + 1, false, &[KvOp::Stored { lane: 0, parent_ext: parent, blocks }]);
+            let p = prefixlog_engine::partition_of(w, P);
+            let off = a.partition(p).next_offset;
+            a.apply(p, off, 1_000, Some(&v)).unwrap();
+        }
+    }
+    let applier = Arc::new(Mutex::new(a));
+    let (meta, _) = checkpoint(&applier, &store, &identity()).unwrap();
+    let mib = meta.keyspaces.iter().map(|k| k.bytes).sum::<u64>() as f64 / (1 << 20) as f64;
+    drop(applier);
+    let svc = PeerService::new(
+        Arc::new(Mutex::new(Applier::new(P, StateSettings::default()))),
+        Some(store.clone()),
+        "a".into(),
+        identity(),
+        ServeLimits { checkpoint_transfers: 4, ..ServeLimits::default() },
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        tonic::transport::Server::builder().add_service(svc.into_server()).serve_with_incoming(incoming).await.unwrap();
+    });
+    let base = reset_peak();
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let addr = addr.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut c = PeerClient::default().connect(&addr).await.unwrap();
+            let mut s = c.fetch_checkpoint(pb::FetchCheckpointRequest { partitions: vec![] }).await.unwrap().into_inner();
+            let mut n = 0usize;
+            while let Some(m) = s.message().await.unwrap() {
+                n += m.data.len();
+            }
+            n
+        }));
+    }
+    for t in tasks {
+        assert!(t.await.unwrap() > 0);
+    }
+    let streamed = peak_kib() - base;
+    let base = reset_peak();
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                let data = export_partitions(&store, meta.id, &[]).unwrap();
+                let chunks: Vec<Vec<u8>> = data.chunks(1 << 20).map(<[u8]>::to_vec).collect();
+                chunks.len()
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let built = peak_kib() - base;
+    eprintln!(
+        "[transfers] 4 concurrent transfers of a {mib:.0} MiB checkpoint: peak memory +{:.0} MiB streamed, \
+         +{:.0} MiB built in memory first (the previous FetchCheckpoint)",
+        streamed as f64 / 1024.0,
+        built as f64 / 1024.0
+    );
+}
