@@ -141,12 +141,14 @@ impl Keyspace {
             let sorted = prev.is_none_or(|p| p.key < holder.key);
             ensure(sorted, || member("members not in strictly increasing holder key order"))?;
             prev = Some(holder);
-            let rec = holder.records.binary_search_by_key(&m.stamp, |x| x.stamp).ok().map(|i| holder.records[i]);
+            let rec =
+                holder.records.binary_search_by_key(&m.stamp, |x| x.stamp).ok().map(|i| holder.records[i]);
             let Some(rec) = rec else { return Err(member("no record of the holder has the member's stamp")) };
             ensure(rec.leaf < trie.blocks.top(), || member("the stamping record's leaf is out of range"))?;
             trie.window(rec.leaf, rec.len, &mut window);
             work += window.len() as u64;
-            let covered = window.iter().any(|&(wr, first, count)| wr == r && first == run.start && count == run.len);
+            let covered =
+                window.iter().any(|&(wr, first, count)| wr == r && first == run.start && count == run.len);
             ensure(covered, || member("the record with the member's stamp does not cover the run"))?;
         }
         Ok(work + run.members.len() as u64)
@@ -160,7 +162,11 @@ impl Keyspace {
         let synced = (card.key, card.blocks, card.fed, card.gapped) == (h.key, h.blocks, h.fed, h.gapped);
         ensure(synced, || InvariantError::HolderIndex { slot, what: "card differs from the holder" })?;
         let expected = partition_of(h.key.worker, self.cfg.partitions);
-        ensure(h.group == expected, || InvariantError::HolderPartition { holder: h.key, group: h.group, expected })?;
+        ensure(h.group == expected, || InvariantError::HolderPartition {
+            holder: h.key,
+            group: h.group,
+            expected,
+        })?;
         // Counts the blocks of the runs the records stamped, and checks the windows.
         self.check_records(slot, h)?;
         self.check_overrides(slot, h)?;
@@ -175,7 +181,11 @@ impl Keyspace {
                 }
             }
         }
-        ensure(digest == h.digest, || InvariantError::HolderDigest { holder: h.key, stored: h.digest, recomputed: digest })?;
+        ensure(digest == h.digest, || InvariantError::HolderDigest {
+            holder: h.key,
+            stored: h.digest,
+            recomputed: digest,
+        })?;
         Ok(work)
     }
 
@@ -196,9 +206,12 @@ impl Keyspace {
                 v.retain(|&p| p < n.max(1));
                 v
             }
-            InvariantError::HolderIndex { slot: holder, .. } | InvariantError::Member { holder, .. } => {
-                self.holders.slots.get(*holder as usize).and_then(Option::as_ref).map_or_else(Vec::new, |h| of_key(&h.key))
-            }
+            InvariantError::HolderIndex { slot: holder, .. } | InvariantError::Member { holder, .. } => self
+                .holders
+                .slots
+                .get(*holder as usize)
+                .and_then(Option::as_ref)
+                .map_or_else(Vec::new, |h| of_key(&h.key)),
             InvariantError::Aggregate { what, .. } => what
                 .strip_prefix("partition ")
                 .and_then(|s| s.strip_suffix(" digest"))

@@ -21,7 +21,8 @@ fn cfg() -> EngineConfig {
 /// members and windows cross several runs), and one chain of its own.
 fn fill(k: &mut Keyspace, workers: u64, chains: u64, len: u64) {
     for w in 0..workers {
-        let own: Vec<(u64, u64)> = (0..4).map(|j| (w << 40 | 0xffff << 16 | j, 500_000 + w * 10 + j)).collect();
+        let own: Vec<(u64, u64)> =
+            (0..4).map(|j| (w << 40 | 0xffff << 16 | j, 500_000 + w * 10 + j)).collect();
         k.store(HolderKey::new(w, 0, 0), None, &own, 0).unwrap();
     }
     for c in 0..chains {
@@ -29,7 +30,11 @@ fn fill(k: &mut Keyspace, workers: u64, chains: u64, len: u64) {
             let shared = c % 7;
             let blocks: Vec<(u64, u64)> = (0..len)
                 .map(|j| {
-                    let local = if j < 3 { 1 + shared * 10 + j } else { 1_000_000 * (w % (workers / 2).max(1)) + c * 1_000 + j };
+                    let local = if j < 3 {
+                        1 + shared * 10 + j
+                    } else {
+                        1_000_000 * (w % (workers / 2).max(1)) + c * 1_000 + j
+                    };
                     (w << 40 | c << 16 | j, local)
                 })
                 .collect();
@@ -58,7 +63,10 @@ fn pass(k: &Keyspace, budget: u64) -> (Result<(), prefixlog_engine::ScrubFinding
 
 #[test]
 fn a_membership_no_write_made_is_found_named_and_repaired() {
-    let (mut good, mut bad) = (Keyspace::new(KeyspaceId::new("m", 16, 1), cfg()), Keyspace::new(KeyspaceId::new("m", 16, 1), cfg()));
+    let (mut good, mut bad) = (
+        Keyspace::new(KeyspaceId::new("m", 16, 1), cfg()),
+        Keyspace::new(KeyspaceId::new("m", 16, 1), cfg()),
+    );
     fill(&mut good, 9, 30, 12);
     fill(&mut bad, 9, 30, 12);
     for budget in [50, 1 << 30] {
@@ -69,9 +77,15 @@ fn a_membership_no_write_made_is_found_named_and_repaired() {
     let chain = bad.corrupt_membership_for_test(&victim).expect("a top-level run the victim does not hold");
     // Every digest still agrees — anti-entropy cannot see it — but queries overcount.
     assert_eq!(bad.digest(), good.digest());
-    assert_eq!((0..P).map(|p| bad.partition_digest(p)).collect::<Vec<_>>(), (0..P).map(|p| good.partition_digest(p)).collect::<Vec<_>>());
+    assert_eq!(
+        (0..P).map(|p| bad.partition_digest(p)).collect::<Vec<_>>(),
+        (0..P).map(|p| good.partition_digest(p)).collect::<Vec<_>>()
+    );
     let depth = |k: &Keyspace| {
-        k.match_chain(&chain, &MatchOptions::default()).iter().find(|m| m.holder == victim).map_or(0, |m| m.depth)
+        k.match_chain(&chain, &MatchOptions::default())
+            .iter()
+            .find(|m| m.holder == victim)
+            .map_or(0, |m| m.depth)
     };
     assert_eq!(depth(&good), 0);
     assert!(depth(&bad) > 0, "the corruption credits the victim with blocks it never stored");

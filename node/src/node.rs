@@ -56,7 +56,8 @@ impl ReplicaNode {
     /// Starts a replica of `spec`'s owned partitions. Refuses to start when it cannot prove
     /// its state (see [`crate::startup`]).
     pub async fn start(spec: LogSpec, opts: NodeOptions) -> Result<Self, NodeError> {
-        let Prepared { applier, identity, store, source, covered, opened, .. } = prepare(&spec, &opts).await?;
+        let Prepared { applier, identity, store, source, covered, opened, .. } =
+            prepare(&spec, &opts).await?;
         let registry =
             Registry::new_custom(None, Some([("shard".to_string(), spec.shard.to_string())].into()))?;
         register_process_metrics(&registry);

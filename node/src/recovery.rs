@@ -9,11 +9,11 @@
 use crate::error::NodeError;
 use prefixlog_ingest::continuity::{check_marks, check_offsets, OffsetProblem};
 use prefixlog_ingest::{probe_log, Applier, LogIdentity, LogProbe, LogSpec, Replica};
+use prefixlog_peer::PeerClient;
 use prefixlog_snapshot::restore_for;
 use prometheus::IntCounterVec;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use prefixlog_peer::PeerClient;
 use std::time::{Duration, Instant};
 
 /// How long reading back the records a state's fingerprints name may take.

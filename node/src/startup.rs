@@ -116,8 +116,8 @@ fn open_store(opts: &NodeOptions) -> Result<Option<(Arc<CheckpointStore>, Opened
     let Some(dir) = &opts.data_dir else { return Ok(None) };
     std::fs::create_dir_all(dir).map_err(|e| NodeError::DataDir { dir: dir.clone(), source: e })?;
     let path = dir.join("checkpoints");
-    let (store, opened) =
-        CheckpointStore::open_for_replica(&path).map_err(|e| NodeError::Store { dir: dir.clone(), source: e })?;
+    let (store, opened) = CheckpointStore::open_for_replica(&path)
+        .map_err(|e| NodeError::Store { dir: dir.clone(), source: e })?;
     match &opened {
         Opened::Normally => {}
         Opened::ReadOnly { why } => tracing::error!(

@@ -284,7 +284,8 @@ impl AntiEntropy {
     ) {
         self.stats.mismatches.with_label_values(&[&p.to_string()]).inc();
         let lead = crate::holders::differing_holders(client, &self.replica, &self.ctx.identity, p);
-        let differing = self.client.deadline(peer, "asking for holder digests", lead).await.unwrap_or_default();
+        let differing =
+            self.client.deadline(peer, "asking for holder digests", lead).await.unwrap_or_default();
         tracing::error!(
             %peer, partition = p, offset = off, last_agreed = ?agreed, holders = ?differing,
             "anti-entropy: digest mismatch (a bug or corruption); self-checking this replica"

@@ -41,18 +41,30 @@ impl PeerClient {
         let rpc = |status| FetchError::Rpc { peer: peer.into(), status };
         let req = pb::FetchCheckpointRequest { partitions: partitions.to_vec() };
         let call = client.fetch_checkpoint(req);
-        let mut stream = self.deadline(peer, "starting a checkpoint transfer", call).await?.map_err(rpc)?.into_inner();
+        let mut stream =
+            self.deadline(peer, "starting a checkpoint transfer", call).await?.map_err(rpc)?.into_inner();
         let corrupt = |what: String| FetchError::Corrupt { peer: peer.into(), what };
         let (mut data, mut whole) = (Vec::new(), Xxh3::new());
         loop {
             let next = tokio::time::timeout(self.stall_timeout, stream.message()).await.map_err(|_| {
-                FetchError::Timeout { peer: peer.into(), what: "waiting for a checkpoint chunk", after: self.stall_timeout }
+                FetchError::Timeout {
+                    peer: peer.into(),
+                    what: "waiting for a checkpoint chunk",
+                    after: self.stall_timeout,
+                }
             })?;
             let Some(c) = next.map_err(rpc)? else {
-                return Err(corrupt(format!("stream ended after {} bytes without its last chunk", data.len())));
+                return Err(corrupt(format!(
+                    "stream ended after {} bytes without its last chunk",
+                    data.len()
+                )));
             };
             if c.total_bytes > self.max_checkpoint_bytes {
-                return Err(FetchError::TooLarge { peer: peer.into(), bytes: c.total_bytes, max: self.max_checkpoint_bytes });
+                return Err(FetchError::TooLarge {
+                    peer: peer.into(),
+                    bytes: c.total_bytes,
+                    max: self.max_checkpoint_bytes,
+                });
             }
             if xxhash_rust::xxh3::xxh3_64(&c.data) != c.chunk_checksum {
                 return Err(corrupt(format!("chunk at byte {} fails its checksum", data.len())));
@@ -73,9 +85,15 @@ impl PeerClient {
 
     /// Fetches the peer's newest checkpoint of `need` partitions, verified and checked against
     /// the one compatibility rule for a replica of `ours`.
-    pub async fn fetch_checkpoint(&self, peer: &str, ours: &LogIdentity, need: &[u32]) -> Result<Loaded, FetchError> {
+    pub async fn fetch_checkpoint(
+        &self,
+        peer: &str,
+        ours: &LogIdentity,
+        need: &[u32],
+    ) -> Result<Loaded, FetchError> {
         let data = self.fetch_export(peer, need).await?;
-        let loaded = decode_export(&data).map_err(|source| FetchError::Store { peer: peer.into(), source })?;
+        let loaded =
+            decode_export(&data).map_err(|source| FetchError::Store { peer: peer.into(), source })?;
         check_compatible(ours, &loaded.meta.identity, need)
             .map_err(|why| FetchError::Incompatible { peer: peer.into(), why })?;
         Ok(loaded)
@@ -90,7 +108,8 @@ impl PeerClient {
         store: &CheckpointStore,
     ) -> Result<CheckpointMeta, FetchError> {
         let data = self.fetch_export(peer, need).await?;
-        let loaded = decode_export(&data).map_err(|source| FetchError::Store { peer: peer.into(), source })?;
+        let loaded =
+            decode_export(&data).map_err(|source| FetchError::Store { peer: peer.into(), source })?;
         check_compatible(ours, &loaded.meta.identity, need)
             .map_err(|why| FetchError::Incompatible { peer: peer.into(), why })?;
         store.import(&data).map_err(|source| FetchError::Store { peer: peer.into(), source })

@@ -57,7 +57,8 @@ impl PeerClient {
     /// the call deadline.
     pub async fn connect(&self, peer: &str) -> Result<ReplicaPeerClient<Channel>, FetchError> {
         let bad = |source| FetchError::Connect { peer: peer.into(), source };
-        let mut endpoint = tonic::transport::Endpoint::from_shared(url(peer, self.tls.is_some())).map_err(bad)?;
+        let mut endpoint =
+            tonic::transport::Endpoint::from_shared(url(peer, self.tls.is_some())).map_err(bad)?;
         if let Some(t) = &self.tls {
             endpoint = endpoint.tls_config(t.clone()).map_err(bad)?;
         }
@@ -67,9 +68,16 @@ impl PeerClient {
     }
 
     /// `call` within the call deadline.
-    pub async fn deadline<T>(&self, peer: &str, what: &'static str, call: impl Future<Output = T>) -> Result<T, FetchError> {
-        tokio::time::timeout(self.call_timeout, call)
-            .await
-            .map_err(|_| FetchError::Timeout { peer: peer.into(), what, after: self.call_timeout })
+    pub async fn deadline<T>(
+        &self,
+        peer: &str,
+        what: &'static str,
+        call: impl Future<Output = T>,
+    ) -> Result<T, FetchError> {
+        tokio::time::timeout(self.call_timeout, call).await.map_err(|_| FetchError::Timeout {
+            peer: peer.into(),
+            what,
+            after: self.call_timeout,
+        })
     }
 }

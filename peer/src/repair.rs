@@ -197,7 +197,11 @@ pub async fn check_and_repair(
 /// local checkpoint whose rebuilt partition passes the same checks and reproduces the digest
 /// the checkpoint recorded for it (an older one when a newer carries the damage), else the log
 /// start.
-pub async fn rebuild_and_swap(ctx: &RepairContext, replica: &Replica, p: u32) -> Result<RepairOutcome, RepairError> {
+pub async fn rebuild_and_swap(
+    ctx: &RepairContext,
+    replica: &Replica,
+    p: u32,
+) -> Result<RepairOutcome, RepairError> {
     let Some(_repairing) = ctx.gate.enter(p) else { return Ok(RepairOutcome::AlreadyRunning) };
     let upto = live_offset(replica.applier(), p);
     let ctx2 = ctx.clone();
@@ -217,7 +221,8 @@ fn sound_base(ctx: &RepairContext, p: u32, upto: i64) -> Result<(Applier, Option
             if check_compatible(&ctx.identity, &m.identity, &[p]).is_err() || m.offsets[p as usize] > upto {
                 continue;
             }
-            let rebuilt = store.load(id).map_err(RestoreError::from).and_then(|l| restore(&l)).map(|a| a.extract(&[p]));
+            let rebuilt =
+                store.load(id).map_err(RestoreError::from).and_then(|l| restore(&l)).map(|a| a.extract(&[p]));
             match rebuilt.map(|a| (consistent(&a).err(), a)) {
                 Ok((None, a)) if m.digests.get(p as usize).is_none_or(|&d| d == a.partition_digest(p)) => {
                     return Ok((a, Some(id)))
@@ -228,7 +233,9 @@ fn sound_base(ctx: &RepairContext, p: u32, upto: i64) -> Result<(Applier, Option
                     why = why.as_deref().unwrap_or("its rebuilt digest is not the one it recorded"),
                     "repair: this checkpoint carries the damage; trying an older one"
                 ),
-                Err(e) => tracing::warn!(checkpoint = id, partition = p, error = %e, "repair: checkpoint unusable"),
+                Err(e) => {
+                    tracing::warn!(checkpoint = id, partition = p, error = %e, "repair: checkpoint unusable")
+                }
             }
         }
     }

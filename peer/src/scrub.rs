@@ -14,7 +14,7 @@
 
 use crate::repair::{rebuild_and_swap, RepairContext, RepairOutcome};
 use parking_lot::Mutex;
-use prefixlog_engine::{KeyspaceId, ScrubCursor, ScrubFinding};
+use prefixlog_engine::{Engine, KeyspaceId, ScrubCursor, ScrubFinding, ScrubStep};
 use prefixlog_ingest::Replica;
 use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 use std::sync::Arc;
@@ -168,49 +168,24 @@ impl Scrubber {
     /// One step: the next `budget` units of the current keyspace (off the async workers),
     /// then a repair if it found something.
     pub async fn step(&self) -> ScrubReport {
-        let (engine, owned) = (self.replica.applier().lock().engine().clone(), self.ctx.identity.owned.clone());
-        let (id, mut cursor) = {
+        let engine = self.replica.applier().lock().engine().clone();
+        let at = {
             let at = self.at.lock();
-            (at.keyspace.clone(), at.cursor)
+            Rotation { keyspace: at.keyspace.clone(), cursor: at.cursor }
         };
         let budget = self.budget;
-        let stepped = tokio::task::spawn_blocking(move || {
-            let ids = engine.keyspace_ids();
-            // The current keyspace, or the next one in id order (wrapping) when it is gone.
-            let Some(id) = id.filter(|i| ids.contains(i)).or_else(|| ids.first().cloned()) else {
-                return None;
-            };
-            let cell = engine.keyspace(&id)?;
-            let t = Instant::now();
-            let result = {
-                // With two copies, both are stepped from the same cursor (their layouts are
-                // identical: the same writes in the same order).
-                let (copies, start) = (cell.copies(), cursor);
-                let mut result = Ok(Default::default());
-                for copy in &copies {
-                    let mut c = start;
-                    result = copy.scrub_step(&mut c, budget);
-                    if result.is_err() {
-                        break;
-                    }
-                    cursor = c;
-                }
-                result
-            };
-            let hold = t.elapsed();
-            let next = ids.iter().position(|i| *i == id).map(|i| ids.get(i + 1).cloned());
-            Some((id, cursor, result, hold, next.flatten(), ids.len()))
-        })
-        .await;
-        let Ok(Some((id, cursor, result, hold, next, _))) = stepped else {
-            if let Err(e) = stepped {
+        let stepped = match tokio::task::spawn_blocking(move || step_blocking(&engine, at, budget)).await {
+            Ok(Some(s)) => s,
+            Ok(None) => return ScrubReport { pass_done: true, ..Default::default() },
+            Err(e) => {
                 tracing::error!(error = %e, "scrub step failed (a bug); the next step goes on");
+                return ScrubReport::default();
             }
-            return ScrubReport { pass_done: true, ..Default::default() };
         };
-        self.stats.hold.observe(hold.as_secs_f64());
+        self.stats.hold.observe(stepped.hold.as_secs_f64());
         let mut report = ScrubReport::default();
-        match result {
+        let (id, next) = (stepped.keyspace, stepped.next);
+        match stepped.result {
             Ok(step) => {
                 self.stats.work.inc_by(step.work);
                 report.work = step.work;
@@ -220,11 +195,16 @@ impl Scrubber {
                     report.pass_done = next.is_none();
                     *at = Rotation { keyspace: next, cursor: ScrubCursor::default() };
                 } else {
-                    *at = Rotation { keyspace: Some(id), cursor };
+                    *at = Rotation { keyspace: Some(id), cursor: stepped.cursor };
                 }
             }
             Err(finding) => {
-                report.repaired = self.on_finding(&id, &finding, &owned).await;
+                report.repaired = self.on_finding(&id, &finding).await;
+                if report.repaired.is_empty() {
+                    // Not repaired: the next pass finds it again and retries, not every step.
+                    report.pass_done = next.is_none();
+                    *self.at.lock() = Rotation { keyspace: next, cursor: ScrubCursor::default() };
+                }
                 report.finding = Some((id, finding));
             }
         }
@@ -236,7 +216,8 @@ impl Scrubber {
     }
 
     /// Counts, logs and repairs a finding; returns the partitions repaired.
-    async fn on_finding(&self, id: &KeyspaceId, f: &ScrubFinding, owned: &[u32]) -> Vec<u32> {
+    async fn on_finding(&self, id: &KeyspaceId, f: &ScrubFinding) -> Vec<u32> {
+        let owned = &self.ctx.identity.owned;
         let labels: Vec<String> = if f.partitions.is_empty() {
             vec!["unknown".into()]
         } else {
@@ -256,7 +237,12 @@ impl Scrubber {
             let outcome = rebuild_and_swap(&self.ctx, &self.replica, p).await;
             let label = match &outcome {
                 Ok(RepairOutcome::Repaired { from_checkpoint, swapped_at }) => {
-                    tracing::warn!(partition = p, ?from_checkpoint, swapped_at, "scrub: partition rebuilt and swapped in");
+                    tracing::warn!(
+                        partition = p,
+                        ?from_checkpoint,
+                        swapped_at,
+                        "scrub: partition rebuilt and swapped in"
+                    );
                     repaired.push(p);
                     "repaired"
                 }
@@ -274,7 +260,8 @@ impl Scrubber {
     /// The owned partitions a finding names, or one owned partition with holders in the
     /// keyspace when it names none.
     fn repair_targets(&self, id: &KeyspaceId, f: &ScrubFinding, owned: &[u32]) -> Vec<u32> {
-        let named: Vec<u32> = f.partitions.iter().copied().filter(|p| owned.binary_search(p).is_ok()).collect();
+        let named: Vec<u32> =
+            f.partitions.iter().copied().filter(|p| owned.binary_search(p).is_ok()).collect();
         if !named.is_empty() {
             return named;
         }
@@ -285,6 +272,43 @@ impl Scrubber {
         });
         with_holders.or_else(|| owned.first().copied()).into_iter().collect()
     }
+}
+
+/// What one step on the blocking pool saw.
+struct Stepped {
+    keyspace: KeyspaceId,
+    cursor: ScrubCursor,
+    result: Result<ScrubStep, ScrubFinding>,
+    /// How long the keyspace's read lock(s) were held.
+    hold: Duration,
+    /// The keyspace after this one in id order (None: this is the last).
+    next: Option<KeyspaceId>,
+}
+
+/// Steps the rotation's keyspace (or, when it is gone, the first one) from its cursor. With
+/// two copies both are stepped from the same cursor: their layouts are identical (the same
+/// writes in the same order). None: there are no keyspaces.
+fn step_blocking(engine: &Engine, at: Rotation, budget: u64) -> Option<Stepped> {
+    let ids = engine.keyspace_ids();
+    let (keyspace, start) = match at.keyspace.filter(|k| ids.contains(k)) {
+        Some(k) => (k, at.cursor),
+        None => (ids.first()?.clone(), ScrubCursor::default()),
+    };
+    let mut cursor = start;
+    let cell = engine.keyspace(&keyspace)?;
+    let t = Instant::now();
+    let mut result = Ok(ScrubStep::default());
+    for copy in &cell.copies() {
+        let mut c = start;
+        result = copy.scrub_step(&mut c, budget);
+        if result.is_err() {
+            break;
+        }
+        cursor = c;
+    }
+    let hold = t.elapsed();
+    let next = ids.iter().position(|k| *k == keyspace).and_then(|i| ids.get(i + 1)).cloned();
+    Some(Stepped { keyspace, cursor, result, hold, next })
 }
 
 fn now_s() -> i64 {

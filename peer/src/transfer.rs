@@ -85,7 +85,10 @@ impl Transfers {
             match streamed {
                 Ok(Streamed::Complete { .. }) => sink.finish(),
                 Ok(Streamed::Stopped) => {
-                    tracing::info!(checkpoint = id, "checkpoint transfer ended early: the receiver left or stalled")
+                    tracing::info!(
+                        checkpoint = id,
+                        "checkpoint transfer ended early: the receiver left or stalled"
+                    )
                 }
                 Err(status) => {
                     tracing::error!(checkpoint = id, error = %status.message(), "checkpoint transfer failed");
@@ -112,7 +115,16 @@ struct ChunkSink {
 
 impl ChunkSink {
     fn new(tx: mpsc::Sender<Chunk>, rt: tokio::runtime::Handle, stall: Duration) -> Self {
-        Self { tx, rt, stall, id: 0, total: 0, sent: 0, buf: Vec::with_capacity(MESSAGE_BYTES), whole: Xxh3::new() }
+        Self {
+            tx,
+            rt,
+            stall,
+            id: 0,
+            total: 0,
+            sent: 0,
+            buf: Vec::with_capacity(MESSAGE_BYTES),
+            whole: Xxh3::new(),
+        }
     }
 
     /// Sends one message, waiting at most the stall timeout for room. False: the receiver is
@@ -150,7 +162,8 @@ impl ChunkSink {
     fn finish(mut self) {
         let rest = std::mem::take(&mut self.buf);
         if self.sent + rest.len() as u64 != self.total {
-            let what = format!("export of {} bytes announced as {}", self.sent + rest.len() as u64, self.total);
+            let what =
+                format!("export of {} bytes announced as {}", self.sent + rest.len() as u64, self.total);
             return self.fail(Status::internal(what));
         }
         let m = self.message(rest, true);

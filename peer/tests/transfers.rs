@@ -32,9 +32,18 @@ fn state() -> Applier {
     let ks = KeyspaceId::new("m", 16, 1);
     for w in 0..64u64 {
         for r in 0..4u64 {
-            let blocks: Vec<(u64, u64)> = (0..1000).map(|j| (w << 40 | r << 20 | j, w << 32 | r << 16 | j)).collect();
+            let blocks: Vec<(u64, u64)> =
+                (0..1000).map(|j| (w << 40 | r << 20 | j, w << 32 | r << 16 | j)).collect();
             let parent = (r > 0).then(|| w << 40 | (r - 1) << 20 | 999);
-            let v = encode_kv_events(&ks, w, 0, 1, r + 1, false, &[KvOp::Stored { lane: 0, parent_ext: parent, blocks }]);
+            let v = encode_kv_events(
+                &ks,
+                w,
+                0,
+                1,
+                r + 1,
+                false,
+                &[KvOp::Stored { lane: 0, parent_ext: parent, blocks }],
+            );
             let p = prefixlog_engine::partition_of(w, P);
             let off = a.partition(p).next_offset;
             a.apply(p, off, 1_000 + r, Some(&v)).unwrap();
@@ -104,7 +113,8 @@ async fn transfers_over_the_limit_are_refused_and_a_stalled_receiver_frees_its_s
     let client = PeerClient::default();
     // A receiver that takes one message and then stops reading.
     let mut raw = client.connect(&s.addr).await.unwrap();
-    let mut held = raw.fetch_checkpoint(pb::FetchCheckpointRequest { partitions: vec![] }).await.unwrap().into_inner();
+    let mut held =
+        raw.fetch_checkpoint(pb::FetchCheckpointRequest { partitions: vec![] }).await.unwrap().into_inner();
     let first = held.message().await.unwrap().unwrap();
     assert!(!first.last && first.data.len() == 1 << 20, "1 MiB messages");
     let busy = client.fetch_export(&s.addr, &[]).await.expect_err("one transfer at a time");
@@ -135,7 +145,8 @@ async fn transfers_over_the_limit_are_refused_and_a_stalled_receiver_frees_its_s
     }
     assert!(cut, "the stalled transfer did not run to its end");
     // A receiver that leaves frees its slot at once (no stall timeout needed).
-    let mut left = raw.fetch_checkpoint(pb::FetchCheckpointRequest { partitions: vec![] }).await.unwrap().into_inner();
+    let mut left =
+        raw.fetch_checkpoint(pb::FetchCheckpointRequest { partitions: vec![] }).await.unwrap().into_inner();
     left.message().await.unwrap().unwrap();
     drop(left);
     drop(raw);
@@ -162,7 +173,14 @@ async fn a_peer_that_sends_more_than_the_cap_is_refused() {
 /// Peak resident memory (VmHWM, KiB) since the last reset.
 fn peak_kib() -> u64 {
     let s = std::fs::read_to_string("/proc/self/status").unwrap();
-    s.lines().find_map(|l| l.strip_prefix("VmHWM:")).unwrap().trim().trim_end_matches(" kB").trim().parse().unwrap()
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .unwrap()
+        .trim()
+        .trim_end_matches(" kB")
+        .trim()
+        .parse()
+        .unwrap()
 }
 
 /// Resets VmHWM to the current resident size (Linux: `echo 5 > /proc/self/clear_refs`).
@@ -184,9 +202,18 @@ async fn measure_transfer_memory() {
     let ks = KeyspaceId::new("m", 16, 1);
     for w in 0..64u64 {
         for r in 0..64u64 {
-            let blocks: Vec<(u64, u64)> = (0..1000).map(|j| (w << 40 | r << 20 | j, w << 32 | r << 16 | j)).collect();
+            let blocks: Vec<(u64, u64)> =
+                (0..1000).map(|j| (w << 40 | r << 20 | j, w << 32 | r << 16 | j)).collect();
             let parent = (r > 0).then(|| w << 40 | (r - 1) << 20 | 999);
-            let v = encode_kv_events(&ks, w, 0, 1, r + 1, false, &[KvOp::Stored { lane: 0, parent_ext: parent, blocks }]);
+            let v = encode_kv_events(
+                &ks,
+                w,
+                0,
+                1,
+                r + 1,
+                false,
+                &[KvOp::Stored { lane: 0, parent_ext: parent, blocks }],
+            );
             let p = prefixlog_engine::partition_of(w, P);
             let off = a.partition(p).next_offset;
             a.apply(p, off, 1_000, Some(&v)).unwrap();
@@ -207,7 +234,11 @@ async fn measure_transfer_memory() {
     let addr = listener.local_addr().unwrap().to_string();
     tokio::spawn(async move {
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-        tonic::transport::Server::builder().add_service(svc.into_server()).serve_with_incoming(incoming).await.unwrap();
+        tonic::transport::Server::builder()
+            .add_service(svc.into_server())
+            .serve_with_incoming(incoming)
+            .await
+            .unwrap();
     });
     let base = reset_peak();
     let mut tasks = Vec::new();
@@ -215,7 +246,11 @@ async fn measure_transfer_memory() {
         let addr = addr.clone();
         tasks.push(tokio::spawn(async move {
             let mut c = PeerClient::default().connect(&addr).await.unwrap();
-            let mut s = c.fetch_checkpoint(pb::FetchCheckpointRequest { partitions: vec![] }).await.unwrap().into_inner();
+            let mut s = c
+                .fetch_checkpoint(pb::FetchCheckpointRequest { partitions: vec![] })
+                .await
+                .unwrap()
+                .into_inner();
             let mut n = 0usize;
             while let Some(m) = s.message().await.unwrap() {
                 n += m.data.len();

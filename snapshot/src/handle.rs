@@ -52,13 +52,20 @@ fn classify_message(m: &str) -> Failure {
 pub enum Opened {
     Normally,
     /// The disk is full: opened read-only, so checkpoints restore; writes reopen it first.
-    ReadOnly { why: String },
+    ReadOnly {
+        why: String,
+    },
     /// Not even a read-only open worked (a full disk): no checkpoints to restore; writes try
     /// to open it again.
-    Unavailable { why: String },
+    Unavailable {
+        why: String,
+    },
     /// The directory was damaged: moved to `moved_to` (kept for forensics), and a fresh store
     /// created in its place.
-    Quarantined { moved_to: PathBuf, why: String },
+    Quarantined {
+        moved_to: PathBuf,
+        why: String,
+    },
 }
 
 /// What the handle allows now.
@@ -66,7 +73,9 @@ pub enum Opened {
 pub(crate) enum Mode {
     ReadWrite,
     /// Read-only or unusable until a reopen succeeds (a failed write, a full disk at start).
-    Reopen { why: String },
+    Reopen {
+        why: String,
+    },
     /// A reader beside a live primary: never written, never reopened.
     Secondary,
 }
@@ -110,9 +119,7 @@ pub(crate) fn open_or_read_only(path: &Path) -> Result<Handle, (rocksdb::Error, 
 
 /// Moves a damaged store directory aside (same parent, `NAME.damaged-UNIXSECONDS[-N]`).
 pub(crate) fn move_aside(path: &Path) -> std::io::Result<PathBuf> {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let name = path.file_name().map_or_else(|| "checkpoints".into(), |n| n.to_string_lossy().into_owned());
     for n in 0u32.. {
         let suffix = if n == 0 { String::new() } else { format!("-{n}") };
@@ -139,7 +146,8 @@ mod tests {
             .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("OPTIONS-"))
             .unwrap();
         let text = std::fs::read_to_string(file).unwrap();
-        for want in ["allow_fallocate=false", "compression=kNoCompression", "target_file_size_base=67108864"] {
+        for want in ["allow_fallocate=false", "compression=kNoCompression", "target_file_size_base=67108864"]
+        {
             assert!(text.contains(want), "{want} missing from the store's OPTIONS file");
         }
     }

@@ -44,7 +44,7 @@ pub use error::{Damage, Part, StoreError};
 pub use export::{
     decode_export, encode_export, KeyspaceImage, Loaded, LoadedKeyspace, StoredKeyspace, VerifiedImage,
 };
-pub use meta::{CheckpointMeta, KeyspaceEntry, FORMAT_VERSION, READABLE_FORMATS};
 pub use handle::Opened;
+pub use meta::{CheckpointMeta, KeyspaceEntry, FORMAT_VERSION, READABLE_FORMATS};
 pub use store::{CheckpointStore, Retention, StoreHealth};
 pub use stream::{ExportSink, Streamed};

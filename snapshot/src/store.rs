@@ -211,7 +211,7 @@ impl CheckpointStore {
             Ok(fresh) => *h = fresh,
             Err((e, Failure::Damaged)) if self.quarantine_on_damage => {
                 drop(h);
-                return self.quarantine(&e.to_string());
+                return self.quarantine(e.as_ref());
             }
             Err((e, _)) => {
                 h.mode = Mode::Reopen { why: e.to_string() };
@@ -224,7 +224,9 @@ impl CheckpointStore {
                 tracing::info!(path = %self.path.display(), "checkpoint store reopened; writable again");
                 Ok(())
             }
-            Mode::Reopen { why } => Err(StoreError::Unavailable { path: self.path.clone(), why: why.clone() }),
+            Mode::Reopen { why } => {
+                Err(StoreError::Unavailable { path: self.path.clone(), why: why.clone() })
+            }
             Mode::Secondary => unreachable!("reopened read-write or read-only"),
         }
     }
@@ -263,7 +265,7 @@ impl CheckpointStore {
     /// reopens it.
     fn write_failed(&self, e: &rocksdb::Error) {
         if classify(e) == Failure::Damaged && self.quarantine_on_damage {
-            if let Err(q) = self.quarantine(&e.to_string()) {
+            if let Err(q) = self.quarantine(e.as_ref()) {
                 tracing::error!(error = %q, "moving the damaged checkpoint store aside failed");
             }
             return;
@@ -323,7 +325,11 @@ impl CheckpointStore {
     /// Writes a format-4 checkpoint (images, no digest points), as the previous release did:
     /// for the upgrade test only.
     #[doc(hidden)]
-    pub fn write_format4_for_test(&self, identity: &LogIdentity, state: &Capture) -> Result<CheckpointMeta, StoreError> {
+    pub fn write_format4_for_test(
+        &self,
+        identity: &LogIdentity,
+        state: &Capture,
+    ) -> Result<CheckpointMeta, StoreError> {
         let pbytes = crate::codec::encode_partitions(&state.partitions);
         let ks: Vec<EncodedKeyspace> =
             state.keyspaces.iter().map(|k| (k.id.clone(), k.bytes.as_slice(), k.holder_blocks)).collect();

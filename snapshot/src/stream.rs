@@ -60,7 +60,8 @@ impl CheckpointStore {
             sent += piece.len() as u64;
             sink.write(piece)
         };
-        let header = [EXPORT_MAGIC, &(mb.len() as u64).to_le_bytes(), &mb, &meta.partitions_len.to_le_bytes()];
+        let header =
+            [EXPORT_MAGIC, &(mb.len() as u64).to_le_bytes(), &mb, &meta.partitions_len.to_le_bytes()];
         if !header.iter().all(|p| put(p)) || !put(&pbytes) {
             return Ok(Streamed::Stopped);
         }

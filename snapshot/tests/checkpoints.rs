@@ -405,9 +405,18 @@ fn a_streamed_export_is_the_export_in_bounded_pieces_and_stops_at_damage() {
     let ks = ks();
     for w in 0..48u64 {
         for r in 0..4u64 {
-            let blocks: Vec<(u64, u64)> = (0..1000).map(|j| (w << 40 | r << 20 | j, w << 32 | r << 16 | j)).collect();
+            let blocks: Vec<(u64, u64)> =
+                (0..1000).map(|j| (w << 40 | r << 20 | j, w << 32 | r << 16 | j)).collect();
             let parent = (r > 0).then(|| w << 40 | (r - 1) << 20 | 999);
-            let v = encode_kv_events(&ks, w, 0, 1, r + 1, false, &[KvOp::Stored { lane: 0, parent_ext: parent, blocks }]);
+            let v = encode_kv_events(
+                &ks,
+                w,
+                0,
+                1,
+                r + 1,
+                false,
+                &[KvOp::Stored { lane: 0, parent_ext: parent, blocks }],
+            );
             let p = partition_of(w, P);
             let off = a.partition(p).next_offset;
             a.apply(p, off, 1_000, Some(&v)).unwrap();

@@ -9,11 +9,11 @@
 //! digest agrees — found by the scrubber and repaired under ingest.
 
 use prefixlog_engine::{partition_of, HolderKey, KeyspaceId, MatchOptions};
-use prefixlog_proto::v1 as pb;
 use prefixlog_ingest::{
     token_of, Incompatible, KafkaConnection, KvOp, Landed, LogSpec, Publisher, StateSettings,
 };
 use prefixlog_node::{CheckpointPolicy, NodeOptions, ReplicaNode, StateSource};
+use prefixlog_proto::v1 as pb;
 use prefixlog_tests::{kafka_backends, unique_topic, KafkaBackend};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -402,7 +402,9 @@ async fn points_survive(backend: &KafkaBackend) {
     let peer_addr = a.peer_addr();
     let peers = vec![peer(&b)];
     a.kill().await;
-    let a2 = ReplicaNode::start(spec.clone(), NodeOptions { peer_addr, ..opts("a2", da.path(), peers) }).await.unwrap();
+    let a2 = ReplicaNode::start(spec.clone(), NodeOptions { peer_addr, ..opts("a2", da.path(), peers) })
+        .await
+        .unwrap();
     assert!(matches!(a2.source(), StateSource::LocalCheckpoint(_)), "{:?}", a2.source());
     caught_up(&[&a2], &tok).await;
     assert_eq!(points(&a2), before, "every point from before the restart, the checkpoint's and the tail's");
@@ -431,9 +433,14 @@ async fn scrub_repairs(backend: &KafkaBackend) {
     let addr = |p: u16| std::net::SocketAddr::from(([127, 0, 0, 1], p));
     // Scrub steps only when the test asks (the first interval tick steps once at start).
     let scrub = prefixlog_peer::ScrubOptions { interval: Duration::from_secs(3600), budget: 200 };
-    let a = NodeOptions { peer_addr: Some(addr(pa)), scrub, ..opts("a", da.path(), vec![addr(pb_).to_string()]) };
-    let b = NodeOptions { peer_addr: Some(addr(pb_)), scrub, ..opts("b", db.path(), vec![addr(pa).to_string()]) };
-    let (a, b) = (ReplicaNode::start(spec.clone(), a).await.unwrap(), ReplicaNode::start(spec.clone(), b).await.unwrap());
+    let a =
+        NodeOptions { peer_addr: Some(addr(pa)), scrub, ..opts("a", da.path(), vec![addr(pb_).to_string()]) };
+    let b =
+        NodeOptions { peer_addr: Some(addr(pb_)), scrub, ..opts("b", db.path(), vec![addr(pa).to_string()]) };
+    let (a, b) = (
+        ReplicaNode::start(spec.clone(), a).await.unwrap(),
+        ReplicaNode::start(spec.clone(), b).await.unwrap(),
+    );
     let mut seqs = vec![0u64; WORKERS as usize];
     let tok = publish_rounds(&publisher, 0..12, &mut seqs).await;
     caught_up(&[&a, &b], &tok).await;
@@ -444,14 +451,18 @@ async fn scrub_repairs(backend: &KafkaBackend) {
     // Fault: a membership no write made — b credits worker 3 with blocks it never stored.
     let victim = HolderKey::new(3, 0, 0);
     let q = partition_of(victim.worker, P);
-    let chain = b.engine().keyspace(&ks()).unwrap().write(|k| k.corrupt_membership_for_test(&victim)).unwrap();
+    let chain =
+        b.engine().keyspace(&ks()).unwrap().write(|k| k.corrupt_membership_for_test(&victim)).unwrap();
     let depth = |n: &ReplicaNode| {
         let m = n.engine().match_chain(&ks(), &chain, &MatchOptions::default()).unwrap();
         m.iter().find(|m| m.holder == victim).map_or(0, |m| m.depth)
     };
     assert!(depth(&b) > 0 && depth(&a) == 0, "an overcount on b");
     let r = b.anti_entropy_round().await.unwrap();
-    assert!(r.compared > 0 && r.mismatches.is_empty(), "every digest agrees: anti-entropy cannot see it: {r:?}");
+    assert!(
+        r.compared > 0 && r.mismatches.is_empty(),
+        "every digest agrees: anti-entropy cannot see it: {r:?}"
+    );
 
     // Records keep arriving while the scrubber finds and repairs it.
     let stop = Arc::new(AtomicBool::new(false));

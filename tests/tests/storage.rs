@@ -53,9 +53,12 @@ async fn publish(p: &Publisher, rounds: std::ops::Range<u64>, seqs: &mut [u64]) 
     for round in rounds {
         for w in 0..WORKERS {
             seqs[w as usize] += 1;
-            let blocks: Vec<(u64, u64)> = (0..8).map(|j| (w << 40 | round << 8 | j, 1 + j + round * 10)).collect();
+            let blocks: Vec<(u64, u64)> =
+                (0..8).map(|j| (w << 40 | round << 8 | j, 1 + j + round * 10)).collect();
             let ops = [KvOp::Stored { lane: 0, parent_ext: None, blocks }];
-            landed.push(p.publish_kv_events(&ks(), w, 0, 1, seqs[w as usize], false, &ops, None).await.unwrap());
+            landed.push(
+                p.publish_kv_events(&ks(), w, 0, 1, seqs[w as usize], false, &ops, None).await.unwrap(),
+            );
         }
     }
     token_of(&landed)
@@ -99,7 +102,11 @@ fn flip(file: &Path, at: impl Fn(usize) -> usize) {
 
 /// A replica with two checkpoints, killed (as a crash: nothing written at stop). Returns its
 /// digests when killed, the token of everything published, and the checkpoint ids.
-async fn two_checkpoints(spec: &LogSpec, dir: &Path, seqs: &mut [u64]) -> (Vec<(i64, u64)>, Vec<(u32, i64)>, [u64; 2]) {
+async fn two_checkpoints(
+    spec: &LogSpec,
+    dir: &Path,
+    seqs: &mut [u64],
+) -> (Vec<(i64, u64)>, Vec<(u32, i64)>, [u64; 2]) {
     let publisher = Publisher::new(spec).unwrap();
     let a = ReplicaNode::start(spec.clone(), opts("a", dir)).await.unwrap();
     let tok = publish(&publisher, 0..6, seqs).await;
@@ -115,7 +122,12 @@ async fn two_checkpoints(spec: &LogSpec, dir: &Path, seqs: &mut [u64]) -> (Vec<(
 
 /// Restarts on the damaged store, checks the state it ends with, and that a checkpoint and a
 /// second restart work (no crash loop).
-async fn restart_and_recover(spec: &LogSpec, o: NodeOptions, tok: &[(u32, i64)], before: &[(i64, u64)]) -> ReplicaNode {
+async fn restart_and_recover(
+    spec: &LogSpec,
+    o: NodeOptions,
+    tok: &[(u32, i64)],
+    before: &[(i64, u64)],
+) -> ReplicaNode {
     let b = ReplicaNode::start(spec.clone(), o.clone()).await.expect("starts on a damaged store");
     caught_up(&b, tok).await;
     ready(&b).await;
@@ -210,7 +222,10 @@ async fn damaged_metadata(backend: &KafkaBackend, case: &str) {
         None => assert_eq!(b.source(), &StateSource::LogStart, "{case}"),
     }
     let text = prometheus::TextEncoder::new().encode_to_string(&b.registry().gather()).unwrap();
-    assert!(text.contains("prefixlog_checkpoint_store_quarantined_total{shard=\"all\"} 1"), "{case}:\n{text}");
+    assert!(
+        text.contains("prefixlog_checkpoint_store_quarantined_total{shard=\"all\"} 1"),
+        "{case}:\n{text}"
+    );
     b.kill().await;
     o.bootstrap_from = None;
     restart_and_recover(&spec, o, &tok, &before).await.kill().await;
@@ -279,7 +294,10 @@ async fn a_full_data_disk_stops_checkpoints_not_the_replica_and_they_resume() {
     let tmpfs = match Tmpfs::mount(24) {
         Ok(t) => t,
         Err(why) => {
-            assert!(std::env::var("PREFIXLOG_REQUIRE_TMPFS").is_err(), "PREFIXLOG_REQUIRE_TMPFS is set: {why}");
+            assert!(
+                std::env::var("PREFIXLOG_REQUIRE_TMPFS").is_err(),
+                "PREFIXLOG_REQUIRE_TMPFS is set: {why}"
+            );
             eprintln!("[storage] full data disk: NOT RUN (a tmpfs cannot be mounted here: {why})");
             return;
         }

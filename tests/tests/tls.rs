@@ -184,7 +184,8 @@ async fn peer_port_over_mutual_tls() {
     // presents no certificate, or one signed by another CA; given to a replica's certificate.
     use prefixlog_peer::PeerClient;
     use tonic::transport::{Certificate, ClientTlsConfig, Identity};
-    let trusting = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem("ca.pem"))).domain_name("localhost");
+    let trusting =
+        ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem("ca.pem"))).domain_name("localhost");
     let foreign = trusting.clone().identity(Identity::from_pem(pem("other-peer.pem"), pem("other-peer.key")));
     for (who, tls) in [("no certificate", trusting), ("another CA's certificate", foreign)] {
         let e = PeerClient::with_tls(Some(tls)).fetch_export(&peer, &[]).await;
@@ -194,6 +195,10 @@ async fn peer_port_over_mutual_tls() {
     assert!(!whole.is_empty());
     // A replica without the certificate cannot bootstrap from the peer either.
     let dd = tempfile::tempdir().unwrap();
-    let od = NodeOptions { peer_tls: None, bootstrap_from: Some(format!("https://{peer}")), ..opts("d", dd.path()) };
+    let od = NodeOptions {
+        peer_tls: None,
+        bootstrap_from: Some(format!("https://{peer}")),
+        ..opts("d", dd.path())
+    };
     assert!(ReplicaNode::start(spec, od).await.is_err(), "no bootstrap without the peer certificate");
 }
