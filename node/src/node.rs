@@ -183,6 +183,8 @@ impl ReplicaNode {
             let (every, weak) = (self.opts.anti_entropy_interval, Arc::downgrade(&ae));
             self.tasks.push(tokio::spawn(async move {
                 let mut t = tokio::time::interval(every);
+                // A round that outlasts the interval (a repair) delays the next; no burst after.
+                t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 t.tick().await;
                 loop {
                     t.tick().await;
