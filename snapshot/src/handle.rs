@@ -96,6 +96,8 @@ pub(crate) fn options() -> Options {
     o.set_compression_type(rocksdb::DBCompressionType::None);
     // Checkpoint values are large and written once: keep write amplification low.
     o.set_target_file_size_base(64 << 20);
+    // Each open starts a new info log: reopens after failed writes must not pile them up.
+    o.set_keep_log_file_num(8);
     // No preallocation of WAL and MANIFEST files (tens of MiB): on a nearly full disk it only
     // makes writes fail sooner, and hands the space back unpredictably when the files go.
     // (The crate has no setter for it; the options string is RocksDB's own way.)
