@@ -19,8 +19,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::task::JoinHandle;
 
-/// A running replica: ingest, checkpoints, the peer service, anti-entropy, recovery of cut
-/// partitions, ticks, and the query and admin ports.
+/// A running replica: ingest, checkpoints, the peer service, anti-entropy, scrubbing, recovery
+/// of cut partitions, ticks, and the query and admin ports.
 pub struct ReplicaNode {
     spec: LogSpec,
     opts: NodeOptions,
