@@ -9,19 +9,23 @@
 //!   *justified* — the holder has an operation record with the member's stamp whose window
 //!   covers the run. A member no record justifies is a block credited that no write stored:
 //!   an overcount;
-//! - **holders**, a few at a time: each holder's block count and digest recomputed from the
-//!   membership of the runs its records cover (so, with the runs step, from the membership
-//!   lists alone), its records' order and windows, its overrides, its card and partition;
+//! - **holders**, a few records at a time (a large holder spans steps): each holder's block
+//!   count and digest recomputed from the membership of the runs its records cover (so, with
+//!   the runs step, from the membership lists alone), its records' order and windows, its
+//!   overrides, its card and partition;
 //! - **totals**: every partition's digest and the keyspace's recomputed from the holders.
 //!
 //! A keyspace no larger than the budget is checked whole instead: [`Keyspace::check_invariants`]
 //! in one step (which also covers the lookup tables and free lists, global passes a step of a
 //! large keyspace leaves out). Every step takes at most about `budget` units of work (blocks,
-//! members and window segments visited), plus the one run or holder it stopped in, so the read
-//! lock a step holds is bounded by the budget, not by the keyspace. Writes between steps may
-//! move what a cursor points at; a pass may then check something twice or miss something new,
-//! and the next pass covers it: a lasting inconsistency is always found. Each check is true of
-//! any state between two writes, so concurrent writes never make a consistent keyspace fail.
+//! members and window segments visited), plus the one run or record it stopped in, so the read
+//! lock a step holds is bounded by the budget, not by the keyspace or its largest holder.
+//!
+//! Writes between steps may move what a cursor points at; a pass may then check something
+//! twice or miss something new, and a later pass covers it. A holder written to while its check
+//! spans steps is skipped for that pass (its next write would undo the sums anyway), so a holder
+//! written during every pass's visit is the one thing a scrub may not reach. Each check is true
+//! of any state between two writes, so concurrent writes never make a consistent keyspace fail.
 
 use crate::holder::Holder;
 use crate::invariants::{ensure, InvariantError};
@@ -29,11 +33,32 @@ use crate::keyspace::Keyspace;
 use crate::partition::partition_of;
 use crate::trie::Segment;
 
-/// Where a scrub of one keyspace stands: a phase and the next run id or holder slot in it.
+/// Where a scrub of one keyspace stands: a phase, the next run id or holder slot in it, and
+/// how far into that holder's records.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ScrubCursor {
+    /// The keyspace instance the cursor is in (0: none yet); another one starts a new pass.
+    instance: u64,
     phase: Phase,
     next: u32,
+    holder: HolderProgress,
+}
+
+/// A holder checked across steps, a few records at a time: what its records own so far, and
+/// the keyspace's write sequence at the holder's last write when its check began. Any write to
+/// the holder changes that (a renumbering of its stamps may leave its stamps, blocks and digest
+/// looking the same), and so does another holder taking the slot; the check then skips it for
+/// this pass. Writes to other holders (which may split the runs it holds) change
+/// neither its blocks nor their terms, so the sums stay valid.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct HolderProgress {
+    record: u32,
+    /// Overrides checked (after every record).
+    overrides: u32,
+    prev_stamp: u32,
+    owned: u32,
+    digest: u64,
+    seen: u64,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -43,13 +68,6 @@ enum Phase {
     Runs,
     Holders,
     Totals,
-}
-
-impl ScrubCursor {
-    /// Whether the cursor is at the start of a pass (a finished pass starts over).
-    pub fn at_start(&self) -> bool {
-        self.phase == Phase::Start
-    }
 }
 
 /// What one step did.
@@ -83,6 +101,10 @@ impl Keyspace {
     pub fn scrub_step(&self, cursor: &mut ScrubCursor, budget: u64) -> Result<ScrubStep, ScrubFinding> {
         let mut step = ScrubStep::default();
         let budget = budget.max(1);
+        if cursor.instance != self.instance {
+            // A new keyspace (or another one under the same id): a new pass.
+            *cursor = ScrubCursor { instance: self.instance, ..Default::default() };
+        }
         while step.work < budget {
             match cursor.phase {
                 Phase::Start => {
@@ -93,27 +115,39 @@ impl Keyspace {
                         step.pass_done = true;
                         return Ok(step);
                     }
-                    *cursor = ScrubCursor { phase: Phase::Runs, next: 1 };
+                    *cursor = ScrubCursor { phase: Phase::Runs, next: 1, ..*cursor };
                 }
                 Phase::Runs if cursor.next >= self.trie.runs.slots() => {
-                    *cursor = ScrubCursor { phase: Phase::Holders, next: 0 };
+                    *cursor = ScrubCursor { phase: Phase::Holders, next: 0, ..*cursor };
                 }
                 Phase::Runs => {
                     step.work += self.scrub_run(cursor.next).map_err(|e| self.finding(e))?;
                     cursor.next += 1;
                 }
                 Phase::Holders if cursor.next as usize >= self.holders.slots.len() => {
-                    *cursor = ScrubCursor { phase: Phase::Totals, next: 0 };
+                    *cursor = ScrubCursor {
+                        phase: Phase::Totals,
+                        next: 0,
+                        holder: HolderProgress::default(),
+                        ..*cursor
+                    };
                 }
                 Phase::Holders => {
-                    step.work += self.scrub_holder(cursor.next).map_err(|e| self.finding(e))?;
-                    cursor.next += 1;
+                    let left = budget - step.work;
+                    let (work, done) = self
+                        .scrub_holder(cursor.next, &mut cursor.holder, left)
+                        .map_err(|e| self.finding(e))?;
+                    step.work += work;
+                    if done {
+                        cursor.next += 1;
+                        cursor.holder = HolderProgress::default();
+                    }
                 }
                 Phase::Totals => {
                     self.check_holder_index().map_err(|e| self.finding(e))?;
                     self.check_aggregates().map_err(|e| self.finding(e))?;
                     step.work += self.holders.slots.len() as u64;
-                    *cursor = ScrubCursor::default();
+                    *cursor = ScrubCursor { instance: self.instance, ..Default::default() };
                     step.pass_done = true;
                     return Ok(step);
                 }
@@ -154,39 +188,72 @@ impl Keyspace {
         Ok(work + run.members.len() as u64)
     }
 
-    /// One holder: its card, partition, records and overrides, and its block count and digest
-    /// recomputed from the membership of the runs its records cover. Returns the work done.
-    fn scrub_holder(&self, slot: u32) -> Result<u64, InvariantError> {
-        let Some(h) = self.holders.slots[slot as usize].as_ref() else { return Ok(1) };
-        let card = self.holders.card(slot);
-        let synced = (card.key, card.blocks, card.fed, card.gapped) == (h.key, h.blocks, h.fed, h.gapped);
-        ensure(synced, || InvariantError::HolderIndex { slot, what: "card differs from the holder" })?;
-        let expected = partition_of(h.key.worker, self.cfg.partitions);
-        ensure(h.group == expected, || InvariantError::HolderPartition {
-            holder: h.key,
-            group: h.group,
-            expected,
-        })?;
-        // Counts the blocks of the runs the records stamped, and checks the windows.
-        self.check_records(slot, h)?;
-        self.check_overrides(slot, h)?;
+    /// Part of one holder's check, at most about `budget` units: at its start, its card and
+    /// partition; then its records, a few at a time (their order, windows and the runs they
+    /// own, with those runs' digest terms); at its end, that the blocks and digest its records
+    /// own are the holder's, and its overrides. Returns the work done and whether the holder
+    /// is done (checked, gone, or skipped because a write changed it meanwhile).
+    fn scrub_holder(
+        &self,
+        slot: u32,
+        at: &mut HolderProgress,
+        budget: u64,
+    ) -> Result<(u64, bool), InvariantError> {
+        let Some(h) = self.holders.slots[slot as usize].as_ref() else { return Ok((1, true)) };
+        let seen = h.last_write;
+        if at.record == 0 {
+            let card = self.holders.card(slot);
+            let synced = (card.key, card.blocks, card.fed, card.gapped) == (h.key, h.blocks, h.fed, h.gapped);
+            ensure(synced, || InvariantError::HolderIndex { slot, what: "card differs from the holder" })?;
+            let expected = partition_of(h.key.worker, self.cfg.partitions);
+            ensure(h.group == expected, || InvariantError::HolderPartition {
+                holder: h.key,
+                group: h.group,
+                expected,
+            })?;
+            at.seen = seen;
+        } else if at.seen != seen {
+            return Ok((1, true));
+        }
         let trie = &self.trie;
-        let (mut digest, mut work, mut window) = (0u64, 1 + h.records.len() as u64, Vec::new());
-        for rec in &h.records {
-            trie.window(rec.leaf, rec.len, &mut window);
+        let (mut work, mut window) = (1u64, Vec::new());
+        while (at.record as usize) < h.records.len() && work < budget {
+            let rec = &h.records[at.record as usize];
+            at.owned += self.check_record(slot, h, rec, at.prev_stamp, at.owned, &mut window)?;
             for &(r, _, count) in &window {
                 work += 1 + u64::from(count);
                 if trie.runs[r].has(slot, rec.stamp) {
-                    digest = digest.wrapping_add(trie.terms(r, 0, trie.runs[r].len, !h.fed));
+                    at.digest = at.digest.wrapping_add(trie.terms(r, 0, trie.runs[r].len, !h.fed));
                 }
             }
+            (at.prev_stamp, at.record) = (rec.stamp, at.record + 1);
         }
-        ensure(digest == h.digest, || InvariantError::HolderDigest {
-            holder: h.key,
-            stored: h.digest,
-            recomputed: digest,
-        })?;
-        Ok(work)
+        if (at.record as usize) < h.records.len() {
+            return Ok((work, false));
+        }
+        if at.overrides == 0 {
+            let (owned, blocks) = (at.owned, h.blocks);
+            ensure(owned == blocks, || InvariantError::Ownership { holder: h.key, owned, blocks })?;
+            let recomputed = at.digest;
+            ensure(recomputed == h.digest, || InvariantError::HolderDigest {
+                holder: h.key,
+                stored: h.digest,
+                recomputed,
+            })?;
+        }
+        // The overrides, a few at a time too (a holder whose engine hashes with its own seed
+        // has one per block). The map's order is fixed while the holder is unchanged.
+        let take = budget.saturating_sub(work).max(1) as usize;
+        for (&ext, &b) in h.overrides.iter().skip(at.overrides as usize).take(take) {
+            self.check_override(slot, h, ext, b)?;
+            (work, at.overrides) = (work + 1, at.overrides + 1);
+        }
+        if (at.overrides as usize) < h.overrides.len() {
+            return Ok((work, false));
+        }
+        let err = |what| InvariantError::Override { holder: h.key, ext: 0, what };
+        ensure(h.overrides.len() == h.override_of.len(), || err("maps differ in size"))?;
+        Ok((work, true))
     }
 
     /// The finding for `error`, with the partitions it concerns.

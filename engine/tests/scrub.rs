@@ -124,26 +124,32 @@ fn steps_stay_within_their_budget_and_the_longest_hold_is_measured() {
     for budget in [1_000u64, 10_000, 20_000, 100_000] {
         let (found, largest, steps) = pass(&k, budget);
         assert!(found.is_ok());
-        // A step stops at the first run or holder that reaches the budget: one item over it
-        // at most (here a run with 40 members and their windows, or a holder's 400 records).
-        assert!(largest <= budget + 40_000, "budget {budget}: a step did {largest} units");
-        assert!(steps as u64 >= size / (budget + 40_000), "budget {budget}: {steps} steps for {size} units");
+        // A step stops at the first run, record or override that reaches the budget: one item
+        // over it at most (here a run with 40 members and their windows, or one record's window;
+        // half the holders have an override per block).
+        assert!(largest <= budget + 2_000, "budget {budget}: a step did {largest} units");
+        assert!(steps as u64 >= size / (budget + 2_000), "budget {budget}: {steps} steps for {size} units");
         // The measurement: the longest step, as a read-lock hold would last.
         let mut cursor = ScrubCursor::default();
-        let (mut longest, mut total) = (Duration::ZERO, Duration::ZERO);
+        let mut took = Vec::new();
         loop {
             let t = Instant::now();
             let s = k.scrub_step(&mut cursor, budget).unwrap();
-            let took = t.elapsed();
-            (longest, total) = (longest.max(took), total + took);
+            took.push(t.elapsed());
             if s.pass_done {
                 break;
             }
         }
+        let total: Duration = took.iter().sum();
+        took.sort();
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
         eprintln!(
-            "[scrub] {size} units, budget {budget}: {steps} steps, longest {:.3} ms, a whole pass {:.1} ms",
-            longest.as_secs_f64() * 1e3,
-            total.as_secs_f64() * 1e3
+            "[scrub] {size} units, budget {budget}: {steps} steps, median {:.3} ms, p99 {:.3} ms, longest {:.3} ms, \
+             a whole pass {:.1} ms",
+            ms(took[took.len() / 2]),
+            ms(took[took.len() * 99 / 100]),
+            ms(*took.last().unwrap()),
+            ms(total)
         );
     }
 }
