@@ -42,6 +42,11 @@ pub struct Holder {
     /// canonical one (engines with per-process hash seeds). Empty in the common case.
     pub overrides: FxHashMap<u64, u32>,
     pub override_of: FxHashMap<u32, u64>,
+    /// The keyspace's write sequence at this holder's last operation: a scrub whose check of
+    /// the holder spans steps tells by it that the holder (or the holder in its slot) changed
+    /// in between. Not state: neither digested nor written to images (a restored keyspace is
+    /// another instance to a scrub).
+    pub last_write: u64,
 }
 
 impl Holder {
@@ -58,6 +63,7 @@ impl Holder {
             last_time: 0,
             overrides: FxHashMap::default(),
             override_of: FxHashMap::default(),
+            last_write: 0,
         }
     }
 }

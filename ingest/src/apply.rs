@@ -180,6 +180,27 @@ impl Applier {
         self.points[p as usize].iter()
     }
 
+    /// Every partition's recorded digest points, oldest first (a checkpoint keeps them, so
+    /// anti-entropy compares as far back after a restart as before it).
+    pub fn all_digest_points(&self) -> Vec<Vec<DigestPoint>> {
+        self.points.iter().map(|h| h.iter().copied().collect()).collect()
+    }
+
+    /// Puts back digest points a checkpoint kept ([`Self::all_digest_points`]). Per partition
+    /// only points at or below its next offset are taken, in offset order, the newest
+    /// [`DIGEST_HISTORY`]: a damaged or foreign list can neither claim offsets this state has
+    /// not reached nor grow the history.
+    pub fn restore_digest_points(&mut self, points: Vec<Vec<DigestPoint>>) {
+        for (p, mut list) in points.into_iter().enumerate().take(self.parts.len()) {
+            let next = self.parts[p].next_offset;
+            list.retain(|d| d.next_offset <= next);
+            list.sort_by_key(|d| d.next_offset);
+            list.dedup_by_key(|d| d.next_offset);
+            let skip = list.len().saturating_sub(DIGEST_HISTORY);
+            self.points[p] = list.into_iter().skip(skip).collect();
+        }
+    }
+
     /// Digest of partition `p`: its holders' block sets, feed table and announced workers.
     pub fn partition_digest(&self, p: u32) -> u64 {
         self.engine.partition_digest(p).wrapping_add(self.parts[p as usize].digest())

@@ -15,12 +15,12 @@
 use crate::error::NodeError;
 use prefixlog_ingest::continuity::{check_marks, check_offsets, OffsetProblem};
 use prefixlog_ingest::{probe_log, Applier, LogIdentity, LogProbe, LogSpec, Replica};
+use prefixlog_peer::PeerClient;
 use prefixlog_snapshot::restore_for;
 use prometheus::IntCounterVec;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tonic::transport::ClientTlsConfig;
 
 /// How long reading back the records a state's fingerprints name may take.
 const MARK_CHECK_TIMEOUT: Duration = Duration::from_secs(30);
@@ -69,12 +69,12 @@ pub async fn not_continued(
 pub async fn fetch_continued(
     spec: &LogSpec,
     peer: &str,
-    tls: Option<&ClientTlsConfig>,
+    client: &PeerClient,
     identity: &LogIdentity,
     need: &[u32],
     probe: &LogProbe,
 ) -> Result<Applier, NodeError> {
-    let loaded = prefixlog_peer::fetch_checkpoint(peer, tls, identity, need).await?;
+    let loaded = client.fetch_checkpoint(peer, identity, need).await?;
     let state = restore_for(&loaded, identity, need)?;
     if let Some(problem) = not_continued(spec, &state, need, probe).await?.into_iter().next() {
         return Err(NodeError::PeerNotContinued { peer: peer.to_string(), problem });
@@ -85,7 +85,7 @@ pub async fn fetch_continued(
 /// Where recovery fetches from, and how.
 pub struct Sources {
     pub peers: Vec<String>,
-    pub tls: Option<ClientTlsConfig>,
+    pub client: PeerClient,
 }
 
 /// Watches for discontinuous partitions and recovers them from `sources`, forever.
@@ -142,7 +142,7 @@ async fn recover(
     let hole = replica.status().hole(p);
     let mut before_hole = false;
     for peer in &sources.peers {
-        match fetch_continued(spec, peer, sources.tls.as_ref(), identity, &[p], &probe).await {
+        match fetch_continued(spec, peer, &sources.client, identity, &[p], &probe).await {
             Ok(state) => {
                 let at = state.partition(p).next_offset;
                 if let Some(h) = hole.filter(|h| at < h.end) {

@@ -129,6 +129,24 @@ pub struct PeerArgs {
     /// How often anti-entropy compares digests with every peer.
     #[arg(long, env = "PREFIXLOG_ANTI_ENTROPY_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
     pub anti_entropy_interval: Duration,
+    /// Deadline of every call to a peer for digests, connecting included: a slow or hung peer
+    /// is reported unreachable after it and never delays the comparison with the others.
+    #[arg(long, env = "PREFIXLOG_PEER_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub peer_timeout: Duration,
+    /// Checkpoint transfers this replica serves at once on its peer port (each streams in
+    /// bounded chunks; a partition-filtered one is built in memory first). One more is refused
+    /// with RESOURCE_EXHAUSTED, and the asking replica tries another peer or retries.
+    #[arg(long, env = "PREFIXLOG_PEER_CHECKPOINT_TRANSFERS", default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..))]
+    pub peer_checkpoint_transfers: u64,
+    /// Scrubbing: every interval, one bounded step checking the structures that answer queries
+    /// (tries, membership lists) against the digests, rotating through every keyspace; a
+    /// partition they disagree on is rebuilt from a checkpoint and the log (0s disables).
+    #[arg(long, env = "PREFIXLOG_SCRUB_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub scrub_interval: Duration,
+    /// Work per scrub step, in blocks, members and window segments checked (20000: about
+    /// 0.2 ms of one keyspace's read lock, under 1 ms at the longest).
+    #[arg(long, env = "PREFIXLOG_SCRUB_BUDGET", default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub scrub_budget: u64,
     /// With no usable local checkpoint, fetch this peer's newest first (so the log need not be
     /// retained from the beginning).
     #[arg(long, env = "PREFIXLOG_BOOTSTRAP_FROM")]
@@ -179,6 +197,12 @@ impl Args {
             },
             peers: self.peer.peers.clone(),
             anti_entropy_interval: self.peer.anti_entropy_interval,
+            peer_timeout: self.peer.peer_timeout,
+            peer_checkpoint_transfers: self.peer.peer_checkpoint_transfers as usize,
+            scrub: prefixlog_peer::ScrubOptions {
+                interval: self.peer.scrub_interval,
+                budget: self.peer.scrub_budget,
+            },
             bootstrap_from: self.peer.bootstrap_from.clone(),
             tick_interval: self.tick_interval,
             dead_letter_topic: self.dead_letter_topic.clone(),
