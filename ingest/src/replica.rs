@@ -16,7 +16,7 @@
 
 use crate::affinity::CpuSet;
 use crate::apply::{Applier, NotNext, Outcome};
-use crate::dead_letter::{DeadLetter, Source};
+use crate::dead_letter::{DeadLetter, DeadLetterCounts, Source};
 use crate::log_spec::LogSpec;
 use crate::reader::{Discontinuity, LogReader, Read};
 use parking_lot::Mutex;
@@ -94,6 +94,8 @@ pub struct ReplicaStatus {
     pub records_skipped: AtomicU64,
     /// Decode + apply time of one record on the ingest thread (registered by the node).
     pub apply_latency: prometheus::Histogram,
+    /// Copies of refused records to the dead-letter topic (zero without one).
+    pub dead_letter: Arc<DeadLetterCounts>,
     progress: watch::Sender<u64>,
     /// Why the ingest thread stopped on a bug (a panic), if it did: the state no longer follows
     /// the log, so the replica is not ready.
@@ -118,6 +120,7 @@ impl ReplicaStatus {
             records_applied: AtomicU64::new(0),
             records_skipped: AtomicU64::new(0),
             apply_latency,
+            dead_letter: Arc::default(),
             progress: watch::channel(0).0,
             ingest_failure: Mutex::new(None),
         }
@@ -247,10 +250,13 @@ impl Replica {
         if opts.dead_letter_topic.as_deref() == Some(spec.topic.as_str()) {
             return Err(ReplicaError::DeadLetterIsSource(spec.topic.clone()));
         }
-        // Before any thread starts, so an error here leaves nothing running.
-        let dead_letter =
-            opts.dead_letter_topic.as_deref().map(|t| DeadLetter::new(&spec.kafka, t)).transpose()?;
         let status = Arc::new(ReplicaStatus::new(spec.partitions, spec.owned()));
+        // Before any thread starts, so an error here leaves nothing running.
+        let dead_letter = opts
+            .dead_letter_topic
+            .as_deref()
+            .map(|t| DeadLetter::new(&spec.kafka, t, status.dead_letter.clone()))
+            .transpose()?;
         for &p in spec.owned() {
             let st = applier.partition(p);
             status.publish(p, st.next_offset, st.log_time);

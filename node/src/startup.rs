@@ -10,6 +10,7 @@
 
 use crate::error::NodeError;
 use crate::options::{GapChoice, NodeOptions, SettingsChange};
+use crate::progress::{Phase, StartupProgress};
 use crate::recovery::not_continued;
 use prefixlog_ingest::continuity::OffsetProblem;
 use prefixlog_ingest::{
@@ -37,7 +38,13 @@ pub struct Prepared {
     pub covered: Vec<i64>,
 }
 
-pub async fn prepare(spec: &LogSpec, opts: &NodeOptions) -> Result<Prepared, NodeError> {
+/// Every step is reported to `progress` (the admin port's `/metrics` and `/readyz` meanwhile).
+pub async fn prepare(
+    spec: &LogSpec,
+    opts: &NodeOptions,
+    progress: &StartupProgress,
+) -> Result<Prepared, NodeError> {
+    progress.enter(Phase::ProbingLog);
     spec.settings.validate()?;
     let probe = {
         let spec = spec.clone();
@@ -52,9 +59,10 @@ pub async fn prepare(spec: &LogSpec, opts: &NodeOptions) -> Result<Prepared, Nod
         settings: spec.settings,
     };
     let store = open_store(opts)?;
-    let (loaded, source) = initial_checkpoint(spec, opts, &identity, store.as_deref()).await?;
+    let (loaded, source) = initial_checkpoint(spec, opts, &identity, store.as_deref(), progress).await?;
     let (mut applier, covered) = match &loaded {
         Some(l) => {
+            progress.enter(Phase::Restoring);
             let t = std::time::Instant::now();
             let applier = restore_for(l, &identity, spec.owned())?;
             let (hb, secs) = (l.meta.holder_blocks(), t.elapsed().as_secs_f64());
@@ -72,6 +80,7 @@ pub async fn prepare(spec: &LogSpec, opts: &NodeOptions) -> Result<Prepared, Nod
     if store.is_none() {
         tracing::warn!("no data dir: no checkpoints; every start replays the whole log");
     }
+    progress.enter(Phase::ProvingContinuity);
     prove_continuity(spec, opts, &identity, &probe, &mut applier).await?;
     if opts.query_copy {
         // Before anything else holds the engine: keyspaces handed out earlier keep one copy.
@@ -130,8 +139,10 @@ async fn initial_checkpoint(
     opts: &NodeOptions,
     identity: &LogIdentity,
     store: Option<&CheckpointStore>,
+    progress: &StartupProgress,
 ) -> Result<(Option<Loaded>, StateSource), NodeError> {
     if let Some(store) = store {
+        progress.enter(Phase::LoadingCheckpoint);
         if let Some((id, differences)) = settings_changed(store, identity) {
             if opts.settings_change == SettingsChange::Refuse {
                 return Err(NodeError::SettingsChanged { checkpoint: id, differences });
@@ -148,6 +159,7 @@ async fn initial_checkpoint(
         }
         if let Some(l) = loaded {
             let id = l.meta.id;
+            progress.checkpoint(format!("checkpoint {id}"), l.meta.holder_blocks());
             tracing::info!(
                 checkpoint = id,
                 holder_blocks = l.meta.holder_blocks(),
@@ -159,6 +171,8 @@ async fn initial_checkpoint(
     let Some(peer) = &opts.bootstrap_from else { return Ok((None, StateSource::LogStart)) };
     let tls = opts.peer_client_tls();
     tracing::info!(%peer, "no usable local checkpoint: bootstrapping from the peer's newest");
+    progress.enter(Phase::FetchingCheckpoint);
+    progress.checkpoint(format!("from {peer}"), 0);
     let loaded = match store {
         Some(s) => {
             let meta =
@@ -167,6 +181,7 @@ async fn initial_checkpoint(
         }
         None => prefixlog_peer::fetch_checkpoint(peer, tls.as_ref(), identity, spec.owned()).await?,
     };
+    progress.checkpoint(format!("checkpoint {} from {peer}", loaded.meta.id), loaded.meta.holder_blocks());
     let source = StateSource::Peer { peer: peer.clone(), checkpoint: loaded.meta.id };
     Ok((Some(loaded), source))
 }

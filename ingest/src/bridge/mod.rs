@@ -18,7 +18,10 @@
 //! - Publishing: records are handed to the producer in sequence order as soon as they are
 //!   translated and acknowledged in the background (`publish_window` in flight per engine).
 //! - Lifecycle: `worker-added` on start, `worker-removed` on clean shutdown if asked. A silent
-//!   engine publishes nothing: staleness is the replica's policy.
+//!   engine publishes nothing: staleness is the replica's policy. The `worker-added` metadata
+//!   names the worker for gateways ([`worker_metadata`]): its serving URL
+//!   ([`META_SERVING_URL`]), pod ([`META_POD`]) and the ZeroMQ endpoints it is fed from
+//!   ([`META_KV_EVENTS`]), returned by `ListWorkers`.
 //! - Reconnects: the pure-Rust `zeromq` crate's SUB socket does not report a lost peer, so a
 //!   subscription silent for `idle_reconnect` is re-established (a restarted engine is found
 //!   again; messages lost meanwhile are a sequence gap, handled as above).
@@ -87,9 +90,30 @@ pub struct BridgeOptions {
     /// Records per engine handed to the producer and not yet acknowledged; publishing waits
     /// beyond it. 1 = one record at a time.
     pub publish_window: usize,
-    /// Published in each worker's `WorkerAdded` record (besides `endpoint`, `model` and
-    /// `block_size`, which the bridge adds): what `ListWorkers` reports, e.g. `pod`.
+    /// Published in each worker's `WorkerAdded` record (besides [`META_KV_EVENTS`], `model`
+    /// and `block_size`, which the bridge adds): what `ListWorkers` reports, e.g.
+    /// [`META_POD`].
     pub worker_metadata: std::collections::BTreeMap<String, String>,
+    /// Each worker's serving URL (where gateways send its requests), published as its
+    /// [`META_SERVING_URL`] metadata.
+    pub serving_urls: std::collections::BTreeMap<u64, String>,
+}
+
+/// Worker metadata key: the worker's serving URL (an OpenAI-compatible HTTP base URL such as
+/// `http://10.0.0.5:8000`): where a gateway routes the requests it chose this worker for.
+pub const META_SERVING_URL: &str = "serving_url";
+/// Worker metadata key: the pod (or host) the engine runs in.
+pub const META_POD: &str = "pod";
+/// Worker metadata key: the engine's ZeroMQ KV-event endpoint(s) the bridge subscribes to,
+/// comma separated (one per data-parallel rank). Not an address to send requests to.
+pub const META_KV_EVENTS: &str = "kv_events_endpoint";
+
+/// A worker id derived from a pod name (`--pod-name` without `--worker-id`): the xxh3 hash of
+/// the name with the top bit cleared (ids stay positive as signed 64-bit integers, which some
+/// clients use). One pod is one worker; a replaced pod gets a new name, so a new worker whose
+/// cache starts empty.
+pub fn worker_id_of_pod(pod: &str) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(pod.as_bytes()) & (u64::MAX >> 1)
 }
 
 impl BridgeOptions {
@@ -102,6 +126,7 @@ impl BridgeOptions {
             log_interval: Duration::from_secs(60),
             publish_window: 256,
             worker_metadata: Default::default(),
+            serving_urls: Default::default(),
         }
     }
 }
@@ -592,7 +617,7 @@ pub async fn run(
     workers.sort_unstable();
     workers.dedup();
     for &w in &workers {
-        let metadata = worker_metadata(&opts, engines.iter().filter(|e| e.worker == w));
+        let metadata = worker_metadata(&opts, w, engines.iter().filter(|e| e.worker == w));
         publisher.publish_lifecycle(w, &Lifecycle::Added { metadata }).await?;
     }
     let mut tasks = Vec::new();
@@ -617,16 +642,21 @@ pub async fn run(
     Ok(out)
 }
 
-/// A worker's `WorkerAdded` metadata: the operator's entries, plus the model, block size and the
-/// engine endpoints (comma separated when a worker has several data-parallel ranks).
-fn worker_metadata<'a>(
+/// A worker's `WorkerAdded` metadata: the operator's entries, plus the model, block size, its
+/// serving URL if known, and the engine's KV-event endpoints (comma separated when a worker has
+/// several data-parallel ranks).
+pub fn worker_metadata<'a>(
     opts: &BridgeOptions,
+    worker: u64,
     engines: impl Iterator<Item = &'a EngineSpec>,
 ) -> std::collections::BTreeMap<String, String> {
     let mut m = opts.worker_metadata.clone();
     m.entry("model".into()).or_insert_with(|| opts.keyspace.model.clone());
     m.entry("block_size".into()).or_insert_with(|| opts.keyspace.block_size.to_string());
+    if let Some(url) = opts.serving_urls.get(&worker) {
+        m.insert(META_SERVING_URL.into(), url.clone());
+    }
     let endpoints: Vec<&str> = engines.map(|e| e.endpoint.as_str()).collect();
-    m.entry("endpoint".into()).or_insert_with(|| endpoints.join(","));
+    m.entry(META_KV_EVENTS.into()).or_insert_with(|| endpoints.join(","));
     m
 }
