@@ -13,6 +13,8 @@
 //! - [`health`]: [`health::Readiness`] (caught up = lag ≤ threshold) driving `grpc.health.v1`.
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz` over HTTP/1; [`admin::AdminPort`] binds it
 //!   before the replica serves (start-up progress), and serves the bridge too.
+//! - [`exposition`]: checks of a `/metrics` text against Prometheus' naming conventions (and
+//!   `promtool check metrics`), for the tests of the replica's and the bridge's exposition.
 //! - [`metrics`]: query latency, outcomes and matched depth; progress, continuity and state size
 //!   collected at scrape time, into the replica's registry.
 //! - [`client`]: [`client::IndexClient`], the fail-open gateway client over every shard.
@@ -23,6 +25,7 @@
 
 pub mod admin;
 pub mod client;
+pub mod exposition;
 pub mod health;
 pub mod metrics;
 pub mod replicas;
