@@ -224,7 +224,7 @@ impl IndexClient {
 
     /// A shard map discovered from `Describe`, refreshed every few seconds: the client uses the
     /// finest sharding whose every shard has a ready replica, so it moves to new shards once
-    /// they are all ready. `seeds` are endpoints like `http://prefixlog-shards:50151`: every
+    /// they are all ready. `seeds` are endpoints like `http://prefixlog:50151`: every
     /// address each one's host name resolves to is asked (a headless Service names every
     /// replica of every shard), again on every refresh, so replicas that come and go are seen.
     pub async fn discover(seeds: Vec<String>, default_deadline: Duration) -> Result<Self, DiscoveryError> {

@@ -206,11 +206,14 @@ impl BridgeMetrics {
     }
 }
 
+/// (snapshot name, family, the `(label, value)` it stands for in the family, if any).
+type ExportedAs = (&'static str, &'static str, Option<(&'static str, &'static str)>);
+
 /// How each counter of [`BridgeMetrics::snapshot`] is exported: its family (between
 /// `prefixlog_bridge_` and `_total`) and, for families that split one measurement, the
 /// `reason` or `outcome` label value it stands for. One measurement is one family, so
 /// `sum by (reason)` and `sum without (reason)` mean something.
-const EXPORTED: [(&str, &str, Option<(&str, &str)>); 24] = [
+const EXPORTED: [ExportedAs; 24] = [
     ("messages_received", "messages_received", None),
     ("messages_undecodable", "messages_skipped", Some(("reason", "undecodable"))),
     ("messages_duplicate", "messages_skipped", Some(("reason", "duplicate"))),
