@@ -49,6 +49,7 @@ def test_the_gateway_routes_bridge_fed_workers_by_their_serving_url(procs):
     serve_log = procs.start("serve", [
         BIN, "serve", "--partitions", "4", "--ready-lag", "0", "--replica-id", "bridge-fed",
         "--grpc-addr", f"127.0.0.1:{grpc_port}", "--admin-addr", f"127.0.0.1:{admin_port}",
+        "--peer-addr", f"127.0.0.1:{free_port()}",
     ])
     brokers = wait_for("the embedded broker", lambda: re.search(r"bootstrap=([0-9.:]+)", open(serve_log).read()))[1]
     wait_for("the replica to be ready", lambda: urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/readyz", timeout=5).status == 200)
