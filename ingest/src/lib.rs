@@ -28,8 +28,9 @@
 //! - [`dead_letter`]: the optional copy of refused records to a dead-letter topic.
 //! - [`embedded`]: librdkafka's mock cluster as the zero-setup broker.
 //! - [`bridge`]: vLLM / SGLang KV events over ZeroMQ (both msgpack layouts) → KV event records:
-//!   sequence gaps, replay, epochs, canonical local hashes, counters, and the refusal of engine
-//!   sets that would publish one stream twice.
+//!   sequence gaps, replay, epochs, canonical local hashes, counters (labelled families), the
+//!   worker's naming for gateways (serving URL, pod), and the refusal of engine sets that would
+//!   publish one stream twice.
 
 pub mod affinity;
 pub mod apply;
