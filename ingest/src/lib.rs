@@ -38,8 +38,9 @@
 //! - [`embedded`]: librdkafka's mock cluster as the zero-setup broker.
 //! - `testing` (feature `testing`, tests only): make applying chosen records panic.
 //! - [`bridge`]: vLLM / SGLang KV events over ZeroMQ (both msgpack layouts) → KV event records:
-//!   sequence gaps, replay, epochs, canonical local hashes, counters, and the refusal of engine
-//!   sets that would publish one stream twice.
+//!   sequence gaps, replay, epochs, canonical local hashes, counters (labelled families), the
+//!   worker's naming for gateways (serving URL, pod), and the refusal of engine sets that would
+//!   publish one stream twice.
 
 pub mod affinity;
 pub mod apply;

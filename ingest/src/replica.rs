@@ -96,10 +96,13 @@ impl Replica {
         if opts.dead_letter_topic.as_deref() == Some(spec.topic.as_str()) {
             return Err(ReplicaError::DeadLetterIsSource(spec.topic.clone()));
         }
-        // Before any thread starts, so an error here leaves nothing running.
-        let dead_letter =
-            opts.dead_letter_topic.as_deref().map(|t| DeadLetter::new(&spec.kafka, t)).transpose()?;
         let status = Arc::new(ReplicaStatus::new(spec.partitions, spec.owned()));
+        // Before any thread starts, so an error here leaves nothing running.
+        let dead_letter = opts
+            .dead_letter_topic
+            .as_deref()
+            .map(|t| DeadLetter::new(&spec.kafka, t, status.dead_letter.clone()))
+            .transpose()?;
         for &p in spec.owned() {
             let st = applier.partition(p);
             status.publish(p, st.next_offset, st.log_time);

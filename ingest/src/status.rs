@@ -9,6 +9,7 @@
 //! the broker last answered.
 
 use crate::apply::ApplyFailure;
+use crate::dead_letter::DeadLetterCounts;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -122,6 +123,8 @@ pub struct ReplicaStatus {
     pub records_skipped: AtomicU64,
     /// Decode + apply time of one record on the ingest thread (registered by the node).
     pub apply_latency: prometheus::Histogram,
+    /// Copies of refused records to the dead-letter topic (zero without one).
+    pub dead_letter: std::sync::Arc<DeadLetterCounts>,
     progress: watch::Sender<u64>,
     /// Why the ingest thread stopped on a bug (a panic outside applying a record), if it did:
     /// the state no longer follows the log, so the replica is not ready.
@@ -149,6 +152,7 @@ impl ReplicaStatus {
             records_applied: AtomicU64::new(0),
             records_skipped: AtomicU64::new(0),
             apply_latency,
+            dead_letter: std::sync::Arc::default(),
             progress: watch::channel(0).0,
             ingest_failure: Mutex::new(None),
         }

@@ -3,6 +3,7 @@
 use crate::checkpoints::{self, CheckpointMetrics, Checkpointer, LoopContext};
 use crate::error::NodeError;
 use crate::options::{GapChoice, NodeOptions};
+use crate::progress::{Phase, StartupProgress};
 use crate::startup::{prepare, Prepared, StateSource};
 use parking_lot::Mutex;
 use prefixlog_engine::Engine;
@@ -12,6 +13,7 @@ use prefixlog_ingest::{
 use prefixlog_peer::{
     AntiEntropy, AntiEntropyStats, PeerService, RepairContext, RoundReport, ScrubStats, Scrubber, ServeLimits,
 };
+use prefixlog_query::admin::AdminPort;
 use prefixlog_query::{RunningServer, ServerConfig};
 use prefixlog_snapshot::{CheckpointMeta, CheckpointStore, Opened};
 use prometheus::Registry;
@@ -54,13 +56,25 @@ pub struct Stopped {
 
 impl ReplicaNode {
     /// Starts a replica of `spec`'s owned partitions. Refuses to start when it cannot prove
-    /// its state (see [`crate::startup`]).
+    /// its state (see [`crate::startup`]). The admin port is up from the beginning: while the
+    /// state is restored it reports the start-up progress ([`crate::progress`]).
     pub async fn start(spec: LogSpec, opts: NodeOptions) -> Result<Self, NodeError> {
-        let Prepared { applier, identity, store, source, covered, opened, .. } =
-            prepare(&spec, &opts).await?;
         let registry =
             Registry::new_custom(None, Some([("shard".to_string(), spec.shard.to_string())].into()))?;
         register_process_metrics(&registry);
+        prefixlog_query::metrics::register_build_info(&registry)?;
+        let progress = StartupProgress::default();
+        registry.register(Box::new(progress.clone()))?;
+        let admin = match opts.admin_addr {
+            None => None,
+            Some(addr) => Some(
+                AdminPort::bind(addr, registry.clone(), Arc::new(progress.clone()))
+                    .await
+                    .map_err(|source| NodeError::Bind { what: "the admin port", addr, source })?,
+            ),
+        };
+        let Prepared { applier, identity, store, source, covered, opened, .. } =
+            prepare(&spec, &opts, &progress).await?;
         let gap_policy = match opts.gaps {
             GapChoice::Refuse => GapPolicy::Halt,
             GapChoice::Accept => GapPolicy::Accept,
@@ -90,7 +104,7 @@ impl ReplicaNode {
         });
         let repair = RepairContext::new(spec.clone(), identity.clone(), store.clone());
         let mut node = Self {
-            query: start_query(&spec, &opts, &replica, &registry).await?,
+            query: start_query(&spec, &opts, &replica, &registry, admin).await?,
             spec,
             opts,
             identity,
@@ -111,6 +125,7 @@ impl ReplicaNode {
         node.start_peering().await?;
         node.start_scrubbing()?;
         node.start_ticks()?;
+        progress.enter(Phase::Serving);
         tracing::info!(
             topic = %node.spec.topic,
             shard = %node.spec.shard,
@@ -400,6 +415,7 @@ async fn start_query(
     opts: &NodeOptions,
     replica: &Arc<Replica>,
     registry: &Registry,
+    admin: Option<AdminPort>,
 ) -> Result<RunningServer, NodeError> {
     let cfg = ServerConfig {
         grpc_addr: opts.grpc_addr,
@@ -422,6 +438,7 @@ async fn start_query(
             peers: opts.peers.clone(),
         },
         registry: registry.clone(),
+        admin,
     };
     prefixlog_query::start(cfg, served).await.map_err(|e| NodeError::Query(e.to_string()))
 }

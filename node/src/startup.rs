@@ -12,6 +12,7 @@
 
 use crate::error::NodeError;
 use crate::options::{GapChoice, NodeOptions, SettingsChange};
+use crate::progress::{Phase, StartupProgress};
 use crate::recovery::not_continued;
 use prefixlog_ingest::continuity::OffsetProblem;
 use prefixlog_ingest::{
@@ -48,7 +49,13 @@ pub struct Prepared {
     pub opened: Option<Opened>,
 }
 
-pub async fn prepare(spec: &LogSpec, opts: &NodeOptions) -> Result<Prepared, NodeError> {
+/// Every step is reported to `progress` (the admin port's `/metrics` and `/readyz` meanwhile).
+pub async fn prepare(
+    spec: &LogSpec,
+    opts: &NodeOptions,
+    progress: &StartupProgress,
+) -> Result<Prepared, NodeError> {
+    progress.enter(Phase::ProbingLog);
     spec.settings.validate()?;
     let probe = {
         let spec = spec.clone();
@@ -66,9 +73,10 @@ pub async fn prepare(spec: &LogSpec, opts: &NodeOptions) -> Result<Prepared, Nod
         Some((s, o)) => (Some(s), Some(o)),
         None => (None, None),
     };
-    let (loaded, source) = initial_checkpoint(spec, opts, &identity, store.as_deref()).await?;
+    let (loaded, source) = initial_checkpoint(spec, opts, &identity, store.as_deref(), progress).await?;
     let (mut applier, covered) = match &loaded {
         Some(l) => {
+            progress.enter(Phase::Restoring);
             let t = std::time::Instant::now();
             let applier = restore_for(l, &identity, spec.owned())?;
             let (hb, secs) = (l.meta.holder_blocks(), t.elapsed().as_secs_f64());
@@ -83,6 +91,7 @@ pub async fn prepare(spec: &LogSpec, opts: &NodeOptions) -> Result<Prepared, Nod
         }
         None => (Applier::new(spec.partitions, spec.settings), vec![0; spec.partitions as usize]),
     };
+    progress.enter(Phase::ProvingContinuity);
     prove_continuity(spec, opts, &identity, &probe, &mut applier).await?;
     if opts.query_copy {
         // Before anything else holds the engine: keyspaces handed out earlier keep one copy.
@@ -208,8 +217,10 @@ async fn initial_checkpoint(
     opts: &NodeOptions,
     identity: &LogIdentity,
     store: Option<&CheckpointStore>,
+    progress: &StartupProgress,
 ) -> Result<(Option<Loaded>, StateSource), NodeError> {
     if let Some(store) = store {
+        progress.enter(Phase::LoadingCheckpoint);
         if let Some((id, differences)) = settings_changed(store, identity) {
             if opts.settings_change == SettingsChange::Refuse {
                 return Err(NodeError::SettingsChanged { checkpoint: id, differences });
@@ -226,6 +237,7 @@ async fn initial_checkpoint(
         }
         if let Some(l) = loaded {
             let id = l.meta.id;
+            progress.checkpoint(format!("checkpoint {id}"), l.meta.holder_blocks());
             tracing::info!(
                 checkpoint = id,
                 holder_blocks = l.meta.holder_blocks(),
@@ -237,7 +249,9 @@ async fn initial_checkpoint(
     if opts.bootstrap_from.is_none() {
         return Ok((None, StateSource::LogStart));
     }
+    progress.enter(Phase::FetchingCheckpoint);
     let (loaded, peer) = bootstrap(opts, identity, spec.owned(), store).await?;
+    progress.checkpoint(format!("checkpoint {} from {peer}", loaded.meta.id), loaded.meta.holder_blocks());
     let source = StateSource::Peer { peer, checkpoint: loaded.meta.id };
     Ok((Some(loaded), source))
 }

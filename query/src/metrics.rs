@@ -1,9 +1,12 @@
 //! Prometheus metrics of a replica, by Prometheus conventions (counters end in `_total`,
-//! durations and times are in seconds): query latency, outcomes and matched depth (recorded
-//! per request), and the replica's progress, continuity and state size (read from
-//! `ReplicaStatus`, the applier and the engine at scrape time, so the ingest path pays nothing
-//! for them). Everything goes into the replica's own registry (the node adds its checkpoint,
-//! anti-entropy and process metrics there); nothing is global.
+//! durations in `_seconds`, Unix times in `_timestamp_seconds`, sizes in `_bytes`, one family
+//! with a `reason` / `outcome` / `code` label instead of a family per value): query latency,
+//! outcomes, matched depth and prompt length (recorded per request: their ratio is the hit
+//! ratio), and the replica's progress, continuity and state size (read from `ReplicaStatus`,
+//! the applier and the engine at scrape time, so the ingest path pays nothing for them).
+//! Everything goes into the replica's own registry (the node adds its checkpoint, anti-entropy,
+//! start-up and process metrics there); nothing is global. [`register_build_info`] and
+//! [`render`] serve the bridge's registry too.
 
 use crate::health::Readiness;
 use parking_lot::{Mutex, RwLock};
@@ -26,9 +29,10 @@ pub struct QueryMetrics {
     /// `by_code`'s OK child, resolved once: the common case skips the label lookup.
     ok: prometheus::IntCounter,
     depth: HistogramVec,
-    /// `depth`'s child per keyspace, resolved on a keyspace's first query: formatting the
-    /// label and looking it up on every query cost more than the histogram update.
-    depth_by_keyspace: RwLock<HashMap<KeyspaceId, Histogram>>,
+    prompt: HistogramVec,
+    /// `depth`'s and `prompt`'s children per keyspace, resolved on a keyspace's first query:
+    /// formatting the label and looking it up on every query cost more than the updates.
+    by_keyspace: RwLock<HashMap<KeyspaceId, (Histogram, Histogram)>>,
     read_lock_wait: Histogram,
 }
 
@@ -55,6 +59,16 @@ impl QueryMetrics {
                 "prefixlog_match_depth_blocks",
                 "Matched depth of the best worker per answered Match, in blocks, per keyspace",
             )
+            .buckets(depth_buckets.clone()),
+            &["keyspace"],
+        )?;
+        // The same buckets: sum(depth) / sum(prompt length) is the share of prompt blocks the
+        // best worker already holds (the index's hit ratio).
+        let prompt = HistogramVec::new(
+            HistogramOpts::new(
+                "prefixlog_match_prompt_length_blocks",
+                "Prompt length per answered Match, in blocks, per keyspace",
+            )
             .buckets(depth_buckets),
             &["keyspace"],
         )?;
@@ -71,15 +85,16 @@ impl QueryMetrics {
         r.register(Box::new(latency.clone()))?;
         r.register(Box::new(by_code.clone()))?;
         r.register(Box::new(depth.clone()))?;
-        let ok = by_code.with_label_values(&["Ok"]);
-        Ok(Self { latency, by_code, ok, depth, depth_by_keyspace: RwLock::default(), read_lock_wait })
+        r.register(Box::new(prompt.clone()))?;
+        let ok = by_code.with_label_values(&[code_name(tonic::Code::Ok)]);
+        Ok(Self { latency, by_code, ok, depth, prompt, by_keyspace: RwLock::default(), read_lock_wait })
     }
 
     pub fn observe(&self, d: Duration, err: Option<tonic::Code>) {
         self.latency.observe(d.as_secs_f64());
         match err {
             None => self.ok.inc(),
-            Some(c) => self.by_code.with_label_values(&[format!("{c:?}").as_str()]).inc(),
+            Some(c) => self.by_code.with_label_values(&[code_name(c)]).inc(),
         }
     }
 
@@ -87,17 +102,63 @@ impl QueryMetrics {
         self.read_lock_wait.observe(d.as_secs_f64());
     }
 
-    /// Records an answered query's best depth. Only keyspaces the engine holds reach here (an
-    /// unknown one is NOT_FOUND first), so the per-keyspace cache is as bounded as the engine.
-    pub fn observe_depth(&self, keyspace: &KeyspaceId, depth: u32) {
-        let depth = f64::from(depth);
-        if let Some(h) = self.depth_by_keyspace.read().get(keyspace) {
-            return h.observe(depth);
+    /// Records an answered query's best depth and its prompt's length, in blocks. Only
+    /// keyspaces the engine holds reach here (an unknown one is NOT_FOUND first), so the
+    /// per-keyspace cache is as bounded as the engine.
+    pub fn observe_match(&self, keyspace: &KeyspaceId, depth: u32, prompt_blocks: usize) {
+        let (depth, prompt) = (f64::from(depth), prompt_blocks as f64);
+        if let Some((d, p)) = self.by_keyspace.read().get(keyspace) {
+            d.observe(depth);
+            return p.observe(prompt);
         }
-        let h = self.depth.with_label_values(&[keyspace.to_string().as_str()]);
-        h.observe(depth);
-        self.depth_by_keyspace.write().insert(keyspace.clone(), h);
+        let label = keyspace.to_string();
+        let (d, p) = (self.depth.with_label_values(&[&label]), self.prompt.with_label_values(&[&label]));
+        d.observe(depth);
+        p.observe(prompt);
+        self.by_keyspace.write().insert(keyspace.clone(), (d, p));
     }
+}
+
+/// A gRPC status code's canonical name (`OK`, `INVALID_ARGUMENT`, ...), as grpc-go, grpc-java
+/// and the gRPC spec spell it: the value of the `code` label.
+pub fn code_name(c: tonic::Code) -> &'static str {
+    use tonic::Code::*;
+    match c {
+        Ok => "OK",
+        Cancelled => "CANCELLED",
+        Unknown => "UNKNOWN",
+        InvalidArgument => "INVALID_ARGUMENT",
+        DeadlineExceeded => "DEADLINE_EXCEEDED",
+        NotFound => "NOT_FOUND",
+        AlreadyExists => "ALREADY_EXISTS",
+        PermissionDenied => "PERMISSION_DENIED",
+        ResourceExhausted => "RESOURCE_EXHAUSTED",
+        FailedPrecondition => "FAILED_PRECONDITION",
+        Aborted => "ABORTED",
+        OutOfRange => "OUT_OF_RANGE",
+        Unimplemented => "UNIMPLEMENTED",
+        Internal => "INTERNAL",
+        Unavailable => "UNAVAILABLE",
+        DataLoss => "DATA_LOSS",
+        Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+/// The build, as Prometheus' `<namespace>_build_info` convention has it: a gauge of 1 whose
+/// labels name the version (the workspace's) and the source revision (`PREFIXLOG_REVISION` at
+/// build time, e.g. a git commit; "unknown" without it). Joined onto other series in queries
+/// (`* on (instance) group_left(version) prefixlog_build_info`).
+pub fn register_build_info(r: &Registry) -> prometheus::Result<()> {
+    let info = IntGaugeVec::new(
+        Opts::new("prefixlog_build_info", "Always 1; the labels name this build"),
+        &["version", "revision"],
+    )?;
+    info.with_label_values(&[
+        env!("CARGO_PKG_VERSION"),
+        option_env!("PREFIXLOG_REVISION").unwrap_or("unknown"),
+    ])
+    .set(1);
+    r.register(Box::new(info))
 }
 
 /// The replica's progress and state, collected at scrape time.
@@ -115,7 +176,7 @@ struct Scrape {
     low: IntGaugeVec,
     high: IntGaugeVec,
     lag: IntGaugeVec,
-    log_time: prometheus::GaugeVec,
+    log_timestamp: prometheus::GaugeVec,
     rewound: IntGaugeVec,
     discontinuous: IntGaugeVec,
     discontinuities: IntCounterVec,
@@ -127,6 +188,7 @@ struct Scrape {
     feed_gaps: prometheus::IntCounter,
     clamped: prometheus::IntCounter,
     gaps_accepted: prometheus::IntCounter,
+    dead_letter: IntCounterVec,
     keyspaces: IntGauge,
     holders: IntGauge,
     holders_gapped: IntGauge,
@@ -176,10 +238,10 @@ impl Scrape {
                 "Records between the next offset and the last polled high watermark, per owned partition",
                 "partition",
             ),
-            log_time: prometheus::GaugeVec::new(
+            log_timestamp: prometheus::GaugeVec::new(
                 Opts::new(
-                    "prefixlog_partition_log_time_seconds",
-                    "Log time (record timestamps), per owned partition",
+                    "prefixlog_partition_log_timestamp_seconds",
+                    "Log time (the newest applied record timestamp) as a Unix time, per owned partition",
                 ),
                 &["partition"],
             )
@@ -232,6 +294,11 @@ impl Scrape {
                 "Records whose timestamp moved log time too far (cut)",
             ),
             gaps_accepted: c("prefixlog_log_gaps_accepted_total", "Log gaps accepted by --accept-log-gaps"),
+            dead_letter: cv(
+                "prefixlog_dead_letter_copies_total",
+                "Copies of refused records to the dead-letter topic, by outcome (copied, failed: dropped)",
+                "outcome",
+            ),
             keyspaces: g("prefixlog_keyspaces", "Keyspaces in the engine"),
             holders: g("prefixlog_holders", "Holders (worker, dp rank, lane) over all keyspaces"),
             holders_gapped: g("prefixlog_holders_gapped", "Holders whose event stream had a gap"),
@@ -267,7 +334,7 @@ impl Scrape {
             &self.low,
             &self.high,
             &self.lag,
-            &self.log_time,
+            &self.log_timestamp,
             &self.rewound,
             &self.discontinuous,
             &self.discontinuities,
@@ -279,6 +346,7 @@ impl Scrape {
             &self.feed_gaps,
             &self.clamped,
             &self.gaps_accepted,
+            &self.dead_letter,
             &self.keyspaces,
             &self.holders,
             &self.holders_gapped,
@@ -314,7 +382,7 @@ impl StateCollector {
             s.low.with_label_values(&l).set(st.low_watermark.load(Ordering::Acquire));
             s.high.with_label_values(&l).set(st.high_watermark.load(Ordering::Acquire));
             s.lag.with_label_values(&l).set(self.status.partition_lag(p));
-            s.log_time.with_label_values(&l).set(st.log_time.load(Ordering::Acquire) as f64 / 1e3);
+            s.log_timestamp.with_label_values(&l).set(st.log_time.load(Ordering::Acquire) as f64 / 1e3);
             s.rewound.with_label_values(&l).set(i64::from(st.rewound.load(Ordering::Acquire)));
             s.discontinuous.with_label_values(&l).set(i64::from(st.discontinuous.load(Ordering::Acquire)));
             s.discontinuities.with_label_values(&l).inc_by(st.discontinuities.load(Ordering::Relaxed));
@@ -325,6 +393,9 @@ impl StateCollector {
             }
         }
         s.broker_up.set(i64::from(self.status.broker_ok.load(Ordering::Relaxed)));
+        let dl = &self.status.dead_letter;
+        s.dead_letter.with_label_values(&["copied"]).inc_by(dl.copied.load(Ordering::Relaxed));
+        s.dead_letter.with_label_values(&["failed"]).inc_by(dl.failed.load(Ordering::Relaxed));
         s.broker_silent.set(self.status.since_broker_contact().as_secs_f64());
         s.topic_partitions.set(i64::from(self.status.partitions_observed().unwrap_or(0)));
         s.topic_partitions_changed.set(i64::from(self.status.partition_count_changed().is_some()));

@@ -4,7 +4,7 @@
 //! (driven by [`Readiness`]) and server reflection (v1 and v1alpha, so `grpcurl` works without
 //! `.proto` files), optionally over TLS or mutual TLS.
 
-use crate::admin;
+use crate::admin::AdminPort;
 use crate::health::Readiness;
 use crate::metrics::{QueryMetrics, StateCollector};
 use crate::service::{QueryConfig, QueryService, ReplicaInfo, ReplicaView};
@@ -109,6 +109,7 @@ pub struct RunningServer {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     grpc: Option<JoinHandle<()>>,
     tasks: Vec<JoinHandle<()>>,
+    admin: Option<AdminPort>,
 }
 
 /// What the server serves: one replica's state, and the registry its metrics go to.
@@ -119,6 +120,10 @@ pub struct Served {
     pub applier: Option<Arc<Mutex<Applier>>>,
     pub info: ReplicaInfo,
     pub registry: prometheus::Registry,
+    /// An admin port bound earlier (serving `registry` already, e.g. during a restore): the
+    /// server switches its `/readyz` to the replica's readiness instead of binding
+    /// [`ServerConfig::admin_addr`].
+    pub admin: Option<AdminPort>,
 }
 
 impl Served {
@@ -140,6 +145,7 @@ impl Served {
                 peers: Vec::new(),
             },
             registry: prometheus::Registry::new(),
+            admin: None,
         }
     }
 }
@@ -173,6 +179,7 @@ impl RunningServer {
         for t in self.tasks.drain(..) {
             t.abort();
         }
+        self.admin = None;
     }
 }
 
@@ -184,7 +191,7 @@ impl Drop for RunningServer {
 
 /// Binds both ports and starts serving on the current tokio runtime.
 pub async fn start(cfg: ServerConfig, served: Served) -> anyhow::Result<RunningServer> {
-    let Served { engine, status, applier, info, registry } = served;
+    let Served { engine, status, applier, info, registry, admin } = served;
     let readiness = Arc::new(Readiness::new(status.clone(), cfg.ready_lag, cfg.stale_after));
     let query_metrics = Arc::new(QueryMetrics::new(&registry)?);
     registry.register(Box::new(StateCollector::new(
@@ -195,7 +202,7 @@ pub async fn start(cfg: ServerConfig, served: Served) -> anyhow::Result<RunningS
     )))?;
     registry.register(Box::new(status.apply_latency.clone()))?;
     let (reporter, health) = tonic_health::server::health_reporter();
-    let mut tasks = vec![tokio::spawn(readiness.clone().drive(reporter, Duration::from_millis(50)))];
+    let tasks = vec![tokio::spawn(readiness.clone().drive(reporter, Duration::from_millis(50)))];
 
     let reflection = || {
         tonic_reflection::server::Builder::configure()
@@ -236,17 +243,15 @@ pub async fn start(cfg: ServerConfig, served: Served) -> anyhow::Result<RunningS
         }
     });
 
-    let mut admin_addr = None;
-    if let Some(a) = cfg.admin_addr {
-        let l = tokio::net::TcpListener::bind(a).await?;
-        admin_addr = Some(l.local_addr()?);
-        let app = admin::router(registry, readiness.clone());
-        tasks.push(tokio::spawn(async move {
-            if let Err(e) = axum::serve(l, app).await {
-                tracing::error!(error = %e, "admin HTTP server stopped");
-            }
-        }));
+    let admin = match (admin, cfg.admin_addr) {
+        (Some(port), _) => Some(port),
+        (None, Some(a)) => Some(AdminPort::bind(a, registry, readiness.clone()).await?),
+        (None, None) => None,
+    };
+    if let Some(port) = &admin {
+        port.serve_readiness(readiness.clone());
     }
+    let admin_addr = admin.as_ref().map(AdminPort::addr);
     tracing::info!(%grpc_addr, admin = ?admin_addr, "query service listening");
-    Ok(RunningServer { grpc_addr, admin_addr, readiness, stop: Some(stop), grpc: Some(grpc), tasks })
+    Ok(RunningServer { grpc_addr, admin_addr, readiness, stop: Some(stop), grpc: Some(grpc), tasks, admin })
 }

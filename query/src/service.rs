@@ -154,7 +154,7 @@ impl QueryService {
             self.metrics.observe_read_lock_wait(waiting.elapsed());
             scores(&g, &c.locals, &req, c.top_k, &c.candidates)
         };
-        self.metrics.observe_depth(&c.keyspace, scores.first().map_or(0, |s| s.depth));
+        self.metrics.observe_match(&c.keyspace, scores.first().map_or(0, |s| s.depth), c.locals.len());
         Ok(MatchResponse {
             scores,
             applied: applied
