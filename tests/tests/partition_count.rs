@@ -99,6 +99,7 @@ async fn changed(b: &KafkaBackend) {
             peers: vec![],
         },
         registry: prometheus::Registry::new(),
+        admin: None,
     };
     let cfg = ServerConfig {
         grpc_addr: ([127, 0, 0, 1], 0).into(),
