@@ -102,6 +102,11 @@ impl Keyspace {
         self.holders.len()
     }
 
+    /// Holders whose worker lives in log partition `p` (under `EngineConfig::partitions`).
+    pub fn holders_in_partition(&self, p: u32) -> u32 {
+        self.holders.in_group(p)
+    }
+
     /// Block positions in the trie (each held by one or more holders, or an unheld ancestor
     /// or record end of held ones).
     pub fn node_count(&self) -> usize {
@@ -184,7 +189,16 @@ impl Keyspace {
         blocks: &[(u64, u64)],
         t: LogTime,
     ) -> Result<u32, ApplyError> {
-        let h = self.holder_or_insert(key);
+        let h = match (self.holders.get(&key), parent_ext) {
+            (Some(h), _) => h,
+            (None, None) => self.holder_or_insert(key),
+            // A holder that holds nothing cannot hold the parent: refused, and nothing is
+            // created (the holder's existence never depends on refused writes).
+            (None, Some(p)) => {
+                self.stats.stores_rejected += 1;
+                return Err(ApplyError::MissingParent { holder: key, parent_ext: p });
+            }
+        };
         let snap = self.snap(h);
         let r = self.store_inner(h, key, parent_ext, blocks, t);
         self.settle(h, snap);
@@ -332,7 +346,7 @@ impl Keyspace {
         let snap = self.snap(h);
         self.touch(h, t);
         let n = self.clear_blocks(h);
-        self.holders.at_mut(h).fed = true;
+        self.become_fed(h);
         self.settle(h, snap);
         self.stats.blocks_removed += u64::from(n);
         n
@@ -369,9 +383,9 @@ impl Keyspace {
         let snap = self.snap(h);
         let out = self.place_inner(h, locals, t);
         self.settle(h, snap);
-        if locals.is_empty() {
-            self.gc_holder(h);
-        }
+        // Nothing left (an empty placement, or one longer than the capacity evicted itself):
+        // the holder goes now, so that every inferred holder holds a block between writes.
+        self.gc_holder(h);
         out
     }
 
@@ -386,10 +400,10 @@ impl Keyspace {
         PlaceOutcome::Placed { added }
     }
 
-    /// Removes every holder of `worker` (all dp ranks and lanes).
+    /// Removes every holder of `worker` (all dp ranks and lanes): only those holders are
+    /// visited, whatever else the keyspace holds.
     pub fn drop_worker(&mut self, worker: u64) -> u32 {
-        let victims: Vec<u32> =
-            self.holders.sorted().into_iter().filter(|&i| self.holders.at(i).key.worker == worker).collect();
+        let victims = self.holders.of_worker(worker);
         let mut n = 0;
         for h in victims {
             let snap = self.snap(h);
@@ -401,22 +415,31 @@ impl Keyspace {
         n
     }
 
-    /// Expires inferred blocks older than the placement TTL at log time `now`, for holders
-    /// selected by `filter` (the caller passes the holders of the partition whose log time
-    /// advanced). Returns the number of blocks expired.
-    pub fn expire(&mut self, now: LogTime, filter: impl Fn(&HolderKey) -> bool) -> u64 {
+    /// Expires inferred blocks older than the placement TTL at log time `now`, for the holders
+    /// of log partition `group` (the one whose log time advanced), and forgets holders left with
+    /// no blocks. Visits only holders filed for expiry at or before `now - ttl` (in key order),
+    /// never the whole keyspace. Returns the number of blocks expired.
+    pub fn expire(&mut self, now: LogTime, group: u32) -> u64 {
+        let Some(cutoff) = now.checked_sub(self.cfg.placement_ttl_ms) else { return 0 };
         let mut n = 0;
-        for h in self.holders.sorted() {
-            let holder = self.holders.at(h);
-            if holder.fed || !filter(&holder.key) {
-                continue;
-            }
+        for h in self.holders.due(group, cutoff) {
+            self.holders.unqueue(h);
             let snap = self.snap(h);
             n += self.expire_holder(h, now);
             self.settle(h, snap);
+            if let Some(front) = self.holders.at(h).records.front().map(|r| r.time) {
+                self.holders.queue(h, front);
+            }
             self.gc_holder(h);
         }
         n
+    }
+
+    /// Whether [`Self::expire`] at `now` would visit any holder of `group` (a read-only check,
+    /// so callers need not take the write lock when nothing is due).
+    pub fn expiry_due(&self, now: LogTime, group: u32) -> bool {
+        let Some(cutoff) = now.checked_sub(self.cfg.placement_ttl_ms) else { return false };
+        self.holders.next_due(group).is_some_and(|t| t <= cutoff)
     }
 
     // ---- internals ----------------------------------------------------------------------
@@ -441,8 +464,14 @@ impl Keyspace {
     fn ensure_fed(&mut self, h: u32) {
         if !self.holders.at(h).fed {
             self.clear_blocks(h);
-            self.holders.at_mut(h).fed = true;
+            self.become_fed(h);
         }
+    }
+
+    /// Marks the holder event-fed: placements no longer touch it, and it never expires.
+    fn become_fed(&mut self, h: u32) {
+        self.holders.at_mut(h).fed = true;
+        self.holders.unqueue(h);
     }
 
     /// Starts the ext-table slots of exts hashed by [`ext_hash`].
