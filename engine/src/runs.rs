@@ -86,7 +86,7 @@ const RUN_CHUNK: usize = 1 << RUN_CHUNK_BITS;
 /// Runs the first chunk has room for at first. It grows by doubling to [`RUN_CHUNK`] (one copy
 /// of at most 4,096 runs, once per keyspace), so a keyspace with a few runs does not reserve
 /// a whole chunk (320 KiB); later chunks are allocated at full size and never move.
-const FIRST_RUN_CHUNK: usize = 16;
+const FIRST_RUN_CHUNK: usize = 4;
 
 /// Runs in chunks with a free list of ids.
 #[derive(Clone, Default)]
