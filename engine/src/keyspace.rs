@@ -53,6 +53,8 @@ pub struct Keyspace {
     ext_scratch: Vec<u64>,
     /// The ext hashes of a removal.
     hash_scratch: Vec<u64>,
+    /// Holders visited by `drop_worker` and `expire` (not state: a measure of their work).
+    visited: u64,
 }
 
 impl Keyspace {
@@ -72,6 +74,7 @@ impl Keyspace {
             locals: Vec::new(),
             ext_scratch: Vec::new(),
             hash_scratch: Vec::new(),
+            visited: 0,
         }
     }
 
@@ -100,6 +103,12 @@ impl Keyspace {
 
     pub fn holder_count(&self) -> usize {
         self.holders.len()
+    }
+
+    /// Holders `drop_worker` and `expire` have visited since this copy was made: their work,
+    /// which must follow what they change, not the size of the keyspace. Not applied state.
+    pub fn holders_visited(&self) -> u64 {
+        self.visited
     }
 
     /// Holders whose worker lives in log partition `p` (under `EngineConfig::partitions`).
@@ -404,6 +413,7 @@ impl Keyspace {
     /// visited, whatever else the keyspace holds.
     pub fn drop_worker(&mut self, worker: u64) -> u32 {
         let victims = self.holders.of_worker(worker);
+        self.visited += victims.len() as u64;
         let mut n = 0;
         for h in victims {
             let snap = self.snap(h);
@@ -422,7 +432,9 @@ impl Keyspace {
     pub fn expire(&mut self, now: LogTime, group: u32) -> u64 {
         let Some(cutoff) = now.checked_sub(self.cfg.placement_ttl_ms) else { return 0 };
         let mut n = 0;
-        for h in self.holders.due(group, cutoff) {
+        let due = self.holders.due(group, cutoff);
+        self.visited += due.len() as u64;
+        for h in due {
             self.holders.unqueue(h);
             let snap = self.snap(h);
             n += self.expire_holder(h, now);
