@@ -287,12 +287,27 @@ impl Keyspace {
 
     /// Makes `ext` resolve to block `b` for the holder: the block's canonical ext when it has
     /// none and `ext` is free, else a holder-local override.
+    ///
+    /// An engine that names another block with an ext it used before rebinds the ext: the
+    /// holder's override of it (if any) goes, so `overrides` and `override_of` stay inverse
+    /// maps (a stale entry would later drop the override of another block, leaving a block
+    /// that a removal can no longer name: an overcount).
     pub(crate) fn bind_or_override(&mut self, h: u32, b: u32, ext: u64) {
         if self.trie.bind_ext(b, ext) {
+            let holder = self.holders.at_mut(h);
+            if !holder.overrides.is_empty() {
+                if let Some(old) = holder.overrides.remove(&ext) {
+                    holder.override_of.remove(&old);
+                }
+            }
             return;
         }
         let holder = self.holders.at_mut(h);
-        holder.overrides.insert(ext, b);
+        if let Some(prev) = holder.overrides.insert(ext, b) {
+            if prev != b {
+                holder.override_of.remove(&prev);
+            }
+        }
         if let Some(old) = holder.override_of.insert(b, ext) {
             if old != ext {
                 holder.overrides.remove(&old);

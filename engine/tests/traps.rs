@@ -371,3 +371,26 @@ fn replace_group_moves_a_partition_exactly() {
     let o = MatchOptions { intervals: true, ..Default::default() };
     assert_eq!(bad.match_chain(&[1, 2, 3], &o), good.match_chain(&[1, 2, 3], &o));
 }
+
+/// An engine that names a second block with an ext it used for a first one (hash collisions,
+/// or a buggy bridge) rebinds the ext. Before the fix the first block kept a stale entry in
+/// the holder's override maps; removing that block (by its canonical ext) then dropped the
+/// override of the *second* one, so a later removal of the second block by the rebound ext
+/// found nothing and the block stayed credited: an overcount.
+#[test]
+fn rebinding_an_ext_never_strands_a_block() {
+    let mut k = ks();
+    // B binds the canonical exts: block [1] is 100, block [2] is 200.
+    k.store(B, None, &[(100, 1)], 1).unwrap();
+    k.store(B, None, &[(200, 2)], 1).unwrap();
+    // A names both blocks 7 in turn (overrides: the canonical exts are taken).
+    k.store(A, None, &[(7, 1)], 2).unwrap();
+    k.store(A, None, &[(7, 2)], 3).unwrap();
+    k.check_invariants().unwrap();
+    // A evicts block [1] by its canonical ext, then block [2] by the ext it last gave it.
+    assert_eq!(k.remove(A, &[100], 4), (1, 0));
+    assert_eq!(k.remove(A, &[7], 5), (1, 0), "7 still names block [2] for A");
+    assert_eq!(depth(&k, &[2], A), 0, "A no longer holds [2]");
+    assert_eq!(k.holder(&A).unwrap().blocks, 0);
+    k.check_invariants().unwrap();
+}
