@@ -124,6 +124,7 @@ struct Scrape {
     feed_gaps: prometheus::IntCounter,
     clamped: prometheus::IntCounter,
     gaps_accepted: prometheus::IntCounter,
+    without_keyspace: prometheus::IntCounter,
     keyspaces: IntGauge,
     holders: IntGauge,
     holders_gapped: IntGauge,
@@ -211,6 +212,11 @@ impl Scrape {
                 "Records whose timestamp moved log time too far (cut)",
             ),
             gaps_accepted: c("prefixlog_log_gaps_accepted_total", "Log gaps accepted by --accept-log-gaps"),
+            without_keyspace: c(
+                "prefixlog_writes_without_keyspace_total",
+                "Removals, clears and refused stores for keyspaces that do not exist: no-ops that create \
+                 nothing (since the process started)",
+            ),
             keyspaces: g("prefixlog_keyspaces", "Keyspaces in the engine"),
             holders: g("prefixlog_holders", "Holders (worker, dp rank, lane) over all keyspaces"),
             holders_gapped: g("prefixlog_holders_gapped", "Holders whose event stream had a gap"),
@@ -237,6 +243,7 @@ impl Scrape {
             &self.feed_gaps,
             &self.clamped,
             &self.gaps_accepted,
+            &self.without_keyspace,
             &self.keyspaces,
             &self.holders,
             &self.holders_gapped,
@@ -300,6 +307,7 @@ impl StateCollector {
     }
 
     fn fill_state(&self, s: &Scrape) {
+        s.without_keyspace.inc_by(self.engine.writes_without_keyspace());
         let kss = self.engine.keyspaces();
         s.keyspaces.set(kss.len() as i64);
         for cell in kss {
