@@ -69,8 +69,8 @@ impl Default for StateSettings {
     /// a few lanes and models, over 16-64 partitions (10,000 workers on paper). A partition
     /// then sees ~130 workers (625 at 10,000), ~1,000 feeds (one model: worker × dp rank; 5,000
     /// at 10,000 workers) and a few holders per feed. The defaults take a whole 2,048 × 8 fleet
-    /// with two models in one partition (32,768 feeds) with four lanes each (65,536 holders),
-    /// and 4,096 workers. What each limit costs at most is in the README.
+    /// in one partition (16,384 feeds) with four lanes each (65,536 holders), and 4,096
+    /// workers. What each limit costs at most is in the README ("Bounded state").
     fn default() -> Self {
         Self {
             placement_ttl_ms: 120_000,
@@ -83,7 +83,7 @@ impl Default for StateSettings {
             max_log_time_step_ms: 60_000,
             // A keyspace is a model × block size × hash scheme: a fleet serves a few.
             max_keyspaces_per_partition: 64,
-            max_feeds_per_partition: 32_768,
+            max_feeds_per_partition: 16_384,
             // Hybrid models keep a few cache groups (full attention, sliding window, state).
             max_lanes_per_feed: 16,
             max_holders_per_partition: 65_536,

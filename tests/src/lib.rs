@@ -14,6 +14,7 @@
 //! reported as `NOT RUN (reason)` — e.g. testcontainers without a Docker engine, which fails
 //! within milliseconds. Tests run their body once per backend and print which ran.
 
+pub mod flood;
 pub mod http;
 pub mod replicas;
 
