@@ -170,16 +170,20 @@ impl Engine {
             None if locals.is_empty() => return PlaceOutcome::Placed { added: 0 },
             None => self.keyspace_or_create(id),
         };
-        let out = ks.write(|k| k.place(key, locals, t));
-        self.release_if_empty(id);
+        let (out, empty) = ks.write(|k| (k.place(key, locals, t), k.holder_count() == 0));
+        if empty {
+            self.release_if_empty(id);
+        }
         out
     }
 
     /// [`Keyspace::drop_worker`], freeing the keyspace if no holder is left.
     pub fn drop_worker(&self, id: &KeyspaceId, worker: u64) -> u32 {
         let Some(ks) = self.keyspace(id) else { return 0 };
-        let n = ks.write(|k| k.drop_worker(worker));
-        self.release_if_empty(id);
+        let (n, empty) = ks.write(|k| (k.drop_worker(worker), k.holder_count() == 0));
+        if empty {
+            self.release_if_empty(id);
+        }
         n
     }
 
@@ -190,13 +194,16 @@ impl Engine {
         if !ks.read().expiry_due(now, group) {
             return 0;
         }
-        let n = ks.write(|k| k.expire(now, group));
-        self.release_if_empty(id);
+        let (n, empty) = ks.write(|k| (k.expire(now, group), k.holder_count() == 0));
+        if empty {
+            self.release_if_empty(id);
+        }
         n
     }
 
     /// Frees the keyspace if it has no holders. Returns whether it did. Queries that already
-    /// hold it read on from their copy; later ones find no keyspace.
+    /// hold it read on from their copy; later ones find no keyspace. Takes the keyspace map's
+    /// write lock: the write methods call it only when their write left no holder.
     pub fn release_if_empty(&self, id: &KeyspaceId) -> bool {
         let mut map = self.keyspaces.write();
         let empty = map.get(id).is_some_and(|k| k.read().holder_count() == 0);
