@@ -96,8 +96,12 @@ impl Default for StateSettings {
     }
 }
 
-/// The encoding version of [`StateSettings::encode`]: 2 added the limits. Version 1 (no
-/// limits) is still read, as the settings it was applied with: every limit unlimited.
+/// The encoding version of [`StateSettings::encode`]: 2 added the limits. Version 1 is still
+/// read, as the settings of a state applied before limits existed: every limit `u32::MAX`, a
+/// value reserved for that (refused in any other settings), because those builds applied the
+/// log differently in more than the limits (keyspaces for removals and clears, holders for
+/// stores under a missing parent). Such settings never equal a configured build's, so an
+/// upgraded replica replays rather than takes those states for its own.
 const ENCODING: u8 = 2;
 const FIELDS: usize = 15;
 const FIELDS_V1: usize = 8;
@@ -113,11 +117,17 @@ pub enum SettingsError {
     Version(u8),
     #[error("state settings: {field} must be at least 1")]
     Zero { field: &'static str },
+    #[error(
+        "state settings: {field} {}: that value stands for states applied before limits existed; \
+         use a smaller one",
+        u32::MAX
+    )]
+    Reserved { field: &'static str },
 }
 
 impl StateSettings {
-    /// `self` with every limit lifted: what a version-1 encoding (written before limits
-    /// existed) describes.
+    /// `self` as applied before limits existed: what a version-1 encoding describes (module
+    /// doc of the encoding: every limit `u32::MAX`).
     pub const fn without_limits(self) -> Self {
         Self {
             max_keyspaces_per_partition: u32::MAX,
@@ -147,7 +157,14 @@ impl StateSettings {
         Duration::from_millis(self.placement_ttl_ms)
     }
 
-    /// Refuses values that would make the applier divide by zero or never record a point.
+    /// Whether these are the settings of a state applied before limits existed.
+    pub fn before_limits(&self) -> bool {
+        self.fields()[FIELDS_V1..].iter().all(|&v| v == u64::from(u32::MAX))
+    }
+
+    /// Refuses values that would make the applier divide by zero or never record a point, a
+    /// limit of 0, and the reserved limit `u32::MAX` (unless every limit has it: the settings of
+    /// a state applied before limits, read from a version-1 encoding).
     pub fn validate(&self) -> Result<(), SettingsError> {
         let zero = |field| Err(SettingsError::Zero { field });
         if self.max_blocks_per_lock == 0 {
@@ -166,22 +183,29 @@ impl StateSettings {
         if let Some(i) = (FIELDS_V1..FIELDS).find(|&i| self.fields()[i] == 0) {
             return zero(NAMES[i]);
         }
+        if !self.before_limits() {
+            if let Some(i) = (FIELDS_V1..FIELDS).find(|&i| self.fields()[i] == u64::from(u32::MAX)) {
+                return Err(SettingsError::Reserved { field: NAMES[i] });
+            }
+        }
         Ok(())
     }
 
-    /// Fixed-width little-endian encoding (checkpoints, the peer `Digests` reply).
+    /// Fixed-width little-endian encoding (checkpoints, the peer `Digests` reply): version 2,
+    /// or version 1 for the settings of a state applied before limits (as it was read).
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(encoded_len(FIELDS));
-        out.push(ENCODING);
-        for v in self.fields() {
+        let (version, fields) = if self.before_limits() { (1, FIELDS_V1) } else { (ENCODING, FIELDS) };
+        let mut out = Vec::with_capacity(encoded_len(fields));
+        out.push(version);
+        for v in &self.fields()[..fields] {
             out.extend_from_slice(&v.to_le_bytes());
         }
         out
     }
 
-    /// Reads version 2, and version 1 as the settings it was applied with (no limits), so a
+    /// Reads version 2, and version 1 as the settings it was applied with (before limits), so a
     /// checkpoint of an older build compares as applied with other settings: refused, or
-    /// replayed (`--replay-on-settings-change`), never taken for a state within the limits.
+    /// replayed (`--replay-on-settings-change`), never taken for a state of this build.
     pub fn decode(buf: &[u8]) -> Result<Self, SettingsError> {
         let version = *buf.first().ok_or(SettingsError::Length { len: 0, expected: 1, version: 0 })?;
         let fields = match version {
@@ -244,11 +268,17 @@ impl StateSettings {
 
     /// `name: ours vs theirs` for every field that differs (error messages).
     pub fn differences(&self, other: &Self) -> Vec<String> {
-        NAMES
-            .iter()
-            .zip(self.fields().iter().zip(other.fields()))
-            .filter(|(_, (a, b))| *a != b)
-            .map(|(n, (a, b))| format!("{n} {a} vs {b}"))
+        let show = |i: usize, v: u64| {
+            if i >= FIELDS_V1 && v == u64::from(u32::MAX) {
+                "none (applied before limits)".to_string()
+            } else {
+                v.to_string()
+            }
+        };
+        (0..FIELDS)
+            .map(|i| (i, self.fields()[i], other.fields()[i]))
+            .filter(|(_, a, b)| a != b)
+            .map(|(i, a, b)| format!("{} {} vs {}", NAMES[i], show(i, a), show(i, b)))
             .collect()
     }
 }
@@ -278,7 +308,9 @@ impl fmt::Display for StateSettings {
         for (i, (name, v)) in NAMES.iter().zip(self.fields()).enumerate() {
             let sep = if i == 0 { "" } else { ", " };
             match v {
-                _ if i >= FIELDS_V1 && v == u64::from(u32::MAX) => write!(f, "{sep}{name} unlimited")?,
+                _ if i >= FIELDS_V1 && v == u64::from(u32::MAX) => {
+                    write!(f, "{sep}{name} none (applied before limits)")?
+                }
                 _ if name.ends_with("_ms") => write!(f, "{sep}{} {v}ms", name.trim_end_matches("_ms"))?,
                 _ => write!(f, "{sep}{name} {v}")?,
             }
@@ -313,10 +345,11 @@ mod tests {
     }
 
     /// A version-1 encoding (before limits; bytes as that build wrote them) reads as the
-    /// settings it was applied with: no limits. So it differs from the defaults, and a
-    /// checkpoint of that build is refused or replayed, never taken for a state within limits.
+    /// settings it was applied with: before limits. It differs from any settings a build can
+    /// be configured with (the limits' reserved value), so a checkpoint of that build is
+    /// refused or replayed, never taken for a state of this one.
     #[test]
-    fn version_one_reads_as_unlimited() {
+    fn version_one_reads_as_before_limits() {
         let mut v1 = vec![1u8];
         for x in [120_000u64, 1 << 22, 1 << 16, 32, 16_384, 1_000, 1_000, 60_000] {
             v1.extend_from_slice(&x.to_le_bytes());
@@ -325,9 +358,13 @@ mod tests {
         assert_eq!(old, StateSettings::default().without_limits());
         let diffs = StateSettings::default().differences(&old);
         assert_eq!(diffs.len(), 7, "{diffs:?}");
-        assert_eq!(diffs[0], format!("max_keyspaces_per_partition 64 vs {}", u32::MAX));
-        assert!(old.to_string().contains("max_keyspaces_per_partition unlimited"), "{old}");
-        assert_eq!(StateSettings::decode(&old.encode()), Ok(old), "re-encoded as version 2");
+        assert_eq!(diffs[0], "max_keyspaces_per_partition 64 vs none (applied before limits)");
+        assert!(old.to_string().contains("max_name_bytes none (applied before limits)"), "{old}");
+        assert_eq!(old.encode(), v1, "written back as it was read");
+        // The reserved value, in settings a build would apply with: refused.
+        let max = StateSettings { max_lanes_per_feed: u32::MAX, ..StateSettings::default() };
+        assert_eq!(max.validate(), Err(SettingsError::Reserved { field: "max_lanes_per_feed" }));
+        assert_eq!(StateSettings::decode(&max.encode()), Err(SettingsError::Reserved { field: "max_lanes_per_feed" }));
     }
 
     #[test]
