@@ -73,8 +73,9 @@ fn main() {
     let a = Args::parse();
     let cfg = EngineConfig { partitions: a.partitions, ..Default::default() };
     let start = (rss(), LIVE.load(Ordering::Relaxed));
-    let empty: Vec<Keyspace> =
-        (0..a.keyspaces).map(|i| Keyspace::new(KeyspaceId::new(format!("m{i}"), 16, 1), cfg.clone())).collect();
+    let empty: Vec<Keyspace> = (0..a.keyspaces)
+        .map(|i| Keyspace::new(KeyspaceId::new(format!("m{i}"), 16, 1), cfg.clone()))
+        .collect();
     report("empty (Keyspace::new)", a.keyspaces, start);
     drop(empty);
     let start = (rss(), LIVE.load(Ordering::Relaxed));

@@ -315,9 +315,10 @@ impl Blocks {
     pub fn grow_ahead(&self) -> Option<SpareChunk> {
         let room = self.capacity() - self.top as usize;
         match self.partial_first() {
-            Some(len) if room <= len / 4 => {
-                Some(SpareChunk::Grown { top: self.top, chunk: self.chunks[0].grown(first_chunk_len(len, 0)) })
-            }
+            Some(len) if room <= len / 4 => Some(SpareChunk::Grown {
+                top: self.top,
+                chunk: self.chunks[0].grown(first_chunk_len(len, 0)),
+            }),
             Some(_) => None,
             None => (room <= CHUNK_AHEAD_ROOM).then(|| SpareChunk::Append(Chunk::new())),
         }
@@ -332,7 +333,10 @@ impl Blocks {
                 None
             }
             SpareChunk::Grown { top, chunk } => {
-                assert!(top == self.top && self.partial_first().is_some(), "blocks written between grow_ahead and install");
+                assert!(
+                    top == self.top && self.partial_first().is_some(),
+                    "blocks written between grow_ahead and install"
+                );
                 Some(SpareChunk::Grown { top, chunk: std::mem::replace(&mut self.chunks[0], chunk) })
             }
         }

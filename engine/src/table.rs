@@ -209,18 +209,12 @@ pub fn prefetch_ptr<T>(p: *const T) {
 
 /// Node indices by 64-bit hash. Keys live in the nodes: callers pass an `eq` that checks a
 /// candidate node, and the table never needs to rehash a key.
-#[derive(Clone)]
+#[derive(Clone, Default)]
 pub struct NodeTable {
     /// Empty until the first insert, then [`SHARDS`] shards.
     shards: Vec<Shard>,
     /// Shards that wanted growth ahead when an insert last touched them ([`Self::grow_ahead`]).
     ahead: Vec<usize>,
-}
-
-impl Default for NodeTable {
-    fn default() -> Self {
-        Self { shards: Vec::new(), ahead: Vec::new() }
-    }
 }
 
 /// A shard's doubled slot array, built by [`NodeTable::grow_ahead`] for [`NodeTable::install`].

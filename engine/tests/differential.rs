@@ -429,7 +429,9 @@ fn apply_through_engine(e: &Engine, id: &KeyspaceId, cfg: &EngineConfig, op: &Op
         Op::Remove { key, exts, t } => drop(e.remove(id, *key, exts, *t)),
         Op::Clear { key, t } => drop(e.clear(id, *key, *t)),
         Op::DropWorker { worker } => drop(e.drop_worker(id, *worker)),
-        Op::Place { key, locals, t } => return Some(e.place(id, *key, locals, *t) != PlaceOutcome::IgnoredFed),
+        Op::Place { key, locals, t } => {
+            return Some(e.place(id, *key, locals, *t) != PlaceOutcome::IgnoredFed)
+        }
         Op::Expire { t, partition } => drop(e.expire(id, *t, *partition)),
         Op::SetGapped { .. } | Op::SetPartitionGapped { .. } => {
             if let Some(ks) = e.keyspace(id) {
@@ -482,14 +484,20 @@ fn keyspaces_exist_exactly_while_they_have_holders() {
             }
             let got = apply_through_engine(&engine, &ids[k], &cfg, &step.op);
             assert_eq!(got, want, "{ctx}: verdict");
-            let live: Vec<KeyspaceId> =
-                ids.iter().zip(&models).filter(|(_, m)| !m.holders.is_empty()).map(|(id, _)| id.clone()).collect();
+            let live: Vec<KeyspaceId> = ids
+                .iter()
+                .zip(&models)
+                .filter(|(_, m)| !m.holders.is_empty())
+                .map(|(id, _)| id.clone())
+                .collect();
             assert_eq!(engine.keyspace_ids(), live, "{ctx}: keyspaces");
             freed += usize::from(existed && models[k].holders.is_empty());
             not_created += usize::from(!existed && models[k].holders.is_empty());
             for (id, m) in ids.iter().zip(&models) {
                 match engine.keyspace(id) {
-                    Some(ks) => compare(&ks.read(), m, &step.queries).unwrap_or_else(|e| panic!("{ctx}: {id}: {e}")),
+                    Some(ks) => {
+                        compare(&ks.read(), m, &step.queries).unwrap_or_else(|e| panic!("{ctx}: {id}: {e}"))
+                    }
                     None => {
                         for (q, o) in &step.queries {
                             assert_eq!(engine.match_chain(id, q, o), None, "{ctx}: {id} answers");
@@ -520,7 +528,9 @@ fn reused_exts_keep_the_override_maps_inverse() {
                 0..=5 => Op::Store {
                     key,
                     parent: r.random_bool(0.2).then(|| r.random_range(0..30)),
-                    blocks: (0..r.random_range(1..4)).map(|_| (r.random_range(0..30), r.random_range(0..4))).collect(),
+                    blocks: (0..r.random_range(1..4))
+                        .map(|_| (r.random_range(0..30), r.random_range(0..4)))
+                        .collect(),
                     t: 1,
                 },
                 6..=8 => Op::Remove { key, exts: vec![r.random_range(0..30)], t: 1 },

@@ -97,7 +97,8 @@ impl Applier {
 
     /// Recomputes every partition's [`Usage`] from the engine and the partition states.
     fn recount_usage(&mut self) {
-        self.usage = (0..self.partitions).map(|p| Usage::of(p, &self.parts[p as usize], &self.engine)).collect();
+        self.usage =
+            (0..self.partitions).map(|p| Usage::of(p, &self.parts[p as usize], &self.engine)).collect();
     }
 
     /// What partition `p`'s records have created, as the limits count it.
@@ -112,7 +113,10 @@ impl Applier {
         for p in 0..self.partitions {
             let recount = Usage::of(p, &self.parts[p as usize], &self.engine);
             if recount != self.usage[p as usize] {
-                return Err(format!("partition {p}: kept {:?}, recounted {recount:?}", self.usage[p as usize]));
+                return Err(format!(
+                    "partition {p}: kept {:?}, recounted {recount:?}",
+                    self.usage[p as usize]
+                ));
             }
         }
         Ok(())
@@ -154,7 +158,8 @@ impl Applier {
     /// with `src`'s (anti-entropy repair, recovery from a peer's checkpoint).
     pub fn replace_partition(&mut self, p: u32, src: &Applier) {
         assert_eq!(self.partitions, src.partitions, "partition states of logs of different partition counts");
-        let mut ids: BTreeSet<KeyspaceId> = self.usage[p as usize].keyspaces_with_holders().into_iter().collect();
+        let mut ids: BTreeSet<KeyspaceId> =
+            self.usage[p as usize].keyspaces_with_holders().into_iter().collect();
         ids.extend(src.usage[p as usize].keyspaces_with_holders());
         for id in ids {
             let theirs = src.engine.keyspace(&id);
@@ -234,8 +239,9 @@ impl Applier {
         let t = self.parts[partition as usize].log_time;
         let max_blocks = self.settings.max_blocks_per_record as usize;
         let p = partition as usize;
-        let admitted = decode(value, partition, self.partitions, max_blocks)
-            .and_then(|op| admit(&op, &self.parts[p], &self.usage[p], &self.engine, &self.settings).map(|()| op));
+        let admitted = decode(value, partition, self.partitions, max_blocks).and_then(|op| {
+            admit(&op, &self.parts[p], &self.usage[p], &self.engine, &self.settings).map(|()| op)
+        });
         let outcome = match admitted {
             Err(r) => {
                 *self.parts[p].counters.bad.entry(r).or_default() += 1;

@@ -137,9 +137,8 @@ pub fn admit(
             }
             // The feed's lanes after the batch: a newer epoch starts the feed afresh.
             let kept = feed.filter(|f| *epoch == f.epoch);
-            let mut after: Vec<u32> = kept.map_or(Vec::new(), |f| {
-                f.lanes.iter().chain(f.lane_meta.keys()).copied().collect()
-            });
+            let mut after: Vec<u32> =
+                kept.map_or(Vec::new(), |f| f.lanes.iter().chain(f.lane_meta.keys()).copied().collect());
             after.extend(events.iter().map(KvOp::lane).chain(lanes.iter().map(|l| l.lane)));
             after.sort_unstable();
             after.dedup();
@@ -167,12 +166,16 @@ pub fn admit(
             check_new_holders(1, usage, s)
         }
         Op::Lifecycle { worker, change: crate::record::Lifecycle::Added { metadata } } => {
-            let bytes: u64 =
-                metadata.iter().map(|(k, v)| (k.len() + v.len()) as u64 + u64::from(METADATA_ENTRY_BYTES)).sum();
+            let bytes: u64 = metadata
+                .iter()
+                .map(|(k, v)| (k.len() + v.len()) as u64 + u64::from(METADATA_ENTRY_BYTES))
+                .sum();
             if bytes > u64::from(s.max_worker_metadata_bytes) {
                 return Err(BadReason::MetadataTooLarge);
             }
-            if !part.workers.contains_key(worker) && part.workers.len() >= s.max_workers_per_partition as usize {
+            if !part.workers.contains_key(worker)
+                && part.workers.len() >= s.max_workers_per_partition as usize
+            {
                 return Err(BadReason::TooManyWorkers);
             }
             Ok(())

@@ -325,7 +325,12 @@ mod tests {
 
     #[test]
     fn encoding_round_trips_and_refuses_garbage() {
-        let s = StateSettings { placement_ttl_ms: 5, holder_capacity: 7, max_lanes_per_feed: 3, ..Default::default() };
+        let s = StateSettings {
+            placement_ttl_ms: 5,
+            holder_capacity: 7,
+            max_lanes_per_feed: 3,
+            ..Default::default()
+        };
         assert_eq!(StateSettings::decode(&s.encode()), Ok(s));
         assert_eq!(
             StateSettings::decode(&[1, 2, 3]),
@@ -336,7 +341,10 @@ mod tests {
         v[0] = 9;
         assert_eq!(StateSettings::decode(&v), Err(SettingsError::Version(9)));
         let none = StateSettings { max_name_bytes: 0, ..s };
-        assert_eq!(StateSettings::decode(&none.encode()), Err(SettingsError::Zero { field: "max_name_bytes" }));
+        assert_eq!(
+            StateSettings::decode(&none.encode()),
+            Err(SettingsError::Zero { field: "max_name_bytes" })
+        );
         let zero = StateSettings { digest_interval: 0, ..s };
         assert_eq!(
             StateSettings::decode(&zero.encode()),
@@ -364,7 +372,10 @@ mod tests {
         // The reserved value, in settings a build would apply with: refused.
         let max = StateSettings { max_lanes_per_feed: u32::MAX, ..StateSettings::default() };
         assert_eq!(max.validate(), Err(SettingsError::Reserved { field: "max_lanes_per_feed" }));
-        assert_eq!(StateSettings::decode(&max.encode()), Err(SettingsError::Reserved { field: "max_lanes_per_feed" }));
+        assert_eq!(
+            StateSettings::decode(&max.encode()),
+            Err(SettingsError::Reserved { field: "max_lanes_per_feed" })
+        );
     }
 
     #[test]

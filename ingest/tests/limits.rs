@@ -5,7 +5,9 @@
 
 use prefixlog_engine::{partition_of, HolderKey, KeyspaceId};
 use prefixlog_ingest::partition_state::PartitionState;
-use prefixlog_ingest::record::{encode_lifecycle, encode_placement, encode_tick, worker_for_partition, KvBatch};
+use prefixlog_ingest::record::{
+    encode_lifecycle, encode_placement, encode_tick, worker_for_partition, KvBatch,
+};
 use prefixlog_ingest::{Applier, BadReason, KvOp, LaneMeta, Lifecycle, Outcome, StateSettings};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -39,7 +41,8 @@ fn stored(lane: u32, blocks: &[u64]) -> KvOp {
 }
 
 fn batch(model: &str, worker: u64, dp_rank: u32, seq: u64, events: &[KvOp], lanes: &[LaneMeta]) -> Vec<u8> {
-    KvBatch { keyspace: &ks(model), worker, dp_rank, epoch: 1, seq, gap_before: false, events, lanes }.encode()
+    KvBatch { keyspace: &ks(model), worker, dp_rank, epoch: 1, seq, gap_before: false, events, lanes }
+        .encode()
 }
 
 /// Everything of partition `p` a refused record must leave as it was.
@@ -112,20 +115,29 @@ fn each_limit_refuses_whole_with_its_reason() {
     let w = workers_of_p0(6);
     let mut l = Log::new(settings());
     // Names.
-    assert_eq!(l.put(w[0], batch("a-long-model", w[0], 0, 1, &[stored(0, &[1])], &[])), Outcome::Bad(BadReason::NameTooLong));
+    assert_eq!(
+        l.put(w[0], batch("a-long-model", w[0], 0, 1, &[stored(0, &[1])], &[])),
+        Outcome::Bad(BadReason::NameTooLong)
+    );
     let kind = LaneMeta { lane: 0, kind: "sliding_window".into(), sliding_window: 8, block_size: 16 };
     assert_eq!(l.put(w[0], batch("m", w[0], 0, 1, &[], &[kind])), Outcome::Bad(BadReason::NameTooLong));
     // Keyspaces: three fit, a fourth is refused, an existing one still works.
     for (i, m) in ["m0", "m1", "m2"].iter().enumerate() {
         assert_eq!(l.put(w[0], batch(m, w[0], 0, 1, &[stored(0, &[10 + i as u64])], &[])), Outcome::Applied);
     }
-    assert_eq!(l.put(w[0], batch("m3", w[0], 0, 1, &[KvOp::Cleared { lane: 0 }], &[])), Outcome::Bad(BadReason::TooManyKeyspaces));
+    assert_eq!(
+        l.put(w[0], batch("m3", w[0], 0, 1, &[KvOp::Cleared { lane: 0 }], &[])),
+        Outcome::Bad(BadReason::TooManyKeyspaces)
+    );
     let placed = encode_placement(&ks("m3"), HolderKey::new(w[1], 0, 0), &[5], &[], "g");
     assert_eq!(l.put(w[1], placed), Outcome::Bad(BadReason::TooManyKeyspaces));
     assert_eq!(l.put(w[0], batch("m0", w[0], 0, 2, &[stored(0, &[20])], &[])), Outcome::Applied);
     // Feeds: 3 exist (w0 dp0 in m0..m2); three more fit, the seventh is refused.
     for dp in 1..4 {
-        assert_eq!(l.put(w[0], batch("m0", w[0], dp, 1, &[KvOp::Cleared { lane: 0 }], &[])), Outcome::Applied);
+        assert_eq!(
+            l.put(w[0], batch("m0", w[0], dp, 1, &[KvOp::Cleared { lane: 0 }], &[])),
+            Outcome::Applied
+        );
     }
     assert_eq!(l.put(w[1], batch("m0", w[1], 0, 1, &[], &[])), Outcome::Bad(BadReason::TooManyFeeds));
     // Lanes: three per feed, counting lane metadata, in one record or over several.
@@ -136,23 +148,38 @@ fn each_limit_refuses_whole_with_its_reason() {
     assert_eq!(l.put(w[0], batch("m1", w[0], 0, 3, &[], &[meta])), Outcome::Bad(BadReason::TooManyLanes));
     // Holders: 3 stored so far (w0 dp0 lane 0 in m0..m2); lanes 1 and 2 of m1 make 5, a
     // store to three new lanes of another feed makes 8 = the limit; one more is refused.
-    assert_eq!(l.put(w[0], batch("m1", w[0], 0, 3, &[stored(1, &[30]), stored(2, &[31])], &[])), Outcome::Applied);
+    assert_eq!(
+        l.put(w[0], batch("m1", w[0], 0, 3, &[stored(1, &[30]), stored(2, &[31])], &[])),
+        Outcome::Applied
+    );
     assert_eq!(l.a.usage(0).holders(), 5);
     let three = [stored(0, &[40]), stored(1, &[41]), stored(2, &[42])];
     assert_eq!(l.put(w[0], batch("m0", w[0], 1, 2, &three, &[])), Outcome::Applied);
-    assert_eq!(l.put(w[0], batch("m0", w[0], 2, 2, &[stored(0, &[50])], &[])), Outcome::Bad(BadReason::TooManyHolders));
+    assert_eq!(
+        l.put(w[0], batch("m0", w[0], 2, 2, &[stored(0, &[50])], &[])),
+        Outcome::Bad(BadReason::TooManyHolders)
+    );
     let placed = encode_placement(&ks("m0"), HolderKey::new(w[2], 0, 0), &[5], &[], "g");
     assert_eq!(l.put(w[2], placed), Outcome::Bad(BadReason::TooManyHolders));
     // Writes to existing holders go on.
     assert_eq!(l.put(w[0], batch("m0", w[0], 1, 3, &[stored(0, &[43])], &[])), Outcome::Applied);
     // Workers and their metadata.
-    let meta = |n: usize| Lifecycle::Added { metadata: (0..n).map(|i| (format!("k{i}"), "v".repeat(10))).collect() };
-    assert_eq!(l.put(w[0], encode_lifecycle(w[0], &meta(3))), Bad(BadReason::MetadataTooLarge), "3 × (2 + 10 + 32) > 80");
+    let meta =
+        |n: usize| Lifecycle::Added { metadata: (0..n).map(|i| (format!("k{i}"), "v".repeat(10))).collect() };
+    assert_eq!(
+        l.put(w[0], encode_lifecycle(w[0], &meta(3))),
+        Bad(BadReason::MetadataTooLarge),
+        "3 × (2 + 10 + 32) > 80"
+    );
     for &x in &w[..3] {
         assert_eq!(l.put(x, encode_lifecycle(x, &meta(1))), Outcome::Applied);
     }
     assert_eq!(l.put(w[3], encode_lifecycle(w[3], &meta(1))), Bad(BadReason::TooManyWorkers));
-    assert_eq!(l.put(w[1], encode_lifecycle(w[1], &meta(0))), Outcome::Applied, "a known worker's new metadata");
+    assert_eq!(
+        l.put(w[1], encode_lifecycle(w[1], &meta(0))),
+        Outcome::Applied,
+        "a known worker's new metadata"
+    );
     // WorkerRemoved frees what the worker had: its feeds, holders and keyspaces.
     assert_eq!(l.put(w[0], encode_lifecycle(w[0], &Lifecycle::Removed)), Outcome::Applied);
     assert_eq!((l.a.usage(0).holders(), l.a.usage(0).keyspaces().count()), (0, 0));
@@ -184,9 +211,14 @@ use Outcome::Bad;
 #[test]
 fn removals_and_clears_of_unknown_keyspaces_create_nothing() {
     let w = workers_of_p0(1)[0];
-    let mut l = Log::new(StateSettings { max_keyspaces_per_partition: 1_000, max_feeds_per_partition: 1_000, ..settings() });
+    let mut l = Log::new(StateSettings {
+        max_keyspaces_per_partition: 1_000,
+        max_feeds_per_partition: 1_000,
+        ..settings()
+    });
     for i in 0..200u64 {
-        let ev = if i % 2 == 0 { KvOp::Cleared { lane: 0 } } else { KvOp::Removed { lane: 0, exts: vec![i] } };
+        let ev =
+            if i % 2 == 0 { KvOp::Cleared { lane: 0 } } else { KvOp::Removed { lane: 0, exts: vec![i] } };
         assert_eq!(l.put(w, batch(&format!("r{i}"), w, 0, 1, &[ev], &[])), Outcome::Applied);
     }
     assert!(l.a.engine().keyspace_ids().is_empty());
@@ -246,7 +278,9 @@ impl Gen {
                             0..=5 => KvOp::Stored {
                                 lane,
                                 parent_ext: r.random_bool(0.2).then(|| r.random_range(0..30)),
-                                blocks: (0..r.random_range(1..4)).map(|_| (r.random_range(0..30), r.random_range(0..4))).collect(),
+                                blocks: (0..r.random_range(1..4))
+                                    .map(|_| (r.random_range(0..30), r.random_range(0..4)))
+                                    .collect(),
                             },
                             6..=7 => KvOp::Removed { lane, exts: vec![r.random_range(0..30)] },
                             _ => KvOp::Cleared { lane },
@@ -262,7 +296,16 @@ impl Gen {
                     })
                     .collect();
                 let epoch = if r.random_bool(0.05) { 2 } else { 1 };
-                let b = KvBatch { keyspace: &ks(&model), worker: w, dp_rank: dp, epoch, seq, gap_before: false, events: &events, lanes: &lanes };
+                let b = KvBatch {
+                    keyspace: &ks(&model),
+                    worker: w,
+                    dp_rank: dp,
+                    epoch,
+                    seq,
+                    gap_before: false,
+                    events: &events,
+                    lanes: &lanes,
+                };
                 (w, b.encode(), false)
             }
             55..=74 => {
@@ -273,11 +316,15 @@ impl Gen {
                 (w, encode_placement(&ks(&model), h, &locals, &[], "g"), false)
             }
             75..=84 => {
-                let metadata = (0..r.random_range(0..4)).map(|i| (format!("k{i}"), "v".repeat(r.random_range(0..30)))).collect();
+                let metadata = (0..r.random_range(0..4))
+                    .map(|i| (format!("k{i}"), "v".repeat(r.random_range(0..30))))
+                    .collect();
                 (w, encode_lifecycle(w, &Lifecycle::Added { metadata }), false)
             }
             85..=88 => (w, encode_lifecycle(w, &Lifecycle::Removed), false),
-            89..=90 => (w, encode_lifecycle(w, &Lifecycle::Restarted { new_epoch: r.random_range(1..4) }), false),
+            89..=90 => {
+                (w, encode_lifecycle(w, &Lifecycle::Restarted { new_epoch: r.random_range(1..4) }), false)
+            }
             _ => (worker_for_partition(p, P), encode_tick(worker_for_partition(p, P)), true),
         }
     }
@@ -292,7 +339,11 @@ struct Naive {
 
 fn naive(a: &Applier, p: u32) -> Naive {
     let part: &PartitionState = a.partition(p);
-    let mut n = Naive { keyspaces: part.feeds.keys().map(|k| k.keyspace.clone()).collect(), holders: 0, holder_keys: BTreeSet::new() };
+    let mut n = Naive {
+        keyspaces: part.feeds.keys().map(|k| k.keyspace.clone()).collect(),
+        holders: 0,
+        holder_keys: BTreeSet::new(),
+    };
     for id in a.engine().keyspace_ids() {
         for h in a.engine().keyspace(&id).unwrap().read().holder_summaries() {
             if partition_of(h.key.worker, P) == p {
@@ -330,7 +381,10 @@ fn random_streams_stay_within_limits_and_refusals_are_justified() {
             for q in 0..P {
                 let n = naive(&l.a, q);
                 let part = l.a.partition(q);
-                assert!(n.keyspaces.len() <= s.max_keyspaces_per_partition as usize, "{ctx}: keyspaces of {q}");
+                assert!(
+                    n.keyspaces.len() <= s.max_keyspaces_per_partition as usize,
+                    "{ctx}: keyspaces of {q}"
+                );
                 assert!(n.holders <= s.max_holders_per_partition as usize, "{ctx}: holders of {q}");
                 assert!(part.feeds.len() <= s.max_feeds_per_partition as usize, "{ctx}: feeds of {q}");
                 assert!(part.workers.len() <= s.max_workers_per_partition as usize, "{ctx}: workers of {q}");
@@ -361,23 +415,41 @@ fn random_streams_stay_within_limits_and_refusals_are_justified() {
 }
 
 /// Checks, from the recount before the record, that refusing `v` for `r` was right.
-fn justify(r: BadReason, before: &Naive, a: &Applier, p: u32, v: &[u8], s: &StateSettings) -> Result<(), String> {
+fn justify(
+    r: BadReason,
+    before: &Naive,
+    a: &Applier,
+    p: u32,
+    v: &[u8],
+    s: &StateSettings,
+) -> Result<(), String> {
     use prefixlog_ingest::record::{decode, Op};
     let op = decode(Some(v), p, P, usize::MAX).map_err(|e| format!("undecodable: {e}"))?;
     let part = a.partition(p);
     let ok = match (&op, r) {
         (Op::KvEvents { keyspace, lanes, .. }, BadReason::NameTooLong) => {
-            keyspace.model.len() > s.max_name_bytes as usize || lanes.iter().any(|l| l.kind.len() > s.max_name_bytes as usize)
+            keyspace.model.len() > s.max_name_bytes as usize
+                || lanes.iter().any(|l| l.kind.len() > s.max_name_bytes as usize)
         }
-        (Op::Placement { keyspace, .. }, BadReason::NameTooLong) => keyspace.model.len() > s.max_name_bytes as usize,
+        (Op::Placement { keyspace, .. }, BadReason::NameTooLong) => {
+            keyspace.model.len() > s.max_name_bytes as usize
+        }
         (Op::KvEvents { keyspace, .. } | Op::Placement { keyspace, .. }, BadReason::TooManyKeyspaces) => {
-            !before.keyspaces.contains(keyspace) && before.keyspaces.len() == s.max_keyspaces_per_partition as usize
+            !before.keyspaces.contains(keyspace)
+                && before.keyspaces.len() == s.max_keyspaces_per_partition as usize
         }
-        (Op::KvEvents { .. }, BadReason::TooManyFeeds) => part.feeds.len() == s.max_feeds_per_partition as usize,
+        (Op::KvEvents { .. }, BadReason::TooManyFeeds) => {
+            part.feeds.len() == s.max_feeds_per_partition as usize
+        }
         (Op::KvEvents { keyspace, worker, dp_rank, epoch, events, lanes, .. }, BadReason::TooManyLanes) => {
-            let feed = part.feeds.iter().find(|(k, _)| &k.keyspace == keyspace && k.worker == *worker && k.dp_rank == *dp_rank);
+            let feed = part
+                .feeds
+                .iter()
+                .find(|(k, _)| &k.keyspace == keyspace && k.worker == *worker && k.dp_rank == *dp_rank);
             let mut all: BTreeSet<u32> = match feed {
-                Some((_, f)) if f.epoch == *epoch => f.lanes.iter().chain(f.lane_meta.keys()).copied().collect(),
+                Some((_, f)) if f.epoch == *epoch => {
+                    f.lanes.iter().chain(f.lane_meta.keys()).copied().collect()
+                }
                 _ => BTreeSet::new(),
             };
             all.extend(events.iter().map(KvOp::lane).chain(lanes.iter().map(|l| l.lane)));
@@ -388,13 +460,18 @@ fn justify(r: BadReason, before: &Naive, a: &Applier, p: u32, v: &[u8], s: &Stat
                 .iter()
                 .filter(|e| matches!(e, KvOp::Stored { parent_ext: None, .. }))
                 .map(KvOp::lane)
-                .filter(|&l| !before.holder_keys.contains(&(keyspace.clone(), HolderKey::new(*worker, *dp_rank, l))))
+                .filter(|&l| {
+                    !before.holder_keys.contains(&(keyspace.clone(), HolderKey::new(*worker, *dp_rank, l)))
+                })
                 .collect();
             !new.is_empty() && before.holders + new.len() > s.max_holders_per_partition as usize
         }
-        (Op::Placement { .. }, BadReason::TooManyHolders) => before.holders == s.max_holders_per_partition as usize,
+        (Op::Placement { .. }, BadReason::TooManyHolders) => {
+            before.holders == s.max_holders_per_partition as usize
+        }
         (Op::Lifecycle { change: Lifecycle::Added { metadata }, .. }, BadReason::MetadataTooLarge) => {
-            metadata.iter().map(|(k, v)| k.len() + v.len() + 32).sum::<usize>() > s.max_worker_metadata_bytes as usize
+            metadata.iter().map(|(k, v)| k.len() + v.len() + 32).sum::<usize>()
+                > s.max_worker_metadata_bytes as usize
         }
         (Op::Lifecycle { worker, .. }, BadReason::TooManyWorkers) => {
             !part.workers.contains_key(worker) && part.workers.len() == s.max_workers_per_partition as usize
@@ -454,10 +531,15 @@ fn limits_refuse_the_same_records_in_every_interleaving() {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let a = run(&mut |open| open[rng.random_range(0..open.len())]);
         for p in 0..P {
-            assert_eq!(a.partition(p), reference.partition(p), "seed {seed} partition {p}: state and counters");
+            assert_eq!(
+                a.partition(p),
+                reference.partition(p),
+                "seed {seed} partition {p}: state and counters"
+            );
             assert_eq!(a.usage(p), reference.usage(p), "seed {seed} partition {p}: usage");
             assert_eq!(a.partition_digest(p), reference.partition_digest(p), "seed {seed} partition {p}");
-            let (x, y): (Vec<_>, Vec<_>) = (a.digest_points(p).collect(), reference.digest_points(p).collect());
+            let (x, y): (Vec<_>, Vec<_>) =
+                (a.digest_points(p).collect(), reference.digest_points(p).collect());
             assert_eq!(x, y, "seed {seed} partition {p}: digest points");
         }
         assert_eq!(holders(&a), holders(&reference), "seed {seed}: keyspaces and holders");

@@ -31,7 +31,14 @@ fn serve(brokers: &str, topic: &str, admin: SocketAddr, log: &std::path::Path) -
     Command::new(env!("CARGO_BIN_EXE_prefixlog"))
         .args(["serve", "--brokers", brokers, "--topic", topic, "--partitions", "1", "--ready-lag", "0"])
         .args(["--tick-interval", "0s", "--status-interval", "60s"])
-        .args(["--grpc-addr", "127.0.0.1:0", "--peer-addr", "127.0.0.1:0", "--admin-addr", &admin.to_string()])
+        .args([
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--peer-addr",
+            "127.0.0.1:0",
+            "--admin-addr",
+            &admin.to_string(),
+        ])
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(log).unwrap())
         .spawn()
@@ -44,7 +51,8 @@ async fn ready_at(admin: SocketAddr, next: u64, within: Duration) -> String {
     let t = Instant::now();
     loop {
         let (code, m) = http_get(admin, "/metrics").await;
-        if code == 200 && sample(&m, metric) == Some(next as f64) && http_get(admin, "/readyz").await.0 == 200 {
+        if code == 200 && sample(&m, metric) == Some(next as f64) && http_get(admin, "/readyz").await.0 == 200
+        {
             return m;
         }
         assert!(t.elapsed() < within, "replica on {admin} not ready at offset {next} within {within:?}");

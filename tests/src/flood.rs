@@ -34,7 +34,7 @@ impl FloodKind {
         let store = |lane: u32| KvOp::Stored { lane, parent_ext: None, blocks: vec![(i + 1, i)] };
         match self {
             FloodKind::Keyspace => {
-                let op = if i % 2 == 0 { KvOp::Cleared { lane: 0 } } else { store(0) };
+                let op = if i.is_multiple_of(2) { KvOp::Cleared { lane: 0 } } else { store(0) };
                 (7, encode_kv_events(&KeyspaceId::new(format!("m{i}"), 16, 1), 7, 0, 1, i + 1, false, &[op]))
             }
             FloodKind::Holder => {

@@ -72,7 +72,8 @@ fn floods_cost_what_the_readme_says() {
 }
 
 fn flood_records_past_the_limits_cost_nothing() {
-    let n: u64 = std::env::var("PREFIXLOG_FLOOD_RECORDS").ok().and_then(|s| s.parse().ok()).unwrap_or(100_000);
+    let n: u64 =
+        std::env::var("PREFIXLOG_FLOOD_RECORDS").ok().and_then(|s| s.parse().ok()).unwrap_or(100_000);
     let s = StateSettings::default();
     for kind in FloodKind::ALL {
         let mut a = Applier::new(1, s);
