@@ -353,14 +353,20 @@ fn replace_group_moves_a_partition_exactly() {
     let cfg = EngineConfig { partitions: 3, holder_capacity: 12, ..Default::default() };
     let mut good = Keyspace::new(KeyspaceId::new("m", 16, 1), cfg.clone());
     let mut bad = Keyspace::new(KeyspaceId::new("m", 16, 1), cfg.clone());
-    stream(&mut good, 5);
-    stream(&mut bad, 5);
+    for k in [&mut good, &mut bad] {
+        stream(k, 5);
+        // Placed holders in every partition: the transplant files them for expiry too.
+        for w in 40..46 {
+            k.place(HolderKey::new(w, 0, 0), &[1, w], 10 + w);
+        }
+    }
     assert_eq!(good.digest(), bad.digest());
     let victim = bad.holder_summaries().into_iter().find(|h| h.blocks > 0).unwrap().key;
     assert!(bad.corrupt_for_test(&victim));
     assert_ne!(good.digest(), bad.digest());
     let g = prefixlog_engine::partition_of(victim.worker, 3);
     bad.replace_group(g, &good);
+    bad.check_invariants().unwrap();
     for p in 0..3 {
         assert_eq!(bad.partition_digest(p), good.partition_digest(p), "partition {p}");
     }
@@ -368,6 +374,13 @@ fn replace_group_moves_a_partition_exactly() {
     stream(&mut good, 6);
     stream(&mut bad, 6);
     assert_eq!(bad.digest(), good.digest(), "future behaviour (eviction, ext resolution) agrees");
+    for p in 0..3 {
+        let expired = (good.expire(200_000, p), bad.expire(200_000, p));
+        assert_eq!(expired.0, expired.1, "partition {p}: expiry agrees");
+    }
+    assert!(good.holder_summaries().iter().all(|h| h.fed), "every placed holder expired");
+    assert_eq!(bad.holder_summaries(), good.holder_summaries());
+    bad.check_invariants().unwrap();
     let o = MatchOptions { intervals: true, ..Default::default() };
     assert_eq!(bad.match_chain(&[1, 2, 3], &o), good.match_chain(&[1, 2, 3], &o));
 }
