@@ -3,7 +3,7 @@
 # machine into ~/.cache/prefixlog/tools (~18 min on 2 cores) and prints the binary's path: the
 # one install that scripts/with-tansu.sh and scripts/build-images.sh share.
 # Features: libsql for sqlite:// storage (the tests, the stack, the benchmarks), dynostore for
-# memory:// (tried for bench-audit, see the README's Audit benchmark).
+# memory:// (tried for bench-audit, see docs/testing.md, "Kafka backends").
 # tansu-storage carries one patch, scripts/tansu/fetch-budget.patch: a SQLite fetch reads only the
 # rows it returns (upstream scans to the high watermark on every fetch, which made a replay from
 # the middle of a long log cost the rest of it). The crates come from crates.io, checked against

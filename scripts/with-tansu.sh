@@ -11,7 +11,7 @@ source "$(dirname "$0")/env.sh"
 cd "$PREFIXLOG_ROOT"
 TANSU="$(bash scripts/install-tansu.sh)"
 # PREFIXLOG_TANSU_STORAGE: sqlite (default: the log on disk) or memory (tansu's object-store
-# engine in memory; bench-audit was measured on both, see the README's Audit benchmark).
+# engine in memory; bench-audit was measured on both, see docs/testing.md, "Kafka backends").
 case "${PREFIXLOG_TANSU_STORAGE:-sqlite}" in
   sqlite) STORAGE="sqlite://tansu.db" ;;
   memory) STORAGE="memory://tansu/" ;;

@@ -54,6 +54,11 @@ pub struct Holder {
     pub override_of: FxHashMap<u32, u64>,
     /// The time this holder is filed under in [`Holders::expiry`] (inferred holders only).
     pub queued: Option<LogTime>,
+    /// The keyspace's write sequence at this holder's last operation: a scrub whose check of
+    /// the holder spans steps tells by it that the holder (or the holder in its slot) changed
+    /// in between. Not state: neither digested nor written to images (a restored keyspace is
+    /// another instance to a scrub).
+    pub last_write: u64,
 }
 
 impl Holder {
@@ -71,6 +76,7 @@ impl Holder {
             overrides: FxHashMap::default(),
             override_of: FxHashMap::default(),
             queued: None,
+            last_write: 0,
         }
     }
 }

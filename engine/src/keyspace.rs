@@ -33,6 +33,12 @@ pub struct HolderSummary {
     pub last_time: LogTime,
 }
 
+/// A fresh [`Keyspace::instance`].
+fn next_instance() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 /// How many blocks ahead a write prefetches ext-table slots.
 const PREFETCH_AHEAD: usize = 12;
 
@@ -55,6 +61,11 @@ pub struct Keyspace {
     hash_scratch: Vec<u64>,
     /// Holders visited by `drop_worker` and `expire` (not state: a measure of their work).
     pub(crate) visited: u64,
+    /// Which keyspace this is to a scrub spanning steps: new for every keyspace made (a rebuild
+    /// or an image read makes a new one), kept by a clone (the two copies of a paired cell).
+    pub(crate) instance: u64,
+    /// Operations settled so far (see `Holder::last_write`). Not state.
+    pub(crate) write_seq: u64,
 }
 
 impl Keyspace {
@@ -75,6 +86,8 @@ impl Keyspace {
             ext_scratch: Vec::new(),
             hash_scratch: Vec::new(),
             visited: 0,
+            instance: next_instance(),
+            write_seq: 0,
         }
     }
 
@@ -545,6 +558,8 @@ impl Keyspace {
     /// Carries the change of a holder's term since [`Self::snap`] into the aggregates. Done once
     /// per operation, not per block.
     pub(crate) fn settle(&mut self, h: u32, (old, blocks_before): (u64, u32)) {
+        self.write_seq += 1;
+        self.holders.at_mut(h).last_write = self.write_seq;
         self.holders.sync_card(h);
         let holder = self.holders.at(h);
         let new = holder_term(&holder.key, holder.blocks, holder.digest);
@@ -559,7 +574,8 @@ impl Keyspace {
         self.holder_blocks = self.holder_blocks + u64::from(blocks_after) - u64::from(blocks_before);
     }
 
-    /// Recomputes the aggregates from the holders (after a rebuild).
+    /// Recomputes the aggregates from the holders (after a rebuild or an image read, and after
+    /// a repair's transplant, so a damaged holder leaves no residue behind).
     pub(crate) fn recompute_aggregates(&mut self) {
         for h in 0..self.holders.slots.len() as u32 {
             if self.holders.slots[h as usize].is_some() {

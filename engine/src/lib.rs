@@ -25,6 +25,8 @@
 //! - [`invariants`]: [`Keyspace::check_invariants`], recomputing everything writes maintain
 //!   by hand (pins, counts, digests, run layout, tables, free lists, overrides);
 //!   `trie_check`: its structural half.
+//! - [`scrub`]: the same checks cut into steps of bounded cost ([`Keyspace::scrub_step`]), so
+//!   a running replica verifies the structures queries read against its digests.
 //! - `transplant`: [`Keyspace::replace_group`], moving one partition's holders in from a
 //!   rebuilt keyspace (anti-entropy repair).
 //! - `trie`: the path-compressed trie: runs of blocks with one membership list each, child and
@@ -73,6 +75,7 @@ mod rebuild;
 mod runs;
 mod same;
 pub mod scheme;
+pub mod scrub;
 mod store_check;
 mod table;
 mod transplant;
@@ -91,6 +94,7 @@ pub mod testing {
 pub use image::ImageError;
 pub use invariants::InvariantError;
 pub use keyspace::{HolderSummary, Keyspace, PlaceOutcome};
+pub use scrub::{ScrubCursor, ScrubFinding, ScrubStep};
 pub use types::{
     partition_of, ApplyError, EngineConfig, HolderKey, HolderMatch, InvalidStoreReason, KeyspaceId,
     KeyspaceStats, LogTime, MatchOptions,

@@ -244,6 +244,9 @@ fn run_with(steps: &[Step], fault: Option<Fault>, cfg: &EngineConfig) -> Result<
     let cfg = cfg.clone();
     let mut ks = keyspace(&cfg);
     let mut model = RefModel::new(cfg.clone());
+    // A scrub in small steps between the writes, as a running replica's: its cursor spans
+    // writes, and no consistent state may ever fail a step.
+    let mut scrub = prefixlog_engine::ScrubCursor::default();
     for (i, step) in steps.iter().enumerate() {
         let outcome = catch_unwind(AssertUnwindSafe(|| -> Result<(), String> {
             let want = apply_model(&mut model, &step.op);
@@ -251,7 +254,11 @@ fn run_with(steps: &[Step], fault: Option<Fault>, cfg: &EngineConfig) -> Result<
             if let Some(f) = fault {
                 f(&mut ks, &step.op);
             }
-            compare(&ks, &model, &step.queries)
+            compare(&ks, &model, &step.queries)?;
+            for _ in 0..2 {
+                ks.scrub_step(&mut scrub, 7).map_err(|e| format!("scrub: {e}"))?;
+            }
+            Ok(())
         }));
         let outcome = outcome.unwrap_or_else(|p| {
             let msg = p

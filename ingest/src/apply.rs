@@ -57,6 +57,18 @@ pub enum Outcome {
     AlreadyApplied,
 }
 
+/// Applying a record failed (a panic: a bug, never input; bad records are refused and
+/// counted). The state may hold part of that record: the [`Applier`] is marked with it
+/// ([`Applier::mark_failed`]) and no checkpoint is taken of it from then on.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("applying partition {partition}'s record at offset {offset} failed: {message}")]
+pub struct ApplyFailure {
+    pub partition: u32,
+    pub offset: i64,
+    /// The panic's message.
+    pub message: String,
+}
+
 /// A record offered out of order: the partition's state ends at `expected`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("partition {partition}: offset {offered} offered, the state ends at {expected} (records in between are missing)")]
@@ -74,6 +86,8 @@ pub struct Applier {
     points: Vec<VecDeque<DigestPoint>>,
     /// Derived from `parts` and the engine, per partition (module doc); never persisted.
     usage: Vec<Usage>,
+    /// The first record whose apply failed, if one did: the state may hold part of it.
+    failed: Option<ApplyFailure>,
 }
 
 impl Applier {
@@ -90,7 +104,7 @@ impl Applier {
         engine.release_empty();
         let parts = (0..partitions).map(|_| PartitionState::default()).collect();
         let points = (0..partitions).map(|_| VecDeque::new()).collect();
-        let mut a = Self { engine, settings, partitions, parts, points, usage: Vec::new() };
+        let mut a = Self { engine, settings, partitions, parts, points, usage: Vec::new(), failed: None };
         a.recount_usage();
         a
     }
@@ -147,6 +161,17 @@ impl Applier {
         self.parts.iter().map(|p| p.next_offset).collect()
     }
 
+    /// Marks the state as holding part of a record that failed to apply (the caller caught the
+    /// panic). Kept until the applier is dropped: nothing may persist this state.
+    pub fn mark_failed(&mut self, failure: ApplyFailure) {
+        self.failed.get_or_insert(failure);
+    }
+
+    /// The first record that failed to apply, if one did ([`Self::mark_failed`]).
+    pub fn failure(&self) -> Option<&ApplyFailure> {
+        self.failed.as_ref()
+    }
+
     /// Replaces partition states (restoring a checkpoint).
     pub fn restore_partitions(&mut self, parts: Vec<PartitionState>) {
         assert_eq!(parts.len(), self.parts.len(), "a checkpoint of another partition count");
@@ -192,6 +217,27 @@ impl Applier {
         self.points[p as usize].iter()
     }
 
+    /// Every partition's recorded digest points, oldest first (a checkpoint keeps them, so
+    /// anti-entropy compares as far back after a restart as before it).
+    pub fn all_digest_points(&self) -> Vec<Vec<DigestPoint>> {
+        self.points.iter().map(|h| h.iter().copied().collect()).collect()
+    }
+
+    /// Puts back digest points a checkpoint kept ([`Self::all_digest_points`]). Per partition
+    /// only points at or below its next offset are taken, in offset order, the newest
+    /// [`DIGEST_HISTORY`]: a damaged or foreign list can neither claim offsets this state has
+    /// not reached nor grow the history.
+    pub fn restore_digest_points(&mut self, points: Vec<Vec<DigestPoint>>) {
+        for (p, mut list) in points.into_iter().enumerate().take(self.parts.len()) {
+            let next = self.parts[p].next_offset;
+            list.retain(|d| d.next_offset <= next);
+            list.sort_by_key(|d| d.next_offset);
+            list.dedup_by_key(|d| d.next_offset);
+            let skip = list.len().saturating_sub(DIGEST_HISTORY);
+            self.points[p] = list.into_iter().skip(skip).collect();
+        }
+    }
+
     /// Digest of partition `p`: its holders' block sets, feed table and announced workers.
     /// Reads only the keyspaces the partition uses.
     pub fn partition_digest(&self, p: u32) -> u64 {
@@ -233,10 +279,10 @@ impl Applier {
         if offset > part.next_offset {
             return Err(NotNext { partition, expected: part.next_offset, offered: offset });
         }
-        part.next_offset = offset + 1;
-        part.last_mark = crate::continuity::record_mark(ts, value);
         self.advance_log_time(partition, ts);
         let t = self.parts[partition as usize].log_time;
+        #[cfg(feature = "testing")]
+        crate::testing::maybe_panic(value);
         let max_blocks = self.settings.max_blocks_per_record as usize;
         let p = partition as usize;
         let admitted = decode(value, partition, self.partitions, max_blocks).and_then(|op| {
@@ -252,6 +298,11 @@ impl Applier {
         if outcome == Outcome::Applied {
             self.parts[partition as usize].counters.applied += 1;
         }
+        // Only now: a record that did not finish applying (a panic above) must not count as
+        // applied, or a checkpoint would resume past it.
+        let part = &mut self.parts[partition as usize];
+        part.next_offset = offset + 1;
+        part.last_mark = crate::continuity::record_mark(ts, value);
         self.maybe_expire(partition);
         self.maybe_record_point(partition);
         Ok(outcome)

@@ -109,7 +109,7 @@ fn load_queries(p: &PathBuf) -> anyhow::Result<Vec<Query>> {
 
 pub fn run(a: Args) -> anyhow::Result<()> {
     let brokers = a.kafka.require_brokers("audit")?;
-    let log = a.kafka.spec(&brokers).with_settings(a.settings.settings()).with_shard(a.shard.clone())?;
+    let log = a.kafka.spec(&brokers)?.with_settings(a.settings.settings()).with_shard(a.shard.clone())?;
     let store = match &a.data_dir {
         Some(d) => Some(CheckpointStore::open_reader(&d.join("checkpoints"))?),
         None => None,

@@ -112,7 +112,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     anyhow::ensure!(scheme::is_known(a.hash_scheme), "unknown hash scheme {}", a.hash_scheme);
     anyhow::ensure!(a.block_size > 0, "--block-size must be positive");
     let brokers = a.kafka.require_brokers("bridge")?;
-    let publisher = Publisher::new(&a.kafka.spec(&brokers))?;
+    let publisher = Publisher::connect(&a.kafka.spec(&brokers)?).await?;
     let mut opts = BridgeOptions::new(KeyspaceId::new(a.model.clone(), a.block_size, a.hash_scheme));
     opts.idle_reconnect = a.idle_reconnect;
     opts.replay_timeout = a.replay_timeout;

@@ -4,6 +4,7 @@
 
 use clap::Args;
 use prefixlog_ingest::{EmbeddedKafka, KafkaConnection, LogSpec, StateSettings};
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 #[derive(Args, Clone, Debug)]
@@ -20,9 +21,15 @@ pub struct KafkaArgs {
     #[arg(long, env = "PREFIXLOG_PARTITIONS", default_value_t = 16)]
     pub partitions: u32,
     /// Extra librdkafka property, repeatable (e.g. -X security.protocol=SASL_SSL); in the
-    /// environment, separated by ';'.
+    /// environment, separated by ';'. Applied after --kafka-config. Production settings
+    /// (TLS, SASL, MSK / Confluent Cloud / Strimzi): docs/operations.md, "Production Kafka".
     #[arg(short = 'X', env = "PREFIXLOG_KAFKA_PROPERTIES", value_delimiter = ';', value_parser = parse_kv)]
     pub property: Vec<(String, String)>,
+    /// A file of librdkafka properties, one key=value a line ('#' starts a comment line): the
+    /// place for secrets such as sasl.password (mount it from a Kubernetes Secret; a value may
+    /// hold any character, ';' included). -X overrides it.
+    #[arg(long, env = "PREFIXLOG_KAFKA_CONFIG")]
+    pub kafka_config: Option<PathBuf>,
 }
 
 pub(crate) fn parse_kv(s: &str) -> Result<(String, String), String> {
@@ -59,11 +66,37 @@ impl KafkaArgs {
         Ok((b, Some(e)))
     }
 
-    /// The log at `brokers` with default settings and every partition.
-    pub fn spec(&self, brokers: &str) -> LogSpec {
-        let kafka = KafkaConnection::new(brokers).with_properties(self.property.clone());
-        LogSpec::new(kafka, &self.topic, self.partitions)
+    /// The log at `brokers` with default settings and every partition; the properties of
+    /// --kafka-config, then -X.
+    pub fn spec(&self, brokers: &str) -> anyhow::Result<LogSpec> {
+        let mut properties = match &self.kafka_config {
+            Some(path) => read_properties(path)?,
+            None => Vec::new(),
+        };
+        properties.extend(self.property.iter().cloned());
+        let kafka = KafkaConnection::new(brokers).with_properties(properties);
+        Ok(LogSpec::new(kafka, &self.topic, self.partitions))
     }
+}
+
+/// A properties file: `key=value` lines; blank lines and lines starting with '#' are skipped;
+/// whitespace around the key and the value is trimmed.
+pub(crate) fn read_properties(path: &Path) -> anyhow::Result<Vec<(String, String)>> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("--kafka-config {}: {e}", path.display()))?;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (k, v) = line.split_once('=').ok_or_else(|| {
+            // The line itself is not shown: it may be a secret missing its key.
+            anyhow::anyhow!("--kafka-config {} line {}: expected key=value", path.display(), i + 1)
+        })?;
+        out.push((k.trim().to_string(), v.trim().to_string()));
+    }
+    Ok(out)
 }
 
 /// The settings that decide applied state. Every replica of a log must use the same values:
@@ -143,5 +176,34 @@ impl SettingsArgs {
             max_worker_metadata_bytes: self.max_worker_metadata_bytes,
             max_name_bytes: self.max_name_bytes,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_config_file_then_x_properties() {
+        let dir = std::env::temp_dir().join(format!("prefixlog-kafka-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("client.properties");
+        std::fs::write(&file, "# SASL\nsasl.username = app\n\nsasl.password=p;a=ss\nlinger.ms=7\n").unwrap();
+        let args = KafkaArgs {
+            brokers: None,
+            topic: "t".into(),
+            partitions: 1,
+            property: vec![("linger.ms".into(), "9".into())],
+            kafka_config: Some(file.clone()),
+        };
+        let spec = args.spec("b:9092").unwrap();
+        let cc = spec.client_config(prefixlog_ingest::ClientRole::Publisher);
+        assert_eq!(cc.get("sasl.username"), Some("app"));
+        assert_eq!(cc.get("sasl.password"), Some("p;a=ss"), "';' and '=' belong to the value");
+        assert_eq!(cc.get("linger.ms"), Some("9"), "-X overrides the file");
+        std::fs::write(&file, "sasl.password\n").unwrap();
+        let err = args.spec("b:9092").unwrap_err().to_string();
+        assert!(err.contains("line 1: expected key=value"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -137,6 +137,9 @@ pub struct Answer {
     pub applied: Vec<(u32, i64)>,
     /// The replicas that answered, one per shard, comma separated.
     pub replica_id: String,
+    /// Some shard's answer was stale: with a consistency token, the token was not reached
+    /// (`allow_stale`); without one, the replica was not ready or its broker had been
+    /// unreachable for longer than its `--stale-after`.
     pub stale: bool,
     /// The endpoints that answered, one per shard, comma separated.
     pub endpoint: String,

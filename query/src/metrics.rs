@@ -5,9 +5,10 @@
 //! for them). Everything goes into the replica's own registry (the node adds its checkpoint,
 //! anti-entropy and process metrics there); nothing is global.
 
+use crate::health::Readiness;
 use parking_lot::{Mutex, RwLock};
 use prefixlog_engine::{Engine, KeyspaceId};
-use prefixlog_ingest::{Applier, ReplicaStatus};
+use prefixlog_ingest::{Applier, HoleCause, ReplicaStatus};
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{
@@ -104,7 +105,7 @@ pub struct StateCollector {
     engine: Arc<Engine>,
     status: Arc<ReplicaStatus>,
     applier: Option<Arc<Mutex<Applier>>>,
-    ready: Arc<dyn Fn() -> bool + Send + Sync>,
+    readiness: Arc<Readiness>,
     descs: Vec<Desc>,
 }
 
@@ -118,6 +119,8 @@ struct Scrape {
     rewound: IntGaugeVec,
     discontinuous: IntGaugeVec,
     discontinuities: IntCounterVec,
+    apply_failures: IntCounterVec,
+    holes: IntCounterVec,
     applied: prometheus::IntCounter,
     skipped: IntCounterVec,
     refused_stores: IntCounterVec,
@@ -131,6 +134,10 @@ struct Scrape {
     holder_blocks: IntGauge,
     heap: IntGauge,
     broker_up: IntGauge,
+    broker_silent: prometheus::Gauge,
+    topic_partitions: IntGauge,
+    topic_partitions_changed: IntGauge,
+    answers_stale: IntGauge,
     ready: IntGauge,
 }
 
@@ -193,6 +200,20 @@ impl Scrape {
                 "Gaps, out-of-range offsets and rewinds found in the log, per partition",
                 "partition",
             ),
+            apply_failures: cv(
+                "prefixlog_apply_failures_total",
+                "Records whose apply failed (a bug; the partition halts at the record), per partition",
+                "partition",
+            ),
+            holes: IntCounterVec::new(
+                Opts::new(
+                    "prefixlog_log_holes_total",
+                    "Holes found inside the log (offsets no record is read at: a transactional \
+                     producer's markers or aborted records), per partition and cause",
+                ),
+                &["partition", "cause"],
+            )
+            .expect("valid metric"),
             applied: c(
                 "prefixlog_records_applied_total",
                 "Records applied (owned partitions, since the log start)",
@@ -223,6 +244,25 @@ impl Scrape {
             holder_blocks: g("prefixlog_holder_blocks", "Resident (holder, block) pairs"),
             heap: g("prefixlog_engine_heap_bytes", "Engine heap bytes (estimate)"),
             broker_up: g("prefixlog_broker_up", "1 while the broker is reachable"),
+            broker_silent: prometheus::Gauge::new(
+                "prefixlog_broker_silent_seconds",
+                "Seconds since the broker last answered a complete watermark round",
+            )
+            .expect("valid metric"),
+            topic_partitions: g(
+                "prefixlog_topic_partitions",
+                "The topic's partition count as the broker last reported it (0: not read yet)",
+            ),
+            topic_partitions_changed: g(
+                "prefixlog_topic_partitions_changed",
+                "1 while the broker reports another partition count than the replica was started for \
+                 (not ready)",
+            ),
+            answers_stale: g(
+                "prefixlog_answers_stale",
+                "1 while answers without a consistency token say stale (not ready, or the broker \
+                 silent longer than --stale-after)",
+            ),
             ready: g("prefixlog_ready", "1 while the replica is ready (caught up, state proven)"),
         }
     }
@@ -237,6 +277,8 @@ impl Scrape {
             &self.rewound,
             &self.discontinuous,
             &self.discontinuities,
+            &self.apply_failures,
+            &self.holes,
             &self.applied,
             &self.skipped,
             &self.refused_stores,
@@ -250,6 +292,10 @@ impl Scrape {
             &self.holder_blocks,
             &self.heap,
             &self.broker_up,
+            &self.broker_silent,
+            &self.topic_partitions,
+            &self.topic_partitions_changed,
+            &self.answers_stale,
             &self.ready,
         ]
     }
@@ -260,10 +306,10 @@ impl StateCollector {
         engine: Arc<Engine>,
         status: Arc<ReplicaStatus>,
         applier: Option<Arc<Mutex<Applier>>>,
-        ready: Arc<dyn Fn() -> bool + Send + Sync>,
+        readiness: Arc<Readiness>,
     ) -> Self {
         let descs = Scrape::new().collectors().iter().flat_map(|c| c.desc().into_iter().cloned()).collect();
-        Self { engine, status, applier, ready, descs }
+        Self { engine, status, applier, readiness, descs }
     }
 
     fn fill_progress(&self, s: &Scrape) {
@@ -279,9 +325,19 @@ impl StateCollector {
             s.rewound.with_label_values(&l).set(i64::from(st.rewound.load(Ordering::Acquire)));
             s.discontinuous.with_label_values(&l).set(i64::from(st.discontinuous.load(Ordering::Acquire)));
             s.discontinuities.with_label_values(&l).inc_by(st.discontinuities.load(Ordering::Relaxed));
+            s.apply_failures.with_label_values(&l).inc_by(st.apply_failures.load(Ordering::Relaxed));
+            for cause in HoleCause::ALL {
+                let n = self.status.holes_found(p, cause);
+                s.holes.with_label_values(&[l[0], cause.as_str()]).inc_by(n);
+            }
         }
         s.broker_up.set(i64::from(self.status.broker_ok.load(Ordering::Relaxed)));
-        s.ready.set(i64::from((self.ready)()));
+        s.broker_silent.set(self.status.since_broker_contact().as_secs_f64());
+        s.topic_partitions.set(i64::from(self.status.partitions_observed().unwrap_or(0)));
+        s.topic_partitions_changed.set(i64::from(self.status.partition_count_changed().is_some()));
+        // The check refreshes the stale flag read below.
+        s.ready.set(i64::from(self.readiness.check().0));
+        s.answers_stale.set(i64::from(self.readiness.answers_stale()));
     }
 
     fn fill_counters(&self, s: &Scrape) {

@@ -30,6 +30,9 @@ pub struct ServerConfig {
     pub admin_addr: Option<SocketAddr>,
     /// Caught up (SERVING, `/readyz` 200) at total lag ≤ this many records.
     pub ready_lag: i64,
+    /// Answers without a consistency token say `stale` once the broker has not answered for
+    /// longer than this ([`crate::health`]).
+    pub stale_after: Duration,
     pub query: QueryConfig,
     /// Serve gRPC over TLS (and require client certificates when `client_ca` is set: mTLS).
     pub tls: Option<TlsFiles>,
@@ -64,6 +67,7 @@ impl Default for ServerConfig {
             grpc_addr: ([127, 0, 0, 1], 50151).into(),
             admin_addr: Some(([127, 0, 0, 1], 9151).into()),
             ready_lag: 1000,
+            stale_after: crate::health::DEFAULT_STALE_AFTER,
             query: QueryConfig::default(),
             tls: None,
         }
@@ -181,17 +185,13 @@ impl Drop for RunningServer {
 /// Binds both ports and starts serving on the current tokio runtime.
 pub async fn start(cfg: ServerConfig, served: Served) -> anyhow::Result<RunningServer> {
     let Served { engine, status, applier, info, registry } = served;
-    let readiness = Arc::new(Readiness::new(status.clone(), cfg.ready_lag));
+    let readiness = Arc::new(Readiness::new(status.clone(), cfg.ready_lag, cfg.stale_after));
     let query_metrics = Arc::new(QueryMetrics::new(&registry)?);
-    let ready = {
-        let r = readiness.clone();
-        Arc::new(move || r.check().0) as Arc<dyn Fn() -> bool + Send + Sync>
-    };
     registry.register(Box::new(StateCollector::new(
         engine.clone(),
         status.clone(),
         applier.clone(),
-        ready,
+        readiness.clone(),
     )))?;
     registry.register(Box::new(status.apply_latency.clone()))?;
     let (reporter, health) = tonic_health::server::health_reporter();
