@@ -85,8 +85,8 @@ fn produce(brokers: &str, topic: &str, kind: Kind, n: u64) {
     producer.flush(Duration::from_secs(60)).expect("every record delivered");
 }
 
-/// Floods one fresh replica with `kind`; returns its RSS growth in bytes.
-async fn flood(b: &KafkaBackend, kind: Kind, dir: &std::path::Path, control: f64) -> f64 {
+/// Floods one fresh replica with `kind` and checks it (module doc).
+async fn flood(b: &KafkaBackend, kind: Kind, dir: &std::path::Path) {
     let n = records();
     let topic = unique_topic("prefixlog.flood");
     b.create_topic(&topic, 1).await.unwrap();
@@ -114,23 +114,23 @@ async fn flood(b: &KafkaBackend, kind: Kind, dir: &std::path::Path, control: f64
     child.wait().unwrap();
     let growth = rss1 - rss0;
     let accepted = kind.accepted(n, &StateSettings::default());
+    // RSS includes the consumer's prefetch queue and allocator slack, which vary from run to
+    // run by tens of MiB (the control of ticks shows it): the exact state cost per record is
+    // tests/tests/flood_cost.rs's.
     eprintln!(
         "[flood] {}: {kind:?}: {n} records (produced in {produced:.1?}, applied in {applied:.1?}): RSS {:.1} -> \
-         {:.1} MiB (+{:.1} MiB; beyond the control's +{:.1} MiB: {:.0} B per record, {:.0} B per accepted \
-         record), {refused} refused ({reason}), {keyspaces} keyspaces, {holders} holders",
+         {:.1} MiB (+{:.1} MiB, {:.0} B per record), {refused} refused ({reason}), {keyspaces} keyspaces, \
+         {holders} holders",
         b.name,
         rss0 / 1048576.0,
         rss1 / 1048576.0,
         growth / 1048576.0,
-        control / 1048576.0,
-        (growth - control) / n as f64,
-        (growth - control) / accepted as f64,
+        growth / n as f64,
     );
     assert!(growth < BOUND_BYTES, "{kind:?}: RSS grew by {:.1} MiB", growth / 1048576.0);
-    if !matches!(kind, Kind::Control) {
+    if kind != Kind::Control {
         assert_eq!(refused as u64, n - accepted, "{kind:?}: the limit refused the excess ({skipped})");
     }
-    growth
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -138,12 +138,8 @@ async fn floods_of_new_keyspaces_holders_lanes_and_workers_stay_bounded() {
     let dir = tempfile::tempdir().unwrap();
     let mut ran = Vec::new();
     for b in kafka_backends().await {
-        let mut control = 0.0;
         for kind in Kind::ALL {
-            let growth = flood(&b, kind, dir.path(), control).await;
-            if kind == Kind::Control {
-                control = growth;
-            }
+            flood(&b, kind, dir.path()).await;
         }
         ran.push(b.name);
     }
