@@ -27,22 +27,34 @@ fn records() -> u64 {
     std::env::var("PREFIXLOG_FLOOD_RECORDS").ok().and_then(|s| s.parse().ok()).unwrap_or(100_000)
 }
 
-fn serve(brokers: &str, topic: &str, admin: SocketAddr, log: &std::path::Path) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_prefixlog"))
-        .args(["serve", "--brokers", brokers, "--topic", topic, "--partitions", "1", "--ready-lag", "0"])
-        .args(["--tick-interval", "0s", "--status-interval", "60s"])
-        .args([
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--peer-addr",
-            "127.0.0.1:0",
-            "--admin-addr",
-            &admin.to_string(),
-        ])
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(log).unwrap())
-        .spawn()
-        .expect("spawn prefixlog serve")
+/// The `serve` child, killed when dropped (also when an assertion fails first).
+struct Serve(Child);
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn serve(brokers: &str, topic: &str, admin: SocketAddr, log: &std::path::Path) -> Serve {
+    Serve(
+        Command::new(env!("CARGO_BIN_EXE_prefixlog"))
+            .args(["serve", "--brokers", brokers, "--topic", topic, "--partitions", "1", "--ready-lag", "0"])
+            .args(["--tick-interval", "0s", "--status-interval", "60s"])
+            .args([
+                "--grpc-addr",
+                "127.0.0.1:0",
+                "--peer-addr",
+                "127.0.0.1:0",
+                "--admin-addr",
+                &admin.to_string(),
+            ])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log).unwrap())
+            .spawn()
+            .expect("spawn prefixlog serve"),
+    )
 }
 
 /// The replica's metrics once it is ready with `applied` records applied or skipped.
@@ -92,7 +104,7 @@ async fn flood(b: &KafkaBackend, kind: Kind, dir: &std::path::Path) {
     b.create_topic(&topic, 1).await.unwrap();
     let admin = SocketAddr::from(([127, 0, 0, 1], prefixlog_node::loopback_port()));
     let log = dir.join(format!("{}-{kind:?}.log", b.name));
-    let mut child = serve(&b.brokers, &topic, admin, &log);
+    let child = serve(&b.brokers, &topic, admin, &log);
     let before = ready_at(admin, 0, Duration::from_secs(60)).await;
     let rss0 = sample(&before, RSS).expect("the replica reports its RSS");
     let t = Instant::now();
@@ -110,8 +122,7 @@ async fn flood(b: &KafkaBackend, kind: Kind, dir: &std::path::Path) {
     let refused = sample(&after, &skipped).unwrap_or(0.0);
     let holders = sample(&after, "prefixlog_holders{shard=\"all\"}").unwrap_or(0.0);
     let keyspaces = sample(&after, "prefixlog_keyspaces{shard=\"all\"}").unwrap_or(0.0);
-    child.kill().unwrap();
-    child.wait().unwrap();
+    drop(child);
     let growth = rss1 - rss0;
     let accepted = kind.accepted(n, &StateSettings::default());
     // RSS includes the consumer's prefetch queue and allocator slack, which vary from run to
