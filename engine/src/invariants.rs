@@ -32,6 +32,10 @@ pub enum InvariantError {
     /// The holder index and the holder slots disagree.
     #[error("holder slot {slot}: {what}")]
     HolderIndex { slot: u32, what: &'static str },
+    /// A derived holder index (key order, holders per partition, the expiry queue) disagrees
+    /// with the holders.
+    #[error("derived holder index: {0}")]
+    DerivedIndex(String),
     /// A run's place in the trie: parent, child count, first child, length, paths, lookup.
     #[error("run {run}: {what}")]
     Link { run: u32, what: &'static str },
@@ -125,7 +129,7 @@ impl Keyspace {
                 })?;
             }
         }
-        Ok(())
+        self.holders.check_derived().map_err(InvariantError::DerivedIndex)
     }
 
     /// Per holder slot: blocks held and the sum of their digest terms, from the runs.

@@ -11,8 +11,10 @@
 //! - [`engine`]: [`Engine`], all keyspaces of a replica, each in a [`KeyspaceCell`].
 //! - [`cell`]: [`KeyspaceCell`], a keyspace behind one lock, or two identical copies so that
 //!   queries never wait on a write (`serve --query-copy`).
-//! - [`keyspace`]: [`Keyspace`], the write operations (store, remove, clear, place,
-//!   drop_worker, expire), capacity and TTL policy, digests.
+//! - [`keyspace`]: [`Keyspace`], the write operations (store, remove, clear, place),
+//!   capacity policy, digests.
+//! - `leaving`: how holders leave: [`Keyspace::drop_worker`], [`Keyspace::expire`] (TTL), and
+//!   inferred holders forgotten once empty, each visiting only the holders it changes.
 //! - `members`: holder membership of runs, and the operation records that own it.
 //! - `matching`: [`Keyspace::match_chain`], longest contiguous prefix per holder, run by run.
 //! - [`dump`]: enumerate ([`Keyspace::dump`], [`Keyspace::dump_partitions`]) and filter
@@ -36,7 +38,8 @@
 //! - `table`: the lookup tables: open addressing with hash bits stored beside indices.
 //! - `ahead`: growing tables and block storage ahead of the write lock, so a write holds it
 //!   only to swap the grown arrays in.
-//! - `holder`: per-holder counts, digest and operation records.
+//! - `holder`: per-holder counts, digest and operation records; the derived holder indices
+//!   (key order, holders per partition, the expiry queue), rebuilt on read.
 //! - [`digest`]: the hash mixing behind node identity and digests.
 //! - `store_check`: refusing stores that cannot be a chain (an ext named twice, or the parent
 //!   named among the blocks).
@@ -47,6 +50,9 @@
 //! - Determinism: the same operations in the same order give the same answers and digests;
 //!   `dump` → `rebuild` preserves answers, digests and future behaviour.
 //! - Inferred (placement) state never overrides an event-fed holder.
+//! - Bounded work: dropping a worker visits its holders only, expiry only the holders of its
+//!   partition with something due; a keyspace exists exactly while it has holders, and an
+//!   empty one costs a few KiB.
 //! - Capacity: a holder over its bound loses the blocks of its least recently stored
 //!   operations first (whole store/placement operations, oldest first, skipping blocks that a
 //!   later operation stored again) until it is at 7/8 of the bound.
@@ -61,6 +67,7 @@ mod holder;
 pub mod image;
 pub mod invariants;
 pub mod keyspace;
+mod leaving;
 mod matching;
 mod members;
 pub mod partition;

@@ -25,6 +25,8 @@
 //! - [`record`]: encode (publishers) and decode/validate (replicas) records; [`BadReason`].
 //! - [`partition_state`]: per-partition applied state (offsets, log time, feeds, workers,
 //!   counters) and digest points.
+//! - [`limits`]: what a record may create per partition ([`limits::admit`]), and each
+//!   partition's derived [`limits::Usage`].
 //! - [`apply`]: the deterministic [`Applier`].
 //! - [`publisher`]: idempotent keyed producer; [`Landed::token`] gives consistency tokens.
 //! - [`affinity`]: [`CpuSet`], pinning the ingest thread (and its consumer's threads) to CPUs.
@@ -50,6 +52,7 @@ pub mod continuity;
 pub mod dead_letter;
 pub mod embedded;
 pub mod identity;
+pub mod limits;
 pub mod log_spec;
 pub mod partition_state;
 pub mod probe;

@@ -80,7 +80,7 @@ pub enum SelfCheck {
     /// Our state at the point is what our log produces: the peer must repair.
     Consistent,
     /// Our partition diverged from our log; `rebuilt` holds it at the mismatched point.
-    Diverged { rebuilt: Applier, from_checkpoint: Option<u64> },
+    Diverged { rebuilt: Box<Applier>, from_checkpoint: Option<u64> },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -139,7 +139,7 @@ pub fn self_check(
     if rebuilt.partition_digest(p) == recorded {
         return Ok(SelfCheck::Consistent);
     }
-    Ok(SelfCheck::Diverged { rebuilt, from_checkpoint })
+    Ok(SelfCheck::Diverged { rebuilt: Box::new(rebuilt), from_checkpoint })
 }
 
 /// Brings `rebuilt` (partition `p`) up to the live state's offset, off to the side, twice —
@@ -185,7 +185,7 @@ pub async fn check_and_repair(
     match check {
         SelfCheck::Consistent => Ok(RepairOutcome::Consistent),
         SelfCheck::Diverged { rebuilt, from_checkpoint } => {
-            let swapped_at = swap_in(ctx, replica, p, rebuilt).await?;
+            let swapped_at = swap_in(ctx, replica, p, *rebuilt).await?;
             Ok(RepairOutcome::Repaired { from_checkpoint, swapped_at })
         }
     }

@@ -14,10 +14,6 @@ use std::path::PathBuf;
 pub struct Args {
     #[command(flatten)]
     pub kafka: KafkaArgs,
-    /// Settings for a replay from the log start (with a checkpoint, the audit applies the
-    /// settings that checkpoint was taken with).
-    #[command(flatten)]
-    pub settings: SettingsArgs,
     /// The partitions to audit (a sharded replica's store covers only its own).
     #[arg(long, env = "PREFIXLOG_SHARD", default_value = "all")]
     pub shard: Shard,
@@ -25,6 +21,11 @@ pub struct Args {
     /// Without it the audit replays from the log start.
     #[arg(long, env = "PREFIXLOG_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
+    /// Settings for a replay from the log start (with a checkpoint, the audit applies the
+    /// settings that checkpoint was taken with). Last: its help heading applies to every
+    /// argument after it.
+    #[command(flatten)]
+    pub settings: SettingsArgs,
     #[command(subcommand)]
     pub cmd: Cmd,
 }

@@ -103,6 +103,7 @@ pub(crate) fn read_properties(path: &Path) -> anyhow::Result<Vec<(String, String
 /// checkpoints record them, peers compare them, and a replica refuses a checkpoint applied with
 /// other values.
 #[derive(Args, Clone, Debug)]
+#[command(next_help_heading = "State settings (every replica of a log must use the same values)")]
 pub struct SettingsArgs {
     /// Placement TTL in log time (inferred blocks not placed again within it expire).
     #[arg(long, env = "PREFIXLOG_PLACEMENT_TTL", default_value = "2m", value_parser = humantime::parse_duration)]
@@ -129,6 +130,31 @@ pub struct SettingsArgs {
     /// far ahead cannot expire every placement at once).
     #[arg(long, env = "PREFIXLOG_MAX_LOG_TIME_STEP", default_value = "1m", value_parser = humantime::parse_duration)]
     pub max_log_time_step: Duration,
+    /// Limits on what records may create, each counted per partition: a record that would pass
+    /// one is refused whole (skipped, counted by reason, dead-lettered). Keyspaces (model ×
+    /// block size × hash scheme) a partition's feeds and holders may be in (too_many_keyspaces).
+    #[arg(long, env = "PREFIXLOG_MAX_KEYSPACES_PER_PARTITION", default_value_t = StateSettings::default().max_keyspaces_per_partition)]
+    pub max_keyspaces_per_partition: u32,
+    /// Feeds (keyspace × worker × dp rank) per partition (too_many_feeds).
+    #[arg(long, env = "PREFIXLOG_MAX_FEEDS_PER_PARTITION", default_value_t = StateSettings::default().max_feeds_per_partition)]
+    pub max_feeds_per_partition: u32,
+    /// Lanes one feed may name (too_many_lanes).
+    #[arg(long, env = "PREFIXLOG_MAX_LANES_PER_FEED", default_value_t = StateSettings::default().max_lanes_per_feed)]
+    pub max_lanes_per_feed: u32,
+    /// Holders (keyspace × worker × dp rank × lane, fed or placed) per partition
+    /// (too_many_holders).
+    #[arg(long, env = "PREFIXLOG_MAX_HOLDERS_PER_PARTITION", default_value_t = StateSettings::default().max_holders_per_partition)]
+    pub max_holders_per_partition: u32,
+    /// Workers announced (WorkerAdded) per partition (too_many_workers).
+    #[arg(long, env = "PREFIXLOG_MAX_WORKERS_PER_PARTITION", default_value_t = StateSettings::default().max_workers_per_partition)]
+    pub max_workers_per_partition: u32,
+    /// Bytes of one worker's metadata: keys and values, plus 32 per entry
+    /// (metadata_too_large).
+    #[arg(long, env = "PREFIXLOG_MAX_WORKER_METADATA_BYTES", default_value_t = StateSettings::default().max_worker_metadata_bytes)]
+    pub max_worker_metadata_bytes: u32,
+    /// The longest model name or lane kind a record may carry, in bytes (name_too_long).
+    #[arg(long, env = "PREFIXLOG_MAX_NAME_BYTES", default_value_t = StateSettings::default().max_name_bytes)]
+    pub max_name_bytes: u32,
 }
 
 impl SettingsArgs {
@@ -142,6 +168,13 @@ impl SettingsArgs {
             expiry_interval_ms: self.expiry_interval.as_millis() as u64,
             digest_interval: self.digest_interval,
             max_log_time_step_ms: self.max_log_time_step.as_millis() as u64,
+            max_keyspaces_per_partition: self.max_keyspaces_per_partition,
+            max_feeds_per_partition: self.max_feeds_per_partition,
+            max_lanes_per_feed: self.max_lanes_per_feed,
+            max_holders_per_partition: self.max_holders_per_partition,
+            max_workers_per_partition: self.max_workers_per_partition,
+            max_worker_metadata_bytes: self.max_worker_metadata_bytes,
+            max_name_bytes: self.max_name_bytes,
         }
     }
 }

@@ -12,8 +12,6 @@ use std::time::Duration;
 pub struct Args {
     #[command(flatten)]
     pub kafka: KafkaArgs,
-    #[command(flatten)]
-    pub settings: SettingsArgs,
     /// The partitions this replica owns: `I/N` (shard I of N: partitions p with p % N == I) or
     /// `all`. Clients send one Match per shard and merge.
     #[arg(long, env = "PREFIXLOG_SHARD", default_value = "all")]
@@ -83,6 +81,9 @@ pub struct Args {
     pub query: QueryArgs,
     #[command(flatten)]
     pub peer: PeerArgs,
+    /// Last: its help heading applies to every argument after it.
+    #[command(flatten)]
+    pub settings: SettingsArgs,
 }
 
 /// The query (gRPC) and admin (HTTP) ports.

@@ -189,6 +189,7 @@ struct Scrape {
     clamped: prometheus::IntCounter,
     gaps_accepted: prometheus::IntCounter,
     dead_letter: IntCounterVec,
+    without_keyspace: prometheus::IntCounter,
     keyspaces: IntGauge,
     holders: IntGauge,
     holders_gapped: IntGauge,
@@ -299,6 +300,11 @@ impl Scrape {
                 "Copies of refused records to the dead-letter topic, by outcome (copied, failed: dropped)",
                 "outcome",
             ),
+            without_keyspace: c(
+                "prefixlog_writes_without_keyspace_total",
+                "Removals, clears and refused stores for keyspaces that do not exist: no-ops that create \
+                 nothing (since the process started)",
+            ),
             keyspaces: g("prefixlog_keyspaces", "Keyspaces in the engine"),
             holders: g("prefixlog_holders", "Holders (worker, dp rank, lane) over all keyspaces"),
             holders_gapped: g("prefixlog_holders_gapped", "Holders whose event stream had a gap"),
@@ -347,6 +353,7 @@ impl Scrape {
             &self.clamped,
             &self.gaps_accepted,
             &self.dead_letter,
+            &self.without_keyspace,
             &self.keyspaces,
             &self.holders,
             &self.holders_gapped,
@@ -427,6 +434,7 @@ impl StateCollector {
     }
 
     fn fill_state(&self, s: &Scrape) {
+        s.without_keyspace.inc_by(self.engine.writes_without_keyspace());
         let kss = self.engine.keyspaces();
         s.keyspaces.set(kss.len() as i64);
         for cell in kss {

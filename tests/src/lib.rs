@@ -19,6 +19,7 @@
 //! [`secured::SecuredKafka`] is a broker as production runs it (SASL/SCRAM over TLS, tansu behind
 //! a TLS terminator) for the tests of each component's secured connection.
 
+pub mod flood;
 pub mod http;
 pub mod raw_produce;
 pub mod replicas;
