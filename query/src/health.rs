@@ -157,11 +157,17 @@ impl Readiness {
                 tracing::info!(ready, %reason, "readiness changed");
                 last = Some(ready);
             }
+            // Staleness while ready is the broker-silence bound (not-ready answers are stale anyway,
+            // and readiness changes are logged above): going stale is a warning, coming back is not.
             let stale = self.answers_stale();
-            if ready && last_stale.is_some_and(|was| was != stale) {
-                tracing::warn!(stale, %reason, "answers without a consistency token now say stale = {stale}");
+            if ready && last_stale.is_some_and(|(was_ready, was)| was_ready && was != stale) {
+                if stale {
+                    tracing::warn!(%reason, "the broker has been silent too long: answers without a consistency token now say stale = true");
+                } else {
+                    tracing::info!(%reason, "answers without a consistency token say stale = false again");
+                }
             }
-            last_stale = Some(stale);
+            last_stale = Some((ready, stale));
             tokio::time::sleep(every).await;
         }
     }
