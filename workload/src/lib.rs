@@ -133,7 +133,7 @@ fn route_by_conversation(req: &TraceRequest, copy: usize, cfg: &FleetConfig) -> 
 
 /// Request `index` of copy `copy` to a worker drawn from a seeded hash (deterministic).
 fn route_at_random(index: usize, copy: usize, cfg: &FleetConfig) -> u32 {
-    let h = trace::mix64(index as u64 ^ trace::mix64(copy as u64 ^ cfg.seed ^ 0x5eed_0f_4a4d));
+    let h = trace::mix64(index as u64 ^ trace::mix64(copy as u64 ^ cfg.seed ^ 0x005e_ed0f_4a4d));
     (h % cfg.workers.max(1) as u64) as u32
 }
 
