@@ -392,4 +392,32 @@ mod tests {
         assert_eq!(ks.holder_blocks(), 64);
         ks.check_invariants().expect("invariants");
     }
+
+    /// The block arrays do not grow past free room: a run evicted tail-first keeps only a
+    /// little spare, and a store longer than any free range fills the longest one first.
+    #[test]
+    fn block_arrays_reuse_free_room() {
+        let mut ks = Keyspace::new(KeyspaceId::new("t", 64, 1), EngineConfig::default());
+        let a: Vec<(u64, u64)> = (1..=1000).map(|i| (10_000 + i, 1_000_000 + i)).collect();
+        let b: Vec<(u64, u64)> = (1..=1000).map(|i| (20_000 + i, 2_000_000 + i)).collect();
+        ks.store(HolderKey::new(1, 0, 0), None, &a, 1).expect("stored");
+        ks.store(HolderKey::new(2, 0, 0), None, &b, 2).expect("stored");
+        let top = ks.trie.blocks.top();
+        // Worker 2 evicts 900 of its blocks: the arrays end where its run (and spare) ends.
+        let tail: Vec<u64> = b[100..].iter().rev().map(|x| x.0).collect();
+        assert_eq!(ks.remove(HolderKey::new(2, 0, 0), &tail, 3), (900, 0));
+        assert!(ks.trie.blocks.top() <= top - 900 + crate::trie::SPARE_KEPT);
+        // Worker 1 evicts all of chain `a`: 1,000 free blocks in the middle. A 1,500-block
+        // store takes them and only 500 (plus the spare given back) from the end.
+        let all: Vec<u64> = a.iter().rev().map(|x| x.0).collect();
+        assert_eq!(ks.remove(HolderKey::new(1, 0, 0), &all, 4), (1000, 0));
+        let top = ks.trie.blocks.top();
+        let c: Vec<(u64, u64)> = (1..=1500).map(|i| (30_000 + i, 3_000_000 + i)).collect();
+        ks.store(HolderKey::new(3, 0, 0), None, &c, 5).expect("stored");
+        assert!(ks.trie.blocks.top() <= top + 500, "{} > {} + 500", ks.trie.blocks.top(), top);
+        ks.check_invariants().expect("invariants");
+        let full = crate::types::MatchOptions::default();
+        let locals: Vec<u64> = c.iter().map(|x| x.1).collect();
+        assert_eq!(ks.match_chain(&locals, &full)[0].depth, 1500);
+    }
 }

@@ -1,26 +1,64 @@
-//! The trie's lookup tables: node indices by hash, open addressing with linear probing over
-//! `u64` slots that carry the node index *and* the low 32 bits of its hash, in 256 shards.
+//! The trie's lookup tables: node indices by hash, open addressing with Robin Hood probing
+//! over 7-byte slots that carry the node index *and* 24 bits of its hash, in 256 shards.
 //!
 //! Why not `hashbrown::HashTable<u32>` (used before): its control bytes and its slots live
 //! in different cache lines and a slot holds only the index, so inserting a new ext touched
 //! three lines (control group, slot, and a node to compare on tag matches) — the profile of
 //! a rebuild had it as the largest single cost. Here a probe reads one line, a node is read
-//! only when all 32 stored hash bits match, and growing or deleting (backward shift) never
-//! reads a node: a slot's home position is its stored hash bits scaled to the capacity.
+//! only when the stored hash bits match, and growing or deleting (backward shift) never reads
+//! a node: a slot's home position is its stored hash bits scaled to the capacity.
 //!
 //! Shards keep every resize small (1/256 of the entries); the shard is chosen by hash bits
-//! 32..40, independent of the stored low bits. Even a 1/256 resize of a large table (16 K slots,
-//! with the page faults of a fresh array) held the keyspace's write lock for 100 µs or more, a
-//! few hundred times per million blocks written, so a large shard close to full is also grown
-//! *ahead*: [`NodeTable::grow_ahead`] builds its grown array from a shared borrow (under the
-//! writer's upgradable read lock, while queries read on) and [`NodeTable::install`] swaps it in
-//! under the write lock. The capacities that result depend only on the writes, never on timing.
+//! 32..40, independent of the stored bits (8..32). Even a 1/256 resize of a large table (16 K
+//! slots, with the page faults of a fresh array) held the keyspace's write lock for 100 µs or
+//! more, a few hundred times per million blocks written, so a large shard close to full is also
+//! grown *ahead*: [`NodeTable::grow_ahead`] builds its grown array from a shared borrow (under
+//! the writer's upgradable read lock, while queries read on) and [`NodeTable::install`] swaps
+//! it in under the write lock. The capacities that result depend only on the writes, never on
+//! timing.
 
-use crate::image::{put_u64, put_u64s, tag, ImageError, ImageReader, ImageWriter};
+use crate::image::{put_u64, tag, ImageError, ImageReader, ImageWriter};
 
 const SHARDS: usize = 256;
-/// Node 0 is the root, which is never stored, so an all-zero slot is free.
-const EMPTY: u64 = 0;
+/// One entry: a node index and 24 bits of its hash (the `tag`: bits 8..32 of the shard-local
+/// hash), 7 bytes. Node 0 is the root, which is never stored, so a slot with node 0 is free.
+/// The home position comes from the tag's high bits, so the tag bits below them are what tells
+/// entries of one home apart: 24 bits leave about 10 at the peer benchmarks' sizes, and a
+/// probe reads a node for a wrong entry about once in a thousand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C, packed)]
+pub(crate) struct Slot {
+    node: u32,
+    tag_hi: u16,
+    tag_lo: u8,
+}
+
+const EMPTY: Slot = Slot { node: 0, tag_hi: 0, tag_lo: 0 };
+
+impl Slot {
+    #[inline]
+    fn is_empty(self) -> bool {
+        self.node == 0
+    }
+
+    #[inline]
+    fn tag(self) -> u32 {
+        u32::from(self.tag_hi) << 8 | u32::from(self.tag_lo)
+    }
+}
+
+/// The stored hash bits of a shard-local hash (its bits 8..32).
+#[inline]
+fn tag_of(h: u32) -> u32 {
+    h >> 8
+}
+
+#[inline]
+fn slot(h: u32, node: u32) -> Slot {
+    let t = tag_of(h);
+    Slot { node, tag_hi: (t >> 8) as u16, tag_lo: t as u8 }
+}
+
 /// Shards from this many slots on are grown ahead ([`NodeTable::grow_ahead`]); smaller ones
 /// grow in place, which costs little.
 const AHEAD_MIN_SLOTS: usize = 1024;
@@ -30,7 +68,7 @@ const AHEAD_ROOM: usize = 64;
 
 #[derive(Clone)]
 struct Shard {
-    slots: Box<[u64]>,
+    slots: Box<[Slot]>,
     len: usize,
     /// Listed in [`NodeTable::ahead`] (at most once).
     queued: bool,
@@ -55,18 +93,19 @@ fn first_capacity(index: usize) -> usize {
 
 /// Whether `len` entries fit in `cap` slots under the 0.8 load factor (Robin Hood probing
 /// keeps probes short there). With staggered doubling ([`first_capacity`]) a table is about
-/// 58% full whatever its size, 14 bytes an entry; one first capacity and a 0.7 load factor
-/// (as before) left the peer benchmarks' tables 49% full at their end, 16 bytes an entry.
+/// 58% full whatever its size, 12 bytes an entry; one first capacity, a 0.7 load factor and
+/// 8-byte slots (as before) left the peer benchmarks' tables 49% full at their end, 16 bytes
+/// an entry.
 #[inline]
 fn fits(len: usize, cap: usize) -> bool {
     len * 5 <= cap * 4
 }
 
-/// The home slot of stored hash bits `h` in `cap` slots: `h` scaled to `0..cap`, so any
-/// capacity works (shards start at staggered sizes) and homes keep the order of the hash bits.
+/// The home slot of tag `t` in `cap` slots: `t` scaled to `0..cap`, so any capacity works
+/// (shards start at staggered sizes) and homes keep the order of the tags.
 #[inline]
-fn home(h: u32, cap: usize) -> usize {
-    ((u64::from(h) * cap as u64) >> 32) as usize
+fn home(t: u32, cap: usize) -> usize {
+    (t as usize * cap) >> 24
 }
 
 /// The slot after `i` in `cap` slots, wrapping around.
@@ -81,8 +120,8 @@ fn next(i: usize, cap: usize) -> usize {
 
 /// How far slot `i` is past the home of entry `s` (the entry's displacement).
 #[inline]
-fn displacement(s: u64, i: usize, cap: usize) -> usize {
-    let h = home((s >> 32) as u32, cap);
+fn displacement(s: Slot, i: usize, cap: usize) -> usize {
+    let h = home(s.tag(), cap);
     if i >= h {
         i - h
     } else {
@@ -91,46 +130,40 @@ fn displacement(s: u64, i: usize, cap: usize) -> usize {
 }
 
 /// Copies the entries of `old` into the empty `slots` ([`place`] each). Reads no node.
-fn rehash_into(old: &[u64], slots: &mut [u64]) {
-    for s in old.iter().copied().filter(|&s| s != EMPTY) {
+fn rehash_into(old: &[Slot], slots: &mut [Slot]) {
+    for &s in old.iter().filter(|s| !s.is_empty()) {
         place(slots, s);
     }
 }
 
 /// Puts entry `s` (not present) into `slots`, which has a free slot: at the first slot from its
 /// home whose entry sits closer to its own home than `s` would (or a free one), shifting that
-/// entry and the rest of its cluster one slot on. Returns where `s` went.
-fn place(slots: &mut [u64], s: u64) -> usize {
+/// entry and the rest of its cluster one slot on.
+fn place(slots: &mut [Slot], s: Slot) {
     let cap = slots.len();
-    let (mut i, mut d) = (home((s >> 32) as u32, cap), 0);
+    let (mut i, mut d) = (home(s.tag(), cap), 0);
     loop {
         let x = slots[i];
-        if x == EMPTY || displacement(x, i, cap) < d {
+        if x.is_empty() || displacement(x, i, cap) < d {
             break;
         }
         i = next(i, cap);
         d += 1;
     }
     shift_in(slots, i, s);
-    i
 }
 
 /// Writes `s` at slot `i` and moves the entries from `i` up to the next free slot one slot on.
 #[inline]
-fn shift_in(slots: &mut [u64], mut i: usize, mut s: u64) {
+fn shift_in(slots: &mut [Slot], mut i: usize, mut s: Slot) {
     let cap = slots.len();
     loop {
         s = std::mem::replace(&mut slots[i], s);
-        if s == EMPTY {
+        if s.is_empty() {
             return;
         }
         i = next(i, cap);
     }
-}
-
-#[inline]
-fn slot(h: u32, node: u32) -> u64 {
-    (u64::from(h) << 32) | u64::from(node)
 }
 
 /// Where a probe for `h` stopped: at the entry it was looking for, or where it would go.
@@ -143,19 +176,20 @@ impl Shard {
     /// Robin Hood probing: entries sit in the order of their homes, so a probe stops at a free
     /// slot or at the first entry whose home comes after `h`'s (it sits closer to its home than
     /// `h` would), where an entry under `h` would have been put. `eq` is asked about entries
-    /// stored under `h`; a slot is read only while its line is being probed anyway.
+    /// with `h`'s tag.
     #[inline]
-    fn probe(&self, h: u32, mut eq: impl FnMut(u64) -> bool) -> Probe {
+    fn probe(&self, h: u32, mut eq: impl FnMut(u32) -> bool) -> Probe {
         let slots = &*self.slots;
         let cap = slots.len();
-        let (mut i, mut d) = (home(h, cap), 0);
+        let t = tag_of(h);
+        let (mut i, mut d) = (home(t, cap), 0);
         loop {
             let s = slots[i];
-            if s == EMPTY {
+            if s.is_empty() {
                 return Probe::Absent(i);
             }
-            if (s >> 32) as u32 == h {
-                if eq(s) {
+            if s.tag() == t {
+                if eq(s.node) {
                     return Probe::Found(i);
                 }
             } else if displacement(s, i, cap) < d {
@@ -167,12 +201,12 @@ impl Shard {
     }
 
     #[inline]
-    fn find(&self, h: u32, mut eq: impl FnMut(u32) -> bool) -> Option<u32> {
+    fn find(&self, h: u32, eq: impl FnMut(u32) -> bool) -> Option<u32> {
         if self.slots.is_empty() {
             return None;
         }
-        match self.probe(h, |s| eq(s as u32)) {
-            Probe::Found(i) => Some(self.slots[i] as u32),
+        match self.probe(h, eq) {
+            Probe::Found(i) => Some(self.slots[i].node),
             Probe::Absent(_) => None,
         }
     }
@@ -187,13 +221,13 @@ impl Shard {
     /// Inserts `node` unless an entry under `h` satisfies `eq`, which is returned instead:
     /// one probe for what a lookup followed by an insert would probe twice.
     #[inline]
-    fn insert_new(&mut self, h: u32, node: u32, mut eq: impl FnMut(u32) -> bool) -> Option<u32> {
+    fn insert_new(&mut self, h: u32, node: u32, eq: impl FnMut(u32) -> bool) -> Option<u32> {
         debug_assert_ne!(node, 0, "the root is never stored");
         if !fits(self.len + 1, self.slots.len()) {
             self.reserve(self.len + 1);
         }
-        match self.probe(h, |s| eq(s as u32)) {
-            Probe::Found(i) => Some(self.slots[i] as u32),
+        match self.probe(h, eq) {
+            Probe::Found(i) => Some(self.slots[i].node),
             Probe::Absent(i) => {
                 // Entries under `h` that `eq` refused come before `i`: the new one goes after
                 // them, in their home's order.
@@ -224,7 +258,7 @@ impl Shard {
     }
 
     /// The slots at twice the capacity, rehashed; `self` is left as it is.
-    fn grown_slots(&self) -> Box<[u64]> {
+    fn grown_slots(&self) -> Box<[Slot]> {
         let mut slots = vec![EMPTY; self.slots.len() * 2].into_boxed_slice();
         rehash_into(&self.slots, &mut slots);
         slots
@@ -239,14 +273,13 @@ impl Shard {
         if self.slots.is_empty() {
             return false;
         }
-        let want = slot(h, node);
-        let Probe::Found(mut hole) = self.probe(h, |s| s == want) else { return false };
+        let Probe::Found(mut hole) = self.probe(h, |n| n == node) else { return false };
         let slots = &mut *self.slots;
         let cap = slots.len();
         let mut j = next(hole, cap);
         loop {
             let s = slots[j];
-            if s == EMPTY || displacement(s, j, cap) == 0 {
+            if s.is_empty() || displacement(s, j, cap) == 0 {
                 break;
             }
             slots[hole] = s;
@@ -292,7 +325,7 @@ pub struct GrownShard {
     shard: usize,
     /// The shard's entry count when it was built: nothing may write the table in between.
     len: usize,
-    slots: Box<[u64]>,
+    slots: Box<[Slot]>,
 }
 
 impl NodeTable {
@@ -316,8 +349,7 @@ impl NodeTable {
         if shard.slots.is_empty() {
             return false;
         }
-        let want = slot(low, old);
-        match shard.probe(low, |x| x == want) {
+        match shard.probe(low, |n| n == old) {
             Probe::Found(i) => {
                 shard.slots[i] = slot(low, new);
                 true
@@ -336,13 +368,14 @@ impl NodeTable {
         {
             let (s, low) = Self::split(h);
             let shard = &self.shards[s];
-            let i = home(low, shard.slots.len());
-            if let Some(slot) = shard.slots.get(i) {
-                prefetch_ptr(slot);
-            }
-            // The probe often runs on into the next line (clusters at a 0.75 load factor).
-            if let Some(slot) = shard.slots.get(i + 8) {
-                prefetch_ptr(slot);
+            if let Some(slot) = shard.slots.get(home(tag_of(low), shard.slots.len())) {
+                let p: *const Slot = slot;
+                prefetch_ptr(p);
+                // A 7-byte slot may straddle two lines (one in nine does).
+                let last = p.cast::<u8>().wrapping_add(std::mem::size_of::<Slot>() - 1);
+                if (last as usize) & 63 < std::mem::size_of::<Slot>() - 1 {
+                    prefetch_ptr(last);
+                }
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -389,7 +422,7 @@ impl NodeTable {
 
     /// Swaps in what [`Self::grow_ahead`] built, with no write to the table in between.
     /// Returns the replaced arrays, for the caller to free after releasing its lock.
-    pub fn install(&mut self, grown: Vec<GrownShard>) -> Vec<Box<[u64]>> {
+    pub fn install(&mut self, grown: Vec<GrownShard>) -> Vec<Box<[Slot]>> {
         for s in self.ahead.drain(..) {
             self.shards[s].queued = false;
         }
@@ -422,24 +455,34 @@ impl NodeTable {
     /// Every stored entry as (hash signature, node); see [`Self::signature`].
     pub fn entries(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
         self.shards.iter().enumerate().flat_map(|(i, sh)| {
-            sh.slots.iter().filter(|&&s| s != EMPTY).map(move |&s| (((i as u64) << 32) | (s >> 32), s as u32))
+            sh.slots
+                .iter()
+                .filter(|s| !s.is_empty())
+                .map(move |s| (((i as u64) << 24) | u64::from(s.tag()), s.node))
         })
     }
 
-    /// The bits of a 64-bit hash the table keeps (shard and stored low bits): an entry stored
-    /// under `h` has the signature `signature(h)`.
+    /// The bits of a 64-bit hash the table keeps (shard and tag): an entry stored under `h`
+    /// has the signature `signature(h)`.
     pub fn signature(h: u64) -> u64 {
         let (s, low) = Self::split(h);
-        ((s as u64) << 32) | u64::from(low)
+        ((s as u64) << 24) | u64::from(tag_of(low))
     }
 
-    /// Image sections: one per shard (its entry count and slots, as in memory).
+    /// Image sections: one per shard (its entry count and slots, as in memory: node `u32`,
+    /// tag's high `u16`, tag's low byte).
     pub(crate) fn write_image(&self, w: &mut ImageWriter) -> std::io::Result<()> {
         for sh in &self.shards {
             w.section(tag::TABLE, |b| {
                 put_u64(b, sh.len as u64);
                 put_u64(b, sh.slots.len() as u64);
-                put_u64s(b, &sh.slots);
+                b.reserve(sh.slots.len() * 7);
+                for s in sh.slots.iter() {
+                    let (node, hi, lo) = (s.node, s.tag_hi, s.tag_lo);
+                    b.extend_from_slice(&node.to_le_bytes());
+                    b.extend_from_slice(&hi.to_le_bytes());
+                    b.push(lo);
+                }
             })?;
         }
         Ok(())
@@ -447,16 +490,17 @@ impl NodeTable {
 
     /// Reads what [`Self::write_image`] wrote. Returns the table and the largest index it
     /// stores (0 if none), for the caller to check against what the indices refer to. A
-    /// format 1 image's shards (power-of-two capacities, entries placed by a mask) are laid
-    /// out again as this format would hold their entries.
+    /// format 1 image's shards (8-byte slots with 32 hash bits, power-of-two capacities,
+    /// entries placed by a mask) are laid out again as this format would hold their entries.
     pub(crate) fn read_image(r: &mut ImageReader) -> Result<(Self, u32), ImageError> {
         let v1 = r.format() == 1;
+        let size = if v1 { 8 } else { 7 };
         let mut shards = Vec::with_capacity(SHARDS);
         let mut max = 0u32;
         for index in 0..SHARDS {
             let mut s = r.section(tag::TABLE)?;
             let len = s.u64()? as usize;
-            let cap = s.count(8)?;
+            let cap = s.count(size)?;
             // At least one free slot, or a probe for a missing key would never end.
             let sized = (len == 0 || len < cap)
                 && if v1 {
@@ -467,21 +511,25 @@ impl NodeTable {
             if !sized {
                 return Err(s.invalid("table shard size out of range"));
             }
-            // One pass over the bytes: slots copied, entries counted, the root (index 0) never
-            // stored, the largest index.
+            // One pass over the bytes: slots copied, entries counted, the largest index, and
+            // no free slot with a tag (branch-free, so the compiler vectorises it).
             let mut slots = vec![EMPTY; cap].into_boxed_slice();
-            let (mut used, mut root) = (0usize, false);
-            // Branch-free, so the compiler vectorises it (an empty slot is 0: it counts for
-            // nothing and never raises the largest index).
-            for (d, b) in slots.iter_mut().zip(s.bytes(cap * 8)?.chunks_exact(8)) {
-                let x = u64::from_le_bytes(b.try_into().expect("8 bytes"));
-                *d = x;
-                used += usize::from(x != EMPTY);
-                root |= (x != EMPTY) & (x as u32 == 0);
-                max = max.max(x as u32);
+            let (mut used, mut stray) = (0usize, false);
+            for (d, b) in slots.iter_mut().zip(s.bytes(cap * size)?.chunks_exact(size)) {
+                let node = u32::from_le_bytes(b[..4].try_into().expect("4 bytes"));
+                let (hi, lo) = if v1 {
+                    // Format 1 kept the shard-local hash's 32 bits: the tag is its bits 8..32.
+                    (u16::from_le_bytes(b[6..].try_into().expect("2 bytes")), b[5])
+                } else {
+                    (u16::from_le_bytes(b[4..6].try_into().expect("2 bytes")), b[6])
+                };
+                *d = Slot { node, tag_hi: hi, tag_lo: lo };
+                used += usize::from(node != 0);
+                stray |= (node == 0) & (b[4..].iter().any(|&x| x != 0));
+                max = max.max(node);
             }
             s.done()?;
-            if used != len || root {
+            if used != len || stray {
                 return Err(ImageError::Invalid {
                     tag: tag::TABLE,
                     what: "table entry count or index out of range",
@@ -508,7 +556,8 @@ impl NodeTable {
 
     /// Heap bytes of the slot arrays.
     pub fn heap_bytes(&self) -> usize {
-        self.shards.iter().map(|s| s.slots.len() * 8).sum::<usize>() + SHARDS * std::mem::size_of::<Shard>()
+        self.shards.iter().map(|s| s.slots.len() * std::mem::size_of::<Slot>()).sum::<usize>()
+            + SHARDS * std::mem::size_of::<Shard>()
     }
 }
 
@@ -529,10 +578,10 @@ mod tests {
     #[test]
     fn an_image_with_a_full_shard_is_refused() {
         use crate::image::{ImageReader, SectionChecks};
-        let image = |slots: Vec<u64>| {
+        let image = |slots: Vec<Slot>| {
             let mut t = NodeTable::default();
             t.shards[0] = Shard {
-                len: slots.iter().filter(|&&s| s != EMPTY).count(),
+                len: slots.iter().filter(|s| !s.is_empty()).count(),
                 slots: slots.into(),
                 ..Shard::new(0)
             };
@@ -557,10 +606,14 @@ mod tests {
             let mut t = NodeTable::default();
             let mut reference: BTreeMap<u32, u64> = BTreeMap::new();
             let mut x = seed;
-            // Few distinct low bits and few shards: heavy collisions; equal low 32 bits too.
+            // Few distinct tags and few shards: heavy collisions; equal tags with other low
+            // bits (told apart by `eq` only), and equal low 32 bits too.
             let hash_of = |node: u32| -> u64 {
                 let r = mix(u64::from(node) ^ seed);
-                ((r & 0x3) << 32) | (r & 0x3f) | if node.is_multiple_of(7) { 0x1234_0000 } else { 0 }
+                ((r & 0x3) << 32)
+                    | ((r >> 8) & 0x3f) << 16
+                    | (r & 0x3)
+                    | if node.is_multiple_of(7) { 0x8000_0000 } else { 0 }
             };
             for _ in 0..4000 {
                 x = mix(x);
@@ -584,7 +637,7 @@ mod tests {
             for (&node, &h) in &reference {
                 assert_eq!(t.find(h, |n| n == node), Some(node), "seed {seed}: survivor {node}");
             }
-            // A lookup by hash alone sees only nodes stored under that exact hash.
+            // A lookup by hash alone sees only nodes stored under the same shard and tag.
             for (&node, &h) in &reference {
                 let mut seen = Vec::new();
                 t.find(h, |n| {
@@ -592,7 +645,7 @@ mod tests {
                     false
                 });
                 assert!(seen.contains(&node));
-                assert!(seen.iter().all(|n| reference[n] as u32 == h as u32));
+                assert!(seen.iter().all(|n| NodeTable::signature(reference[n]) == NodeTable::signature(h)));
             }
         }
     }
