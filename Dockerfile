@@ -1,29 +1,44 @@
 # The prefixlog binary. Build: docker build -t prefixlog .   (see docs/deploy.md)
-# Needs BuildKit (the default builder since Docker 23; `docker compose` always uses it) for the
-# cache mounts below. Without a registry, Dockerfile.local builds the same runtime image from a
-# host-built binary on a local Debian base (scripts/build-images.sh).
-# Builder: the Rust toolchain plus what RocksDB's bindgen and librdkafka's build need
-# (the same packages as scripts/ensure-deps.sh; protobuf is compiled by the pure-Rust protox).
-FROM rust:1-bookworm AS build
+# Without a registry, Dockerfile.local builds the same runtime image from a host-built binary on
+# a local Debian base (scripts/build-images.sh).
+#
+# Stages: `chef` (the Rust toolchain, what RocksDB's bindgen and librdkafka's build need — the
+# packages of scripts/ensure-deps.sh; protobuf is compiled by the pure-Rust protox — and
+# cargo-chef), `planner` (the recipe: every manifest and Cargo.lock, no source), `build` (the
+# dependencies cooked from the recipe alone, then the workspace), and the runtime.
+#
+# The dependency layer (`cargo chef cook`) is an ordinary image layer keyed by the recipe: a
+# change to the source reuses it and recompiles the workspace crates only, not RocksDB and
+# librdkafka (~15 min of a clean build on 2 cores). Ephemeral CI builders get it from their
+# build cache, e.g. `docker buildx build --cache-from type=registry,ref=REPO:buildcache
+# --cache-to type=registry,ref=REPO:buildcache,mode=max .` (mode=max also exports the build
+# stages' layers) or `type=gha` on GitHub Actions; no BuildKit cache mount is needed.
+FROM rust:1-bookworm AS chef
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends libclang-dev pkg-config \
-    && rm -rf /var/lib/apt/lists/*
+    && apt-get install -y --no-install-recommends libclang-dev pkg-config libssl-dev \
+    && rm -rf /var/lib/apt/lists/* \
+    && cargo install cargo-chef --locked --version 0.1.78
 WORKDIR /src
+
+FROM chef AS planner
 COPY . .
-# Dependency cache: the cargo registry and the target directory persist across builds in
-# BuildKit cache mounts, so a source change recompiles the workspace crates only, not RocksDB and
-# librdkafka (~15 min of a clean build on 2 cores). The binary is copied out of the cache mount.
-RUN --mount=type=cache,target=/usr/local/cargo/registry \
-    --mount=type=cache,target=/usr/local/cargo/git \
-    --mount=type=cache,target=/src/target \
-    cargo build --release --locked -p prefixlog \
+RUN cargo chef prepare --recipe-path recipe.json
+
+FROM chef AS build
+COPY --from=planner /src/recipe.json recipe.json
+RUN cargo chef cook --release --locked -p prefixlog --recipe-path recipe.json
+COPY . .
+RUN cargo build --release --locked -p prefixlog \
     && install -m 0755 target/release/prefixlog /usr/local/bin/prefixlog
 
-# Runtime: RocksDB and librdkafka are linked statically; only libc, libstdc++ and zlib are needed.
-# tini runs as PID 1: it forwards signals to prefixlog and reaps zombies.
+# Runtime: RocksDB, librdkafka and zstd are linked statically; the binary needs libc, libstdc++,
+# zlib and OpenSSL 3 (libssl3: Kafka TLS and SASL SCRAM). prefixlog/tests/image_libraries.rs
+# checks this list against the binary's own dependencies. ca-certificates: public CAs for
+# brokers such as MSK and Confluent Cloud. tini runs as PID 1: it forwards signals to
+# prefixlog and reaps zombies.
 FROM debian:bookworm-slim
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends ca-certificates zlib1g tini \
+    && apt-get install -y --no-install-recommends ca-certificates libstdc++6 zlib1g libssl3 tini \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --system --uid 10001 --user-group --home-dir /var/lib/prefixlog --create-home prefixlog \
     && install -d -o 10001 -g 10001 /var/lib/prefixlog/data

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Builds the local container images (issue 18). No image registry is needed or used:
 #
-#   local/debian:bookworm  Debian 12 minbase from `debootstrap` + `docker import`, with tini and
-#                          ca-certificates (the base of the two images below)
+#   local/debian:bookworm  Debian 12 minbase from `debootstrap` + `docker import`, with tini,
+#                          ca-certificates and the libraries prefixlog links (libstdc++6, zlib1g,
+#                          libssl3; prefixlog/tests/image_libraries.rs keeps INCLUDE complete)
+#                          (the base of the two images below)
 #   local/tansu:0.6.0      the base + the tansu broker binary scripts/install-tansu.sh installs
 #   prefixlog:local        Dockerfile.local: the base + a host-built prefixlog binary
 #
@@ -23,7 +25,7 @@ CACHE="$HOME/.cache/prefixlog"
 SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
 BASE=local/debian:bookworm
 SUITE=bookworm
-INCLUDE=tini,ca-certificates,libstdc++6,zlib1g
+INCLUDE=tini,ca-certificates,libstdc++6,zlib1g,libssl3
 LABEL=org.prefixlog.inputs
 TMPS=()
 cleanup() { local d; for d in "${TMPS[@]}"; do $SUDO rm -rf "$d"; done; }

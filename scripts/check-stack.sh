@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The local-image stack check (issue 18): starts deploy/compose.local.yml (tansu, the topic, two
 # replicas peering with each other, the trace-replay fleet, and the `sharded` profile's 2 shards
-# x 2 replicas) on free loopback ports under a project name of its own, waits for the replicas,
+# x 2 replicas; query and peer ports over mutual TLS with certificates scripts/make-certs.sh
+# makes for this run) on free loopback ports under a project name of its own, waits for the replicas,
 # queries them with the Python client (the shards fanned out and merged), compares anti-entropy
 # digests (scripts/check_stack.py), and removes the stack with its
 # volumes — also when a step fails (after printing the containers' logs).
@@ -68,6 +69,12 @@ export PREFIXLOG_S1A_GRPC_PORT=$S1AG PREFIXLOG_S1A_ADMIN_PORT=$S1AA PREFIXLOG_S1
 export PREFIXLOG_S1B_GRPC_PORT=$S1BG PREFIXLOG_S1B_ADMIN_PORT=$S1BA PREFIXLOG_S1B_PEER_PORT=$S1BP
 PREFIXLOG_TRACE_DIR="$(dirname "$PREFIXLOG_TRACE")"
 export PREFIXLOG_TRACE_DIR
+# Mutual TLS on the query and peer ports: certificates of this run only, readable by the
+# containers' user (uid 10001) through the bind mount.
+CERTS=$(mktemp -d)
+chmod 0755 "$CERTS"
+bash scripts/make-certs.sh "$CERTS"
+export PREFIXLOG_CERTS_DIR="$CERTS"
 PROJECT="prefixlog-check-$$"
 COMPOSE=("${DC[@]}" --ansi never -f deploy/compose.local.yml -p "$PROJECT" --profile sharded)
 
@@ -80,6 +87,7 @@ cleanup() {
   fi
   echo "==> removing the stack ($PROJECT) and its volumes"
   "${COMPOSE[@]}" down -v --remove-orphans -t 10 >/dev/null 2>&1 || true
+  rm -rf "$CERTS"
 }
 trap cleanup EXIT
 echo "==> starting the local-image stack $PROJECT (${DC[*]}): tansu on 127.0.0.1:$KAFKA," \
@@ -99,7 +107,7 @@ echo "==> fleet replayed $RECORDS records after $(( $(date +%s) - t0 ))s"
 STRETCH=$(grep -o '"--stretch", "[0-9]*"' deploy/compose.local.yml | grep -o '[0-9]*') \
   || { echo "error: no --stretch in the fleet's command in deploy/compose.local.yml" >&2; exit 1; }
 PYTHONPATH="$PREFIXLOG_ROOT/python" "$PY" scripts/check_stack.py --a "$AG,$AA,$AP" --b "$BG,$BA,$BP" \
-  --records "$RECORDS" --trace "$PREFIXLOG_TRACE" --stretch "$STRETCH" \
+  --records "$RECORDS" --trace "$PREFIXLOG_TRACE" --stretch "$STRETCH" --certs "$CERTS" \
   --shards "$S0AG,$S0AA,$S0AP" "$S0BG,$S0BA,$S0BP" "$S1AG,$S1AA,$S1AP" "$S1BG,$S1BA,$S1BP"
 ok=1
 echo "==> stack check passed in $(( $(date +%s) - t0 ))s"

@@ -1,7 +1,11 @@
 """Checks a running two-replica stack (scripts/check-stack.sh starts deploy/compose.local.yml).
 
     python check_stack.py --a GRPC,ADMIN,PEER --b GRPC,ADMIN,PEER --records N --trace FILE --stretch S \
-        [--shards S0A S0B S1A S1B]   (each GRPC,ADMIN,PEER: the `sharded` profile's 2 shards x 2 replicas)
+        --certs DIR [--shards S0A S0B S1A S1B]   (each GRPC,ADMIN,PEER: the `sharded` profile's 2 shards x 2 replicas)
+
+The query and peer ports run mutual TLS (scripts/make-certs.sh's certificates in DIR): every
+gRPC call here presents client.pem and trusts ca.pem, and a call without a client certificate
+must be refused (checked once, on replica-a's query and peer ports).
 
 1. both replicas ready (/readyz 200) with every replayed record applied or skipped (/metrics);
 2. both answer the trace's last request (its chain is resident: nothing evicts after it) through
@@ -28,6 +32,18 @@ from prefixlog_client import IndexClient
 from prefixlog_client._proto import peer_pb2, peer_pb2_grpc
 
 M = (1 << 64) - 1
+TLS = {}  # IndexClient's TLS arguments (main() fills them from --certs)
+
+
+def pem(certs, name):
+    with open(f"{certs}/{name}", "rb") as f:
+        return f.read()
+
+
+def secure(port):
+    """A mutual-TLS channel to a local port (the certificates name 127.0.0.1)."""
+    creds = grpc.ssl_channel_credentials(TLS["root_certificates"], TLS["private_key"], TLS["certificate_chain"])
+    return grpc.secure_channel(f"127.0.0.1:{port}", creds)
 KS = ("trace", 64, 1)  # the replay's keyspace (prefixlog/src/fleet_records.rs)
 
 
@@ -98,8 +114,29 @@ def answer(client, chain, timeout=60):
 
 
 def digests(peer):
-    with grpc.insecure_channel(f"127.0.0.1:{peer}") as ch:
+    with secure(peer) as ch:
         return peer_pb2_grpc.ReplicaPeerStub(ch).Digests(peer_pb2.DigestsRequest(), timeout=10)
+
+
+def refuses_without_client_certificate(name, grpc_port, peer_port):
+    """mTLS: with only the CA (no client certificate) the handshake is refused on both ports,
+    and plaintext is not spoken."""
+    c = IndexClient([f"127.0.0.1:{grpc_port}"], deadline=2.0, root_certificates=TLS["root_certificates"])
+    r = c.match(KS, hashes=[1], deadline=2.0)
+    c.close()
+    if r.outcome != "unavailable":
+        sys.exit(f"{name}: the query port answered a client without a certificate: {r}")
+    creds = grpc.ssl_channel_credentials(TLS["root_certificates"])
+    for port, what in ((peer_port, "peer"),):
+        for ch in (grpc.secure_channel(f"127.0.0.1:{port}", creds), grpc.insecure_channel(f"127.0.0.1:{port}")):
+            try:
+                peer_pb2_grpc.ReplicaPeerStub(ch).Digests(peer_pb2.DigestsRequest(), timeout=5)
+                sys.exit(f"{name}: the {what} port answered a client without a certificate")
+            except grpc.RpcError:
+                pass
+            finally:
+                ch.close()
+    print(f"{name}: query and peer ports refuse clients without a certificate (mutual TLS)")
 
 
 def compare_digests(na, da, nb, db, same_partitions=True):
@@ -138,7 +175,7 @@ def check_shards(shards, records, chain, want, unsharded_digests, timeout):
     reps = dict(zip(names, shards))
     wait_ready("shard0-a + shard1-a", [reps["shard0-a"][1], reps["shard1-a"][1]], records, timeout)
     wait_ready("shard0-b + shard1-b", [reps["shard0-b"][1], reps["shard1-b"][1]], records, timeout)
-    c = IndexClient([f"127.0.0.1:{g}" for g, _, _ in shards], discover=True, deadline=2.0)
+    c = IndexClient([f"127.0.0.1:{g}" for g, _, _ in shards], discover=True, deadline=2.0, **TLS)
     end = time.monotonic() + 60
     got = None
     while time.monotonic() < end:
@@ -171,7 +208,10 @@ def main():
     ap.add_argument("--shards", nargs=4, metavar="GRPC,ADMIN,PEER",
                     help="the sharded profile's shard0-a shard0-b shard1-a shard1-b ports")
     ap.add_argument("--timeout", type=float, default=180)
+    ap.add_argument("--certs", required=True, help="scripts/make-certs.sh's directory (ca.pem, client.pem, client.key)")
     a = ap.parse_args()
+    TLS.update(root_certificates=pem(a.certs, "ca.pem"), private_key=pem(a.certs, "client.key"),
+               certificate_chain=pem(a.certs, "client.pem"))
     reps = {"replica-a": [int(p) for p in a.a.split(",")], "replica-b": [int(p) for p in a.b.split(",")]}
 
     for name, (_, admin, _) in reps.items():
@@ -180,7 +220,7 @@ def main():
     chain = last_chain(a.trace, a.stretch)
     answers = {}
     for name, (grpc_port, _, _) in reps.items():
-        c = IndexClient([f"127.0.0.1:{grpc_port}"], deadline=2.0)
+        c = IndexClient([f"127.0.0.1:{grpc_port}"], deadline=2.0, **TLS)
         r = answer(c, chain)
         c.close()
         assert r.replica_id == name, (r.replica_id, name)
@@ -190,6 +230,7 @@ def main():
     if answers["replica-a"] != answers["replica-b"]:
         sys.exit(f"the replicas answer differently: {answers}")
     print("both replicas give the same scores")
+    refuses_without_client_certificate("replica-a", reps["replica-a"][0], reps["replica-a"][2])
 
     d = {name: digests(peer) for name, (_, _, peer) in reps.items()}
     compare_digests("replica-a", d["replica-a"], "replica-b", d["replica-b"])

@@ -4,11 +4,12 @@
 #   build-essential  C/C++ toolchain and make for the bundled RocksDB and librdkafka
 #   pkg-config       librdkafka's configure (finds OpenSSL)
 #   libssl-dev       librdkafka's TLS and SASL SCRAM / OAUTHBEARER (rdkafka's `ssl` feature)
+#   openssl          the CLI: the secured-broker tests make their certificates with it
 #   python3-venv     the Python client's tests
 # protoc is not needed: proto/build.rs compiles .proto files with the pure-Rust protox.
 set -euo pipefail
 need=()
-for p in libclang-dev build-essential pkg-config libssl-dev python3-venv; do
+for p in libclang-dev build-essential pkg-config libssl-dev openssl python3-venv; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
 done
 if ((${#need[@]})); then

@@ -24,6 +24,9 @@ bash scripts/check-k8s.sh
 echo "==> python for the bridge end-to-end test (pyzmq + msgpack)"
 bash scripts/bridge-fixtures.sh
 export PREFIXLOG_BRIDGE_E2E=required  # tests/tests/bridge.rs fails instead of skipping
+echo "==> python for the foreign-producer test (kafka-python with lz4 and zstd)"
+bash scripts/foreign-producer.sh
+export PREFIXLOG_FOREIGN_PRODUCER=required  # tests/tests/foreign_producer.rs fails instead of skipping
 # The cross-crate suite runs once per Kafka backend leg; PREFIXLOG_TEST_BACKENDS names the
 # backend of each leg, and a named backend that cannot start fails the leg (tests/src/lib.rs).
 # Every test prints which backends ran.
@@ -40,8 +43,11 @@ else
   echo "==> cargo test (cross-crate integration tests again, on tansu; includes the outage test)"
   leg_start=$(date +%s)
   PREFIXLOG_TEST_BACKENDS=external bash scripts/with-tansu.sh cargo test -p prefixlog-tests -- --nocapture
-  # SIGTERM mid-ingest and restart, on a real broker as well (the workspace leg runs it embedded).
-  PREFIXLOG_TEST_BACKENDS=external bash scripts/with-tansu.sh cargo test -p prefixlog --test sigterm -- --nocapture
+  # SIGTERM mid-ingest and restart, on a real broker as well (the workspace leg runs it embedded);
+  # the binary's -X / --kafka-config / PREFIXLOG_KAFKA_PROPERTIES against SASL/SCRAM over TLS
+  # (tests/tests/secured_kafka.rs, in the suite above, covers the libraries the same way).
+  PREFIXLOG_TEST_BACKENDS=external bash scripts/with-tansu.sh \
+    cargo test -p prefixlog --test sigterm --test secured_cli -- --nocapture
   echo "==> tansu leg finished in $(( $(date +%s) - leg_start ))s"
 fi
 # The same suites on tansu in a container started by testcontainers, then the local-image

@@ -6,7 +6,7 @@
 //! moves. What is grown, and when, depends only on the writes applied, never on timing, so
 //! replicas fed the same log still hold identical state.
 
-use crate::blocks::{Blocks, SpareChunk};
+use crate::blocks::SpareChunk;
 use crate::table::{GrownShard, Slot};
 use crate::trie::Trie;
 
@@ -21,6 +21,7 @@ pub struct GrownAhead {
 /// freeing large arrays returns pages to the system (a syscall).
 pub struct Replaced {
     _arrays: Vec<Box<[Slot]>>,
+    _chunk: Option<SpareChunk>,
 }
 
 impl Trie {
@@ -30,7 +31,7 @@ impl Trie {
         GrownAhead {
             edges: self.edges.grow_ahead(),
             exts: self.exts.grow_ahead(),
-            chunk: self.blocks.wants_chunk_ahead().then(Blocks::spare_chunk),
+            chunk: self.blocks.grow_ahead(),
         }
     }
 
@@ -38,9 +39,7 @@ impl Trie {
     pub fn install(&mut self, grown: GrownAhead) -> Replaced {
         let mut replaced = self.edges.install(grown.edges);
         replaced.extend(self.exts.install(grown.exts));
-        if let Some(c) = grown.chunk {
-            self.blocks.add_chunk(c);
-        }
-        Replaced { _arrays: replaced }
+        let chunk = grown.chunk.and_then(|c| self.blocks.add_chunk(c));
+        Replaced { _arrays: replaced, _chunk: chunk }
     }
 }

@@ -7,10 +7,12 @@
 //! reads both. A block id never changes while the block lives, so the ext table, records and
 //! overrides refer to blocks, and splitting a run only rewrites the run ids of one part.
 //!
-//! Ranges never cross a chunk, so a run's locals are one slice. Chunks are allocated once at
-//! full size and never move or grow (no write ever copies the whole state). Free ranges are
-//! kept for best fit, merged with their neighbours, and handed back to the bump pointer when
-//! they end at it.
+//! Ranges never cross a chunk, so a run's locals are one slice. The first chunk starts with
+//! room for [`FIRST_CHUNK`] blocks and doubles until it is whole (a keyspace with a few blocks
+//! costs a few KiB, not the 1.3 MiB of a whole chunk, whose metadata every new keyspace used
+//! to fault in); every later chunk is allocated at full size and never moves or grows, so no
+//! write copies more than the first chunk's 64 Ki blocks, once. Free ranges are kept for best
+//! fit, merged with their neighbours, and handed back to the bump pointer when they end at it.
 
 use crate::image::{put_u32, put_u64, put_u64s, tag, ImageError, ImageReader, ImageWriter};
 use std::collections::{BTreeMap, BTreeSet};
@@ -18,6 +20,8 @@ use std::collections::{BTreeMap, BTreeSet};
 pub const CHUNK_BITS: u32 = 16;
 /// Blocks per chunk; also the longest possible run.
 pub const CHUNK: usize = 1 << CHUNK_BITS;
+/// Blocks the first chunk has room for in a new keyspace (a multiple of [`ANCHOR`]).
+pub const FIRST_CHUNK: usize = 64;
 /// The root's (virtual) block: block 0, never allocated, run 0.
 pub const ROOT_BLOCK: u32 = 0;
 /// `Meta::run` of a block that belongs to no run.
@@ -54,7 +58,7 @@ pub const ANCHOR_BITS: u32 = 6;
 pub const ANCHOR: u32 = 1 << ANCHOR_BITS;
 
 #[derive(Clone)]
-struct Chunk {
+pub struct Chunk {
     local: Box<[u64]>,
     meta: Box<[Meta]>,
     /// Path hash of block `k * ANCHOR` of this chunk (valid while that block is live).
@@ -63,12 +67,37 @@ struct Chunk {
 
 impl Chunk {
     fn new() -> Self {
+        Self::with_len(CHUNK)
+    }
+
+    /// Room for `n` blocks (a multiple of [`ANCHOR`], at most [`CHUNK`]), all free.
+    fn with_len(n: usize) -> Self {
+        debug_assert!(n.is_multiple_of(ANCHOR as usize) && n <= CHUNK);
         Self {
-            local: vec![0; CHUNK].into_boxed_slice(),
-            meta: vec![Meta::FREE; CHUNK].into_boxed_slice(),
-            anchor: vec![0; CHUNK >> ANCHOR_BITS].into_boxed_slice(),
+            local: vec![0; n].into_boxed_slice(),
+            meta: vec![Meta::FREE; n].into_boxed_slice(),
+            anchor: vec![0; n >> ANCHOR_BITS].into_boxed_slice(),
         }
     }
+
+    fn len(&self) -> usize {
+        self.local.len()
+    }
+
+    /// A copy with room for `n >= self.len()` blocks, the new ones free.
+    fn grown(&self, n: usize) -> Self {
+        let mut c = Self::with_len(n);
+        c.local[..self.len()].copy_from_slice(&self.local);
+        c.meta[..self.len()].copy_from_slice(&self.meta);
+        c.anchor[..self.anchor.len()].copy_from_slice(&self.anchor);
+        c
+    }
+}
+
+/// How many blocks a partial first chunk is grown to so that blocks below `end` fit: at least
+/// double, a power of two, at most a whole chunk.
+fn first_chunk_len(len: usize, end: usize) -> usize {
+    end.next_power_of_two().max(2 * len).clamp(FIRST_CHUNK, CHUNK)
 }
 
 /// Free block ranges: by start (to merge neighbours) and by (length, start) (best fit).
@@ -103,11 +132,17 @@ fn same_chunk(a: u32, b: u32) -> bool {
 
 /// A new chunk is allocated ahead ([`crate::ahead`]) once fewer than this many blocks are left
 /// above `top`: filling a new chunk's metadata faults in 1.5 MiB of pages, a few hundred µs that
-/// a write should not spend holding its keyspace's lock.
+/// a write should not spend holding its keyspace's lock. A partial first chunk is grown ahead
+/// once less than a quarter of it is left.
 const CHUNK_AHEAD_ROOM: usize = CHUNK / 8;
 
-/// A chunk allocated outside the write lock, for [`Blocks::add_chunk`].
-pub struct SpareChunk(Chunk);
+/// Block storage built outside the write lock, for [`Blocks::add_chunk`].
+pub enum SpareChunk {
+    /// A new whole chunk to append.
+    Append(Chunk),
+    /// The partial first chunk, copied into a larger one while `top` was `top`.
+    Grown { top: u32, chunk: Chunk },
+}
 
 #[derive(Clone)]
 pub struct Blocks {
@@ -126,7 +161,7 @@ impl Default for Blocks {
 impl Blocks {
     /// Storage holding only the root block (run 0).
     pub fn new() -> Self {
-        let mut b = Self { chunks: vec![Chunk::new()], top: 1, free: FreeRanges::default() };
+        let mut b = Self { chunks: vec![Chunk::with_len(FIRST_CHUNK)], top: 1, free: FreeRanges::default() };
         b.set_run(ROOT_BLOCK, 0);
         b
     }
@@ -223,9 +258,7 @@ impl Blocks {
             self.free_range(self.top, chunk_end - self.top);
             self.top = chunk_end;
         }
-        while (self.top + n) as usize > self.capacity() {
-            self.chunks.push(Chunk::new());
-        }
+        self.make_room((self.top + n) as usize);
         let start = self.top;
         self.top += n;
         start
@@ -258,28 +291,60 @@ impl Blocks {
         self.free.by_len.last().map_or(0, |&(len, _)| len)
     }
 
-    /// Room for `n` more blocks from the bump pointer without a chunk boundary inside any of
-    /// the ranges a rebuild creates (it allocates in order, block id = dump number).
+    /// Room for blocks `0..total` (a rebuild allocates in order, block id = dump number).
     pub fn reserve_chunks(&mut self, total: usize) {
-        while self.capacity() < total {
-            self.chunks.push(Chunk::new());
+        self.make_room(total);
+    }
+
+    /// Backs block ids below `end`: grows a partial first chunk (to a whole one when `end` lies
+    /// beyond it: its free tail becomes allocatable), then appends whole chunks.
+    fn make_room(&mut self, end: usize) {
+        while self.capacity() < end {
+            match self.partial_first() {
+                Some(len) => self.chunks[0] = self.chunks[0].grown(first_chunk_len(len, end)),
+                None => self.chunks.push(Chunk::new()),
+            }
         }
     }
 
-    /// Whether the bump pointer is close enough to the end of the last chunk that the next one
-    /// should be allocated ahead.
-    pub fn wants_chunk_ahead(&self) -> bool {
-        self.capacity() - self.top as usize <= CHUNK_AHEAD_ROOM
+    /// The length of the first chunk while it is the only one and not yet whole.
+    fn partial_first(&self) -> Option<usize> {
+        let len = self.chunks[0].len();
+        (self.chunks.len() == 1 && len < CHUNK).then_some(len)
     }
 
-    /// A new chunk, built without touching any storage (no lock needed).
-    pub fn spare_chunk() -> SpareChunk {
-        SpareChunk(Chunk::new())
+    /// Storage the next writes are about to need, built from a shared borrow (no lock needed
+    /// beyond one that keeps writers out): a new chunk when the bump pointer is close to the
+    /// end of the last one, or a larger copy of a partial first chunk once a quarter of it is
+    /// left. `None` almost always.
+    pub fn grow_ahead(&self) -> Option<SpareChunk> {
+        let room = self.capacity() - self.top as usize;
+        match self.partial_first() {
+            Some(len) if room <= len / 4 => Some(SpareChunk::Grown {
+                top: self.top,
+                chunk: self.chunks[0].grown(first_chunk_len(len, 0)),
+            }),
+            Some(_) => None,
+            None => (room <= CHUNK_AHEAD_ROOM).then(|| SpareChunk::Append(Chunk::new())),
+        }
     }
 
-    /// Appends a chunk built by [`Self::spare_chunk`]: capacity only, no block changes.
-    pub fn add_chunk(&mut self, c: SpareChunk) {
-        self.chunks.push(c.0);
+    /// Installs what [`Self::grow_ahead`] built: capacity only, no block changes. Returns a
+    /// replaced first chunk, for the caller to free after releasing its lock.
+    pub fn add_chunk(&mut self, c: SpareChunk) -> Option<SpareChunk> {
+        match c {
+            SpareChunk::Append(chunk) => {
+                self.chunks.push(chunk);
+                None
+            }
+            SpareChunk::Grown { top, chunk } => {
+                assert!(
+                    top == self.top && self.partial_first().is_some(),
+                    "blocks written between grow_ahead and install"
+                );
+                Some(SpareChunk::Grown { top, chunk: std::mem::replace(&mut self.chunks[0], chunk) })
+            }
+        }
     }
 
     /// Rebuild: blocks `1..top` are in use, in order.
@@ -288,8 +353,9 @@ impl Blocks {
         self.top = top;
     }
 
+    /// Blocks backed by storage (only the first chunk can be partial, while it is the only one).
     fn capacity(&self) -> usize {
-        self.chunks.len() * CHUNK
+        (self.chunks.len() - 1) * CHUNK + self.chunks[self.chunks.len() - 1].len()
     }
 
     /// Free ranges as (start, len), in block order.
@@ -358,23 +424,26 @@ impl Blocks {
         s.done()?;
         let mut blocks = Blocks { chunks: Vec::with_capacity(chunks), top, free };
         let mut max_run = 0;
+        // A lone first chunk is as large as the blocks below `top` need, as it was in memory.
+        let first = if chunks == 1 { first_chunk_len(0, top as usize) } else { CHUNK };
         for k in 0..chunks {
             let used = blocks.used_in(k);
+            let len = if k == 0 { first } else { CHUNK };
             // Each array written once: zeroed ones come from the allocator as untouched pages,
             // and metas are decoded straight into place before the rest is filled as free.
-            let (mut local, mut anchor) = (vec![0; CHUNK], vec![0; CHUNK >> ANCHOR_BITS]);
+            let (mut local, mut anchor) = (vec![0; len], vec![0; len >> ANCHOR_BITS]);
             let mut s = r.section(tag::LOCALS)?;
             s.u64s_into(&mut local[..used])?;
             s.done()?;
             let mut s = r.section(tag::META)?;
-            let mut meta = Vec::with_capacity(CHUNK);
+            let mut meta = Vec::with_capacity(len);
             meta.extend(s.bytes(used * 12)?.chunks_exact(12).map(|x| Meta {
                 ext: u64::from_le_bytes(x[..8].try_into().expect("8 bytes")),
                 run: u32::from_le_bytes(x[8..].try_into().expect("4 bytes")),
             }));
             // Branch-free, so it can be vectorised: a free block names no run.
             max_run = meta.iter().fold(max_run, |m, b| m.max(if b.run() == FREE { 0 } else { b.run() }));
-            meta.resize(CHUNK, Meta::FREE);
+            meta.resize(len, Meta::FREE);
             s.done()?;
             let mut s = r.section(tag::ANCHORS)?;
             s.u64s_into(&mut anchor[..used.div_ceil(ANCHOR as usize)])?;

@@ -5,11 +5,21 @@
 //! belongs to exactly one record: the one whose stamp it carries. Clearing a holder, evicting
 //! its least-recently-stored blocks for capacity, and expiring placements all walk records,
 //! so no per-holder block list is needed.
+//!
+//! Besides the slab and its key → index map, [`Holders`] keeps three derived indices, so that
+//! no single write costs work proportional to every holder: the holders in key order (a
+//! worker's holders are one range: `WorkerRemoved`), the live holders per partition group (the
+//! applier's per-partition limits), and the expiry queue: every inferred holder under a time at
+//! or before its oldest record's, by group, so expiry visits only the holders that may have
+//! something due. The queue is revalidated lazily: a holder whose oldest record went (evicted
+//! for capacity, compacted) keeps its earlier entry until that entry comes due, and is then
+//! queued again under its true oldest record. None of the three is in images: they are
+//! rebuilt from the holders on read ([`Holders::rebuild_derived`]).
 
 use crate::image::{put_u32, put_u64, tag, ImageError, ImageReader, ImageWriter};
 use crate::types::{HolderKey, LogTime};
 use rustc_hash::FxHashMap;
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 /// One store or placement operation of a holder.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,6 +52,13 @@ pub struct Holder {
     /// canonical one (engines with per-process hash seeds). Empty in the common case.
     pub overrides: FxHashMap<u64, u32>,
     pub override_of: FxHashMap<u32, u64>,
+    /// The time this holder is filed under in [`Holders::expiry`] (inferred holders only).
+    pub queued: Option<LogTime>,
+    /// The keyspace's write sequence at this holder's last operation: a scrub whose check of
+    /// the holder spans steps tells by it that the holder (or the holder in its slot) changed
+    /// in between. Not state: neither digested nor written to images (a restored keyspace is
+    /// another instance to a scrub).
+    pub last_write: u64,
 }
 
 impl Holder {
@@ -58,6 +75,8 @@ impl Holder {
             last_time: 0,
             overrides: FxHashMap::default(),
             override_of: FxHashMap::default(),
+            queued: None,
+            last_write: 0,
         }
     }
 }
@@ -79,7 +98,11 @@ impl Card {
     }
 }
 
-/// Holders of a keyspace: a slab indexed by `u32` plus a key → index map.
+/// An entry of [`Holders::expiry`]: partition group, time, holder.
+type Due = (u32, LogTime, HolderKey);
+
+/// Holders of a keyspace: a slab indexed by `u32` plus a key → index map, and the derived
+/// indices of the module doc.
 #[derive(Clone, Default)]
 pub struct Holders {
     pub slots: Vec<Option<Holder>>,
@@ -87,7 +110,16 @@ pub struct Holders {
     cards: Vec<Card>,
     free: Vec<u32>,
     pub index: FxHashMap<HolderKey, u32>,
+    /// Derived: the same map in key order.
+    by_key: BTreeMap<HolderKey, u32>,
+    /// Derived: live holders per partition group (indexed by group, grown on demand).
+    per_group: Vec<u32>,
+    /// Derived: inferred holders by group and the time of [`Holder::queued`].
+    expiry: BTreeSet<Due>,
 }
+
+const FIRST_KEY: HolderKey = HolderKey::new(0, 0, 0);
+const LAST_KEY: HolderKey = HolderKey::new(u64::MAX, u32::MAX, u32::MAX);
 
 impl Holders {
     pub fn get(&self, key: &HolderKey) -> Option<u32> {
@@ -96,6 +128,8 @@ impl Holders {
 
     pub fn insert(&mut self, h: Holder) -> u32 {
         let key = h.key;
+        debug_assert!(h.queued.is_none(), "a holder is queued for expiry once it is in the slab");
+        self.count_group(h.group, true);
         let card = Card::of(&h);
         let idx = match self.free.pop() {
             Some(i) => {
@@ -110,14 +144,133 @@ impl Holders {
             }
         };
         self.index.insert(key, idx);
+        self.by_key.insert(key, idx);
         idx
     }
 
     pub fn remove(&mut self, idx: u32) -> Option<Holder> {
+        self.unqueue(idx);
         let h = self.slots[idx as usize].take()?;
         self.index.remove(&h.key);
+        self.by_key.remove(&h.key);
+        self.count_group(h.group, false);
         self.free.push(idx);
         Some(h)
+    }
+
+    fn count_group(&mut self, group: u32, added: bool) {
+        let g = group as usize;
+        if g >= self.per_group.len() {
+            self.per_group.resize(g + 1, 0);
+        }
+        if added {
+            self.per_group[g] += 1;
+        } else {
+            self.per_group[g] -= 1;
+        }
+    }
+
+    /// Live holders of partition group `group`.
+    pub fn in_group(&self, group: u32) -> u32 {
+        self.per_group.get(group as usize).copied().unwrap_or(0)
+    }
+
+    /// The holders of `worker` (every dp rank and lane), in key order.
+    pub fn of_worker(&self, worker: u64) -> Vec<u32> {
+        let (first, last) = (HolderKey::new(worker, 0, 0), HolderKey::new(worker, u32::MAX, u32::MAX));
+        self.by_key.range(first..=last).map(|(_, &i)| i).collect()
+    }
+
+    /// Files the holder for expiry at `t`, unless it is filed at or before `t` already (its
+    /// entry must never be later than its oldest record).
+    pub fn queue(&mut self, idx: u32, t: LogTime) {
+        let h = self.at(idx);
+        if h.queued.is_some_and(|q| q <= t) {
+            return;
+        }
+        let (group, key) = (h.group, h.key);
+        self.unqueue(idx);
+        self.expiry.insert((group, t, key));
+        self.at_mut(idx).queued = Some(t);
+    }
+
+    /// Takes the holder out of the expiry queue (it became fed, or goes).
+    pub fn unqueue(&mut self, idx: u32) {
+        let Some(h) = self.slots[idx as usize].as_mut() else { return };
+        if let Some(t) = h.queued.take() {
+            let removed = self.expiry.remove(&(h.group, t, h.key));
+            debug_assert!(removed, "a queued holder has its entry");
+        }
+    }
+
+    /// Holders of `group` filed for expiry at or before `cutoff`, in key order.
+    pub fn due(&self, group: u32, cutoff: LogTime) -> Vec<u32> {
+        let mut keys: Vec<HolderKey> =
+            self.expiry.range((group, 0, FIRST_KEY)..=(group, cutoff, LAST_KEY)).map(|e| e.2).collect();
+        keys.sort_unstable();
+        keys.iter().map(|k| self.index[k]).collect()
+    }
+
+    /// The earliest time a holder of `group` is filed for expiry at.
+    pub fn next_due(&self, group: u32) -> Option<LogTime> {
+        self.expiry.range((group, 0, FIRST_KEY)..=(group, LogTime::MAX, LAST_KEY)).next().map(|e| e.1)
+    }
+
+    /// Recomputes the derived indices from the slots (after an image read or a rebuild): every
+    /// inferred holder is filed under its oldest record's time, or 0 when it has none (it is
+    /// then forgotten by the next expiry of its group).
+    pub fn rebuild_derived(&mut self) {
+        self.by_key = self.index.iter().map(|(&k, &i)| (k, i)).collect();
+        self.per_group.clear();
+        self.expiry.clear();
+        for i in 0..self.slots.len() as u32 {
+            let Some(h) = self.slots[i as usize].as_mut() else { continue };
+            h.queued = None;
+            let (group, fed, front) = (h.group, h.fed, h.records.front().map_or(0, |r| r.time));
+            self.count_group(group, true);
+            if !fed {
+                self.queue(i, front);
+            }
+        }
+    }
+
+    /// Checks the derived indices against the slots (`Keyspace::check_invariants`).
+    pub fn check_derived(&self) -> Result<(), String> {
+        let by_key: BTreeMap<HolderKey, u32> = self.index.iter().map(|(&k, &i)| (k, i)).collect();
+        if by_key != self.by_key {
+            return Err("the key-ordered index differs from the key map".into());
+        }
+        let mut per_group = vec![0u32; self.per_group.len()];
+        let mut queued = 0;
+        for h in self.slots.iter().flatten() {
+            match per_group.get_mut(h.group as usize) {
+                Some(n) => *n += 1,
+                None => return Err(format!("{}: group {} is not counted", h.key, h.group)),
+            }
+            match h.queued {
+                Some(t) => {
+                    queued += 1;
+                    if h.fed {
+                        return Err(format!("{}: fed but filed for expiry", h.key));
+                    }
+                    if !self.expiry.contains(&(h.group, t, h.key)) {
+                        return Err(format!("{}: filed at {t} without an entry", h.key));
+                    }
+                    if h.records.front().is_some_and(|r| r.time < t) {
+                        return Err(format!("{}: filed at {t}, after its oldest record", h.key));
+                    }
+                }
+                None if !h.fed => return Err(format!("{}: inferred but not filed for expiry", h.key)),
+                None => {}
+            }
+        }
+        if per_group != self.per_group {
+            return Err(format!("holders per group {:?}, counted {:?}", per_group, self.per_group));
+        }
+        if queued != self.expiry.len() {
+            return Err(format!("{} expiry entries for {queued} filed holders", self.expiry.len()));
+        }
+        Ok(())
     }
 
     #[inline]
@@ -149,9 +302,7 @@ impl Holders {
 
     /// Live holder indices in holder-key order (deterministic whatever the slot layout).
     pub fn sorted(&self) -> Vec<u32> {
-        let mut v: Vec<(HolderKey, u32)> = self.index.iter().map(|(k, i)| (*k, *i)).collect();
-        v.sort_unstable();
-        v.into_iter().map(|(_, i)| i).collect()
+        self.by_key.values().copied().collect()
     }
 }
 
@@ -244,6 +395,7 @@ impl Holders {
             return Err(s.invalid("free slots and holders do not cover the slots"));
         }
         s.done()?;
+        holders.rebuild_derived();
         Ok(holders)
     }
 }

@@ -3,10 +3,10 @@
 //! thing that disagrees. For tests (the differential test runs it after every step) and
 //! audits; it costs a full pass over the state.
 
-use crate::holder::Holder;
+use crate::holder::{Holder, Record};
 use crate::keyspace::Keyspace;
 use crate::partition::partition_of;
-use crate::trie::ROOT;
+use crate::trie::{Segment, ROOT};
 use crate::types::HolderKey;
 use rustc_hash::FxHashMap;
 
@@ -32,6 +32,10 @@ pub enum InvariantError {
     /// The holder index and the holder slots disagree.
     #[error("holder slot {slot}: {what}")]
     HolderIndex { slot: u32, what: &'static str },
+    /// A derived holder index (key order, holders per partition, the expiry queue) disagrees
+    /// with the holders.
+    #[error("derived holder index: {0}")]
+    DerivedIndex(String),
     /// A run's place in the trie: parent, child count, first child, length, paths, lookup.
     #[error("run {run}: {what}")]
     Link { run: u32, what: &'static str },
@@ -110,7 +114,7 @@ impl Keyspace {
         self.check_aggregates()
     }
 
-    fn check_holder_index(&self) -> Result<(), InvariantError> {
+    pub(crate) fn check_holder_index(&self) -> Result<(), InvariantError> {
         let live = self.holders.slots.iter().filter(|s| s.is_some()).count();
         ensure(live == self.holders.index.len(), || InvariantError::HolderIndex {
             slot: u32::MAX,
@@ -125,7 +129,7 @@ impl Keyspace {
                 })?;
             }
         }
-        Ok(())
+        self.holders.check_derived().map_err(InvariantError::DerivedIndex)
     }
 
     /// Per holder slot: blocks held and the sum of their digest terms, from the runs.
@@ -161,45 +165,74 @@ impl Keyspace {
 
     /// Record order and ranges, and that every block lies in the window of its record.
     fn check_records(&self, slot: u32, h: &Holder) -> Result<(), InvariantError> {
-        let trie = &self.trie;
-        let err = |stamp, what| InvariantError::Record { holder: h.key, stamp, what };
         let (mut prev, mut owned) = (0u32, 0u32);
         let mut window = Vec::new();
         for r in &h.records {
-            ensure(r.stamp > prev, || err(r.stamp, "stamps not increasing"))?;
-            ensure(r.stamp < h.next_stamp, || err(r.stamp, "stamp not below next_stamp"))?;
-            ensure(r.len >= 1, || err(r.stamp, "empty window"))?;
-            let leaf_run = (r.leaf < trie.blocks.top()).then(|| trie.run_of(r.leaf));
-            let at_end = leaf_run
-                .and_then(|lr| trie.runs.get(lr))
-                .is_some_and(|run| run.live() && run.last() == r.leaf);
-            ensure(at_end && r.leaf != 0, || err(r.stamp, "leaf is not the last block of a live run"))?;
+            owned += self.check_record(slot, h, r, prev, owned, &mut window)?;
             prev = r.stamp;
-            trie.window(r.leaf, r.len, &mut window);
-            let reach: u32 = window.iter().map(|s| s.2).sum();
-            ensure(reach == r.len, || err(r.stamp, "window reaches past the root"))?;
-            for &(run, _, count) in &window {
-                if trie.runs[run].has(slot, r.stamp) {
-                    let whole = count == trie.runs[run].len;
-                    ensure(whole, || InvariantError::Ownership { holder: h.key, owned, blocks: h.blocks })?;
-                    owned += count;
-                }
-            }
         }
         ensure(owned == h.blocks, || InvariantError::Ownership { holder: h.key, owned, blocks: h.blocks })
     }
 
-    fn check_overrides(&self, slot: u32, h: &Holder) -> Result<(), InvariantError> {
+    /// One record of the holder in `slot`, after a record stamped `prev` (0: the first) and
+    /// `owned` blocks counted so far: stamp order and range, leaf, window (left in `window`),
+    /// and that it owns the runs of its stamp whole. Returns the blocks it owns.
+    pub(crate) fn check_record(
+        &self,
+        slot: u32,
+        h: &Holder,
+        r: &Record,
+        prev: u32,
+        owned: u32,
+        window: &mut Vec<Segment>,
+    ) -> Result<u32, InvariantError> {
         let trie = &self.trie;
-        let err = |ext, what| InvariantError::Override { holder: h.key, ext, what };
-        ensure(h.overrides.len() == h.override_of.len(), || err(0, "maps differ in size"))?;
+        let err = |stamp, what| InvariantError::Record { holder: h.key, stamp, what };
+        ensure(r.stamp > prev, || err(r.stamp, "stamps not increasing"))?;
+        ensure(r.stamp < h.next_stamp, || err(r.stamp, "stamp not below next_stamp"))?;
+        ensure(r.len >= 1, || err(r.stamp, "empty window"))?;
+        let leaf_run = (r.leaf < trie.blocks.top()).then(|| trie.run_of(r.leaf));
+        let at_end =
+            leaf_run.and_then(|lr| trie.runs.get(lr)).is_some_and(|run| run.live() && run.last() == r.leaf);
+        ensure(at_end && r.leaf != 0, || err(r.stamp, "leaf is not the last block of a live run"))?;
+        trie.window(r.leaf, r.len, window);
+        let reach: u32 = window.iter().map(|s| s.2).sum();
+        ensure(reach == r.len, || err(r.stamp, "window reaches past the root"))?;
+        let mut mine = 0;
+        for &(run, _, count) in window.iter() {
+            if trie.runs[run].has(slot, r.stamp) {
+                let whole = count == trie.runs[run].len;
+                let owned = owned + mine;
+                ensure(whole, || InvariantError::Ownership { holder: h.key, owned, blocks: h.blocks })?;
+                mine += count;
+            }
+        }
+        Ok(mine)
+    }
+
+    fn check_overrides(&self, slot: u32, h: &Holder) -> Result<(), InvariantError> {
+        let err = |what| InvariantError::Override { holder: h.key, ext: 0, what };
+        ensure(h.overrides.len() == h.override_of.len(), || err("maps differ in size"))?;
         for (&ext, &b) in &h.overrides {
-            ensure(h.override_of.get(&b) == Some(&ext), || err(ext, "override_of does not map back"))?;
-            let run = (b < trie.blocks.top()).then(|| trie.run_of(b)).and_then(|r| trie.runs.get(r));
-            let held = run.is_some_and(|run| run.live() && run.member(slot).is_some()) && b != 0;
-            ensure(held, || err(ext, "override target is not a held live block"))?;
+            self.check_override(slot, h, ext, b)?;
         }
         Ok(())
+    }
+
+    /// One override of the holder in `slot`: it maps back, onto a held live block.
+    pub(crate) fn check_override(
+        &self,
+        slot: u32,
+        h: &Holder,
+        ext: u64,
+        b: u32,
+    ) -> Result<(), InvariantError> {
+        let trie = &self.trie;
+        let err = |what| InvariantError::Override { holder: h.key, ext, what };
+        ensure(h.override_of.get(&b) == Some(&ext), || err("override_of does not map back"))?;
+        let run = (b < trie.blocks.top()).then(|| trie.run_of(b)).and_then(|r| trie.runs.get(r));
+        let held = run.is_some_and(|run| run.live() && run.member(slot).is_some()) && b != 0;
+        ensure(held, || err("override target is not a held live block"))
     }
 
     fn check_pins(&self) -> Result<(), InvariantError> {
@@ -221,7 +254,7 @@ impl Keyspace {
         Ok(())
     }
 
-    fn check_aggregates(&self) -> Result<(), InvariantError> {
+    pub(crate) fn check_aggregates(&self) -> Result<(), InvariantError> {
         let groups = self.cfg.partitions.max(1) as usize;
         let (mut digest, mut parts, mut blocks) = (0u64, vec![0u64; groups], 0u64);
         for h in self.holders.slots.iter().flatten() {

@@ -33,6 +33,12 @@ pub struct HolderSummary {
     pub last_time: LogTime,
 }
 
+/// A fresh [`Keyspace::instance`].
+fn next_instance() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 /// How many blocks ahead a write prefetches ext-table slots.
 const PREFETCH_AHEAD: usize = 12;
 
@@ -53,6 +59,13 @@ pub struct Keyspace {
     ext_scratch: Vec<u64>,
     /// The ext hashes of a removal.
     hash_scratch: Vec<u64>,
+    /// Holders visited by `drop_worker` and `expire` (not state: a measure of their work).
+    pub(crate) visited: u64,
+    /// Which keyspace this is to a scrub spanning steps: new for every keyspace made (a rebuild
+    /// or an image read makes a new one), kept by a clone (the two copies of a paired cell).
+    pub(crate) instance: u64,
+    /// Operations settled so far (see `Holder::last_write`). Not state.
+    pub(crate) write_seq: u64,
 }
 
 impl Keyspace {
@@ -72,6 +85,9 @@ impl Keyspace {
             locals: Vec::new(),
             ext_scratch: Vec::new(),
             hash_scratch: Vec::new(),
+            visited: 0,
+            instance: next_instance(),
+            write_seq: 0,
         }
     }
 
@@ -100,6 +116,17 @@ impl Keyspace {
 
     pub fn holder_count(&self) -> usize {
         self.holders.len()
+    }
+
+    /// Holders `drop_worker` and `expire` have visited since this copy was made: their work,
+    /// which must follow what they change, not the size of the keyspace. Not applied state.
+    pub fn holders_visited(&self) -> u64 {
+        self.visited
+    }
+
+    /// Holders whose worker lives in log partition `p` (under `EngineConfig::partitions`).
+    pub fn holders_in_partition(&self, p: u32) -> u32 {
+        self.holders.in_group(p)
     }
 
     /// Block positions in the trie (each held by one or more holders, or an unheld ancestor
@@ -184,7 +211,16 @@ impl Keyspace {
         blocks: &[(u64, u64)],
         t: LogTime,
     ) -> Result<u32, ApplyError> {
-        let h = self.holder_or_insert(key);
+        let h = match (self.holders.get(&key), parent_ext) {
+            (Some(h), _) => h,
+            (None, None) => self.holder_or_insert(key),
+            // A holder that holds nothing cannot hold the parent: refused, and nothing is
+            // created (the holder's existence never depends on refused writes).
+            (None, Some(p)) => {
+                self.stats.stores_rejected += 1;
+                return Err(ApplyError::MissingParent { holder: key, parent_ext: p });
+            }
+        };
         let snap = self.snap(h);
         let r = self.store_inner(h, key, parent_ext, blocks, t);
         self.settle(h, snap);
@@ -264,12 +300,27 @@ impl Keyspace {
 
     /// Makes `ext` resolve to block `b` for the holder: the block's canonical ext when it has
     /// none and `ext` is free, else a holder-local override.
+    ///
+    /// An engine that names another block with an ext it used before rebinds the ext: the
+    /// holder's override of it (if any) goes, so `overrides` and `override_of` stay inverse
+    /// maps (a stale entry would later drop the override of another block, leaving a block
+    /// that a removal can no longer name: an overcount).
     pub(crate) fn bind_or_override(&mut self, h: u32, b: u32, ext: u64) {
         if self.trie.bind_ext(b, ext) {
+            let holder = self.holders.at_mut(h);
+            if !holder.overrides.is_empty() {
+                if let Some(old) = holder.overrides.remove(&ext) {
+                    holder.override_of.remove(&old);
+                }
+            }
             return;
         }
         let holder = self.holders.at_mut(h);
-        holder.overrides.insert(ext, b);
+        if let Some(prev) = holder.overrides.insert(ext, b) {
+            if prev != b {
+                holder.override_of.remove(&prev);
+            }
+        }
         if let Some(old) = holder.override_of.insert(b, ext) {
             if old != ext {
                 holder.overrides.remove(&old);
@@ -326,7 +377,7 @@ impl Keyspace {
         let snap = self.snap(h);
         self.touch(h, t);
         let n = self.clear_blocks(h);
-        self.holders.at_mut(h).fed = true;
+        self.become_fed(h);
         self.settle(h, snap);
         self.stats.blocks_removed += u64::from(n);
         n
@@ -363,9 +414,9 @@ impl Keyspace {
         let snap = self.snap(h);
         let out = self.place_inner(h, locals, t);
         self.settle(h, snap);
-        if locals.is_empty() {
-            self.gc_holder(h);
-        }
+        // Nothing left (an empty placement, or one longer than the capacity evicted itself):
+        // the holder goes now, so that every inferred holder holds a block between writes.
+        self.gc_holder(h);
         out
     }
 
@@ -378,39 +429,6 @@ impl Keyspace {
         let added = self.hold_chain(h, ROOT_BLOCK, locals, t, |_, _, _| {});
         self.after_write(h);
         PlaceOutcome::Placed { added }
-    }
-
-    /// Removes every holder of `worker` (all dp ranks and lanes).
-    pub fn drop_worker(&mut self, worker: u64) -> u32 {
-        let victims: Vec<u32> =
-            self.holders.sorted().into_iter().filter(|&i| self.holders.at(i).key.worker == worker).collect();
-        let mut n = 0;
-        for h in victims {
-            let snap = self.snap(h);
-            n += self.clear_blocks(h);
-            self.settle(h, snap);
-            self.holders.remove(h);
-        }
-        self.stats.blocks_removed += u64::from(n);
-        n
-    }
-
-    /// Expires inferred blocks older than the placement TTL at log time `now`, for holders
-    /// selected by `filter` (the caller passes the holders of the partition whose log time
-    /// advanced). Returns the number of blocks expired.
-    pub fn expire(&mut self, now: LogTime, filter: impl Fn(&HolderKey) -> bool) -> u64 {
-        let mut n = 0;
-        for h in self.holders.sorted() {
-            let holder = self.holders.at(h);
-            if holder.fed || !filter(&holder.key) {
-                continue;
-            }
-            let snap = self.snap(h);
-            n += self.expire_holder(h, now);
-            self.settle(h, snap);
-            self.gc_holder(h);
-        }
-        n
     }
 
     // ---- internals ----------------------------------------------------------------------
@@ -435,8 +453,14 @@ impl Keyspace {
     fn ensure_fed(&mut self, h: u32) {
         if !self.holders.at(h).fed {
             self.clear_blocks(h);
-            self.holders.at_mut(h).fed = true;
+            self.become_fed(h);
         }
+    }
+
+    /// Marks the holder event-fed: placements no longer touch it, and it never expires.
+    fn become_fed(&mut self, h: u32) {
+        self.holders.at_mut(h).fed = true;
+        self.holders.unqueue(h);
     }
 
     /// Starts the ext-table slots of exts hashed by [`ext_hash`].
@@ -494,29 +518,6 @@ impl Keyspace {
         self.maybe_compact(h);
     }
 
-    fn expire_holder(&mut self, h: u32, now: LogTime) -> u64 {
-        let ttl = self.cfg.placement_ttl_ms;
-        let mut n = 0;
-        while let Some(&rec) = self.holders.at(h).records.front() {
-            if rec.time.saturating_add(ttl) > now {
-                break;
-            }
-            self.holders.at_mut(h).records.pop_front();
-            n += u64::from(self.evict_record(h, rec));
-        }
-        self.stats.expired_ttl += n;
-        n
-    }
-
-    /// Forgets an inferred holder that has no blocks left (its remaining records own nothing).
-    fn gc_holder(&mut self, h: u32) {
-        let holder = self.holders.at(h);
-        if !holder.fed && holder.blocks == 0 {
-            self.clear_blocks(h);
-            self.holders.remove(h);
-        }
-    }
-
     pub(crate) fn snap_term(&self, h: u32) -> (u64, u32) {
         self.snap(h)
     }
@@ -543,14 +544,16 @@ impl Keyspace {
     }
 
     /// The holder's aggregate term and block count before an operation.
-    fn snap(&self, h: u32) -> (u64, u32) {
+    pub(crate) fn snap(&self, h: u32) -> (u64, u32) {
         let holder = self.holders.at(h);
         (holder_term(&holder.key, holder.blocks, holder.digest), holder.blocks)
     }
 
     /// Carries the change of a holder's term since [`Self::snap`] into the aggregates. Done once
     /// per operation, not per block.
-    fn settle(&mut self, h: u32, (old, blocks_before): (u64, u32)) {
+    pub(crate) fn settle(&mut self, h: u32, (old, blocks_before): (u64, u32)) {
+        self.write_seq += 1;
+        self.holders.at_mut(h).last_write = self.write_seq;
         self.holders.sync_card(h);
         let holder = self.holders.at(h);
         let new = holder_term(&holder.key, holder.blocks, holder.digest);
@@ -565,7 +568,8 @@ impl Keyspace {
         self.holder_blocks = self.holder_blocks + u64::from(blocks_after) - u64::from(blocks_before);
     }
 
-    /// Recomputes the aggregates from the holders (after a rebuild).
+    /// Recomputes the aggregates from the holders (after a rebuild or an image read, and after
+    /// a repair's transplant, so a damaged holder leaves no residue behind).
     pub(crate) fn recompute_aggregates(&mut self) {
         for h in 0..self.holders.slots.len() as u32 {
             if self.holders.slots[h as usize].is_some() {

@@ -11,8 +11,10 @@
 //! - [`engine`]: [`Engine`], all keyspaces of a replica, each in a [`KeyspaceCell`].
 //! - [`cell`]: [`KeyspaceCell`], a keyspace behind one lock, or two identical copies so that
 //!   queries never wait on a write (`serve --query-copy`).
-//! - [`keyspace`]: [`Keyspace`], the write operations (store, remove, clear, place,
-//!   drop_worker, expire), capacity and TTL policy, digests.
+//! - [`keyspace`]: [`Keyspace`], the write operations (store, remove, clear, place),
+//!   capacity policy, digests.
+//! - `leaving`: how holders leave: [`Keyspace::drop_worker`], [`Keyspace::expire`] (TTL), and
+//!   inferred holders forgotten once empty, each visiting only the holders it changes.
 //! - `members`: holder membership of runs (added and removed stretch by stretch), and the
 //!   operation records that own it.
 //! - `matching`: [`Keyspace::match_chain`], longest contiguous prefix per holder, run by run.
@@ -24,6 +26,8 @@
 //! - [`invariants`]: [`Keyspace::check_invariants`], recomputing everything writes maintain
 //!   by hand (pins, counts, digests, run layout, tables, free lists, overrides);
 //!   `trie_check`: its structural half.
+//! - [`scrub`]: the same checks cut into steps of bounded cost ([`Keyspace::scrub_step`]), so
+//!   a running replica verifies the structures queries read against its digests.
 //! - `transplant`: [`Keyspace::replace_group`], moving one partition's holders in from a
 //!   rebuilt keyspace (anti-entropy repair).
 //! - `trie`: the path-compressed trie: runs of blocks with one membership list each, child and
@@ -36,7 +40,8 @@
 //!   shards of staggered sizes.
 //! - `ahead`: growing tables and block storage ahead of the write lock, so a write holds it
 //!   only to swap the grown arrays in.
-//! - `holder`: per-holder counts, digest and operation records.
+//! - `holder`: per-holder counts, digest and operation records; the derived holder indices
+//!   (key order, holders per partition, the expiry queue), rebuilt on read.
 //! - [`digest`]: the hash mixing behind node identity and digests.
 //! - `store_check`: refusing stores that cannot be a chain (an ext named twice, or the parent
 //!   named among the blocks).
@@ -47,6 +52,9 @@
 //! - Determinism: the same operations in the same order give the same answers and digests;
 //!   `dump` → `rebuild` preserves answers, digests and future behaviour.
 //! - Inferred (placement) state never overrides an event-fed holder.
+//! - Bounded work: dropping a worker visits its holders only, expiry only the holders of its
+//!   partition with something due; a keyspace exists exactly while it has holders, and an
+//!   empty one costs a few KiB.
 //! - Capacity: a holder over its bound loses the blocks of its least recently stored
 //!   operations first (whole store/placement operations, oldest first, skipping blocks that a
 //!   later operation stored again) until it is at 7/8 of the bound.
@@ -61,6 +69,7 @@ mod holder;
 pub mod image;
 pub mod invariants;
 pub mod keyspace;
+mod leaving;
 mod matching;
 mod members;
 pub mod partition;
@@ -68,6 +77,7 @@ mod rebuild;
 mod runs;
 mod same;
 pub mod scheme;
+pub mod scrub;
 mod store_check;
 mod table;
 mod transplant;
@@ -86,6 +96,7 @@ pub mod testing {
 pub use image::ImageError;
 pub use invariants::InvariantError;
 pub use keyspace::{HolderSummary, Keyspace, PlaceOutcome};
+pub use scrub::{ScrubCursor, ScrubFinding, ScrubStep};
 pub use types::{
     partition_of, ApplyError, EngineConfig, HolderKey, HolderMatch, InvalidStoreReason, KeyspaceId,
     KeyspaceStats, LogTime, MatchOptions,

@@ -243,6 +243,9 @@ impl Keyspace {
         );
         self.trie.runs[r].pins += 1;
         self.holders.at_mut(h).records.push_back(rec);
+        if !self.holders.at(h).fed {
+            self.holders.queue(h, rec.time);
+        }
     }
 
     /// Removes the holder's blocks that still carry `rec`'s stamp (whole runs) and unpins and

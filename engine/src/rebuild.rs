@@ -120,6 +120,7 @@ impl Keyspace {
         }?;
         ks.trie.install_exts(table);
         ks.rebuild_holders(dump)?;
+        ks.holders.rebuild_derived();
         ks.stats = dump.stats.clone();
         ks.recompute_aggregates();
         Ok(ks)

@@ -83,8 +83,12 @@ impl Run {
 
 const RUN_CHUNK_BITS: u32 = 12;
 const RUN_CHUNK: usize = 1 << RUN_CHUNK_BITS;
+/// Runs the first chunk has room for at first. It grows by doubling to [`RUN_CHUNK`] (one copy
+/// of at most 4,096 runs, once per keyspace), so a keyspace with a few runs does not reserve
+/// a whole chunk (320 KiB); later chunks are allocated at full size and never move.
+const FIRST_RUN_CHUNK: usize = 4;
 
-/// Runs in fixed chunks with a free list of ids.
+/// Runs in chunks with a free list of ids.
 #[derive(Clone, Default)]
 pub struct Runs {
     chunks: Vec<Vec<Run>>,
@@ -98,12 +102,22 @@ impl Runs {
             self[r] = run;
             return r;
         }
-        if self.len == self.chunks.len() * RUN_CHUNK {
-            self.chunks.push(Vec::with_capacity(RUN_CHUNK));
-        }
-        self.chunks.last_mut().expect("a chunk").push(run);
-        self.len += 1;
+        self.push(run);
         (self.len - 1) as u32
+    }
+
+    /// Appends a run slot: the first chunk grows by doubling, later ones are allocated whole.
+    fn push(&mut self, run: Run) {
+        if self.len == self.chunks.len() * RUN_CHUNK {
+            let cap = if self.chunks.is_empty() { FIRST_RUN_CHUNK } else { RUN_CHUNK };
+            self.chunks.push(Vec::with_capacity(cap));
+        }
+        let chunk = self.chunks.last_mut().expect("a chunk");
+        if chunk.len() == chunk.capacity() {
+            chunk.reserve_exact(chunk.capacity().clamp(1, RUN_CHUNK - chunk.len()));
+        }
+        chunk.push(run);
+        self.len += 1;
     }
 
     pub(crate) fn release(&mut self, r: u32) {
@@ -134,7 +148,8 @@ impl Runs {
             .filter(|r| r.members.spilled())
             .map(|r| r.members.capacity() * std::mem::size_of::<Member>())
             .sum();
-        self.chunks.len() * RUN_CHUNK * std::mem::size_of::<Run>() + self.free.capacity() * 4 + spilled
+        let slots: usize = self.chunks.iter().map(Vec::capacity).sum();
+        slots * std::mem::size_of::<Run>() + self.free.capacity() * 4 + spilled
     }
 }
 
@@ -225,11 +240,7 @@ impl Runs {
                 end_path,
                 members,
             };
-            if runs.len == runs.chunks.len() * RUN_CHUNK {
-                runs.chunks.push(Vec::with_capacity(RUN_CHUNK));
-            }
-            runs.chunks.last_mut().expect("a chunk").push(run);
-            runs.len += 1;
+            runs.push(run);
         }
         for _ in 0..s.count(4)? {
             let f = s.u32()?;

@@ -16,6 +16,9 @@
 //! the writer's upgradable read lock, while queries read on) and [`NodeTable::install`] swaps
 //! it in under the write lock. The capacities that result depend only on the writes, never on
 //! timing.
+//!
+//! The shard list itself is allocated by the first insert: an empty keyspace's two tables cost
+//! a few words, not 2 × 256 shard headers.
 
 use crate::image::{put_u64, tag, ImageError, ImageReader, ImageWriter};
 
@@ -307,17 +310,12 @@ pub fn prefetch_ptr<T>(p: *const T) {
 
 /// Node indices by 64-bit hash. Keys live in the nodes: callers pass an `eq` that checks a
 /// candidate node, and the table never needs to rehash a key.
-#[derive(Clone)]
+#[derive(Clone, Default)]
 pub struct NodeTable {
+    /// Empty until the first insert, then [`SHARDS`] shards.
     shards: Vec<Shard>,
     /// Shards that wanted growth ahead when an insert last touched them ([`Self::grow_ahead`]).
     ahead: Vec<usize>,
-}
-
-impl Default for NodeTable {
-    fn default() -> Self {
-        Self { shards: (0..SHARDS).map(Shard::new).collect(), ahead: Vec::new() }
-    }
 }
 
 /// A shard's grown slot array, built by [`NodeTable::grow_ahead`] for [`NodeTable::install`].
@@ -338,17 +336,23 @@ impl NodeTable {
     #[inline]
     pub fn find(&self, h: u64, eq: impl FnMut(u32) -> bool) -> Option<u32> {
         let (s, low) = Self::split(h);
-        self.shards[s].find(low, eq)
+        self.shards.get(s)?.find(low, eq)
+    }
+
+    /// Shard `s`, allocating the shard list on first use.
+    #[inline]
+    fn shard_mut(&mut self, s: usize) -> &mut Shard {
+        if self.shards.is_empty() {
+            self.shards = (0..SHARDS).map(Shard::new).collect();
+        }
+        &mut self.shards[s]
     }
 
     /// Replaces `old` stored under `h` by `new` (a run that took over another's place).
     /// Returns whether `old` was there.
     pub fn replace(&mut self, h: u64, old: u32, new: u32) -> bool {
         let (s, low) = Self::split(h);
-        let shard = &mut self.shards[s];
-        if shard.slots.is_empty() {
-            return false;
-        }
+        let Some(shard) = self.shards.get_mut(s).filter(|sh| !sh.slots.is_empty()) else { return false };
         match shard.probe(low, |n| n == old) {
             Probe::Found(i) => {
                 shard.slots[i] = slot(low, new);
@@ -367,7 +371,7 @@ impl NodeTable {
         #[cfg(target_arch = "x86_64")]
         {
             let (s, low) = Self::split(h);
-            let shard = &self.shards[s];
+            let Some(shard) = self.shards.get(s) else { return };
             if let Some(slot) = shard.slots.get(home(tag_of(low), shard.slots.len())) {
                 let p: *const Slot = slot;
                 prefetch_ptr(p);
@@ -385,7 +389,7 @@ impl NodeTable {
     /// Stores `node` under `h`; the caller has checked it is not there yet.
     pub fn insert(&mut self, h: u64, node: u32) {
         let (s, low) = Self::split(h);
-        self.shards[s].insert(low, node);
+        self.shard_mut(s).insert(low, node);
         self.queue_if_full(s);
     }
 
@@ -394,7 +398,7 @@ impl NodeTable {
     #[inline]
     pub fn insert_new(&mut self, h: u64, node: u32, eq: impl FnMut(u32) -> bool) -> Option<u32> {
         let (s, low) = Self::split(h);
-        let found = self.shards[s].insert_new(low, node, eq);
+        let found = self.shard_mut(s).insert_new(low, node, eq);
         self.queue_if_full(s);
         found
     }
@@ -440,13 +444,16 @@ impl NodeTable {
     #[inline]
     pub fn remove(&mut self, h: u64, node: u32) -> bool {
         let (s, low) = Self::split(h);
-        self.shards[s].remove(low, node)
+        self.shards.get_mut(s).is_some_and(|sh| sh.remove(low, node))
     }
 
     /// Makes room for `more` entries beyond the current ones.
     pub fn reserve(&mut self, more: usize) {
         // Shards fill unevenly; 1/8 headroom keeps the fullest from growing.
         let per = more / SHARDS + more / SHARDS / 8 + 1;
+        if more > 0 {
+            self.shard_mut(0);
+        }
         for s in &mut self.shards {
             s.reserve(s.len + per);
         }
@@ -472,7 +479,9 @@ impl NodeTable {
     /// Image sections: one per shard (its entry count and slots, as in memory: node `u32`,
     /// tag's high `u16`, tag's low byte).
     pub(crate) fn write_image(&self, w: &mut ImageWriter) -> std::io::Result<()> {
-        for sh in &self.shards {
+        for s in 0..SHARDS {
+            let empty = Shard::new(s);
+            let sh = self.shards.get(s).unwrap_or(&empty);
             w.section(tag::TABLE, |b| {
                 put_u64(b, sh.len as u64);
                 put_u64(b, sh.slots.len() as u64);
@@ -546,6 +555,9 @@ impl NodeTable {
             }
             shards.push(shard);
         }
+        if shards.iter().all(|s| s.slots.is_empty()) {
+            shards = Vec::new();
+        }
         Ok((Self { shards, ahead: Vec::new() }, max))
     }
 
@@ -557,7 +569,7 @@ impl NodeTable {
     /// Heap bytes of the slot arrays.
     pub fn heap_bytes(&self) -> usize {
         self.shards.iter().map(|s| s.slots.len() * std::mem::size_of::<Slot>()).sum::<usize>()
-            + SHARDS * std::mem::size_of::<Shard>()
+            + self.shards.len() * std::mem::size_of::<Shard>()
     }
 }
 
@@ -580,7 +592,7 @@ mod tests {
         use crate::image::{ImageReader, SectionChecks};
         let image = |slots: Vec<Slot>| {
             let mut t = NodeTable::default();
-            t.shards[0] = Shard {
+            *t.shard_mut(0) = Shard {
                 len: slots.iter().filter(|s| !s.is_empty()).count(),
                 slots: slots.into(),
                 ..Shard::new(0)

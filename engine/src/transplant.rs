@@ -15,6 +15,12 @@ use rustc_hash::FxHashMap;
 
 impl Keyspace {
     /// Replaces every holder of partition `group` with `src`'s holders of that partition.
+    ///
+    /// A repair may run on a keyspace whose structures are damaged (the scrubber found a
+    /// member no record justifies, or an aggregate that is not the sum of its holders), so
+    /// after our holders are dropped by their records, members left without a holder are
+    /// dropped too (before the graft can reuse their slots) and the aggregates are recomputed
+    /// from the holders. On a consistent keyspace neither changes anything.
     pub fn replace_group(&mut self, group: u32, src: &Keyspace) {
         for h in self.holders.sorted() {
             if self.holders.at(h).group == group {
@@ -24,10 +30,12 @@ impl Keyspace {
                 self.holders.remove(h);
             }
         }
+        self.drop_dangling_members();
         let theirs = src.dump_partitions(|g| g == group);
         if !theirs.holders.is_empty() {
             self.graft(&theirs);
         }
+        self.recompute_aggregates();
     }
 
     /// Adds a dump's holders (none of which exist here) onto this trie.

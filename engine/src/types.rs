@@ -124,7 +124,8 @@ pub struct HolderMatch {
 /// A write that was refused. The state is unchanged apart from what the variant says.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ApplyError {
-    /// The holder does not hold the parent block; the holder is now marked gapped.
+    /// The holder does not hold the parent block; the holder, if it exists, is now marked
+    /// gapped (a holder that does not exist is not created: it holds nothing to be wrong about).
     #[error("{holder}: parent block {parent_ext:#x} is not held (holder marked gapped)")]
     MissingParent { holder: HolderKey, parent_ext: u64 },
     /// The store names a block twice, or names its own parent among its blocks: it cannot be a

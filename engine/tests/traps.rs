@@ -132,15 +132,15 @@ fn engine_checks_the_whole_store_before_cutting_it_into_chunks() {
     let err = e.store(&id, A, None, &blocks, 1).unwrap_err();
     let reason = InvalidStoreReason::RepeatedExt(1);
     assert_eq!(err, ApplyError::InvalidStore { holder: A, reason });
-    let ks = e.keyspace(&id).unwrap();
-    assert_eq!(ks.read().holder_blocks(), 0);
-    assert_eq!(ks.read().stats().stores_rejected, 1);
+    assert!(e.keyspace(&id).is_none(), "a refused store creates no keyspace");
+    assert_eq!(e.writes_without_keyspace(), 1);
     let fine: Vec<(u64, u64)> = (1..=10u64).map(|i| (i, i)).collect();
     assert_eq!(e.store(&id, A, None, &fine, 2), Ok(10));
     assert_eq!(
         e.store(&id, A, Some(10), &[(11, 11), (10, 12)], 3).unwrap_err(),
         ApplyError::InvalidStore { holder: A, reason: InvalidStoreReason::ParentInStore(10) }
     );
+    assert_eq!(e.keyspace(&id).unwrap().read().stats().stores_rejected, 1, "counted where it exists");
 }
 
 #[test]
@@ -199,9 +199,9 @@ fn placements_never_override_event_feed_and_expire_by_log_time() {
     let b = full(&k, &[1, 2, 3], B).unwrap();
     assert!(b.inferred);
     assert_eq!(b.depth, 3);
-    k.expire(1009, |_| true);
+    k.expire(1009, 0);
     assert_eq!(depth(&k, &[1, 2, 3], B), 3, "not yet expired");
-    k.expire(1010, |_| true);
+    k.expire(1010, 0);
     assert_eq!(depth(&k, &[1, 2, 3], B), 0, "expired at t + ttl");
     assert!(k.holder(&B).is_none(), "empty inferred holder forgotten");
 
@@ -353,14 +353,20 @@ fn replace_group_moves_a_partition_exactly() {
     let cfg = EngineConfig { partitions: 3, holder_capacity: 12, ..Default::default() };
     let mut good = Keyspace::new(KeyspaceId::new("m", 16, 1), cfg.clone());
     let mut bad = Keyspace::new(KeyspaceId::new("m", 16, 1), cfg.clone());
-    stream(&mut good, 5);
-    stream(&mut bad, 5);
+    for k in [&mut good, &mut bad] {
+        stream(k, 5);
+        // Placed holders in every partition: the transplant files them for expiry too.
+        for w in 40..46 {
+            k.place(HolderKey::new(w, 0, 0), &[1, w], 10 + w);
+        }
+    }
     assert_eq!(good.digest(), bad.digest());
     let victim = bad.holder_summaries().into_iter().find(|h| h.blocks > 0).unwrap().key;
     assert!(bad.corrupt_for_test(&victim));
     assert_ne!(good.digest(), bad.digest());
     let g = prefixlog_engine::partition_of(victim.worker, 3);
     bad.replace_group(g, &good);
+    bad.check_invariants().unwrap();
     for p in 0..3 {
         assert_eq!(bad.partition_digest(p), good.partition_digest(p), "partition {p}");
     }
@@ -368,6 +374,36 @@ fn replace_group_moves_a_partition_exactly() {
     stream(&mut good, 6);
     stream(&mut bad, 6);
     assert_eq!(bad.digest(), good.digest(), "future behaviour (eviction, ext resolution) agrees");
+    for p in 0..3 {
+        let expired = (good.expire(200_000, p), bad.expire(200_000, p));
+        assert_eq!(expired.0, expired.1, "partition {p}: expiry agrees");
+    }
+    assert!(good.holder_summaries().iter().all(|h| h.fed), "every placed holder expired");
+    assert_eq!(bad.holder_summaries(), good.holder_summaries());
+    bad.check_invariants().unwrap();
     let o = MatchOptions { intervals: true, ..Default::default() };
     assert_eq!(bad.match_chain(&[1, 2, 3], &o), good.match_chain(&[1, 2, 3], &o));
+}
+
+/// An engine that names a second block with an ext it used for a first one (hash collisions,
+/// or a buggy bridge) rebinds the ext. Before the fix the first block kept a stale entry in
+/// the holder's override maps; removing that block (by its canonical ext) then dropped the
+/// override of the *second* one, so a later removal of the second block by the rebound ext
+/// found nothing and the block stayed credited: an overcount.
+#[test]
+fn rebinding_an_ext_never_strands_a_block() {
+    let mut k = ks();
+    // B binds the canonical exts: block [1] is 100, block [2] is 200.
+    k.store(B, None, &[(100, 1)], 1).unwrap();
+    k.store(B, None, &[(200, 2)], 1).unwrap();
+    // A names both blocks 7 in turn (overrides: the canonical exts are taken).
+    k.store(A, None, &[(7, 1)], 2).unwrap();
+    k.store(A, None, &[(7, 2)], 3).unwrap();
+    k.check_invariants().unwrap();
+    // A evicts block [1] by its canonical ext, then block [2] by the ext it last gave it.
+    assert_eq!(k.remove(A, &[100], 4), (1, 0));
+    assert_eq!(k.remove(A, &[7], 5), (1, 0), "7 still names block [2] for A");
+    assert_eq!(depth(&k, &[2], A), 0, "A no longer holds [2]");
+    assert_eq!(k.holder(&A).unwrap().blocks, 0);
+    k.check_invariants().unwrap();
 }

@@ -47,7 +47,7 @@ def keyspace_pb() -> records_pb2.Keyspace:
 
 
 def worker_added(worker: int, metadata: Dict[str, str]) -> records_pb2.Record:
-    """Announces a worker (what ListWorkers reports), e.g. {"endpoint": url, "model": name}."""
+    """Announces a worker (what ListWorkers reports), e.g. {"serving_url": url, "model": name}."""
     return records_pb2.Record(
         version=1,
         lifecycle=records_pb2.WorkerLifecycle(worker=worker, added=records_pb2.WorkerAdded(metadata=metadata)),

@@ -22,8 +22,9 @@ For each POST /v1/completions or /v1/chat/completions it
   5. proxies the request to the worker and returns its answer, with `x-prefixlog-worker` and
      `x-prefixlog-route` headers saying where it went and why.
 
-The workers are read from the index (`ListWorkers`: the `endpoint` and `model` metadata of
-their WorkerAdded records, refreshed every 2 s) or given with `--worker ID=URL`. `--discover`
+The workers are read from the index (`ListWorkers`: the `serving_url` and `model` metadata of
+their WorkerAdded records -- `prefixlog bridge --serving-url` publishes it -- refreshed every
+2 s; workers without a serving URL are not routed to) or given with `--worker ID=URL`. `--discover`
 makes `--index` a list of replicas of a sharded index (shard map from Describe). GET /workers
 and GET /stats show what the gateway knows and how it routed.
 """
@@ -42,6 +43,10 @@ from typing import Dict, List, Optional, Tuple
 
 from common import KEYSPACE, MODEL, LogPublisher, placement, prompt_text, tokenize
 from prefixlog_client import IndexClient, MatchResult, block_hashes
+
+# The worker metadata key naming where its requests go (prefixlog bridge --serving-url; the
+# bridge's `kv_events_endpoint` is the engine's ZeroMQ address, never a place for requests).
+SERVING_URL = "serving_url"
 
 
 class Router:
@@ -69,8 +74,8 @@ class Router:
         listed = self.index.list_workers(deadline=1.0)
         if listed.outcome != "workers":
             return
-        workers = {w.worker: w.metadata["endpoint"] for w in listed.workers
-                   if w.metadata.get("model") == self.model and w.metadata.get("endpoint")}
+        workers = {w.worker: w.metadata[SERVING_URL] for w in listed.workers
+                   if w.metadata.get("model") == self.model and w.metadata.get(SERVING_URL)}
         # A partial list (a shard of the index did not answer) must not drop that shard's workers.
         self.workers = {**self.workers, **workers} if listed.partial else workers
 

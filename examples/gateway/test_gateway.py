@@ -183,7 +183,7 @@ def test_the_gateway_routes_by_the_index_and_publishes_placements(procs):
     with IndexClient([index], deadline=5.0) as c:
         listed = c.list_workers(deadline=5.0)
         assert sorted(w.worker for w in listed.workers) == sorted(ids)
-        assert {w.worker: w.metadata["endpoint"] for w in listed.workers} == dict(zip(ids, workers))
+        assert {w.worker: w.metadata["serving_url"] for w in listed.workers} == dict(zip(ids, workers))
         # The worker without KV events is known to the index only through placements.
         to_silent = [hashes for hashes, r in zip(prompts, routed) if int(r["x-prefixlog-worker"]) == silent]
         assert to_silent, "no request was routed to the worker without KV events"

@@ -25,11 +25,18 @@
 //! placement at once; cut records are counted). Placement expiry runs whenever a partition's
 //! log time enters a new `expiry_interval_ms` bucket, for that partition's holders only, so
 //! every replica expires at the same records. Quiet partitions are advanced by tick records.
+//!
+//! Limits (`crate::limits`): a decoded record that would create more than the settings allow
+//! in its partition is refused whole before anything of it is applied, as a bad record. The
+//! applier keeps each partition's [`Usage`] (the keyspaces it uses, its holder count) beside
+//! the state, so that no record costs work proportional to the whole state: `WorkerRemoved`,
+//! `WorkerRestarted`, expiry and digest points visit only the keyspaces of their partition.
 
+use crate::limits::{admit, Usage};
 use crate::partition_state::{DigestPoint, Feed, FeedKey, PartitionState};
 use crate::record::{decode, KvOp, Lifecycle, Op};
 use crate::settings::StateSettings;
-use prefixlog_engine::{partition_of, ApplyError, Engine, HolderKey, KeyspaceId, LogTime};
+use prefixlog_engine::{ApplyError, Engine, HolderKey, KeyspaceId, LogTime};
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
 
@@ -50,6 +57,18 @@ pub enum Outcome {
     AlreadyApplied,
 }
 
+/// Applying a record failed (a panic: a bug, never input; bad records are refused and
+/// counted). The state may hold part of that record: the [`Applier`] is marked with it
+/// ([`Applier::mark_failed`]) and no checkpoint is taken of it from then on.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("applying partition {partition}'s record at offset {offset} failed: {message}")]
+pub struct ApplyFailure {
+    pub partition: u32,
+    pub offset: i64,
+    /// The panic's message.
+    pub message: String,
+}
+
 /// A record offered out of order: the partition's state ends at `expected`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("partition {partition}: offset {offered} offered, the state ends at {expected} (records in between are missing)")]
@@ -65,6 +84,10 @@ pub struct Applier {
     partitions: u32,
     parts: Vec<PartitionState>,
     points: Vec<VecDeque<DigestPoint>>,
+    /// Derived from `parts` and the engine, per partition (module doc); never persisted.
+    usage: Vec<Usage>,
+    /// The first record whose apply failed, if one did: the state may hold part of it.
+    failed: Option<ApplyFailure>,
 }
 
 impl Applier {
@@ -74,11 +97,43 @@ impl Applier {
     }
 
     /// Over an existing engine (a restored checkpoint's); its partition count is the log's.
+    /// Keyspaces without holders (older builds created them for removals and clears) are
+    /// freed: they hold nothing, and digest to nothing.
     pub fn with_engine(engine: Arc<Engine>, settings: StateSettings) -> Self {
         let partitions = engine.config().partitions;
+        engine.release_empty();
         let parts = (0..partitions).map(|_| PartitionState::default()).collect();
         let points = (0..partitions).map(|_| VecDeque::new()).collect();
-        Self { engine, settings, partitions, parts, points }
+        let mut a = Self { engine, settings, partitions, parts, points, usage: Vec::new(), failed: None };
+        a.recount_usage();
+        a
+    }
+
+    /// Recomputes every partition's [`Usage`] from the engine and the partition states.
+    fn recount_usage(&mut self) {
+        self.usage =
+            (0..self.partitions).map(|p| Usage::of(p, &self.parts[p as usize], &self.engine)).collect();
+    }
+
+    /// What partition `p`'s records have created, as the limits count it.
+    pub fn usage(&self, p: u32) -> &Usage {
+        &self.usage[p as usize]
+    }
+
+    /// Whether every partition's [`Usage`] equals a recount from the engine and the partition
+    /// states (tests: the incremental bookkeeping is exact). `Err` names the first partition
+    /// that differs.
+    pub fn check_usage(&self) -> Result<(), String> {
+        for p in 0..self.partitions {
+            let recount = Usage::of(p, &self.parts[p as usize], &self.engine);
+            if recount != self.usage[p as usize] {
+                return Err(format!(
+                    "partition {p}: kept {:?}, recounted {recount:?}",
+                    self.usage[p as usize]
+                ));
+            }
+        }
+        Ok(())
     }
 
     pub fn engine(&self) -> &Arc<Engine> {
@@ -106,39 +161,46 @@ impl Applier {
         self.parts.iter().map(|p| p.next_offset).collect()
     }
 
+    /// Marks the state as holding part of a record that failed to apply (the caller caught the
+    /// panic). Kept until the applier is dropped: nothing may persist this state.
+    pub fn mark_failed(&mut self, failure: ApplyFailure) {
+        self.failed.get_or_insert(failure);
+    }
+
+    /// The first record that failed to apply, if one did ([`Self::mark_failed`]).
+    pub fn failure(&self) -> Option<&ApplyFailure> {
+        self.failed.as_ref()
+    }
+
     /// Replaces partition states (restoring a checkpoint).
     pub fn restore_partitions(&mut self, parts: Vec<PartitionState>) {
         assert_eq!(parts.len(), self.parts.len(), "a checkpoint of another partition count");
         self.parts = parts;
+        self.recount_usage();
     }
 
     /// Replaces partition `p` — its holders in every keyspace, its state and digest points —
     /// with `src`'s (anti-entropy repair, recovery from a peer's checkpoint).
     pub fn replace_partition(&mut self, p: u32, src: &Applier) {
         assert_eq!(self.partitions, src.partitions, "partition states of logs of different partition counts");
-        let mut ids: BTreeSet<KeyspaceId> = self.engine.keyspace_ids().into_iter().collect();
-        ids.extend(src.engine.keyspace_ids());
-        let n = self.partitions;
+        let mut ids: BTreeSet<KeyspaceId> =
+            self.usage[p as usize].keyspaces_with_holders().into_iter().collect();
+        ids.extend(src.usage[p as usize].keyspaces_with_holders());
         for id in ids {
             let theirs = src.engine.keyspace(&id);
-            let has_holders = |k: &prefixlog_engine::Keyspace| {
-                k.holder_summaries().iter().any(|h| partition_of(h.key.worker, n) == p)
-            };
-            if self.engine.keyspace(&id).is_none() && !theirs.as_ref().is_some_and(|t| has_holders(&t.read()))
-            {
-                continue; // nothing of partition p on either side: do not create the keyspace
-            }
             let dst = self.engine.keyspace_or_create(&id);
             match theirs {
                 Some(s) => dst.write(|k| k.replace_group(p, &s.read())),
                 None => {
-                    let empty = prefixlog_engine::Keyspace::new(id, self.engine.config().clone());
+                    let empty = prefixlog_engine::Keyspace::new(id.clone(), self.engine.config().clone());
                     dst.write(|k| k.replace_group(p, &empty))
                 }
             }
+            self.engine.release_if_empty(&id);
         }
         self.parts[p as usize] = src.parts[p as usize].clone();
         self.points[p as usize] = src.points[p as usize].clone();
+        self.usage[p as usize] = Usage::of(p, &self.parts[p as usize], &self.engine);
     }
 
     /// A copy holding only `partitions`' state (the others empty at offset 0).
@@ -155,9 +217,32 @@ impl Applier {
         self.points[p as usize].iter()
     }
 
+    /// Every partition's recorded digest points, oldest first (a checkpoint keeps them, so
+    /// anti-entropy compares as far back after a restart as before it).
+    pub fn all_digest_points(&self) -> Vec<Vec<DigestPoint>> {
+        self.points.iter().map(|h| h.iter().copied().collect()).collect()
+    }
+
+    /// Puts back digest points a checkpoint kept ([`Self::all_digest_points`]). Per partition
+    /// only points at or below its next offset are taken, in offset order, the newest
+    /// [`DIGEST_HISTORY`]: a damaged or foreign list can neither claim offsets this state has
+    /// not reached nor grow the history.
+    pub fn restore_digest_points(&mut self, points: Vec<Vec<DigestPoint>>) {
+        for (p, mut list) in points.into_iter().enumerate().take(self.parts.len()) {
+            let next = self.parts[p].next_offset;
+            list.retain(|d| d.next_offset <= next);
+            list.sort_by_key(|d| d.next_offset);
+            list.dedup_by_key(|d| d.next_offset);
+            let skip = list.len().saturating_sub(DIGEST_HISTORY);
+            self.points[p] = list.into_iter().skip(skip).collect();
+        }
+    }
+
     /// Digest of partition `p`: its holders' block sets, feed table and announced workers.
+    /// Reads only the keyspaces the partition uses.
     pub fn partition_digest(&self, p: u32) -> u64 {
-        self.engine.partition_digest(p).wrapping_add(self.parts[p as usize].digest())
+        let engine = self.engine.partition_digest_of(p, self.usage[p as usize].keyspaces());
+        engine.wrapping_add(self.parts[p as usize].digest())
     }
 
     /// Moves partition `p` past records that are gone from the log (an operator accepted the
@@ -171,13 +256,10 @@ impl Applier {
         part.last_mark = 0;
         part.counters.log_gaps += 1;
         part.feeds.values_mut().for_each(|f| f.gapped = true);
-        let n = self.partitions;
-        for ks in self.engine.keyspaces() {
-            ks.write(|ks| {
-                for h in ks.holder_summaries().into_iter().filter(|h| partition_of(h.key.worker, n) == p) {
-                    ks.set_gapped(h.key, true);
-                }
-            });
+        for id in self.usage[p as usize].keyspaces_with_holders() {
+            if let Some(ks) = self.engine.keyspace(&id) {
+                ks.write(|ks| ks.set_partition_gapped(p));
+            }
         }
     }
 
@@ -197,14 +279,18 @@ impl Applier {
         if offset > part.next_offset {
             return Err(NotNext { partition, expected: part.next_offset, offered: offset });
         }
-        part.next_offset = offset + 1;
-        part.last_mark = crate::continuity::record_mark(ts, value);
         self.advance_log_time(partition, ts);
         let t = self.parts[partition as usize].log_time;
+        #[cfg(feature = "testing")]
+        crate::testing::maybe_panic(value);
         let max_blocks = self.settings.max_blocks_per_record as usize;
-        let outcome = match decode(value, partition, self.partitions, max_blocks) {
+        let p = partition as usize;
+        let admitted = decode(value, partition, self.partitions, max_blocks).and_then(|op| {
+            admit(&op, &self.parts[p], &self.usage[p], &self.engine, &self.settings).map(|()| op)
+        });
+        let outcome = match admitted {
             Err(r) => {
-                *self.parts[partition as usize].counters.bad.entry(r).or_default() += 1;
+                *self.parts[p].counters.bad.entry(r).or_default() += 1;
                 Outcome::Bad(r)
             }
             Ok(op) => self.apply_op(partition, op, t),
@@ -212,6 +298,11 @@ impl Applier {
         if outcome == Outcome::Applied {
             self.parts[partition as usize].counters.applied += 1;
         }
+        // Only now: a record that did not finish applying (a panic above) must not count as
+        // applied, or a checkpoint would resume past it.
+        let part = &mut self.parts[partition as usize];
+        part.next_offset = offset + 1;
+        part.last_mark = crate::continuity::record_mark(ts, value);
         self.maybe_expire(partition);
         self.maybe_record_point(partition);
         Ok(outcome)
@@ -258,9 +349,9 @@ impl Applier {
         }
         part.expiry_bucket = bucket;
         let now = part.log_time;
-        let n = self.partitions;
-        for ks in self.engine.keyspaces() {
-            ks.write(|ks| ks.expire(now, |k| partition_of(k.worker, n) == partition));
+        for id in self.usage[partition as usize].keyspaces_with_holders() {
+            self.engine.expire(&id, now, partition);
+            self.usage[partition as usize].refresh_holders(partition, &id, &self.engine);
         }
     }
 
@@ -278,7 +369,8 @@ impl Applier {
                 out
             }
             Op::Placement { keyspace, holder, locals, .. } => {
-                self.engine.keyspace_or_create(&keyspace).write(|k| k.place(holder, &locals, t));
+                self.engine.place(&keyspace, holder, &locals, t);
+                self.usage[partition as usize].refresh_holders(partition, &keyspace, &self.engine);
                 Outcome::Applied
             }
             Op::Lifecycle { worker, change } => {
@@ -297,14 +389,18 @@ impl Applier {
             }
             Lifecycle::Removed => {
                 part.workers.remove(&worker);
-                part.feeds.retain(|k, _| k.worker != worker);
-                for ks in self.engine.keyspaces() {
-                    ks.write(|k| k.drop_worker(worker));
+                let usage = &mut self.usage[partition as usize];
+                for key in feeds_of(part, usage, worker) {
+                    part.feeds.remove(&key);
+                    usage.remove_feed(&key.keyspace);
+                }
+                for id in usage.keyspaces_with_holders() {
+                    self.engine.drop_worker(&id, worker);
+                    usage.refresh_holders(partition, &id, &self.engine);
                 }
             }
             Lifecycle::Restarted { new_epoch } => {
-                let keys: Vec<FeedKey> = part.feeds.keys().filter(|k| k.worker == worker).cloned().collect();
-                for k in keys {
+                for k in feeds_of(part, &self.usage[partition as usize], worker) {
                     self.new_epoch(partition, &k, new_epoch, t);
                 }
             }
@@ -315,14 +411,8 @@ impl Applier {
     fn new_epoch(&mut self, partition: u32, key: &FeedKey, epoch: u64, t: LogTime) {
         let part = &mut self.parts[partition as usize];
         let feed = part.feeds.get_mut(key).expect("feed exists");
-        if let Some(ks) = self.engine.keyspace(&key.keyspace) {
-            ks.write(|ks| {
-                for &lane in &feed.lanes {
-                    let h = HolderKey::new(key.worker, key.dp_rank, lane);
-                    ks.clear(h, t);
-                    ks.set_gapped(h, false);
-                }
-            });
+        for &lane in &feed.lanes {
+            self.engine.clear(&key.keyspace, HolderKey::new(key.worker, key.dp_rank, lane), t);
         }
         *feed = Feed::new(epoch);
         part.counters.epochs += 1;
@@ -340,7 +430,11 @@ impl Applier {
         t: LogTime,
     ) -> Result<bool, Outcome> {
         let part = &mut self.parts[partition as usize];
-        let feed = part.feeds.entry(key.clone()).or_insert_with(|| Feed::new(epoch));
+        if !part.feeds.contains_key(key) {
+            part.feeds.insert(key.clone(), Feed::new(epoch));
+            self.usage[partition as usize].add_feed(&key.keyspace);
+        }
+        let feed = part.feeds.get_mut(key).expect("feed exists");
         if epoch < feed.epoch {
             part.counters.stale_epochs += 1;
             // An older epoch after a newer one: two writers for one feed (a bridge left
@@ -400,6 +494,7 @@ impl Applier {
         feed.gapped = (feed.gapped || gap) && !resynced;
         let (lanes, gapped): (Vec<u32>, bool) = (feed.lanes.iter().copied().collect(), feed.gapped);
         let (missing, invalid) = self.apply_events(&key, events, t);
+        self.usage[partition as usize].refresh_holders(partition, &key.keyspace, &self.engine);
         if gapped {
             self.mark_gapped(&key, &lanes);
         }
@@ -438,14 +533,22 @@ impl Applier {
                     self.engine.remove(&key.keyspace, h, exts, t);
                 }
                 KvOp::Cleared { .. } => {
-                    let ks = self.engine.keyspace_or_create(&key.keyspace);
-                    ks.write(|ks| {
-                        ks.clear(h, t);
-                        ks.set_gapped(h, false);
-                    });
+                    self.engine.clear(&key.keyspace, h, t);
                 }
             }
         }
         (missing, invalid)
     }
+}
+
+/// The feeds of `worker` in partition state `part`: one range of the feed table per keyspace
+/// the partition uses, not a pass over every feed.
+fn feeds_of(part: &PartitionState, usage: &Usage, worker: u64) -> Vec<FeedKey> {
+    let mut keys = Vec::new();
+    for id in usage.keyspaces() {
+        let first = FeedKey { keyspace: id.clone(), worker, dp_rank: 0 };
+        let last = FeedKey { keyspace: id.clone(), worker, dp_rank: u32::MAX };
+        keys.extend(part.feeds.range(first..=last).map(|(k, _)| k.clone()));
+    }
+    keys
 }

@@ -13,10 +13,15 @@
 //! ticks refill it) from the log the state came from. So a state also keeps the fingerprint of
 //! the record at `o - 1` ([`record_mark`]: its timestamp and bytes), and [`check_marks`] reads
 //! that record back: another record there means another log.
+//!
+//! At run time the reader may find a hole inside the log (offsets it is not given a record
+//! for: a transactional producer's markers or aborted records); [`explain_hole`] reads it again
+//! to say which.
 
 use crate::log_spec::LogSpec;
 use crate::probe::LogProbe;
-use crate::reader::{LogReader, Read};
+use crate::reader::{Found, LogReader, Read};
+use crate::status::{HoleCause, LogHole};
 use prefixlog_engine::digest::mix64;
 use rdkafka::error::KafkaError;
 use std::collections::BTreeMap;
@@ -158,6 +163,41 @@ pub fn check_marks(
         "read back the record before each partition's offset"
     );
     Ok(out)
+}
+
+/// Why the log skips `hole`'s offsets: reads them again, this time given records of aborted
+/// transactions too ([`LogReader::open_uncommitted`]), within `timeout`.
+///
+/// librdkafka never hands a control record (a transaction marker) to the application, in
+/// either isolation level, and says nothing about a record's transaction. So a hole can be
+/// explained, never proven harmless: records there under `read_uncommitted` are aborted
+/// transactions ([`HoleCause::AbortedRecords`]); none is offsets no consumer is given, which on
+/// a topic with `cleanup.policy=delete` are transaction markers ([`HoleCause::NoRecords`]).
+pub fn explain_hole(spec: &LogSpec, hole: &LogHole, timeout: Duration) -> HoleCause {
+    let mut reader = match LogReader::open_uncommitted(spec, [(hole.partition, hole.start)]) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(partition = hole.partition, error = %e, "could not read a log hole again");
+            return HoleCause::Unexplained;
+        }
+    };
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        match reader.poll(Duration::from_millis(200)) {
+            Read::Record(r) if r.offset() < hole.end => return HoleCause::AbortedRecords,
+            Read::Record(_) => return HoleCause::NoRecords,
+            Read::Discontinuity(d) => {
+                return match d.found {
+                    Found::Offset(o) if o < hole.end => HoleCause::AbortedRecords,
+                    Found::Offset(_) => HoleCause::NoRecords,
+                    // Retention deleted it since, or the topic was recreated: nothing to read.
+                    Found::LogStart(_) | Found::LogEnd { .. } => HoleCause::Unexplained,
+                };
+            }
+            Read::Idle | Read::BrokerError(_) => {}
+        }
+    }
+    HoleCause::Unexplained
 }
 
 #[cfg(test)]

@@ -4,7 +4,9 @@
 //!
 //! Best effort and never blocking: the replica's state does not depend on the copy (the record
 //! is skipped either way), so a full producer queue or a broker error drops the copy and counts
-//! it (`prefixlog_dead_letter_failed_total`) instead of stalling the partition.
+//! it ([`DeadLetterCounts`], exported by the replica's `/metrics` as
+//! `prefixlog_dead_letter_copies_total{outcome="copied"|"failed"}`) instead of stalling the
+//! partition.
 //!
 //! Headers: `prefixlog-source-topic`, `prefixlog-source-partition`, `prefixlog-source-offset`
 //! (decimal), `prefixlog-reason` ([`crate::BadReason`]'s name).
@@ -14,10 +16,22 @@ use rdkafka::client::ClientContext;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 use std::time::Duration;
 
+/// What became of the copies, per replica (the replica's `/metrics` reads them at scrape time;
+/// nothing here is global, so two replicas in one process count apart).
+#[derive(Debug, Default)]
+pub struct DeadLetterCounts {
+    /// Delivered to the dead-letter topic.
+    pub copied: AtomicU64,
+    /// Dropped: the producer queue was full, or the broker did not take it.
+    pub failed: AtomicU64,
+}
+
 /// Counts deliveries (from librdkafka's delivery reports, on its polling thread).
-struct Reports;
+struct Reports(Arc<DeadLetterCounts>);
 
 impl ClientContext for Reports {}
 
@@ -26,47 +40,34 @@ impl ProducerContext for Reports {
 
     fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
         match result {
-            Ok(_) => counters().0.inc(),
+            Ok(_) => {
+                self.0.copied.fetch_add(1, Relaxed);
+            }
             Err((e, _)) => {
-                counters().1.inc();
+                self.0.failed.fetch_add(1, Relaxed);
                 tracing::warn!(error = %e, "dead-letter copy not delivered");
             }
         }
     }
 }
 
-/// `(copied, failed)` in prometheus' default registry (the admin port's `/metrics`).
-fn counters() -> &'static (prometheus::IntCounter, prometheus::IntCounter) {
-    static C: std::sync::OnceLock<(prometheus::IntCounter, prometheus::IntCounter)> =
-        std::sync::OnceLock::new();
-    C.get_or_init(|| {
-        let make = |name: &str, help: &str| {
-            let c = prometheus::IntCounter::new(name, help).expect("valid counter");
-            // A second registration (tests start several replicas) keeps the first.
-            let _ = prometheus::register(Box::new(c.clone()));
-            c
-        };
-        (
-            make("prefixlog_dead_letter_copied_total", "Refused records copied to the dead-letter topic"),
-            make(
-                "prefixlog_dead_letter_failed_total",
-                "Refused records whose dead-letter copy was dropped (queue full or not delivered)",
-            ),
-        )
-    })
-}
-
 /// Copies refused records to `topic`.
 pub struct DeadLetter {
     producer: ThreadedProducer<Reports>,
     topic: String,
+    counts: Arc<DeadLetterCounts>,
 }
 
 impl DeadLetter {
-    /// A producer on the replica's Kafka connection.
-    pub fn new(kafka: &KafkaConnection, topic: &str) -> Result<Self, KafkaError> {
-        let producer = kafka.client_config(ClientRole::DeadLetter).create_with_context(Reports)?;
-        Ok(Self { producer, topic: topic.into() })
+    /// A producer on the replica's Kafka connection, counting into `counts`.
+    pub fn new(
+        kafka: &KafkaConnection,
+        topic: &str,
+        counts: Arc<DeadLetterCounts>,
+    ) -> Result<Self, KafkaError> {
+        let producer =
+            kafka.client_config(ClientRole::DeadLetter).create_with_context(Reports(counts.clone()))?;
+        Ok(Self { producer, topic: topic.into(), counts })
     }
 
     pub fn topic(&self) -> &str {
@@ -89,7 +90,7 @@ impl DeadLetter {
             record = record.payload(p);
         }
         if let Err((e, _)) = self.producer.send(record) {
-            counters().1.inc();
+            self.counts.failed.fetch_add(1, Relaxed);
             tracing::warn!(error = %e, topic = %self.topic, "dead-letter copy dropped");
         }
     }

@@ -26,4 +26,14 @@ impl EmbeddedKafka {
     pub fn bootstrap_servers(&self) -> String {
         self.cluster.bootstrap_servers()
     }
+
+    /// Takes the broker down (connections dropped, new ones refused) or brings it back: a broker
+    /// outage for tests. The log is kept.
+    pub fn set_reachable(&self, up: bool) -> Result<(), rdkafka::error::KafkaError> {
+        if up {
+            self.cluster.broker_up(-1)
+        } else {
+            self.cluster.broker_down(-1)
+        }
+    }
 }

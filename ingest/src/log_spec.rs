@@ -28,7 +28,10 @@ const REPLAY_FETCH_MAX_BYTES: &str = "524288";
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ClientRole {
     /// Reads partitions by manual assignment, never commits, never resets an offset silently:
-    /// an out-of-range offset is an error the reader turns into a discontinuity.
+    /// an out-of-range offset is an error the reader turns into a discontinuity. Reads committed
+    /// records only (`isolation.level=read_committed`, librdkafka's default, set explicitly):
+    /// records of aborted transactions are never applied, and leave a hole (docs/operations.md,
+    /// "The topic": the topic must not be written with transactions).
     Reader,
     /// A [`ClientRole::Reader`] of a stretch of history with a known end (replays, audits),
     /// with small fetches that do not wait:
@@ -40,6 +43,9 @@ pub enum ClientRole {
     ///   wait never starts; tansu sleeps it out after every request, full or not, which cost
     ///   small requests 10 ms each at the live reader's setting (README, Audit benchmark).
     Replayer,
+    /// A [`ClientRole::Replayer`] that is also given records of open and aborted transactions
+    /// (`read_uncommitted`): the second read that explains a hole in the log.
+    UncommittedReader,
     /// Metadata and watermarks only.
     Probe,
     /// Idempotent keyed producer (`acks=all`), bounded queue.
@@ -63,13 +69,16 @@ impl KafkaConnection {
         let mut cc = ClientConfig::new();
         cc.set("bootstrap.servers", &self.brokers);
         match role {
-            ClientRole::Reader | ClientRole::Replayer => {
+            ClientRole::Reader | ClientRole::Replayer | ClientRole::UncommittedReader => {
                 // group.id is required by librdkafka's consumer even with manual assignment;
                 // nothing is ever committed under it.
                 cc.set("group.id", "prefixlog-reader-unused")
                     .set("enable.auto.commit", "false")
                     .set("enable.auto.offset.store", "false")
                     .set("auto.offset.reset", "error");
+                let isolation =
+                    if role == ClientRole::UncommittedReader { "read_uncommitted" } else { "read_committed" };
+                cc.set("isolation.level", isolation);
                 if role == ClientRole::Reader {
                     cc.set("fetch.wait.max.ms", "10");
                 } else {

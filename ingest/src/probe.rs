@@ -2,10 +2,15 @@
 //! range (low and high watermark) of every owned partition. Start-up continuity checks,
 //! bounded replays and benchmarks read it; the running replica polls watermarks itself.
 
+use crate::connect::ConnectErrors;
 use crate::log_spec::{close_in_background, ClientRole, LogSpec};
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+use rdkafka::metadata::Metadata;
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// How long a start-up probe waits for the brokers to answer metadata.
+const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The first retained offset and the end (next offset to be written) of a partition.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,6 +32,18 @@ pub struct LogProbe {
 pub enum ProbeError {
     #[error("kafka: {0}")]
     Kafka(#[from] rdkafka::error::KafkaError),
+    /// A TLS or SASL failure: retrying would not help.
+    #[error(
+        "kafka at {brokers} refused the connection: {cause} (check the -X settings: \
+         security.protocol, ssl.ca.location, sasl.mechanism, sasl.username, sasl.password)"
+    )]
+    Refused { brokers: String, cause: String },
+    #[error(
+        "no metadata from kafka at {brokers} within {}s: {error}; last connection error: {}",
+        METADATA_TIMEOUT.as_secs(),
+        cause.as_deref().unwrap_or("none reported")
+    )]
+    Unreachable { brokers: String, error: String, cause: Option<String> },
     #[error("topic {0:?} does not exist (create it with the configured partition count)")]
     NoTopic(String),
     #[error(
@@ -52,8 +69,15 @@ impl LogProbe {
 }
 
 /// The topic's partition count from broker metadata.
-pub fn topic_partitions(consumer: &BaseConsumer, topic: &str) -> Result<u32, ProbeError> {
-    let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+pub fn topic_partitions<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    topic: &str,
+) -> Result<u32, ProbeError> {
+    let md = consumer.fetch_metadata(Some(topic), METADATA_TIMEOUT)?;
+    partitions_in(&md, topic)
+}
+
+fn partitions_in(md: &Metadata, topic: &str) -> Result<u32, ProbeError> {
     let t =
         md.topics().iter().find(|t| t.name() == topic).ok_or_else(|| ProbeError::NoTopic(topic.into()))?;
     if t.error().is_some() || t.partitions().is_empty() {
@@ -62,17 +86,68 @@ pub fn topic_partitions(consumer: &BaseConsumer, topic: &str) -> Result<u32, Pro
     Ok(t.partitions().len() as u32)
 }
 
-/// Probes the log; refuses a topic whose partition count differs from the spec's.
-pub fn probe_log(spec: &LogSpec) -> Result<LogProbe, ProbeError> {
-    let consumer: BaseConsumer = spec.client_config(ClientRole::Probe).create()?;
-    let partitions = topic_partitions(&consumer, &spec.topic)?;
-    if partitions != spec.partitions {
+/// The topic's metadata, asked for in rounds of 1, 2, 4... s: a TLS or SASL failure ends the
+/// wait after the round that saw it ([`ProbeError::Refused`]), anything else after
+/// [`METADATA_TIMEOUT`] with the last connection error librdkafka reported
+/// ([`ProbeError::Unreachable`]). Rounds grow so that a slow broker still gets a long wait.
+fn metadata_or_cause(consumer: &BaseConsumer<ConnectErrors>, spec: &LogSpec) -> Result<Metadata, ProbeError> {
+    let deadline = Instant::now() + METADATA_TIMEOUT;
+    let brokers = || spec.kafka.brokers.clone();
+    let mut round = Duration::from_secs(1);
+    loop {
+        round = round.min(deadline.saturating_duration_since(Instant::now()));
+        let error = match consumer.fetch_metadata(Some(&spec.topic), round) {
+            Ok(md) => return Ok(md),
+            Err(e) => e,
+        };
+        // Error events reach the context only when the consumer's queue is served. A poll
+        // returns None for an empty queue and for a log event it handled alike, so the queue
+        // is served a fixed number of times (an empty queue answers at once).
+        for _ in 0..256 {
+            let _ = consumer.poll(Duration::ZERO);
+        }
+        let seen = consumer.context();
+        if let Some(f) = seen.conclusive() {
+            return Err(ProbeError::Refused { brokers: brokers(), cause: f.reason });
+        }
+        if Instant::now() >= deadline {
+            let cause = seen.last().map(|f| f.reason);
+            return Err(ProbeError::Unreachable { brokers: brokers(), error: error.to_string(), cause });
+        }
+        round *= 2;
+    }
+}
+
+/// Checks that the brokers answer with these connection settings and that the topic has the
+/// spec's partition count (publishers, before their first record: a wrong setting fails here,
+/// named, instead of a publish timing out minutes later).
+pub fn check_topic(spec: &LogSpec) -> Result<(), ProbeError> {
+    let consumer = probe_consumer(spec)?;
+    let partitions = partitions_in(&metadata_or_cause(&consumer, spec)?, &spec.topic)?;
+    close_in_background(consumer, "probe");
+    same_partitions(spec, partitions)
+}
+
+fn probe_consumer(spec: &LogSpec) -> Result<BaseConsumer<ConnectErrors>, ProbeError> {
+    Ok(spec.client_config(ClientRole::Probe).create_with_context(ConnectErrors::default())?)
+}
+
+fn same_partitions(spec: &LogSpec, actual: u32) -> Result<(), ProbeError> {
+    if actual != spec.partitions {
         return Err(ProbeError::PartitionMismatch {
             topic: spec.topic.clone(),
             expected: spec.partitions,
-            actual: partitions,
+            actual,
         });
     }
+    Ok(())
+}
+
+/// Probes the log; refuses a topic whose partition count differs from the spec's.
+pub fn probe_log(spec: &LogSpec) -> Result<LogProbe, ProbeError> {
+    let consumer = probe_consumer(spec)?;
+    let partitions = partitions_in(&metadata_or_cause(&consumer, spec)?, &spec.topic)?;
+    same_partitions(spec, partitions)?;
     let cluster_id = consumer.client().fetch_cluster_id(Duration::from_secs(10)).unwrap_or_default();
     let mut watermarks = BTreeMap::new();
     for &p in spec.owned() {

@@ -9,6 +9,7 @@
 //! (partition, offset) the record landed at: the consistency token for read-your-writes.
 
 use crate::log_spec::{ClientRole, LogSpec};
+use crate::probe::{check_topic, ProbeError};
 use crate::record::{encode_lifecycle, encode_placement, encode_tick, worker_key, KvBatch, KvOp, Lifecycle};
 use prefixlog_engine::{partition_of, HolderKey, KeyspaceId};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
@@ -21,6 +22,9 @@ pub enum PublishError {
     Kafka { partition: u32, source: rdkafka::error::KafkaError },
     #[error("producer setup: {0}")]
     Setup(rdkafka::error::KafkaError),
+    /// The start-up check of [`Publisher::connect`] (its message says what failed).
+    #[error(transparent)]
+    Check(#[from] ProbeError),
 }
 
 /// Where a record landed (its partition and record offset).
@@ -68,6 +72,18 @@ impl Publisher {
             partitions: spec.partitions,
             enqueue_timeout: Duration::from_secs(30),
         })
+    }
+
+    /// [`Publisher::new`] after [`check_topic`]: the brokers answer with these connection
+    /// settings and the topic has the spec's partition count. What a publishing process calls
+    /// at start: a wrong TLS or SASL setting fails here in about a second, named, instead of
+    /// the first publish timing out after `message.timeout.ms` (5 min).
+    pub async fn connect(spec: &LogSpec) -> Result<Self, PublishError> {
+        let checked = spec.clone();
+        tokio::task::spawn_blocking(move || check_topic(&checked))
+            .await
+            .map_err(|_| ProbeError::Kafka(rdkafka::error::KafkaError::Canceled))??;
+        Self::new(spec)
     }
 
     /// How long `publish` waits for room in a full queue before failing (default 30 s).

@@ -290,6 +290,15 @@ impl LogReader {
         Self::open_as(spec, start, ClientRole::Replayer)
     }
 
+    /// [`Self::open_bounded`], also given records of open and aborted transactions
+    /// ([`ClientRole::UncommittedReader`]): explaining a hole in the log.
+    pub fn open_uncommitted(
+        spec: &LogSpec,
+        start: impl IntoIterator<Item = (u32, i64)>,
+    ) -> Result<Self, KafkaError> {
+        Self::open_as(spec, start, ClientRole::UncommittedReader)
+    }
+
     fn open_as(
         spec: &LogSpec,
         start: impl IntoIterator<Item = (u32, i64)>,

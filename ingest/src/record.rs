@@ -27,6 +27,21 @@ pub enum BadReason {
     /// The record's worker does not belong to the partition it was read from (a publisher
     /// not using `partition_of`); applying it would break per-worker ordering.
     WrongPartition,
+    /// It would put the partition's feeds and holders in more keyspaces than the limit
+    /// (`max_keyspaces_per_partition`; the limits are in `crate::limits`).
+    TooManyKeyspaces,
+    /// It would start a feed beyond the partition's limit (`max_feeds_per_partition`).
+    TooManyFeeds,
+    /// It would give its feed more lanes than the limit (`max_lanes_per_feed`).
+    TooManyLanes,
+    /// It would create holders beyond the partition's limit (`max_holders_per_partition`).
+    TooManyHolders,
+    /// It announces a worker beyond the partition's limit (`max_workers_per_partition`).
+    TooManyWorkers,
+    /// Its worker metadata is larger than the limit (`max_worker_metadata_bytes`).
+    MetadataTooLarge,
+    /// Its model name or a lane kind is longer than the limit (`max_name_bytes`).
+    NameTooLong,
 }
 
 impl BadReason {
@@ -40,10 +55,18 @@ impl BadReason {
             BadReason::LengthMismatch => "length_mismatch",
             BadReason::TooManyBlocks => "too_many_blocks",
             BadReason::WrongPartition => "wrong_partition",
+            BadReason::TooManyKeyspaces => "too_many_keyspaces",
+            BadReason::TooManyFeeds => "too_many_feeds",
+            BadReason::TooManyLanes => "too_many_lanes",
+            BadReason::TooManyHolders => "too_many_holders",
+            BadReason::TooManyWorkers => "too_many_workers",
+            BadReason::MetadataTooLarge => "metadata_too_large",
+            BadReason::NameTooLong => "name_too_long",
         }
     }
 
-    pub const ALL: [BadReason; 8] = [
+    /// Every reason, in the order checkpoints number them: append only.
+    pub const ALL: [BadReason; 15] = [
         BadReason::Undecodable,
         BadReason::UnknownVersion,
         BadReason::UnknownKind,
@@ -52,6 +75,13 @@ impl BadReason {
         BadReason::LengthMismatch,
         BadReason::TooManyBlocks,
         BadReason::WrongPartition,
+        BadReason::TooManyKeyspaces,
+        BadReason::TooManyFeeds,
+        BadReason::TooManyLanes,
+        BadReason::TooManyHolders,
+        BadReason::TooManyWorkers,
+        BadReason::MetadataTooLarge,
+        BadReason::NameTooLong,
     ];
 }
 

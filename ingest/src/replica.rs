@@ -13,18 +13,30 @@
 //! [`GapPolicy::Accept`] (an operator's explicit opt-in) the applier moves past the lost
 //! records and marks the partition's holders gapped. Replacements run on the ingest thread
 //! between two records, so the swap never races an apply and never holds a lock across I/O.
+//! A hole inside the log (offsets the broker skips: a transactional producer's markers or
+//! aborted records) is recorded as a [`LogHole`] and explained by a second read on a thread of
+//! its own, so that recovery never swaps in a state that would meet the same hole again.
+//!
+//! A panic while applying one record is a bug, never input (bad records are refused and
+//! counted). It is caught for that record, under the applier lock: the applier is marked
+//! failed (no checkpoint is taken of it from then on, [`Applier::failure`]), the partition is
+//! halted at that record and reported ([`ReplicaStatus::apply_failures`]), and the other
+//! partitions go on. A restart restores the last checkpoint and halts at the same record again:
+//! a visible, counted halt of one partition, never a crash loop.
 
 use crate::affinity::CpuSet;
-use crate::apply::{Applier, NotNext, Outcome};
+use crate::apply::{Applier, ApplyFailure, NotNext, Outcome};
 use crate::dead_letter::{DeadLetter, Source};
 use crate::log_spec::LogSpec;
-use crate::reader::{Discontinuity, LogReader, Read};
+use crate::reader::{Discontinuity, Found, LogReader, Read};
+use crate::status::LogHole;
+use crate::status::{HoleCause, ReplicaStatus};
 use parking_lot::Mutex;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use rdkafka::consumer::BaseConsumer;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
-use tokio::sync::{oneshot, watch};
+use tokio::sync::oneshot;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReplicaError {
@@ -63,169 +75,6 @@ pub struct IngestOptions {
     pub cpus: Option<CpuSet>,
 }
 
-/// Live progress of one partition.
-#[derive(Default)]
-pub struct PartitionStatus {
-    pub next_offset: AtomicI64,
-    pub low_watermark: AtomicI64,
-    pub high_watermark: AtomicI64,
-    pub log_time: AtomicU64,
-    /// The log does not continue this partition's state (halted, or gap accepted and not yet
-    /// cleared by a replacement).
-    pub discontinuous: AtomicBool,
-    /// Discontinuities found since start.
-    pub discontinuities: AtomicU64,
-    /// Whether the watermark thread has read this partition's watermarks yet.
-    pub watermarks_known: AtomicBool,
-    /// The log ended before this partition's state at the last watermark read (topic recreated
-    /// or truncated). Decided against the next offset sampled *before* the broker round trip,
-    /// so records applied meanwhile never make a stale watermark look like a rewind.
-    pub rewound: AtomicBool,
-}
-
-/// Progress of the whole replica, readable without locks.
-pub struct ReplicaStatus {
-    /// Indexed by partition (every partition of the log; only owned ones move).
-    pub partitions: Vec<PartitionStatus>,
-    owned: Vec<u32>,
-    /// False while the broker cannot be reached (the replica keeps serving its state).
-    pub broker_ok: AtomicBool,
-    pub records_applied: AtomicU64,
-    pub records_skipped: AtomicU64,
-    /// Decode + apply time of one record on the ingest thread (registered by the node).
-    pub apply_latency: prometheus::Histogram,
-    progress: watch::Sender<u64>,
-    /// Why the ingest thread stopped on a bug (a panic), if it did: the state no longer follows
-    /// the log, so the replica is not ready.
-    ingest_failure: Mutex<Option<String>>,
-}
-
-impl ReplicaStatus {
-    pub fn new(partitions: u32, owned: &[u32]) -> Self {
-        let buckets = prometheus::exponential_buckets(1e-6, 2.0, 22).expect("valid buckets");
-        let apply_latency = prometheus::Histogram::with_opts(
-            prometheus::HistogramOpts::new(
-                "prefixlog_apply_latency_seconds",
-                "Decode + apply time of one log record on the ingest thread",
-            )
-            .buckets(buckets),
-        )
-        .expect("valid histogram");
-        Self {
-            partitions: (0..partitions).map(|_| PartitionStatus::default()).collect(),
-            owned: owned.to_vec(),
-            broker_ok: AtomicBool::new(true),
-            records_applied: AtomicU64::new(0),
-            records_skipped: AtomicU64::new(0),
-            apply_latency,
-            progress: watch::channel(0).0,
-            ingest_failure: Mutex::new(None),
-        }
-    }
-
-    /// Why the ingest thread stopped on a bug, if it did ([`Self::record_ingest_failure`]).
-    pub fn ingest_failure(&self) -> Option<String> {
-        self.ingest_failure.lock().clone()
-    }
-
-    /// The ingest thread stopped on a bug (a panic, e.g. the two copies of a keyspace
-    /// disagreeing): from now on the replica is not ready, and says why.
-    pub fn record_ingest_failure(&self, why: String) {
-        self.ingest_failure.lock().get_or_insert(why);
-    }
-
-    /// The owned partitions, ascending.
-    pub fn owned(&self) -> &[u32] {
-        &self.owned
-    }
-
-    fn part(&self, p: u32) -> &PartitionStatus {
-        &self.partitions[p as usize]
-    }
-
-    /// Next offset to apply, per owned partition.
-    pub fn offsets(&self) -> Vec<(u32, i64)> {
-        self.owned.iter().map(|&p| (p, self.part(p).next_offset.load(Ordering::Acquire))).collect()
-    }
-
-    /// Records behind the high watermark, summed over owned partitions.
-    pub fn lag(&self) -> i64 {
-        self.owned.iter().map(|&p| self.partition_lag(p)).sum()
-    }
-
-    /// Records behind the last polled high watermark. Never negative: the watermark is polled
-    /// while records are applied, so "next offset past the watermark" is usually just a stale
-    /// poll. A real rewind is decided by the watermark thread and reported by
-    /// [`Self::rewound`] (and its own gauge), not hidden in or inferred from this number.
-    pub fn partition_lag(&self, p: u32) -> i64 {
-        let s = self.part(p);
-        (s.high_watermark.load(Ordering::Acquire) - s.next_offset.load(Ordering::Acquire)).max(0)
-    }
-
-    /// Owned partitions whose log ends before their state (topic recreated or truncated).
-    pub fn rewound(&self) -> Vec<u32> {
-        self.owned.iter().copied().filter(|&p| self.part(p).rewound.load(Ordering::Acquire)).collect()
-    }
-
-    /// Owned partitions the log does not continue right now.
-    pub fn discontinuous(&self) -> Vec<u32> {
-        self.owned.iter().copied().filter(|&p| self.part(p).discontinuous.load(Ordering::Acquire)).collect()
-    }
-
-    /// Owned partitions whose watermarks have not been read from the broker yet (their lag is
-    /// unknown, not zero).
-    pub fn watermarks_unknown(&self) -> Vec<u32> {
-        self.owned
-            .iter()
-            .copied()
-            .filter(|&p| !self.part(p).watermarks_known.load(Ordering::Acquire))
-            .collect()
-    }
-
-    /// True when every record below each `(partition, next offset)` is applied. Partitions
-    /// this replica does not own are ignored (another shard answers for them).
-    pub fn reached(&self, token: &[(u32, i64)]) -> bool {
-        token.iter().all(|&(p, o)| {
-            self.owned.binary_search(&p).is_err() || self.part(p).next_offset.load(Ordering::Acquire) >= o
-        })
-    }
-
-    /// Waits until [`Self::reached`] or the timeout; returns whether it was reached.
-    pub async fn wait_for(&self, token: &[(u32, i64)], timeout: Duration) -> bool {
-        let deadline = tokio::time::Instant::now() + timeout;
-        let mut rx = self.progress.subscribe();
-        loop {
-            if self.reached(token) {
-                return true;
-            }
-            if tokio::time::timeout_at(deadline, rx.changed()).await.is_err() {
-                return self.reached(token);
-            }
-        }
-    }
-
-    fn notify(&self) {
-        self.progress.send_modify(|g| *g += 1);
-    }
-
-    /// Publishes the applier's progress for one partition.
-    pub fn publish(&self, p: u32, next_offset: i64, log_time: u64) {
-        let s = self.part(p);
-        s.next_offset.store(next_offset, Ordering::Release);
-        s.log_time.store(log_time, Ordering::Release);
-        self.notify();
-    }
-
-    fn mark_discontinuous(&self, p: u32, on: bool) {
-        let s = self.part(p);
-        if on {
-            s.discontinuities.fetch_add(1, Ordering::Relaxed);
-        }
-        s.discontinuous.store(on, Ordering::Release);
-        self.notify();
-    }
-}
-
 /// A request to the ingest thread.
 enum Command {
     /// Replace partition `p`'s state with `src`'s and read on from `src`'s next offset.
@@ -247,10 +96,13 @@ impl Replica {
         if opts.dead_letter_topic.as_deref() == Some(spec.topic.as_str()) {
             return Err(ReplicaError::DeadLetterIsSource(spec.topic.clone()));
         }
-        // Before any thread starts, so an error here leaves nothing running.
-        let dead_letter =
-            opts.dead_letter_topic.as_deref().map(|t| DeadLetter::new(&spec.kafka, t)).transpose()?;
         let status = Arc::new(ReplicaStatus::new(spec.partitions, spec.owned()));
+        // Before any thread starts, so an error here leaves nothing running.
+        let dead_letter = opts
+            .dead_letter_topic
+            .as_deref()
+            .map(|t| DeadLetter::new(&spec.kafka, t, status.dead_letter.clone()))
+            .transpose()?;
         for &p in spec.owned() {
             let st = applier.partition(p);
             status.publish(p, st.next_offset, st.log_time);
@@ -274,17 +126,18 @@ impl Replica {
             let (status, stop, topic) = (status.clone(), stop.clone(), spec.topic.clone());
             std::thread::Builder::new()
                 .name("prefixlog-watermarks".into())
-                .spawn(move || poll_watermarks(watermark_client, &topic, status, stop))
+                .spawn(move || crate::watermarks::poll(watermark_client, &topic, status, stop))
                 .expect("spawn watermark thread")
         };
         let ingest = {
             let mut ingest = Ingest {
                 reader,
-                topic: spec.topic.clone(),
+                spec: spec.clone(),
                 applier: applier.clone(),
                 status: status.clone(),
                 dead_letter,
                 policy: opts.gap_policy,
+                explaining: Arc::new(AtomicBool::new(false)),
             };
             let (stop, cpus, status) = (stop.clone(), opts.cpus, status.clone());
             std::thread::Builder::new()
@@ -299,9 +152,9 @@ impl Replica {
                             }
                         }
                     }
-                    // A panic here is a bug, never input (bad records are skipped and counted).
-                    // Left alone it would end the thread and leave the replica answering from a
-                    // state that no longer follows the log, still "ready".
+                    // A panic here (outside applying a record, which `apply_one` catches) is a bug,
+                    // never input. Left alone it would end the thread and leave the replica
+                    // answering from a state that no longer follows the log, still "ready".
                     let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ingest.run(&stop, &rx)));
                     if let Err(panic) = run {
                         let why = panic_message(panic.as_ref());
@@ -369,11 +222,13 @@ impl Drop for Replica {
 /// The ingest thread's state.
 struct Ingest {
     reader: LogReader,
-    topic: String,
+    spec: LogSpec,
     applier: Arc<Mutex<Applier>>,
     status: Arc<ReplicaStatus>,
     dead_letter: Option<DeadLetter>,
     policy: GapPolicy,
+    /// A hole is being read again ([`Ingest::found_hole`]).
+    explaining: Arc<AtomicBool>,
 }
 
 impl Ingest {
@@ -388,19 +243,15 @@ impl Ingest {
                     self.status.broker_ok.store(true, Ordering::Release);
                     let (p, offset, ts) = (r.partition(), r.offset(), r.timestamp_ms());
                     let started = Instant::now();
-                    let applied = {
-                        let mut a = self.applier.lock();
-                        a.apply(p, offset, ts, r.payload())
-                            .map(|o| (o, a.partition(p).next_offset, a.partition(p).log_time))
-                    };
+                    let applied = apply_one(&self.applier, p, offset, ts, r.payload());
                     self.status.apply_latency.observe(started.elapsed().as_secs_f64());
                     match applied {
-                        Ok((outcome, next, lt)) => {
+                        Applied::Done(outcome, next, lt) => {
                             if let Outcome::Bad(reason) = outcome {
                                 tracing::warn!(partition = p, offset, %reason, "skipping bad record");
                                 if let Some(d) = &self.dead_letter {
                                     let src = Source {
-                                        topic: &self.topic,
+                                        topic: &self.spec.topic,
                                         partition: p,
                                         offset,
                                         reason: reason.as_str(),
@@ -412,11 +263,15 @@ impl Ingest {
                             count(&self.status, outcome);
                             self.status.publish(p, next, lt);
                         }
-                        Err(NotNext { expected, offered, .. }) => {
+                        Applied::NotNext(NotNext { expected, offered, .. }) => {
                             drop(r);
                             // The reader checks continuity first; this is the applier's own check.
-                            let found = crate::reader::Found::Offset(offered);
+                            let found = Found::Offset(offered);
                             self.discontinuity(Discontinuity { partition: p, expected, found });
+                        }
+                        Applied::Failed(f) => {
+                            drop(r);
+                            self.apply_failed(f);
                         }
                     }
                 }
@@ -433,10 +288,35 @@ impl Ingest {
         }
     }
 
+    /// Halts the partition at the record whose apply failed; the others read on.
+    fn apply_failed(&mut self, f: ApplyFailure) {
+        let p = f.partition;
+        if let Err(e) = self.reader.halt(p) {
+            tracing::warn!(partition = p, error = %e, "could not stop fetching a failed partition");
+        }
+        tracing::error!(
+            partition = p,
+            offset = f.offset,
+            error = %f.message,
+            "applying a record failed (a bug, not bad input): the partition is halted at this record \
+             (not ready), the other partitions go on, and no checkpoint is written from now on (the \
+             state may hold part of the record). A restart resumes from the last checkpoint and halts \
+             here again: report it with the partition and offset"
+        );
+        self.status.record_apply_failure(f);
+    }
+
     fn discontinuity(&mut self, d: Discontinuity) {
         let p = d.partition;
         if let Err(e) = self.reader.halt(p) {
             tracing::warn!(partition = p, error = %e, "could not stop fetching a discontinuous partition");
+        }
+        // Before the partition shows as discontinuous: recovery must never see it without its hole.
+        match d.found {
+            Found::Offset(end) => {
+                self.found_hole(LogHole { partition: p, start: d.expected, end, cause: None })
+            }
+            Found::LogStart(_) | Found::LogEnd { .. } => self.status.clear_hole(p),
         }
         self.status.mark_discontinuous(p, true);
         match self.policy {
@@ -465,8 +345,42 @@ impl Ingest {
                 self.status.publish(p, next, lt);
                 // Counted above; the partition reads on, its holders flagged gapped.
                 self.reader.resume_at(p, to);
+                self.status.clear_hole(p);
                 self.status.mark_discontinuous(p, false);
             }
+        }
+    }
+
+    /// Records a hole in the log and explains it on a thread of its own (a second read of the
+    /// hole, which may take seconds, must not hold up the other partitions). One such read at a
+    /// time: holes met meanwhile (a transactional producer under `--accept-log-gaps` makes one
+    /// per transaction) are counted unexplained rather than each opening a consumer.
+    fn found_hole(&self, hole: LogHole) {
+        self.status.record_hole(hole);
+        if self.explaining.swap(true, Ordering::AcqRel) {
+            self.status.hole_explained(hole, HoleCause::Unexplained);
+            return;
+        }
+        let (spec, status, explaining) = (self.spec.clone(), self.status.clone(), self.explaining.clone());
+        let spawned = std::thread::Builder::new().name("prefixlog-hole".into()).spawn(move || {
+            let cause = crate::continuity::explain_hole(&spec, &hole, HOLE_READ_TIMEOUT);
+            let explained = LogHole { cause: Some(cause), ..hole };
+            tracing::error!(
+                partition = hole.partition,
+                start = hole.start,
+                end = hole.end,
+                cause = cause.as_str(),
+                "{explained}. prefixlog's topic must not be written with transactions \
+                 (docs/operations.md, \"The topic\"): a state that ends before the hole meets it \
+                 again, so no peer state that does is swapped in"
+            );
+            status.hole_explained(hole, cause);
+            explaining.store(false, Ordering::Release);
+        });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "could not start the thread that explains a log hole");
+            self.status.hole_explained(hole, HoleCause::Unexplained);
+            self.explaining.store(false, Ordering::Release);
         }
     }
 
@@ -479,6 +393,7 @@ impl Ingest {
                     (a.partition(p).next_offset, a.partition(p).log_time)
                 };
                 self.reader.resume_at(p, next);
+                self.status.clear_hole(p);
                 self.status.mark_discontinuous(p, false);
                 self.status.publish(p, next, lt);
                 tracing::info!(
@@ -492,38 +407,37 @@ impl Ingest {
     }
 }
 
+/// How long the second read of a log hole may take.
+const HOLE_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What applying one record came to.
+enum Applied {
+    /// Applied or skipped; the partition's next offset and log time after it.
+    Done(Outcome, i64, u64),
+    NotNext(NotNext),
+    /// It panicked: the applier is marked failed.
+    Failed(ApplyFailure),
+}
+
+/// Applies one record under the applier lock, catching a panic for that record alone: the
+/// applier is marked failed before the lock is released, so no checkpoint can capture the
+/// state the panic left without seeing the mark.
+fn apply_one(applier: &Mutex<Applier>, p: u32, offset: i64, ts: u64, value: Option<&[u8]>) -> Applied {
+    let mut a = applier.lock();
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| a.apply(p, offset, ts, value))) {
+        Ok(Ok(outcome)) => Applied::Done(outcome, a.partition(p).next_offset, a.partition(p).log_time),
+        Ok(Err(not_next)) => Applied::NotNext(not_next),
+        Err(panic) => {
+            let f = ApplyFailure { partition: p, offset, message: panic_message(panic.as_ref()) };
+            a.mark_failed(f.clone());
+            Applied::Failed(f)
+        }
+    }
+}
+
 fn count(status: &ReplicaStatus, outcome: Outcome) {
     let counter = if outcome == Outcome::Applied { &status.records_applied } else { &status.records_skipped };
     counter.fetch_add(1, Ordering::Relaxed);
-}
-
-/// Watermarks come from broker round trips, so they are polled on their own thread (and
-/// client): a slow or unreachable broker never delays applying records already fetched.
-fn poll_watermarks(consumer: BaseConsumer, topic: &str, status: Arc<ReplicaStatus>, stop: Arc<AtomicBool>) {
-    while !stop.load(Ordering::Acquire) {
-        let mut ok = true;
-        for &p in status.owned() {
-            // Sampled before the round trip: every offset below it was fetched from the broker
-            // earlier, so a watermark below it means the log really ends before the state.
-            let applied_before = status.part(p).next_offset.load(Ordering::Acquire);
-            match consumer.fetch_watermarks(topic, p as i32, Duration::from_secs(1)) {
-                Ok((low, high)) => {
-                    let s = status.part(p);
-                    s.rewound.store(high < applied_before, Ordering::Release);
-                    s.low_watermark.store(low, Ordering::Release);
-                    s.high_watermark.store(high, Ordering::Release);
-                    s.watermarks_known.store(true, Ordering::Release);
-                }
-                Err(_) => ok = false,
-            }
-            if stop.load(Ordering::Acquire) {
-                return;
-            }
-        }
-        status.broker_ok.store(ok, Ordering::Release);
-        status.notify();
-        std::thread::sleep(Duration::from_millis(200));
-    }
 }
 
 /// The message of a caught panic (`panic!` with a string or a format).

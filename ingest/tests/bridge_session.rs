@@ -203,3 +203,30 @@ async fn bad_endpoints_are_refused_before_anything_is_published() {
     let err = run(vec![spec], opts, publisher, false, rx, &exported).await.unwrap_err();
     assert!(err.to_string().contains("nonsense"), "{err}");
 }
+
+/// A worker's `WorkerAdded` metadata names it for gateways: the serving URL under its own key,
+/// the ZeroMQ endpoints (one per dp rank) under theirs, never mixed up.
+#[test]
+fn worker_metadata_names_the_serving_url_and_the_kv_event_endpoints_apart() {
+    use prefixlog_ingest::bridge::{
+        worker_metadata, BridgeOptions, EngineSpec, META_KV_EVENTS, META_POD, META_SERVING_URL,
+    };
+    let engine = |endpoint: &str, dp| EngineSpec {
+        endpoint: endpoint.into(),
+        replay_endpoint: None,
+        worker: 5,
+        dp_rank: Some(dp),
+        topic: String::new(),
+    };
+    let engines = [engine("tcp://10.0.0.5:5557", 0), engine("tcp://10.0.0.5:5558", 1)];
+    let mut opts = BridgeOptions::new(prefixlog_engine::KeyspaceId::new("m", BS, 1));
+    opts.serving_urls.insert(5, "http://10.0.0.5:8000".into());
+    opts.worker_metadata.insert(META_POD.into(), "vllm-0".into());
+    let m = worker_metadata(&opts, 5, engines.iter());
+    assert_eq!(m[META_SERVING_URL], "http://10.0.0.5:8000");
+    assert_eq!(m[META_KV_EVENTS], "tcp://10.0.0.5:5557,tcp://10.0.0.5:5558");
+    assert_eq!((m[META_POD].as_str(), m["model"].as_str(), m["block_size"].as_str()), ("vllm-0", "m", "4"));
+    assert!(!m.contains_key("endpoint"), "{m:?}");
+    // A worker without a known serving URL has no serving_url (gateways skip it), not a guess.
+    assert!(!worker_metadata(&opts, 6, engines.iter()).contains_key(META_SERVING_URL));
+}

@@ -1,5 +1,16 @@
 //! The checkpoint loop: a checkpoint every `interval` or `records`, retention after each, and
-//! its metrics (duration, ingest pause, bytes, age of the newest, failures).
+//! its metrics (duration, ingest pause, bytes, age of the newest, failures by reason, whether
+//! the store is writable, stores moved aside as damaged, withheld).
+//!
+//! Once a record has failed to apply, the state may hold part of it: every checkpoint due from
+//! then on (periodic and final) is withheld — nothing is written, the reason is logged and
+//! `prefixlog_checkpoints_withheld_total` counts it — so a restart resumes from the last sound
+//! checkpoint and reads that record again.
+//!
+//! A failed checkpoint never stops ingest or queries: it is counted (`reason="no_space"` for a
+//! full disk, else `"error"`) and retried after a back-off; the store reopens itself before the
+//! retry (RocksDB refuses every write after a failed one until then), so checkpoints resume
+//! once space returns.
 //!
 //! Progress is judged by offsets, not by an applied-records counter sampled when the loop
 //! starts: ingest may already have applied the tail by then, and a counter would then never
@@ -11,7 +22,7 @@ use parking_lot::Mutex;
 use prefixlog_ingest::{Applier, LogIdentity};
 use prefixlog_snapshot::{checkpoint, CheckpointMeta, CheckpointStore, StoreError};
 use prometheus::core::{Collector, Desc};
-use prometheus::{Histogram, HistogramOpts, IntCounter, IntGauge, Registry};
+use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -24,7 +35,13 @@ pub struct CheckpointMetrics {
     pause: Histogram,
     bytes: IntGauge,
     written: IntCounter,
-    failures: IntCounter,
+    /// Failed checkpoints, by reason (`no_space`, `error`).
+    failures: IntCounterVec,
+    /// 1 while checkpoints can be written (0: read-only or unavailable, e.g. a full disk).
+    store_writable: IntGauge,
+    /// Damaged store directories moved aside (kept for forensics) and replaced by a fresh store.
+    store_quarantined: IntCounter,
+    withheld: IntCounter,
     /// Wall time of the newest checkpoint, unix ms (0: none yet).
     newest_unix_ms: Arc<AtomicU64>,
 }
@@ -45,19 +62,50 @@ impl CheckpointMetrics {
             )?,
             bytes: IntGauge::new("prefixlog_checkpoint_bytes", "Encoded size of the newest checkpoint")?,
             written: IntCounter::new("prefixlog_checkpoints_written_total", "Checkpoints written")?,
-            failures: IntCounter::new(
-                "prefixlog_checkpoint_failures_total",
-                "Checkpoints that failed (will be retried)",
+            failures: IntCounterVec::new(
+                Opts::new(
+                    "prefixlog_checkpoint_failures_total",
+                    "Checkpoints that failed and will be retried, by reason (no_space: the data disk is full)",
+                ),
+                &["reason"],
+            )?,
+            store_writable: IntGauge::new(
+                "prefixlog_checkpoint_store_writable",
+                "1 while the checkpoint store can be written (0: read-only or unavailable, e.g. a full disk)",
+            )?,
+            store_quarantined: IntCounter::new(
+                "prefixlog_checkpoint_store_quarantined_total",
+                "Damaged checkpoint stores moved aside (kept for forensics) and replaced by a fresh store",
+            )?,
+            withheld: IntCounter::new(
+                "prefixlog_checkpoints_withheld_total",
+                "Checkpoints not written because a record failed to apply (the state may hold part of it)",
             )?,
             newest_unix_ms: Arc::new(AtomicU64::new(0)),
         };
+        for reason in ["no_space", "error"] {
+            m.failures.with_label_values(&[reason]);
+        }
         r.register(Box::new(m.duration.clone()))?;
         r.register(Box::new(m.pause.clone()))?;
         r.register(Box::new(m.bytes.clone()))?;
         r.register(Box::new(m.written.clone()))?;
         r.register(Box::new(m.failures.clone()))?;
+        r.register(Box::new(m.withheld.clone()))?;
+        r.register(Box::new(m.store_writable.clone()))?;
+        r.register(Box::new(m.store_quarantined.clone()))?;
         r.register(Box::new(AgeCollector::new(m.newest_unix_ms.clone())))?;
         Ok(m)
+    }
+
+    /// Publishes the store's health (writable, stores moved aside so far, at start included).
+    pub fn store_health(&self, store: &CheckpointStore) {
+        let h = store.health();
+        self.store_writable.set(i64::from(h.writable));
+        let seen = self.store_quarantined.get();
+        if h.quarantined > seen {
+            self.store_quarantined.inc_by(h.quarantined - seen);
+        }
     }
 
     /// Starts the age clock at a checkpoint found on disk.
@@ -116,10 +164,23 @@ pub fn take(
 ) -> Result<CheckpointMeta, StoreError> {
     let t = Instant::now();
     let r = checkpoint(applier, store, identity);
+    m.store_health(store);
     let (meta, pause) = match r {
         Ok(x) => x,
+        Err(StoreError::Withheld(f)) => {
+            m.withheld.inc();
+            tracing::error!(
+                partition = f.partition,
+                offset = f.offset,
+                error = %f.message,
+                "checkpoint withheld: a record failed to apply and the state may hold part of it; a \
+                 restart resumes from the last checkpoint written"
+            );
+            return Err(StoreError::Withheld(f));
+        }
         Err(e) => {
-            m.failures.inc();
+            let reason = if e.is_no_space() { "no_space" } else { "error" };
+            m.failures.with_label_values(&[reason]).inc();
             return Err(e);
         }
     };
@@ -141,6 +202,7 @@ pub fn take(
         Ok(_) => {}
         Err(e) => tracing::warn!(error = %e, "checkpoint retention failed"),
     }
+    m.store_health(store);
     Ok(meta)
 }
 
@@ -212,8 +274,14 @@ fn run(ctx: LoopContext, mut covered: Vec<i64>, stop: &AtomicBool) -> Vec<i64> {
                 covered = meta.offsets;
                 retry_at = None;
             }
+            // Logged and counted by `take`; due again after the next interval.
+            Err(StoreError::Withheld(_)) => {}
             Err(e) => {
-                tracing::error!(error = %e, retry_in = ?backoff, "checkpoint failed; will retry");
+                let what = if e.is_no_space() { "the data disk is full; " } else { "" };
+                tracing::error!(
+                    error = %e, retry_in = ?backoff,
+                    "checkpoint failed: {what}ingest and queries go on; will retry"
+                );
                 retry_at = Some(Instant::now() + backoff);
             }
         }

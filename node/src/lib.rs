@@ -13,6 +13,8 @@
 //!   settings-change choices, shutdown grace (nothing that changes applied state).
 //! - [`startup`]: choose the starting state (local checkpoint, peer bootstrap, log start) and
 //!   prove the log continues it, or refuse to start.
+//! - [`progress`]: [`progress::StartupProgress`], the start-up phase on `/metrics` and
+//!   `/readyz` while the state is restored (the admin port is up before the query port).
 //! - [`recovery`]: recover partitions the log stopped continuing, from peers' checkpoints.
 //! - [`checkpoints`]: the checkpoint loop and its metrics.
 //! - [`node`]: [`ReplicaNode`]: start, accessors, clean [`ReplicaNode::shutdown`].
@@ -22,6 +24,7 @@ pub mod checkpoints;
 pub mod error;
 pub mod node;
 pub mod options;
+pub mod progress;
 pub mod recovery;
 pub mod startup;
 

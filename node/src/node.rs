@@ -3,22 +3,26 @@
 use crate::checkpoints::{self, CheckpointMetrics, Checkpointer, LoopContext};
 use crate::error::NodeError;
 use crate::options::{GapChoice, NodeOptions};
+use crate::progress::{Phase, StartupProgress};
 use crate::startup::{prepare, Prepared, StateSource};
 use parking_lot::Mutex;
 use prefixlog_engine::Engine;
 use prefixlog_ingest::{
     Applier, GapPolicy, IngestOptions, LogIdentity, LogSpec, Publisher, Replica, ReplicaStatus,
 };
-use prefixlog_peer::{AntiEntropy, AntiEntropyStats, PeerService, RepairContext, RoundReport};
+use prefixlog_peer::{
+    AntiEntropy, AntiEntropyStats, PeerService, RepairContext, RoundReport, ScrubStats, Scrubber, ServeLimits,
+};
+use prefixlog_query::admin::AdminPort;
 use prefixlog_query::{RunningServer, ServerConfig};
-use prefixlog_snapshot::{CheckpointMeta, CheckpointStore};
+use prefixlog_snapshot::{CheckpointMeta, CheckpointStore, Opened};
 use prometheus::Registry;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::task::JoinHandle;
 
-/// A running replica: ingest, checkpoints, the peer service, anti-entropy, recovery of cut
-/// partitions, ticks, and the query and admin ports.
+/// A running replica: ingest, checkpoints, the peer service, anti-entropy, scrubbing, recovery
+/// of cut partitions, ticks, and the query and admin ports.
 pub struct ReplicaNode {
     spec: LogSpec,
     opts: NodeOptions,
@@ -26,9 +30,14 @@ pub struct ReplicaNode {
     source: StateSource,
     replica: Arc<Replica>,
     store: Option<Arc<CheckpointStore>>,
+    /// How the store was opened (None: no data dir).
+    store_opened: Option<Opened>,
     checkpointer: Option<Checkpointer>,
     checkpoint_metrics: Arc<CheckpointMetrics>,
     anti_entropy: Option<Arc<AntiEntropy>>,
+    scrubber: Option<Arc<Scrubber>>,
+    /// What anti-entropy and the scrubber repair with (one repair per partition at a time).
+    repair: RepairContext,
     query: RunningServer,
     peer_addr: Option<SocketAddr>,
     peer_stop: Option<tokio::sync::oneshot::Sender<()>>,
@@ -47,12 +56,25 @@ pub struct Stopped {
 
 impl ReplicaNode {
     /// Starts a replica of `spec`'s owned partitions. Refuses to start when it cannot prove
-    /// its state (see [`crate::startup`]).
+    /// its state (see [`crate::startup`]). The admin port is up from the beginning: while the
+    /// state is restored it reports the start-up progress ([`crate::progress`]).
     pub async fn start(spec: LogSpec, opts: NodeOptions) -> Result<Self, NodeError> {
-        let Prepared { applier, identity, store, source, covered, .. } = prepare(&spec, &opts).await?;
         let registry =
             Registry::new_custom(None, Some([("shard".to_string(), spec.shard.to_string())].into()))?;
         register_process_metrics(&registry);
+        prefixlog_query::metrics::register_build_info(&registry)?;
+        let progress = StartupProgress::default();
+        registry.register(Box::new(progress.clone()))?;
+        let admin = match opts.admin_addr {
+            None => None,
+            Some(addr) => Some(
+                AdminPort::bind(addr, registry.clone(), Arc::new(progress.clone()))
+                    .await
+                    .map_err(|source| NodeError::Bind { what: "the admin port", addr, source })?,
+            ),
+        };
+        let Prepared { applier, identity, store, source, covered, opened, .. } =
+            prepare(&spec, &opts, &progress).await?;
         let gap_policy = match opts.gaps {
             GapChoice::Refuse => GapPolicy::Halt,
             GapChoice::Accept => GapPolicy::Accept,
@@ -64,6 +86,9 @@ impl ReplicaNode {
         };
         let replica = Arc::new(Replica::start(&spec, applier, ingest)?);
         let checkpoint_metrics = Arc::new(CheckpointMetrics::new(&registry)?);
+        if let Some(s) = &store {
+            checkpoint_metrics.store_health(s);
+        }
         let checkpointer = store.as_ref().map(|s| {
             if let Some(meta) = s.ids().first().and_then(|&id| s.meta(id).ok()) {
                 checkpoint_metrics.seen(&meta);
@@ -77,24 +102,30 @@ impl ReplicaNode {
             };
             Checkpointer::spawn(ctx, covered)
         });
+        let repair = RepairContext::new(spec.clone(), identity.clone(), store.clone());
         let mut node = Self {
-            query: start_query(&spec, &opts, &replica, &registry).await?,
+            query: start_query(&spec, &opts, &replica, &registry, admin).await?,
             spec,
             opts,
             identity,
             source,
             replica,
             store,
+            store_opened: opened,
             checkpointer,
             checkpoint_metrics,
             anti_entropy: None,
+            scrubber: None,
+            repair,
             peer_addr: None,
             peer_stop: None,
             tasks: Vec::new(),
             registry,
         };
         node.start_peering().await?;
+        node.start_scrubbing()?;
         node.start_ticks()?;
+        progress.enter(Phase::Serving);
         tracing::info!(
             topic = %node.spec.topic,
             shard = %node.spec.shard,
@@ -109,11 +140,16 @@ impl ReplicaNode {
 
     async fn start_peering(&mut self) -> Result<(), NodeError> {
         if let Some(addr) = self.opts.peer_addr {
+            let limits = ServeLimits {
+                checkpoint_transfers: self.opts.peer_checkpoint_transfers,
+                ..ServeLimits::default()
+            };
             let svc = PeerService::new(
                 self.replica.applier().clone(),
                 self.store.clone(),
                 self.opts.replica_id.clone(),
                 self.identity.clone(),
+                limits,
             );
             let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| NodeError::Bind {
                 what: "the peer port",
@@ -147,11 +183,7 @@ impl ReplicaNode {
                 }
             }));
         }
-        let ctx = RepairContext {
-            spec: self.spec.clone(),
-            identity: self.identity.clone(),
-            store: self.store.clone(),
-        };
+        let ctx = self.repair.clone();
         if !self.opts.peers.is_empty() {
             let stats = Arc::new(AntiEntropyStats::new());
             stats.init(&self.opts.peers, self.spec.owned());
@@ -161,11 +193,13 @@ impl ReplicaNode {
                 peers: self.opts.peers.clone(),
                 ctx,
                 stats,
-                tls: self.opts.peer_client_tls(),
+                client: self.opts.peer_client(),
             });
             let (every, weak) = (self.opts.anti_entropy_interval, Arc::downgrade(&ae));
             self.tasks.push(tokio::spawn(async move {
                 let mut t = tokio::time::interval(every);
+                // A round that outlasts the interval (a repair) delays the next; no burst after.
+                t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 t.tick().await;
                 loop {
                     t.tick().await;
@@ -188,7 +222,7 @@ impl ReplicaNode {
                 recoveries.with_label_values(&[outcome]);
             }
             self.registry.register(Box::new(recoveries.clone()))?;
-            let sources = crate::recovery::Sources { peers: sources, tls: self.opts.peer_client_tls() };
+            let sources = crate::recovery::Sources { peers: sources, client: self.opts.peer_client() };
             let task = crate::recovery::run(
                 self.spec.clone(),
                 self.identity.clone(),
@@ -198,6 +232,20 @@ impl ReplicaNode {
             );
             self.tasks.push(tokio::spawn(task));
         }
+        Ok(())
+    }
+
+    fn start_scrubbing(&mut self) -> Result<(), NodeError> {
+        let o = self.opts.scrub;
+        if o.interval.is_zero() {
+            return Ok(());
+        }
+        let stats = Arc::new(ScrubStats::new());
+        stats.register(&self.registry, self.spec.owned())?;
+        let ctx = self.repair.clone();
+        let scrubber = Arc::new(Scrubber::new(self.replica.clone(), ctx, stats, o.budget));
+        self.tasks.push(tokio::spawn(scrubber.clone().run(o.interval)));
+        self.scrubber = Some(scrubber);
         Ok(())
     }
 
@@ -269,6 +317,12 @@ impl ReplicaNode {
         self.store.as_ref()
     }
 
+    /// How the checkpoint store was opened: normally, read-only (full disk), or after moving a
+    /// damaged one aside (None: no data dir).
+    pub fn store_opened(&self) -> Option<&Opened> {
+        self.store_opened.as_ref()
+    }
+
     pub fn registry(&self) -> &Registry {
         &self.registry
     }
@@ -290,8 +344,14 @@ impl ReplicaNode {
         self.anti_entropy.as_ref()
     }
 
+    /// The scrubber (None with `scrub.interval` zero).
+    pub fn scrubber(&self) -> Option<&Arc<Scrubber>> {
+        self.scrubber.as_ref()
+    }
+
     /// Takes a checkpoint now (None without a store). Runs beside the loop's own: both go
-    /// through the store, which gives each its own id under its write lock.
+    /// through the store, which gives each its own id under its write lock. Withheld
+    /// ([`prefixlog_snapshot::StoreError::Withheld`]) once a record has failed to apply.
     pub fn checkpoint_now(&self) -> Result<Option<CheckpointMeta>, prefixlog_snapshot::StoreError> {
         let Some(store) = &self.store else { return Ok(None) };
         checkpoints::take(
@@ -321,7 +381,11 @@ impl ReplicaNode {
         let offsets = self.replica.applier().lock().offsets();
         let final_checkpoint = match (&self.store, covered) {
             (Some(_), Some(c)) if checkpoints::records_between(&c, &offsets) > 0 => {
-                self.checkpoint_now().map_err(NodeError::FinalCheckpoint)?
+                match self.checkpoint_now() {
+                    // Logged and counted: a restart resumes from the last checkpoint written.
+                    Err(prefixlog_snapshot::StoreError::Withheld(_)) => None,
+                    r => r.map_err(NodeError::FinalCheckpoint)?,
+                }
             }
             _ => None,
         };
@@ -351,11 +415,13 @@ async fn start_query(
     opts: &NodeOptions,
     replica: &Arc<Replica>,
     registry: &Registry,
+    admin: Option<AdminPort>,
 ) -> Result<RunningServer, NodeError> {
     let cfg = ServerConfig {
         grpc_addr: opts.grpc_addr,
         admin_addr: opts.admin_addr,
         ready_lag: opts.ready_lag,
+        stale_after: opts.stale_after,
         query: opts.query.clone(),
         tls: opts.tls.clone(),
     };
@@ -372,6 +438,7 @@ async fn start_query(
             peers: opts.peers.clone(),
         },
         registry: registry.clone(),
+        admin,
     };
     prefixlog_query::start(cfg, served).await.map_err(|e| NodeError::Query(e.to_string()))
 }

@@ -61,6 +61,9 @@ pub struct NodeOptions {
     pub tls: Option<TlsFiles>,
     /// Ready once the total lag is at most this many records.
     pub ready_lag: i64,
+    /// Answers without a consistency token say `stale` once the broker has not answered for
+    /// longer than this (`--stale-after`).
+    pub stale_after: Duration,
     pub query: QueryConfig,
     /// Checkpoint store directory; `None`: no checkpoints (every start replays the log).
     pub data_dir: Option<PathBuf>,
@@ -69,6 +72,14 @@ pub struct NodeOptions {
     /// whose log was cut is recovered from.
     pub peers: Vec<String>,
     pub anti_entropy_interval: Duration,
+    /// Deadline of every call to a peer for digests (connecting included): a slow or hung peer
+    /// is reported unreachable after it, and never delays the comparison with the others.
+    pub peer_timeout: Duration,
+    /// Checkpoint transfers this replica serves at once on its peer port; one more is refused
+    /// with RESOURCE_EXHAUSTED (the caller asks another replica or retries).
+    pub peer_checkpoint_transfers: usize,
+    /// Scrubbing: bounded checks of the structures that answer queries against the digests.
+    pub scrub: prefixlog_peer::ScrubOptions,
     /// With no usable local checkpoint, fetch this peer's newest first.
     pub bootstrap_from: Option<String>,
     /// Append a tick to every owned partition this often (zero: never).
@@ -97,11 +108,15 @@ impl Default for NodeOptions {
             peer_tls: None,
             tls: None,
             ready_lag: 1000,
+            stale_after: prefixlog_query::health::DEFAULT_STALE_AFTER,
             query: QueryConfig::default(),
             data_dir: None,
             checkpoints: CheckpointPolicy::default(),
             peers: Vec::new(),
             anti_entropy_interval: Duration::from_secs(10),
+            peer_timeout: Duration::from_secs(10),
+            peer_checkpoint_transfers: 2,
+            scrub: prefixlog_peer::ScrubOptions::default(),
             bootstrap_from: None,
             tick_interval: Duration::ZERO,
             dead_letter_topic: None,
@@ -115,9 +130,15 @@ impl Default for NodeOptions {
 }
 
 impl NodeOptions {
-    /// The client side of the peer port's mutual TLS, if configured.
-    pub fn peer_client_tls(&self) -> Option<tonic::transport::ClientTlsConfig> {
-        self.peer_tls.as_ref().map(prefixlog_peer::PeerTls::client)
+    /// How this replica calls its peers: the peer port's mutual TLS when configured, the
+    /// call deadline, the default size caps. Every peer client (anti-entropy, bootstrap,
+    /// recovery) is made from it.
+    pub fn peer_client(&self) -> prefixlog_peer::PeerClient {
+        prefixlog_peer::PeerClient {
+            tls: self.peer_tls.as_ref().map(prefixlog_peer::PeerTls::client),
+            call_timeout: self.peer_timeout,
+            ..Default::default()
+        }
     }
 
     /// Peers to fetch a checkpoint from, in order: `bootstrap_from`, then `peers`.

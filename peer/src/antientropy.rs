@@ -1,12 +1,16 @@
 //! Anti-entropy rounds: compare digest points with every peer, count, log, repair.
 //!
+//! A round asks every peer at once, each on its own task and each call under the
+//! [`PeerClient`]'s deadline, so one slow or hung peer is reported unreachable when its
+//! deadline passes and delays no comparison with the others.
+//!
 //! A round first compares identities with the one compatibility rule: a peer of another log
 //! (cluster, topic, partition count) or with other state settings is reported as such — its
 //! own outcome, metric and log line — and never compared digest by digest (different settings
 //! give different states from the same log, so every point would "mismatch" and every round
 //! would repair). Only partitions both replicas own are compared.
 
-use crate::bootstrap::connect;
+use crate::client::PeerClient;
 use crate::repair::{check_and_repair, RepairContext, RepairOutcome};
 use prefixlog_ingest::{check_compatible, Incompatible, LogIdentity, Replica, StateSettings};
 use prefixlog_proto::v1 as pb;
@@ -15,6 +19,7 @@ use prometheus::{IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::task::JoinSet;
 
 /// Anti-entropy metrics (`prefixlog_anti_entropy_*`).
 pub struct AntiEntropyStats {
@@ -124,8 +129,8 @@ pub struct AntiEntropy {
     pub peers: Vec<String>,
     pub ctx: RepairContext,
     pub stats: Arc<AntiEntropyStats>,
-    /// Mutual TLS to peers, when the peer port requires it.
-    pub tls: Option<tonic::transport::ClientTlsConfig>,
+    /// How peers are called: TLS, deadlines, size caps.
+    pub client: PeerClient,
 }
 
 fn now_s() -> i64 {
@@ -147,38 +152,71 @@ fn peer_identity(d: &pb::DigestsResponse) -> Result<LogIdentity, String> {
 /// (partition, first mismatching offset, our digest there, last agreed offset)
 type Mismatch = (u32, i64, u64, Option<i64>);
 
+impl RoundReport {
+    fn merge(&mut self, other: RoundReport) {
+        self.compared += other.compared;
+        self.mismatches.extend(other.mismatches);
+        self.repaired.extend(other.repaired);
+        self.unreachable.extend(other.unreachable);
+        self.incompatible.extend(other.incompatible);
+    }
+}
+
 impl AntiEntropy {
-    /// Runs rounds forever, every `every`.
-    pub async fn run(self, every: Duration) {
+    /// Runs rounds forever, every `every` (a round that outlasts it delays the next).
+    pub async fn run(self: Arc<Self>, every: Duration) {
         let mut t = tokio::time::interval(every);
+        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             t.tick().await;
             self.round().await;
         }
     }
 
-    /// One round against every peer.
-    pub async fn round(&self) -> RoundReport {
+    /// One round against every peer, all at once; the report lists peers in `peers` order.
+    pub async fn round(self: &Arc<Self>) -> RoundReport {
         self.stats.rounds.inc();
+        let mut tasks = JoinSet::new();
+        for (i, peer) in self.peers.iter().enumerate() {
+            let (me, peer) = (self.clone(), peer.clone());
+            tasks.spawn(async move {
+                let mut r = RoundReport::default();
+                let outcome = me.compare(&peer, &mut r).await;
+                (i, peer, outcome, r)
+            });
+        }
+        let mut done = Vec::with_capacity(self.peers.len());
+        while let Some(joined) = tasks.join_next().await {
+            match joined {
+                Ok(x) => done.push(x),
+                Err(e) => tracing::error!(error = %e, "anti-entropy: a comparison task failed (a bug)"),
+            }
+        }
+        done.sort_by_key(|d| d.0);
         let mut report = RoundReport::default();
-        for peer in &self.peers {
-            match self.compare(peer, &mut report).await {
+        for (_, peer, outcome, r) in done {
+            report.merge(r);
+            match outcome {
                 Ok(()) => self.stats.last_success.with_label_values(&[peer.as_str()]).set(now_s()),
                 Err(e) => {
                     self.stats.unreachable.with_label_values(&[peer.as_str()]).inc();
                     tracing::warn!(%peer, error = %e, "anti-entropy: peer unreachable (not a divergence)");
-                    report.unreachable.push(peer.clone());
+                    report.unreachable.push(peer);
                 }
             }
         }
+        self.stats.points_compared.inc_by(report.compared);
         report
     }
 
     async fn compare(&self, peer: &str, report: &mut RoundReport) -> Result<(), String> {
-        let mut client = connect(peer, self.tls.as_ref()).await.map_err(|e| e.to_string())?;
-        let theirs = client
-            .digests(pb::DigestsRequest { partitions: vec![] })
+        let mut client = self.client.connect(peer).await.map_err(|e| e.to_string())?;
+        let req = pb::DigestsRequest { partitions: vec![] };
+        let theirs = self
+            .client
+            .deadline(peer, "asking for digests", client.digests(req))
             .await
+            .map_err(|e| e.to_string())?
             .map_err(|s| s.to_string())?
             .into_inner();
         let their_id = peer_identity(&theirs)?;
@@ -230,7 +268,6 @@ impl AntiEntropy {
                 todo.push((pd.partition, off, mine, agreed));
             }
         }
-        self.stats.points_compared.inc_by(report.compared);
         todo
     }
 
@@ -246,7 +283,9 @@ impl AntiEntropy {
         report: &mut RoundReport,
     ) {
         self.stats.mismatches.with_label_values(&[&p.to_string()]).inc();
-        let differing = crate::holders::differing_holders(client, &self.replica, &self.ctx.identity, p).await;
+        let lead = crate::holders::differing_holders(client, &self.replica, &self.ctx.identity, p);
+        let differing =
+            self.client.deadline(peer, "asking for holder digests", lead).await.unwrap_or_default();
         tracing::error!(
             %peer, partition = p, offset = off, last_agreed = ?agreed, holders = ?differing,
             "anti-entropy: digest mismatch (a bug or corruption); self-checking this replica"
@@ -257,6 +296,9 @@ impl AntiEntropy {
                     partition = p,
                     "self-check: this replica matches its log; the peer must repair"
                 )
+            }
+            Ok(RepairOutcome::AlreadyRunning) => {
+                tracing::info!(partition = p, "self-check: a repair of this partition is already running")
             }
             Ok(RepairOutcome::Repaired { from_checkpoint, swapped_at }) => {
                 self.stats.repairs.inc();

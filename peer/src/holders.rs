@@ -30,8 +30,9 @@ pub async fn differing_holders(
         })
         .collect();
     let mut out = Vec::new();
-    let a = replica.applier().lock();
-    for ks in a.engine().keyspaces() {
+    // The keyspaces under their own read locks: ingest does not wait for the scan.
+    let engine = replica.applier().lock().engine().clone();
+    for ks in engine.keyspaces() {
         let g = ks.read();
         let id = g.id().clone();
         for h in g.holder_summaries().into_iter().filter(|h| partition_of(h.key.worker, ours.partitions) == p)

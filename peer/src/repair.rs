@@ -14,6 +14,7 @@ use prefixlog_ingest::{
     ReplicaError, Until,
 };
 use prefixlog_snapshot::{restore, CheckpointStore, Loaded, RestoreError};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 /// What a replica needs to rebuild one of its partitions.
@@ -23,6 +24,39 @@ pub struct RepairContext {
     /// This replica's identity (its settings decide how the log is applied).
     pub identity: LogIdentity,
     pub store: Option<Arc<CheckpointStore>>,
+    /// The partitions being repaired now (shared by anti-entropy and the scrubber).
+    pub gate: RepairGate,
+}
+
+impl RepairContext {
+    pub fn new(spec: LogSpec, identity: LogIdentity, store: Option<Arc<CheckpointStore>>) -> Self {
+        Self { spec, identity, store, gate: RepairGate::default() }
+    }
+}
+
+/// One repair per partition at a time: anti-entropy rounds against several peers, and the
+/// scrubber, may all find the same partition wrong at once, and two rebuilds of it would only
+/// race to swap in the same state.
+#[derive(Clone, Default)]
+pub struct RepairGate(Arc<Mutex<BTreeSet<u32>>>);
+
+/// Holds partition `p`'s place in the [`RepairGate`] until dropped.
+pub struct Repairing {
+    gate: RepairGate,
+    partition: u32,
+}
+
+impl RepairGate {
+    /// The partition's place, or `None` when a repair of it is running.
+    pub fn enter(&self, partition: u32) -> Option<Repairing> {
+        self.0.lock().insert(partition).then(|| Repairing { gate: self.clone(), partition })
+    }
+}
+
+impl Drop for Repairing {
+    fn drop(&mut self) {
+        self.gate.0.lock().remove(&self.partition);
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -46,12 +80,14 @@ pub enum SelfCheck {
     /// Our state at the point is what our log produces: the peer must repair.
     Consistent,
     /// Our partition diverged from our log; `rebuilt` holds it at the mismatched point.
-    Diverged { rebuilt: Applier, from_checkpoint: Option<u64> },
+    Diverged { rebuilt: Box<Applier>, from_checkpoint: Option<u64> },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RepairOutcome {
     Consistent,
+    /// Another repair of the partition is running; nothing was done.
+    AlreadyRunning,
     /// The partition was rebuilt and swapped in; the live state went on from `swapped_at`.
     Repaired {
         from_checkpoint: Option<u64>,
@@ -103,7 +139,7 @@ pub fn self_check(
     if rebuilt.partition_digest(p) == recorded {
         return Ok(SelfCheck::Consistent);
     }
-    Ok(SelfCheck::Diverged { rebuilt, from_checkpoint })
+    Ok(SelfCheck::Diverged { rebuilt: Box::new(rebuilt), from_checkpoint })
 }
 
 /// Brings `rebuilt` (partition `p`) up to the live state's offset, off to the side, twice —
@@ -141,6 +177,7 @@ pub async fn check_and_repair(
     recorded: u64,
     trusted: Option<i64>,
 ) -> Result<RepairOutcome, RepairError> {
+    let Some(_repairing) = ctx.gate.enter(p) else { return Ok(RepairOutcome::AlreadyRunning) };
     let ctx2 = ctx.clone();
     let check = tokio::task::spawn_blocking(move || self_check(&ctx2, p, point, recorded, trusted))
         .await
@@ -148,8 +185,72 @@ pub async fn check_and_repair(
     match check {
         SelfCheck::Consistent => Ok(RepairOutcome::Consistent),
         SelfCheck::Diverged { rebuilt, from_checkpoint } => {
-            let swapped_at = swap_in(ctx, replica, p, rebuilt).await?;
+            let swapped_at = swap_in(ctx, replica, p, *rebuilt).await?;
             Ok(RepairOutcome::Repaired { from_checkpoint, swapped_at })
         }
     }
+}
+
+/// Rebuilds partition `p` off to the side and swaps it in, without a self-check: the repair
+/// for a partition whose query structures a scrub found inconsistent with its digests (which
+/// may well agree with every peer's, so comparing them says nothing). The base is the newest
+/// local checkpoint whose rebuilt partition passes the same checks and reproduces the digest
+/// the checkpoint recorded for it (an older one when a newer carries the damage), else the log
+/// start.
+pub async fn rebuild_and_swap(
+    ctx: &RepairContext,
+    replica: &Replica,
+    p: u32,
+) -> Result<RepairOutcome, RepairError> {
+    let Some(_repairing) = ctx.gate.enter(p) else { return Ok(RepairOutcome::AlreadyRunning) };
+    let upto = live_offset(replica.applier(), p);
+    let ctx2 = ctx.clone();
+    let (rebuilt, from_checkpoint) = tokio::task::spawn_blocking(move || sound_base(&ctx2, p, upto))
+        .await
+        .map_err(|e| RepairError::Task(e.to_string()))??;
+    let swapped_at = swap_in(ctx, replica, p, rebuilt).await?;
+    Ok(RepairOutcome::Repaired { from_checkpoint, swapped_at })
+}
+
+/// Partition `p` alone, from the newest checkpoint (at or before `upto`) that rebuilds into a
+/// consistent state with the digest it recorded, else from the log start.
+fn sound_base(ctx: &RepairContext, p: u32, upto: i64) -> Result<(Applier, Option<u64>), RepairError> {
+    if let Some(store) = &ctx.store {
+        for id in store.ids() {
+            let Ok(m) = store.meta(id) else { continue };
+            if check_compatible(&ctx.identity, &m.identity, &[p]).is_err() || m.offsets[p as usize] > upto {
+                continue;
+            }
+            let rebuilt =
+                store.load(id).map_err(RestoreError::from).and_then(|l| restore(&l)).map(|a| a.extract(&[p]));
+            match rebuilt.map(|a| (consistent(&a).err(), a)) {
+                Ok((None, a)) if m.digests.get(p as usize).is_none_or(|&d| d == a.partition_digest(p)) => {
+                    return Ok((a, Some(id)))
+                }
+                Ok((why, _)) => tracing::warn!(
+                    checkpoint = id,
+                    partition = p,
+                    why = why.as_deref().unwrap_or("its rebuilt digest is not the one it recorded"),
+                    "repair: this checkpoint carries the damage; trying an older one"
+                ),
+                Err(e) => {
+                    tracing::warn!(checkpoint = id, partition = p, error = %e, "repair: checkpoint unusable")
+                }
+            }
+        }
+    }
+    let log_start = probe_log(&ctx.spec)?.low(p);
+    if log_start > 0 {
+        return Err(RepairError::NoBase { partition: p, trusted: upto, log_start });
+    }
+    Ok((Applier::new(ctx.spec.partitions, ctx.identity.settings), None))
+}
+
+/// Every keyspace of `a` passes the full invariant check.
+fn consistent(a: &Applier) -> Result<(), String> {
+    for ks in a.engine().keyspaces() {
+        let g = ks.read();
+        g.check_invariants().map_err(|e| format!("keyspace {}: {e}", g.id()))?;
+    }
+    Ok(())
 }

@@ -2,17 +2,21 @@
 //! peers compare only like with like), per-holder digests, and checkpoint exports (whole or
 //! filtered to some partitions).
 
+use crate::client::MAX_MESSAGE_BYTES;
+use crate::transfer::{ServeLimits, Transfers};
 use parking_lot::Mutex;
 use prefixlog_engine::partition_of;
 use prefixlog_ingest::{Applier, LogIdentity};
 use prefixlog_proto::v1 as pb;
 use prefixlog_proto::v1::replica_peer_server::{ReplicaPeer, ReplicaPeerServer};
-use prefixlog_snapshot::{export_partitions, CheckpointStore};
+use prefixlog_snapshot::CheckpointStore;
 use std::pin::Pin;
 use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
-const CHUNK: usize = 1 << 20;
+/// Holders listed by one `HolderDigests` answer at most (a lead for a mismatch's log line,
+/// not a verdict): about 100 bytes each, so the answer stays under the message cap.
+pub const MAX_HOLDER_DIGESTS: usize = 20_000;
 
 #[derive(Clone)]
 pub struct PeerService {
@@ -20,6 +24,7 @@ pub struct PeerService {
     store: Option<Arc<CheckpointStore>>,
     replica_id: String,
     identity: LogIdentity,
+    transfers: Transfers,
 }
 
 impl PeerService {
@@ -28,12 +33,16 @@ impl PeerService {
         store: Option<Arc<CheckpointStore>>,
         replica_id: String,
         identity: LogIdentity,
+        limits: ServeLimits,
     ) -> Self {
-        Self { applier, store, replica_id, identity }
+        Self { applier, store, replica_id, identity, transfers: Transfers::new(limits) }
     }
 
+    /// The service, with requests and answers capped at [`MAX_MESSAGE_BYTES`].
     pub fn into_server(self) -> ReplicaPeerServer<Self> {
-        ReplicaPeerServer::new(self).max_decoding_message_size(1 << 20)
+        ReplicaPeerServer::new(self)
+            .max_decoding_message_size(1 << 20)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES)
     }
 
     fn owned_or_invalid(&self, p: u32) -> Result<(), Status> {
@@ -103,11 +112,34 @@ impl ReplicaPeer for PeerService {
         let p = req.get_ref().partition;
         self.owned_or_invalid(p)?;
         let n = self.identity.partitions;
-        let a = self.applier.lock();
+        // Only the partition's own state under the applier lock; the keyspaces are read under
+        // their own locks, so ingest does not wait for the scan.
+        let (engine, next_offset, feeds) = {
+            let a = self.applier.lock();
+            let feeds: Vec<pb::FeedStateMsg> = a
+                .partition(p)
+                .feeds
+                .iter()
+                .take(MAX_HOLDER_DIGESTS)
+                .map(|(k, f)| pb::FeedStateMsg {
+                    keyspace: Some(keyspace(&k.keyspace)),
+                    worker: k.worker,
+                    dp_rank: k.dp_rank,
+                    epoch: f.epoch,
+                    last_seq: f.last_seq,
+                })
+                .collect();
+            (a.engine().clone(), a.partition(p).next_offset, feeds)
+        };
+        let mut truncated = feeds.len() >= MAX_HOLDER_DIGESTS;
         let mut holders = Vec::new();
-        for ks in a.engine().keyspaces() {
+        'scan: for ks in engine.keyspaces() {
             let g = ks.read();
             for h in g.holder_summaries().into_iter().filter(|h| partition_of(h.key.worker, n) == p) {
+                if holders.len() >= MAX_HOLDER_DIGESTS {
+                    truncated = true;
+                    break 'scan;
+                }
                 holders.push(pb::HolderDigestMsg {
                     keyspace: Some(keyspace(g.id())),
                     worker: h.key.worker,
@@ -120,23 +152,7 @@ impl ReplicaPeer for PeerService {
                 });
             }
         }
-        let feeds = a
-            .partition(p)
-            .feeds
-            .iter()
-            .map(|(k, f)| pb::FeedStateMsg {
-                keyspace: Some(keyspace(&k.keyspace)),
-                worker: k.worker,
-                dp_rank: k.dp_rank,
-                epoch: f.epoch,
-                last_seq: f.last_seq,
-            })
-            .collect();
-        Ok(Response::new(pb::HolderDigestsResponse {
-            next_offset: a.partition(p).next_offset,
-            holders,
-            feeds,
-        }))
+        Ok(Response::new(pb::HolderDigestsResponse { next_offset, holders, feeds, truncated }))
     }
 
     type FetchCheckpointStream = ChunkStream;
@@ -152,31 +168,9 @@ impl ReplicaPeer for PeerService {
         for &p in &partitions {
             self.owned_or_invalid(p)?;
         }
-        let (id, data) = tokio::task::spawn_blocking(move || {
-            let id = *store.ids().first().ok_or_else(|| Status::unavailable("no checkpoint taken yet"))?;
-            let data = export_partitions(&store, id, &partitions)
-                .map_err(|e| Status::internal(format!("exporting checkpoint {id}: {e}")))?;
-            Ok::<_, Status>((id, data))
-        })
-        .await
-        .map_err(|e| Status::internal(e.to_string()))??;
-        let total = xxhash_rust::xxh3::xxh3_64(&data);
-        let n = data.len();
-        let chunks: Vec<Result<pb::CheckpointChunk, Status>> = data
-            .chunks(CHUNK)
-            .enumerate()
-            .map(|(i, c)| {
-                let last = (i + 1) * CHUNK >= n;
-                Ok(pb::CheckpointChunk {
-                    checkpoint_id: id,
-                    total_bytes: n as u64,
-                    data: c.to_vec(),
-                    chunk_checksum: xxhash_rust::xxh3::xxh3_64(c),
-                    last,
-                    total_checksum: if last { total } else { 0 },
-                })
-            })
-            .collect();
-        Ok(Response::new(Box::pin(tokio_stream::iter(chunks))))
+        let slot = self.transfers.slot()?;
+        let id = *store.ids().first().ok_or_else(|| Status::unavailable("no checkpoint taken yet"))?;
+        let rx = self.transfers.start(slot, store, id, partitions);
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
     }
 }

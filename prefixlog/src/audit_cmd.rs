@@ -14,10 +14,6 @@ use std::path::PathBuf;
 pub struct Args {
     #[command(flatten)]
     pub kafka: KafkaArgs,
-    /// Settings for a replay from the log start (with a checkpoint, the audit applies the
-    /// settings that checkpoint was taken with).
-    #[command(flatten)]
-    pub settings: SettingsArgs,
     /// The partitions to audit (a sharded replica's store covers only its own).
     #[arg(long, env = "PREFIXLOG_SHARD", default_value = "all")]
     pub shard: Shard,
@@ -25,6 +21,11 @@ pub struct Args {
     /// Without it the audit replays from the log start.
     #[arg(long, env = "PREFIXLOG_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
+    /// Settings for a replay from the log start (with a checkpoint, the audit applies the
+    /// settings that checkpoint was taken with). Last: its help heading applies to every
+    /// argument after it.
+    #[command(flatten)]
+    pub settings: SettingsArgs,
     #[command(subcommand)]
     pub cmd: Cmd,
 }
@@ -108,7 +109,7 @@ fn load_queries(p: &PathBuf) -> anyhow::Result<Vec<Query>> {
 
 pub fn run(a: Args) -> anyhow::Result<()> {
     let brokers = a.kafka.require_brokers("audit")?;
-    let log = a.kafka.spec(&brokers).with_settings(a.settings.settings()).with_shard(a.shard.clone())?;
+    let log = a.kafka.spec(&brokers)?.with_settings(a.settings.settings()).with_shard(a.shard.clone())?;
     let store = match &a.data_dir {
         Some(d) => Some(CheckpointStore::open_reader(&d.join("checkpoints"))?),
         None => None,

@@ -4,16 +4,26 @@ use crate::kafka_args::KafkaArgs;
 use prefixlog_engine::{scheme, KeyspaceId};
 use prefixlog_ingest::bridge::{self, BridgeOptions, EngineSpec};
 use prefixlog_ingest::Publisher;
+use prefixlog_query::admin::{AdminPort, AlwaysReady};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(clap::Args, Debug)]
 #[command(after_help = "\
 One engine: --endpoint tcp://HOST:5557 [--replay-endpoint tcp://HOST:5558] --worker-id W [--dp-rank R].
 Several engines in one process: repeat --engine instead (or in addition), each a comma-separated
-list of key=value: endpoint=URL (required), worker=ID (required), replay=URL, dp=RANK, topic=PREFIX.
+list of key=value: endpoint=URL (required), worker=ID, replay=URL, dp=RANK, topic=PREFIX, url=URL.
   prefixlog bridge --model llama --block-size 16 --brokers k:9092 \\
-    --engine endpoint=tcp://10.0.0.5:5557,replay=tcp://10.0.0.5:5600,worker=5 \\
+    --engine endpoint=tcp://10.0.0.5:5557,replay=tcp://10.0.0.5:5600,worker=5,url=http://10.0.0.5:8000 \\
     --engine endpoint=tcp://10.0.0.5:5558,replay=tcp://10.0.0.5:5601,worker=5,dp=1
+Naming the worker for gateways: --serving-url is where requests for this worker go (published as
+its `serving_url` metadata, returned by ListWorkers; an engine's url= overrides it); --pod-name
+is published as `pod`, and without --worker-id / worker= the worker id is derived from it (one
+pod, one worker). In Kubernetes, a sidecar next to the engine sets both from the downward API:
+  env: PREFIXLOG_BRIDGE_POD_NAME from fieldRef metadata.name, POD_IP from status.podIP,
+       PREFIXLOG_BRIDGE_SERVING_URL=http://$(POD_IP):8000
+The engine's ZeroMQ endpoints are published as `kv_events_endpoint` (not an address for requests).
 vLLM: --kv-events-config '{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\",\"endpoint\":\"tcp://*:5557\",\"replay_endpoint\":\"tcp://*:5600\"}'
 (data-parallel rank r uses both ports + r, so keep them apart). SGLang: --kv-events-config with
 the same keys. Every engine of one bridge shares the keyspace (--model, --block-size,
@@ -22,23 +32,33 @@ pub struct Args {
     #[command(flatten)]
     pub kafka: KafkaArgs,
     /// The engine's ZeroMQ PUB endpoint.
-    #[arg(long, env = "PREFIXLOG_BRIDGE_ENDPOINT", requires = "worker_id")]
+    #[arg(long, env = "PREFIXLOG_BRIDGE_ENDPOINT")]
     pub endpoint: Option<String>,
     /// The engine's replay ROUTER endpoint (gaps are then recovered instead of published).
     #[arg(long, env = "PREFIXLOG_BRIDGE_REPLAY_ENDPOINT", requires = "endpoint")]
     pub replay_endpoint: Option<String>,
-    /// The worker id the engine's events are published under.
+    /// The worker id the engine's events are published under (default with --pod-name: derived
+    /// from the pod name).
     #[arg(long, env = "PREFIXLOG_BRIDGE_WORKER_ID", requires = "endpoint")]
     pub worker_id: Option<u64>,
+    /// The worker's serving URL (OpenAI-compatible HTTP base, e.g. http://10.0.0.5:8000):
+    /// published as its `serving_url` metadata, where gateways send its requests.
+    #[arg(long, env = "PREFIXLOG_BRIDGE_SERVING_URL", value_parser = parse_serving_url)]
+    pub serving_url: Option<String>,
+    /// The pod (or host) the engine runs in: published as `pod` metadata; the worker id is
+    /// derived from it when none is given. Kubernetes: from the downward API (metadata.name).
+    #[arg(long, env = "PREFIXLOG_BRIDGE_POD_NAME")]
+    pub pod_name: Option<String>,
     /// Data-parallel rank (default: the rank the engine stamps on its batches, else 0).
     #[arg(long, env = "PREFIXLOG_BRIDGE_DP_RANK", requires = "endpoint")]
     pub dp_rank: Option<u32>,
     /// ZeroMQ subscription prefix (the engine's `topic`; default: everything).
     #[arg(long, env = "PREFIXLOG_BRIDGE_ZMQ_TOPIC", default_value = "")]
     pub zmq_topic: String,
-    /// More engines: endpoint=URL,worker=ID[,replay=URL][,dp=RANK][,topic=PREFIX] (repeatable).
+    /// More engines: endpoint=URL[,worker=ID][,replay=URL][,dp=RANK][,topic=PREFIX][,url=URL]
+    /// (repeatable).
     #[arg(long = "engine", env = "PREFIXLOG_BRIDGE_ENGINE", value_parser = parse_engine)]
-    pub engines: Vec<EngineSpec>,
+    pub engines: Vec<EngineArg>,
     /// Model name of the keyspace.
     #[arg(long, env = "PREFIXLOG_BRIDGE_MODEL")]
     pub model: String,
@@ -65,85 +85,138 @@ pub struct Args {
     pub admin_addr: std::net::SocketAddr,
 }
 
-/// Parses `endpoint=URL,worker=ID[,replay=URL][,dp=RANK][,topic=PREFIX]`.
-pub fn parse_engine(s: &str) -> Result<EngineSpec, String> {
-    let (mut endpoint, mut worker, mut replay, mut dp, mut topic) = (None, None, None, None, String::new());
+/// One `--engine`: the stream, and what the worker is called where the flag says so.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineArg {
+    pub endpoint: String,
+    pub replay_endpoint: Option<String>,
+    /// None: the bridge's `--pod-name` names the worker.
+    pub worker: Option<u64>,
+    pub dp_rank: Option<u32>,
+    pub topic: String,
+    /// Overrides `--serving-url` for this engine's worker.
+    pub serving_url: Option<String>,
+}
+
+/// A serving URL must be an http(s) base URL with a host: it is what gateways connect to.
+pub fn parse_serving_url(s: &str) -> Result<String, String> {
+    let s = s.trim().trim_end_matches('/');
+    let rest = s
+        .strip_prefix("http://")
+        .or_else(|| s.strip_prefix("https://"))
+        .ok_or_else(|| format!("serving URL {s:?}: expected http://HOST:PORT or https://HOST:PORT"))?;
+    if rest.is_empty() || rest.starts_with(':') || rest.starts_with('/') || rest.contains("$(") {
+        return Err(format!("serving URL {s:?} has no host (an unexpanded $(VAR)?)"));
+    }
+    Ok(s.to_string())
+}
+
+/// Parses `endpoint=URL[,worker=ID][,replay=URL][,dp=RANK][,topic=PREFIX][,url=URL]`.
+pub fn parse_engine(s: &str) -> Result<EngineArg, String> {
+    let mut e = EngineArg {
+        endpoint: String::new(),
+        replay_endpoint: None,
+        worker: None,
+        dp_rank: None,
+        topic: String::new(),
+        serving_url: None,
+    };
     for part in s.split(',').filter(|p| !p.is_empty()) {
         let (k, v) = part.split_once('=').ok_or_else(|| format!("expected key=value, got {part:?}"))?;
         match k.trim() {
-            "endpoint" => endpoint = Some(v.to_string()),
-            "replay" => replay = Some(v.to_string()),
-            "worker" => worker = Some(v.parse::<u64>().map_err(|e| format!("worker {v:?}: {e}"))?),
-            "dp" => dp = Some(v.parse::<u32>().map_err(|e| format!("dp {v:?}: {e}"))?),
-            "topic" => topic = v.to_string(),
-            other => return Err(format!("unknown key {other:?} (endpoint, worker, replay, dp, topic)")),
+            "endpoint" => e.endpoint = v.to_string(),
+            "replay" => e.replay_endpoint = Some(v.to_string()),
+            "worker" => e.worker = Some(v.parse::<u64>().map_err(|err| format!("worker {v:?}: {err}"))?),
+            "dp" => e.dp_rank = Some(v.parse::<u32>().map_err(|err| format!("dp {v:?}: {err}"))?),
+            "topic" => e.topic = v.to_string(),
+            "url" => e.serving_url = Some(parse_serving_url(v)?),
+            other => return Err(format!("unknown key {other:?} (endpoint, worker, replay, dp, topic, url)")),
         }
     }
-    Ok(EngineSpec {
-        endpoint: endpoint.ok_or("endpoint=URL is required")?,
-        replay_endpoint: replay,
-        worker: worker.ok_or("worker=ID is required")?,
-        dp_rank: dp,
-        topic,
-    })
+    if e.endpoint.is_empty() {
+        return Err("endpoint=URL is required".into());
+    }
+    Ok(e)
 }
 
-/// Every engine the arguments name.
-pub fn engines(a: &Args) -> anyhow::Result<Vec<EngineSpec>> {
-    let mut out = Vec::new();
-    if let (Some(endpoint), Some(worker)) = (&a.endpoint, a.worker_id) {
-        out.push(EngineSpec {
+/// Every engine the arguments name, and each worker's serving URL.
+pub fn engines(a: &Args) -> anyhow::Result<(Vec<EngineSpec>, BTreeMap<u64, String>)> {
+    let pod_worker = a.pod_name.as_deref().map(bridge::worker_id_of_pod);
+    let worker_of = |given: Option<u64>, endpoint: &str| {
+        given.or(pod_worker).ok_or_else(|| {
+            anyhow::anyhow!(
+                "engine {endpoint}: no worker id: give --worker-id (worker= in --engine) or --pod-name"
+            )
+        })
+    };
+    let mut named: Vec<(EngineSpec, Option<String>)> = Vec::new();
+    if let Some(endpoint) = &a.endpoint {
+        let spec = EngineSpec {
             endpoint: endpoint.clone(),
             replay_endpoint: a.replay_endpoint.clone(),
-            worker,
+            worker: worker_of(a.worker_id, endpoint)?,
             dp_rank: a.dp_rank,
             topic: a.zmq_topic.clone(),
-        });
+        };
+        named.push((spec, a.serving_url.clone()));
     }
-    out.extend(a.engines.iter().cloned());
-    anyhow::ensure!(!out.is_empty(), "no engine: give --endpoint and --worker-id, or --engine");
+    for e in &a.engines {
+        let spec = EngineSpec {
+            endpoint: e.endpoint.clone(),
+            replay_endpoint: e.replay_endpoint.clone(),
+            worker: worker_of(e.worker, &e.endpoint)?,
+            dp_rank: e.dp_rank,
+            topic: e.topic.clone(),
+        };
+        named.push((spec, e.serving_url.clone().or_else(|| a.serving_url.clone())));
+    }
+    anyhow::ensure!(
+        !named.is_empty(),
+        "no engine: give --endpoint (with --worker-id or --pod-name), or --engine"
+    );
+    let mut urls: BTreeMap<u64, String> = BTreeMap::new();
+    for (spec, url) in &named {
+        let Some(url) = url else { continue };
+        if let Some(other) = urls.insert(spec.worker, url.clone()).filter(|o| o != url) {
+            anyhow::bail!("worker {} has two serving URLs: {other} and {url}", spec.worker);
+        }
+    }
+    let out: Vec<EngineSpec> = named.into_iter().map(|(spec, _)| spec).collect();
     // Before connecting to anything (`bridge::run` checks again, for library callers).
     bridge::engines::check_engines(&out)?;
-    Ok(out)
+    Ok((out, urls))
 }
 
 pub async fn run(a: Args) -> anyhow::Result<()> {
-    let engines = engines(&a)?;
+    let (engines, serving_urls) = engines(&a)?;
     anyhow::ensure!(scheme::is_known(a.hash_scheme), "unknown hash scheme {}", a.hash_scheme);
     anyhow::ensure!(a.block_size > 0, "--block-size must be positive");
     let brokers = a.kafka.require_brokers("bridge")?;
-    let publisher = Publisher::new(&a.kafka.spec(&brokers))?;
+    let publisher = Publisher::connect(&a.kafka.spec(&brokers)?).await?;
     let mut opts = BridgeOptions::new(KeyspaceId::new(a.model.clone(), a.block_size, a.hash_scheme));
     opts.idle_reconnect = a.idle_reconnect;
     opts.replay_timeout = a.replay_timeout;
     opts.log_interval = a.metrics_interval;
+    opts.serving_urls = serving_urls;
+    if let Some(pod) = &a.pod_name {
+        opts.worker_metadata.insert(bridge::META_POD.into(), pod.clone());
+    }
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         shutdown_signal().await;
         tracing::info!("bridge: shutting down");
         let _ = stop_tx.send(true);
     });
-    let listener = tokio::net::TcpListener::bind(a.admin_addr)
-        .await
-        .map_err(|e| anyhow::anyhow!("binding --admin-addr {}: {e}", a.admin_addr))?;
-    tracing::info!(addr = %listener.local_addr()?, "bridge admin port: /metrics, /healthz");
     let registry = prometheus::Registry::new();
-    let exported = std::sync::Arc::new(bridge::metrics::BridgeCollector::default());
+    let exported = Arc::new(bridge::metrics::BridgeCollector::default());
     exported.register(&registry)?;
+    prefixlog_query::metrics::register_build_info(&registry)?;
     let pc = prometheus::process_collector::ProcessCollector::for_self();
     let _ = registry.register(Box::new(pc));
-    let app = axum::Router::new()
-        .route(
-            "/metrics",
-            axum::routing::get(move || {
-                let r = registry.clone();
-                async move {
-                    ([("content-type", "text/plain; version=0.0.4")], prefixlog_query::metrics::render(&r))
-                }
-            }),
-        )
-        .route("/healthz", axum::routing::get(|| async { "ok" }));
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let admin = AdminPort::bind(a.admin_addr, registry, Arc::new(AlwaysReady("bridge running")))
+        .await
+        .map_err(|e| anyhow::anyhow!("binding --admin-addr {}: {e}", a.admin_addr))?;
+    tracing::info!(addr = %admin.addr(), "bridge admin port: /metrics, /healthz, /readyz");
     tracing::info!(engines = engines.len(), keyspace = %opts.keyspace, epoch = opts.start_epoch, "bridge: starting");
     let metrics = bridge::run(engines, opts, publisher, a.remove_on_exit, stop_rx, &exported).await?;
     for (spec, m) in metrics {
@@ -151,6 +224,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
             m.snapshot().into_iter().filter(|(_, v)| *v > 0).map(|(n, v)| format!("{n}={v}")).collect();
         tracing::info!(worker = spec.worker, endpoint = %spec.endpoint, "bridge final counters: {}", nonzero.join(" "));
     }
+    drop(admin);
     Ok(())
 }
 
@@ -202,8 +276,9 @@ mod tests {
             "endpoint=tcp://h:5559,worker=8,dp=1,replay=tcp://h:5560,topic=kv",
         ])
         .unwrap();
-        let e = engines(&c.a).unwrap();
+        let (e, urls) = engines(&c.a).unwrap();
         assert_eq!(e.len(), 2);
+        assert!(urls.is_empty());
         assert_eq!(
             e[0],
             EngineSpec {
@@ -225,10 +300,12 @@ mod tests {
             }
         );
         assert!(parse_engine("worker=1").is_err());
-        assert!(parse_engine("endpoint=tcp://h:1").is_err());
+        assert!(parse_engine("endpoint=tcp://h:1,url=tcp://h:2").is_err());
         assert!(parse_engine("endpoint=tcp://h:1,worker=1,color=red").is_err());
-        assert!(Cli::try_parse_from(["x", "--endpoint", "tcp://h:1", "--model", "m", "--block-size", "4"])
-            .is_err());
+        let no_worker =
+            Cli::try_parse_from(["x", "--endpoint", "tcp://h:1", "--model", "m", "--block-size", "4"])
+                .unwrap();
+        assert!(engines(&no_worker.a).is_err());
         let none = Cli::try_parse_from(["x", "--model", "m", "--block-size", "4"]).unwrap();
         assert!(engines(&none.a).is_err());
     }
@@ -251,5 +328,55 @@ mod tests {
         .unwrap();
         let e = engines(&c.a).unwrap_err().to_string();
         assert!(e.contains("tcp://h:5557 is given twice"), "{e}");
+    }
+
+    #[test]
+    fn the_worker_is_named_by_its_serving_url_and_pod() {
+        let base = ["bridge", "--model", "m", "--block-size", "16", "--endpoint", "tcp://h:5557"];
+        // No worker id and no pod: nothing names the worker.
+        let c = Cli::try_parse_from(base).unwrap();
+        assert!(engines(&c.a).unwrap_err().to_string().contains("no worker id"));
+        let c = Cli::try_parse_from(base.iter().copied().chain([
+            "--pod-name",
+            "vllm-7f9c-x2",
+            "--serving-url",
+            "http://10.0.0.5:8000/",
+        ]))
+        .unwrap();
+        let (e, urls) = engines(&c.a).unwrap();
+        let w = bridge::worker_id_of_pod("vllm-7f9c-x2");
+        assert_eq!(e[0].worker, w);
+        assert!(w < 1 << 63);
+        assert_eq!(urls, BTreeMap::from([(w, "http://10.0.0.5:8000".to_string())]));
+        // An explicit id wins over the pod's; an engine's url= over --serving-url.
+        let c = Cli::try_parse_from(base.iter().copied().chain([
+            "--worker-id",
+            "3",
+            "--pod-name",
+            "p",
+            "--serving-url",
+            "http://a:1",
+            "--engine",
+            "endpoint=tcp://h:5558,url=http://b:2",
+        ]))
+        .unwrap();
+        let (e, urls) = engines(&c.a).unwrap();
+        assert_eq!((e[0].worker, e[1].worker), (3, bridge::worker_id_of_pod("p")));
+        assert_eq!(urls[&3], "http://a:1");
+        assert_eq!(urls[&e[1].worker], "http://b:2");
+        // One worker, two URLs: refused.
+        let c = Cli::try_parse_from(base.iter().copied().chain([
+            "--worker-id",
+            "3",
+            "--serving-url",
+            "http://a:1",
+            "--engine",
+            "endpoint=tcp://h:5558,worker=3,dp=1,url=http://b:2",
+        ]))
+        .unwrap();
+        assert!(engines(&c.a).unwrap_err().to_string().contains("two serving URLs"));
+        for bad in ["10.0.0.5:8000", "http://", "http://:8000", "http://$(POD_IP):8000"] {
+            assert!(parse_serving_url(bad).is_err(), "{bad}");
+        }
     }
 }

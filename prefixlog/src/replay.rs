@@ -16,7 +16,7 @@ pub struct Args {
 pub async fn run(a: Args) -> anyhow::Result<()> {
     let brokers = a.kafka.require_brokers("replay")?;
     let records = fleet_records(&a.workload, 1)?;
-    let publisher = Publisher::new(&a.kafka.spec(&brokers))?;
+    let publisher = Publisher::connect(&a.kafka.spec(&brokers)?).await?;
     let start = Instant::now();
     let blocks: usize = records.iter().map(|r| r.blocks).sum();
     let n = publish_all(&publisher, &records).await?;

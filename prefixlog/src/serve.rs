@@ -12,8 +12,6 @@ use std::time::Duration;
 pub struct Args {
     #[command(flatten)]
     pub kafka: KafkaArgs,
-    #[command(flatten)]
-    pub settings: SettingsArgs,
     /// The partitions this replica owns: `I/N` (shard I of N: partitions p with p % N == I) or
     /// `all`. Clients send one Match per shard and merge.
     #[arg(long, env = "PREFIXLOG_SHARD", default_value = "all")]
@@ -83,6 +81,9 @@ pub struct Args {
     pub query: QueryArgs,
     #[command(flatten)]
     pub peer: PeerArgs,
+    /// Last: its help heading applies to every argument after it.
+    #[command(flatten)]
+    pub settings: SettingsArgs,
 }
 
 /// The query (gRPC) and admin (HTTP) ports.
@@ -100,6 +101,11 @@ pub struct QueryArgs {
     /// Ready (gRPC health SERVING, /readyz 200) once the total lag is at most this many records.
     #[arg(long, env = "PREFIXLOG_READY_LAG", default_value_t = 1000)]
     pub ready_lag: i64,
+    /// Answers without a consistency token say `stale = true` once the broker has not answered
+    /// for longer than this (and always while the replica is not ready). A broker outage alone
+    /// does not make the replica not ready: it keeps answering from its state.
+    #[arg(long, env = "PREFIXLOG_STALE_AFTER", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub stale_after: Duration,
     /// Serve gRPC over TLS with this certificate chain (PEM); needs --tls-key.
     #[arg(long, env = "PREFIXLOG_TLS_CERT", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
@@ -124,6 +130,24 @@ pub struct PeerArgs {
     /// How often anti-entropy compares digests with every peer.
     #[arg(long, env = "PREFIXLOG_ANTI_ENTROPY_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
     pub anti_entropy_interval: Duration,
+    /// Deadline of every call to a peer for digests, connecting included: a slow or hung peer
+    /// is reported unreachable after it and never delays the comparison with the others.
+    #[arg(long, env = "PREFIXLOG_PEER_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub peer_timeout: Duration,
+    /// Checkpoint transfers this replica serves at once on its peer port (each streams in
+    /// bounded chunks; a partition-filtered one is built in memory first). One more is refused
+    /// with RESOURCE_EXHAUSTED, and the asking replica tries another peer or retries.
+    #[arg(long, env = "PREFIXLOG_PEER_CHECKPOINT_TRANSFERS", default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..))]
+    pub peer_checkpoint_transfers: u64,
+    /// Scrubbing: every interval, one bounded step checking the structures that answer queries
+    /// (tries, membership lists) against the digests, rotating through every keyspace; a
+    /// partition they disagree on is rebuilt from a checkpoint and the log (0s disables).
+    #[arg(long, env = "PREFIXLOG_SCRUB_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub scrub_interval: Duration,
+    /// Work per scrub step, in blocks, members and window segments checked (20000: about
+    /// 0.2 ms of one keyspace's read lock, under 1 ms at the longest).
+    #[arg(long, env = "PREFIXLOG_SCRUB_BUDGET", default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub scrub_budget: u64,
     /// With no usable local checkpoint, fetch this peer's newest first (so the log need not be
     /// retained from the beginning).
     #[arg(long, env = "PREFIXLOG_BOOTSTRAP_FROM")]
@@ -160,6 +184,7 @@ impl Args {
                 client_ca: q.tls_client_ca.clone(),
             }),
             ready_lag: q.ready_lag,
+            stale_after: q.stale_after,
             query: prefixlog_query::QueryConfig::default(),
             data_dir: self.data_dir.clone(),
             checkpoints: CheckpointPolicy {
@@ -173,6 +198,12 @@ impl Args {
             },
             peers: self.peer.peers.clone(),
             anti_entropy_interval: self.peer.anti_entropy_interval,
+            peer_timeout: self.peer.peer_timeout,
+            peer_checkpoint_transfers: self.peer.peer_checkpoint_transfers as usize,
+            scrub: prefixlog_peer::ScrubOptions {
+                interval: self.peer.scrub_interval,
+                budget: self.peer.scrub_budget,
+            },
             bootstrap_from: self.peer.bootstrap_from.clone(),
             tick_interval: self.tick_interval,
             dead_letter_topic: self.dead_letter_topic.clone(),
@@ -206,7 +237,14 @@ async fn stop_signal() -> &'static str {
 
 pub async fn run(a: Args) -> anyhow::Result<()> {
     let (brokers, _embedded) = a.kafka.brokers_or_embedded()?;
-    let spec = a.kafka.spec(&brokers).with_settings(a.settings.settings()).with_shard(a.shard.clone())?;
+    let spec = a.kafka.spec(&brokers)?.with_settings(a.settings.settings()).with_shard(a.shard.clone())?;
+    let (librdkafka, features) = prefixlog_ingest::connect::librdkafka_build();
+    tracing::info!(librdkafka, features = %features.join(","), "kafka client");
+    if a.data_dir.is_none() {
+        // Here, not in the library: a deliberate choice of the demo and the tests, a likely
+        // mistake of an operator.
+        tracing::warn!("no --data-dir: no checkpoints; every start replays the whole log");
+    }
     let node = ReplicaNode::start(spec, a.node_options()?).await?;
     let (status, engine) = (node.status().clone(), node.engine());
     let mut tick = tokio::time::interval(a.status_interval);
@@ -220,6 +258,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
                 skipped = status.records_skipped.load(Ordering::Relaxed),
                 lag = status.lag(),
                 discontinuous = ?status.discontinuous(),
+                apply_failed = ?status.apply_failures().iter().map(|f| (f.partition, f.offset)).collect::<Vec<_>>(),
                 broker_ok = status.broker_ok.load(Ordering::Relaxed),
                 keyspaces = engine.keyspace_ids().len(),
                 holder_blocks = engine.holder_blocks(),

@@ -1,6 +1,8 @@
 //! `prefixlog demo` end to end with a small configuration: exits 0, prints the table, writes the
 //! SVG, and the shared index's hit ratio lies between the gateway-local one and the oracle, close
-//! to the oracle. The demo runs with its default trace, the one bundled in the repository
+//! to the oracle, and nothing it logs is a warning or an error (a run that succeeded must not look
+//! like a failure: clients stop before the replicas, the replicas before the broker). The demo
+//! runs with its default trace, the one bundled in the repository
 //! (`data/mooncake`): scripts/test.sh also runs this test in a copy of the repository alone, which
 //! proves that nothing reads outside the clone.
 
@@ -41,6 +43,8 @@ fn demo_runs_and_reports() {
         ])
         // The default trace, not one from the environment (scripts/env.sh exports one).
         .env_remove("PREFIXLOG_TRACE")
+        // Its default log filter, the one a newcomer sees.
+        .env_remove("RUST_LOG")
         .arg("--plot")
         .arg(&plot)
         .output()
@@ -48,6 +52,9 @@ fn demo_runs_and_reports() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "demo failed: {}\n{stdout}\n{stderr}", out.status);
+    let alarming: Vec<&str> =
+        stdout.lines().chain(stderr.lines()).filter(|l| l.contains("ERROR") || l.contains("WARN")).collect();
+    assert!(alarming.is_empty(), "a successful demo logged warnings or errors:\n{}", alarming.join("\n"));
     assert!(stdout.contains(&format!("| requests routed | {REQUESTS} ")), "{stdout}");
     assert!(stdout.contains("| anti-entropy mismatches | 0 |"), "{stdout}");
     assert!(stdout.contains("| replicas caught up, engine digests equal | yes / yes |"), "{stdout}");

@@ -1,7 +1,8 @@
-//! Checks docker-compose.yml, deploy/k8s/statefulset.yaml, deploy/prometheus.yml and the
+//! Checks docker-compose.yml, deploy/compose.local.yml, deploy/prometheus.yml and the
 //! Dockerfile against the binary (no Docker engine needed): every `prefixlog` command line in
 //! them parses with this build's CLI (flags exist, values parse), every partition count agrees,
-//! and ports and paths line up across the files.
+//! and ports and paths line up across the files. The Kubernetes layouts (deploy/k8s) are
+//! rendered and checked the same way, against the same binary, by scripts/check-k8s.sh.
 
 use std::path::Path;
 use std::process::Command;
@@ -42,18 +43,17 @@ fn parses(cmd: &[String]) {
 #[test]
 fn deploy_files_match_the_cli() {
     let compose = read("docker-compose.yml");
-    let k8s = read("deploy/k8s/statefulset.yaml");
+    let k8s = read("deploy/k8s/replicas/statefulset.yaml");
     let prom = read("deploy/prometheus.yml");
     let docker = read("Dockerfile");
     let subcommands = ["serve", "replay"];
-    let mut prefixlog_cmds: Vec<Vec<String>> = commands(&compose, "command:");
-    prefixlog_cmds.extend(commands(&k8s, "args:"));
+    let prefixlog_cmds: Vec<Vec<String>> = commands(&compose, "command:");
     let (ours, others): (Vec<_>, Vec<_>) =
         prefixlog_cmds.into_iter().partition(|c| subcommands.contains(&c[0].as_str()));
     assert_eq!(
         ours.iter().filter(|c| c[0] == "serve").count(),
-        7,
-        "two compose replicas + the sharded profile's 2 x 2 + the StatefulSet"
+        6,
+        "two compose replicas + the sharded profile's 2 x 2"
     );
     assert!(ours.iter().any(|c| c[0] == "replay"), "the compose fleet");
     for c in &ours {
@@ -78,7 +78,7 @@ fn deploy_files_match_the_cli() {
         for other in value(c, "--peers").expect("--peers").split(',') {
             assert_eq!(port(other), peer, "--peers {other} is not a --peer-addr port");
         }
-        assert!(compose.contains(&format!(":{admin}\"")) || k8s.contains(admin));
+        assert!(compose.contains(&format!(":{admin}\"")));
     }
     for t in ["replica-a:9151", "replica-b:9151"] {
         assert!(prom.contains(t), "prometheus.yml does not scrape {t}");
@@ -115,14 +115,12 @@ fn compose_defaults(text: &str) -> String {
 fn every_deploy_command_line_parses() {
     let mut local = commands(&compose_defaults(&read("deploy/compose.local.yml")), "command:");
     local.retain(|c| ["serve", "replay"].contains(&c[0].as_str())); // not tansu's
-    let k8s = commands(&read("deploy/k8s/sharded.yaml"), "args:");
-    assert!(local.len() >= 3 && k8s.len() >= 2, "{local:?} {k8s:?}");
-    for c in local.iter().chain(&k8s) {
+    assert!(local.len() >= 3, "{local:?}");
+    for c in &local {
         parses(c);
     }
     let shards =
         |cmds: &[Vec<String>]| cmds.iter().filter_map(|c| value(c, "--shard")).collect::<Vec<_>>().join(" ");
-    assert_eq!(shards(&k8s), "0/2 1/2", "one StatefulSet per shard");
     assert_eq!(
         shards(&local),
         "0/2 0/2 1/2 1/2",

@@ -34,14 +34,18 @@ class ChannelSecurity:
         self._credentials = (
             grpc.ssl_channel_credentials(root_certificates, private_key, certificate_chain) if self.tls else None
         )
-        self._options = [("grpc.ssl_target_name_override", server_name)] if server_name else []
+        self.server_name = server_name
 
-    def open(self, grpc_module, endpoint: str):
+    def open(self, grpc_module, endpoint: str, seed_name: Optional[str] = None):
         """A channel to `endpoint` from `grpc_module`: `grpc` (sync) or `grpc.aio`, whose
-        channel constructors take the same arguments."""
+        channel constructors take the same arguments. `seed_name`: the name `endpoint` (an
+        address) was resolved from, checked against the certificate unless `server_name` was
+        given."""
         if self._credentials is None:
             return grpc_module.insecure_channel(endpoint)
-        return grpc_module.secure_channel(endpoint, self._credentials, options=self._options)
+        name = self.server_name or seed_name
+        options = [("grpc.ssl_target_name_override", name)] if name else []
+        return grpc_module.secure_channel(endpoint, self._credentials, options=options)
 
 
 class Failover:

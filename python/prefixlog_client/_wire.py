@@ -36,7 +36,9 @@ class MatchResult:
     # unchanged as a later request's `min_offsets` to read at least this state.
     applied: List[Token] = field(default_factory=list)
     replica_id: str = ""
-    stale: bool = False  # the consistency token was not reached in time (allow_stale)
+    # With a token: it was not reached in time (allow_stale). Without one: the replica was not
+    # ready, or its broker unreachable for longer than its --stale-after.
+    stale: bool = False
     reason: str = ""  # for "unavailable": timeout | disconnected | overloaded | rejected: ...
     endpoint: str = ""  # the endpoint that answered (or rejected the request)
     # The partitions this answer covers (a sharded replica answers for its shard only) and the

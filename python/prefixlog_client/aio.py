@@ -32,6 +32,7 @@ from ._shards import (
     plan,
     shard_failed,
 )
+from ._seeds import Resolver, expand, system_resolver
 from ._transport import ChannelSecurity, Failover
 from ._wire import Keyspace, MatchResult, WorkerList, match_request, match_result, worker_list
 from .tokens import Token
@@ -41,7 +42,7 @@ Result = Union[MatchResult, WorkerList]
 
 class AsyncIndexClient:
     """IndexClient for asyncio: same constructor arguments (endpoints, deadline in seconds,
-    TLS / mutual TLS options, `shards=` or `discover=True`), `await match(...)` and `await
+    TLS / mutual TLS options, `shards=` or `discover=True` with its `resolver`), `await match(...)` and `await
     list_workers()` with the same arguments and results.
 
     The channels are opened on the first query, in the running event loop (grpc.aio channels
@@ -64,10 +65,13 @@ class AsyncIndexClient:
         discover: bool = False,
         refresh_interval: float = 30.0,
         discovery_timeout: float = 1.0,
+        resolver: Optional[Resolver] = None,
     ):
         self._security = ChannelSecurity(root_certificates, private_key, certificate_chain, server_name)
         self.deadline = deadline
         self.endpoints, self._map = plan(endpoints, shards, discover)
+        self._resolver = resolver or system_resolver
+        self._opened = False
         self._channels: Dict[str, grpc.aio.Channel] = {}
         self._stubs: Dict[str, query_pb2_grpc.PrefixIndexStub] = {}
         self._discover = discover
@@ -79,9 +83,22 @@ class AsyncIndexClient:
         self.protocol_anomalies = 0  # workers reported by two shards, over the client's life
 
     def _open(self) -> None:
-        if not self._channels:
-            self._channels = {e: self._security.open(grpc.aio, e) for e in self.endpoints}
-            self._stubs = {e: query_pb2_grpc.PrefixIndexStub(ch) for e, ch in self._channels.items()}
+        """Opens the channels of the given endpoints (a static map) in the running loop."""
+        if not self._opened:
+            self._opened = True
+            if not self._discover:
+                for e in self.endpoints:
+                    self._stub(e)
+
+    def _stub(self, endpoint: str, seed_name: Optional[str] = None) -> query_pb2_grpc.PrefixIndexStub:
+        """The stub of `endpoint`, its channel opened on first use (discovery adds endpoints:
+        the addresses the seeds resolve to)."""
+        stub = self._stubs.get(endpoint)
+        if stub is None:
+            channel = self._security.open(grpc.aio, endpoint, seed_name)
+            self._channels[endpoint] = channel
+            stub = self._stubs[endpoint] = query_pb2_grpc.PrefixIndexStub(channel)
+        return stub
 
     async def _ready(self) -> None:
         self._open()
@@ -114,21 +131,25 @@ class AsyncIndexClient:
         return [Shard(s.key, list(s.endpoints), s.partitions, s.preferred) for s in smap.shards] if smap else []
 
     async def refresh(self) -> bool:
-        """Asks every endpoint `Describe` now and rebuilds the shard map (discover=True).
-        False when no endpoint answered (the map is kept)."""
+        """Resolves the seeds, asks every address `Describe` now and rebuilds the shard map
+        (discover=True). False when no endpoint answered (the map is kept)."""
         self._open()
         self._refresh.start()
         req = query_pb2.DescribeRequest()
 
-        async def ask(e: str):
+        async def ask(e: str, seed_name: Optional[str]):
             try:
-                return described(e, await self._stubs[e].Describe(req, timeout=self.discovery_timeout), None)
+                stub = self._stub(e, seed_name)
+                return described(e, await stub.Describe(req, timeout=self.discovery_timeout), None)
             except Exception as err:  # a down replica is simply not in the map
                 return described(e, None, err)
 
         try:
-            found = [d for d in await asyncio.gather(*(ask(e) for e in self.endpoints)) if d is not None]
-            smap = build_map(found, self.endpoints, self._map)
+            # getaddrinfo blocks: off the event loop.
+            seeds = await asyncio.get_running_loop().run_in_executor(None, expand, self.endpoints, self._resolver)
+            asks = (ask(e, seeds.server_names.get(e)) for e in seeds.endpoints)
+            found = [d for d in await asyncio.gather(*asks) if d is not None]
+            smap = build_map(found, seeds.endpoints, self._map)
             if smap is not None:
                 self._map = smap
             return smap is not None
@@ -152,7 +173,7 @@ class AsyncIndexClient:
         for i, timeout in failover.attempts():
             endpoint = shard.endpoints[i]
             try:
-                resp = await getattr(self._stubs[endpoint], method)(req, timeout=timeout)
+                resp = await getattr(self._stub(endpoint), method)(req, timeout=timeout)
             except Exception as e:  # fail open on anything; CancelledError is no Exception
                 final = failover.failed(i, e)
                 if final is not None:

@@ -34,6 +34,7 @@ from ._shards import (
     plan,
     shard_failed,
 )
+from ._seeds import Resolver, expand, system_resolver
 from ._transport import ChannelSecurity, Failover
 from ._wire import Keyspace, MatchResult, WorkerList, match_request, match_result, worker_list
 from .tokens import Token
@@ -53,10 +54,14 @@ class IndexClient:
     Sharded logs, either of:
       * `shards={"a": ["10.0.0.5:50151", "10.0.0.6:50151"], "b": [...]}` (or a list of
         endpoint lists): a static map, one entry per shard, its replicas as endpoints;
-      * `discover=True`: `endpoints` are every replica of every shard; each is asked `Describe`
-        now (up to `discovery_timeout` seconds) and those reporting the same partitions form a
-        shard. The map is asked again in the background every `refresh_interval` seconds, and
-        at most every second after a query found a shard with no replica answering.
+      * `discover=True`: `endpoints` are seeds: "host:port" of replicas, or of a name that stands
+        for many (a headless Kubernetes Service). Every address each seed's host resolves to
+        (`resolver(host, port)`, the system's by default) is asked `Describe` now (up to
+        `discovery_timeout` seconds) and those reporting the same partitions form a shard;
+        with TLS, a resolved address's certificate is checked against the seed's host name.
+        The seeds are resolved and asked again in the background every `refresh_interval`
+        seconds, and at most every second after a query found a shard with no replica
+        answering.
     With one shard (no `shards=`, no `discover=`), queries go to it directly, as they always
     did.
     """
@@ -74,12 +79,18 @@ class IndexClient:
         discover: bool = False,
         refresh_interval: float = 30.0,
         discovery_timeout: float = 1.0,
+        resolver: Optional[Resolver] = None,
     ):
-        security = ChannelSecurity(root_certificates, private_key, certificate_chain, server_name)
+        self._security = ChannelSecurity(root_certificates, private_key, certificate_chain, server_name)
         self.deadline = deadline
         self.endpoints, self._map = plan(endpoints, shards, discover)
-        self._channels = {e: security.open(grpc, e) for e in self.endpoints}
-        self._stubs = {e: query_pb2_grpc.PrefixIndexStub(ch) for e, ch in self._channels.items()}
+        self._resolver = resolver or system_resolver
+        self._channels = {}
+        self._stubs = {}
+        self._closed = False
+        if not discover:
+            for e in self.endpoints:
+                self._stub(e)
         self._discover = discover
         self.discovery_timeout = discovery_timeout
         self._refresh = Refresh(refresh_interval)
@@ -88,8 +99,21 @@ class IndexClient:
         if discover:
             self.refresh()
 
+    def _stub(self, endpoint: str, seed_name: Optional[str] = None) -> query_pb2_grpc.PrefixIndexStub:
+        """The stub of `endpoint`, its channel opened on first use (discovery adds endpoints:
+        the addresses the seeds resolve to)."""
+        stub = self._stubs.get(endpoint)
+        if stub is None:
+            if self._closed:
+                raise ValueError("the client is closed")
+            channel = self._security.open(grpc, endpoint, seed_name)
+            self._channels[endpoint] = channel
+            stub = self._stubs[endpoint] = query_pb2_grpc.PrefixIndexStub(channel)
+        return stub
+
     def close(self) -> None:
-        for ch in self._channels.values():
+        self._closed = True
+        for ch in list(self._channels.values()):
             ch.close()
 
     def __enter__(self) -> "IndexClient":
@@ -105,16 +129,18 @@ class IndexClient:
         return [Shard(s.key, list(s.endpoints), s.partitions, s.preferred) for s in smap.shards] if smap else []
 
     def refresh(self) -> bool:
-        """Asks every endpoint `Describe` now and rebuilds the shard map from the answers
-        (discover=True). False when no endpoint answered (the map is kept)."""
+        """Resolves the seeds, asks every address `Describe` now and rebuilds the shard map
+        from the answers (discover=True). False when no endpoint answered (the map is kept)."""
         with self._lock:
             self._refresh.start()
         try:
             req = query_pb2.DescribeRequest()
+            seeds = expand(self.endpoints, self._resolver)
             futures = []
-            for e in self.endpoints:
+            for e in seeds.endpoints:
                 try:
-                    futures.append((e, self._stubs[e].Describe.future(req, timeout=self.discovery_timeout)))
+                    stub = self._stub(e, seeds.server_names.get(e))
+                    futures.append((e, stub.Describe.future(req, timeout=self.discovery_timeout)))
                 except Exception:  # a closed client (a background refresh racing close())
                     continue
             found = []
@@ -125,7 +151,7 @@ class IndexClient:
                     d = described(e, None, err)
                 if d is not None:
                     found.append(d)
-            smap = build_map(found, self.endpoints, self._map)
+            smap = build_map(found, seeds.endpoints, self._map)
             if smap is not None:
                 self._map = smap
             return smap is not None
@@ -151,7 +177,7 @@ class IndexClient:
         for i, timeout in failover.attempts():
             endpoint = shard.endpoints[i]
             try:
-                resp = getattr(self._stubs[endpoint], method)(req, timeout=timeout)
+                resp = getattr(self._stub(endpoint), method)(req, timeout=timeout)
             except Exception as e:  # fail open on anything, grpc.RpcError or not
                 final = failover.failed(i, e)
                 if final is not None:
@@ -174,7 +200,7 @@ class IndexClient:
             shard, req = calls[k]
             for i, timeout in attempts[k]:
                 try:
-                    future = getattr(self._stubs[shard.endpoints[i]], method).future(req, timeout=timeout)
+                    future = getattr(self._stub(shard.endpoints[i]), method).future(req, timeout=timeout)
                 except Exception as e:
                     final = walks[k].failed(i, e)
                     if final is not None:

@@ -53,9 +53,11 @@ def describe(shard, shard_count, partition_count=4, ready=True, replica_id=""):
 class FakeReplica(query_pb2_grpc.PrefixIndexServicer):
     """Answers Match with `response`, aborts with `abort` = (code, details), or with `hang` holds
     every call until the test ends. Describe answers `describe` (UNIMPLEMENTED when None),
-    ListWorkers `workers` (a ListWorkersResponse). Records each request it received."""
+    ListWorkers `workers` (a ListWorkersResponse). Records each request it received. Listens on
+    `address` (default: a free port on 127.0.0.1), over TLS with `credentials`."""
 
-    def __init__(self, response=None, abort=None, hang=False, describe=None, workers=None):
+    def __init__(self, response=None, abort=None, hang=False, describe=None, workers=None, address="127.0.0.1:0",
+                 credentials=None):
         self.response = response if response is not None else canned_response()
         self.abort = abort
         self.hang = hang
@@ -66,7 +68,15 @@ class FakeReplica(query_pb2_grpc.PrefixIndexServicer):
         self.released = threading.Event()
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         query_pb2_grpc.add_PrefixIndexServicer_to_server(self, self._server)
-        self.endpoint = f"127.0.0.1:{self._server.add_insecure_port('127.0.0.1:0')}"
+        # `address`: another loopback address (several fakes behind one name, on one port);
+        # `credentials`: grpc.ssl_server_credentials for a TLS port.
+        host = address.rpartition(":")[0]
+        if credentials is None:
+            port = self._server.add_insecure_port(address)
+        else:
+            port = self._server.add_secure_port(address, credentials)
+        self.port = port
+        self.endpoint = f"{host}:{port}"
         self._server.start()
 
     def Match(self, request, context):

@@ -6,6 +6,7 @@ The fakes play a 4-partition log in two shards: "0/2" owns partitions 0 and 2 (w
 in partition 0, 12, 13 in partition 2), "1/2" owns 1 and 3 (workers 3, 4 in partition 1, 2, 6
 in partition 3).
 """
+import os
 import time
 
 import grpc
@@ -325,3 +326,72 @@ def test_a_replica_older_than_describe_joins_the_unsharded_replicas(fake_replica
     r = c.match(KS, hashes=[1])
     assert [(s.key, s.endpoints) for s in c.shards] == [("0/1", [old.endpoint, new.endpoint])]
     assert r.outcome == "scores" and not r.partial and r.anomalies == 0
+
+
+def tls_fixture(name):
+    with open(os.path.join(os.path.dirname(__file__), "..", "..", "tests", "fixtures", "tls", name), "rb") as f:
+        return f.read()
+
+
+def behind_one_name(fake_replica, **kw):
+    """Shard 0/2 on 127.0.0.11 and shard 1/2 on 127.0.0.12, one port: what a headless
+    Service's name resolves to."""
+    even = fake_replica(response=shard_response(EVEN, [(1, 2)], replica_id="even"), describe=describe(0, 2),
+                        address="127.0.0.11:0", **kw)
+    odd = fake_replica(response=shard_response(ODD, [(3, 3)], replica_id="odd"), describe=describe(1, 2),
+                       address=f"127.0.0.12:{even.port}", **kw)
+    return even, odd
+
+
+def test_discovery_asks_every_address_a_seed_name_resolves_to(fake_replica, client_factory):
+    even, odd = behind_one_name(fake_replica)
+    calls = []
+    behind = ["127.0.0.12", "127.0.0.11"]
+
+    def resolver(host, port):
+        calls.append((host, port))
+        return behind if host == "shards.test" else []
+
+    c = client_factory([f"shards.test:{even.port}"], discover=True, deadline=5.0, resolver=resolver)
+    r = c.match(KS, hashes=[1, 2, 3])
+    assert r.outcome == "scores" and not r.partial and [s.worker for s in r.scores] == [3, 1], r
+    assert [(s.key, s.endpoints) for s in c.shards] == [("0/2", [even.endpoint]), ("1/2", [odd.endpoint])]
+    assert calls == [("shards.test", even.port)]
+    # Re-resolved on every refresh: a replica that appears behind the name joins its shard.
+    spare = fake_replica(response=shard_response(ODD, [(3, 3)]), describe=describe(1, 2), address=f"127.0.0.13:{even.port}")
+    behind.append("127.0.0.13")
+    assert c.refresh()
+    assert [s.endpoints for s in c.shards] == [[even.endpoint], [odd.endpoint, spare.endpoint]]
+
+
+def test_a_name_that_reaches_one_shard_gives_partial_answers_not_errors(fake_replica, client_factory):
+    """A cluster-IP Service: the name reaches one pod per connection, here always shard 0's."""
+    even, _odd = behind_one_name(fake_replica)
+    c = client_factory([f"shards.test:{even.port}"], discover=True, deadline=2.0,
+                       resolver=lambda host, port: ["127.0.0.11"])
+    r = c.match(KS, hashes=[1, 2, 3])
+    assert r.outcome == "scores" and r.partial and r.missing_partitions == ODD, r
+
+
+def test_discovery_over_tls_checks_resolved_addresses_against_the_seed_name(fake_replica, client_factory):
+    creds = grpc.ssl_server_credentials([(tls_fixture("server.key"), tls_fixture("server.pem"))])
+    even, odd = behind_one_name(fake_replica, credentials=creds)
+    # The certificate names localhost and 127.0.0.1, not 127.0.0.11 / .12: only the seed's
+    # name makes the handshake succeed.
+    c = client_factory([f"localhost:{even.port}"], discover=True, deadline=5.0, root_certificates=tls_fixture("ca.pem"),
+                       resolver=lambda host, port: ["127.0.0.11", "127.0.0.12"])
+    r = c.match(KS, hashes=[1, 2, 3])
+    assert r.outcome == "scores" and not r.partial and [s.worker for s in r.scores] == [3, 1], r
+
+
+def test_seeds_expand_to_every_address_in_the_callers_order():
+    from prefixlog_client._seeds import expand
+
+    def resolver(host, port):
+        if host == "gone.test":
+            raise OSError("no such host")
+        return {"shards.test": ["10.0.0.9", "10.0.0.10", "10.0.0.9"], "v6.test": ["::1"]}.get(host, [])
+
+    e = expand(["10.0.0.1:5", "shards.test:7", "v6.test:7", "gone.test:7", "dns:///x:1", "shards.test:7"], resolver)
+    assert e.endpoints == ["10.0.0.1:5", "10.0.0.9:7", "10.0.0.10:7", "[::1]:7", "gone.test:7", "dns:///x:1"]
+    assert e.server_names == {"10.0.0.9:7": "shards.test", "10.0.0.10:7": "shards.test", "[::1]:7": "v6.test"}

@@ -6,13 +6,16 @@
 //! route without the index.
 //!
 //! Shards: the client asks one group of replicas per shard ([`crate::shards`]: a static map,
-//! or one discovered with `Describe` and refreshed in the background), all in parallel under
+//! or one discovered with `Describe` from seeds — every address each seed's name resolves to,
+//! [`crate::seeds`] — and refreshed in the background), all in parallel under
 //! the request's one deadline, and merges the answers. A shard that cannot answer in time makes
 //! the answer *partial* ([`Answer::partial`], naming the missing partitions): the workers of the
 //! shards that answered are still scored, exactly. Within a shard, [`crate::replicas`] picks
 //! the least lagged healthy replica and fails over.
 
+use crate::replicas::ClientTls;
 pub use crate::replicas::Unavailable;
+use crate::seeds::{expand, system_resolver, Resolver};
 use crate::shards::{choose_layout, describe_all, merge, ShardMap, ShardReply};
 use parking_lot::RwLock;
 use prefixlog_engine::{HolderKey, KeyspaceId};
@@ -137,6 +140,9 @@ pub struct Answer {
     pub applied: Vec<(u32, i64)>,
     /// The replicas that answered, one per shard, comma separated.
     pub replica_id: String,
+    /// Some shard's answer was stale: with a consistency token, the token was not reached
+    /// (`allow_stale`); without one, the replica was not ready or its broker had been
+    /// unreachable for longer than its `--stale-after`.
     pub stale: bool,
     /// The endpoints that answered, one per shard, comma separated.
     pub endpoint: String,
@@ -157,8 +163,8 @@ pub enum MatchOutcome {
 /// The map could not be discovered.
 #[derive(Debug, thiserror::Error)]
 pub enum DiscoveryError {
-    #[error("no complete shard layout among {answered} endpoints that answered Describe (of {asked}): every shard of some N needs a ready replica")]
-    Incomplete { asked: usize, answered: usize },
+    #[error("no complete shard layout among {answered} endpoints that answered Describe (of {asked}, from {seeds} seeds): every shard of some N needs a ready replica")]
+    Incomplete { seeds: usize, asked: usize, answered: usize },
     #[error(transparent)]
     Transport(#[from] tonic::transport::Error),
 }
@@ -168,8 +174,9 @@ struct Inner {
     deadline: Duration,
     tls: Option<ClientTlsConfig>,
     probe_interval: Duration,
-    /// The endpoints discovery asks (empty for a static map).
+    /// What discovery resolves and asks (empty for a static map).
     seeds: Vec<String>,
+    resolver: Resolver,
 }
 
 /// A fail-open client over one or more shards of replicas. Cheap to clone.
@@ -196,7 +203,7 @@ impl IndexClient {
         default_deadline: Duration,
         probe_interval: Duration,
     ) -> Result<Self, tonic::transport::Error> {
-        Self::build(vec![(vec![], endpoints)], default_deadline, probe_interval, None, vec![])
+        Self::build(vec![(vec![], endpoints)], default_deadline, probe_interval, ClientTls::default(), vec![])
     }
 
     /// Like [`Self::new`], over TLS (`https://` endpoints): `tls` carries the CA to trust and,
@@ -206,7 +213,7 @@ impl IndexClient {
         default_deadline: Duration,
         tls: ClientTlsConfig,
     ) -> Result<Self, tonic::transport::Error> {
-        Self::build(vec![(vec![], endpoints)], default_deadline, PROBE, Some(tls), vec![])
+        Self::build(vec![(vec![], endpoints)], default_deadline, PROBE, ClientTls::new(Some(tls)), vec![])
     }
 
     /// A static shard map: one list of replica endpoints per shard.
@@ -215,33 +222,55 @@ impl IndexClient {
         default_deadline: Duration,
     ) -> Result<Self, tonic::transport::Error> {
         let groups = shards.into_iter().map(|eps| (vec![], eps)).collect();
-        Self::build(groups, default_deadline, PROBE, None, vec![])
+        Self::build(groups, default_deadline, PROBE, ClientTls::default(), vec![])
     }
 
-    /// A shard map discovered from `Describe` on `endpoints` (every replica the gateway knows,
-    /// of any shard), refreshed every few seconds: the client uses the finest sharding whose
-    /// every shard has a ready replica, so it moves to new shards once they are all ready.
-    pub async fn discover(
-        endpoints: Vec<String>,
+    /// A shard map discovered from `Describe`, refreshed every few seconds: the client uses the
+    /// finest sharding whose every shard has a ready replica, so it moves to new shards once
+    /// they are all ready. `seeds` are endpoints like `http://prefixlog:50151`: every
+    /// address each one's host name resolves to is asked (a headless Service names every
+    /// replica of every shard), again on every refresh, so replicas that come and go are seen.
+    pub async fn discover(seeds: Vec<String>, default_deadline: Duration) -> Result<Self, DiscoveryError> {
+        Self::discover_with(seeds, default_deadline, None, system_resolver()).await
+    }
+
+    /// [`Self::discover`] with TLS (`https://` seeds; the certificate of an address a seed
+    /// resolved to is checked against the seed's host name) and a resolver of your own.
+    pub async fn discover_with(
+        seeds: Vec<String>,
         default_deadline: Duration,
+        tls: Option<ClientTlsConfig>,
+        resolver: Resolver,
     ) -> Result<Self, DiscoveryError> {
-        let described = describe_all(&endpoints, None, Duration::from_secs(2)).await;
-        let layout = choose_layout(&described)
-            .ok_or(DiscoveryError::Incomplete { asked: endpoints.len(), answered: described.len() })?;
-        let client = Self::build(layout, default_deadline, PROBE, None, endpoints)?;
-        tokio::spawn(rediscover_loop(Arc::downgrade(&client.inner)));
-        Ok(client)
+        let (layout, tls_names) = discover_layout(&seeds, tls.as_ref(), &resolver).await?;
+        let inner = Arc::new(Inner {
+            map: RwLock::new(Arc::new(ShardMap::start(&layout, &tls_names, PROBE)?)),
+            deadline: default_deadline,
+            tls,
+            probe_interval: PROBE,
+            seeds,
+            resolver,
+        });
+        tokio::spawn(rediscover_loop(Arc::downgrade(&inner)));
+        Ok(Self { inner, publisher: None })
     }
 
     fn build(
         groups: Vec<(Vec<u32>, Vec<String>)>,
         deadline: Duration,
         probe_interval: Duration,
-        tls: Option<ClientTlsConfig>,
+        tls: ClientTls,
         seeds: Vec<String>,
     ) -> Result<Self, tonic::transport::Error> {
-        let map = ShardMap::start(&groups, tls.as_ref(), probe_interval)?;
-        let inner = Arc::new(Inner { map: RwLock::new(Arc::new(map)), deadline, tls, probe_interval, seeds });
+        let map = ShardMap::start(&groups, &tls, probe_interval)?;
+        let inner = Arc::new(Inner {
+            map: RwLock::new(Arc::new(map)),
+            deadline,
+            tls: tls.config,
+            probe_interval,
+            seeds,
+            resolver: system_resolver(),
+        });
         Ok(Self { inner, publisher: None })
     }
 
@@ -332,13 +361,36 @@ impl IndexClient {
     }
 }
 
+/// Type of a discovered layout: each shard's partitions and endpoints.
+type Layout = Vec<(Vec<u32>, Vec<String>)>;
+
+/// Resolves the seeds, asks every address `Describe` and chooses the layout; also returns the
+/// TLS for the layout's endpoints (the server names of resolved addresses).
+async fn discover_layout(
+    seeds: &[String],
+    tls: Option<&ClientTlsConfig>,
+    resolver: &Resolver,
+) -> Result<(Layout, ClientTls), DiscoveryError> {
+    let expanded = expand(seeds, resolver).await;
+    let tls = ClientTls { config: tls.cloned(), server_names: expanded.server_names };
+    let described = describe_all(&expanded.endpoints, &tls, Duration::from_secs(2)).await;
+    let layout = choose_layout(&described).ok_or(DiscoveryError::Incomplete {
+        seeds: seeds.len(),
+        asked: expanded.endpoints.len(),
+        answered: described.len(),
+    })?;
+    Ok((layout, tls))
+}
+
 /// Re-reads the shard layout; replaces the map when it changed.
 async fn rediscover_loop(inner: Weak<Inner>) {
     loop {
         tokio::time::sleep(REDISCOVER).await;
         let Some(inner) = inner.upgrade() else { return };
-        let described = describe_all(&inner.seeds, inner.tls.as_ref(), Duration::from_secs(2)).await;
-        let Some(layout) = choose_layout(&described) else { continue };
+        let Ok((layout, tls)) = discover_layout(&inner.seeds, inner.tls.as_ref(), &inner.resolver).await
+        else {
+            continue;
+        };
         let same = {
             let cur = inner.map.read().layout();
             cur.len() == layout.len() && cur.iter().zip(&layout).all(|(a, b)| a.0 == b.0 && a.1 == b.1)
@@ -346,7 +398,7 @@ async fn rediscover_loop(inner: Weak<Inner>) {
         if same {
             continue;
         }
-        match ShardMap::start(&layout, inner.tls.as_ref(), inner.probe_interval) {
+        match ShardMap::start(&layout, &tls, inner.probe_interval) {
             Ok(map) => {
                 tracing::info!(shards = layout.len(), "shard map changed: now asking {layout:?}");
                 *inner.map.write() = Arc::new(map);

@@ -6,10 +6,17 @@
 //! (without it the lag is unknown, not zero: a replica whose broker has not answered yet cannot
 //! prove it is caught up, so it waits however long that takes), the total lag is ≤
 //! `ready_lag`, no owned partition is discontinuous (the log no longer continues its state: a
-//! gap, an offset deleted by retention) or rewound (the log ends before the state: a recreated
-//! topic), the ingest thread has not stopped on a bug, and the replica is not stopping. Broker
-//! loss alone does not flip readiness: a replica that cannot reach Kafka keeps answering from
-//! its state (its `applied` offsets in each response show how old it is).
+//! gap, a hole, an offset deleted by retention), rewound (the log ends before the state: a
+//! recreated topic) or halted at a record whose apply failed, the topic has the partition count
+//! the replica was started for, the ingest thread has not stopped on a bug, and the replica is
+//! not stopping.
+//!
+//! Broker loss alone does not flip readiness: every replica loses the same broker at once, and
+//! a fleet that all went not-ready would leave gateways nothing to ask. A replica that cannot
+//! reach Kafka keeps answering from its state; once the broker has not answered for longer than
+//! `stale_after`, answers without a consistency token say `stale = true` (as do those of a
+//! replica that is not ready). The flag is kept in an atomic, refreshed by every readiness
+//! check (the health driver runs one every 50 ms), so the query path pays one atomic load.
 
 use prefixlog_ingest::ReplicaStatus;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,20 +28,34 @@ use tonic_health::ServingStatus;
 /// The gRPC health service name of the query service.
 pub const SERVICE_NAME: &str = "prefixlog.v1.PrefixIndex";
 
+/// How long the broker may go unanswered before answers without a token say `stale` (the
+/// default of `serve --stale-after`).
+pub const DEFAULT_STALE_AFTER: Duration = Duration::from_secs(30);
+
 pub struct Readiness {
     status: Arc<ReplicaStatus>,
     ready_lag: i64,
+    stale_after: Duration,
     stopping: AtomicBool,
+    /// Whether answers without a token are flagged stale; true until a check finds otherwise.
+    stale: AtomicBool,
 }
 
 impl Readiness {
-    pub fn new(status: Arc<ReplicaStatus>, ready_lag: i64) -> Self {
-        Self { status, ready_lag, stopping: AtomicBool::new(false) }
+    pub fn new(status: Arc<ReplicaStatus>, ready_lag: i64, stale_after: Duration) -> Self {
+        Self {
+            status,
+            ready_lag,
+            stale_after,
+            stopping: AtomicBool::new(false),
+            stale: AtomicBool::new(true),
+        }
     }
 
     /// From now on never ready (a clean stop: health goes NOT_SERVING before ingest stops).
     pub fn set_stopping(&self) {
         self.stopping.store(true, Ordering::Release);
+        self.stale.store(true, Ordering::Release);
     }
 
     /// Whether a clean stop has begun ([`Self::set_stopping`]).
@@ -42,19 +63,66 @@ impl Readiness {
         self.stopping.load(Ordering::Acquire)
     }
 
-    /// (ready, human-readable reason).
+    /// Whether an answer without a consistency token is to say `stale`: as of the last check,
+    /// the replica was not ready or its broker had not answered for longer than `stale_after`.
+    pub fn answers_stale(&self) -> bool {
+        self.stale.load(Ordering::Acquire)
+    }
+
+    /// (ready, human-readable reason); refreshes [`Self::answers_stale`].
     pub fn check(&self) -> (bool, String) {
+        let (ready, mut reason) = self.ready();
+        let silent = self.status.since_broker_contact();
+        let broker_lost = silent > self.stale_after;
+        self.stale.store(!ready || broker_lost, Ordering::Release);
+        if ready && broker_lost {
+            reason.push_str(&format!(
+                "; the broker has not answered for {}s: answers without a consistency token say stale \
+                 (after {}s)",
+                silent.as_secs(),
+                self.stale_after.as_secs()
+            ));
+        }
+        (ready, reason)
+    }
+
+    fn ready(&self) -> (bool, String) {
         if self.is_stopping() {
             return (false, "stopping".into());
         }
         if let Some(why) = self.status.ingest_failure() {
             return (false, format!("the ingest thread stopped on a bug ({why}); restart the replica"));
         }
-        let broken = self.status.discontinuous();
-        if !broken.is_empty() {
+        let failed = self.status.apply_failures();
+        if !failed.is_empty() {
+            let each: Vec<String> = failed.iter().map(ToString::to_string).collect();
             return (
                 false,
-                format!("the log does not continue the state of partitions {broken:?} (see the error log)"),
+                format!(
+                    "{} (a bug): the partition is halted at that record, no checkpoint is written, the \
+                     other partitions are served",
+                    each.join("; ")
+                ),
+            );
+        }
+        if let Some((configured, observed)) = self.status.partition_count_changed() {
+            return (
+                false,
+                format!(
+                    "the topic now has {observed} partitions, this replica was started for {configured} \
+                     (a worker's partition depends on the count; not followed)"
+                ),
+            );
+        }
+        let broken = self.status.discontinuous();
+        if !broken.is_empty() {
+            let holes: String =
+                broken.iter().filter_map(|&p| self.status.hole(p)).map(|h| format!("; {h}")).collect();
+            return (
+                false,
+                format!(
+                    "the log does not continue the state of partitions {broken:?} (see the error log){holes}"
+                ),
             );
         }
         let rewound = self.status.rewound();
@@ -79,7 +147,7 @@ impl Readiness {
 
     /// Keeps the health service's status for "" and [`SERVICE_NAME`] current, forever.
     pub async fn drive(self: Arc<Self>, reporter: HealthReporter, every: Duration) {
-        let mut last = None;
+        let (mut last, mut last_stale) = (None, None);
         loop {
             let (ready, reason) = self.check();
             if last != Some(ready) {
@@ -89,6 +157,17 @@ impl Readiness {
                 tracing::info!(ready, %reason, "readiness changed");
                 last = Some(ready);
             }
+            // Staleness while ready is the broker-silence bound (not-ready answers are stale anyway,
+            // and readiness changes are logged above): going stale is a warning, coming back is not.
+            let stale = self.answers_stale();
+            if ready && last_stale.is_some_and(|(was_ready, was)| was_ready && was != stale) {
+                if stale {
+                    tracing::warn!(%reason, "the broker has been silent too long: answers without a consistency token now say stale = true");
+                } else {
+                    tracing::info!(%reason, "answers without a consistency token say stale = false again");
+                }
+            }
+            last_stale = Some((ready, stale));
             tokio::time::sleep(every).await;
         }
     }
@@ -105,7 +184,7 @@ mod tests {
     #[test]
     fn ready_only_once_every_owned_watermark_was_read_the_lag_is_small_and_ingest_runs() {
         let status = Arc::new(ReplicaStatus::new(4, &[0, 2]));
-        let r = Readiness::new(status.clone(), 5);
+        let r = Readiness::new(status.clone(), 5, DEFAULT_STALE_AFTER);
         let (ready, why) = r.check();
         assert!(!ready && why.contains("[0, 2]"), "{why}");
         let known = |p: usize, high: i64| {
@@ -124,10 +203,39 @@ mod tests {
         assert!(!r.check().0);
         status.partitions[0].discontinuous.store(false, Ordering::Release);
         assert!(r.check().0);
+        assert!(!r.answers_stale(), "ready, broker answering: fresh");
+        status.observe_partitions(6);
+        let (ready, why) = r.check();
+        assert!(!ready && why.contains("now has 6 partitions") && why.contains("for 4"), "{why}");
+        assert!(r.answers_stale(), "not ready: stale");
+        status.observe_partitions(4);
+        assert!(r.check().0);
+        let failure =
+            |offset| prefixlog_ingest::ApplyFailure { partition: 2, offset, message: "boom".into() };
+        status.record_apply_failure(failure(17));
+        let (ready, why) = r.check();
+        assert!(!ready && why.contains("partition 2's record at offset 17") && why.contains("boom"), "{why}");
+        assert!(r.answers_stale());
         status.record_ingest_failure("the two copies of keyspace m diverged".into());
         let (ready, why) = r.check();
         assert!(!ready && why.contains("stopped on a bug") && why.contains("diverged"), "{why}");
         r.set_stopping();
         assert_eq!(r.check(), (false, "stopping".into()));
+    }
+
+    /// A ready replica whose broker has not answered for longer than `stale_after` stays ready
+    /// (the whole fleet shares the broker) but flags token-less answers stale and says why.
+    #[test]
+    fn a_silent_broker_makes_answers_stale_not_the_replica_unready() {
+        let status = Arc::new(ReplicaStatus::new(1, &[0]));
+        status.partitions[0].watermarks_known.store(true, Ordering::Release);
+        let patient = Readiness::new(status.clone(), 0, Duration::from_secs(3600));
+        assert!(patient.answers_stale(), "stale until a check says otherwise");
+        assert!(patient.check().0 && !patient.answers_stale());
+        std::thread::sleep(Duration::from_millis(5));
+        let strict = Readiness::new(status.clone(), 0, Duration::ZERO);
+        let (ready, why) = strict.check();
+        assert!(ready && strict.answers_stale() && why.contains("has not answered"), "{why}");
+        assert!(patient.check().0 && !patient.answers_stale(), "within its bound");
     }
 }

@@ -11,19 +11,25 @@
 //! - [`validate`]: request validation and bounded error messages.
 //! - [`server`]: starts the gRPC port (service + Echo + health + reflection) and admin port.
 //! - [`health`]: [`health::Readiness`] (caught up = lag ≤ threshold) driving `grpc.health.v1`.
-//! - [`admin`]: `/metrics`, `/healthz`, `/readyz` over HTTP/1.
+//! - [`admin`]: `/metrics`, `/healthz`, `/readyz` over HTTP/1; [`admin::AdminPort`] binds it
+//!   before the replica serves (start-up progress), and serves the bridge too.
+//! - [`exposition`]: checks of a `/metrics` text against Prometheus' naming conventions (and
+//!   `promtool check metrics`), for the tests of the replica's and the bridge's exposition.
 //! - [`metrics`]: query latency, outcomes and matched depth; progress, continuity and state size
 //!   collected at scrape time, into the replica's registry.
 //! - [`client`]: [`client::IndexClient`], the fail-open gateway client over every shard.
 //! - [`shards`]: the client's shard map (static, or discovered with `Describe`) and the exact
 //!   merge of shard answers.
+//! - [`seeds`]: discovery seeds resolved to every address behind them (headless Services).
 //! - [`replicas`]: one shard's replicas: health probing, least-lagged choice, failover.
 
 pub mod admin;
 pub mod client;
+pub mod exposition;
 pub mod health;
 pub mod metrics;
 pub mod replicas;
+pub mod seeds;
 pub mod server;
 pub mod service;
 pub mod shards;

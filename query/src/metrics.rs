@@ -1,13 +1,17 @@
 //! Prometheus metrics of a replica, by Prometheus conventions (counters end in `_total`,
-//! durations and times are in seconds): query latency, outcomes and matched depth (recorded
-//! per request), and the replica's progress, continuity and state size (read from
-//! `ReplicaStatus`, the applier and the engine at scrape time, so the ingest path pays nothing
-//! for them). Everything goes into the replica's own registry (the node adds its checkpoint,
-//! anti-entropy and process metrics there); nothing is global.
+//! durations in `_seconds`, Unix times in `_timestamp_seconds`, sizes in `_bytes`, one family
+//! with a `reason` / `outcome` / `code` label instead of a family per value): query latency,
+//! outcomes, matched depth and prompt length (recorded per request: their ratio is the hit
+//! ratio), and the replica's progress, continuity and state size (read from `ReplicaStatus`,
+//! the applier and the engine at scrape time, so the ingest path pays nothing for them).
+//! Everything goes into the replica's own registry (the node adds its checkpoint, anti-entropy,
+//! start-up and process metrics there); nothing is global. [`register_build_info`] and
+//! [`render`] serve the bridge's registry too.
 
+use crate::health::Readiness;
 use parking_lot::{Mutex, RwLock};
 use prefixlog_engine::{Engine, KeyspaceId};
-use prefixlog_ingest::{Applier, ReplicaStatus};
+use prefixlog_ingest::{Applier, HoleCause, ReplicaStatus};
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{
@@ -25,9 +29,10 @@ pub struct QueryMetrics {
     /// `by_code`'s OK child, resolved once: the common case skips the label lookup.
     ok: prometheus::IntCounter,
     depth: HistogramVec,
-    /// `depth`'s child per keyspace, resolved on a keyspace's first query: formatting the
-    /// label and looking it up on every query cost more than the histogram update.
-    depth_by_keyspace: RwLock<HashMap<KeyspaceId, Histogram>>,
+    prompt: HistogramVec,
+    /// `depth`'s and `prompt`'s children per keyspace, resolved on a keyspace's first query:
+    /// formatting the label and looking it up on every query cost more than the updates.
+    by_keyspace: RwLock<HashMap<KeyspaceId, (Histogram, Histogram)>>,
     read_lock_wait: Histogram,
 }
 
@@ -54,6 +59,16 @@ impl QueryMetrics {
                 "prefixlog_match_depth_blocks",
                 "Matched depth of the best worker per answered Match, in blocks, per keyspace",
             )
+            .buckets(depth_buckets.clone()),
+            &["keyspace"],
+        )?;
+        // The same buckets: sum(depth) / sum(prompt length) is the share of prompt blocks the
+        // best worker already holds (the index's hit ratio).
+        let prompt = HistogramVec::new(
+            HistogramOpts::new(
+                "prefixlog_match_prompt_length_blocks",
+                "Prompt length per answered Match, in blocks, per keyspace",
+            )
             .buckets(depth_buckets),
             &["keyspace"],
         )?;
@@ -70,15 +85,16 @@ impl QueryMetrics {
         r.register(Box::new(latency.clone()))?;
         r.register(Box::new(by_code.clone()))?;
         r.register(Box::new(depth.clone()))?;
-        let ok = by_code.with_label_values(&["Ok"]);
-        Ok(Self { latency, by_code, ok, depth, depth_by_keyspace: RwLock::default(), read_lock_wait })
+        r.register(Box::new(prompt.clone()))?;
+        let ok = by_code.with_label_values(&[code_name(tonic::Code::Ok)]);
+        Ok(Self { latency, by_code, ok, depth, prompt, by_keyspace: RwLock::default(), read_lock_wait })
     }
 
     pub fn observe(&self, d: Duration, err: Option<tonic::Code>) {
         self.latency.observe(d.as_secs_f64());
         match err {
             None => self.ok.inc(),
-            Some(c) => self.by_code.with_label_values(&[format!("{c:?}").as_str()]).inc(),
+            Some(c) => self.by_code.with_label_values(&[code_name(c)]).inc(),
         }
     }
 
@@ -86,17 +102,63 @@ impl QueryMetrics {
         self.read_lock_wait.observe(d.as_secs_f64());
     }
 
-    /// Records an answered query's best depth. Only keyspaces the engine holds reach here (an
-    /// unknown one is NOT_FOUND first), so the per-keyspace cache is as bounded as the engine.
-    pub fn observe_depth(&self, keyspace: &KeyspaceId, depth: u32) {
-        let depth = f64::from(depth);
-        if let Some(h) = self.depth_by_keyspace.read().get(keyspace) {
-            return h.observe(depth);
+    /// Records an answered query's best depth and its prompt's length, in blocks. Only
+    /// keyspaces the engine holds reach here (an unknown one is NOT_FOUND first), so the
+    /// per-keyspace cache is as bounded as the engine.
+    pub fn observe_match(&self, keyspace: &KeyspaceId, depth: u32, prompt_blocks: usize) {
+        let (depth, prompt) = (f64::from(depth), prompt_blocks as f64);
+        if let Some((d, p)) = self.by_keyspace.read().get(keyspace) {
+            d.observe(depth);
+            return p.observe(prompt);
         }
-        let h = self.depth.with_label_values(&[keyspace.to_string().as_str()]);
-        h.observe(depth);
-        self.depth_by_keyspace.write().insert(keyspace.clone(), h);
+        let label = keyspace.to_string();
+        let (d, p) = (self.depth.with_label_values(&[&label]), self.prompt.with_label_values(&[&label]));
+        d.observe(depth);
+        p.observe(prompt);
+        self.by_keyspace.write().insert(keyspace.clone(), (d, p));
     }
+}
+
+/// A gRPC status code's canonical name (`OK`, `INVALID_ARGUMENT`, ...), as grpc-go, grpc-java
+/// and the gRPC spec spell it: the value of the `code` label.
+pub fn code_name(c: tonic::Code) -> &'static str {
+    use tonic::Code::*;
+    match c {
+        Ok => "OK",
+        Cancelled => "CANCELLED",
+        Unknown => "UNKNOWN",
+        InvalidArgument => "INVALID_ARGUMENT",
+        DeadlineExceeded => "DEADLINE_EXCEEDED",
+        NotFound => "NOT_FOUND",
+        AlreadyExists => "ALREADY_EXISTS",
+        PermissionDenied => "PERMISSION_DENIED",
+        ResourceExhausted => "RESOURCE_EXHAUSTED",
+        FailedPrecondition => "FAILED_PRECONDITION",
+        Aborted => "ABORTED",
+        OutOfRange => "OUT_OF_RANGE",
+        Unimplemented => "UNIMPLEMENTED",
+        Internal => "INTERNAL",
+        Unavailable => "UNAVAILABLE",
+        DataLoss => "DATA_LOSS",
+        Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+/// The build, as Prometheus' `<namespace>_build_info` convention has it: a gauge of 1 whose
+/// labels name the version (the workspace's) and the source revision (`PREFIXLOG_REVISION` at
+/// build time, e.g. a git commit; "unknown" without it). Joined onto other series in queries
+/// (`* on (instance) group_left(version) prefixlog_build_info`).
+pub fn register_build_info(r: &Registry) -> prometheus::Result<()> {
+    let info = IntGaugeVec::new(
+        Opts::new("prefixlog_build_info", "Always 1; the labels name this build"),
+        &["version", "revision"],
+    )?;
+    info.with_label_values(&[
+        env!("CARGO_PKG_VERSION"),
+        option_env!("PREFIXLOG_REVISION").unwrap_or("unknown"),
+    ])
+    .set(1);
+    r.register(Box::new(info))
 }
 
 /// The replica's progress and state, collected at scrape time.
@@ -104,7 +166,7 @@ pub struct StateCollector {
     engine: Arc<Engine>,
     status: Arc<ReplicaStatus>,
     applier: Option<Arc<Mutex<Applier>>>,
-    ready: Arc<dyn Fn() -> bool + Send + Sync>,
+    readiness: Arc<Readiness>,
     descs: Vec<Desc>,
 }
 
@@ -114,22 +176,30 @@ struct Scrape {
     low: IntGaugeVec,
     high: IntGaugeVec,
     lag: IntGaugeVec,
-    log_time: prometheus::GaugeVec,
+    log_timestamp: prometheus::GaugeVec,
     rewound: IntGaugeVec,
     discontinuous: IntGaugeVec,
     discontinuities: IntCounterVec,
+    apply_failures: IntCounterVec,
+    holes: IntCounterVec,
     applied: prometheus::IntCounter,
     skipped: IntCounterVec,
     refused_stores: IntCounterVec,
     feed_gaps: prometheus::IntCounter,
     clamped: prometheus::IntCounter,
     gaps_accepted: prometheus::IntCounter,
+    dead_letter: IntCounterVec,
+    without_keyspace: prometheus::IntCounter,
     keyspaces: IntGauge,
     holders: IntGauge,
     holders_gapped: IntGauge,
     holder_blocks: IntGauge,
     heap: IntGauge,
     broker_up: IntGauge,
+    broker_silent: prometheus::Gauge,
+    topic_partitions: IntGauge,
+    topic_partitions_changed: IntGauge,
+    answers_stale: IntGauge,
     ready: IntGauge,
 }
 
@@ -169,10 +239,10 @@ impl Scrape {
                 "Records between the next offset and the last polled high watermark, per owned partition",
                 "partition",
             ),
-            log_time: prometheus::GaugeVec::new(
+            log_timestamp: prometheus::GaugeVec::new(
                 Opts::new(
-                    "prefixlog_partition_log_time_seconds",
-                    "Log time (record timestamps), per owned partition",
+                    "prefixlog_partition_log_timestamp_seconds",
+                    "Log time (the newest applied record timestamp) as a Unix time, per owned partition",
                 ),
                 &["partition"],
             )
@@ -192,6 +262,20 @@ impl Scrape {
                 "Gaps, out-of-range offsets and rewinds found in the log, per partition",
                 "partition",
             ),
+            apply_failures: cv(
+                "prefixlog_apply_failures_total",
+                "Records whose apply failed (a bug; the partition halts at the record), per partition",
+                "partition",
+            ),
+            holes: IntCounterVec::new(
+                Opts::new(
+                    "prefixlog_log_holes_total",
+                    "Holes found inside the log (offsets no record is read at: a transactional \
+                     producer's markers or aborted records), per partition and cause",
+                ),
+                &["partition", "cause"],
+            )
+            .expect("valid metric"),
             applied: c(
                 "prefixlog_records_applied_total",
                 "Records applied (owned partitions, since the log start)",
@@ -211,12 +295,41 @@ impl Scrape {
                 "Records whose timestamp moved log time too far (cut)",
             ),
             gaps_accepted: c("prefixlog_log_gaps_accepted_total", "Log gaps accepted by --accept-log-gaps"),
+            dead_letter: cv(
+                "prefixlog_dead_letter_copies_total",
+                "Copies of refused records to the dead-letter topic, by outcome (copied, failed: dropped)",
+                "outcome",
+            ),
+            without_keyspace: c(
+                "prefixlog_writes_without_keyspace_total",
+                "Removals, clears and refused stores for keyspaces that do not exist: no-ops that create \
+                 nothing (since the process started)",
+            ),
             keyspaces: g("prefixlog_keyspaces", "Keyspaces in the engine"),
             holders: g("prefixlog_holders", "Holders (worker, dp rank, lane) over all keyspaces"),
             holders_gapped: g("prefixlog_holders_gapped", "Holders whose event stream had a gap"),
             holder_blocks: g("prefixlog_holder_blocks", "Resident (holder, block) pairs"),
             heap: g("prefixlog_engine_heap_bytes", "Engine heap bytes (estimate)"),
             broker_up: g("prefixlog_broker_up", "1 while the broker is reachable"),
+            broker_silent: prometheus::Gauge::new(
+                "prefixlog_broker_silent_seconds",
+                "Seconds since the broker last answered a complete watermark round",
+            )
+            .expect("valid metric"),
+            topic_partitions: g(
+                "prefixlog_topic_partitions",
+                "The topic's partition count as the broker last reported it (0: not read yet)",
+            ),
+            topic_partitions_changed: g(
+                "prefixlog_topic_partitions_changed",
+                "1 while the broker reports another partition count than the replica was started for \
+                 (not ready)",
+            ),
+            answers_stale: g(
+                "prefixlog_answers_stale",
+                "1 while answers without a consistency token say stale (not ready, or the broker \
+                 silent longer than --stale-after)",
+            ),
             ready: g("prefixlog_ready", "1 while the replica is ready (caught up, state proven)"),
         }
     }
@@ -227,22 +340,30 @@ impl Scrape {
             &self.low,
             &self.high,
             &self.lag,
-            &self.log_time,
+            &self.log_timestamp,
             &self.rewound,
             &self.discontinuous,
             &self.discontinuities,
+            &self.apply_failures,
+            &self.holes,
             &self.applied,
             &self.skipped,
             &self.refused_stores,
             &self.feed_gaps,
             &self.clamped,
             &self.gaps_accepted,
+            &self.dead_letter,
+            &self.without_keyspace,
             &self.keyspaces,
             &self.holders,
             &self.holders_gapped,
             &self.holder_blocks,
             &self.heap,
             &self.broker_up,
+            &self.broker_silent,
+            &self.topic_partitions,
+            &self.topic_partitions_changed,
+            &self.answers_stale,
             &self.ready,
         ]
     }
@@ -253,10 +374,10 @@ impl StateCollector {
         engine: Arc<Engine>,
         status: Arc<ReplicaStatus>,
         applier: Option<Arc<Mutex<Applier>>>,
-        ready: Arc<dyn Fn() -> bool + Send + Sync>,
+        readiness: Arc<Readiness>,
     ) -> Self {
         let descs = Scrape::new().collectors().iter().flat_map(|c| c.desc().into_iter().cloned()).collect();
-        Self { engine, status, applier, ready, descs }
+        Self { engine, status, applier, readiness, descs }
     }
 
     fn fill_progress(&self, s: &Scrape) {
@@ -268,13 +389,26 @@ impl StateCollector {
             s.low.with_label_values(&l).set(st.low_watermark.load(Ordering::Acquire));
             s.high.with_label_values(&l).set(st.high_watermark.load(Ordering::Acquire));
             s.lag.with_label_values(&l).set(self.status.partition_lag(p));
-            s.log_time.with_label_values(&l).set(st.log_time.load(Ordering::Acquire) as f64 / 1e3);
+            s.log_timestamp.with_label_values(&l).set(st.log_time.load(Ordering::Acquire) as f64 / 1e3);
             s.rewound.with_label_values(&l).set(i64::from(st.rewound.load(Ordering::Acquire)));
             s.discontinuous.with_label_values(&l).set(i64::from(st.discontinuous.load(Ordering::Acquire)));
             s.discontinuities.with_label_values(&l).inc_by(st.discontinuities.load(Ordering::Relaxed));
+            s.apply_failures.with_label_values(&l).inc_by(st.apply_failures.load(Ordering::Relaxed));
+            for cause in HoleCause::ALL {
+                let n = self.status.holes_found(p, cause);
+                s.holes.with_label_values(&[l[0], cause.as_str()]).inc_by(n);
+            }
         }
         s.broker_up.set(i64::from(self.status.broker_ok.load(Ordering::Relaxed)));
-        s.ready.set(i64::from((self.ready)()));
+        let dl = &self.status.dead_letter;
+        s.dead_letter.with_label_values(&["copied"]).inc_by(dl.copied.load(Ordering::Relaxed));
+        s.dead_letter.with_label_values(&["failed"]).inc_by(dl.failed.load(Ordering::Relaxed));
+        s.broker_silent.set(self.status.since_broker_contact().as_secs_f64());
+        s.topic_partitions.set(i64::from(self.status.partitions_observed().unwrap_or(0)));
+        s.topic_partitions_changed.set(i64::from(self.status.partition_count_changed().is_some()));
+        // The check refreshes the stale flag read below.
+        s.ready.set(i64::from(self.readiness.check().0));
+        s.answers_stale.set(i64::from(self.readiness.answers_stale()));
     }
 
     fn fill_counters(&self, s: &Scrape) {
@@ -300,6 +434,7 @@ impl StateCollector {
     }
 
     fn fill_state(&self, s: &Scrape) {
+        s.without_keyspace.inc_by(self.engine.writes_without_keyspace());
         let kss = self.engine.keyspaces();
         s.keyspaces.set(kss.len() as i64);
         for cell in kss {

@@ -9,6 +9,7 @@
 //! its share of the deadline (what is left, split over the endpoints still to try).
 
 use prefixlog_proto::v1::{prefix_index_client::PrefixIndexClient, MatchRequest, MatchResponse};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -48,11 +49,34 @@ pub struct ReplicaGroup {
     eps: Vec<Ep>,
 }
 
+/// The client's TLS: one configuration for every endpoint (None: plaintext), and the name to
+/// check the certificate against for endpoints that are addresses a discovery seed's name
+/// resolved to ([`crate::seeds`]).
+#[derive(Clone, Debug, Default)]
+pub struct ClientTls {
+    pub config: Option<ClientTlsConfig>,
+    pub server_names: BTreeMap<String, String>,
+}
+
+impl ClientTls {
+    pub fn new(config: Option<ClientTlsConfig>) -> Self {
+        Self { config, server_names: BTreeMap::new() }
+    }
+
+    fn for_endpoint(&self, url: &str) -> Option<ClientTlsConfig> {
+        let config = self.config.clone()?;
+        Some(match self.server_names.get(url) {
+            Some(name) => config.domain_name(name.clone()),
+            None => config,
+        })
+    }
+}
+
 /// A channel to `url`, lazily connected.
-pub(crate) fn channel(url: &str, tls: Option<&ClientTlsConfig>) -> Result<Channel, tonic::transport::Error> {
+pub(crate) fn channel(url: &str, tls: &ClientTls) -> Result<Channel, tonic::transport::Error> {
     let mut ep = Endpoint::from_shared(url.to_string())?;
-    if let Some(t) = tls {
-        ep = ep.tls_config(t.clone())?;
+    if let Some(t) = tls.for_endpoint(url) {
+        ep = ep.tls_config(t)?;
     }
     Ok(ep.tcp_nodelay(true).connect_timeout(Duration::from_secs(1)).connect_lazy())
 }
@@ -61,7 +85,7 @@ impl ReplicaGroup {
     /// Must be called inside a tokio runtime (starts the background health prober).
     pub fn start(
         endpoints: &[String],
-        tls: Option<&ClientTlsConfig>,
+        tls: &ClientTls,
         probe_interval: Duration,
     ) -> Result<Arc<Self>, tonic::transport::Error> {
         let mut eps = Vec::new();

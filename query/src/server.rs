@@ -4,7 +4,7 @@
 //! (driven by [`Readiness`]) and server reflection (v1 and v1alpha, so `grpcurl` works without
 //! `.proto` files), optionally over TLS or mutual TLS.
 
-use crate::admin;
+use crate::admin::AdminPort;
 use crate::health::Readiness;
 use crate::metrics::{QueryMetrics, StateCollector};
 use crate::service::{QueryConfig, QueryService, ReplicaInfo, ReplicaView};
@@ -30,6 +30,9 @@ pub struct ServerConfig {
     pub admin_addr: Option<SocketAddr>,
     /// Caught up (SERVING, `/readyz` 200) at total lag ≤ this many records.
     pub ready_lag: i64,
+    /// Answers without a consistency token say `stale` once the broker has not answered for
+    /// longer than this ([`crate::health`]).
+    pub stale_after: Duration,
     pub query: QueryConfig,
     /// Serve gRPC over TLS (and require client certificates when `client_ca` is set: mTLS).
     pub tls: Option<TlsFiles>,
@@ -64,6 +67,7 @@ impl Default for ServerConfig {
             grpc_addr: ([127, 0, 0, 1], 50151).into(),
             admin_addr: Some(([127, 0, 0, 1], 9151).into()),
             ready_lag: 1000,
+            stale_after: crate::health::DEFAULT_STALE_AFTER,
             query: QueryConfig::default(),
             tls: None,
         }
@@ -105,6 +109,7 @@ pub struct RunningServer {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     grpc: Option<JoinHandle<()>>,
     tasks: Vec<JoinHandle<()>>,
+    admin: Option<AdminPort>,
 }
 
 /// What the server serves: one replica's state, and the registry its metrics go to.
@@ -115,6 +120,10 @@ pub struct Served {
     pub applier: Option<Arc<Mutex<Applier>>>,
     pub info: ReplicaInfo,
     pub registry: prometheus::Registry,
+    /// An admin port bound earlier (serving `registry` already, e.g. during a restore): the
+    /// server switches its `/readyz` to the replica's readiness instead of binding
+    /// [`ServerConfig::admin_addr`].
+    pub admin: Option<AdminPort>,
 }
 
 impl Served {
@@ -136,6 +145,7 @@ impl Served {
                 peers: Vec::new(),
             },
             registry: prometheus::Registry::new(),
+            admin: None,
         }
     }
 }
@@ -169,6 +179,7 @@ impl RunningServer {
         for t in self.tasks.drain(..) {
             t.abort();
         }
+        self.admin = None;
     }
 }
 
@@ -180,22 +191,18 @@ impl Drop for RunningServer {
 
 /// Binds both ports and starts serving on the current tokio runtime.
 pub async fn start(cfg: ServerConfig, served: Served) -> anyhow::Result<RunningServer> {
-    let Served { engine, status, applier, info, registry } = served;
-    let readiness = Arc::new(Readiness::new(status.clone(), cfg.ready_lag));
+    let Served { engine, status, applier, info, registry, admin } = served;
+    let readiness = Arc::new(Readiness::new(status.clone(), cfg.ready_lag, cfg.stale_after));
     let query_metrics = Arc::new(QueryMetrics::new(&registry)?);
-    let ready = {
-        let r = readiness.clone();
-        Arc::new(move || r.check().0) as Arc<dyn Fn() -> bool + Send + Sync>
-    };
     registry.register(Box::new(StateCollector::new(
         engine.clone(),
         status.clone(),
         applier.clone(),
-        ready,
+        readiness.clone(),
     )))?;
     registry.register(Box::new(status.apply_latency.clone()))?;
     let (reporter, health) = tonic_health::server::health_reporter();
-    let mut tasks = vec![tokio::spawn(readiness.clone().drive(reporter, Duration::from_millis(50)))];
+    let tasks = vec![tokio::spawn(readiness.clone().drive(reporter, Duration::from_millis(50)))];
 
     let reflection = || {
         tonic_reflection::server::Builder::configure()
@@ -236,17 +243,15 @@ pub async fn start(cfg: ServerConfig, served: Served) -> anyhow::Result<RunningS
         }
     });
 
-    let mut admin_addr = None;
-    if let Some(a) = cfg.admin_addr {
-        let l = tokio::net::TcpListener::bind(a).await?;
-        admin_addr = Some(l.local_addr()?);
-        let app = admin::router(registry, readiness.clone());
-        tasks.push(tokio::spawn(async move {
-            if let Err(e) = axum::serve(l, app).await {
-                tracing::error!(error = %e, "admin HTTP server stopped");
-            }
-        }));
+    let admin = match (admin, cfg.admin_addr) {
+        (Some(port), _) => Some(port),
+        (None, Some(a)) => Some(AdminPort::bind(a, registry, readiness.clone()).await?),
+        (None, None) => None,
+    };
+    if let Some(port) = &admin {
+        port.serve_readiness(readiness.clone());
     }
+    let admin_addr = admin.as_ref().map(AdminPort::addr);
     tracing::info!(%grpc_addr, admin = ?admin_addr, "query service listening");
-    Ok(RunningServer { grpc_addr, admin_addr, readiness, stop: Some(stop), grpc: Some(grpc), tasks })
+    Ok(RunningServer { grpc_addr, admin_addr, readiness, stop: Some(stop), grpc: Some(grpc), tasks, admin })
 }

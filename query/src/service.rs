@@ -124,7 +124,10 @@ impl QueryService {
         let status = &self.view.status;
         // Wait for the token before looking the keyspace up: a read-your-writes query may be
         // the first to name a keyspace that the awaited record creates.
-        let mut stale = false;
+        // Without a token, `stale` says whether this replica can vouch for its state now (ready,
+        // broker heard from within `stale_after`: one atomic load); with one, whether the token
+        // was reached.
+        let mut stale = c.token.is_empty() && self.view.readiness.answers_stale();
         if !c.token.is_empty() {
             let reached = match self.token_unprovable(&c.token) {
                 Some(why) if !req.allow_stale => return Err(Status::unavailable(why)),
@@ -151,7 +154,7 @@ impl QueryService {
             self.metrics.observe_read_lock_wait(waiting.elapsed());
             scores(&g, &c.locals, &req, c.top_k, &c.candidates)
         };
-        self.metrics.observe_depth(&c.keyspace, scores.first().map_or(0, |s| s.depth));
+        self.metrics.observe_match(&c.keyspace, scores.first().map_or(0, |s| s.depth), c.locals.len());
         Ok(MatchResponse {
             scores,
             applied: applied
@@ -192,6 +195,10 @@ impl QueryService {
                 &format!("consistency token not reached: the ingest thread stopped on a bug ({why})"),
                 1000,
             ));
+        }
+        let failed = status.apply_failures();
+        if let Some(f) = failed.iter().find(|f| token.iter().any(|t| t.0 == f.partition)) {
+            return Some(clip(&format!("consistency token not reached: {f}"), 1000));
         }
         if self.view.readiness.is_stopping() {
             return Some("consistency token not reached: this replica is stopping".into());
@@ -437,7 +444,7 @@ mod tests {
             status: status.clone(),
             applier: None,
             info: Arc::new(info),
-            readiness: Arc::new(Readiness::new(status.clone(), 0)),
+            readiness: Arc::new(Readiness::new(status.clone(), 0, crate::health::DEFAULT_STALE_AFTER)),
         };
         let metrics = Arc::new(QueryMetrics::new(&prometheus::Registry::new()).unwrap());
         (QueryService::new(view, QueryConfig::default(), metrics), status)

@@ -6,7 +6,7 @@
 //! (top-k cut after the merge; each shard was asked for its own top k, a superset of its share
 //! of the global top k).
 
-use crate::replicas::{ReplicaGroup, Unavailable};
+use crate::replicas::{ClientTls, ReplicaGroup, Unavailable};
 use parking_lot::Mutex;
 use prefixlog_proto::v1::{
     prefix_index_client::PrefixIndexClient, DescribeRequest, MatchResponse, WorkerScore,
@@ -14,7 +14,6 @@ use prefixlog_proto::v1::{
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
-use tonic::transport::ClientTlsConfig;
 
 /// One shard as the client sees it.
 pub struct ShardGroup {
@@ -31,7 +30,7 @@ pub struct ShardMap {
 impl ShardMap {
     pub fn start(
         groups: &[(Vec<u32>, Vec<String>)],
-        tls: Option<&ClientTlsConfig>,
+        tls: &ClientTls,
         probe: Duration,
     ) -> Result<Self, tonic::transport::Error> {
         let groups = groups
@@ -64,15 +63,11 @@ pub struct Described {
 
 /// Asks every endpoint what it serves (in parallel, each within `timeout`); endpoints that do
 /// not answer are left out.
-pub async fn describe_all(
-    endpoints: &[String],
-    tls: Option<&ClientTlsConfig>,
-    timeout: Duration,
-) -> Vec<Described> {
+pub async fn describe_all(endpoints: &[String], tls: &ClientTls, timeout: Duration) -> Vec<Described> {
     let asks = endpoints.iter().map(|url| {
-        let (url, tls) = (url.clone(), tls.cloned());
+        let (url, tls) = (url.clone(), tls.clone());
         tokio::spawn(async move {
-            let ch = crate::replicas::channel(&url, tls.as_ref()).ok()?;
+            let ch = crate::replicas::channel(&url, &tls).ok()?;
             let mut c = PrefixIndexClient::new(ch);
             let d =
                 tokio::time::timeout(timeout, c.describe(DescribeRequest {})).await.ok()?.ok()?.into_inner();

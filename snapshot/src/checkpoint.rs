@@ -13,7 +13,7 @@ use crate::meta::CheckpointMeta;
 use crate::store::CheckpointStore;
 use parking_lot::Mutex;
 use prefixlog_engine::{Engine, KeyspaceId};
-use prefixlog_ingest::{check_compatible, Applier, Incompatible, LogIdentity, PartitionState};
+use prefixlog_ingest::{check_compatible, Applier, DigestPoint, Incompatible, LogIdentity, PartitionState};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -24,6 +24,8 @@ pub struct Capture {
     pub keyspaces: Vec<KeyspaceImage>,
     /// Each partition's digest at the same point.
     pub digests: Vec<u64>,
+    /// Each partition's recorded digest points (kept so anti-entropy survives a restart).
+    pub points: Vec<Vec<DigestPoint>>,
     /// How long ingest was paused.
     pub ingest_pause: Duration,
 }
@@ -38,6 +40,7 @@ impl Capture {
     fn into_buffers(a: &Applier, mut buffers: Vec<(KeyspaceId, Vec<u8>)>) -> Self {
         let partitions = a.partitions().to_vec();
         let digests = (0..a.partition_count()).map(|p| a.partition_digest(p)).collect();
+        let points = a.all_digest_points();
         let keyspaces = a
             .engine()
             .keyspaces()
@@ -50,7 +53,7 @@ impl Capture {
                 KeyspaceImage { id: ks.id().clone(), bytes, holder_blocks: ks.holder_blocks() }
             })
             .collect();
-        Self { partitions, keyspaces, digests, ingest_pause: Duration::ZERO }
+        Self { partitions, keyspaces, digests, points, ingest_pause: Duration::ZERO }
     }
 }
 
@@ -97,18 +100,38 @@ pub fn capture(applier: &Mutex<Applier>) -> Capture {
     c
 }
 
+/// [`capture`], refused when a record failed to apply ([`Applier::failure`]): decided under
+/// the same hold of the applier lock as the copy, so no failure can slip in between.
+pub fn capture_sound(applier: &Mutex<Applier>) -> Result<Capture, StoreError> {
+    if let Some(f) = applier.lock().failure() {
+        // Before allocating buffers the size of the state.
+        return Err(StoreError::Withheld(f.clone()));
+    }
+    let buffers = image_buffers(applier);
+    let t = Instant::now();
+    let a = applier.lock();
+    if let Some(f) = a.failure() {
+        return Err(StoreError::Withheld(f.clone()));
+    }
+    let mut c = Capture::into_buffers(&a, buffers);
+    drop(a);
+    c.ingest_pause = t.elapsed();
+    Ok(c)
+}
+
 /// Wall-clock time for the operator-facing `created` field (never applied state).
 fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
-/// Captures and writes a checkpoint.
+/// Captures and writes a checkpoint; writes nothing ([`StoreError::Withheld`]) of a state that
+/// holds part of a record whose apply failed.
 pub fn checkpoint(
     applier: &Mutex<Applier>,
     store: &CheckpointStore,
     identity: &LogIdentity,
 ) -> Result<(CheckpointMeta, Duration), StoreError> {
-    let c = capture(applier);
+    let c = capture_sound(applier)?;
     let meta = store.write(identity, &c, now_ms())?;
     Ok((meta, c.ingest_pause))
 }
@@ -129,6 +152,7 @@ pub fn restore(loaded: &Loaded) -> Result<Applier, RestoreError> {
     }
     let mut applier = Applier::with_engine(Arc::new(engine), id.settings);
     applier.restore_partitions(loaded.partitions.clone());
+    applier.restore_digest_points(loaded.points.clone());
     Ok(applier)
 }
 

@@ -8,7 +8,7 @@
 
 use prefixlog_engine::KeyspaceId;
 use prefixlog_ingest::partition_state::{Feed, FeedKey, PartitionCounters, PartitionState};
-use prefixlog_ingest::{BadReason, LaneMeta};
+use prefixlog_ingest::{BadReason, DigestPoint, LaneMeta};
 use std::collections::{BTreeMap, BTreeSet};
 
 #[derive(Debug, thiserror::Error)]
@@ -107,9 +107,56 @@ pub fn get_keyspace_id(r: &mut Reader) -> Result<KeyspaceId, DecodeError> {
     Ok(KeyspaceId::new(r.str()?, r.u32()?, r.u32()?))
 }
 
-/// Encodes every partition's applier state.
+/// Encodes every partition's applier state (formats 2 to 4: the whole partition value).
 pub fn encode_partitions(parts: &[PartitionState]) -> Vec<u8> {
     let mut w = Writer::default();
+    put_partitions(&mut w, parts);
+    w.buf
+}
+
+/// The partition value of format 5 on: every partition's applier state, then every
+/// partition's recorded digest points (not applied state: how far back anti-entropy can
+/// compare, kept so that a restart does not forget it).
+pub fn encode_partitions_and_points(parts: &[PartitionState], points: &[Vec<DigestPoint>]) -> Vec<u8> {
+    let mut w = Writer::default();
+    put_partitions(&mut w, parts);
+    w.u64(points.len() as u64);
+    for list in points {
+        w.u64(list.len() as u64);
+        for d in list {
+            w.i64(d.next_offset);
+            w.u64(d.log_time);
+            w.u64(d.digest);
+        }
+    }
+    w.buf
+}
+
+/// Decodes a partition value of checkpoint format `format`: partition states, and the digest
+/// points from format 5 on (none before).
+pub fn decode_partition_value(
+    buf: &[u8],
+    format: u32,
+) -> Result<(Vec<PartitionState>, Vec<Vec<DigestPoint>>), DecodeError> {
+    let mut r = Reader::new(buf);
+    let parts = read_partitions(&mut r)?;
+    let mut points = Vec::new();
+    if format >= 5 {
+        let n = r.len(8)?;
+        for _ in 0..n {
+            let m = r.len(24)?;
+            let mut list = Vec::with_capacity(m);
+            for _ in 0..m {
+                list.push(DigestPoint { next_offset: r.i64()?, log_time: r.u64()?, digest: r.u64()? });
+            }
+            points.push(list);
+        }
+    }
+    r.done()?;
+    Ok((parts, points))
+}
+
+fn put_partitions(w: &mut Writer, parts: &[PartitionState]) {
     w.u64(parts.len() as u64);
     for p in parts {
         w.i64(p.next_offset);
@@ -125,7 +172,7 @@ pub fn encode_partitions(parts: &[PartitionState]) -> Vec<u8> {
         }
         w.u64(p.feeds.len() as u64);
         for (k, f) in &p.feeds {
-            put_keyspace_id(&mut w, &k.keyspace);
+            put_keyspace_id(w, &k.keyspace);
             w.u64(k.worker);
             w.u32(k.dp_rank);
             w.u64(f.epoch);
@@ -153,7 +200,6 @@ pub fn encode_partitions(parts: &[PartitionState]) -> Vec<u8> {
             }
         }
     }
-    w.buf
 }
 
 /// The fixed-width counters, in encoding order.
@@ -171,8 +217,15 @@ fn counter_fields(c: &PartitionCounters) -> [u64; 9] {
     ]
 }
 
+/// Decodes a partition value of formats 2 to 4 ([`encode_partitions`]).
 pub fn decode_partitions(buf: &[u8]) -> Result<Vec<PartitionState>, DecodeError> {
     let mut r = Reader::new(buf);
+    let out = read_partitions(&mut r)?;
+    r.done()?;
+    Ok(out)
+}
+
+fn read_partitions(r: &mut Reader) -> Result<Vec<PartitionState>, DecodeError> {
     let n = r.len(8)?;
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
@@ -209,7 +262,7 @@ pub fn decode_partitions(buf: &[u8]) -> Result<Vec<PartitionState>, DecodeError>
         p.counters = c;
         let nf = r.len(20)?;
         for _ in 0..nf {
-            let keyspace = get_keyspace_id(&mut r)?;
+            let keyspace = get_keyspace_id(r)?;
             let key = FeedKey { keyspace, worker: r.u64()?, dp_rank: r.u32()? };
             let epoch = r.u64()?;
             let flags = r.u8()?;
@@ -245,6 +298,5 @@ pub fn decode_partitions(buf: &[u8]) -> Result<Vec<PartitionState>, DecodeError>
         }
         out.push(p);
     }
-    r.done()?;
     Ok(out)
 }

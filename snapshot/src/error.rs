@@ -76,6 +76,25 @@ pub enum StoreError {
     Settings { id: u64, what: prefixlog_ingest::settings::SettingsError },
     #[error("opening a reader beside the store at {path}: {source}")]
     Reader { path: PathBuf, source: rocksdb::Error },
+    /// Nothing is written of a state that holds part of a record whose apply failed.
+    #[error("checkpoint withheld: {0} (the state may hold part of that record)")]
+    Withheld(prefixlog_ingest::ApplyFailure),
+    #[error("the checkpoint store at {path} is not writable now ({why}); retried on the next write")]
+    Unavailable { path: PathBuf, why: String },
+    #[error("the checkpoint store at {path} is damaged ({why}) and could not be moved aside: {source}")]
+    MoveAside { path: PathBuf, why: String, source: std::io::Error },
+}
+
+impl StoreError {
+    /// Whether this is the disk being full (counted apart: it resolves itself once space
+    /// returns, and says nothing about the data).
+    pub fn is_no_space(&self) -> bool {
+        match self {
+            StoreError::Db(e) => crate::handle::classify(e) == crate::handle::Failure::NoSpace,
+            StoreError::Unavailable { why, .. } => why.contains("No space left on device"),
+            _ => false,
+        }
+    }
 }
 
 pub(crate) fn damaged(id: u64, part: Part, damage: Damage) -> StoreError {

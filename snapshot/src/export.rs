@@ -10,9 +10,9 @@ use crate::meta::{
     FORMAT_VERSION,
 };
 use prefixlog_engine::{EngineConfig, Keyspace, KeyspaceDump, KeyspaceId};
-use prefixlog_ingest::{LogIdentity, PartitionState};
+use prefixlog_ingest::{DigestPoint, LogIdentity, PartitionState};
 
-const EXPORT_MAGIC: &[u8] = b"PREFIXLOG-CHECKPOINT-1\n";
+pub(crate) const EXPORT_MAGIC: &[u8] = b"PREFIXLOG-CHECKPOINT-1\n";
 
 /// One keyspace as an engine image (`Keyspace::write_image`): its in-memory layout, so a
 /// restore is bulk copies (`Keyspace::read_image`) rather than a rebuild node by node.
@@ -28,6 +28,8 @@ pub struct KeyspaceImage {
 pub struct Loaded {
     pub meta: CheckpointMeta,
     pub partitions: Vec<PartitionState>,
+    /// Each partition's recorded digest points (format 5 on; empty before).
+    pub points: Vec<Vec<DigestPoint>>,
     pub keyspaces: Vec<LoadedKeyspace>,
 }
 
@@ -74,7 +76,7 @@ pub(crate) fn decode_loaded(
     pbytes: &[u8],
     ks: Vec<Vec<u8>>,
 ) -> Result<Loaded, StoreError> {
-    let mut partitions = codec::decode_partitions(pbytes)?;
+    let (mut partitions, points) = codec::decode_partition_value(pbytes, meta.format)?;
     if partitions.len() != meta.offsets.len() {
         let damage = Damage::PartitionCount { meta: meta.offsets.len(), state: partitions.len() };
         return Err(damaged(meta.id, Part::PartitionState, damage));
@@ -94,7 +96,7 @@ pub(crate) fn decode_loaded(
         };
         keyspaces.push(LoadedKeyspace { id: e.id.clone(), holder_blocks: e.holder_blocks, state });
     }
-    Ok(Loaded { meta, partitions, keyspaces })
+    Ok(Loaded { meta, partitions, points, keyspaces })
 }
 
 pub(crate) fn pack_export(meta: &CheckpointMeta, pbytes: &[u8], ks: &[&[u8]]) -> Vec<u8> {
@@ -136,18 +138,16 @@ pub fn decode_export(data: &[u8]) -> Result<Loaded, StoreError> {
 /// An export of an in-memory state (a partition-filtered copy of a checkpoint): what
 /// [`CheckpointStore::export`] would give had it been written, with id 0.
 pub fn encode_export(identity: &LogIdentity, state: &Capture, created_unix_ms: u64) -> Vec<u8> {
-    let (pbytes, ks) = encode_parts(&state.partitions, &state.keyspaces);
+    let (pbytes, ks) = encode_parts(state);
     let covered = covered(&state.partitions, &state.digests);
     let meta = meta_of(0, FORMAT_VERSION, identity, covered, &pbytes, &ks, created_unix_ms);
     let ks: Vec<&[u8]> = ks.into_iter().map(|(_, b, _)| b).collect();
     pack_export(&meta, &pbytes, &ks)
 }
 
-pub(crate) fn encode_parts<'a>(
-    partitions: &[PartitionState],
-    keyspaces: &'a [KeyspaceImage],
-) -> (Vec<u8>, Vec<EncodedKeyspace<'a>>) {
-    let pbytes = codec::encode_partitions(partitions);
-    let ks = keyspaces.iter().map(|k| (k.id.clone(), k.bytes.as_slice(), k.holder_blocks)).collect();
+/// A capture's partition value (this build's format) and its keyspaces as stored.
+pub(crate) fn encode_parts(state: &Capture) -> (Vec<u8>, Vec<EncodedKeyspace<'_>>) {
+    let pbytes = codec::encode_partitions_and_points(&state.partitions, &state.points);
+    let ks = state.keyspaces.iter().map(|k| (k.id.clone(), k.bytes.as_slice(), k.holder_blocks)).collect();
     (pbytes, ks)
 }

@@ -13,6 +13,10 @@
 //! - [`checkpoint`]: capture from a running replica without stalling queries; restore an
 //!   applier with the checkpoint's settings; choose the newest usable; partition-filtered
 //!   exports.
+//! - [`handle`]: the RocksDB handle and what a replica's store does when its disk fails it
+//!   (read-only on a full disk, reopened after a failed write, moved aside when damaged).
+//! - [`stream`]: a stored checkpoint's export streamed in bounded pieces, verified on the way
+//!   ([`CheckpointStore::export_to`]: a peer's checkpoint transfer).
 //! - [`meta`]: [`CheckpointMeta`] (identity, offsets, log times, checksums) and its encoding.
 //! - [`export`]: a checkpoint as one verified byte string for transfer; [`Loaded`] and
 //!   [`KeyspaceImage`].
@@ -27,16 +31,21 @@ pub mod codec;
 pub mod dump_codec;
 pub mod error;
 pub mod export;
+pub mod handle;
 pub mod meta;
 mod pages;
 pub mod store;
+pub mod stream;
 
 pub use checkpoint::{
-    capture, checkpoint, export_partitions, newest_usable, restore, restore_for, Capture, RestoreError,
+    capture, capture_sound, checkpoint, export_partitions, newest_usable, restore, restore_for, Capture,
+    RestoreError,
 };
 pub use error::{Damage, Part, StoreError};
 pub use export::{
     decode_export, encode_export, KeyspaceImage, Loaded, LoadedKeyspace, StoredKeyspace, VerifiedImage,
 };
+pub use handle::Opened;
 pub use meta::{CheckpointMeta, KeyspaceEntry, FORMAT_VERSION, READABLE_FORMATS};
-pub use store::{CheckpointStore, Retention};
+pub use store::{CheckpointStore, Retention, StoreHealth};
+pub use stream::{ExportSink, Streamed};

@@ -14,12 +14,15 @@ use xxhash_rust::xxh3::xxh3_64;
 /// columnar dumps rebuilt node by node.
 /// 4: the meta carries each partition's record fingerprint (the record before its offset), so
 /// a restart tells this log from a recreated one that has grown past the checkpoint.
-pub const FORMAT_VERSION: u32 = 4;
+/// 5: the partition value also carries every partition's recorded digest points, so a restarted
+/// replica compares with its peers as far back as before the restart.
+pub const FORMAT_VERSION: u32 = 5;
 
-/// Formats this build restores: its own, and formats 2 and 3 (so that an upgraded replica
-/// restores its own and its peers' checkpoints rather than needing the whole log; theirs have
-/// no fingerprints, so only their offsets are checked against the log).
-pub const READABLE_FORMATS: [u32; 3] = [2, 3, FORMAT_VERSION];
+/// Formats this build restores: its own, and formats 2 to 4 (so that an upgraded replica
+/// restores its own and its peers' checkpoints rather than needing the whole log; formats 2
+/// and 3 have no fingerprints, so only their offsets are checked against the log; formats
+/// before 5 have no digest points, so anti-entropy starts comparing at the next point).
+pub const READABLE_FORMATS: [u32; 4] = [2, 3, 4, FORMAT_VERSION];
 
 /// Keyspace values are stored in chunks of at most this many bytes.
 pub(crate) const CHUNK: usize = 4 << 20;

@@ -20,13 +20,16 @@
 use crate::checkpoint::Capture;
 use crate::error::{damaged, verify, Damage, Part, StoreError};
 use crate::export::{decode_loaded, encode_parts, pack_export, unpack_export, Loaded};
+use crate::handle::{classify, move_aside, open_or_read_only, options, Failure, Handle, Mode, Opened};
 use crate::meta::{
     covered, decode_meta, encode_meta, keyspace_checksum_with, meta_of, CheckpointMeta, Covered,
     EncodedKeyspace, KeyspaceEntry, CHUNK, FORMAT_VERSION,
 };
+use parking_lot::{MappedRwLockReadGuard, RwLock, RwLockReadGuard};
 use prefixlog_ingest::LogIdentity;
 use rocksdb::{Options, ReadOptions, WriteBatch, WriteOptions, DB};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use xxhash_rust::xxh3::xxh3_64;
 
 /// Meta, encoded partition state and encoded keyspaces of one checkpoint.
@@ -47,12 +50,29 @@ impl Default for Retention {
     }
 }
 
+/// How a store is doing, for metrics and readiness of its checkpoints.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StoreHealth {
+    /// Checkpoints can be written now (false: read-only or unavailable until a reopen works).
+    pub writable: bool,
+    /// Times a damaged store directory was moved aside and a fresh store started.
+    pub quarantined: u64,
+    /// Times the store was reopened after a failed write.
+    pub reopened: u64,
+}
+
 pub struct CheckpointStore {
-    db: DB,
+    handle: RwLock<Handle>,
+    path: PathBuf,
+    /// A replica's store moves a store found damaged aside and starts afresh; a tool's store
+    /// returns the error.
+    quarantine_on_damage: bool,
     /// Held while a checkpoint is written: ids are chosen as newest + 1.
     write_lock: parking_lot::Mutex<()>,
     /// Set for a reader beside a live primary: its secondary directory (removed on drop).
     secondary: Option<PathBuf>,
+    quarantined: AtomicU64,
+    reopened: AtomicU64,
 }
 
 impl Drop for CheckpointStore {
@@ -63,13 +83,23 @@ impl Drop for CheckpointStore {
     }
 }
 
-fn key(tag: u8, id: u64) -> Vec<u8> {
+/// Reads of checkpoint values: RocksDB's block checksums off (every value is verified end to
+/// end against the checksums the meta records, and the meta carries its own), the block cache
+/// skipped (a checkpoint is read once).
+pub(crate) fn unverified() -> ReadOptions {
+    let mut o = ReadOptions::default();
+    o.fill_cache(false);
+    o.set_verify_checksums(false);
+    o
+}
+
+pub(crate) fn key(tag: u8, id: u64) -> Vec<u8> {
     let mut k = vec![tag];
     k.extend_from_slice(&id.to_be_bytes());
     k
 }
 
-fn chunk_key(id: u64, ks: u32, chunk: u32) -> Vec<u8> {
+pub(crate) fn chunk_key(id: u64, ks: u32, chunk: u32) -> Vec<u8> {
     let mut k = key(b'k', id);
     k.extend_from_slice(&ks.to_be_bytes());
     k.extend_from_slice(&chunk.to_be_bytes());
@@ -77,42 +107,183 @@ fn chunk_key(id: u64, ks: u32, chunk: u32) -> Vec<u8> {
 }
 
 impl CheckpointStore {
+    fn with_handle(path: &Path, handle: Handle, quarantine_on_damage: bool) -> Self {
+        Self {
+            handle: RwLock::new(handle),
+            path: path.to_path_buf(),
+            quarantine_on_damage,
+            write_lock: Default::default(),
+            secondary: None,
+            quarantined: AtomicU64::new(0),
+            reopened: AtomicU64::new(0),
+        }
+    }
+
     /// Opens a reader beside a store that a running replica may hold open and keep writing
     /// (audits, the `checkpoints` command): a RocksDB secondary instance in a private temporary
     /// directory, caught up with the primary once at open. It sees every checkpoint committed
     /// before the open; its open files keep them readable while the primary deletes old ones.
     pub fn open_reader(path: &Path) -> Result<Self, StoreError> {
-        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        static N: AtomicU64 = AtomicU64::new(0);
+        let n = N.fetch_add(1, Ordering::Relaxed);
         let secondary = std::env::temp_dir().join(format!("prefixlog-reader-{}-{n}", std::process::id()));
         let reader_err = |source| StoreError::Reader { path: path.to_path_buf(), source };
         let mut o = Options::default();
         // A secondary must keep every table file open: the primary deletes compacted files.
         o.set_max_open_files(-1);
         let db = DB::open_as_secondary(&o, path, &secondary).map_err(reader_err)?;
-        let store = Self { db, write_lock: Default::default(), secondary: Some(secondary) };
-        store.db.try_catch_up_with_primary().map_err(reader_err)?;
+        db.try_catch_up_with_primary().map_err(reader_err)?;
+        let mut store = Self::with_handle(path, Handle { db: Some(db), mode: Mode::Secondary }, false);
+        store.secondary = Some(secondary);
         Ok(store)
     }
 
+    /// Opens (or creates) a store read-write; any failure is returned (tools, tests).
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        let mut o = Options::default();
-        o.create_if_missing(true);
-        // No compression: an engine image is mostly hashes (LZ4 kept 80% of it) and
-        // decompressing it was an eighth of a restore (`perf` on `bench-restart`: read + verify
-        // 0.41 → 0.31 s at 16.7M holder-blocks). Tables LZ4 wrote before stay readable (RocksDB
-        // records the compression per block).
-        o.set_compression_type(rocksdb::DBCompressionType::None);
-        // Checkpoint values are large and written once: keep write amplification low.
-        o.set_target_file_size_base(64 << 20);
-        Ok(Self { db: DB::open(&o, path)?, write_lock: Default::default(), secondary: None })
+        let db = DB::open(&options(), path)?;
+        Ok(Self::with_handle(path, Handle { db: Some(db), mode: Mode::ReadWrite }, false))
     }
 
-    /// Checkpoint ids, newest first.
+    /// Opens a replica's store so that a disk problem never stops the replica from starting
+    /// (see [`crate::handle`]): read-only on a full disk, a damaged directory moved aside for a
+    /// fresh store. Fails only when another process holds the store or it may not be used.
+    pub fn open_for_replica(path: &Path) -> Result<(Self, Opened), StoreError> {
+        let (handle, opened) = match open_or_read_only(path) {
+            Ok(h) => {
+                let opened = match (&h.mode, &h.db) {
+                    (Mode::Reopen { why }, Some(_)) => Opened::ReadOnly { why: why.clone() },
+                    (Mode::Reopen { why }, None) => Opened::Unavailable { why: why.clone() },
+                    _ => Opened::Normally,
+                };
+                (h, opened)
+            }
+            Err((e, Failure::Refused)) => return Err(e.into()),
+            Err((e, _)) => {
+                let why = e.to_string();
+                let moved_to = move_aside(path).map_err(|source| StoreError::MoveAside {
+                    path: path.to_path_buf(),
+                    why: why.clone(),
+                    source,
+                })?;
+                let h = open_or_read_only(path).map_err(|(e, _)| e)?;
+                (h, Opened::Quarantined { moved_to, why })
+            }
+        };
+        let store = Self::with_handle(path, handle, true);
+        if matches!(opened, Opened::Quarantined { .. }) {
+            store.quarantined.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok((store, opened))
+    }
+
+    /// The open database, for reads.
+    pub(crate) fn db(&self) -> Result<MappedRwLockReadGuard<'_, DB>, StoreError> {
+        RwLockReadGuard::try_map(self.handle.read(), |h| h.db.as_ref()).map_err(|h| {
+            let why = match &h.mode {
+                Mode::Reopen { why } => why.clone(),
+                _ => "not open".into(),
+            };
+            StoreError::Unavailable { path: self.path.clone(), why }
+        })
+    }
+
+    pub fn health(&self) -> StoreHealth {
+        StoreHealth {
+            writable: self.handle.read().mode == Mode::ReadWrite,
+            quarantined: self.quarantined.load(Ordering::Relaxed),
+            reopened: self.reopened.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Makes the store writable before a write: reopens it when a write failed or the disk
+    /// was full, or moves it aside when it turns out damaged. The caller holds `write_lock`.
+    fn ready_to_write(&self) -> Result<(), StoreError> {
+        let mut h = self.handle.write();
+        match &h.mode {
+            Mode::ReadWrite => return Ok(()),
+            Mode::Secondary => {
+                return Err(StoreError::Unavailable { path: self.path.clone(), why: "a reader".into() })
+            }
+            Mode::Reopen { .. } => {}
+        }
+        h.db = None; // RocksDB allows one open handle per directory: close before reopening
+        match open_or_read_only(&self.path) {
+            Ok(fresh) => *h = fresh,
+            Err((e, Failure::Damaged)) if self.quarantine_on_damage => {
+                drop(h);
+                return self.quarantine(e.as_ref());
+            }
+            Err((e, _)) => {
+                h.mode = Mode::Reopen { why: e.to_string() };
+                return Err(e.into());
+            }
+        }
+        match &h.mode {
+            Mode::ReadWrite => {
+                self.reopened.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(path = %self.path.display(), "checkpoint store reopened; writable again");
+                Ok(())
+            }
+            Mode::Reopen { why } => {
+                Err(StoreError::Unavailable { path: self.path.clone(), why: why.clone() })
+            }
+            Mode::Secondary => unreachable!("reopened read-write or read-only"),
+        }
+    }
+
+    /// Moves this store's directory aside (kept for forensics) and starts a fresh store there.
+    fn quarantine(&self, why: &str) -> Result<(), StoreError> {
+        let mut h = self.handle.write();
+        h.db = None;
+        let moved_to = match move_aside(&self.path) {
+            Ok(to) => to,
+            Err(source) => {
+                h.mode = Mode::Reopen { why: why.to_string() };
+                return Err(StoreError::MoveAside { path: self.path.clone(), why: why.to_string(), source });
+            }
+        };
+        self.quarantined.fetch_add(1, Ordering::Relaxed);
+        tracing::error!(
+            path = %self.path.display(),
+            moved_to = %moved_to.display(),
+            error = why,
+            "the checkpoint store is damaged: moved aside (kept for forensics: inspect, then delete it) \
+             and a fresh store started in its place; older checkpoints in it are no longer used"
+        );
+        match open_or_read_only(&self.path) {
+            Ok(fresh) => *h = fresh,
+            Err((e, _)) => {
+                h.mode = Mode::Reopen { why: e.to_string() };
+                return Err(e.into());
+            }
+        }
+        Ok(())
+    }
+
+    /// After a failed write or flush: a damaged store is moved aside now; otherwise (a full
+    /// disk, an I/O error) RocksDB refuses further writes until reopened, so the next write
+    /// reopens it.
+    fn write_failed(&self, e: &rocksdb::Error) {
+        if classify(e) == Failure::Damaged && self.quarantine_on_damage {
+            if let Err(q) = self.quarantine(e.as_ref()) {
+                tracing::error!(error = %q, "moving the damaged checkpoint store aside failed");
+            }
+            return;
+        }
+        let mut h = self.handle.write();
+        if h.mode == Mode::ReadWrite {
+            h.mode = Mode::Reopen { why: e.to_string() };
+        }
+    }
+
+    /// Checkpoint ids, newest first (none when the store cannot be read). Read without
+    /// RocksDB's block checksums, like every value here (each carries its own): a flipped byte
+    /// in a table block that also holds a large keyspace value must fail that checkpoint's
+    /// verification, not end the listing and hide the older checkpoints in healthy files.
     pub fn ids(&self) -> Vec<u64> {
-        let mut ids: Vec<u64> = self
-            .db
-            .prefix_iterator(b"i")
+        let Ok(db) = self.db() else { return Vec::new() };
+        let mut ids: Vec<u64> = db
+            .iterator_opt(rocksdb::IteratorMode::From(b"i", rocksdb::Direction::Forward), unverified())
             .filter_map(|kv| kv.ok())
             .take_while(|(k, _)| k.first() == Some(&b'i'))
             .filter_map(|(k, _)| k.get(1..9).map(|b| u64::from_be_bytes(b.try_into().expect("8 bytes"))))
@@ -129,7 +300,7 @@ impl CheckpointStore {
         state: &Capture,
         created_unix_ms: u64,
     ) -> Result<CheckpointMeta, StoreError> {
-        let (pbytes, ks) = encode_parts(&state.partitions, &state.keyspaces);
+        let (pbytes, ks) = encode_parts(state);
         let covered = covered(&state.partitions, &state.digests);
         self.write_encoded(FORMAT_VERSION, identity, covered, &pbytes, &ks, created_unix_ms)
     }
@@ -151,6 +322,20 @@ impl CheckpointStore {
         self.write_encoded(2, identity, covered(partitions, digests), &pbytes, &ks, 0)
     }
 
+    /// Writes a format-4 checkpoint (images, no digest points), as the previous release did:
+    /// for the upgrade test only.
+    #[doc(hidden)]
+    pub fn write_format4_for_test(
+        &self,
+        identity: &LogIdentity,
+        state: &Capture,
+    ) -> Result<CheckpointMeta, StoreError> {
+        let pbytes = crate::codec::encode_partitions(&state.partitions);
+        let ks: Vec<EncodedKeyspace> =
+            state.keyspaces.iter().map(|k| (k.id.clone(), k.bytes.as_slice(), k.holder_blocks)).collect();
+        self.write_encoded(4, identity, covered(&state.partitions, &state.digests), &pbytes, &ks, 0)
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn write_encoded(
         &self,
@@ -162,6 +347,7 @@ impl CheckpointStore {
         created_unix_ms: u64,
     ) -> Result<CheckpointMeta, StoreError> {
         let _writing = self.write_lock.lock();
+        self.ready_to_write()?;
         let id = self.ids().first().map_or(1, |i| i + 1);
         let meta = meta_of(id, format, identity, covered, pbytes, keyspaces, created_unix_ms);
         let mut batch = WriteBatch::default();
@@ -174,21 +360,28 @@ impl CheckpointStore {
         batch.put(key(b'i', id), encode_meta(&meta));
         let mut wo = WriteOptions::default();
         wo.set_sync(true);
-        self.db.write_opt(batch, &wo)?;
+        let db = self.db()?;
+        if let Err(e) = db.write_opt(batch, &wo) {
+            drop(db);
+            self.write_failed(&e);
+            return Err(e.into());
+        }
         // Move the checkpoint from the write-ahead log into a table file now: otherwise the
         // next open replays it from the WAL (measured: 2.7 s of a 6.6 s restart for 11.5M
         // holder-blocks). Atomicity and durability came from the synced batch above; a crash
         // during the flush leaves the WAL, which still holds the whole batch. So a failed flush
         // is not a failed checkpoint: the checkpoint is committed (and the next open replays it).
-        if let Err(e) = self.db.flush() {
+        if let Err(e) = db.flush() {
+            drop(db);
             tracing::warn!(checkpoint = id, error = %e, "flushing a written checkpoint failed; the next open replays it from the WAL");
+            self.write_failed(&e);
         }
         Ok(meta)
     }
 
     /// The meta of a checkpoint (its own checksum verified; contents not read).
     pub fn meta(&self, id: u64) -> Result<CheckpointMeta, StoreError> {
-        let v = self.db.get(key(b'i', id))?.ok_or(StoreError::NoSuchCheckpoint(id))?;
+        let v = self.db()?.get_opt(key(b'i', id), &unverified())?.ok_or(StoreError::NoSuchCheckpoint(id))?;
         decode_meta(id, &v)
     }
 
@@ -218,8 +411,8 @@ impl CheckpointStore {
     fn raw(&self, id: u64) -> Result<RawCheckpoint, StoreError> {
         let meta = self.meta(id)?;
         let pbytes = self
-            .db
-            .get(key(b'p', id))?
+            .db()?
+            .get_opt(key(b'p', id), &unverified())?
             .ok_or_else(|| damaged(id, Part::PartitionState, Damage::Missing { chunk: None }))?;
         verify(id, Part::PartitionState, &pbytes, meta.partitions_len, meta.partitions_checksum)?;
         let mut out = Vec::with_capacity(meta.keyspaces.len());
@@ -248,6 +441,8 @@ impl CheckpointStore {
         }
         // Zeroed by the allocator as fresh pages (no pass of its own); each is written once.
         let mut bytes = vec![0u8; len];
+        let db = self.db()?;
+        let db: &DB = &db;
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 4);
         let mut lanes: Vec<Vec<(u32, &mut [u8])>> = (0..threads).map(|_| Vec::new()).collect();
         for (ci, dst) in bytes.chunks_mut(CHUNK).enumerate() {
@@ -255,12 +450,9 @@ impl CheckpointStore {
         }
         let read = |lane: Vec<(u32, &mut [u8])>| -> Result<Vec<(u32, u64)>, StoreError> {
             let mut sums = Vec::with_capacity(lane.len());
-            let mut once = ReadOptions::default();
-            once.fill_cache(false);
-            once.set_verify_checksums(false);
+            let once = unverified();
             for (ci, dst) in lane {
-                let c = self
-                    .db
+                let c = db
                     .get_pinned_opt(chunk_key(id, ki, ci), &once)?
                     .ok_or_else(|| damaged(id, part(), Damage::Missing { chunk: Some(ci) }))?;
                 if c.len() != dst.len() {
@@ -321,8 +513,13 @@ impl CheckpointStore {
         b.delete(key(b'i', id));
         b.delete(key(b'p', id));
         b.delete_range(key(b'k', id), key(b'k', id + 1));
-        self.db.write(b)?;
-        self.db.compact_range(Some(key(b'k', id)), Some(key(b'k', id + 1)));
+        let db = self.db()?;
+        if let Err(e) = db.write(b) {
+            drop(db);
+            self.write_failed(&e);
+            return Err(e.into());
+        }
+        db.compact_range(Some(key(b'k', id)), Some(key(b'k', id + 1)));
         Ok(())
     }
 
@@ -330,7 +527,8 @@ impl CheckpointStore {
     #[cfg(any(test, feature = "testing"))]
     pub fn corrupt_for_test(&self, id: u64, truncate: bool) -> Result<(), StoreError> {
         let k = chunk_key(id, 0, 0);
-        if let Some(mut v) = self.db.get(&k)? {
+        let db = self.db()?;
+        if let Some(mut v) = db.get(&k)? {
             if truncate {
                 v.truncate(v.len() / 2);
             } else {
@@ -339,7 +537,7 @@ impl CheckpointStore {
                     *b ^= 0x5a;
                 }
             }
-            self.db.put(&k, v)?;
+            db.put(&k, v)?;
         }
         Ok(())
     }

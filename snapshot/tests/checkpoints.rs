@@ -5,7 +5,8 @@ use prefixlog_engine::{partition_of, EngineConfig, HolderKey, KeyspaceId, MatchO
 use prefixlog_ingest::record::{encode_kv_events, encode_placement};
 use prefixlog_ingest::{Applier, KvOp, LogIdentity, PartitionState, StateSettings};
 use prefixlog_snapshot::{
-    checkpoint, codec, decode_export, export_partitions, newest_usable, restore, CheckpointStore, Retention,
+    checkpoint, codec, decode_export, export_partitions, newest_usable, restore, Capture, CheckpointStore,
+    ExportSink, Retention, Streamed,
 };
 use prefixlog_workload::{generate, FleetConfig, Step, TraceRequest};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -330,4 +331,112 @@ fn format_2_checkpoints_still_restore_after_an_upgrade() {
     assert_eq!(new.format, prefixlog_snapshot::FORMAT_VERSION);
     let loaded = store.load(new.id).unwrap();
     assert!(matches!(loaded.keyspaces[0].state, prefixlog_snapshot::StoredKeyspace::Image(_)));
+}
+
+fn points(a: &Applier) -> Vec<Vec<prefixlog_ingest::DigestPoint>> {
+    a.all_digest_points()
+}
+
+/// Format 5 keeps every partition's digest points, so anti-entropy compares as far back after a
+/// restart as before it (and a peer bootstrapped from the checkpoint too); format-4 checkpoints
+/// (no points) still restore, with none.
+#[test]
+fn digest_points_survive_a_checkpoint_and_format_4_still_restores() {
+    let log = log();
+    let dir = tempfile::tempdir().unwrap();
+    let store = CheckpointStore::open(dir.path()).unwrap();
+    let mut live = Applier::new(P, StateSettings { digest_interval: 7, ..settings() });
+    let id4 = {
+        apply_all(&mut live, &log[..100]);
+        let ids = identity();
+        let id = LogIdentity { settings: *live.settings(), ..ids };
+        store.write_format4_for_test(&id, &Capture::of(&live)).unwrap().id
+    };
+    apply_all(&mut live, &log[100..]);
+    let ident = LogIdentity { settings: *live.settings(), ..identity() };
+    let meta = store.write(&ident, &Capture::of(&live), 0).unwrap();
+    assert_eq!(meta.format, 5);
+    assert!(points(&live).iter().map(Vec::len).sum::<usize>() > 40, "points to keep");
+    let restored = restore(&store.load(meta.id).unwrap()).unwrap();
+    assert_eq!(points(&restored), points(&live), "every point, in order");
+    // Through an export (a peer's bootstrap), and a partition-filtered one.
+    let moved = restore(&decode_export(&store.export(meta.id).unwrap()).unwrap()).unwrap();
+    assert_eq!(points(&moved), points(&live));
+    let one = restore(&decode_export(&export_partitions(&store, meta.id, &[2]).unwrap()).unwrap()).unwrap();
+    assert_eq!(one.digest_points(2).collect::<Vec<_>>(), live.digest_points(2).collect::<Vec<_>>());
+    assert_eq!(one.digest_points(1).count(), 0, "only the exported partition's");
+    // The previous format: restores, without points; the state is the same.
+    let old = store.load(id4).unwrap();
+    assert_eq!(old.meta.format, 4);
+    let mut from4 = restore(&old).unwrap();
+    assert!(points(&from4).iter().all(Vec::is_empty));
+    apply_all(&mut from4, &log[100..]);
+    assert_eq!(digests(&from4), digests(&live), "and evolves like the live state");
+}
+
+/// What a peer's transfer sends ([`CheckpointStore::export_to`]): the export byte for byte, in
+/// pieces of at most one stored chunk; a damaged chunk ends it with an error before its end.
+#[test]
+fn a_streamed_export_is_the_export_in_bounded_pieces_and_stops_at_damage() {
+    struct Collect {
+        total: u64,
+        data: Vec<u8>,
+        largest: usize,
+        stop_after: Option<usize>,
+        pieces: usize,
+    }
+    impl ExportSink for Collect {
+        fn begin(&mut self, _id: u64, total: u64) -> bool {
+            self.total = total;
+            true
+        }
+        fn write(&mut self, piece: &[u8]) -> bool {
+            self.largest = self.largest.max(piece.len());
+            self.data.extend_from_slice(piece);
+            self.pieces += 1;
+            self.stop_after.is_none_or(|n| self.pieces < n)
+        }
+    }
+    let sink = |stop_after| Collect { total: 0, data: Vec::new(), largest: 0, stop_after, pieces: 0 };
+    let dir = tempfile::tempdir().unwrap();
+    let store = CheckpointStore::open(dir.path()).unwrap();
+    // A keyspace of several 4 MiB chunks.
+    let mut a = applier();
+    let ks = ks();
+    for w in 0..48u64 {
+        for r in 0..4u64 {
+            let blocks: Vec<(u64, u64)> =
+                (0..1000).map(|j| (w << 40 | r << 20 | j, w << 32 | r << 16 | j)).collect();
+            let parent = (r > 0).then(|| w << 40 | (r - 1) << 20 | 999);
+            let v = encode_kv_events(
+                &ks,
+                w,
+                0,
+                1,
+                r + 1,
+                false,
+                &[KvOp::Stored { lane: 0, parent_ext: parent, blocks }],
+            );
+            let p = partition_of(w, P);
+            let off = a.partition(p).next_offset;
+            a.apply(p, off, 1_000, Some(&v)).unwrap();
+        }
+    }
+    let ident = LogIdentity { settings: *a.settings(), ..identity() };
+    let meta = store.write(&ident, &Capture::of(&a), 0).unwrap();
+    assert!(meta.keyspaces[0].chunks >= 2, "{:?}", meta.keyspaces);
+    let mut s = sink(None);
+    assert_eq!(store.export_to(meta.id, &mut s).unwrap(), Streamed::Complete { bytes: s.total });
+    assert_eq!(s.data, store.export(meta.id).unwrap());
+    assert_eq!(s.total as usize, s.data.len());
+    assert!(s.largest <= 4 << 20, "pieces of at most one stored chunk: {}", s.largest);
+    // The receiver leaves: the stream stops.
+    let mut s = sink(Some(3));
+    assert_eq!(store.export_to(meta.id, &mut s).unwrap(), Streamed::Stopped);
+    // A damaged chunk: an error, and the stream never reached its end.
+    store.corrupt_for_test(meta.id, false).unwrap();
+    let mut s = sink(None);
+    let e = store.export_to(meta.id, &mut s).expect_err("damage is found on the way");
+    assert!(e.to_string().contains("checksum"), "{e}");
+    assert!((s.data.len() as u64) < s.total);
 }

@@ -13,9 +13,17 @@
 //! nothing is silently skipped. Unset, every backend that is available runs and the others are
 //! reported as `NOT RUN (reason)` — e.g. testcontainers without a Docker engine, which fails
 //! within milliseconds. Tests run their body once per backend and print which ran.
+//!
+//! Module map: [`http`] (a GET against an admin port, metric samples), [`replicas`] (replicas
+//! started the one way), [`raw_produce`] (hand-built record batches: transaction markers).
+//! [`secured::SecuredKafka`] is a broker as production runs it (SASL/SCRAM over TLS, tansu behind
+//! a TLS terminator) for the tests of each component's secured connection.
 
+pub mod flood;
 pub mod http;
+pub mod raw_produce;
 pub mod replicas;
+pub mod secured;
 
 use prefixlog_ingest::EmbeddedKafka;
 use rdkafka::config::ClientConfig;
@@ -39,6 +47,11 @@ pub struct KafkaBackend {
 }
 
 impl KafkaBackend {
+    /// The embedded broker, when this is that backend (it can be taken down and brought back).
+    pub fn embedded(&self) -> Option<&EmbeddedKafka> {
+        self.embedded.as_ref()
+    }
+
     /// Creates a topic (the mock cluster has no admin API; real brokers use it).
     pub async fn create_topic(&self, topic: &str, partitions: u32) -> anyhow::Result<()> {
         if let Some(e) = &self.embedded {

@@ -6,11 +6,16 @@
 //! broker as unreachable; a publish made during the outage neither fails nor is lost — it stays
 //! pending (back-pressure) and is acknowledged once the broker is back; afterwards the replica
 //! resumes where it was and reaches the same digests as a replica that never saw the outage,
-//! with every acknowledged record applied exactly once.
+//! with every acknowledged record applied exactly once. Answers without a consistency token say
+//! `stale` once the broker has been silent longer than `--stale-after` (the replica stays
+//! ready), and fresh again once it is back (issue 34 item 8).
 
 use prefixlog_engine::{KeyspaceId, MatchOptions};
 use prefixlog_ingest::{token_of, KvOp, Landed, LogSpec, Publisher};
-use prefixlog_node::ReplicaNode;
+use prefixlog_node::{NodeOptions, ReplicaNode};
+use prefixlog_proto::v1::{
+    match_request::Prompt, prefix_index_client::PrefixIndexClient, BlockHashes, MatchRequest,
+};
 use prefixlog_tests::replicas;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::Ordering;
@@ -51,6 +56,25 @@ async fn replica(spec: &LogSpec, id: &str) -> ReplicaNode {
     replicas::replica(spec, id).await
 }
 
+/// Whether a token-less answer of `node` says stale.
+async fn answers_stale(node: &ReplicaNode) -> bool {
+    let req = MatchRequest {
+        keyspace: Some(prefixlog_proto::v1::Keyspace { model: "m".into(), block_size: 16, hash_scheme: 1 }),
+        prompt: Some(Prompt::Hashes(BlockHashes { local: vec![1] })),
+        ..Default::default()
+    };
+    let mut c = PrefixIndexClient::connect(node.endpoint()).await.unwrap();
+    c.r#match(req).await.unwrap().into_inner().stale
+}
+
+async fn until_stale(node: &ReplicaNode, want: bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while answers_stale(node).await != want {
+        assert!(Instant::now() < deadline, "token-less answers never said stale = {want}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 fn batch(w: u64, seq: u64) -> Vec<KvOp> {
     let blocks: Vec<(u64, u64)> = (0..3).map(|j| (w << 32 | seq << 8 | j, 1 + j + seq * 10)).collect();
     vec![KvOp::Stored { lane: 0, parent_ext: None, blocks }]
@@ -89,7 +113,8 @@ async fn replicas_survive_a_broker_outage() {
     let spec = replicas::spec(&brokers, TOPIC, P);
     prefixlog_ingest::create_topic(&spec.kafka, TOPIC, P, &[]).await.unwrap();
     let publisher = Publisher::new(&spec).unwrap();
-    let a = replica(&spec, "a").await;
+    let opts = NodeOptions { stale_after: Duration::from_secs(2), ..replicas::options("a") };
+    let a = ReplicaNode::start(spec.clone(), opts).await.unwrap();
     let mut seqs = vec![0u64; 6];
     let mut acked = publish_phase(&publisher, &mut seqs).await;
     assert!(a.status().wait_for(&token(&acked), Duration::from_secs(30)).await);
@@ -107,6 +132,8 @@ async fn replicas_survive_a_broker_outage() {
     }
     let during = a.applier().lock().engine().match_chain(&ks(), &q, &MatchOptions::default()).unwrap();
     assert_eq!(during, before, "queries keep answering from the current state");
+    until_stale(&a, true).await;
+    assert!(a.ready().0, "a broker outage alone does not make the replica not ready");
     seqs[0] += 1;
     let s = seqs[0];
     let pending = {
@@ -127,6 +154,7 @@ async fn replicas_survive_a_broker_outage() {
     );
     acked.extend(publish_phase(&publisher, &mut seqs).await);
     assert!(a.status().wait_for(&token(&acked), Duration::from_secs(60)).await, "the replica resumed");
+    until_stale(&a, false).await;
 
     // A replica that never saw the outage reaches the same state; every acknowledged record was
     // applied exactly once.

@@ -296,7 +296,7 @@ async fn scores_read_your_writes_and_statuses() {
         assert_eq!(code, 200);
         for metric in [
             "prefixlog_query_latency_seconds_count",
-            "prefixlog_queries_total{code=\"InvalidArgument\",shard=\"all\"}",
+            "prefixlog_queries_total{code=\"INVALID_ARGUMENT\",shard=\"all\"}",
             "prefixlog_partition_lag{partition=\"0\",shard=\"all\"}",
             "prefixlog_records_applied_total{shard=\"all\"}",
             "prefixlog_keyspaces{shard=\"all\"} 2",

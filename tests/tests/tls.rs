@@ -112,7 +112,8 @@ async fn mtls_requires_a_client_certificate_from_the_ca() {
 
 /// Mutual TLS on the peer port: a replica bootstraps from a peer and compares digests with it
 /// over TLS; a replica without the peer certificate is refused (reported unreachable, never a
-/// divergence).
+/// divergence), and so is a checkpoint transfer to a client with no certificate or one of
+/// another CA, and a bootstrap without the certificate.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn peer_port_over_mutual_tls() {
     use prefixlog_engine::KeyspaceId;
@@ -176,7 +177,28 @@ async fn peer_port_over_mutual_tls() {
     // Without the peer certificate: refused by the peer port.
     let dc = tempfile::tempdir().unwrap();
     let oc = NodeOptions { peer_tls: None, peers: vec![format!("https://{peer}")], ..opts("c", dc.path()) };
-    let c = ReplicaNode::start(spec, oc).await.unwrap();
+    let c = ReplicaNode::start(spec.clone(), oc).await.unwrap();
     let r = c.anti_entropy_round().await.unwrap();
     assert_eq!((r.compared, r.unreachable.len()), (0, 1), "{r:?}");
+    // The checkpoint stream (the whole index) is refused to a client that trusts the CA but
+    // presents no certificate, or one signed by another CA; given to a replica's certificate.
+    use prefixlog_peer::PeerClient;
+    use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+    let trusting =
+        ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem("ca.pem"))).domain_name("localhost");
+    let foreign = trusting.clone().identity(Identity::from_pem(pem("other-peer.pem"), pem("other-peer.key")));
+    for (who, tls) in [("no certificate", trusting), ("another CA's certificate", foreign)] {
+        let e = PeerClient::with_tls(Some(tls)).fetch_export(&peer, &[]).await;
+        assert!(e.is_err(), "{who}: the checkpoint must be refused");
+    }
+    let whole = PeerClient::with_tls(Some(tls.client())).fetch_export(&peer, &[]).await.unwrap();
+    assert!(!whole.is_empty());
+    // A replica without the certificate cannot bootstrap from the peer either.
+    let dd = tempfile::tempdir().unwrap();
+    let od = NodeOptions {
+        peer_tls: None,
+        bootstrap_from: Some(format!("https://{peer}")),
+        ..opts("d", dd.path())
+    };
+    assert!(ReplicaNode::start(spec, od).await.is_err(), "no bootstrap without the peer certificate");
 }

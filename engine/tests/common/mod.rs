@@ -103,6 +103,11 @@ impl RefModel {
             self.stats.stores_rejected += 1;
             return false;
         }
+        // A holder that holds nothing cannot hold the parent: refused, nothing is created.
+        if parent_ext.is_some() && !self.holders.contains_key(&key) {
+            self.stats.stores_rejected += 1;
+            return false;
+        }
         let h = self.holders.entry(key).or_default();
         h.last_time = h.last_time.max(t);
         if !h.fed {
@@ -221,11 +226,21 @@ impl RefModel {
         }
         h.records.push_back((stamp, paths, t));
         self.after_write(key);
+        // A placement longer than the capacity can evict itself: an inferred holder with
+        // nothing left is forgotten at once.
+        self.gc(key);
         true
     }
 
-    pub fn expire(&mut self, now: LogTime) {
-        let keys: Vec<HolderKey> = self.holders.iter().filter(|(_, h)| !h.fed).map(|(k, _)| *k).collect();
+    /// Expires the inferred holders of log partition `p` and forgets those left empty.
+    pub fn expire(&mut self, now: LogTime, p: u32) {
+        let parts = self.cfg.partitions;
+        let keys: Vec<HolderKey> = self
+            .holders
+            .iter()
+            .filter(|(k, h)| !h.fed && partition_of(k.worker, parts) == p)
+            .map(|(k, _)| *k)
+            .collect();
         for k in keys {
             self.expire_holder(k, now);
             self.gc(k);

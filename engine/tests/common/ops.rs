@@ -31,8 +31,10 @@ pub enum Op {
         locals: Vec<u64>,
         t: u64,
     },
+    /// Expiry of one log partition's holders at log time `t`.
     Expire {
         t: u64,
+        partition: u32,
     },
     SetGapped {
         key: HolderKey,
@@ -62,7 +64,7 @@ pub fn apply_model(model: &mut RefModel, op: &Op) -> Option<bool> {
         Op::Clear { key, t } => model.clear(*key, *t),
         Op::DropWorker { worker } => model.drop_worker(*worker),
         Op::Place { key, locals, t } => return Some(model.place(*key, locals, *t)),
-        Op::Expire { t } => model.expire(*t),
+        Op::Expire { t, partition } => model.expire(*t, *partition),
         Op::SetGapped { key, gapped } => model.set_gapped(*key, *gapped),
         Op::SetPartitionGapped { partition } => model.set_partition_gapped(*partition),
         Op::Rebuild | Op::Image => {}
@@ -86,8 +88,8 @@ pub fn apply_engine(ks: &mut Keyspace, cfg: &EngineConfig, op: &Op) -> Result<Op
         Op::Place { key, locals, t } => {
             return Ok(Some(ks.place(*key, locals, *t) != PlaceOutcome::IgnoredFed))
         }
-        Op::Expire { t } => {
-            ks.expire(*t, |_| true);
+        Op::Expire { t, partition } => {
+            ks.expire(*t, *partition);
         }
         Op::SetGapped { key, gapped } => ks.set_gapped(*key, *gapped),
         Op::SetPartitionGapped { partition } => ks.set_partition_gapped(*partition),
@@ -141,7 +143,7 @@ fn op_rust(op: &Op) -> String {
         Op::Place { key: k, locals, t } => {
             format!("Op::Place {{ key: {}, locals: vec!{locals:?}, t: {t} }}", key(k))
         }
-        Op::Expire { t } => format!("Op::Expire {{ t: {t} }}"),
+        Op::Expire { t, partition } => format!("Op::Expire {{ t: {t}, partition: {partition} }}"),
         Op::SetGapped { key: k, gapped } => format!("Op::SetGapped {{ key: {}, gapped: {gapped} }}", key(k)),
         Op::SetPartitionGapped { partition } => {
             format!("Op::SetPartitionGapped {{ partition: {partition} }}")

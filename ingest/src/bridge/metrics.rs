@@ -1,8 +1,8 @@
 //! The bridge's metrics: plain atomic counters and a publish-latency histogram per engine
 //! stream ([`BridgeMetrics`]); [`BridgeMetrics::snapshot`] reads the counters at once (the
 //! bridge logs that periodically), and [`BridgeCollector`] exports every stream's metrics to a
-//! Prometheus registry as `prefixlog_bridge_<counter>_total{worker,endpoint}` and
-//! `prefixlog_bridge_publish_latency_seconds{worker,endpoint}`.
+//! Prometheus registry as `prefixlog_bridge_<family>_total{worker,endpoint[,reason|outcome]}`
+//! (the families: [`EXPORTED`]) and `prefixlog_bridge_publish_latency_seconds{worker,endpoint}`.
 
 use parking_lot::Mutex;
 use prometheus::core::{Collector, Desc};
@@ -206,6 +206,69 @@ impl BridgeMetrics {
     }
 }
 
+/// (snapshot name, family, the `(label, value)` it stands for in the family, if any).
+type ExportedAs = (&'static str, &'static str, Option<(&'static str, &'static str)>);
+
+/// How each counter of [`BridgeMetrics::snapshot`] is exported: its family (between
+/// `prefixlog_bridge_` and `_total`) and, for families that split one measurement, the
+/// `reason` or `outcome` label value it stands for. One measurement is one family, so
+/// `sum by (reason)` and `sum without (reason)` mean something.
+const EXPORTED: [ExportedAs; 24] = [
+    ("messages_received", "messages_received", None),
+    ("messages_undecodable", "messages_skipped", Some(("reason", "undecodable"))),
+    ("messages_duplicate", "messages_skipped", Some(("reason", "duplicate"))),
+    ("events_received", "events_received", None),
+    ("events_published", "events_published", None),
+    ("events_unknown_type", "events_refused", Some(("reason", "unknown_type"))),
+    ("fields_ignored", "fields_ignored", None),
+    ("refused_token_count", "events_refused", Some(("reason", "token_count"))),
+    ("refused_tokens", "events_refused", Some(("reason", "tokens"))),
+    ("refused_unknown_parent", "events_refused", Some(("reason", "unknown_parent"))),
+    ("refused_medium", "events_refused", Some(("reason", "medium"))),
+    ("refused_malformed", "events_refused", Some(("reason", "malformed"))),
+    ("refused_namespaced", "events_refused", Some(("reason", "namespaced"))),
+    ("gaps", "gaps", None),
+    ("gaps_published", "gaps_published", None),
+    ("replays_ok", "replays", Some(("outcome", "ok"))),
+    ("replays_failed", "replays", Some(("outcome", "failed"))),
+    ("replayed_batches", "replayed_batches", None),
+    ("epochs", "epochs", None),
+    ("reconnects", "reconnects", None),
+    ("batches_published", "batches", Some(("outcome", "published"))),
+    ("batches_oversized", "batches_oversized", None),
+    ("batches_feed_taken", "batches", Some(("outcome", "feed_taken"))),
+    ("publish_errors", "batches", Some(("outcome", "publish_failed"))),
+];
+
+/// The help text of each exported family.
+fn help(family: &str) -> &'static str {
+    match family {
+        "messages_received" => "ZeroMQ messages received from the engine (live and replayed)",
+        "messages_skipped" => {
+            "Messages not translated, by reason: undecodable (bad frames or payload; a payload's \
+             loss is published as a gap) or duplicate"
+        }
+        "events_received" => "Events inside decoded batches",
+        "events_published" => "Events translated and acknowledged by the broker",
+        "events_refused" => {
+            "Events not indexed, by reason (unknown_type: an event type this build does not know)"
+        }
+        "fields_ignored" => "Unknown batch and event fields ignored",
+        "gaps" => "Sequence gaps detected in the engine's stream",
+        "gaps_published" => "Records published with gap_before (replicas mark the holder gapped)",
+        "replays" => "Replay requests to the engine's replay socket, by outcome",
+        "replayed_batches" => "Messages recovered through replay",
+        "epochs" => "New epochs started (engine restarts)",
+        "reconnects" => "Re-subscriptions to the engine (idle or failed subscriber)",
+        "batches" => {
+            "Records by outcome: published (acknowledged), publish_failed, feed_taken (another \
+             stream of this bridge writes the feed; not published)"
+        }
+        "batches_oversized" => "Published records over the replicas' default per-record block limit",
+        _ => "prefixlog bridge counter",
+    }
+}
+
 /// Exports every running engine stream's metrics (register one per process; the bridge adds
 /// streams as it starts them).
 #[derive(Default)]
@@ -223,18 +286,19 @@ impl BridgeCollector {
         registry.register(Box::new(Exported(self.clone())))
     }
 
-    fn counters() -> Vec<prometheus::IntCounterVec> {
-        BridgeMetrics::default()
-            .snapshot()
-            .into_iter()
-            .map(|(name, _)| {
-                let opts = prometheus::Opts::new(
-                    format!("prefixlog_bridge_{name}_total"),
-                    format!("Bridge: {}", name.replace('_', " ")),
-                );
-                prometheus::IntCounterVec::new(opts, &["worker", "endpoint"]).expect("valid metric")
-            })
-            .collect()
+    /// One counter family per distinct family name of [`EXPORTED`], in its order.
+    fn counters() -> Vec<(&'static str, prometheus::IntCounterVec)> {
+        let mut out: Vec<(&'static str, prometheus::IntCounterVec)> = Vec::new();
+        for (_, family, label) in EXPORTED {
+            if out.iter().any(|(f, _)| *f == family) {
+                continue;
+            }
+            let opts = prometheus::Opts::new(format!("prefixlog_bridge_{family}_total"), help(family));
+            let mut labels = vec!["worker", "endpoint"];
+            labels.extend(label.map(|(name, _)| name));
+            out.push((family, prometheus::IntCounterVec::new(opts, &labels).expect("valid metric")));
+        }
+        out
     }
 
     fn latency_desc() -> prometheus::HistogramVec {
@@ -256,8 +320,10 @@ impl Collector for Exported {
         static DESCS: std::sync::OnceLock<Vec<Desc>> = std::sync::OnceLock::new();
         DESCS
             .get_or_init(|| {
-                let mut d: Vec<Desc> =
-                    BridgeCollector::counters().iter().flat_map(|c| c.desc().into_iter().cloned()).collect();
+                let mut d: Vec<Desc> = BridgeCollector::counters()
+                    .iter()
+                    .flat_map(|(_, c)| c.desc().into_iter().cloned())
+                    .collect();
                 d.extend(BridgeCollector::latency_desc().desc().into_iter().cloned());
                 d
             })
@@ -271,8 +337,12 @@ impl Collector for Exported {
         let mut latency: Option<MetricFamily> = None;
         for (w, e, m) in &streams {
             let w = w.to_string();
-            for (c, (_, v)) in counters.iter().zip(m.snapshot()) {
-                c.with_label_values(&[w.as_str(), e.as_str()]).inc_by(v);
+            for ((name, v), (exported_name, family, label)) in m.snapshot().into_iter().zip(EXPORTED) {
+                debug_assert_eq!(name, exported_name, "EXPORTED follows snapshot()'s order");
+                let (_, c) = counters.iter().find(|(f, _)| *f == family).expect("every family is built");
+                let mut values = vec![w.as_str(), e.as_str()];
+                values.extend(label.map(|(_, value)| value));
+                c.with_label_values(&values).inc_by(v);
             }
             // The histogram has no labels of its own: add this stream's.
             for mut mf in m.publish_latency.collect() {
@@ -287,8 +357,52 @@ impl Collector for Exported {
                 }
             }
         }
-        let mut out: Vec<MetricFamily> = counters.iter().flat_map(|c| c.collect()).collect();
+        let mut out: Vec<MetricFamily> = counters.iter().flat_map(|(_, c)| c.collect()).collect();
         out.extend(latency);
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_counter_is_exported_once_under_its_family() {
+        let names: Vec<&str> = BridgeMetrics::default().snapshot().into_iter().map(|(n, _)| n).collect();
+        let exported: Vec<&str> = EXPORTED.iter().map(|(n, _, _)| *n).collect();
+        assert_eq!(names, exported);
+        // A family is either one counter, or every member carries the same label name.
+        for (_, family, label) in EXPORTED {
+            let members: Vec<_> = EXPORTED.iter().filter(|(_, f, _)| *f == family).collect();
+            let label_names: std::collections::BTreeSet<_> =
+                members.iter().map(|(_, _, l)| l.map(|l| l.0)).collect();
+            assert_eq!(label_names.len(), 1, "{family}: mixed labels");
+            assert!(members.len() == 1 || label.is_some(), "{family}: several counters, no label");
+            assert_ne!(help(family), "prefixlog bridge counter", "{family} has no help text");
+        }
+    }
+
+    #[test]
+    fn streams_export_labelled_families() {
+        let collector = Arc::new(BridgeCollector::default());
+        let registry = prometheus::Registry::new();
+        collector.register(&registry).unwrap();
+        let m = Arc::new(BridgeMetrics::default());
+        BridgeMetrics::add(&m.refused_medium, 3);
+        BridgeMetrics::inc(&m.publish_errors);
+        collector.add(7, "tcp://h:5557", m);
+        let families = registry.gather();
+        let refused = families.iter().find(|f| f.name() == "prefixlog_bridge_events_refused_total").unwrap();
+        assert_eq!(refused.get_metric().len(), 7, "one series per reason, zeros included");
+        let medium = refused
+            .get_metric()
+            .iter()
+            .find(|m| m.get_label().iter().any(|l| l.name() == "reason" && l.value() == "medium"))
+            .unwrap();
+        assert_eq!(medium.get_counter().value(), 3.0);
+        let batches = families.iter().find(|f| f.name() == "prefixlog_bridge_batches_total").unwrap();
+        assert_eq!(batches.get_metric().len(), 3);
+        assert_eq!(families.len(), 15, "{:?}", families.iter().map(|f| f.name()).collect::<Vec<_>>());
     }
 }

@@ -18,7 +18,10 @@
 //! - Publishing: records are handed to the producer in sequence order as soon as they are
 //!   translated and acknowledged in the background (`publish_window` in flight per engine).
 //! - Lifecycle: `worker-added` on start, `worker-removed` on clean shutdown if asked. A silent
-//!   engine publishes nothing: staleness is the replica's policy.
+//!   engine publishes nothing: staleness is the replica's policy. The `worker-added` metadata
+//!   names the worker for gateways ([`worker_metadata`]): its serving URL
+//!   ([`META_SERVING_URL`]), pod ([`META_POD`]) and the ZeroMQ endpoints it is fed from
+//!   ([`META_KV_EVENTS`]), returned by `ListWorkers`.
 //! - Reconnects: the pure-Rust `zeromq` crate's SUB socket does not report a lost peer, so a
 //!   subscription silent for `idle_reconnect` is re-established (a restarted engine is found
 //!   again; messages lost meanwhile are a sequence gap, handled as above).
@@ -30,6 +33,7 @@
 
 pub mod engines;
 pub mod metrics;
+pub mod naming;
 pub mod session;
 pub mod wire;
 
@@ -37,6 +41,7 @@ use crate::publisher::{Landed, PublishError, Publisher};
 use crate::record::{KvBatch, KvOp, Lifecycle};
 use bytes::Bytes;
 use metrics::BridgeMetrics;
+pub use naming::{worker_id_of_pod, worker_metadata, META_KV_EVENTS, META_POD, META_SERVING_URL};
 use prefixlog_engine::KeyspaceId;
 use session::{payload_digest, Arrival, Session};
 use std::future::Future;
@@ -87,9 +92,13 @@ pub struct BridgeOptions {
     /// Records per engine handed to the producer and not yet acknowledged; publishing waits
     /// beyond it. 1 = one record at a time.
     pub publish_window: usize,
-    /// Published in each worker's `WorkerAdded` record (besides `endpoint`, `model` and
-    /// `block_size`, which the bridge adds): what `ListWorkers` reports, e.g. `pod`.
+    /// Published in each worker's `WorkerAdded` record (besides [`META_KV_EVENTS`], `model`
+    /// and `block_size`, which the bridge adds): what `ListWorkers` reports, e.g.
+    /// [`META_POD`].
     pub worker_metadata: std::collections::BTreeMap<String, String>,
+    /// Each worker's serving URL (where gateways send its requests), published as its
+    /// [`META_SERVING_URL`] metadata.
+    pub serving_urls: std::collections::BTreeMap<u64, String>,
 }
 
 impl BridgeOptions {
@@ -102,6 +111,7 @@ impl BridgeOptions {
             log_interval: Duration::from_secs(60),
             publish_window: 256,
             worker_metadata: Default::default(),
+            serving_urls: Default::default(),
         }
     }
 }
@@ -592,7 +602,7 @@ pub async fn run(
     workers.sort_unstable();
     workers.dedup();
     for &w in &workers {
-        let metadata = worker_metadata(&opts, engines.iter().filter(|e| e.worker == w));
+        let metadata = worker_metadata(&opts, w, engines.iter().filter(|e| e.worker == w));
         publisher.publish_lifecycle(w, &Lifecycle::Added { metadata }).await?;
     }
     let mut tasks = Vec::new();
@@ -615,18 +625,4 @@ pub async fn run(
     }
     publisher.flush(Duration::from_secs(10))?;
     Ok(out)
-}
-
-/// A worker's `WorkerAdded` metadata: the operator's entries, plus the model, block size and the
-/// engine endpoints (comma separated when a worker has several data-parallel ranks).
-fn worker_metadata<'a>(
-    opts: &BridgeOptions,
-    engines: impl Iterator<Item = &'a EngineSpec>,
-) -> std::collections::BTreeMap<String, String> {
-    let mut m = opts.worker_metadata.clone();
-    m.entry("model".into()).or_insert_with(|| opts.keyspace.model.clone());
-    m.entry("block_size".into()).or_insert_with(|| opts.keyspace.block_size.to_string());
-    let endpoints: Vec<&str> = engines.map(|e| e.endpoint.as_str()).collect();
-    m.entry("endpoint".into()).or_insert_with(|| endpoints.join(","));
-    m
 }

@@ -11,8 +11,8 @@ pub const TOPIC: &str = "prefixlog.demo";
 pub struct Cluster {
     pub nodes: Vec<ReplicaNode>,
     pub spec: LogSpec,
-    /// Last: the broker must outlive its clients.
-    _kafka: EmbeddedKafka,
+    /// Last: the broker must outlive its clients ([`Cluster::shutdown`]).
+    kafka: EmbeddedKafka,
 }
 
 /// Digest points every this many offsets (the default 1,000 would give the demo's short
@@ -45,7 +45,7 @@ impl Cluster {
             };
             nodes.push(ReplicaNode::start(spec.clone(), opts).await?);
         }
-        Ok(Self { nodes, spec, _kafka: kafka })
+        Ok(Self { nodes, spec, kafka })
     }
 
     /// gRPC endpoints of the query servers, as `IndexClient` wants them.
@@ -58,6 +58,19 @@ impl Cluster {
         for n in &self.nodes {
             n.anti_entropy_round().await;
         }
+    }
+
+    /// Stops the replicas, then the broker: a consumer that outlives its broker logs a
+    /// connection error per retry. The clients of the demo (gateways, fleet publishers) must
+    /// be gone before this is called, for the same reason.
+    pub async fn shutdown(self) -> anyhow::Result<()> {
+        for n in self.nodes {
+            n.shutdown().await?;
+        }
+        // Probes and bounded replays close their clients on threads of their own.
+        tokio::task::spawn_blocking(prefixlog_ingest::log_spec::wait_for_closing_clients).await?;
+        drop(self.kafka);
+        Ok(())
     }
 
     /// Waits until every replica applied everything below `token` (next offsets).

@@ -291,5 +291,8 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     println!("\n{}", report::table(&outcomes, &summary));
     std::fs::write(&a.plot, report::svg(&outcomes))?;
     println!("hit ratio over time written to {}", a.plot.display());
-    Ok(())
+    // Clients first (the gateways' and workers' publisher clones went with their tasks), then
+    // the replicas, then the broker: nothing is left to retry against a stopped broker.
+    drop(publisher);
+    cluster.shutdown().await
 }

@@ -1,0 +1,129 @@
+//! A failed apply never reaches a checkpoint (issue 34 item 3). A record whose apply panics (the
+//! `testing` hook stands for a bug in the apply path) halts its partition at that record: the
+//! replica is not ready and names the partition, the offset and the message; the other
+//! partition goes on; the counter `prefixlog_apply_failures_total` says so; no checkpoint is
+//! written from then on (neither on demand, nor by the loop, nor at the clean stop). Restarted on
+//! the same data dir, the replica restores the last checkpoint written before the failure,
+//! reads the record again and halts at it again: counted, visible, no crash loop.
+
+use prefixlog_engine::KeyspaceId;
+use prefixlog_ingest::record::worker_for_partition;
+use prefixlog_ingest::{testing, token_of, KvOp, Landed, LogSpec, Publisher};
+use prefixlog_node::{CheckpointPolicy, NodeOptions, ReplicaNode, StateSource};
+use prefixlog_snapshot::{CheckpointStore, StoreError};
+use prefixlog_tests::http::sample;
+use prefixlog_tests::{kafka_backends, replicas, unique_topic, KafkaBackend};
+use std::time::{Duration, Instant};
+
+const P: u32 = 2;
+/// The partition the failing record goes to.
+const FAILING: u32 = 1;
+
+fn opts(dir: &std::path::Path) -> NodeOptions {
+    NodeOptions {
+        data_dir: Some(dir.to_path_buf()),
+        // Often: a loop that ignored the failure would write within the test.
+        checkpoints: CheckpointPolicy {
+            interval: Duration::from_millis(200),
+            records: 0,
+            ..Default::default()
+        },
+        anti_entropy_interval: Duration::from_secs(3600),
+        ready_lag: 0,
+        ..replicas::options("apply-failure")
+    }
+}
+
+async fn publish(p: &Publisher, seq: u64) -> Vec<Landed> {
+    let ks = KeyspaceId::new("m", 16, 1);
+    let mut out = Vec::new();
+    for partition in 0..P {
+        let w = worker_for_partition(partition, P);
+        let ops = [KvOp::Stored { lane: 0, parent_ext: None, blocks: vec![(w << 16 | seq, seq)] }];
+        out.push(p.publish_kv_events(&ks, w, 0, 1, seq, false, &ops, None).await.unwrap());
+    }
+    out
+}
+
+/// Waits until the node reports the failure of the record at (`FAILING`, `offset`).
+async fn halted_at(node: &ReplicaNode, offset: i64) {
+    let t = Instant::now();
+    while node.status().apply_failures().is_empty() {
+        assert!(t.elapsed() < Duration::from_secs(60), "the failing record was never applied");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let f = node.status().apply_failures();
+    assert_eq!(f.iter().map(|f| (f.partition, f.offset)).collect::<Vec<_>>(), vec![(FAILING, offset)]);
+    assert!(f[0].message.contains("testing: applying a record marked"), "{}", f[0].message);
+}
+
+fn metric(node: &ReplicaNode, name: &str) -> Option<f64> {
+    sample(&prefixlog_query::metrics::render(node.registry()), name)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_apply_halts_one_partition_and_never_reaches_a_checkpoint() {
+    let mut ran = Vec::new();
+    for b in kafka_backends().await {
+        failed_apply(&b).await;
+        ran.push(b.name);
+    }
+    eprintln!("[kafka backend] ran: {ran:?}");
+}
+
+async fn failed_apply(b: &KafkaBackend) {
+    let topic = unique_topic("prefixlog.apply-failure");
+    b.create_topic(&topic, P).await.unwrap();
+    let spec: LogSpec = replicas::spec(&b.brokers, &topic, P);
+    let publisher = Publisher::new(&spec).unwrap();
+    let marker = format!("apply-failure-test:{topic}");
+    testing::panic_on_value(marker.as_bytes());
+    let dir = tempfile::tempdir().unwrap();
+
+    let first = publish(&publisher, 1).await;
+    let node = ReplicaNode::start(spec.clone(), opts(dir.path())).await.unwrap();
+    assert!(node.status().wait_for(&token_of(&first), Duration::from_secs(60)).await);
+    let before = node.checkpoint_now().unwrap().expect("a store");
+    let poison =
+        publisher.publish_raw(worker_for_partition(FAILING, P), marker.as_bytes(), None).await.unwrap();
+    let after = publish(&publisher, 2).await;
+    halted_at(&node, poison.offset).await;
+
+    // The other partition goes on; the failing one stays at the record.
+    let other: Vec<(u32, i64)> = token_of(&after).into_iter().filter(|t| t.0 != FAILING).collect();
+    assert!(node.status().wait_for(&other, Duration::from_secs(60)).await, "{}: other partition", b.name);
+    assert_eq!(node.applier().lock().partition(FAILING).next_offset, poison.offset);
+    let (ready, why) = node.ready();
+    assert!(!ready, "{}: ready despite a failed apply", b.name);
+    let named = format!("partition {FAILING}'s record at offset {}", poison.offset);
+    assert!(why.contains(&named) && why.contains("testing: applying"), "{why}");
+    let failures = format!("prefixlog_apply_failures_total{{partition=\"{FAILING}\",shard=\"all\"}}");
+    assert_eq!(metric(&node, &failures), Some(1.0), "{}", b.name);
+
+    // Nothing is written of this state: on demand, by the loop, at the clean stop.
+    match node.checkpoint_now() {
+        Err(StoreError::Withheld(f)) => assert_eq!((f.partition, f.offset), (FAILING, poison.offset)),
+        other => panic!("{}: a checkpoint of a failed state: {other:?}", b.name),
+    }
+    let withheld = "prefixlog_checkpoints_withheld_total{shard=\"all\"}";
+    let t = Instant::now();
+    while metric(&node, withheld) < Some(2.0) {
+        assert!(t.elapsed() < Duration::from_secs(60), "{}: the loop never came due", b.name);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let stopped = node.shutdown().await.unwrap();
+    assert!(stopped.final_checkpoint.is_none(), "{}: a final checkpoint of a failed state", b.name);
+    let ids = CheckpointStore::open(&dir.path().join("checkpoints")).unwrap().ids();
+    assert_eq!(ids, vec![before.id], "{}: only the checkpoint from before the failure", b.name);
+
+    // Restarted: restores that checkpoint, meets the record again, halts at it again.
+    let node = ReplicaNode::start(spec.clone(), opts(dir.path())).await.unwrap();
+    assert_eq!(node.source(), &StateSource::LocalCheckpoint(before.id));
+    halted_at(&node, poison.offset).await;
+    assert!(node.status().wait_for(&other, Duration::from_secs(60)).await);
+    assert!(!node.ready().0);
+    assert_eq!(metric(&node, &failures), Some(1.0), "{}: counted once per run", b.name);
+    node.shutdown().await.unwrap();
+    let ids = CheckpointStore::open(&dir.path().join("checkpoints")).unwrap().ids();
+    assert_eq!(ids, vec![before.id], "{}: still nothing written after the failure", b.name);
+}
