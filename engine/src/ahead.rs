@@ -7,7 +7,7 @@
 //! replicas fed the same log still hold identical state.
 
 use crate::blocks::SpareChunk;
-use crate::table::GrownShard;
+use crate::table::{GrownShard, Slot};
 use crate::trie::Trie;
 
 /// Built by [`Trie::grow_ahead`] for [`Trie::install`].
@@ -20,7 +20,7 @@ pub struct GrownAhead {
 /// The arrays [`Trie::install`] replaced: dropped after the write lock is released, because
 /// freeing large arrays returns pages to the system (a syscall).
 pub struct Replaced {
-    _arrays: Vec<Box<[u64]>>,
+    _arrays: Vec<Box<[Slot]>>,
     _chunk: Option<SpareChunk>,
 }
 

@@ -286,6 +286,11 @@ impl Blocks {
         }
     }
 
+    /// The length of the longest free range (0 if none).
+    pub fn longest_free(&self) -> u32 {
+        self.free.by_len.last().map_or(0, |&(len, _)| len)
+    }
+
     /// Room for blocks `0..total` (a rebuild allocates in order, block id = dump number).
     pub fn reserve_chunks(&mut self, total: usize) {
         self.make_room(total);

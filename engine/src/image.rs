@@ -6,8 +6,11 @@
 //! block arrays, the runs, both lookup tables and the holders exactly as they are in memory,
 //! so the restored keyspace is the same state, layout included, and evolves identically.
 //!
-//! Layout: the magic `PLXIMG\0\x01`, then sections `[tag u32][len u64][xxh3-64 u64][bytes]`
-//! in a fixed order, all integers little-endian, ending with an `END` section. Every
+//! Layout: the magic `PLXIMG\0` and a format byte, then sections `[tag u32][len u64][xxh3-64
+//! u64][bytes]` in a fixed order, all integers little-endian, ending with an `END` section.
+//! Format 2 (written now) places table entries by scaling their hash bits to any capacity;
+//! format 1 images (power-of-two tables, entries placed by a mask) are still read, their
+//! tables re-placed as they load. Every
 //! section's checksum is verified before it is decoded, and every reference read (block, run
 //! and holder ids) is checked to be in range, so a corrupt or truncated image is refused with
 //! an [`ImageError`], never a panic. Internal consistency beyond that (what a bug rather than
@@ -17,7 +20,10 @@
 use std::io;
 use xxhash_rust::xxh3::xxh3_64;
 
-pub(crate) const MAGIC: &[u8; 8] = b"PLXIMG\x00\x01";
+/// The magic of the format written: `PLXIMG\0` and the format byte.
+pub(crate) const MAGIC: &[u8; 8] = b"PLXIMG\x00\x02";
+/// Formats read: the current one and format 1 (see the module doc).
+const FORMATS: [u8; 2] = [1, 2];
 
 /// Images at least this large are decoded by two threads (below it a thread costs more than
 /// it saves).
@@ -115,6 +121,8 @@ pub(crate) struct ImageReader<'a> {
     sections: Vec<RawSection<'a>>,
     next: usize,
     checks: SectionChecks,
+    /// The image's format byte.
+    format: u8,
 }
 
 /// Whether a reader verifies each section's checksum as it reads it.
@@ -130,9 +138,11 @@ pub(crate) enum SectionChecks {
 
 impl<'a> ImageReader<'a> {
     pub fn new(bytes: &'a [u8], checks: SectionChecks) -> Result<Self, ImageError> {
-        if bytes.len() < MAGIC.len() || &bytes[..MAGIC.len()] != MAGIC {
+        let n = MAGIC.len();
+        if bytes.len() < n || bytes[..n - 1] != MAGIC[..n - 1] || !FORMATS.contains(&bytes[n - 1]) {
             return Err(ImageError::BadMagic);
         }
+        let format = bytes[n - 1];
         let (mut sections, mut pos) = (Vec::new(), MAGIC.len());
         while pos < bytes.len() {
             let le = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
@@ -147,7 +157,12 @@ impl<'a> ImageReader<'a> {
             sections.push(RawSection { tag, data: &bytes[start..end], sum });
             pos = end;
         }
-        Ok(Self { sections, next: 0, checks })
+        Ok(Self { sections, next: 0, checks, format })
+    }
+
+    /// The image's format byte (see the module doc).
+    pub fn format(&self) -> u8 {
+        self.format
     }
 
     /// The next section, which must carry `want`, checksum verified.
@@ -170,7 +185,12 @@ impl<'a> ImageReader<'a> {
             .iter()
             .position(|s| s.tag == at)
             .map_or(self.sections.len(), |i| self.next + i);
-        ImageReader { sections: self.sections.split_off(i), next: 0, checks: self.checks }
+        ImageReader {
+            sections: self.sections.split_off(i),
+            next: 0,
+            checks: self.checks,
+            format: self.format,
+        }
     }
 
     /// Fails unless every section was read.

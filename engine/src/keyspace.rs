@@ -352,13 +352,7 @@ impl Keyspace {
                 i += 1;
                 continue;
             };
-            let n = match self.remove_tail(h, b, &exts[i..], &hashes[i..]) {
-                0 => {
-                    self.remove_block(h, b);
-                    1
-                }
-                n => n,
-            };
+            let n = self.remove_named(h, b, &exts[i..], &hashes[i..]);
             // Exts up to `i + PREFETCH_AHEAD` were started already and those up to `i + n` are
             // gone (a tail removal starts its own slots as it walks, and a few past its run):
             // start only the ones after both (measured: a tail removal used to start `n` slots

@@ -15,7 +15,8 @@
 //!   capacity policy, digests.
 //! - `leaving`: how holders leave: [`Keyspace::drop_worker`], [`Keyspace::expire`] (TTL), and
 //!   inferred holders forgotten once empty, each visiting only the holders it changes.
-//! - `members`: holder membership of runs, and the operation records that own it.
+//! - `members`: holder membership of runs (added and removed stretch by stretch), and the
+//!   operation records that own it.
 //! - `matching`: [`Keyspace::match_chain`], longest contiguous prefix per holder, run by run.
 //! - [`dump`]: enumerate ([`Keyspace::dump`], [`Keyspace::dump_partitions`]) and filter
 //!   ([`KeyspaceDump::retain_partitions`]) as plain data, one node per block position.
@@ -30,12 +31,13 @@
 //! - `transplant`: [`Keyspace::replace_group`], moving one partition's holders in from a
 //!   rebuilt keyspace (anti-entropy repair).
 //! - `trie`: the path-compressed trie: runs of blocks with one membership list each, child and
-//!   ext lookup, splitting, walking and creating chains, freeing.
+//!   ext lookup, splitting and merging, walking and creating chains, freeing.
 //! - `same`: the flag a run carries when its only child has the same holders, so a match
 //!   steps into that child without comparing holder lists.
 //! - `runs`: the run records and their arena; `blocks`: per-block storage (locals, canonical
 //!   exts, run ids) and the allocator of the block ranges runs occupy.
-//! - `table`: the lookup tables: open addressing with hash bits stored beside indices.
+//! - `table`: the lookup tables: Robin Hood open addressing, hash bits stored beside indices,
+//!   shards of staggered sizes.
 //! - `ahead`: growing tables and block storage ahead of the write lock, so a write holds it
 //!   only to swap the grown arrays in.
 //! - `holder`: per-holder counts, digest and operation records; the derived holder indices

@@ -38,9 +38,9 @@ impl Keyspace {
             self.trie.runs[r].members[pos].stamp = stamp;
             return 0;
         }
-        let key = self.holders.at(h).key;
+        let key = self.holders.card(h).key;
         let holders = &self.holders;
-        let at = self.trie.runs[r].members.partition_point(|m| holders.at(m.holder).key < key);
+        let at = self.trie.runs[r].members.partition_point(|m| holders.card(m.holder).key < key);
         self.trie.runs[r].members.insert(at, Member { holder: h, stamp });
         self.trie.holders_changed(r);
         let inferred = !self.holders.at(h).fed;
@@ -75,20 +75,64 @@ impl Keyspace {
         stamp
     }
 
-    /// Takes the holder off one block it holds. A record ending at that block shrinks to its
-    /// deepest block still owned (engines evict tail-first, so records shrink and vanish as
-    /// their blocks go, and do not keep dead blocks pinned). The block is split out into a
-    /// run of its own first (see [`Self::remove_tail`] for the common case).
-    pub(crate) fn remove_block(&mut self, h: u32, b: u32) {
-        let r = self.trie.run_of(b);
-        let Some(pos) = self.trie.runs[r].member(h) else { return };
-        let stamp = self.trie.runs[r].members[pos].stamp;
-        let ends_here = self.record_ending_at(h, stamp, b);
-        self.trie.split_before(b);
-        if self.trie.runs[self.trie.run_of(b)].len > 1 {
-            self.trie.split_before(b + 1);
+    /// Takes the holder off block `b` and off the blocks before it in its run that `exts`
+    /// (which names `b` first) goes on naming, tail first, as engines evict. Returns how many
+    /// (at least 1). In place when the holder is the run's only one ([`Self::remove_tail`]),
+    /// else as one stretch split out of the run ([`Self::remove_stretch`]).
+    /// `hashes[k]` is `ext_hash(exts[k])`.
+    pub(crate) fn remove_named(&mut self, h: u32, b: u32, exts: &[u64], hashes: &[u64]) -> u32 {
+        match self.remove_tail(h, b, exts, hashes) {
+            0 => {
+                let n = self.named_before(h, b, exts);
+                self.remove_stretch(h, b + 1 - n, n);
+                n
+            }
+            n => n,
         }
-        let r = self.trie.run_of(b);
+    }
+
+    /// How many blocks from `b` backwards inside its run `exts` names in turn (`exts[0]` names
+    /// `b`), each by its canonical ext. Only `b` when the holder has overrides: its exts then
+    /// need not be the canonical ones.
+    fn named_before(&self, h: u32, b: u32, exts: &[u64]) -> u32 {
+        if !self.holders.at(h).overrides.is_empty() {
+            return 1;
+        }
+        let start = self.trie.runs[self.trie.run_of(b)].start;
+        let mut n = 1;
+        while (n as usize) < exts.len()
+            && b - n >= start
+            && self.trie.blocks.meta(b - n).ext() == Some(exts[n as usize])
+        {
+            n += 1;
+        }
+        n
+    }
+
+    /// Takes the holder off one block it holds (see [`Self::remove_stretch`]).
+    #[cfg(feature = "testing")]
+    pub(crate) fn remove_block(&mut self, h: u32, b: u32) {
+        self.remove_stretch(h, b, 1);
+    }
+
+    /// Takes the holder off `count` blocks from `first`, inside one run it is a member of. A
+    /// record ending at the last of them shrinks to its deepest block still owned (engines
+    /// evict tail-first, so records shrink and vanish as their blocks go, and do not keep dead
+    /// blocks pinned). The stretch is split out into a run of its own first, once for the
+    /// whole stretch: a block at a time, evicting a prefix that others share cut it into
+    /// runs of one block each, and every cut copied the run's member list.
+    fn remove_stretch(&mut self, h: u32, first: u32, count: u32) {
+        let last = first + count - 1;
+        let r = self.trie.run_of(last);
+        let Some(pos) = self.trie.runs[r].member(h) else { return };
+        debug_assert!(first >= self.trie.runs[r].start, "the stretch lies inside one run");
+        let stamp = self.trie.runs[r].members[pos].stamp;
+        let ends_here = self.record_ending_at(h, stamp, last);
+        self.trie.split_before(first);
+        if self.trie.runs[self.trie.run_of(first)].len > count {
+            self.trie.split_before(last + 1);
+        }
+        let r = self.trie.run_of(first);
         self.remove_member_run(h, r);
         if let Some(ri) = ends_here {
             self.shrink_record(h, ri);
@@ -217,10 +261,17 @@ impl Keyspace {
                 n += count;
             }
         }
-        self.window = win;
         let leaf_run = self.trie.run_of(rec.leaf);
         self.unpin(leaf_run);
         self.trie.release(leaf_run);
+        // Runs the holder left may now be one run with a neighbour. By block, not by run id:
+        // a merge frees one of the two ids.
+        for &(_, first, _) in &win {
+            if self.trie.blocks.meta(first).run() != crate::blocks::FREE {
+                self.trie.merge_around(self.trie.run_of(first));
+            }
+        }
+        self.window = win;
         n
     }
 
@@ -304,5 +355,72 @@ impl Keyspace {
         holder.overrides.clear();
         holder.override_of.clear();
         n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::keyspace::Keyspace;
+    use crate::types::{EngineConfig, HolderKey, KeyspaceId};
+
+    /// `n` blocks of one chain as `(ext, local)`, the same for every holder.
+    fn chain(n: u64) -> Vec<(u64, u64)> {
+        (1..=n).map(|i| (1000 + i, i)).collect()
+    }
+
+    /// Holders that evict a prefix others share, tail first in one removal each, take it out
+    /// as one stretch, and the pieces they leave merge back: the trie ends as one run per
+    /// distinct member list, not one run per evicted block.
+    #[test]
+    fn evicting_a_shared_chain_leaves_maximal_runs() {
+        let mut ks = Keyspace::new(KeyspaceId::new("t", 64, 1), EngineConfig::default());
+        let blocks = chain(64);
+        for w in 0..8 {
+            ks.store(HolderKey::new(w, 0, 0), None, &blocks, w).expect("stored");
+        }
+        assert_eq!(ks.trie.live_runs(), 1);
+        // Worker 0 evicts the last 24 blocks: the chain splits where its blocks end.
+        let tail: Vec<u64> = blocks[40..].iter().rev().map(|b| b.0).collect();
+        assert_eq!(ks.remove(HolderKey::new(0, 0, 0), &tail, 10), (24, 0));
+        assert_eq!(ks.trie.live_runs(), 2);
+        // The others evict all of it, one after another.
+        let all: Vec<u64> = blocks.iter().rev().map(|b| b.0).collect();
+        for w in 1..7 {
+            assert_eq!(ks.remove(HolderKey::new(w, 0, 0), &all, 11 + w), (64, 0));
+            ks.check_invariants().expect("invariants");
+        }
+        assert_eq!(ks.trie.live_runs(), 2, "{{0, 7}} on 40 blocks, {{7}} on 24");
+        assert_eq!(ks.remove(HolderKey::new(0, 0, 0), &all[24..], 20), (40, 0));
+        assert_eq!(ks.trie.live_runs(), 1, "worker 7 alone: one run again");
+        assert_eq!(ks.holder_blocks(), 64);
+        ks.check_invariants().expect("invariants");
+    }
+
+    /// The block arrays do not grow past free room: a run evicted tail-first keeps only a
+    /// little spare, and a store longer than any free range fills the longest one first.
+    #[test]
+    fn block_arrays_reuse_free_room() {
+        let mut ks = Keyspace::new(KeyspaceId::new("t", 64, 1), EngineConfig::default());
+        let a: Vec<(u64, u64)> = (1..=1000).map(|i| (10_000 + i, 1_000_000 + i)).collect();
+        let b: Vec<(u64, u64)> = (1..=1000).map(|i| (20_000 + i, 2_000_000 + i)).collect();
+        ks.store(HolderKey::new(1, 0, 0), None, &a, 1).expect("stored");
+        ks.store(HolderKey::new(2, 0, 0), None, &b, 2).expect("stored");
+        let top = ks.trie.blocks.top();
+        // Worker 2 evicts 900 of its blocks: the arrays end where its run (and spare) ends.
+        let tail: Vec<u64> = b[100..].iter().rev().map(|x| x.0).collect();
+        assert_eq!(ks.remove(HolderKey::new(2, 0, 0), &tail, 3), (900, 0));
+        assert!(ks.trie.blocks.top() <= top - 900 + crate::trie::SPARE_KEPT);
+        // Worker 1 evicts all of chain `a`: 1,000 free blocks in the middle. A 1,500-block
+        // store takes them and only 500 (plus the spare given back) from the end.
+        let all: Vec<u64> = a.iter().rev().map(|x| x.0).collect();
+        assert_eq!(ks.remove(HolderKey::new(1, 0, 0), &all, 4), (1000, 0));
+        let top = ks.trie.blocks.top();
+        let c: Vec<(u64, u64)> = (1..=1500).map(|i| (30_000 + i, 3_000_000 + i)).collect();
+        ks.store(HolderKey::new(3, 0, 0), None, &c, 5).expect("stored");
+        assert!(ks.trie.blocks.top() <= top + 500, "{} > {} + 500", ks.trie.blocks.top(), top);
+        ks.check_invariants().expect("invariants");
+        let full = crate::types::MatchOptions::default();
+        let locals: Vec<u64> = c.iter().map(|x| x.1).collect();
+        assert_eq!(ks.match_chain(&locals, &full)[0].depth, 1500);
     }
 }

@@ -1,29 +1,67 @@
-//! The trie's lookup tables: node indices by hash, open addressing with linear probing over
-//! `u64` slots that carry the node index *and* the low 32 bits of its hash, in 256 shards.
+//! The trie's lookup tables: node indices by hash, open addressing with Robin Hood probing
+//! over 7-byte slots that carry the node index *and* 24 bits of its hash, in 256 shards.
 //!
 //! Why not `hashbrown::HashTable<u32>` (used before): its control bytes and its slots live
 //! in different cache lines and a slot holds only the index, so inserting a new ext touched
 //! three lines (control group, slot, and a node to compare on tag matches) — the profile of
 //! a rebuild had it as the largest single cost. Here a probe reads one line, a node is read
-//! only when all 32 stored hash bits match, and growing or deleting (backward shift) never
-//! reads a node: a slot's home position is its stored hash bits under the mask.
+//! only when the stored hash bits match, and growing or deleting (backward shift) never reads
+//! a node: a slot's home position is its stored hash bits scaled to the capacity.
 //!
 //! Shards keep every resize small (1/256 of the entries); the shard is chosen by hash bits
-//! 32..40, independent of the stored low bits. Even a 1/256 resize of a large table (16 K slots,
-//! with the page faults of a fresh array) held the keyspace's write lock for 100 µs or more, a
-//! few hundred times per million blocks written, so a large shard close to full is also grown
-//! *ahead*: [`NodeTable::grow_ahead`] builds its doubled array from a shared borrow (under the
-//! writer's upgradable read lock, while queries read on) and [`NodeTable::install`] swaps it in
-//! under the write lock. The capacities that result depend only on the writes, never on timing.
+//! 32..40, independent of the stored bits (8..32). Even a 1/256 resize of a large table (16 K
+//! slots, with the page faults of a fresh array) held the keyspace's write lock for 100 µs or
+//! more, a few hundred times per million blocks written, so a large shard close to full is also
+//! grown *ahead*: [`NodeTable::grow_ahead`] builds its grown array from a shared borrow (under
+//! the writer's upgradable read lock, while queries read on) and [`NodeTable::install`] swaps
+//! it in under the write lock. The capacities that result depend only on the writes, never on
+//! timing.
 //!
 //! The shard list itself is allocated by the first insert: an empty keyspace's two tables cost
-//! a few words, not 2 × 256 shard headers (16 KiB).
+//! a few words, not 2 × 256 shard headers.
 
-use crate::image::{put_u64, put_u64s, tag, ImageError, ImageReader, ImageWriter};
+use crate::image::{put_u64, tag, ImageError, ImageReader, ImageWriter};
 
 const SHARDS: usize = 256;
-/// Node 0 is the root, which is never stored, so an all-zero slot is free.
-const EMPTY: u64 = 0;
+/// One entry: a node index and 24 bits of its hash (the `tag`: bits 8..32 of the shard-local
+/// hash), 7 bytes. Node 0 is the root, which is never stored, so a slot with node 0 is free.
+/// The home position comes from the tag's high bits, so the tag bits below them are what tells
+/// entries of one home apart: 24 bits leave about 10 at the peer benchmarks' sizes, and a
+/// probe reads a node for a wrong entry about once in a thousand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C, packed)]
+pub(crate) struct Slot {
+    node: u32,
+    tag_hi: u16,
+    tag_lo: u8,
+}
+
+const EMPTY: Slot = Slot { node: 0, tag_hi: 0, tag_lo: 0 };
+
+impl Slot {
+    #[inline]
+    fn is_empty(self) -> bool {
+        self.node == 0
+    }
+
+    #[inline]
+    fn tag(self) -> u32 {
+        u32::from(self.tag_hi) << 8 | u32::from(self.tag_lo)
+    }
+}
+
+/// The stored hash bits of a shard-local hash (its bits 8..32).
+#[inline]
+fn tag_of(h: u32) -> u32 {
+    h >> 8
+}
+
+#[inline]
+fn slot(h: u32, node: u32) -> Slot {
+    let t = tag_of(h);
+    Slot { node, tag_hi: (t >> 8) as u16, tag_lo: t as u8 }
+}
+
 /// Shards from this many slots on are grown ahead ([`NodeTable::grow_ahead`]); smaller ones
 /// grow in place, which costs little.
 const AHEAD_MIN_SLOTS: usize = 1024;
@@ -31,104 +69,181 @@ const AHEAD_MIN_SLOTS: usize = 1024;
 /// more than one locked write (32 blocks by default) can add to one shard.
 const AHEAD_ROOM: usize = 64;
 
-#[derive(Clone, Default)]
+#[derive(Clone)]
 struct Shard {
-    slots: Box<[u64]>,
+    slots: Box<[Slot]>,
     len: usize,
     /// Listed in [`NodeTable::ahead`] (at most once).
     queued: bool,
-}
-
-/// Whether `len` entries fit in `cap` slots under the 0.7 load factor.
-#[inline]
-fn fits(len: usize, cap: usize) -> bool {
-    len * 10 <= cap * 7
-}
-
-/// Copies the entries of `old` into the empty power-of-two `slots`: each at its home position
-/// under the new mask or the first free one after it. Reads no node.
-fn rehash_into(old: &[u64], slots: &mut [u64]) {
-    let mask = slots.len() - 1;
-    for s in old.iter().copied().filter(|&s| s != EMPTY) {
-        let mut i = (s >> 32) as usize & mask;
-        while slots[i] != EMPTY {
-            i = (i + 1) & mask;
-        }
-        slots[i] = s;
-    }
-}
-
-#[inline]
-fn slot(h: u32, node: u32) -> u64 {
-    (u64::from(h) << 32) | u64::from(node)
+    /// The capacity the shard starts at ([`first_capacity`]); it doubles from there.
+    first: u32,
 }
 
 impl Shard {
+    fn new(index: usize) -> Self {
+        Self { slots: Box::default(), len: 0, queued: false, first: first_capacity(index) as u32 }
+    }
+}
+
+/// Shard `index` starts at 16..31 slots and doubles from there. Entries spread evenly over the
+/// shards, so with one first capacity for all they would all double at about the same time,
+/// and the whole table would swing between 35% and 70% full: half empty on average, 16 bytes
+/// an entry. Staggered, the shards are at every point of their doubling at once, and the
+/// table stays about as full as the average of one shard's swing at any size.
+fn first_capacity(index: usize) -> usize {
+    16 + index * 16 / SHARDS
+}
+
+/// Whether `len` entries fit in `cap` slots under the 0.8 load factor (Robin Hood probing
+/// keeps probes short there). With staggered doubling ([`first_capacity`]) a table is about
+/// 58% full whatever its size, 12 bytes an entry; one first capacity, a 0.7 load factor and
+/// 8-byte slots (as before) left the peer benchmarks' tables 49% full at their end, 16 bytes
+/// an entry.
+#[inline]
+fn fits(len: usize, cap: usize) -> bool {
+    len * 5 <= cap * 4
+}
+
+/// The home slot of tag `t` in `cap` slots: `t` scaled to `0..cap`, so any capacity works
+/// (shards start at staggered sizes) and homes keep the order of the tags.
+#[inline]
+fn home(t: u32, cap: usize) -> usize {
+    (t as usize * cap) >> 24
+}
+
+/// The slot after `i` in `cap` slots, wrapping around.
+#[inline]
+fn next(i: usize, cap: usize) -> usize {
+    if i + 1 == cap {
+        0
+    } else {
+        i + 1
+    }
+}
+
+/// How far slot `i` is past the home of entry `s` (the entry's displacement).
+#[inline]
+fn displacement(s: Slot, i: usize, cap: usize) -> usize {
+    let h = home(s.tag(), cap);
+    if i >= h {
+        i - h
+    } else {
+        i + cap - h
+    }
+}
+
+/// Copies the entries of `old` into the empty `slots` ([`place`] each). Reads no node.
+fn rehash_into(old: &[Slot], slots: &mut [Slot]) {
+    for &s in old.iter().filter(|s| !s.is_empty()) {
+        place(slots, s);
+    }
+}
+
+/// Puts entry `s` (not present) into `slots`, which has a free slot: at the first slot from its
+/// home whose entry sits closer to its own home than `s` would (or a free one), shifting that
+/// entry and the rest of its cluster one slot on.
+fn place(slots: &mut [Slot], s: Slot) {
+    let cap = slots.len();
+    let (mut i, mut d) = (home(s.tag(), cap), 0);
+    loop {
+        let x = slots[i];
+        if x.is_empty() || displacement(x, i, cap) < d {
+            break;
+        }
+        i = next(i, cap);
+        d += 1;
+    }
+    shift_in(slots, i, s);
+}
+
+/// Writes `s` at slot `i` and moves the entries from `i` up to the next free slot one slot on.
+#[inline]
+fn shift_in(slots: &mut [Slot], mut i: usize, mut s: Slot) {
+    let cap = slots.len();
+    loop {
+        s = std::mem::replace(&mut slots[i], s);
+        if s.is_empty() {
+            return;
+        }
+        i = next(i, cap);
+    }
+}
+
+/// Where a probe for `h` stopped: at the entry it was looking for, or where it would go.
+enum Probe {
+    Found(usize),
+    Absent(usize),
+}
+
+impl Shard {
+    /// Robin Hood probing: entries sit in the order of their homes, so a probe stops at a free
+    /// slot or at the first entry whose home comes after `h`'s (it sits closer to its home than
+    /// `h` would), where an entry under `h` would have been put. `eq` is asked about entries
+    /// with `h`'s tag.
     #[inline]
-    fn mask(&self) -> usize {
-        self.slots.len().wrapping_sub(1)
+    fn probe(&self, h: u32, mut eq: impl FnMut(u32) -> bool) -> Probe {
+        let slots = &*self.slots;
+        let cap = slots.len();
+        let t = tag_of(h);
+        let (mut i, mut d) = (home(t, cap), 0);
+        loop {
+            let s = slots[i];
+            if s.is_empty() {
+                return Probe::Absent(i);
+            }
+            if s.tag() == t {
+                if eq(s.node) {
+                    return Probe::Found(i);
+                }
+            } else if displacement(s, i, cap) < d {
+                return Probe::Absent(i);
+            }
+            i = next(i, cap);
+            d += 1;
+        }
     }
 
     #[inline]
-    fn find(&self, h: u32, mut eq: impl FnMut(u32) -> bool) -> Option<u32> {
+    fn find(&self, h: u32, eq: impl FnMut(u32) -> bool) -> Option<u32> {
         if self.slots.is_empty() {
             return None;
         }
-        let mask = self.mask();
-        let mut i = h as usize & mask;
-        loop {
-            let s = self.slots[i];
-            if s == EMPTY {
-                return None;
-            }
-            if (s >> 32) as u32 == h && eq(s as u32) {
-                return Some(s as u32);
-            }
-            i = (i + 1) & mask;
+        match self.probe(h, eq) {
+            Probe::Found(i) => Some(self.slots[i].node),
+            Probe::Absent(_) => None,
         }
     }
 
     fn insert(&mut self, h: u32, node: u32) {
         debug_assert_ne!(node, 0, "the root is never stored");
         self.reserve(self.len + 1);
-        let mask = self.mask();
-        let mut i = h as usize & mask;
-        while self.slots[i] != EMPTY {
-            i = (i + 1) & mask;
-        }
-        self.slots[i] = slot(h, node);
+        place(&mut self.slots, slot(h, node));
         self.len += 1;
     }
 
-    /// Grows (doubling) until `total` entries fit under a 0.7 load factor: linear probing
-    /// stays short there, and probes stay within one or two cache lines.
     /// Inserts `node` unless an entry under `h` satisfies `eq`, which is returned instead:
     /// one probe for what a lookup followed by an insert would probe twice.
     #[inline]
-    fn insert_new(&mut self, h: u32, node: u32, mut eq: impl FnMut(u32) -> bool) -> Option<u32> {
+    fn insert_new(&mut self, h: u32, node: u32, eq: impl FnMut(u32) -> bool) -> Option<u32> {
         debug_assert_ne!(node, 0, "the root is never stored");
         if !fits(self.len + 1, self.slots.len()) {
             self.reserve(self.len + 1);
         }
-        let slots = &mut *self.slots;
-        let mask = slots.len() - 1;
-        let mut i = h as usize & mask;
-        loop {
-            let s = slots[i];
-            if s == EMPTY {
-                slots[i] = slot(h, node);
+        match self.probe(h, eq) {
+            Probe::Found(i) => Some(self.slots[i].node),
+            Probe::Absent(i) => {
+                // Entries under `h` that `eq` refused come before `i`: the new one goes after
+                // them, in their home's order.
+                shift_in(&mut self.slots, i, slot(h, node));
                 self.len += 1;
-                return None;
+                None
             }
-            if (s >> 32) as u32 == h && eq(s as u32) {
-                return Some(s as u32);
-            }
-            i = (i + 1) & mask;
         }
     }
 
+    /// Doubles (from [`Self::first`]) until `total` entries fit under the load factor.
     fn reserve(&mut self, total: usize) {
-        let mut cap = self.slots.len().max(8);
+        let mut cap = if self.slots.is_empty() { self.first as usize } else { self.slots.len() };
         while !fits(total, cap) {
             cap *= 2;
         }
@@ -145,48 +260,34 @@ impl Shard {
         self.slots.len() >= AHEAD_MIN_SLOTS && !fits(self.len + AHEAD_ROOM, self.slots.len())
     }
 
-    /// The slots at twice the size, rehashed; `self` is left as it is.
-    fn doubled(&self) -> Box<[u64]> {
+    /// The slots at twice the capacity, rehashed; `self` is left as it is.
+    fn grown_slots(&self) -> Box<[Slot]> {
         let mut slots = vec![EMPTY; self.slots.len() * 2].into_boxed_slice();
         rehash_into(&self.slots, &mut slots);
         slots
     }
 
-    /// Inlined into the tail removal's loop and indexing a local slice under its own mask, so
-    /// the probe has no bounds checks ([`Self::insert_new`] likewise; README "Engine vs
-    /// published peers" has the before/after).
+    /// Removes `node` stored under `h`; returns whether it was there. Backward shift: the
+    /// entries after it move one slot back until a free slot or an entry at its home, so no
+    /// probe ever stops early at a gap and entries stay in their homes' order.
     #[inline]
     fn remove(&mut self, h: u32, node: u32) -> bool {
         debug_assert_ne!(node, 0, "the root is never stored");
         if self.slots.is_empty() {
             return false;
         }
-        let want = slot(h, node);
+        let Probe::Found(mut hole) = self.probe(h, |n| n == node) else { return false };
         let slots = &mut *self.slots;
-        let mask = slots.len() - 1;
-        let mut i = h as usize & mask;
-        loop {
-            match slots[i] {
-                s if s == want => break,
-                EMPTY => return false,
-                _ => i = (i + 1) & mask,
-            }
-        }
-        // Backward shift: pull later entries of the cluster into the hole when the hole lies
-        // between their home and where they sit, so no lookup ever crosses a false gap.
-        let mut hole = i;
-        let mut j = (i + 1) & mask;
+        let cap = slots.len();
+        let mut j = next(hole, cap);
         loop {
             let s = slots[j];
-            if s == EMPTY {
+            if s.is_empty() || displacement(s, j, cap) == 0 {
                 break;
             }
-            let home = (s >> 32) as usize & mask;
-            if (j.wrapping_sub(home) & mask) >= (j.wrapping_sub(hole) & mask) {
-                slots[hole] = s;
-                hole = j;
-            }
-            j = (j + 1) & mask;
+            slots[hole] = s;
+            hole = j;
+            j = next(j, cap);
         }
         slots[hole] = EMPTY;
         self.len -= 1;
@@ -217,12 +318,12 @@ pub struct NodeTable {
     ahead: Vec<usize>,
 }
 
-/// A shard's doubled slot array, built by [`NodeTable::grow_ahead`] for [`NodeTable::install`].
+/// A shard's grown slot array, built by [`NodeTable::grow_ahead`] for [`NodeTable::install`].
 pub struct GrownShard {
     shard: usize,
     /// The shard's entry count when it was built: nothing may write the table in between.
     len: usize,
-    slots: Box<[u64]>,
+    slots: Box<[Slot]>,
 }
 
 impl NodeTable {
@@ -242,7 +343,7 @@ impl NodeTable {
     #[inline]
     fn shard_mut(&mut self, s: usize) -> &mut Shard {
         if self.shards.is_empty() {
-            self.shards = (0..SHARDS).map(|_| Shard::default()).collect();
+            self.shards = (0..SHARDS).map(Shard::new).collect();
         }
         &mut self.shards[s]
     }
@@ -252,17 +353,12 @@ impl NodeTable {
     pub fn replace(&mut self, h: u64, old: u32, new: u32) -> bool {
         let (s, low) = Self::split(h);
         let Some(shard) = self.shards.get_mut(s).filter(|sh| !sh.slots.is_empty()) else { return false };
-        let (mask, want) = (shard.mask(), slot(low, old));
-        let mut i = low as usize & mask;
-        loop {
-            match shard.slots[i] {
-                EMPTY => return false,
-                x if x == want => {
-                    shard.slots[i] = slot(low, new);
-                    return true;
-                }
-                _ => i = (i + 1) & mask,
+        match shard.probe(low, |n| n == old) {
+            Probe::Found(i) => {
+                shard.slots[i] = slot(low, new);
+                true
             }
+            Probe::Absent(_) => false,
         }
     }
 
@@ -275,9 +371,14 @@ impl NodeTable {
         #[cfg(target_arch = "x86_64")]
         {
             let (s, low) = Self::split(h);
-            if let Some(shard) = self.shards.get(s) {
-                if let Some(slot) = shard.slots.get(low as usize & shard.mask()) {
-                    prefetch_ptr(slot);
+            let Some(shard) = self.shards.get(s) else { return };
+            if let Some(slot) = shard.slots.get(home(tag_of(low), shard.slots.len())) {
+                let p: *const Slot = slot;
+                prefetch_ptr(p);
+                // A 7-byte slot may straddle two lines (one in nine does).
+                let last = p.cast::<u8>().wrapping_add(std::mem::size_of::<Slot>() - 1);
+                if (last as usize) & 63 < std::mem::size_of::<Slot>() - 1 {
+                    prefetch_ptr(last);
                 }
             }
         }
@@ -311,7 +412,7 @@ impl NodeTable {
         }
     }
 
-    /// The doubled arrays of the shards that are large and close to growing, built from a
+    /// The grown arrays of the shards that are large and close to growing, built from a
     /// shared borrow: the costly part of a resize (allocating, faulting pages in, rehashing)
     /// happens while readers may still read. Empty (and free) almost always.
     pub fn grow_ahead(&self) -> Vec<GrownShard> {
@@ -319,13 +420,13 @@ impl NodeTable {
             .iter()
             .map(|&s| (s, &self.shards[s]))
             .filter(|(_, sh)| sh.wants_growth_ahead())
-            .map(|(shard, sh)| GrownShard { shard, len: sh.len, slots: sh.doubled() })
+            .map(|(shard, sh)| GrownShard { shard, len: sh.len, slots: sh.grown_slots() })
             .collect()
     }
 
     /// Swaps in what [`Self::grow_ahead`] built, with no write to the table in between.
     /// Returns the replaced arrays, for the caller to free after releasing its lock.
-    pub fn install(&mut self, grown: Vec<GrownShard>) -> Vec<Box<[u64]>> {
+    pub fn install(&mut self, grown: Vec<GrownShard>) -> Vec<Box<[Slot]>> {
         for s in self.ahead.drain(..) {
             self.shards[s].queued = false;
         }
@@ -361,65 +462,98 @@ impl NodeTable {
     /// Every stored entry as (hash signature, node); see [`Self::signature`].
     pub fn entries(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
         self.shards.iter().enumerate().flat_map(|(i, sh)| {
-            sh.slots.iter().filter(|&&s| s != EMPTY).map(move |&s| (((i as u64) << 32) | (s >> 32), s as u32))
+            sh.slots
+                .iter()
+                .filter(|s| !s.is_empty())
+                .map(move |s| (((i as u64) << 24) | u64::from(s.tag()), s.node))
         })
     }
 
-    /// The bits of a 64-bit hash the table keeps (shard and stored low bits): an entry stored
-    /// under `h` has the signature `signature(h)`.
+    /// The bits of a 64-bit hash the table keeps (shard and tag): an entry stored under `h`
+    /// has the signature `signature(h)`.
     pub fn signature(h: u64) -> u64 {
         let (s, low) = Self::split(h);
-        ((s as u64) << 32) | u64::from(low)
+        ((s as u64) << 24) | u64::from(tag_of(low))
     }
 
-    /// Image sections: one per shard (its entry count and slots, as in memory).
+    /// Image sections: one per shard (its entry count and slots, as in memory: node `u32`,
+    /// tag's high `u16`, tag's low byte).
     pub(crate) fn write_image(&self, w: &mut ImageWriter) -> std::io::Result<()> {
-        let empty = Shard::default();
         for s in 0..SHARDS {
+            let empty = Shard::new(s);
             let sh = self.shards.get(s).unwrap_or(&empty);
             w.section(tag::TABLE, |b| {
                 put_u64(b, sh.len as u64);
                 put_u64(b, sh.slots.len() as u64);
-                put_u64s(b, &sh.slots);
+                b.reserve(sh.slots.len() * 7);
+                for s in sh.slots.iter() {
+                    let (node, hi, lo) = (s.node, s.tag_hi, s.tag_lo);
+                    b.extend_from_slice(&node.to_le_bytes());
+                    b.extend_from_slice(&hi.to_le_bytes());
+                    b.push(lo);
+                }
             })?;
         }
         Ok(())
     }
 
     /// Reads what [`Self::write_image`] wrote. Returns the table and the largest index it
-    /// stores (0 if none), for the caller to check against what the indices refer to.
+    /// stores (0 if none), for the caller to check against what the indices refer to. A
+    /// format 1 image's shards (8-byte slots with 32 hash bits, power-of-two capacities,
+    /// entries placed by a mask) are laid out again as this format would hold their entries.
     pub(crate) fn read_image(r: &mut ImageReader) -> Result<(Self, u32), ImageError> {
+        let v1 = r.format() == 1;
+        let size = if v1 { 8 } else { 7 };
         let mut shards = Vec::with_capacity(SHARDS);
         let mut max = 0u32;
-        for _ in 0..SHARDS {
+        for index in 0..SHARDS {
             let mut s = r.section(tag::TABLE)?;
             let len = s.u64()? as usize;
-            let cap = s.count(8)?;
+            let cap = s.count(size)?;
             // At least one free slot, or a probe for a missing key would never end.
-            if !(cap == 0 || cap.is_power_of_two()) || len > cap * 7 / 10 + 1 || (cap > 0 && len >= cap) {
+            let sized = (len == 0 || len < cap)
+                && if v1 {
+                    (cap == 0 || cap.is_power_of_two()) && len <= cap * 7 / 10 + 1
+                } else {
+                    fits(len, cap)
+                };
+            if !sized {
                 return Err(s.invalid("table shard size out of range"));
             }
-            // One pass over the bytes: slots copied, entries counted, the root (index 0) never
-            // stored, the largest index.
+            // One pass over the bytes: slots copied, entries counted, the largest index, and
+            // no free slot with a tag (branch-free, so the compiler vectorises it).
             let mut slots = vec![EMPTY; cap].into_boxed_slice();
-            let (mut used, mut root) = (0usize, false);
-            // Branch-free, so the compiler vectorises it (an empty slot is 0: it counts for
-            // nothing and never raises the largest index).
-            for (d, b) in slots.iter_mut().zip(s.bytes(cap * 8)?.chunks_exact(8)) {
-                let x = u64::from_le_bytes(b.try_into().expect("8 bytes"));
-                *d = x;
-                used += usize::from(x != EMPTY);
-                root |= (x != EMPTY) & (x as u32 == 0);
-                max = max.max(x as u32);
+            let (mut used, mut stray) = (0usize, false);
+            for (d, b) in slots.iter_mut().zip(s.bytes(cap * size)?.chunks_exact(size)) {
+                let node = u32::from_le_bytes(b[..4].try_into().expect("4 bytes"));
+                let (hi, lo) = if v1 {
+                    // Format 1 kept the shard-local hash's 32 bits: the tag is its bits 8..32.
+                    (u16::from_le_bytes(b[6..].try_into().expect("2 bytes")), b[5])
+                } else {
+                    (u16::from_le_bytes(b[4..6].try_into().expect("2 bytes")), b[6])
+                };
+                *d = Slot { node, tag_hi: hi, tag_lo: lo };
+                used += usize::from(node != 0);
+                stray |= (node == 0) & (b[4..].iter().any(|&x| x != 0));
+                max = max.max(node);
             }
             s.done()?;
-            if used != len || root {
+            if used != len || stray {
                 return Err(ImageError::Invalid {
                     tag: tag::TABLE,
                     what: "table entry count or index out of range",
                 });
             }
-            shards.push(Shard { slots, len, queued: false });
+            let mut shard = Shard { slots, len, ..Shard::new(index) };
+            if v1 {
+                // Re-laid out at this format's capacity for its entries.
+                let old = std::mem::take(&mut shard.slots);
+                if len > 0 {
+                    shard.reserve(len);
+                    rehash_into(&old, &mut shard.slots);
+                }
+            }
+            shards.push(shard);
         }
         if shards.iter().all(|s| s.slots.is_empty()) {
             shards = Vec::new();
@@ -434,7 +568,7 @@ impl NodeTable {
 
     /// Heap bytes of the slot arrays.
     pub fn heap_bytes(&self) -> usize {
-        self.shards.iter().map(|s| s.slots.len() * 8).sum::<usize>()
+        self.shards.iter().map(|s| s.slots.len() * std::mem::size_of::<Slot>()).sum::<usize>()
             + self.shards.len() * std::mem::size_of::<Shard>()
     }
 }
@@ -456,12 +590,12 @@ mod tests {
     #[test]
     fn an_image_with_a_full_shard_is_refused() {
         use crate::image::{ImageReader, SectionChecks};
-        let image = |slots: Vec<u64>| {
+        let image = |slots: Vec<Slot>| {
             let mut t = NodeTable::default();
             *t.shard_mut(0) = Shard {
-                len: slots.iter().filter(|&&s| s != EMPTY).count(),
+                len: slots.iter().filter(|s| !s.is_empty()).count(),
                 slots: slots.into(),
-                queued: false,
+                ..Shard::new(0)
             };
             let mut bytes = Vec::new();
             t.write_image(&mut ImageWriter::new(&mut bytes)).expect("written to memory");
@@ -484,10 +618,14 @@ mod tests {
             let mut t = NodeTable::default();
             let mut reference: BTreeMap<u32, u64> = BTreeMap::new();
             let mut x = seed;
-            // Few distinct low bits and few shards: heavy collisions; equal low 32 bits too.
+            // Few distinct tags and few shards: heavy collisions; equal tags with other low
+            // bits (told apart by `eq` only), and equal low 32 bits too.
             let hash_of = |node: u32| -> u64 {
                 let r = mix(u64::from(node) ^ seed);
-                ((r & 0x3) << 32) | (r & 0x3f) | if node.is_multiple_of(7) { 0x1234_0000 } else { 0 }
+                ((r & 0x3) << 32)
+                    | ((r >> 8) & 0x3f) << 16
+                    | (r & 0x3)
+                    | if node.is_multiple_of(7) { 0x8000_0000 } else { 0 }
             };
             for _ in 0..4000 {
                 x = mix(x);
@@ -511,7 +649,7 @@ mod tests {
             for (&node, &h) in &reference {
                 assert_eq!(t.find(h, |n| n == node), Some(node), "seed {seed}: survivor {node}");
             }
-            // A lookup by hash alone sees only nodes stored under that exact hash.
+            // A lookup by hash alone sees only nodes stored under the same shard and tag.
             for (&node, &h) in &reference {
                 let mut seen = Vec::new();
                 t.find(h, |n| {
@@ -519,7 +657,7 @@ mod tests {
                     false
                 });
                 assert!(seen.contains(&node));
-                assert!(seen.iter().all(|n| reference[n] as u32 == h as u32));
+                assert!(seen.iter().all(|n| NodeTable::signature(reference[n]) == NodeTable::signature(h)));
             }
         }
     }

@@ -4,8 +4,8 @@
 //! holder in it holds every block of it, each block stamped by the same operation): matching
 //! compares a run's locals as one contiguous slice and credits its members once, instead of
 //! one dependent load per position. Runs are split where a chain branches (children hang only
-//! off a run's last block) and where membership changes, never merged while they live
-//! (rebuild lays them out maximal again). Runs hold at most [`MAX_RUN`] blocks, which bounds
+//! off a run's last block) and where membership changes, and merged again with their only
+//! child when a removal leaves the two with the same members (rebuild lays them out maximal). Runs hold at most [`MAX_RUN`] blocks, which bounds
 //! the cost of a split (runs keep the path hashes of their two ends, every 64th block keeps
 //! its own, and [`parent_path`] walks backwards from a run's end).
 //!
@@ -57,6 +57,10 @@ pub fn max_run() -> u32 {
 pub fn set_max_run_for_test(n: u32) {
     TEST_MAX_RUN.store(n.clamp(1, MAX_RUN), std::sync::atomic::Ordering::Relaxed);
 }
+/// The shortest run a store is cut to so that it fits a free range ([`Trie::piece`]).
+const MIN_PIECE: u32 = 64;
+/// Spare capacity a run keeps past its last block (see [`Trie::trim_spare`]).
+pub(crate) const SPARE_KEPT: u32 = 64;
 /// How many blocks ahead a walk over a run's blocks prefetches their ext-table slots.
 const PREFETCH_AHEAD: usize = 8;
 
@@ -350,6 +354,24 @@ impl Trie {
         (id, terms)
     }
 
+    /// How many of the `n` blocks a new run under block `parent` should take: all of them
+    /// where they fit whole (the parent's spare, or a free range), else the longest room
+    /// there is of at least [`MIN_PIECE`] blocks, so that free ranges shorter than a whole
+    /// store get filled instead of the block arrays growing past them (on the long peers
+    /// shape they held 14% of the arrays: a document evicted and a shorter one in its place).
+    fn piece(&self, parent: u32, n: u32) -> u32 {
+        let pr = self.run_of(parent);
+        let spare = if pr == ROOT { 0 } else { self.runs[pr].cap - self.runs[pr].len };
+        let free = self.blocks.longest_free();
+        if spare >= n || free >= n {
+            return n;
+        }
+        match spare.max(free) {
+            room if room >= MIN_PIECE => room,
+            _ => n,
+        }
+    }
+
     /// Room for `n` blocks of a new child of run `pr`: right after the parent's blocks if its
     /// spare capacity fits (the chain stays contiguous), else from the allocator.
     fn allocate(&mut self, pr: u32, n: u32) -> (u32, u32) {
@@ -416,7 +438,7 @@ impl Trie {
                 continue;
             }
             while i < locals.len() {
-                let m = (locals.len() - i).min(max_run() as usize);
+                let m = self.piece(cur, (locals.len() - i).min(max_run() as usize) as u32) as usize;
                 let (c, terms) = self.create_run(cur, &locals[i..i + m], inferred);
                 let start = self.runs[c].start;
                 out.push(Stretch { first: start, count: m as u32, new_terms: Some(terms) });
@@ -450,6 +472,7 @@ impl Trie {
         let same_chunk = p.start >> crate::blocks::CHUNK_BITS == start >> crate::blocks::CHUNK_BITS;
         if pr != ROOT && p.start + p.cap == start && same_chunk {
             p.cap += cap;
+            self.trim_spare(pr);
         } else {
             self.blocks.free_range(start, cap);
         }
@@ -467,13 +490,80 @@ impl Trie {
         self.blocks.set_free(b);
     }
 
-    /// Frees run `r` and then its ancestors while they are dead.
+    /// Frees run `r` and then its ancestors while they are dead; the first live one may then
+    /// be one run with its neighbours ([`Self::merge_around`]).
     pub fn release(&mut self, mut r: u32) {
         while r != ROOT && self.runs[r].dead() {
             let parent = self.runs[r].parent;
             self.free_run(r);
             r = self.run_of(parent);
         }
+        self.merge_around(r);
+    }
+
+    /// After run `r` lost a holder or a child: merges it into its parent run and then with
+    /// its child, where they can be one run ([`Self::merge_with_child`]).
+    pub fn merge_around(&mut self, r: u32) {
+        if r == ROOT || !self.runs[r].live() {
+            return;
+        }
+        let p = self.run_of(self.runs[r].parent);
+        let r = if p != ROOT && self.runs[p].first_child == r { self.merge_with_child(p) } else { r };
+        self.merge_with_child(r);
+    }
+
+    /// Merges run `x` with its only child when nothing needs the boundary between them: no
+    /// record ends at `x`'s last block, both have the same members with the same stamps, the
+    /// child's blocks follow `x`'s in one chunk, and the two fit in one run. Returns the
+    /// merged run (or `x`).
+    ///
+    /// Why: removals split runs where a holder's blocks end, and without merging the pieces
+    /// stay apart after the holder is gone. Evicting prefixes that many workers share then
+    /// leaves chains of runs of a block or two with equal member lists: each costs a run
+    /// record and a member list, and a match steps through them one by one. Block ids do not
+    /// change (records, overrides and both tables refer to blocks, or to the runs kept), and
+    /// answers, digests and dumps do not depend on where runs begin.
+    fn merge_with_child(&mut self, x: u32) -> u32 {
+        let xr = &self.runs[x];
+        if x == ROOT || xr.children() != 1 || xr.first_child == NIL || xr.pins != 0 || xr.cap != xr.len {
+            return x;
+        }
+        let y = xr.first_child;
+        let yr = &self.runs[y];
+        let mergeable = yr.start == xr.start + xr.len
+            && xr.len + yr.len <= max_run()
+            && xr.start >> crate::blocks::CHUNK_BITS == (yr.start + yr.cap - 1) >> crate::blocks::CHUNK_BITS
+            && xr.members == yr.members;
+        if !mergeable {
+            return x;
+        }
+        // The longer run keeps its id: only the other one's blocks are renamed.
+        let kept = if xr.len >= yr.len {
+            let (start, len, cap) = (yr.start, yr.len, yr.cap);
+            let (fc, fcs, bits, pins, end_path) =
+                (yr.first_child, yr.first_child_start, yr.bits & CHILDREN, yr.pins, yr.end_path);
+            (start..start + len).for_each(|b| self.blocks.set_run(b, x));
+            let run = &mut self.runs[x];
+            (run.len, run.cap, run.first_child, run.first_child_start) =
+                (run.len + len, run.len + cap, fc, fcs);
+            (run.bits, run.pins, run.end_path) = (LIVE | bits, pins, end_path);
+            self.runs.release(y);
+            x
+        } else {
+            let (start, len, parent, first_local, start_path) =
+                (xr.start, xr.len, xr.parent, xr.first_local, xr.start_path);
+            (start..start + len).for_each(|b| self.blocks.set_run(b, y));
+            self.relink(parent, first_local, x, y);
+            let run = &mut self.runs[y];
+            (run.start, run.len, run.cap, run.parent) = (start, run.len + len, run.cap + len, parent);
+            (run.first_local, run.start_path) = (first_local, start_path);
+            self.runs.release(x);
+            y
+        };
+        self.live_runs -= 1;
+        self.refresh_same(kept);
+        self.refresh_same(self.run_of(self.runs[kept].parent));
+        kept
     }
 
     /// Drops the last `n` blocks of run `r` (which keeps at least one; childless; the caller
@@ -513,7 +603,22 @@ impl Trie {
         run.end_path = path;
         run.len -= n;
         self.live_blocks -= n as usize;
+        self.trim_spare(r);
         terms
+    }
+
+    /// Gives the allocator back the spare capacity of run `r` beyond [`SPARE_KEPT`] blocks.
+    /// A run keeps some spare so that a chain evicted tail-first and stored again grows back
+    /// in place, contiguous with it; kept whole, the spare of evicted long documents held
+    /// 14% of the block arrays on the long peers shape.
+    fn trim_spare(&mut self, r: u32) {
+        let run = &mut self.runs[r];
+        if run.cap - run.len > SPARE_KEPT {
+            let keep = run.len + SPARE_KEPT;
+            let (from, n) = (run.start + keep, run.cap - keep);
+            run.cap = keep;
+            self.blocks.free_range(from, n);
+        }
     }
 
     /// Hints that `ext` will be looked up soon ([`NodeTable::prefetch`]).

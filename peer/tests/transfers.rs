@@ -30,7 +30,7 @@ fn identity() -> LogIdentity {
 fn state() -> Applier {
     let mut a = Applier::new(P, StateSettings::default());
     let ks = KeyspaceId::new("m", 16, 1);
-    for w in 0..64u64 {
+    for w in 0..80u64 {
         for r in 0..4u64 {
             let blocks: Vec<(u64, u64)> =
                 (0..1000).map(|j| (w << 40 | r << 20 | j, w << 32 | r << 16 | j)).collect();

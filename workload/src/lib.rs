@@ -10,8 +10,9 @@
 //! - [`fleet`]: per-worker LRU caches that turn "this worker serves this chain" into the
 //!   `stored` / `removed` events a real engine (vLLM, SGLang) would publish.
 //! - [`quantile`]: the one quantile rule (nearest rank) and median every benchmark prints.
-//! - [`generate`]: the fixed-routing event stream used by the benchmarks: a match query before
-//!   every request, then the worker's events.
+//! - [`generate`]: the event stream used by the benchmarks: a match query before every request,
+//!   then the events of the worker it is routed to ([`Routing`]: by conversation, or at random
+//!   with [`generate_routed`]).
 
 pub mod fleet;
 pub mod quantile;
@@ -63,20 +64,41 @@ impl Step {
     }
 }
 
-/// The fixed-routing stream: every request (of every copy) is routed to a worker chosen by a
-/// seeded hash of its conversation (its second trace id, the first being the shared root), so
-/// follow-up turns of a conversation land on the same worker, as a good router would do.
+/// How [`generate_routed`] picks the worker that serves a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Routing {
+    /// A seeded hash of the request's conversation (its second trace id, the first being the
+    /// shared root): follow-up turns land on the worker that holds the earlier ones, as a good
+    /// router would do. Few workers hold any one prefix beyond the root.
+    Conversation,
+    /// A seeded hash of the request's position in the trace: every request to a random
+    /// worker. Popular prefixes end up held by many workers at once (the shape of a shared
+    /// system prompt across a fleet), and every turn re-stores its conversation's history on
+    /// another worker.
+    Random,
+}
+
+/// The conversation-routed stream ([`Routing::Conversation`]).
 pub fn generate(trace: &[TraceRequest], cfg: &FleetConfig) -> Vec<Step> {
+    generate_routed(trace, cfg, Routing::Conversation)
+}
+
+/// Every request (of every copy) in trace order: a match query for its chain, then the
+/// events of the worker `routing` sends it to.
+pub fn generate_routed(trace: &[TraceRequest], cfg: &FleetConfig, routing: Routing) -> Vec<Step> {
     let mut fleet = Fleet::new(cfg.workers, cfg.capacity_blocks);
     let mut steps = Vec::with_capacity(trace.len() * cfg.copies * 3);
-    for req in trace {
+    for (i, req) in trace.iter().enumerate() {
         for copy in 0..cfg.copies {
             let chain = expand_request(req, copy, cfg.stretch);
             if chain.is_empty() {
                 continue;
             }
             steps.push(Step::Match { locals: chain.iter().map(|b| b.1).collect() });
-            let worker = route_by_conversation(req, copy, cfg);
+            let worker = match routing {
+                Routing::Conversation => route_by_conversation(req, copy, cfg),
+                Routing::Random => route_at_random(i, copy, cfg),
+            };
             for ev in fleet.serve(worker, &chain) {
                 steps.push(match ev {
                     Event::Stored { worker, parent_ext, blocks } => {
@@ -109,21 +131,62 @@ fn route_by_conversation(req: &TraceRequest, copy: usize, cfg: &FleetConfig) -> 
     (h % cfg.workers.max(1) as u64) as u32
 }
 
+/// Request `index` of copy `copy` to a worker drawn from a seeded hash (deterministic).
+fn route_at_random(index: usize, copy: usize, cfg: &FleetConfig) -> u32 {
+    let h = trace::mix64(index as u64 ^ trace::mix64(copy as u64 ^ cfg.seed ^ 0x005e_ed0f_4a4d));
+    (h % cfg.workers.max(1) as u64) as u32
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn small_trace() -> Vec<TraceRequest> {
+        (0..200u64).map(|i| TraceRequest { timestamp_ms: i, hash_ids: vec![0, 1 + i % 7, 100 + i] }).collect()
+    }
+
     #[test]
     fn generated_stream_is_consistent() {
-        let trace: Vec<TraceRequest> = (0..200u64)
-            .map(|i| TraceRequest { timestamp_ms: i, hash_ids: vec![0, 1 + i % 7, 100 + i] })
-            .collect();
-        let cfg = FleetConfig { workers: 4, capacity_blocks: 20, stretch: 2, copies: 2, seed: 3 };
-        let steps = generate(&trace, &cfg);
-        // Replay into a per-worker set of exts: every removal names a held block, every parent is
-        // held, and no worker ever exceeds its capacity.
-        let mut held: Vec<rustc_hash::FxHashSet<u64>> = vec![Default::default(); 4];
-        for s in &steps {
+        for routing in [Routing::Conversation, Routing::Random] {
+            let cfg = FleetConfig { workers: 4, capacity_blocks: 20, stretch: 2, copies: 2, seed: 3 };
+            check_consistent(&generate_routed(&small_trace(), &cfg, routing), 4, 20);
+        }
+    }
+
+    /// Random routing spreads one conversation's turns over the fleet; conversation routing
+    /// keeps them on one worker.
+    #[test]
+    fn random_routing_spreads_conversations() {
+        let cfg = FleetConfig { workers: 16, capacity_blocks: 1000, stretch: 1, copies: 1, seed: 3 };
+        let trace = small_trace();
+        let workers_of_conversation = |routing| {
+            let mut seen = std::collections::BTreeSet::new();
+            let mut conv = None;
+            for s in generate_routed(&trace, &cfg, routing) {
+                match s {
+                    Step::Match { locals } => conv = Some(locals[1]),
+                    Step::Stored { worker, .. } if conv == Some(expand_request(&trace[0], 0, 1)[1].1) => {
+                        seen.insert(worker);
+                    }
+                    _ => {}
+                }
+            }
+            seen.len()
+        };
+        assert_eq!(workers_of_conversation(Routing::Conversation), 1);
+        assert!(workers_of_conversation(Routing::Random) >= 8);
+        assert_eq!(generate(&trace, &cfg), generate_routed(&trace, &cfg, Routing::Conversation));
+        assert_eq!(
+            generate_routed(&trace, &cfg, Routing::Random),
+            generate_routed(&trace, &cfg, Routing::Random)
+        );
+    }
+
+    /// Replays a stream into a per-worker set of exts: every removal names a held block, every
+    /// parent is held, and no worker ever exceeds its capacity.
+    fn check_consistent(steps: &[Step], workers: usize, capacity: usize) {
+        let mut held: Vec<rustc_hash::FxHashSet<u64>> = vec![Default::default(); workers];
+        for s in steps {
             match s {
                 Step::Stored { worker, parent_ext, blocks } => {
                     let h = &mut held[*worker as usize];
@@ -133,7 +196,7 @@ mod tests {
                     for (e, _) in blocks {
                         assert!(h.insert(*e), "stored twice");
                     }
-                    assert!(h.len() <= 20);
+                    assert!(h.len() <= capacity);
                 }
                 Step::Removed { worker, exts } => {
                     for e in exts {
@@ -144,7 +207,7 @@ mod tests {
             }
         }
         let resident: usize = held.iter().map(|h| h.len()).sum();
-        assert_eq!(resident as u64, resident_holder_blocks(&steps));
+        assert_eq!(resident as u64, resident_holder_blocks(steps));
         assert!(steps.iter().any(|s| matches!(s, Step::Removed { .. })));
     }
 }

@@ -11,12 +11,18 @@ pub type Answer = Vec<(u32, u32)>;
 
 pub struct RunResult {
     pub name: String,
-    /// Blocks carried by Stored + Removed steps.
+    /// Blocks carried by Stored + Removed steps (removals count: evicting is half the work).
     pub write_blocks: u64,
+    /// Of those, the blocks of Removed steps.
+    pub removed_blocks: u64,
     /// Time inside `stored()` / `removed()`.
     pub write_ns: u64,
+    /// Of that, the time inside `removed()`.
+    pub remove_ns: u64,
     /// Time inside `flush()` (before each query, plus once at the end): the rest of the writes.
     pub flush_ns: u64,
+    /// Of that, the final `flush()`: the drain of writes still queued when the replay ends.
+    pub drain_ns: u64,
     /// Per-`query()` latency, sorted ascending.
     pub lat_ns: Vec<u64>,
     /// Live heap bytes after the replay minus before the index was built.
@@ -53,6 +59,7 @@ pub fn run(
     let mut mismatches = 0u64;
     let mut first_mismatch: Option<String> = None;
     let (mut write_ns, mut flush_ns, mut write_blocks) = (0u64, 0u64, 0u64);
+    let (mut remove_ns, mut removed_blocks) = (0u64, 0u64);
 
     let baseline = alloc::live_bytes();
     let mut index = make();
@@ -67,8 +74,10 @@ pub fn run(
             Step::Removed { worker, exts } => {
                 let t = Instant::now();
                 index.removed(*worker, exts);
-                write_ns += t.elapsed().as_nanos() as u64;
+                let ns = t.elapsed().as_nanos() as u64;
+                (write_ns, remove_ns) = (write_ns + ns, remove_ns + ns);
                 write_blocks += exts.len() as u64;
+                removed_blocks += exts.len() as u64;
             }
             Step::Match { locals } => {
                 let t = Instant::now();
@@ -97,7 +106,8 @@ pub fn run(
     }
     let t = Instant::now();
     index.flush();
-    flush_ns += t.elapsed().as_nanos() as u64;
+    let drain_ns = t.elapsed().as_nanos() as u64;
+    flush_ns += drain_ns;
     let bytes = (alloc::live_bytes() - baseline) as i64;
     let name = index.name().to_string();
     let notes = index.notes();
@@ -112,8 +122,11 @@ pub fn run(
     RunResult {
         name,
         write_blocks,
+        removed_blocks,
         write_ns,
+        remove_ns,
         flush_ns,
+        drain_ns,
         lat_ns,
         bytes,
         mismatches: (!recording).then_some((mismatches, first_mismatch)),

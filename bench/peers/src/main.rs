@@ -15,7 +15,7 @@ use clap::Parser;
 use harness::{Answer, RunResult};
 use index::Index;
 use prefixlog_workload::quantile::median;
-use prefixlog_workload::{generate, load_trace, resident_holder_blocks, FleetConfig, Step};
+use prefixlog_workload::{generate_routed, load_trace, resident_holder_blocks, FleetConfig, Routing, Step};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -51,19 +51,25 @@ struct Args {
     /// Blocks per trace id.
     #[arg(long, default_value_t = 8)]
     stretch: usize,
-    /// Disjoint interleaved copies of the trace.
-    #[arg(long, default_value_t = 2)]
-    copies: usize,
+    /// Disjoint interleaved copies of the trace [default: 4 for `--shape shared`, else 2].
+    #[arg(long)]
+    copies: Option<usize>,
     /// Seed of the request -> worker assignment.
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Run only these implementations (comma-separated names).
     #[arg(long)]
     only: Option<String>,
-    /// Workload shape: `trace` (the Mooncake trace) or `long` (generated: long prompts, few
-    /// shared prefixes; see src/synth.rs; --trace is then not read).
-    #[arg(long, default_value = "trace")]
-    shape: String,
+    /// Workload shape: `trace` (the Mooncake trace, routed by conversation), `long`
+    /// (generated: long prompts, few shared prefixes; see src/synth.rs; --trace is then not
+    /// read) or `shared` (the Mooncake trace with every request routed to a random worker, so
+    /// popular prefixes are held by much of the fleet at once).
+    #[arg(long, value_enum, default_value_t = Shape::Trace)]
+    shape: Shape,
+    /// How requests are routed to workers [default: `random` for `--shape shared`, else
+    /// `conversation`].
+    #[arg(long, value_enum)]
+    routing: Option<RoutingArg>,
     /// Replays per implementation, interleaved (round 1 runs every implementation once, then
     /// round 2, ...). The table shows each column's median over the rounds: this machine is
     /// shared, and one replay per implementation compares moments as much as implementations.
@@ -71,15 +77,34 @@ struct Args {
     rounds: usize,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Shape {
+    Trace,
+    Long,
+    Shared,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum RoutingArg {
+    Conversation,
+    Random,
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    let shared = args.shape == Shape::Shared;
     let cfg = FleetConfig {
         workers: args.workers,
         capacity_blocks: args.capacity,
         stretch: args.stretch,
-        copies: args.copies,
+        copies: args.copies.unwrap_or(if shared { 4 } else { 2 }),
         seed: args.seed,
     };
+    let routing =
+        match args.routing.unwrap_or(if shared { RoutingArg::Random } else { RoutingArg::Conversation }) {
+            RoutingArg::Conversation => Routing::Conversation,
+            RoutingArg::Random => Routing::Random,
+        };
     let wanted: Option<Vec<String>> =
         args.only.as_ref().map(|s| s.split(',').map(|x| x.trim().to_string()).collect());
     let mut impls = registry();
@@ -95,13 +120,12 @@ fn main() -> anyhow::Result<()> {
     }
 
     let t = Instant::now();
-    let trace = match args.shape.as_str() {
-        "trace" => load_trace(&args.trace)?,
-        "long" => synth::long_prompts(&synth::LongPrompts::default()),
-        other => anyhow::bail!("unknown --shape {other:?}; known: trace, long"),
+    let trace = match args.shape {
+        Shape::Trace | Shape::Shared => load_trace(&args.trace)?,
+        Shape::Long => synth::long_prompts(&synth::LongPrompts::default()),
     };
-    println!("shape: {}", args.shape);
-    let steps = generate(&trace, &cfg);
+    println!("shape: {:?}, routing: {routing:?}", args.shape);
+    let steps = generate_routed(&trace, &cfg, routing);
     drop(trace);
     let resident = resident_holder_blocks(&steps);
     print_workload(&cfg, &steps, resident, t.elapsed().as_secs_f64());
@@ -185,12 +209,22 @@ fn print_workload(cfg: &FleetConfig, steps: &[Step], resident: u64, secs: f64) {
 
 fn print_details(r: &RunResult, resident: u64) {
     println!(
-        "  writes: {} blocks in {:.3} s ({:.3} s calls + {:.3} s flush) = {:.2} M blocks/s",
+        "  writes: {} blocks in {:.3} s ({:.3} s calls + {:.3} s flush, of which {:.3} s the final drain) = {:.2} M blocks/s",
         r.write_blocks,
         (r.write_ns + r.flush_ns) as f64 / 1e9,
         r.write_ns as f64 / 1e9,
         r.flush_ns as f64 / 1e9,
+        r.drain_ns as f64 / 1e9,
         r.write_mblocks_per_s()
+    );
+    let stored = r.write_blocks - r.removed_blocks;
+    let rate = |blocks: u64, ns: u64| blocks as f64 / (ns.max(1) as f64 / 1e9) / 1e6;
+    println!(
+        "  calls: stored {} blocks at {:.2} M/s, removed {} blocks at {:.2} M/s (flush time not split)",
+        stored,
+        rate(stored, r.write_ns - r.remove_ns),
+        r.removed_blocks,
+        rate(r.removed_blocks, r.remove_ns)
     );
     let total_q: u64 = r.lat_ns.iter().sum();
     println!(
