@@ -5,6 +5,7 @@
 //! `.proto` files), optionally over TLS or mutual TLS.
 
 use crate::admin::AdminPort;
+use crate::extension::{ExtensionContext, Extensions};
 use crate::health::Readiness;
 use crate::metrics::{QueryMetrics, StateCollector};
 use crate::service::{QueryConfig, QueryService, ReplicaInfo, ReplicaView};
@@ -36,6 +37,8 @@ pub struct ServerConfig {
     pub query: QueryConfig,
     /// Serve gRPC over TLS (and require client certificates when `client_ca` is set: mTLS).
     pub tls: Option<TlsFiles>,
+    /// More services on this port (the protocol facades).
+    pub extensions: Extensions,
 }
 
 /// PEM files for the gRPC port.
@@ -70,6 +73,7 @@ impl Default for ServerConfig {
             stale_after: crate::health::DEFAULT_STALE_AFTER,
             query: QueryConfig::default(),
             tls: None,
+            extensions: Extensions::default(),
         }
     }
 }
@@ -214,6 +218,19 @@ pub async fn start(cfg: ServerConfig, served: Served) -> anyhow::Result<RunningS
     let max_msg = cfg.query.max_decoding_message_size;
     let view = ReplicaView { engine, status, applier, info: Arc::new(info), readiness: readiness.clone() };
     let svc = QueryService::new(view, cfg.query, query_metrics);
+    let mut routes = tonic::service::RoutesBuilder::default();
+    routes
+        .add_service(health)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(PrefixIndexServer::new(svc.clone()).max_decoding_message_size(max_msg))
+        .add_service(EchoServer::new(EchoService));
+    let ctx = ExtensionContext { query: &svc, registry: &registry };
+    for ext in &cfg.extensions.0 {
+        ext.add_to(&ctx, &mut routes)?;
+        readiness.add_health_service(ext.service_name());
+        tracing::info!(service = ext.service_name(), "serving on the query port too");
+    }
 
     let listener = tokio::net::TcpListener::bind(cfg.grpc_addr).await?;
     let grpc_addr = listener.local_addr()?;
@@ -226,11 +243,7 @@ pub async fn start(cfg: ServerConfig, served: Served) -> anyhow::Result<RunningS
     let router = builder
         .tcp_nodelay(true)
         .layer(tower::util::MapResponseLayer::new(oversize_is_resource_exhausted))
-        .add_service(health)
-        .add_service(reflection_v1)
-        .add_service(reflection_v1alpha)
-        .add_service(PrefixIndexServer::new(svc).max_decoding_message_size(max_msg))
-        .add_service(EchoServer::new(EchoService));
+        .add_routes(routes.routes());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     // Kept apart from `tasks`: aborting it would drop the shutdown before connections are told
     // to go, so it is only awaited (graceful) or left to end with its shutdown signal.
