@@ -93,11 +93,8 @@ async fn serving(addr: &str) -> HealthClient<Channel> {
 async fn sgl_router_sees_what_the_bridge_wrote() {
     let kafka = EmbeddedKafka::start("prefixlog.sglang", 2).unwrap();
     let spec = LogSpec::new(KafkaConnection::new(kafka.bootstrap_servers()), "prefixlog.sglang", 2);
-    let cfg = SglangConfig { model: "qwen".into(), block_size: 2 };
-    let ext = SglangExtension::new(cfg, &spec).unwrap();
-    let opts =
-        NodeOptions { ready_lag: 0, extensions: Extensions(vec![Arc::new(ext)]), ..NodeOptions::default() };
-    let node = ReplicaNode::start(spec, opts).await.unwrap();
+    let node = replica(&spec, "a").await;
+    let other = replica(&spec, "b").await;
     let _health = serving(&node.endpoint()).await;
     let mut c = KvIndexerClient::connect(node.endpoint()).await.unwrap();
 
@@ -133,6 +130,15 @@ async fn sgl_router_sees_what_the_bridge_wrote() {
     ];
     apply(&mut c, "w1", 3, clear_all).await.unwrap();
     assert_eq!(prefix(&mut c, &CHAIN).await, (vec![w("w0", 2)], 2, 4));
+
+    // A second replica of the log, once it applied what the first had, answers the same.
+    let applied = node.status().offsets();
+    assert!(other.status().wait_for(&applied, Duration::from_secs(60)).await, "{applied:?}");
+    let _ = serving(&other.endpoint()).await;
+    let mut c2 = KvIndexerClient::connect(other.endpoint()).await.unwrap();
+    for q in [&CHAIN[..], &CHAIN[..2], &CHAIN[1..]] {
+        assert_eq!(prefix(&mut c2, q).await, prefix(&mut c, q).await, "{q:?}");
+    }
 
     // Which hashes each worker holds, counted as hits.
     let m = c
@@ -179,4 +185,31 @@ async fn sgl_router_sees_what_the_bridge_wrote() {
         );
     }
     node.shutdown().await.unwrap();
+    other.shutdown().await.unwrap();
+}
+
+/// A replica of `spec`'s log hosting the facade for ("qwen", 2).
+async fn replica(spec: &LogSpec, name: &str) -> ReplicaNode {
+    let cfg = SglangConfig { model: "qwen".into(), block_size: 2 };
+    let ext = SglangExtension::new(cfg, spec).unwrap();
+    let opts = NodeOptions {
+        replica_id: name.into(),
+        ready_lag: 0,
+        extensions: Extensions(vec![Arc::new(ext)]),
+        ..NodeOptions::default()
+    };
+    ReplicaNode::start(spec.clone(), opts).await.unwrap()
+}
+
+/// The facade refuses to start on a shard: sgl-router cannot merge shards' answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sharded_replica_refuses_the_facade() {
+    let kafka = EmbeddedKafka::start("prefixlog.sglang.sharded", 2).unwrap();
+    let spec = LogSpec::new(KafkaConnection::new(kafka.bootstrap_servers()), "prefixlog.sglang.sharded", 2)
+        .with_shard("0/2".parse().unwrap())
+        .unwrap();
+    let ext = SglangExtension::new(SglangConfig { model: "m".into(), block_size: 2 }, &spec).unwrap();
+    let opts = NodeOptions { extensions: Extensions(vec![Arc::new(ext)]), ..NodeOptions::default() };
+    let err = ReplicaNode::start(spec, opts).await.err().expect("refused");
+    assert!(err.to_string().contains("needs a replica of every partition"), "{err}");
 }

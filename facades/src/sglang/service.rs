@@ -145,6 +145,16 @@ impl Extension for SglangExtension {
     }
 
     fn add_to(&self, ctx: &ExtensionContext<'_>, routes: &mut RoutesBuilder) -> anyhow::Result<()> {
+        let info = &ctx.query.view().info;
+        if info.owned.len() != info.partition_count as usize {
+            // sgl-router asks one indexer per query and cannot merge shards, and a write for a
+            // worker of another shard could not continue its feed.
+            anyhow::bail!(
+                "the SGLang facade (--sgl-model) needs a replica of every partition; this one owns {:?} of {}",
+                info.owned,
+                info.partition_count
+            );
+        }
         let metrics = FacadeMetrics::new(ctx.registry)?;
         let svc = SglangService::new(&self.cfg, self.publisher.clone(), ctx.query.clone(), metrics);
         routes.add_service(svc.into_server());

@@ -6,13 +6,14 @@
 //!
 //! Sequence and epoch: prefixlog dedupes a feed by `(epoch, seq)` and flags a gap when `seq`
 //! skips a number, while upstream applies every batch (the sgl bridge even repeats one `seq`
-//! for the parts of a split batch). So the facade numbers its own records: the feed's next
-//! `seq` (from the replica's state on the worker's first batch, then counted here), one per
-//! request. A new epoch (every lane of the feed cleared) starts when the engine's `seq` goes
-//! backwards (the engine restarted with an empty cache; known within one facade process) or a
-//! line-A `worker_epoch` differs from the recorded one. Requests of one worker are serialised
-//! here; one facade should write a worker (the bridge talks to one endpoint): two facades
-//! writing one worker would reuse sequence numbers, and the log would skip one's records as
+//! for the parts of a split batch). So the facade numbers its own records, one per request:
+//! the feed's next `seq`, read from the replica's state on the worker's first batch (once the
+//! replica applied the worker's partition up to its high watermark), then counted here. A new
+//! epoch (every lane of the feed cleared) starts when the engine's `seq` goes backwards (the
+//! engine restarted with an empty cache; known within one facade process) or a line-A
+//! `worker_epoch` differs from the recorded one. Requests of one worker are serialised here;
+//! one facade should write a worker (the bridge talks to one endpoint): two facades writing
+//! one worker would reuse sequence numbers, and the log would skip one's records as
 //! duplicates.
 
 use super::batch::{map_actions, validate, BatchError, Skipped};
@@ -25,6 +26,7 @@ use prefixlog_ingest::partition_state::FeedKey;
 use prefixlog_ingest::{token_of, Lifecycle, PublishError, Publisher};
 use prefixlog_query::QueryService;
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tonic::Status;
@@ -44,6 +46,8 @@ pub enum WriteError {
     Collision { name: String, worker: u64, other: String },
     #[error("this replica is not ready (it cannot vouch for the feed state it would continue); try another")]
     NotReady,
+    #[error("this replica has not applied partition {partition} up to its high watermark {high} within {wait:?}: the worker's feed state is not known yet")]
+    NotCaughtUp { partition: u32, high: i64, wait: Duration },
     #[error("appending to the log: {0}")]
     Publish(#[from] PublishError),
 }
@@ -53,7 +57,9 @@ impl WriteError {
         match self {
             Self::Batch(e) => e.status(),
             Self::Collision { .. } => Status::failed_precondition(self.to_string()),
-            Self::NotReady | Self::Publish(_) => Status::unavailable(self.to_string()),
+            Self::NotReady | Self::NotCaughtUp { .. } | Self::Publish(_) => {
+                Status::unavailable(self.to_string())
+            }
         }
     }
 }
@@ -104,6 +110,7 @@ impl Writer {
         let slot = self.workers.lock().entry(worker).or_default().clone();
         let mut guard = slot.lock().await;
         if guard.is_none() {
+            self.caught_up(worker, wait).await?;
             *guard = Some(self.recorded(worker, &req.worker_id)?);
         }
         let st = guard.as_mut().expect("set above");
@@ -147,6 +154,21 @@ impl Writer {
         drop(guard);
         let applied = landed.is_empty() || view.status.wait_for(&token_of(&landed), wait).await;
         Ok(Written { skipped, applied })
+    }
+
+    /// Waits until the replica applied the worker's partition up to its high watermark (as last
+    /// read from the broker), so the feed state the facade continues includes every record an
+    /// earlier facade process had acknowledged: a reused sequence number would make the log
+    /// skip a batch, and a skipped removal would overcount.
+    async fn caught_up(&self, worker: u64, wait: Duration) -> Result<(), WriteError> {
+        let status = &self.query.view().status;
+        let partition = partition_of(worker, self.query.view().info.partition_count);
+        let high = status.partitions[partition as usize].high_watermark.load(Ordering::Acquire);
+        if status.wait_for(&[(partition, high)], wait).await {
+            Ok(())
+        } else {
+            Err(WriteError::NotCaughtUp { partition, high, wait })
+        }
     }
 
     /// A worker's state as the replica recorded it (first batch of the worker in this process).
