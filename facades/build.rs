@@ -10,6 +10,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("cargo:rerun-if-changed={root}/{f}");
     }
     let fds = protox::compile(files, [root])?;
+    // The encoded descriptor set serves gRPC reflection on the query port (grpcurl without
+    // .proto files), as prefixlog's own does.
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
+    std::fs::write(out.join("compat_descriptor.bin"), protox::prost::Message::encode_to_vec(&fds))?;
     tonic_prost_build::configure().compile_fds(fds)?;
     Ok(())
 }

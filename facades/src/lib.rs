@@ -14,7 +14,11 @@
 //!   queries and the sgl `kv-indexer-bridge` writes to); docs/compat/sglang.md.
 //! - [`names`]: upstream worker names (strings) → prefixlog worker ids, per protocol seed.
 //! - [`metrics`]: [`metrics::FacadeMetrics`], every facade's counters labelled `protocol`.
+//! - [`FILE_DESCRIPTOR_SET`]: the upstream schemas, encoded, for gRPC server reflection.
 
 pub mod metrics;
 pub mod names;
 pub mod sglang;
+
+/// The encoded `FileDescriptorSet` of the upstream schemas this crate serves (reflection).
+pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/compat_descriptor.bin"));

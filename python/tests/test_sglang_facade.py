@@ -75,6 +75,14 @@ def serving(channel):
         time.sleep(0.1)
 
 
+def test_reflection_lists_the_facade():
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
+    db = ProtoReflectionDescriptorDatabase(grpc.insecure_channel(ADDR))
+    assert "kv_indexer.v1.KVIndexer" in db.get_services()
+    assert db.FindFileContainingSymbol("kv_indexer.v1.MatchExternalKvPrefixRequest").name == "sglang/kv_indexer.proto"
+
+
 def test_router_query_sees_the_bridges_batches(stubs):
     pb2, grpc_pb2 = stubs
     channel = grpc.insecure_channel(ADDR)

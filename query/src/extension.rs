@@ -21,6 +21,10 @@ pub trait Extension: Send + Sync {
     /// The gRPC service name (`package.Service`): reported by `grpc.health.v1` with the
     /// replica's readiness.
     fn service_name(&self) -> &str;
+    /// The encoded `FileDescriptorSet` of its schema, listed by server reflection.
+    fn file_descriptor_set(&self) -> Option<&'static [u8]> {
+        None
+    }
     /// Adds the service to the port's routes.
     fn add_to(&self, ctx: &ExtensionContext<'_>, routes: &mut RoutesBuilder) -> anyhow::Result<()>;
 }

@@ -208,10 +208,13 @@ pub async fn start(cfg: ServerConfig, served: Served) -> anyhow::Result<RunningS
     let (reporter, health) = tonic_health::server::health_reporter();
     let tasks = vec![tokio::spawn(readiness.clone().drive(reporter, Duration::from_millis(50)))];
 
+    let extension_schemas: Vec<&'static [u8]> =
+        cfg.extensions.0.iter().filter_map(|e| e.file_descriptor_set()).collect();
     let reflection = || {
-        tonic_reflection::server::Builder::configure()
+        let b = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(prefixlog_proto::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET);
+        extension_schemas.iter().fold(b, |b, fds| b.register_encoded_file_descriptor_set(fds))
     };
     let reflection_v1 = reflection().build_v1()?;
     let reflection_v1alpha = reflection().build_v1alpha()?;

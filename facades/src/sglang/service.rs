@@ -144,6 +144,10 @@ impl Extension for SglangExtension {
         "kv_indexer.v1.KVIndexer"
     }
 
+    fn file_descriptor_set(&self) -> Option<&'static [u8]> {
+        Some(crate::FILE_DESCRIPTOR_SET)
+    }
+
     fn add_to(&self, ctx: &ExtensionContext<'_>, routes: &mut RoutesBuilder) -> anyhow::Result<()> {
         let info = &ctx.query.view().info;
         if info.owned.len() != info.partition_count as usize {
