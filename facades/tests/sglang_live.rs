@@ -157,9 +157,26 @@ async fn sgl_router_sees_what_the_bridge_wrote() {
     let counts: Vec<(i64, u64)> = hits.entries.iter().map(|e| (e.hash, e.hit_count_total)).collect();
     assert_eq!(counts, vec![(CHAIN[0], 1), (CHAIN[3], 0)]);
 
+    // Fleet mode (line A): the listed workers are announced, every other one removed.
+    apply(&mut c, "w1", 4, vec![report(TierType::TierHbm, &CHAIN[..1])]).await.unwrap();
+    assert_eq!(prefix(&mut c, &CHAIN).await, (vec![w("w0", 2), w("w1", 1)], 2, 4));
+    let expected = ConfigureExpectedWorkersRequest {
+        workers: vec![ExpectedWorker {
+            worker_id: "w0".into(),
+            worker_address: "http://w0:30001".into(),
+            cache_spec: None,
+        }],
+    };
+    let r = c.configure_expected_workers(req(expected)).await.unwrap().into_inner();
+    assert_eq!((r.total_workers, r.ready_workers), (1, 1));
+    assert_eq!(prefix(&mut c, &CHAIN).await, (vec![("http://w0:30001".into(), 2)], 2, 4));
+    // A removed worker's next batch announces it again.
+    apply(&mut c, "w1", 5, vec![report(TierType::TierHbm, &CHAIN[..1])]).await.unwrap();
+    assert_eq!(prefix(&mut c, &CHAIN).await, (vec![("http://w0:30001".into(), 2), w("w1", 1)], 2, 4));
+
     // The engine restarted (its seq went back): a new epoch clears the worker's blocks.
     apply(&mut c, "w0", 0, vec![]).await.unwrap();
-    assert_eq!(prefix(&mut c, &CHAIN).await, (vec![], 0, 4));
+    assert_eq!(prefix(&mut c, &CHAIN).await, (vec![w("w1", 1)], 1, 4), "w0 cleared, w1 kept");
 
     // Refusals keep upstream's statuses.
     let err = apply(&mut c, "", 1, vec![]).await.unwrap_err();
@@ -173,7 +190,7 @@ async fn sgl_router_sees_what_the_bridge_wrote() {
 
     let text = prefixlog_query::metrics::render(node.registry());
     for line in [
-        r#"prefixlog_facade_requests_total{code="OK",protocol="sglang",rpc="ApplyExternalKvBatch",shard="all"} 8"#,
+        r#"prefixlog_facade_requests_total{code="OK",protocol="sglang",rpc="ApplyExternalKvBatch",shard="all"} 10"#,
         r#"prefixlog_facade_requests_total{code="INVALID_ARGUMENT",protocol="sglang",rpc="ApplyExternalKvBatch",shard="all"} 2"#,
         r#"prefixlog_facade_skipped_total{protocol="sglang",reason="tier_not_gpu",shard="all"} 2"#,
         r#"prefixlog_facade_skipped_total{protocol="sglang",reason="components_unsupported",shard="all"} 1"#,

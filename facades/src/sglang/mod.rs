@@ -7,11 +7,13 @@
 //! - [`batch`]: validation of `ApplyExternalKvBatch` and the mapping of its actions to KV ops
 //!   (pure; what is skipped and why).
 //! - [`writer`]: worker identity and metadata, feed epoch and sequence, publishing.
+//! - [`fleet`]: `ConfigureExpectedWorkers`: the listed workers announced, the others removed.
 //! - [`reader`]: the three query RPCs, answered through `QueryService::answer`.
 //! - [`service`]: the gRPC service (statuses, metrics) and [`SglangExtension`], which hosts it
 //!   on the query port.
 
 pub mod batch;
+pub mod fleet;
 pub mod reader;
 pub mod service;
 pub mod writer;

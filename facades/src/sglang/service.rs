@@ -54,11 +54,16 @@ impl SglangService {
 impl KvIndexer for SglangService {
     async fn configure_expected_workers(
         &self,
-        _: Request<ConfigureExpectedWorkersRequest>,
+        request: Request<ConfigureExpectedWorkersRequest>,
     ) -> Result<Response<ConfigureExpectedWorkersResponse>, Status> {
-        let why = "ConfigureExpectedWorkers is not implemented by prefixlog's facade yet: workers are \
-                   announced by their first ApplyExternalKvBatch";
-        self.counted("ConfigureExpectedWorkers", Err(Status::unimplemented(why)))
+        let wait = self.query.wait_for_call(grpc_timeout(&request));
+        let r = super::fleet::configure(&self.writer, request.get_ref(), wait).await.map_err(|e| {
+            if matches!(e, super::writer::WriteError::Collision { .. }) {
+                self.metrics.skipped(PROTOCOL, "worker_id_collision", 1);
+            }
+            e.status()
+        });
+        self.counted("ConfigureExpectedWorkers", r)
     }
 
     async fn replace_external_kv_snapshot(

@@ -23,7 +23,7 @@ use crate::names::{worker_id, SGLANG_SEED};
 use parking_lot::Mutex;
 use prefixlog_engine::{partition_of, KeyspaceId};
 use prefixlog_ingest::partition_state::FeedKey;
-use prefixlog_ingest::{token_of, Lifecycle, PublishError, Publisher};
+use prefixlog_ingest::{token_of, Landed, Lifecycle, PublishError, Publisher};
 use prefixlog_query::QueryService;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
@@ -48,6 +48,8 @@ pub enum WriteError {
     NotReady,
     #[error("this replica has not applied partition {partition} up to its high watermark {high} within {wait:?}: the worker's feed state is not known yet")]
     NotCaughtUp { partition: u32, high: i64, wait: Duration },
+    #[error("{0} expected workers; at most {max}", max = super::fleet::MAX_EXPECTED_WORKERS)]
+    TooManyWorkers(usize),
     #[error("appending to the log: {0}")]
     Publish(#[from] PublishError),
 }
@@ -57,6 +59,7 @@ impl WriteError {
         match self {
             Self::Batch(e) => e.status(),
             Self::Collision { .. } => Status::failed_precondition(self.to_string()),
+            Self::TooManyWorkers(_) => Status::resource_exhausted(self.to_string()),
             Self::NotReady | Self::NotCaughtUp { .. } | Self::Publish(_) => {
                 Status::unavailable(self.to_string())
             }
@@ -72,15 +75,18 @@ pub struct Written {
     pub applied: bool,
 }
 
+/// A worker's state, locked for one request (`Some` once loaded).
+pub(crate) type Locked = tokio::sync::OwnedMutexGuard<Option<WorkerState>>;
+
 /// One worker's writing state in this process.
-struct WorkerState {
+pub(crate) struct WorkerState {
     name: String,
     epoch: u64,
     next_seq: u64,
     /// The engine `seq` of the worker's last batch (engine restarts show as a step back).
     engine_seq: Option<u64>,
     /// The metadata last published or recorded.
-    metadata: Option<BTreeMap<String, String>>,
+    pub(crate) metadata: Option<BTreeMap<String, String>>,
 }
 
 pub struct Writer {
@@ -106,21 +112,8 @@ impl Writer {
         if !view.readiness.is_ready() {
             return Err(WriteError::NotReady);
         }
-        let worker = worker_id(SGLANG_SEED, &req.worker_id);
-        let slot = self.workers.lock().entry(worker).or_default().clone();
-        let mut guard = slot.lock().await;
-        if guard.is_none() {
-            self.caught_up(worker, wait).await?;
-            *guard = Some(self.recorded(worker, &req.worker_id)?);
-        }
-        let st = guard.as_mut().expect("set above");
-        if st.name != req.worker_id {
-            return Err(WriteError::Collision {
-                name: req.worker_id.clone(),
-                worker,
-                other: st.name.clone(),
-            });
-        }
+        let (worker, mut guard) = self.lock_worker(&req.worker_id, wait).await?;
+        let st = guard.as_mut().expect("loaded by lock_worker");
         let restarted = st.engine_seq.is_some_and(|s| req.seq < s);
         let recorded_epoch = st.metadata.as_ref().and_then(|m| m.get(META_WORKER_EPOCH));
         let new_epoch =
@@ -130,13 +123,8 @@ impl Writer {
             st.epoch += 1;
             st.next_seq = 1;
         }
-        let mut landed = Vec::new();
         let metadata = desired_metadata(st.metadata.as_ref(), req);
-        if st.metadata.as_ref() != Some(&metadata) {
-            let added = Lifecycle::Added { metadata: metadata.clone() };
-            landed.push(self.publisher.publish_lifecycle(worker, &added).await?);
-            st.metadata = Some(metadata);
-        }
+        let mut landed: Vec<Landed> = self.announce(worker, st, metadata).await?.into_iter().collect();
         let (ops, skipped) = map_actions(&req.actions);
         if !ops.is_empty() || bump {
             // Counted before the publish: if it failed but the record landed after all, reusing
@@ -154,6 +142,58 @@ impl Writer {
         drop(guard);
         let applied = landed.is_empty() || view.status.wait_for(&token_of(&landed), wait).await;
         Ok(Written { skipped, applied })
+    }
+
+    /// The worker's id and its state, locked (loaded from the replica on its first use here);
+    /// a name whose id belongs to another name is refused.
+    pub(crate) async fn lock_worker(&self, name: &str, wait: Duration) -> Result<(u64, Locked), WriteError> {
+        let worker = worker_id(SGLANG_SEED, name);
+        let slot = self.workers.lock().entry(worker).or_default().clone();
+        let mut guard = slot.lock_owned().await;
+        if guard.is_none() {
+            self.caught_up(worker, wait).await?;
+            *guard = Some(self.recorded(worker, name)?);
+        }
+        let st = guard.as_ref().expect("set above");
+        if st.name != name {
+            return Err(WriteError::Collision { name: name.into(), worker, other: st.name.clone() });
+        }
+        Ok((worker, guard))
+    }
+
+    /// Publishes `metadata` for the locked worker unless it is what was last recorded.
+    pub(crate) async fn announce(
+        &self,
+        worker: u64,
+        st: &mut WorkerState,
+        metadata: BTreeMap<String, String>,
+    ) -> Result<Option<Landed>, WriteError> {
+        if st.metadata.as_ref() == Some(&metadata) {
+            return Ok(None);
+        }
+        let added = Lifecycle::Added { metadata: metadata.clone() };
+        let landed = self.publisher.publish_lifecycle(worker, &added).await?;
+        st.metadata = Some(metadata);
+        Ok(Some(landed))
+    }
+
+    /// Removes a worker (`WorkerRemoved`: its metadata and every feed go). Its state here is
+    /// kept with no metadata, so a later batch announces it again (a removed feed accepts any
+    /// next `seq`, so the numbering may go on).
+    pub(crate) async fn remove(&self, worker: u64, mut guard: Locked) -> Result<Landed, WriteError> {
+        let landed = self.publisher.publish_lifecycle(worker, &Lifecycle::Removed).await?;
+        if let Some(st) = guard.as_mut() {
+            st.metadata = None;
+        }
+        Ok(landed)
+    }
+
+    pub(crate) fn query(&self) -> &QueryService {
+        &self.query
+    }
+
+    pub(crate) fn keyspace(&self) -> &KeyspaceId {
+        &self.keyspace
     }
 
     /// Waits until the replica applied the worker's partition up to its high watermark (as last
