@@ -189,6 +189,8 @@ async fn sgl_router_sees_what_the_bridge_wrote() {
     assert_eq!(err.code(), tonic::Code::Unimplemented);
 
     let text = prefixlog_query::metrics::render(node.registry());
+    let problems = prefixlog_query::exposition::convention_problems(&text);
+    assert!(problems.is_empty(), "{problems:#?}");
     for line in [
         r#"prefixlog_facade_requests_total{code="OK",protocol="sglang",rpc="ApplyExternalKvBatch",shard="all"} 10"#,
         r#"prefixlog_facade_requests_total{code="INVALID_ARGUMENT",protocol="sglang",rpc="ApplyExternalKvBatch",shard="all"} 2"#,
