@@ -206,7 +206,6 @@ pub async fn start(cfg: ServerConfig, served: Served) -> anyhow::Result<RunningS
     )))?;
     registry.register(Box::new(status.apply_latency.clone()))?;
     let (reporter, health) = tonic_health::server::health_reporter();
-    let tasks = vec![tokio::spawn(readiness.clone().drive(reporter, Duration::from_millis(50)))];
 
     let extension_schemas: Vec<&'static [u8]> =
         cfg.extensions.0.iter().filter_map(|e| e.file_descriptor_set()).collect();
@@ -234,6 +233,8 @@ pub async fn start(cfg: ServerConfig, served: Served) -> anyhow::Result<RunningS
         readiness.add_health_service(ext.service_name());
         tracing::info!(service = ext.service_name(), "serving on the query port too");
     }
+    // Started once nothing above can fail any more (a refused extension leaves no task behind).
+    let tasks = vec![tokio::spawn(readiness.clone().drive(reporter, Duration::from_millis(50)))];
 
     let listener = tokio::net::TcpListener::bind(cfg.grpc_addr).await?;
     let grpc_addr = listener.local_addr()?;
