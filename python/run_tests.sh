@@ -13,6 +13,8 @@
 #      queries with it) over python/tests and examples/gateway (whose test starts a replica,
 #      fake workers and the example gateway of its own); every server is killed on exit.
 #      The venv also gets examples/gateway/requirements.txt (confluent-kafka).
+#      The first replica also hosts SGLang's kv_indexer.v1.KVIndexer (--sgl-model):
+#      test_sglang_facade.py calls it through stubs it generates from the upstream schema.
 set -euo pipefail
 source "$(dirname "$0")/../scripts/env.sh"
 cd "$PREFIXLOG_ROOT"
@@ -47,7 +49,7 @@ free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0
 GRPC_PORT=$(free_port); ADMIN_PORT=$(free_port)
 LOG=$(mktemp /tmp/prefixlog-pytest.XXXXXX.log)
 "$BIN" serve --partitions 4 --tick-interval 0 --ready-lag 0 --replica-id py-test \
-  --grpc-addr "127.0.0.1:$GRPC_PORT" --admin-addr "127.0.0.1:$ADMIN_PORT" >"$LOG" 2>&1 &
+  --sgl-model sgl-test --sgl-block-size 2 --grpc-addr "127.0.0.1:$GRPC_PORT" --admin-addr "127.0.0.1:$ADMIN_PORT" >"$LOG" 2>&1 &
 SERVER=$!
 TLS_SERVER=""
 SHARD_SERVERS=""
@@ -147,5 +149,5 @@ echo "    (test_sharded_live stops and kills the shard 1/2 replica: bash reports
 PREFIXLOG_GRPC="127.0.0.1:$GRPC_PORT" PREFIXLOG_TRACE="$PREFIXLOG_TRACE" \
   PREFIXLOG_GRPC_TLS="127.0.0.1:$TLS_GRPC_PORT" PREFIXLOG_TLS_DIR="$TLS_DIR" \
   PREFIXLOG_GRPC_SHARDS="$SHARD_GRPC" PREFIXLOG_SHARD_PIDS="$(echo $SHARD_SERVERS | tr ' ' ,)" \
-  PREFIXLOG_TEST_BROKERS="$BROKERS" PREFIXLOG_BIN="$BIN" \
+  PREFIXLOG_TEST_BROKERS="$BROKERS" PREFIXLOG_BIN="$BIN" PREFIXLOG_SGLANG_GRPC="127.0.0.1:$GRPC_PORT" \
   "$PY" -m pytest -q -rs -p no:cacheprovider python/tests examples/gateway

@@ -424,6 +424,7 @@ async fn start_query(
         stale_after: opts.stale_after,
         query: opts.query.clone(),
         tls: opts.tls.clone(),
+        extensions: opts.extensions.clone(),
     };
     let served = prefixlog_query::Served {
         engine: replica.applier().lock().engine().clone(),

@@ -95,6 +95,8 @@ pub struct NodeOptions {
     /// Keep two copies of every keyspace so queries never wait on a write (`--query-copy`):
     /// twice the engine's memory and write work. Answers, digests and checkpoints are the same.
     pub query_copy: bool,
+    /// More services on the query port (the protocol facades, e.g. `serve --sgl-model`).
+    pub extensions: prefixlog_query::Extensions,
 }
 
 impl Default for NodeOptions {
@@ -125,6 +127,7 @@ impl Default for NodeOptions {
             shutdown_grace: Duration::from_secs(5),
             ingest_cpus: None,
             query_copy: false,
+            extensions: prefixlog_query::Extensions::default(),
         }
     }
 }

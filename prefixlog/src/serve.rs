@@ -81,6 +81,8 @@ pub struct Args {
     pub query: QueryArgs,
     #[command(flatten)]
     pub peer: PeerArgs,
+    #[command(flatten)]
+    pub sgl: SglArgs,
     /// Last: its help heading applies to every argument after it.
     #[command(flatten)]
     pub settings: SettingsArgs,
@@ -115,6 +117,30 @@ pub struct QueryArgs {
     /// Require client certificates signed by this CA (PEM): mutual TLS.
     #[arg(long, env = "PREFIXLOG_TLS_CLIENT_CA", requires = "tls_cert")]
     pub tls_client_ca: Option<PathBuf>,
+}
+
+/// Drop-in protocol facades on the query port (docs/compat/).
+#[derive(clap::Args, Clone, Debug)]
+pub struct SglArgs {
+    /// Serve SGLang's `kv_indexer.v1.KVIndexer` on the query port for this model's keyspace
+    /// (hash scheme 4, SGLang page hashes): `sgl-router --kv-indexer-endpoint` and the sgl
+    /// `kv-indexer-bridge` can point at the query port. Needs --sgl-block-size.
+    #[arg(long, env = "PREFIXLOG_SGL_MODEL", requires = "sgl_block_size")]
+    pub sgl_model: Option<String>,
+    /// Tokens per page of the SGLang workers (the keyspace's block size).
+    #[arg(long, env = "PREFIXLOG_SGL_BLOCK_SIZE", requires = "sgl_model", value_parser = clap::value_parser!(u32).range(1..))]
+    pub sgl_block_size: Option<u32>,
+}
+
+impl SglArgs {
+    fn extensions(&self, spec: &prefixlog_ingest::LogSpec) -> anyhow::Result<prefixlog_query::Extensions> {
+        let mut exts = prefixlog_query::Extensions::default();
+        if let (Some(model), Some(block_size)) = (&self.sgl_model, self.sgl_block_size) {
+            let cfg = prefixlog_facades::sglang::SglangConfig { model: model.clone(), block_size };
+            exts.0.push(std::sync::Arc::new(prefixlog_facades::sglang::SglangExtension::new(cfg, spec)?));
+        }
+        Ok(exts)
+    }
 }
 
 /// The replica-to-replica side.
@@ -216,6 +242,7 @@ impl Args {
             shutdown_grace: self.shutdown_grace,
             ingest_cpus: self.ingest_cpus.clone(),
             query_copy: self.query_copy,
+            extensions: prefixlog_query::Extensions::default(),
         })
     }
 }
@@ -245,7 +272,8 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         // mistake of an operator.
         tracing::warn!("no --data-dir: no checkpoints; every start replays the whole log");
     }
-    let node = ReplicaNode::start(spec, a.node_options()?).await?;
+    let opts = NodeOptions { extensions: a.sgl.extensions(&spec)?, ..a.node_options()? };
+    let node = ReplicaNode::start(spec, opts).await?;
     let (status, engine) = (node.status().clone(), node.engine());
     let mut tick = tokio::time::interval(a.status_interval);
     let signal = stop_signal();

@@ -39,6 +39,11 @@ pub struct Readiness {
     stopping: AtomicBool,
     /// Whether answers without a token are flagged stale; true until a check finds otherwise.
     stale: AtomicBool,
+    /// The last check's verdict (false until a check says ready), for services that refuse to
+    /// answer while not ready (the protocol facades) at the cost of one atomic load.
+    last_ready: AtomicBool,
+    /// More gRPC health service names kept at the replica's readiness (the facades' services).
+    extra_services: parking_lot::Mutex<Vec<String>>,
 }
 
 impl Readiness {
@@ -49,7 +54,21 @@ impl Readiness {
             stale_after,
             stopping: AtomicBool::new(false),
             stale: AtomicBool::new(true),
+            last_ready: AtomicBool::new(false),
+            extra_services: parking_lot::Mutex::default(),
         }
+    }
+
+    /// Whether the last readiness check (the health driver runs one every 50 ms) found the
+    /// replica ready.
+    pub fn is_ready(&self) -> bool {
+        self.last_ready.load(Ordering::Acquire)
+    }
+
+    /// Reports `name` in `grpc.health.v1` with the replica's readiness too (from the driver's
+    /// next round on).
+    pub fn add_health_service(&self, name: &str) {
+        self.extra_services.lock().push(name.to_string());
     }
 
     /// From now on never ready (a clean stop: health goes NOT_SERVING before ingest stops).
@@ -74,6 +93,7 @@ impl Readiness {
         let (ready, mut reason) = self.ready();
         let silent = self.status.since_broker_contact();
         let broker_lost = silent > self.stale_after;
+        self.last_ready.store(ready, Ordering::Release);
         self.stale.store(!ready || broker_lost, Ordering::Release);
         if ready && broker_lost {
             reason.push_str(&format!(
@@ -147,15 +167,21 @@ impl Readiness {
 
     /// Keeps the health service's status for "" and [`SERVICE_NAME`] current, forever.
     pub async fn drive(self: Arc<Self>, reporter: HealthReporter, every: Duration) {
-        let (mut last, mut last_stale) = (None, None);
+        let (mut last, mut last_stale, mut reported) = (None, None, 0);
         loop {
             let (ready, reason) = self.check();
-            if last != Some(ready) {
+            let extra = self.extra_services.lock().clone();
+            if last != Some(ready) || extra.len() != reported {
                 let s = if ready { ServingStatus::Serving } else { ServingStatus::NotServing };
                 reporter.set_service_status("", s).await;
                 reporter.set_service_status(SERVICE_NAME, s).await;
-                tracing::info!(ready, %reason, "readiness changed");
-                last = Some(ready);
+                for name in &extra {
+                    reporter.set_service_status(name, s).await;
+                }
+                if last != Some(ready) {
+                    tracing::info!(ready, %reason, "readiness changed");
+                }
+                (last, reported) = (Some(ready), extra.len());
             }
             // Staleness while ready is the broker-silence bound (not-ready answers are stale anyway,
             // and readiness changes are logged above): going stale is a warning, coming back is not.

@@ -10,6 +10,8 @@
 //!   [`service::QueryConfig`] limits, [`service::ReplicaInfo`].
 //! - [`validate`]: request validation and bounded error messages.
 //! - [`server`]: starts the gRPC port (service + Echo + health + reflection) and admin port.
+//! - [`extension`]: [`extension::Extension`], services other crates host on the query port
+//!   (the protocol facades), built from the same [`service::QueryService`] and registry.
 //! - [`health`]: [`health::Readiness`] (caught up = lag ≤ threshold) driving `grpc.health.v1`.
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz` over HTTP/1; [`admin::AdminPort`] binds it
 //!   before the replica serves (start-up progress), and serves the bridge too.
@@ -26,6 +28,7 @@
 pub mod admin;
 pub mod client;
 pub mod exposition;
+pub mod extension;
 pub mod health;
 pub mod metrics;
 pub mod replicas;
@@ -36,6 +39,7 @@ pub mod shards;
 pub mod validate;
 
 pub use client::{Answer, DiscoveryError, IndexClient, MatchOutcome, MatchQuery, Prompt, Unavailable};
+pub use extension::{Extension, ExtensionContext, Extensions};
 pub use server::{start, RunningServer, Served, ServerConfig, TlsFiles};
 pub use service::{default_replica_id, QueryConfig, QueryService, ReplicaInfo};
 

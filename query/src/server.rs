@@ -5,6 +5,7 @@
 //! `.proto` files), optionally over TLS or mutual TLS.
 
 use crate::admin::AdminPort;
+use crate::extension::{ExtensionContext, Extensions};
 use crate::health::Readiness;
 use crate::metrics::{QueryMetrics, StateCollector};
 use crate::service::{QueryConfig, QueryService, ReplicaInfo, ReplicaView};
@@ -36,6 +37,8 @@ pub struct ServerConfig {
     pub query: QueryConfig,
     /// Serve gRPC over TLS (and require client certificates when `client_ca` is set: mTLS).
     pub tls: Option<TlsFiles>,
+    /// More services on this port (the protocol facades).
+    pub extensions: Extensions,
 }
 
 /// PEM files for the gRPC port.
@@ -70,6 +73,7 @@ impl Default for ServerConfig {
             stale_after: crate::health::DEFAULT_STALE_AFTER,
             query: QueryConfig::default(),
             tls: None,
+            extensions: Extensions::default(),
         }
     }
 }
@@ -202,18 +206,35 @@ pub async fn start(cfg: ServerConfig, served: Served) -> anyhow::Result<RunningS
     )))?;
     registry.register(Box::new(status.apply_latency.clone()))?;
     let (reporter, health) = tonic_health::server::health_reporter();
-    let tasks = vec![tokio::spawn(readiness.clone().drive(reporter, Duration::from_millis(50)))];
 
+    let extension_schemas: Vec<&'static [u8]> =
+        cfg.extensions.0.iter().filter_map(|e| e.file_descriptor_set()).collect();
     let reflection = || {
-        tonic_reflection::server::Builder::configure()
+        let b = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(prefixlog_proto::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET);
+        extension_schemas.iter().fold(b, |b, fds| b.register_encoded_file_descriptor_set(fds))
     };
     let reflection_v1 = reflection().build_v1()?;
     let reflection_v1alpha = reflection().build_v1alpha()?;
     let max_msg = cfg.query.max_decoding_message_size;
     let view = ReplicaView { engine, status, applier, info: Arc::new(info), readiness: readiness.clone() };
     let svc = QueryService::new(view, cfg.query, query_metrics);
+    let mut routes = tonic::service::RoutesBuilder::default();
+    routes
+        .add_service(health)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(PrefixIndexServer::new(svc.clone()).max_decoding_message_size(max_msg))
+        .add_service(EchoServer::new(EchoService));
+    let ctx = ExtensionContext { query: &svc, registry: &registry };
+    for ext in &cfg.extensions.0 {
+        ext.add_to(&ctx, &mut routes)?;
+        readiness.add_health_service(ext.service_name());
+        tracing::info!(service = ext.service_name(), "serving on the query port too");
+    }
+    // Started once nothing above can fail any more (a refused extension leaves no task behind).
+    let tasks = vec![tokio::spawn(readiness.clone().drive(reporter, Duration::from_millis(50)))];
 
     let listener = tokio::net::TcpListener::bind(cfg.grpc_addr).await?;
     let grpc_addr = listener.local_addr()?;
@@ -226,11 +247,7 @@ pub async fn start(cfg: ServerConfig, served: Served) -> anyhow::Result<RunningS
     let router = builder
         .tcp_nodelay(true)
         .layer(tower::util::MapResponseLayer::new(oversize_is_resource_exhausted))
-        .add_service(health)
-        .add_service(reflection_v1)
-        .add_service(reflection_v1alpha)
-        .add_service(PrefixIndexServer::new(svc).max_decoding_message_size(max_msg))
-        .add_service(EchoServer::new(EchoService));
+        .add_routes(routes.routes());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     // Kept apart from `tasks`: aborting it would drop the shutdown before connections are told
     // to go, so it is only awaited (graceful) or left to end with its shutdown signal.

@@ -110,6 +110,16 @@ impl QueryService {
         &self.cfg
     }
 
+    /// The replica this service answers from (for the services hosted next to it).
+    pub fn view(&self) -> &ReplicaView {
+        &self.view
+    }
+
+    /// The wait budget of a unary call with this `grpc-timeout` (see [`Self::wait_budget`]).
+    pub fn wait_for_call(&self, timeout: Option<Duration>) -> Duration {
+        self.wait_budget(timeout)
+    }
+
     /// Answers one request; `wait` bounds the consistency-token wait.
     pub async fn answer(&self, req: MatchRequest, wait: Duration) -> Result<MatchResponse, Status> {
         let start = Instant::now();
@@ -269,7 +279,7 @@ impl QueryService {
 }
 
 /// The call's `grpc-timeout`, if it has one.
-fn grpc_timeout<T>(req: &Request<T>) -> Option<Duration> {
+pub fn grpc_timeout<T>(req: &Request<T>) -> Option<Duration> {
     req.metadata().get("grpc-timeout").and_then(|v| v.to_str().ok()).and_then(parse_grpc_timeout)
 }
 

@@ -1,0 +1,24 @@
+//! Drop-in protocol facades (issue 37): other projects' remote-index protocols served by a
+//! replica, so an existing gateway or publisher can use prefixlog without changing its code.
+//!
+//! Every facade is a thin adapter: its writes become records appended to the log through the
+//! ingest [`prefixlog_ingest::Publisher`] (the path every publisher uses), its answers come from
+//! the replica's state through [`prefixlog_query::QueryService::answer`] (the path of
+//! `prefixlog.v1` Match: same validation, limits, engine read). A facade is hosted on the query
+//! port as a [`prefixlog_query::Extension`], so it shares the replica's readiness
+//! (`grpc.health.v1` reports its service name too) and metrics registry. What each upstream
+//! message becomes is written down in docs/compat/.
+//!
+//! Module map:
+//! - [`sglang`]: SGLang's `kv_indexer.v1.KVIndexer` (what `sgl-router --kv-indexer-endpoint`
+//!   queries and the sgl `kv-indexer-bridge` writes to); docs/compat/sglang.md.
+//! - [`names`]: upstream worker names (strings) → prefixlog worker ids, per protocol seed.
+//! - [`metrics`]: [`metrics::FacadeMetrics`], every facade's counters labelled `protocol`.
+//! - [`FILE_DESCRIPTOR_SET`]: the upstream schemas, encoded, for gRPC server reflection.
+
+pub mod metrics;
+pub mod names;
+pub mod sglang;
+
+/// The encoded `FileDescriptorSet` of the upstream schemas this crate serves (reflection).
+pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/compat_descriptor.bin"));

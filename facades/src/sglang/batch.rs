@@ -1,0 +1,234 @@
+//! `ApplyExternalKvBatch`: validation (all or nothing, upstream's statuses) and the mapping of
+//! SGLang actions to prefixlog KV ops.
+//!
+//! | action | op |
+//! |---|---|
+//! | REPORT at HBM, no component masks (or all 0) | `BlocksStored{lane 0, parent_ext = parent_block_hash, ext = local = hashes}` |
+//! | REVOKE at HBM | `BlocksRemoved{lane 0, ext = hashes}` |
+//! | CLEAR_ALL_AT_TIER at HBM | `AllBlocksCleared{lane 0}` |
+//! | any action at DRAM or SSD | skipped, reason `tier_not_gpu` (prefixlog has no tiers yet) |
+//! | REPORT with a non-zero component mask | skipped, reason `components_unsupported` |
+//!
+//! Skipping never overcounts: a block not stored is only ever under-matched. A REPORT with
+//! component masks (hybrid SWA/Mamba models) is skipped because crediting its FULL blocks
+//! alone would ignore the reuse rules of its other components.
+
+use super::pb::{ApplyExternalKvBatchRequest, ExternalKvAction, ExternalKvActionType, TierType};
+use super::{GPU_LANE, MAX_ACTIONS, MAX_BATCH_HASHES};
+use prefixlog_ingest::KvOp;
+use tonic::Status;
+
+/// Why a batch is refused (nothing of it is applied).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum BatchError {
+    #[error("worker_id must not be empty")]
+    NoWorkerId,
+    #[error("{0} actions in one batch; at most {MAX_ACTIONS}")]
+    TooManyActions(usize),
+    #[error("{0} hashes in one batch; at most {MAX_BATCH_HASHES}")]
+    TooManyHashes(usize),
+    #[error("action {index}: tier {tier} is not TIER_HBM (1), TIER_DRAM (2) or TIER_SSD (3)")]
+    BadTier { index: usize, tier: i32 },
+    #[error("action {index}: action type {kind} is not REPORT (1), REVOKE (2) or CLEAR_ALL_AT_TIER (3)")]
+    BadType { index: usize, kind: i32 },
+    #[error("action {index}: REPORT and REVOKE need at least one hash")]
+    NoHashes { index: usize },
+    #[error("action {index}: {field} has {got} entries for {hashes} hashes (none, or one per hash)")]
+    BadPerHash { index: usize, field: &'static str, got: usize, hashes: usize },
+}
+
+impl BatchError {
+    /// Upstream's status for it: size limits are RESOURCE_EXHAUSTED, the rest INVALID_ARGUMENT.
+    pub fn status(&self) -> Status {
+        match self {
+            Self::TooManyActions(_) | Self::TooManyHashes(_) => Status::resource_exhausted(self.to_string()),
+            _ => Status::invalid_argument(self.to_string()),
+        }
+    }
+}
+
+/// Checks a whole batch before anything of it is published.
+pub fn validate(req: &ApplyExternalKvBatchRequest) -> Result<(), BatchError> {
+    if req.worker_id.is_empty() {
+        return Err(BatchError::NoWorkerId);
+    }
+    if req.actions.len() > MAX_ACTIONS {
+        return Err(BatchError::TooManyActions(req.actions.len()));
+    }
+    let hashes: usize = req.actions.iter().map(|a| a.hashes.len()).sum();
+    if hashes > MAX_BATCH_HASHES {
+        return Err(BatchError::TooManyHashes(hashes));
+    }
+    req.actions.iter().enumerate().try_for_each(|(index, a)| validate_action(index, a))
+}
+
+fn validate_action(index: usize, a: &ExternalKvAction) -> Result<(), BatchError> {
+    match TierType::try_from(a.tier) {
+        Ok(TierType::TierHbm | TierType::TierDram | TierType::TierSsd) => {}
+        _ => return Err(BatchError::BadTier { index, tier: a.tier }),
+    }
+    let kind = match ExternalKvActionType::try_from(a.r#type) {
+        Ok(ExternalKvActionType::ActionUnknown) | Err(_) => {
+            return Err(BatchError::BadType { index, kind: a.r#type })
+        }
+        Ok(k) => k,
+    };
+    if kind != ExternalKvActionType::ActionClearAllAtTier && a.hashes.is_empty() {
+        return Err(BatchError::NoHashes { index });
+    }
+    let per_hash = |field: &'static str, got: usize| {
+        if got == 0 || got == a.hashes.len() {
+            Ok(())
+        } else {
+            Err(BatchError::BadPerHash { index, field, got, hashes: a.hashes.len() })
+        }
+    };
+    per_hash("component_masks", a.component_masks.len())?;
+    per_hash("block_sizes", a.block_sizes.len())
+}
+
+/// Actions not applied, by reason (the `reason` label of the skipped counter).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Skipped {
+    /// At DRAM or SSD: prefixlog has no tiers yet (issue 38).
+    pub not_gpu_tier: u64,
+    /// A REPORT with non-zero component masks (hybrid models).
+    pub components: u64,
+}
+
+impl Skipped {
+    pub fn reasons(&self) -> [(&'static str, u64); 2] {
+        [("tier_not_gpu", self.not_gpu_tier), ("components_unsupported", self.components)]
+    }
+}
+
+/// The ops of a validated batch, in order, and what was skipped.
+pub fn map_actions(actions: &[ExternalKvAction]) -> (Vec<KvOp>, Skipped) {
+    let mut skipped = Skipped::default();
+    let mut ops = Vec::with_capacity(actions.len());
+    for a in actions {
+        if a.tier != TierType::TierHbm as i32 {
+            skipped.not_gpu_tier += 1;
+            continue;
+        }
+        let bits = |hs: &[i64]| hs.iter().map(|&h| h as u64).collect::<Vec<u64>>();
+        match ExternalKvActionType::try_from(a.r#type) {
+            Ok(ExternalKvActionType::ActionReport) if a.component_masks.iter().any(|&m| m != 0) => {
+                skipped.components += 1;
+            }
+            Ok(ExternalKvActionType::ActionReport) => ops.push(KvOp::Stored {
+                lane: GPU_LANE,
+                parent_ext: a.parent_block_hash.map(|p| p as u64),
+                blocks: a.hashes.iter().map(|&h| (h as u64, h as u64)).collect(),
+            }),
+            Ok(ExternalKvActionType::ActionRevoke) => {
+                ops.push(KvOp::Removed { lane: GPU_LANE, exts: bits(&a.hashes) })
+            }
+            Ok(ExternalKvActionType::ActionClearAllAtTier) => ops.push(KvOp::Cleared { lane: GPU_LANE }),
+            // Refused by `validate`.
+            Ok(ExternalKvActionType::ActionUnknown) | Err(_) => {}
+        }
+    }
+    (ops, skipped)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn action(kind: ExternalKvActionType, tier: TierType, hashes: Vec<i64>) -> ExternalKvAction {
+        ExternalKvAction { r#type: kind as i32, tier: tier as i32, hashes, ..Default::default() }
+    }
+
+    fn batch(actions: Vec<ExternalKvAction>) -> ApplyExternalKvBatchRequest {
+        ApplyExternalKvBatchRequest { worker_id: "w".into(), actions, ..Default::default() }
+    }
+
+    use ExternalKvActionType::*;
+    use TierType::*;
+
+    #[test]
+    fn refusals_carry_upstreams_statuses() {
+        let code = |r: ApplyExternalKvBatchRequest| validate(&r).err().map(|e| e.status().code());
+        let mut no_worker = batch(vec![]);
+        no_worker.worker_id.clear();
+        assert_eq!(code(no_worker), Some(tonic::Code::InvalidArgument));
+        assert_eq!(code(batch(vec![])), None, "an empty batch refreshes the address");
+        let many = vec![action(ActionClearAllAtTier, TierHbm, vec![]); MAX_ACTIONS + 1];
+        assert_eq!(code(batch(many)), Some(tonic::Code::ResourceExhausted));
+        let at_limit = vec![action(ActionClearAllAtTier, TierHbm, vec![]); MAX_ACTIONS];
+        assert_eq!(code(batch(at_limit)), None);
+        let big = vec![action(ActionReport, TierHbm, vec![1; MAX_BATCH_HASHES / 2 + 1]); 2];
+        assert_eq!(code(batch(big)), Some(tonic::Code::ResourceExhausted));
+        assert_eq!(
+            code(batch(vec![action(ActionReport, TierUnknown, vec![1])])),
+            Some(tonic::Code::InvalidArgument)
+        );
+        let mut bad_tier = action(ActionReport, TierHbm, vec![1]);
+        bad_tier.tier = 9;
+        assert_eq!(code(batch(vec![bad_tier])), Some(tonic::Code::InvalidArgument));
+        assert_eq!(
+            code(batch(vec![action(ActionUnknown, TierHbm, vec![1])])),
+            Some(tonic::Code::InvalidArgument)
+        );
+        let mut bad_type = action(ActionReport, TierHbm, vec![1]);
+        bad_type.r#type = 7;
+        assert_eq!(code(batch(vec![bad_type])), Some(tonic::Code::InvalidArgument));
+        assert_eq!(
+            code(batch(vec![action(ActionReport, TierHbm, vec![])])),
+            Some(tonic::Code::InvalidArgument)
+        );
+        assert_eq!(
+            code(batch(vec![action(ActionRevoke, TierDram, vec![])])),
+            Some(tonic::Code::InvalidArgument)
+        );
+        let mut masks = action(ActionReport, TierHbm, vec![1, 2]);
+        masks.component_masks = vec![1];
+        assert_eq!(code(batch(vec![masks.clone()])), Some(tonic::Code::InvalidArgument));
+        masks.component_masks = vec![1, 1];
+        assert_eq!(code(batch(vec![masks])), None);
+        let mut sizes = action(ActionReport, TierHbm, vec![1, 2]);
+        sizes.block_sizes = vec![4, 4, 4];
+        let err = validate(&batch(vec![action(ActionClearAllAtTier, TierSsd, vec![]), sizes])).unwrap_err();
+        assert_eq!(err, BatchError::BadPerHash { index: 1, field: "block_sizes", got: 3, hashes: 2 });
+    }
+
+    /// The sgl bridge's default clears every tier; only the GPU tier's reaches the log, and a
+    /// host- or disk-tier REPORT is never credited as a GPU copy.
+    #[test]
+    fn only_the_gpu_tier_is_stored_and_the_rest_is_counted() {
+        let mut parented = action(ActionReport, TierHbm, vec![-3, 5]);
+        parented.parent_block_hash = Some(-1);
+        let mut hybrid = action(ActionReport, TierHbm, vec![9]);
+        hybrid.component_masks = vec![2];
+        let (ops, skipped) = map_actions(&[
+            action(ActionReport, TierHbm, vec![7, 8]),
+            parented,
+            action(ActionReport, TierDram, vec![7]),
+            action(ActionRevoke, TierHbm, vec![8]),
+            action(ActionRevoke, TierSsd, vec![7]),
+            hybrid,
+            action(ActionClearAllAtTier, TierHbm, vec![]),
+            action(ActionClearAllAtTier, TierDram, vec![]),
+            action(ActionClearAllAtTier, TierSsd, vec![]),
+        ]);
+        assert_eq!(
+            ops,
+            vec![
+                KvOp::Stored { lane: 0, parent_ext: None, blocks: vec![(7, 7), (8, 8)] },
+                KvOp::Stored {
+                    lane: 0,
+                    parent_ext: Some(u64::MAX),
+                    blocks: vec![((-3i64) as u64, (-3i64) as u64), (5, 5)]
+                },
+                KvOp::Removed { lane: 0, exts: vec![8] },
+                KvOp::Cleared { lane: 0 },
+            ]
+        );
+        assert_eq!(skipped, Skipped { not_gpu_tier: 4, components: 1 });
+        // All-zero masks are plain FULL blocks.
+        let mut zero = action(ActionReport, TierHbm, vec![1]);
+        zero.component_masks = vec![0];
+        assert_eq!(map_actions(&[zero]).1, Skipped::default());
+    }
+}

@@ -1,0 +1,65 @@
+//! SGLang's external KV indexer, `kv_indexer.v1.KVIndexer` (docs/compat/sglang.md).
+//!
+//! One configured keyspace per replica (the protocol names neither model nor block size):
+//! `(model, block_size, hash scheme 4)`, scheme 4 = SGLang's page hash, whose values serve as
+//! both `ext` and `local` (a page hash already names its whole prefix).
+//!
+//! - [`batch`]: validation of `ApplyExternalKvBatch` and the mapping of its actions to KV ops
+//!   (pure; what is skipped and why).
+//! - [`writer`]: worker identity and metadata, feed epoch and sequence, publishing.
+//! - [`fleet`]: `ConfigureExpectedWorkers`: the listed workers announced, the others removed.
+//! - [`reader`]: the three query RPCs, answered through `QueryService::answer`.
+//! - [`service`]: the gRPC service (statuses, metrics) and [`SglangExtension`], which hosts it
+//!   on the query port.
+
+pub mod batch;
+pub mod fleet;
+pub mod reader;
+pub mod service;
+pub mod writer;
+
+pub use service::{SglangExtension, SglangService};
+
+/// The schema, generated from `proto/proto/compat/sglang/kv_indexer.proto`.
+pub mod pb {
+    #![allow(clippy::all)]
+    tonic::include_proto!("kv_indexer.v1");
+}
+
+use prefixlog_engine::KeyspaceId;
+
+/// The `protocol` label of this facade's metrics.
+pub const PROTOCOL: &str = "sglang";
+/// The hash scheme id of SGLang page hashes (docs/compat/README.md, "Hash schemes").
+pub const HASH_SCHEME_SGLANG: u32 = 4;
+/// The lane SGLang's GPU tier (HBM) is filed under. Other tiers are not stored (issue 38):
+/// crediting a host- or disk-tier copy as a GPU one would overcount.
+pub const GPU_LANE: u32 = 0;
+/// Limits of one `ApplyExternalKvBatch` (upstream's).
+pub const MAX_ACTIONS: usize = 256;
+pub const MAX_BATCH_HASHES: usize = 16_384;
+/// Most hashes of one `MatchExternalKv` / `GetExternalKvHitCounts` request (upstream's).
+pub const MAX_MATCH_HASHES: usize = 16_384;
+/// Concurrent `MatchExternalKvPrefix` calls; one more is RESOURCE_EXHAUSTED at once
+/// (upstream's `KV_INDEXER_PREFIX_QUERY_MAX_INFLIGHT`; sgl-router treats it as "overloaded").
+pub const MAX_PREFIX_INFLIGHT: usize = 32;
+/// Largest request decoded (upstream's): larger ones are refused before any work.
+pub const MAX_MESSAGE_BYTES: usize = 8 << 20;
+/// Distinct hashes whose hit counts a facade keeps (`count_as_hit`); past it new hashes are
+/// not counted (counted as skipped, reason `hit_counts_full`).
+pub const MAX_HIT_COUNTED: usize = 1 << 20;
+
+/// What the facade serves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SglangConfig {
+    /// The model of the one keyspace this facade writes and answers.
+    pub model: String,
+    /// Tokens per page of the workers (the keyspace's block size).
+    pub block_size: u32,
+}
+
+impl SglangConfig {
+    pub fn keyspace(&self) -> KeyspaceId {
+        KeyspaceId::new(self.model.clone(), self.block_size, HASH_SCHEME_SGLANG)
+    }
+}

@@ -1,0 +1,172 @@
+//! The `kv_indexer.v1.KVIndexer` gRPC service and the extension that hosts it on the query
+//! port. Every call is counted by RPC and status code (`protocol="sglang"`).
+
+use super::pb::kv_indexer_server::{KvIndexer, KvIndexerServer};
+use super::pb::*;
+use super::reader::Reader;
+use super::writer::Writer;
+use super::{SglangConfig, MAX_MESSAGE_BYTES, PROTOCOL};
+use crate::metrics::FacadeMetrics;
+use prefixlog_ingest::{LogSpec, PublishError, Publisher};
+use prefixlog_query::extension::{Extension, ExtensionContext};
+use prefixlog_query::service::grpc_timeout;
+use prefixlog_query::QueryService;
+use std::sync::Arc;
+use tonic::service::RoutesBuilder;
+use tonic::{Request, Response, Status};
+
+/// The service: a [`Writer`] and a [`Reader`] over one replica. Cheap to clone.
+#[derive(Clone)]
+pub struct SglangService {
+    writer: Arc<Writer>,
+    reader: Arc<Reader>,
+    query: QueryService,
+    metrics: FacadeMetrics,
+}
+
+impl SglangService {
+    pub fn new(
+        cfg: &SglangConfig,
+        publisher: Publisher,
+        query: QueryService,
+        metrics: FacadeMetrics,
+    ) -> Self {
+        Self {
+            writer: Arc::new(Writer::new(cfg, publisher, query.clone())),
+            reader: Arc::new(Reader::new(cfg, query.clone())),
+            query,
+            metrics,
+        }
+    }
+
+    pub fn into_server(self) -> KvIndexerServer<Self> {
+        KvIndexerServer::new(self).max_decoding_message_size(MAX_MESSAGE_BYTES)
+    }
+
+    /// Counts the call's outcome and hands it back.
+    fn counted<T>(&self, rpc: &str, r: Result<T, Status>) -> Result<Response<T>, Status> {
+        self.metrics.request(PROTOCOL, rpc, r.as_ref().err().map_or(tonic::Code::Ok, Status::code));
+        r.map(Response::new)
+    }
+}
+
+#[tonic::async_trait]
+impl KvIndexer for SglangService {
+    async fn configure_expected_workers(
+        &self,
+        request: Request<ConfigureExpectedWorkersRequest>,
+    ) -> Result<Response<ConfigureExpectedWorkersResponse>, Status> {
+        let wait = self.query.wait_for_call(grpc_timeout(&request));
+        let r = super::fleet::configure(&self.writer, request.get_ref(), wait).await.map_err(|e| {
+            if matches!(e, super::writer::WriteError::Collision { .. }) {
+                self.metrics.skipped(PROTOCOL, "worker_id_collision", 1);
+            }
+            e.status()
+        });
+        self.counted("ConfigureExpectedWorkers", r)
+    }
+
+    async fn replace_external_kv_snapshot(
+        &self,
+        _: Request<ReplaceExternalKvSnapshotRequest>,
+    ) -> Result<Response<ReplaceExternalKvSnapshotResponse>, Status> {
+        let why = "ReplaceExternalKvSnapshot is not served: a snapshot's flat per-tier hash lists carry no \
+                   parents, which prefixlog cannot place; run `prefixlog bridge` for recovery-aware fleets";
+        self.counted("ReplaceExternalKvSnapshot", Err(Status::unimplemented(why)))
+    }
+
+    async fn apply_external_kv_batch(
+        &self,
+        request: Request<ApplyExternalKvBatchRequest>,
+    ) -> Result<Response<ApplyExternalKvBatchResponse>, Status> {
+        let wait = self.query.wait_for_call(grpc_timeout(&request));
+        let req = request.into_inner();
+        let r = match self.writer.write(&req, wait).await {
+            Ok(w) => {
+                for (reason, n) in w.skipped.reasons() {
+                    self.metrics.skipped(PROTOCOL, reason, n);
+                }
+                if !w.applied {
+                    tracing::debug!(worker = %req.worker_id, ?wait, "batch on the log, not applied here within the wait");
+                }
+                Ok(ApplyExternalKvBatchResponse { applied_seq: req.seq, duplicate: false })
+            }
+            Err(e) => {
+                if matches!(e, super::writer::WriteError::Collision { .. }) {
+                    self.metrics.skipped(PROTOCOL, "worker_id_collision", 1);
+                }
+                Err(e.status())
+            }
+        };
+        self.counted("ApplyExternalKvBatch", r)
+    }
+
+    async fn match_external_kv(
+        &self,
+        request: Request<MatchExternalKvRequest>,
+    ) -> Result<Response<MatchExternalKvResponse>, Status> {
+        let wait = self.query.wait_for_call(grpc_timeout(&request));
+        let r = self.reader.match_hashes(request.get_ref(), wait).await.map(|(resp, dropped)| {
+            self.metrics.skipped(PROTOCOL, "hit_counts_full", dropped.0);
+            resp
+        });
+        self.counted("MatchExternalKv", r)
+    }
+
+    async fn match_external_kv_prefix(
+        &self,
+        request: Request<MatchExternalKvPrefixRequest>,
+    ) -> Result<Response<MatchExternalKvPrefixResponse>, Status> {
+        let wait = self.query.wait_for_call(grpc_timeout(&request));
+        let r = self.reader.match_prefix(request.get_ref(), wait).await;
+        self.counted("MatchExternalKvPrefix", r)
+    }
+
+    async fn get_external_kv_hit_counts(
+        &self,
+        request: Request<GetExternalKvHitCountsRequest>,
+    ) -> Result<Response<GetExternalKvHitCountsResponse>, Status> {
+        let r = self.reader.hit_counts(request.get_ref());
+        self.counted("GetExternalKvHitCounts", r)
+    }
+}
+
+/// Hosts [`SglangService`] on the query port (`prefixlog serve --sgl-model ...`).
+pub struct SglangExtension {
+    cfg: SglangConfig,
+    publisher: Publisher,
+}
+
+impl SglangExtension {
+    /// The extension for `cfg`, publishing to `spec`'s log (a producer of its own).
+    pub fn new(cfg: SglangConfig, spec: &LogSpec) -> Result<Self, PublishError> {
+        Ok(Self { cfg, publisher: Publisher::new(spec)? })
+    }
+}
+
+impl Extension for SglangExtension {
+    fn service_name(&self) -> &str {
+        "kv_indexer.v1.KVIndexer"
+    }
+
+    fn file_descriptor_set(&self) -> Option<&'static [u8]> {
+        Some(crate::FILE_DESCRIPTOR_SET)
+    }
+
+    fn add_to(&self, ctx: &ExtensionContext<'_>, routes: &mut RoutesBuilder) -> anyhow::Result<()> {
+        let info = &ctx.query.view().info;
+        if info.owned.len() != info.partition_count as usize {
+            // sgl-router asks one indexer per query and cannot merge shards, and a write for a
+            // worker of another shard could not continue its feed.
+            anyhow::bail!(
+                "the SGLang facade (--sgl-model) needs a replica of every partition; this one owns {:?} of {}",
+                info.owned,
+                info.partition_count
+            );
+        }
+        let metrics = FacadeMetrics::new(ctx.registry)?;
+        let svc = SglangService::new(&self.cfg, self.publisher.clone(), ctx.query.clone(), metrics);
+        routes.add_service(svc.into_server());
+        Ok(())
+    }
+}

@@ -1,0 +1,311 @@
+//! `ApplyExternalKvBatch` → records on the log, through the ingest `Publisher`.
+//!
+//! Per worker: a `WorkerAdded` record naming it (`sgl.worker_id`, `address`, `sgl.cache_spec`,
+//! `sgl.worker_epoch`) before its first batch and whenever one of those changes (the router
+//! routes on the address), then one `KvEventBatch` per request with the batch's GPU-tier ops.
+//!
+//! Sequence and epoch: prefixlog dedupes a feed by `(epoch, seq)` and flags a gap when `seq`
+//! skips a number, while upstream applies every batch (the sgl bridge even repeats one `seq`
+//! for the parts of a split batch). So the facade numbers its own records, one per request:
+//! the feed's next `seq`, read from the replica's state on the worker's first batch (once the
+//! replica applied the worker's partition up to its high watermark), then counted here. A new
+//! epoch (every lane of the feed cleared) starts when the engine's `seq` goes backwards (the
+//! engine restarted with an empty cache; known within one facade process) or a line-A
+//! `worker_epoch` differs from the recorded one. Requests of one worker are serialised here;
+//! one facade should write a worker (the bridge talks to one endpoint): two facades writing
+//! one worker would reuse sequence numbers, and the log would skip one's records as
+//! duplicates.
+
+use super::batch::{map_actions, validate, BatchError, Skipped};
+use super::pb::{ApplyExternalKvBatchRequest, WorkerCacheSpec};
+use super::SglangConfig;
+use crate::names::{worker_id, SGLANG_SEED};
+use parking_lot::Mutex;
+use prefixlog_engine::{partition_of, KeyspaceId};
+use prefixlog_ingest::partition_state::FeedKey;
+use prefixlog_ingest::{token_of, Landed, Lifecycle, PublishError, Publisher};
+use prefixlog_query::QueryService;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+use tonic::Status;
+
+/// Metadata keys of a SGLang worker's `WorkerAdded` record (docs/compat/README.md).
+pub const META_WORKER_ID: &str = "sgl.worker_id";
+pub const META_ADDRESS: &str = "address";
+pub const META_CACHE_SPEC: &str = "sgl.cache_spec";
+pub const META_WORKER_EPOCH: &str = "sgl.worker_epoch";
+
+/// Why a batch was not written.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error(transparent)]
+    Batch(#[from] BatchError),
+    #[error("worker_id {name:?} maps to worker {worker:016x}, which is recorded for {other:?}: refused (two workers are never merged)")]
+    Collision { name: String, worker: u64, other: String },
+    #[error("this replica is not ready (it cannot vouch for the feed state it would continue); try another")]
+    NotReady,
+    #[error("this replica has not applied partition {partition} up to its high watermark {high} within {wait:?}: the worker's feed state is not known yet")]
+    NotCaughtUp { partition: u32, high: i64, wait: Duration },
+    #[error("{0} expected workers; at most {max}", max = super::fleet::MAX_EXPECTED_WORKERS)]
+    TooManyWorkers(usize),
+    #[error("appending to the log: {0}")]
+    Publish(#[from] PublishError),
+}
+
+impl WriteError {
+    pub fn status(&self) -> Status {
+        match self {
+            Self::Batch(e) => e.status(),
+            Self::Collision { .. } => Status::failed_precondition(self.to_string()),
+            Self::TooManyWorkers(_) => Status::resource_exhausted(self.to_string()),
+            Self::NotReady | Self::NotCaughtUp { .. } | Self::Publish(_) => {
+                Status::unavailable(self.to_string())
+            }
+        }
+    }
+}
+
+/// What a written batch did.
+#[derive(Debug)]
+pub struct Written {
+    pub skipped: Skipped,
+    /// Whether the replica applied the records within the wait (read-your-writes here).
+    pub applied: bool,
+}
+
+/// A worker's state, locked for one request (`Some` once loaded).
+pub(crate) type Locked = tokio::sync::OwnedMutexGuard<Option<WorkerState>>;
+
+/// One worker's writing state in this process.
+pub(crate) struct WorkerState {
+    name: String,
+    epoch: u64,
+    next_seq: u64,
+    /// The engine `seq` of the worker's last batch (engine restarts show as a step back).
+    engine_seq: Option<u64>,
+    /// The metadata last published or recorded.
+    pub(crate) metadata: Option<BTreeMap<String, String>>,
+}
+
+pub struct Writer {
+    keyspace: KeyspaceId,
+    publisher: Publisher,
+    query: QueryService,
+    workers: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<Option<WorkerState>>>>>,
+}
+
+impl Writer {
+    pub fn new(cfg: &SglangConfig, publisher: Publisher, query: QueryService) -> Self {
+        Self { keyspace: cfg.keyspace(), publisher, query, workers: Mutex::default() }
+    }
+
+    /// Appends the batch's records; `wait` bounds the wait for the replica to apply them.
+    pub async fn write(
+        &self,
+        req: &ApplyExternalKvBatchRequest,
+        wait: Duration,
+    ) -> Result<Written, WriteError> {
+        validate(req)?;
+        let view = self.query.view();
+        if !view.readiness.is_ready() {
+            return Err(WriteError::NotReady);
+        }
+        let (worker, mut guard) = self.lock_worker(&req.worker_id, wait).await?;
+        let st = guard.as_mut().expect("loaded by lock_worker");
+        let restarted = st.engine_seq.is_some_and(|s| req.seq < s);
+        let recorded_epoch = st.metadata.as_ref().and_then(|m| m.get(META_WORKER_EPOCH));
+        let new_epoch =
+            !req.worker_epoch.is_empty() && recorded_epoch.is_some_and(|e| *e != req.worker_epoch);
+        let bump = restarted || new_epoch;
+        if bump {
+            st.epoch += 1;
+            st.next_seq = 1;
+        }
+        let metadata = desired_metadata(st.metadata.as_ref(), req);
+        let mut landed: Vec<Landed> = self.announce(worker, st, metadata).await?.into_iter().collect();
+        let (ops, skipped) = map_actions(&req.actions);
+        if !ops.is_empty() || bump {
+            // Counted before the publish: if it failed but the record landed after all, reusing
+            // the number would make the log skip the next batch as a duplicate; a number never
+            // used shows as a gap instead (the worker is left out of answers: never overcount).
+            let seq = st.next_seq;
+            st.next_seq += 1;
+            landed.push(
+                self.publisher
+                    .publish_kv_events(&self.keyspace, worker, 0, st.epoch, seq, false, &ops, None)
+                    .await?,
+            );
+        }
+        st.engine_seq = Some(req.seq);
+        drop(guard);
+        let applied = landed.is_empty() || view.status.wait_for(&token_of(&landed), wait).await;
+        Ok(Written { skipped, applied })
+    }
+
+    /// The worker's id and its state, locked (loaded from the replica on its first use here);
+    /// a name whose id belongs to another name is refused.
+    pub(crate) async fn lock_worker(&self, name: &str, wait: Duration) -> Result<(u64, Locked), WriteError> {
+        let worker = worker_id(SGLANG_SEED, name);
+        let slot = self.workers.lock().entry(worker).or_default().clone();
+        let mut guard = slot.lock_owned().await;
+        if guard.is_none() {
+            self.caught_up(worker, wait).await?;
+            *guard = Some(self.recorded(worker, name)?);
+        }
+        let st = guard.as_ref().expect("set above");
+        if st.name != name {
+            return Err(WriteError::Collision { name: name.into(), worker, other: st.name.clone() });
+        }
+        Ok((worker, guard))
+    }
+
+    /// Publishes `metadata` for the locked worker unless it is what was last recorded.
+    pub(crate) async fn announce(
+        &self,
+        worker: u64,
+        st: &mut WorkerState,
+        metadata: BTreeMap<String, String>,
+    ) -> Result<Option<Landed>, WriteError> {
+        if st.metadata.as_ref() == Some(&metadata) {
+            return Ok(None);
+        }
+        let added = Lifecycle::Added { metadata: metadata.clone() };
+        let landed = self.publisher.publish_lifecycle(worker, &added).await?;
+        st.metadata = Some(metadata);
+        Ok(Some(landed))
+    }
+
+    /// Removes a worker (`WorkerRemoved`: its metadata and every feed go). Its state here is
+    /// kept with no metadata, so a later batch announces it again (a removed feed accepts any
+    /// next `seq`, so the numbering may go on).
+    pub(crate) async fn remove(&self, worker: u64, mut guard: Locked) -> Result<Landed, WriteError> {
+        let landed = self.publisher.publish_lifecycle(worker, &Lifecycle::Removed).await?;
+        if let Some(st) = guard.as_mut() {
+            st.metadata = None;
+        }
+        Ok(landed)
+    }
+
+    pub(crate) fn query(&self) -> &QueryService {
+        &self.query
+    }
+
+    pub(crate) fn keyspace(&self) -> &KeyspaceId {
+        &self.keyspace
+    }
+
+    /// Waits until the replica applied the worker's partition up to its high watermark (as last
+    /// read from the broker), so the feed state the facade continues includes every record an
+    /// earlier facade process had acknowledged: a reused sequence number would make the log
+    /// skip a batch, and a skipped removal would overcount.
+    async fn caught_up(&self, worker: u64, wait: Duration) -> Result<(), WriteError> {
+        let status = &self.query.view().status;
+        let partition = partition_of(worker, self.query.view().info.partition_count);
+        let high = status.partitions[partition as usize].high_watermark.load(Ordering::Acquire);
+        if status.wait_for(&[(partition, high)], wait).await {
+            Ok(())
+        } else {
+            Err(WriteError::NotCaughtUp { partition, high, wait })
+        }
+    }
+
+    /// A worker's state as the replica recorded it (first batch of the worker in this process).
+    fn recorded(&self, worker: u64, name: &str) -> Result<WorkerState, WriteError> {
+        let view = self.query.view();
+        let Some(applier) = &view.applier else {
+            return Ok(WorkerState::new(name, None, None));
+        };
+        let a = applier.lock();
+        let part = a.partition(partition_of(worker, view.info.partition_count));
+        let metadata = part.workers.get(&worker).cloned();
+        if let Some(m) = &metadata {
+            let other = m.get(META_WORKER_ID).map_or("a worker of another publisher", String::as_str);
+            if other != name {
+                return Err(WriteError::Collision { name: name.into(), worker, other: other.into() });
+            }
+        }
+        let key = FeedKey { keyspace: self.keyspace.clone(), worker, dp_rank: 0 };
+        let feed = part.feeds.get(&key).map(|f| (f.epoch, f.last_seq));
+        Ok(WorkerState::new(name, metadata, feed))
+    }
+}
+
+impl WorkerState {
+    fn new(name: &str, metadata: Option<BTreeMap<String, String>>, feed: Option<(u64, Option<u64>)>) -> Self {
+        let (epoch, last) = feed.unwrap_or((1, None));
+        Self {
+            name: name.to_string(),
+            epoch: epoch.max(1),
+            next_seq: last.map_or(1, |s| s + 1),
+            engine_seq: None,
+            metadata,
+        }
+    }
+}
+
+/// The worker's metadata after this request: the recorded one with the request's non-empty
+/// fields (an empty address keeps the recorded one: upstream sends it on every batch).
+pub fn desired_metadata(
+    recorded: Option<&BTreeMap<String, String>>,
+    req: &ApplyExternalKvBatchRequest,
+) -> BTreeMap<String, String> {
+    let mut m = recorded.cloned().unwrap_or_default();
+    m.insert(META_WORKER_ID.into(), req.worker_id.clone());
+    if !req.worker_address.is_empty() {
+        m.insert(META_ADDRESS.into(), req.worker_address.clone());
+    }
+    if let Some(spec) = &req.cache_spec {
+        m.insert(META_CACHE_SPEC.into(), cache_spec_json(spec));
+    }
+    if !req.worker_epoch.is_empty() {
+        m.insert(META_WORKER_EPOCH.into(), req.worker_epoch.clone());
+    }
+    m
+}
+
+/// The cache spec as JSON, field names as in the schema.
+pub fn cache_spec_json(s: &WorkerCacheSpec) -> String {
+    format!(
+        "{{\"version\":{},\"components\":{},\"swa_window_tokens\":{},\"full_tier_mask\":{},\"swa_tier_mask\":{},\"mamba_tier_mask\":{}}}",
+        s.version, s.components, s.swa_window_tokens, s.full_tier_mask, s.swa_tier_mask, s.mamba_tier_mask
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadata_keeps_what_the_request_leaves_empty() {
+        let req = |addr: &str, epoch: &str| ApplyExternalKvBatchRequest {
+            worker_id: "w".into(),
+            worker_address: addr.into(),
+            worker_epoch: epoch.into(),
+            ..Default::default()
+        };
+        let first = desired_metadata(None, &req("http://a:1", ""));
+        assert_eq!(first.get(META_ADDRESS).map(String::as_str), Some("http://a:1"));
+        assert_eq!(first.get(META_WORKER_ID).map(String::as_str), Some("w"));
+        assert_eq!(desired_metadata(Some(&first), &req("", "")), first, "nothing changed: no record");
+        let moved = desired_metadata(Some(&first), &req("http://b:2", "e1"));
+        assert_eq!(moved.get(META_ADDRESS).map(String::as_str), Some("http://b:2"));
+        assert_eq!(moved.get(META_WORKER_EPOCH).map(String::as_str), Some("e1"));
+        let spec = WorkerCacheSpec { version: 1, components: 1, full_tier_mask: 2, ..Default::default() };
+        assert_eq!(
+            cache_spec_json(&spec),
+            r#"{"version":1,"components":1,"swa_window_tokens":0,"full_tier_mask":2,"swa_tier_mask":0,"mamba_tier_mask":0}"#
+        );
+    }
+
+    #[test]
+    fn a_new_worker_starts_at_epoch_1_and_a_known_feed_continues() {
+        let fresh = WorkerState::new("w", None, None);
+        assert_eq!((fresh.epoch, fresh.next_seq), (1, 1));
+        let known = WorkerState::new("w", None, Some((3, Some(41))));
+        assert_eq!((known.epoch, known.next_seq), (3, 42));
+        let cleared = WorkerState::new("w", None, Some((2, None)));
+        assert_eq!((cleared.epoch, cleared.next_seq), (2, 1));
+    }
+}
