@@ -94,14 +94,16 @@ class FeedStateMsg(_message.Message):
     def __init__(self, keyspace: _Optional[_Union[_records_pb2.Keyspace, _Mapping]] = ..., worker: _Optional[int] = ..., dp_rank: _Optional[int] = ..., epoch: _Optional[int] = ..., last_seq: _Optional[int] = ...) -> None: ...
 
 class HolderDigestsResponse(_message.Message):
-    __slots__ = ("next_offset", "holders", "feeds")
+    __slots__ = ("next_offset", "holders", "feeds", "truncated")
     NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
     HOLDERS_FIELD_NUMBER: _ClassVar[int]
     FEEDS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     next_offset: int
     holders: _containers.RepeatedCompositeFieldContainer[HolderDigestMsg]
     feeds: _containers.RepeatedCompositeFieldContainer[FeedStateMsg]
-    def __init__(self, next_offset: _Optional[int] = ..., holders: _Optional[_Iterable[_Union[HolderDigestMsg, _Mapping]]] = ..., feeds: _Optional[_Iterable[_Union[FeedStateMsg, _Mapping]]] = ...) -> None: ...
+    truncated: bool
+    def __init__(self, next_offset: _Optional[int] = ..., holders: _Optional[_Iterable[_Union[HolderDigestMsg, _Mapping]]] = ..., feeds: _Optional[_Iterable[_Union[FeedStateMsg, _Mapping]]] = ..., truncated: bool = ...) -> None: ...
 
 class FetchCheckpointRequest(_message.Message):
     __slots__ = ("partitions",)

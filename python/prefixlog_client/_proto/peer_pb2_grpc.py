@@ -70,7 +70,9 @@ class ReplicaPeerServicer(object):
 
     def FetchCheckpoint(self, request, context):
         """The replica's newest checkpoint, in checksummed chunks (bootstrap of a new replica, recovery
-        of a partition whose log was cut, a new shard's partitions when resharding).
+        of a partition whose log was cut, a new shard's partitions when resharding). A replica
+        serves a limited number at once: one more is RESOURCE_EXHAUSTED (try another replica, or
+        later).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
