@@ -18,7 +18,7 @@ import queue
 import threading
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import grpc
 
@@ -33,9 +33,16 @@ class MuxError(Exception):
 
     retriable = False
 
+    def status(self) -> Tuple[grpc.StatusCode, str]:
+        """The status a unary call would have ended with (the clients' failover reads it)."""
+        return grpc.StatusCode.UNAVAILABLE, str(self)
+
 
 class MuxTimeout(MuxError):
     """The query's timeout passed; the stream stays open."""
+
+    def status(self) -> Tuple[grpc.StatusCode, str]:
+        return grpc.StatusCode.DEADLINE_EXCEEDED, str(self)
 
 
 class MuxBroken(MuxError):
@@ -53,6 +60,9 @@ class MuxStatus(MuxError):
         self.code = code
         self.message = message
         self.retriable = code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
+
+    def status(self) -> Tuple[grpc.StatusCode, str]:
+        return self.code, self.message
 
 
 def _prepared(request: query_pb2.MatchRequest, request_id: int, timeout: float) -> query_pb2.MatchRequest:

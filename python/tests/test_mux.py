@@ -156,3 +156,30 @@ def test_in_band_error_fields_exist():
     assert r.in_band_errors and r.unordered
     a = query_pb2.MatchResponse(error=query_pb2.MatchError(code=3, message="m"))
     assert a.HasField("error") and a.error.code == 3
+
+
+def test_index_clients_stream_when_asked(client_factory, chain):
+    """IndexClient and AsyncIndexClient with streaming=True: the unary outcomes, over streams."""
+    c = client_factory([ADDR], deadline=5.0, streaming=True)
+    r = c.match(KS, hashes=chain)
+    assert r.outcome == "scores" and r.scores[0].depth == len(chain) and r.endpoint == ADDR, r
+    r = c.match(("no-such-model", 64, 1), hashes=[1, 2])
+    assert r.outcome == "unavailable" and r.reason.startswith("rejected: NOT_FOUND"), r
+    assert c.match(KS, hashes=[12345]).outcome == "empty"
+    r = c.match(KS, hashes=[1], min_offsets=NEVER, deadline=0.3)
+    assert (r.outcome, r.reason) == ("unavailable", "timeout"), r
+    r = c.match(KS, hashes=chain)
+    assert r.outcome == "scores", r
+    assert c._muxes[ADDR].streams_opened == 1
+
+
+def test_sharded_index_client_streams(chain):
+    shards = os.environ.get("PREFIXLOG_GRPC_SHARDS")
+    if not shards:
+        pytest.skip("PREFIXLOG_GRPC_SHARDS not set")
+    c = IndexClient(shards=[[e] for e in shards.split(",")], deadline=5.0, streaming=True)
+    try:
+        r = c.match(KS, hashes=chain)
+        assert r.outcome == "scores" and not r.partial and r.scores[0].depth == len(chain), r
+    finally:
+        c.close()

@@ -42,6 +42,7 @@ pub mod stream;
 pub mod validate;
 
 pub use client::{Answer, DiscoveryError, IndexClient, MatchOutcome, MatchQuery, Prompt, Unavailable};
+pub use mux::{MuxError, StreamMux};
 pub use server::{start, RunningServer, Served, ServerConfig, TlsFiles};
 pub use service::{default_replica_id, QueryConfig, QueryService, ReplicaInfo};
 
