@@ -65,6 +65,10 @@ pub struct Args {
     /// of each).
     #[arg(long, env = "PREFIXLOG_BENCH_IN_FLIGHT")]
     pub in_flight: Option<usize>,
+    /// Streams the `--in-flight` queries are spread over (the replica works on one stream's
+    /// queries on one task: one core).
+    #[arg(long, env = "PREFIXLOG_BENCH_STREAMS", default_value_t = 1)]
+    pub streams: usize,
 }
 
 /// Renices this process's threads whose name starts with one of `prefixes` (Linux `renice`
@@ -316,7 +320,14 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     let hb = engine.holder_blocks();
     let stream_costs = match a.in_flight {
         Some(k) => Some(
-            crate::stream_bench::compare(&client, r1.endpoint(), queries.clone(), k, a.idle_queries).await?,
+            crate::stream_bench::compare(
+                &client,
+                r1.endpoint(),
+                queries.clone(),
+                (k, a.streams),
+                a.idle_queries,
+            )
+            .await?,
         ),
         None => None,
     };
@@ -374,7 +385,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         yes(l99 / i99 <= 1.5)
     );
     if let (Some(costs), Some(k)) = (&stream_costs, a.in_flight) {
-        crate::stream_bench::print(costs, k);
+        crate::stream_bench::print(costs, (k, a.streams));
     }
     env.finish().await;
     Ok(())

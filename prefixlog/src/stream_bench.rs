@@ -31,21 +31,22 @@ impl Cost {
     }
 }
 
-/// Unary, then stream, each for `n` queries at `in_flight` in flight.
+/// Unary, then `streams` streams, each for `n` queries at `in_flight` in flight.
 pub async fn compare(
     client: &ClientThread,
     endpoint: String,
     queries: Arc<[MatchRequest]>,
-    in_flight: usize,
+    (in_flight, streams): (usize, usize),
     n: usize,
 ) -> anyhow::Result<[Cost; 2]> {
     let mut out = Vec::new();
     for streaming in [false, true] {
         let (ep, qs) = (endpoint.clone(), queries.clone());
         // Warm-up (connections, buffers), not counted.
-        client.run(drive(ep.clone(), qs.clone(), in_flight, n / 10, streaming)).await??;
+        let streams = if streaming { streams.max(1) } else { 0 };
+        client.run(drive(ep.clone(), qs.clone(), in_flight, n / 10, streams)).await??;
         let (cpu, t) = (replica_cpu(), Instant::now());
-        client.run(drive(ep, qs, in_flight, n, streaming)).await??;
+        client.run(drive(ep, qs, in_flight, n, streams)).await??;
         let (wall, replica_cpu) = (t.elapsed(), replica_cpu().saturating_sub(cpu));
         out.push(Cost {
             path: if streaming { "MatchStream" } else { "Match" },
@@ -58,21 +59,23 @@ pub async fn compare(
     Ok([u, s])
 }
 
-/// Keeps `in_flight` queries going until `n` are answered (on the client thread).
+/// Keeps `in_flight` queries going until `n` are answered (on the client thread): unary calls
+/// with `streams` = 0, else spread over that many streams (a stream is one task, one core, on
+/// the replica).
 async fn drive(
     endpoint: String,
     queries: Arc<[MatchRequest]>,
     in_flight: usize,
     n: usize,
-    streaming: bool,
+    streams: usize,
 ) -> anyhow::Result<()> {
     let ch = Endpoint::from_shared(endpoint)?.tcp_nodelay(true).connect().await?;
-    let mux = Arc::new(StreamMux::new(ch.clone()));
+    let muxes: Vec<Arc<StreamMux>> = (0..streams).map(|_| Arc::new(StreamMux::new(ch.clone()))).collect();
     let next = Arc::new(AtomicUsize::new(0));
     let mut set = tokio::task::JoinSet::new();
-    for _ in 0..in_flight.max(1) {
-        let (mut unary, mux, next, queries) =
-            (PrefixIndexClient::new(ch.clone()), mux.clone(), next.clone(), queries.clone());
+    for j in 0..in_flight.max(1) {
+        let mux = (streams > 0).then(|| muxes[j % streams].clone());
+        let (mut unary, next, queries) = (PrefixIndexClient::new(ch.clone()), next.clone(), queries.clone());
         set.spawn(async move {
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
@@ -80,10 +83,11 @@ async fn drive(
                     return anyhow::Ok(());
                 }
                 let q = queries[i % queries.len()].clone();
-                if streaming {
-                    mux.ask(q, tokio::time::Instant::now() + Duration::from_secs(30)).await?;
-                } else {
-                    unary.r#match(q).await?;
+                match &mux {
+                    Some(mux) => {
+                        drop(mux.ask(q, tokio::time::Instant::now() + Duration::from_secs(30)).await?)
+                    }
+                    None => drop(unary.r#match(q).await?),
                 }
             }
         });
@@ -109,13 +113,14 @@ fn replica_cpu() -> Duration {
 }
 
 /// The report: one row per path, and the target line.
-pub fn print(costs: &[Cost; 2], in_flight: usize) {
+pub fn print(costs: &[Cost; 2], (in_flight, streams): (usize, usize)) {
     println!("\n| path | in flight | queries | replica CPU µs/query | queries/s |");
     println!("|---|---:|---:|---:|---:|");
     for c in costs {
+        let path = if c.path == "Match" { c.path.to_string() } else { format!("{} ×{streams}", c.path) };
         println!(
             "| {} | {in_flight} | {} | {:.1} | {:.0} |",
-            c.path,
+            path,
             c.queries,
             c.us_per_query(),
             c.queries as f64 / c.wall.as_secs_f64()
