@@ -160,23 +160,35 @@ fn soon() -> Instant {
     Instant::now() + Duration::from_secs(30)
 }
 
-/// Many concurrent queries over one stream, each answered with its own result or error.
+/// Many concurrent queries over one stream, each answered with its own result or error; those
+/// waiting for a token never reached are answered last (out of the order they were sent in).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_multiplexer_routes_every_answer_to_its_caller() {
-    let (srv, _) = server(any_port(), cfg(4, Duration::from_secs(1))).await;
+    let (srv, _) = server(any_port(), cfg(8, Duration::from_secs(1))).await;
     let m = mux(srv.grpc_addr);
     let asks: Vec<_> = (0..60u64)
         .map(|i| {
             let m = m.clone();
-            let hashes = [vec![1, 2], vec![1], vec![9], vec![]][i as usize % 4].clone();
-            tokio::spawn(async move { (i, m.ask(req(0, hashes, &[]), soon()).await) })
+            let hashes = [vec![1, 2], vec![1], vec![9], vec![], vec![1, 2]][i as usize % 5].clone();
+            let (token, end): (&[(u32, i64)], _) = match i % 5 {
+                4 => (&[(0, 10)], Instant::now() + Duration::from_millis(300)),
+                _ => (&[], soon()),
+            };
+            tokio::spawn(async move { (i, m.ask(req(0, hashes, token), end).await) })
         })
         .collect();
     for a in asks {
         let (i, r) = a.await.unwrap();
-        match i % 4 {
+        match i % 5 {
             3 => assert!(
                 matches!(&r, Err(MuxError::Status { code: Code::InvalidArgument, .. })),
+                "query {i}: {r:?}"
+            ),
+            4 => assert!(
+                matches!(
+                    &r,
+                    Err(MuxError::Status { code: Code::DeadlineExceeded, .. }) | Err(MuxError::Timeout)
+                ),
                 "query {i}: {r:?}"
             ),
             k => assert_eq!(depth(&r.unwrap()), [2, 1, 0][k as usize], "query {i}"),
