@@ -27,6 +27,7 @@ mod kafka_args;
 mod query_bench;
 mod replay;
 mod serve;
+mod stream_bench;
 
 use clap::{Parser, Subcommand};
 

@@ -11,6 +11,8 @@
 //! slowest), so the phase runs `--catch-ups` of them, one fresh replica after another, and pools
 //! their calls. The client's calls (and its decoding of the answers) run on a thread of its own
 //! ([`ClientThread`]); its HTTP/2 connection task runs on the runtime's workers, as before.
+//! With `--in-flight N`, the idle replica's CPU per query on `MatchStream` is also measured
+//! beside unary `Match` at N in flight ([`crate::stream_bench`]).
 
 use crate::bench_env::{bench_options, BenchLog};
 use crate::fleet_records::{fleet_records, keyspace, WorkloadArgs};
@@ -58,6 +60,15 @@ pub struct Args {
     /// wait on the writer.
     #[arg(long, env = "PREFIXLOG_BENCH_QUERY_COPY")]
     pub query_copy: bool,
+    /// Also measure the idle replica's CPU per query on `MatchStream` (one stream, the client's
+    /// multiplexer) beside unary `Match`, with this many queries in flight (`--idle-queries`
+    /// of each).
+    #[arg(long, env = "PREFIXLOG_BENCH_IN_FLIGHT")]
+    pub in_flight: Option<usize>,
+    /// Streams the `--in-flight` queries are spread over (the replica works on one stream's
+    /// queries on one task: one core).
+    #[arg(long, env = "PREFIXLOG_BENCH_STREAMS", default_value_t = 1)]
+    pub streams: usize,
 }
 
 /// Renices this process's threads whose name starts with one of `prefixes` (Linux `renice`
@@ -98,7 +109,7 @@ impl Lat {
 /// phase with the client there put a quarter of the client's time in `_int_malloc`, walking a
 /// large bin's free list for tonic's 8 KiB receive buffers and a 256-score answer's 14 KiB
 /// list: harness cost, on the timed path of both RPCs.
-struct ClientThread {
+pub(crate) struct ClientThread {
     jobs: std::sync::mpsc::Sender<ClientJob>,
 }
 
@@ -127,7 +138,10 @@ impl ClientThread {
     }
 
     /// Runs `f` to completion on the client thread.
-    async fn run<T: Send + 'static>(&self, f: impl Future<Output = T> + Send + 'static) -> anyhow::Result<T> {
+    pub(crate) async fn run<T: Send + 'static>(
+        &self,
+        f: impl Future<Output = T> + Send + 'static,
+    ) -> anyhow::Result<T> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.jobs
             .send(Box::new(move |rt| {
@@ -304,6 +318,19 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     let (im, ie, (hits, scores)) =
         client.run(measure(ch, queries.clone(), a.idle_queries, || false)).await??;
     let hb = engine.holder_blocks();
+    let stream_costs = match a.in_flight {
+        Some(k) => Some(
+            crate::stream_bench::compare(
+                &client,
+                r1.endpoint(),
+                queries.clone(),
+                (k, a.streams),
+                a.idle_queries,
+            )
+            .await?,
+        ),
+        None => None,
+    };
 
     // Ingesting: fresh replicas catching up from offset 0 while they answer.
     let (lm, le, catch_ups) = ingesting_phase(&env, &a, &client, &queries, n as u64).await?;
@@ -357,6 +384,9 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         l99 / i99,
         yes(l99 / i99 <= 1.5)
     );
+    if let (Some(costs), Some(k)) = (&stream_costs, a.in_flight) {
+        crate::stream_bench::print(costs, (k, a.streams));
+    }
     env.finish().await;
     Ok(())
 }

@@ -3,7 +3,7 @@
 //! where prost errs). Seeded, so a failure names the seed that reproduces it.
 
 use prefixlog_proto::match_wire;
-use prefixlog_proto::v1::{Interval, MatchResponse, PartitionOffset, WorkerScore};
+use prefixlog_proto::v1::{Interval, MatchError, MatchResponse, PartitionOffset, WorkerScore};
 use prost::encoding::encode_varint;
 use prost::Message;
 use rand::{Rng, SeedableRng};
@@ -55,6 +55,11 @@ fn response(rng: &mut ChaCha8Rng) -> MatchResponse {
         request_id: magnitude(rng, u64::MAX),
         partitions: (0..rng.random_range(0..5)).collect(),
         partition_count: rng.random_range(0..64),
+        // In-band errors (MatchStream): a nested message after the scores.
+        error: rng.random_ratio(1, 10).then(|| MatchError {
+            code: rng.random_range(1..17),
+            message: (0..rng.random_range(0..20)).map(|_| rng.random_range('a'..='é')).collect(),
+        }),
     }
 }
 

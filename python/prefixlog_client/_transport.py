@@ -7,6 +7,7 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 import grpc
 
 from ._wire import MatchResult
+from .mux import MuxError
 
 # Statuses after which the next endpoint may well answer: the replica is down, overloaded or
 # broke the call. Any other status is the request's fault and would fail everywhere.
@@ -79,8 +80,11 @@ class Failover:
         endpoint = self.endpoints[index]
         # grpc's sync and aio call errors both have code() and details(); anything else
         # (a broken channel, a bug) is treated as a disconnection.
-        code = error.code() if isinstance(error, grpc.RpcError) and hasattr(error, "code") else None
-        details = error.details() if code is not None else str(error)  # type: ignore[attr-defined]
+        if isinstance(error, MuxError):  # a query over the replica's stream (streaming=True)
+            code, details = error.status()
+        else:
+            code = error.code() if isinstance(error, grpc.RpcError) and hasattr(error, "code") else None
+            details = error.details() if code is not None else str(error)  # type: ignore[attr-defined]
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:
             self._reason = "timeout"
         elif code is None or code in _TRY_NEXT:

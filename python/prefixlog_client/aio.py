@@ -35,6 +35,7 @@ from ._shards import (
 from ._seeds import Resolver, expand, system_resolver
 from ._transport import ChannelSecurity, Failover
 from ._wire import Keyspace, MatchResult, WorkerList, match_request, match_result, worker_list
+from .mux import AsyncStreamMux
 from .tokens import Token
 
 Result = Union[MatchResult, WorkerList]
@@ -66,8 +67,12 @@ class AsyncIndexClient:
         refresh_interval: float = 30.0,
         discovery_timeout: float = 1.0,
         resolver: Optional[Resolver] = None,
+        streaming: bool = False,
     ):
         self._security = ChannelSecurity(root_certificates, private_key, certificate_chain, server_name)
+        # Match over one long-lived MatchStream per replica (prefixlog_client.mux).
+        self._streaming = streaming
+        self._muxes: Dict[str, AsyncStreamMux] = {}
         self.deadline = deadline
         self.endpoints, self._map = plan(endpoints, shards, discover)
         self._resolver = resolver or system_resolver
@@ -100,6 +105,13 @@ class AsyncIndexClient:
             stub = self._stubs[endpoint] = query_pb2_grpc.PrefixIndexStub(channel)
         return stub
 
+    def _mux(self, endpoint: str) -> AsyncStreamMux:
+        mux = self._muxes.get(endpoint)
+        if mux is None:
+            self._stub(endpoint)
+            mux = self._muxes[endpoint] = AsyncStreamMux(self._channels[endpoint])
+        return mux
+
     async def _ready(self) -> None:
         self._open()
         if self._discover and not self._discovered:
@@ -113,6 +125,9 @@ class AsyncIndexClient:
         for t in pending:
             t.cancel()
         await asyncio.gather(*pending, return_exceptions=True)  # let them end before the loop does
+        muxes, self._muxes = self._muxes, {}
+        for mux in muxes.values():
+            await mux.close()
         channels, self._channels, self._stubs = self._channels, {}, {}
         for ch in channels.values():
             await ch.close()
@@ -173,7 +188,10 @@ class AsyncIndexClient:
         for i, timeout in failover.attempts():
             endpoint = shard.endpoints[i]
             try:
-                resp = await getattr(self._stub(endpoint), method)(req, timeout=timeout)
+                if self._streaming and method == "Match":
+                    resp = await self._mux(endpoint).ask(req, timeout)
+                else:
+                    resp = await getattr(self._stub(endpoint), method)(req, timeout=timeout)
             except Exception as e:  # fail open on anything; CancelledError is no Exception
                 final = failover.failed(i, e)
                 if final is not None:

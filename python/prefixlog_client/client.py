@@ -13,7 +13,8 @@ same client for asyncio.
 import queue
 import threading
 import time
-from typing import Callable, List, Optional, Sequence, Tuple, Union
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import grpc
 
@@ -37,6 +38,7 @@ from ._shards import (
 from ._seeds import Resolver, expand, system_resolver
 from ._transport import ChannelSecurity, Failover
 from ._wire import Keyspace, MatchResult, WorkerList, match_request, match_result, worker_list
+from .mux import StreamMux
 from .tokens import Token
 
 Result = Union[MatchResult, WorkerList]
@@ -64,6 +66,10 @@ class IndexClient:
         answering.
     With one shard (no `shards=`, no `discover=`), queries go to it directly, as they always
     did.
+
+    `streaming=True`: Match queries go over one long-lived MatchStream per replica
+    (prefixlog_client.mux.StreamMux) instead of unary calls: cheaper per query for the
+    replica; same outcomes, deadlines and failover.
     """
 
     def __init__(
@@ -80,8 +86,13 @@ class IndexClient:
         refresh_interval: float = 30.0,
         discovery_timeout: float = 1.0,
         resolver: Optional[Resolver] = None,
+        streaming: bool = False,
     ):
         self._security = ChannelSecurity(root_certificates, private_key, certificate_chain, server_name)
+        # Match over one long-lived MatchStream per replica (prefixlog_client.mux).
+        self._streaming = streaming
+        self._muxes: Dict[str, StreamMux] = {}
+        self._pool: Optional[ThreadPoolExecutor] = None
         self.deadline = deadline
         self.endpoints, self._map = plan(endpoints, shards, discover)
         self._resolver = resolver or system_resolver
@@ -111,8 +122,19 @@ class IndexClient:
             stub = self._stubs[endpoint] = query_pb2_grpc.PrefixIndexStub(channel)
         return stub
 
+    def _mux(self, endpoint: str) -> StreamMux:
+        mux = self._muxes.get(endpoint)
+        if mux is None:
+            self._stub(endpoint)
+            mux = self._muxes.setdefault(endpoint, StreamMux(self._channels[endpoint]))
+        return mux
+
     def close(self) -> None:
         self._closed = True
+        for mux in list(self._muxes.values()):
+            mux.close()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
         for ch in list(self._channels.values()):
             ch.close()
 
@@ -177,7 +199,10 @@ class IndexClient:
         for i, timeout in failover.attempts():
             endpoint = shard.endpoints[i]
             try:
-                resp = getattr(self._stub(endpoint), method)(req, timeout=timeout)
+                if self._streaming and method == "Match":
+                    resp = self._mux(endpoint).ask(req, timeout)
+                else:
+                    resp = getattr(self._stub(endpoint), method)(req, timeout=timeout)
             except Exception as e:  # fail open on anything, grpc.RpcError or not
                 final = failover.failed(i, e)
                 if final is not None:
@@ -189,7 +214,13 @@ class IndexClient:
 
     def _fan_out(self, calls: Sequence[Tuple[Shard, object]], method: str, end: float, read: Callable) -> List[Tuple[Shard, Result]]:
         """`_call` on every shard at once (gRPC futures, no threads of ours): each shard's
-        replicas in turn, all until `end`; a shard still waiting then is a timeout."""
+        replicas in turn, all until `end`; a shard still waiting then is a timeout. Streaming
+        Match: `_call` per shard on a thread of a small pool (each ends by `end`)."""
+        if self._streaming and method == "Match":
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(thread_name_prefix="prefixlog-shards")
+            futures = [self._pool.submit(self._call, shard, method, req, end, read) for shard, req in calls]
+            return [(shard, f.result()) for (shard, _), f in zip(calls, futures)]
         results: List[Optional[Result]] = [None] * len(calls)
         walks = [Failover(shard.endpoints, shard.preferred, 0, end=end) for shard, _ in calls]
         attempts = [w.attempts() for w in walks]

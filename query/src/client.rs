@@ -126,6 +126,10 @@ impl MatchQuery {
             request_id: 0,
             candidate_workers: self.candidates.clone(),
             exclude_gapped: self.exclude_gapped,
+            // Set per stream by the multiplexer.
+            in_band_errors: false,
+            unordered: false,
+            timeout_us: 0,
         }
     }
 }
@@ -184,6 +188,8 @@ struct Inner {
 pub struct IndexClient {
     inner: Arc<Inner>,
     publisher: Option<(Publisher, String)>,
+    /// Queries over each replica's long-lived `MatchStream` instead of unary calls.
+    streaming: bool,
 }
 
 const PROBE: Duration = Duration::from_millis(200);
@@ -252,7 +258,7 @@ impl IndexClient {
             resolver,
         });
         tokio::spawn(rediscover_loop(Arc::downgrade(&inner)));
-        Ok(Self { inner, publisher: None })
+        Ok(Self { inner, publisher: None, streaming: false })
     }
 
     fn build(
@@ -271,13 +277,19 @@ impl IndexClient {
             seeds,
             resolver: system_resolver(),
         });
-        Ok(Self { inner, publisher: None })
+        Ok(Self { inner, publisher: None, streaming: false })
     }
 
     /// Adds the publisher used by [`Self::publish_placement`] (`gateway` names this gateway in
     /// the placement records).
     pub fn with_publisher(self, publisher: Publisher, gateway: impl Into<String>) -> Self {
         Self { publisher: Some((publisher, gateway.into())), ..self }
+    }
+
+    /// Sends the queries over one long-lived `MatchStream` per replica ([`crate::mux`]):
+    /// cheaper per query for the replica; same answers, deadlines and failover.
+    pub fn streaming(self, on: bool) -> Self {
+        Self { streaming: on, ..self }
     }
 
     /// `(partitions, endpoints)` of every shard the client asks (partitions empty until known).
@@ -300,11 +312,12 @@ impl IndexClient {
         let end = Instant::now() + deadline;
         let req = Arc::new(q.to_request());
         let map = self.inner.map.read().clone();
+        let streaming = self.streaming;
         let asks = (0..map.groups.len()).map(|i| {
             let (map, req) = (map.clone(), req.clone());
             tokio::spawn(async move {
                 let g = &map.groups[i];
-                let result = g.replicas.ask(&req, end).await;
+                let result = g.replicas.ask(&req, end, streaming).await;
                 if let Ok((resp, _)) = &result {
                     if !resp.partitions.is_empty() {
                         *g.partitions.lock() = resp.partitions.clone();

@@ -8,6 +8,8 @@
 //! Module map:
 //! - [`service`]: `PrefixIndex` (Match, MatchStream, Describe, ListWorkers),
 //!   [`service::QueryConfig`] limits, [`service::ReplicaInfo`].
+//! - [`stream`]: `MatchStream` served: bounded concurrency per stream, in-band errors and
+//!   unordered answers for the requests that opt in.
 //! - [`validate`]: request validation and bounded error messages.
 //! - [`server`]: starts the gRPC port (service + Echo + health + reflection) and admin port.
 //! - [`extension`]: [`extension::Extension`], services other crates host on the query port
@@ -20,6 +22,8 @@
 //! - [`metrics`]: query latency, outcomes and matched depth; progress, continuity and state size
 //!   collected at scrape time, into the replica's registry.
 //! - [`client`]: [`client::IndexClient`], the fail-open gateway client over every shard.
+//! - [`mux`]: [`mux::StreamMux`], many queries over one long-lived `MatchStream` per replica
+//!   (per-query deadlines, answers routed by request id, reconnect).
 //! - [`shards`]: the client's shard map (static, or discovered with `Describe`) and the exact
 //!   merge of shard answers.
 //! - [`seeds`]: discovery seeds resolved to every address behind them (headless Services).
@@ -31,15 +35,18 @@ pub mod exposition;
 pub mod extension;
 pub mod health;
 pub mod metrics;
+pub mod mux;
 pub mod replicas;
 pub mod seeds;
 pub mod server;
 pub mod service;
 pub mod shards;
+pub mod stream;
 pub mod validate;
 
 pub use client::{Answer, DiscoveryError, IndexClient, MatchOutcome, MatchQuery, Prompt, Unavailable};
 pub use extension::{Extension, ExtensionContext, Extensions};
+pub use mux::{MuxError, StreamMux};
 pub use server::{start, RunningServer, Served, ServerConfig, TlsFiles};
 pub use service::{default_replica_id, QueryConfig, QueryService, ReplicaInfo};
 

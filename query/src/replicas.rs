@@ -6,8 +6,11 @@
 //! and can prove its state) every `probe_interval`; a query goes to the healthy endpoint with the
 //! most applied records (sum of the `applied` offsets of its last answer: the least lagged), and
 //! fails over to the next one on a transport error or when the endpoint does not answer within
-//! its share of the deadline (what is left, split over the endpoints still to try).
+//! its share of the deadline (what is left, split over the endpoints still to try). A query
+//! goes as a unary `Match`, or over the endpoint's long-lived `MatchStream`
+//! ([`crate::mux::StreamMux`]) when the client asks for streaming.
 
+use crate::mux::{MuxError, StreamMux};
 use prefixlog_proto::v1::{prefix_index_client::PrefixIndexClient, MatchRequest, MatchResponse};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
@@ -34,10 +37,35 @@ pub enum Unavailable {
 struct Ep {
     url: String,
     client: PrefixIndexClient<Channel>,
+    /// Opens its stream on first use only.
+    mux: StreamMux,
     health: HealthClient<Channel>,
     healthy: AtomicBool,
     applied_sum: AtomicI64,
     timeouts: AtomicU32,
+}
+
+impl Ep {
+    async fn ask_unary(&self, req: &MatchRequest, budget: Duration) -> Result<MatchResponse, tonic::Status> {
+        let mut r = tonic::Request::new(req.clone());
+        r.set_timeout(budget);
+        let mut client = self.client.clone();
+        match tokio::time::timeout(budget, client.r#match(r)).await {
+            Err(_) => Err(tonic::Status::deadline_exceeded("client deadline")),
+            Ok(r) => r.map(tonic::Response::into_inner),
+        }
+    }
+
+    /// The stream's errors as the statuses a unary call would end with, so both paths fail
+    /// over alike (a broken stream is a dead or restarting replica: UNAVAILABLE).
+    async fn ask_stream(&self, req: &MatchRequest, budget: Duration) -> Result<MatchResponse, tonic::Status> {
+        let end = tokio::time::Instant::now() + budget;
+        self.mux.ask(req.clone(), end).await.map_err(|e| match e {
+            MuxError::Timeout => tonic::Status::deadline_exceeded("client deadline"),
+            MuxError::Broken(why) => tonic::Status::unavailable(why),
+            MuxError::Status { code, message } => tonic::Status::new(code, message),
+        })
+    }
 }
 
 /// Consecutive timeouts after which an endpoint counts as unhealthy until its next good probe
@@ -94,6 +122,7 @@ impl ReplicaGroup {
             eps.push(Ep {
                 url: url.clone(),
                 client: PrefixIndexClient::new(ch.clone()),
+                mux: StreamMux::new(ch.clone()),
                 health: HealthClient::new(ch),
                 // Optimistic until the first probe, so the first queries need not wait for it.
                 healthy: AtomicBool::new(true),
@@ -116,11 +145,13 @@ impl ReplicaGroup {
     }
 
     /// Queries the best endpoint, failing over to the next on transport errors, all before
-    /// `end`. Returns the answer and the endpoint that gave it.
+    /// `end`, over each endpoint's stream if `streaming`. Returns the answer and the endpoint
+    /// that gave it.
     pub async fn ask(
         &self,
         req: &MatchRequest,
         end: Instant,
+        streaming: bool,
     ) -> Result<(MatchResponse, String), Unavailable> {
         let mut last = Unavailable::Disconnected("no endpoints configured".into());
         let order = self.order();
@@ -134,16 +165,10 @@ impl ReplicaGroup {
             // connections but not answering: a stuck process, a host going down) costs at most
             // its share, and the next one still gets an answer in within the deadline.
             let budget = left / (order.len() - k) as u32;
-            let mut r = tonic::Request::new(req.clone());
-            r.set_timeout(budget);
-            let mut client = ep.client.clone();
-            let res = match tokio::time::timeout(budget, client.r#match(r)).await {
-                Err(_) => Err(tonic::Status::deadline_exceeded("client deadline")),
-                Ok(r) => r,
-            };
+            let res =
+                if streaming { ep.ask_stream(req, budget).await } else { ep.ask_unary(req, budget).await };
             match res {
-                Ok(resp) => {
-                    let m = resp.into_inner();
+                Ok(m) => {
                     ep.timeouts.store(0, Ordering::Relaxed);
                     ep.applied_sum.store(m.applied.iter().map(|o| o.offset.max(0)).sum(), Ordering::Relaxed);
                     // Another replica answered in time: stop preferring the ones that did not,

@@ -19,11 +19,9 @@ use prefixlog_proto::v1::{
     prefix_index_server::PrefixIndex, DescribeRequest, DescribeResponse, Interval, ListWorkersRequest,
     ListWorkersResponse, MatchRequest, MatchResponse, PartitionOffset, WorkerInfo, WorkerScore,
 };
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
-use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
 /// Limits and waits of the query service.
@@ -36,6 +34,9 @@ pub struct QueryConfig {
     pub max_decoding_message_size: usize,
     /// Concurrent `MatchStream` calls; one more gets RESOURCE_EXHAUSTED.
     pub max_concurrent_streams: usize,
+    /// Requests of one `MatchStream` worked on at once (admitted and not yet answered); the
+    /// stream reads no further request until one is answered ([`crate::stream`]).
+    pub max_in_flight_per_stream: usize,
     /// How long a consistency-token wait may take when the request carries no `grpc-timeout`
     /// (and for each message of a stream).
     pub default_wait: Duration,
@@ -49,6 +50,7 @@ impl Default for QueryConfig {
             max_blocks: 8192,
             max_decoding_message_size: 4 << 20,
             max_concurrent_streams: 256,
+            max_in_flight_per_stream: 32,
             default_wait: Duration::from_secs(1),
             max_wait: Duration::from_secs(10),
         }
@@ -120,6 +122,10 @@ impl QueryService {
         self.wait_budget(timeout)
     }
 
+    pub(crate) fn replica_id(&self) -> &str {
+        &self.view.info.replica_id
+    }
+
     /// Answers one request; `wait` bounds the consistency-token wait.
     pub async fn answer(&self, req: MatchRequest, wait: Duration) -> Result<MatchResponse, Status> {
         let start = Instant::now();
@@ -177,6 +183,7 @@ impl QueryService {
             request_id: req.request_id,
             partitions: info.owned.clone(),
             partition_count: info.partition_count,
+            error: None,
         })
     }
 
@@ -269,7 +276,7 @@ impl QueryService {
     /// 100 ms) so that DEADLINE_EXCEEDED or the stale answer reaches the client before the
     /// client's own timer fires, also on a loaded machine (20 ms was too tight there: the
     /// client's timer won and the call ended CANCELLED); capped by `max_wait`.
-    fn wait_budget(&self, timeout: Option<Duration>) -> Duration {
+    pub(crate) fn wait_budget(&self, timeout: Option<Duration>) -> Duration {
         match timeout {
             Some(d) => d.saturating_sub((d / 5).min(Duration::from_millis(100))),
             None => self.cfg.default_wait,
@@ -355,8 +362,6 @@ pub fn parse_grpc_timeout(v: &str) -> Option<Duration> {
     })
 }
 
-type MatchStream = Pin<Box<dyn Stream<Item = Result<MatchResponse, Status>> + Send>>;
-
 #[tonic::async_trait]
 impl PrefixIndex for QueryService {
     async fn r#match(&self, request: Request<MatchRequest>) -> Result<Response<MatchResponse>, Status> {
@@ -375,7 +380,7 @@ impl PrefixIndex for QueryService {
         Ok(Response::new(QueryService::list_workers(self)))
     }
 
-    type MatchStreamStream = MatchStream;
+    type MatchStreamStream = crate::stream::MatchStream;
 
     async fn match_stream(
         &self,
@@ -389,44 +394,8 @@ impl PrefixIndex for QueryService {
         })?;
         // The stream's deadline bounds every message's token wait, as a unary call's does.
         let (opened, timeout) = (Instant::now(), grpc_timeout(&request));
-        let mut inbound = request.into_inner();
-        let svc = self.clone();
-        // Answers in request order; a failed query ends the stream with its status (the
-        // request_id of earlier answers tells the client which ones succeeded).
-        let out = async_stream(move |tx| async move {
-            let _permit = permit;
-            while let Some(req) = inbound.next().await {
-                let r = match req {
-                    Ok(req) => {
-                        let left = timeout.map(|t| t.saturating_sub(opened.elapsed()));
-                        svc.answer(req, svc.wait_budget(left)).await
-                    }
-                    // Same contract as unary calls (see `server::oversize_is_resource_exhausted`).
-                    Err(s) if s.code() == tonic::Code::OutOfRange => {
-                        Err(Status::resource_exhausted(s.message()))
-                    }
-                    Err(s) => Err(s),
-                };
-                let failed = r.is_err();
-                if tx.send(r).await.is_err() || failed {
-                    break;
-                }
-            }
-        });
-        Ok(Response::new(out))
+        Ok(Response::new(crate::stream::serve(self.clone(), request.into_inner(), opened, timeout, permit)))
     }
-}
-
-/// A stream fed by a spawned task through a small channel (keeps tonic's stream type simple
-/// without an extra macro crate).
-fn async_stream<F, Fut>(f: F) -> MatchStream
-where
-    F: FnOnce(tokio::sync::mpsc::Sender<Result<MatchResponse, Status>>) -> Fut,
-    Fut: std::future::Future<Output = ()> + Send + 'static,
-{
-    let (tx, rx) = tokio::sync::mpsc::channel(16);
-    tokio::spawn(f(tx));
-    Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
 }
 
 #[cfg(test)]

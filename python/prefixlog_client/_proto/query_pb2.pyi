@@ -28,7 +28,7 @@ class BlockHashes(_message.Message):
     def __init__(self, local: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class MatchRequest(_message.Message):
-    __slots__ = ("keyspace", "tokens", "hashes", "intervals", "top_k", "lane", "min_offsets", "allow_stale", "request_id", "candidate_workers", "exclude_gapped")
+    __slots__ = ("keyspace", "tokens", "hashes", "intervals", "top_k", "lane", "min_offsets", "allow_stale", "request_id", "candidate_workers", "exclude_gapped", "in_band_errors", "unordered", "timeout_us")
     KEYSPACE_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     HASHES_FIELD_NUMBER: _ClassVar[int]
@@ -40,6 +40,9 @@ class MatchRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     CANDIDATE_WORKERS_FIELD_NUMBER: _ClassVar[int]
     EXCLUDE_GAPPED_FIELD_NUMBER: _ClassVar[int]
+    IN_BAND_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    UNORDERED_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_US_FIELD_NUMBER: _ClassVar[int]
     keyspace: _records_pb2.Keyspace
     tokens: TokenIds
     hashes: BlockHashes
@@ -51,7 +54,10 @@ class MatchRequest(_message.Message):
     request_id: int
     candidate_workers: _containers.RepeatedScalarFieldContainer[int]
     exclude_gapped: bool
-    def __init__(self, keyspace: _Optional[_Union[_records_pb2.Keyspace, _Mapping]] = ..., tokens: _Optional[_Union[TokenIds, _Mapping]] = ..., hashes: _Optional[_Union[BlockHashes, _Mapping]] = ..., intervals: bool = ..., top_k: _Optional[int] = ..., lane: _Optional[int] = ..., min_offsets: _Optional[_Iterable[_Union[_records_pb2.PartitionOffset, _Mapping]]] = ..., allow_stale: bool = ..., request_id: _Optional[int] = ..., candidate_workers: _Optional[_Iterable[int]] = ..., exclude_gapped: bool = ...) -> None: ...
+    in_band_errors: bool
+    unordered: bool
+    timeout_us: int
+    def __init__(self, keyspace: _Optional[_Union[_records_pb2.Keyspace, _Mapping]] = ..., tokens: _Optional[_Union[TokenIds, _Mapping]] = ..., hashes: _Optional[_Union[BlockHashes, _Mapping]] = ..., intervals: bool = ..., top_k: _Optional[int] = ..., lane: _Optional[int] = ..., min_offsets: _Optional[_Iterable[_Union[_records_pb2.PartitionOffset, _Mapping]]] = ..., allow_stale: bool = ..., request_id: _Optional[int] = ..., candidate_workers: _Optional[_Iterable[int]] = ..., exclude_gapped: bool = ..., in_band_errors: bool = ..., unordered: bool = ..., timeout_us: _Optional[int] = ...) -> None: ...
 
 class Interval(_message.Message):
     __slots__ = ("start", "end")
@@ -82,7 +88,7 @@ class WorkerScore(_message.Message):
     def __init__(self, worker: _Optional[int] = ..., dp_rank: _Optional[int] = ..., lane: _Optional[int] = ..., depth: _Optional[int] = ..., total_blocks: _Optional[int] = ..., inferred: bool = ..., intervals: _Optional[_Iterable[_Union[Interval, _Mapping]]] = ..., gapped: bool = ...) -> None: ...
 
 class MatchResponse(_message.Message):
-    __slots__ = ("scores", "applied", "replica_id", "stale", "query_blocks", "request_id", "partitions", "partition_count")
+    __slots__ = ("scores", "applied", "replica_id", "stale", "query_blocks", "request_id", "partitions", "partition_count", "error")
     SCORES_FIELD_NUMBER: _ClassVar[int]
     APPLIED_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
@@ -91,6 +97,7 @@ class MatchResponse(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     PARTITION_COUNT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
     scores: _containers.RepeatedCompositeFieldContainer[WorkerScore]
     applied: _containers.RepeatedCompositeFieldContainer[_records_pb2.PartitionOffset]
     replica_id: str
@@ -99,7 +106,16 @@ class MatchResponse(_message.Message):
     request_id: int
     partitions: _containers.RepeatedScalarFieldContainer[int]
     partition_count: int
-    def __init__(self, scores: _Optional[_Iterable[_Union[WorkerScore, _Mapping]]] = ..., applied: _Optional[_Iterable[_Union[_records_pb2.PartitionOffset, _Mapping]]] = ..., replica_id: _Optional[str] = ..., stale: bool = ..., query_blocks: _Optional[int] = ..., request_id: _Optional[int] = ..., partitions: _Optional[_Iterable[int]] = ..., partition_count: _Optional[int] = ...) -> None: ...
+    error: MatchError
+    def __init__(self, scores: _Optional[_Iterable[_Union[WorkerScore, _Mapping]]] = ..., applied: _Optional[_Iterable[_Union[_records_pb2.PartitionOffset, _Mapping]]] = ..., replica_id: _Optional[str] = ..., stale: bool = ..., query_blocks: _Optional[int] = ..., request_id: _Optional[int] = ..., partitions: _Optional[_Iterable[int]] = ..., partition_count: _Optional[int] = ..., error: _Optional[_Union[MatchError, _Mapping]] = ...) -> None: ...
+
+class MatchError(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class DescribeRequest(_message.Message):
     __slots__ = ()

@@ -66,8 +66,11 @@ class PrefixIndexServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def MatchStream(self, request_iterator, context):
-        """Many queries over one stream; responses carry the request's request_id. A failed query
-        ends the stream with its status.
+        """Many queries over one stream; responses carry the request's request_id. Up to a bounded
+        number of a stream's queries are worked on at once. By default answers come in request
+        order and a failed query ends the stream with its status. A request may opt in to
+        `in_band_errors` (its failure is answered in `MatchResponse.error`, the stream stays open)
+        and `unordered` (its answer is sent as soon as it is ready, possibly before earlier ones).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

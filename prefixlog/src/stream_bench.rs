@@ -1,0 +1,134 @@
+//! `bench-query --in-flight N`: the replica's CPU per query on the streaming path (one
+//! `MatchStream` through the client's multiplexer) beside unary `Match`, at N queries in
+//! flight, in one run (issue 39, item 3: target stream ≤ 0.6× unary).
+//!
+//! Method: against the idle, caught-up replica, the client thread keeps N queries in flight
+//! until `queries` are answered: first as unary calls over one HTTP/2 connection, then over
+//! one stream. The channel is made on the client thread, so the client's connection task and
+//! decoding run there. The replica's CPU is the run time (`/proc/self/task/*/schedstat`,
+//! nanoseconds) of every thread of the process but the client's, read before and after; it
+//! includes the idle replica's own background threads, small and alike in both runs.
+
+use crate::query_bench::ClientThread;
+use prefixlog_proto::v1::{prefix_index_client::PrefixIndexClient, MatchRequest};
+use prefixlog_query::mux::StreamMux;
+use prefixlog_query::tonic::transport::Endpoint;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// One path's cost.
+pub struct Cost {
+    pub path: &'static str,
+    pub queries: usize,
+    pub replica_cpu: Duration,
+    pub wall: Duration,
+}
+
+impl Cost {
+    pub fn us_per_query(&self) -> f64 {
+        self.replica_cpu.as_secs_f64() * 1e6 / self.queries.max(1) as f64
+    }
+}
+
+/// Unary, then `streams` streams, each for `n` queries at `in_flight` in flight.
+pub async fn compare(
+    client: &ClientThread,
+    endpoint: String,
+    queries: Arc<[MatchRequest]>,
+    (in_flight, streams): (usize, usize),
+    n: usize,
+) -> anyhow::Result<[Cost; 2]> {
+    let mut out = Vec::new();
+    for streaming in [false, true] {
+        let (ep, qs) = (endpoint.clone(), queries.clone());
+        // Warm-up (connections, buffers), not counted.
+        let streams = if streaming { streams.max(1) } else { 0 };
+        client.run(drive(ep.clone(), qs.clone(), in_flight, n / 10, streams)).await??;
+        let (cpu, t) = (replica_cpu(), Instant::now());
+        client.run(drive(ep, qs, in_flight, n, streams)).await??;
+        let (wall, replica_cpu) = (t.elapsed(), replica_cpu().saturating_sub(cpu));
+        out.push(Cost {
+            path: if streaming { "MatchStream" } else { "Match" },
+            queries: n,
+            replica_cpu,
+            wall,
+        });
+    }
+    let [u, s]: [Cost; 2] = out.try_into().map_err(|_| anyhow::anyhow!("two runs"))?;
+    Ok([u, s])
+}
+
+/// Keeps `in_flight` queries going until `n` are answered (on the client thread): unary calls
+/// with `streams` = 0, else spread over that many streams (a stream is one task, one core, on
+/// the replica).
+async fn drive(
+    endpoint: String,
+    queries: Arc<[MatchRequest]>,
+    in_flight: usize,
+    n: usize,
+    streams: usize,
+) -> anyhow::Result<()> {
+    let ch = Endpoint::from_shared(endpoint)?.tcp_nodelay(true).connect().await?;
+    let muxes: Vec<Arc<StreamMux>> = (0..streams).map(|_| Arc::new(StreamMux::new(ch.clone()))).collect();
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut set = tokio::task::JoinSet::new();
+    for j in 0..in_flight.max(1) {
+        let mux = (streams > 0).then(|| muxes[j % streams].clone());
+        let (mut unary, next, queries) = (PrefixIndexClient::new(ch.clone()), next.clone(), queries.clone());
+        set.spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= n {
+                    return anyhow::Ok(());
+                }
+                let q = queries[i % queries.len()].clone();
+                match &mux {
+                    Some(mux) => {
+                        drop(mux.ask(q, tokio::time::Instant::now() + Duration::from_secs(30)).await?)
+                    }
+                    None => drop(unary.r#match(q).await?),
+                }
+            }
+        });
+    }
+    while let Some(r) = set.join_next().await {
+        r??;
+    }
+    Ok(())
+}
+
+/// Run time of every thread of this process but the bench client's.
+fn replica_cpu() -> Duration {
+    let mut ns = 0u64;
+    for t in std::fs::read_dir("/proc/self/task").into_iter().flatten().flatten() {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if comm.trim() == "bench-client" {
+            continue;
+        }
+        let stat = std::fs::read_to_string(t.path().join("schedstat")).unwrap_or_default();
+        ns += stat.split_whitespace().next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    }
+    Duration::from_nanos(ns)
+}
+
+/// The report: one row per path, and the target line.
+pub fn print(costs: &[Cost; 2], (in_flight, streams): (usize, usize)) {
+    println!("\n| path | in flight | queries | replica CPU µs/query | queries/s |");
+    println!("|---|---:|---:|---:|---:|");
+    for c in costs {
+        let path = if c.path == "Match" { c.path.to_string() } else { format!("{} ×{streams}", c.path) };
+        println!(
+            "| {} | {in_flight} | {} | {:.1} | {:.0} |",
+            path,
+            c.queries,
+            c.us_per_query(),
+            c.queries as f64 / c.wall.as_secs_f64()
+        );
+    }
+    let ratio = costs[1].us_per_query() / costs[0].us_per_query();
+    println!(
+        "replica CPU per query, MatchStream / Match: {ratio:.2}× (target ≤ 0.6×: {})",
+        if ratio <= 0.6 { "yes" } else { "**no**" }
+    );
+}

@@ -1,0 +1,203 @@
+//! Many queries over one long-lived `MatchStream` per replica.
+//!
+//! A [`StreamMux`] opens its stream on first use and keeps it. Every query gets a fresh
+//! `request_id` and asks for the multiplexed contract (`in_band_errors`, `unordered`), so one
+//! query's failure or token wait affects no other; a reader task routes each answer to its
+//! caller by `request_id`. A query whose deadline passes returns [`MuxError::Timeout`] and
+//! forgets its id, so its late answer is dropped, and the stream stays open. If the stream
+//! breaks, every pending query gets the retriable [`MuxError::Broken`], and the next query
+//! opens a new stream (the channel underneath reconnects on its own).
+
+use parking_lot::Mutex;
+use prefixlog_proto::v1::{prefix_index_client::PrefixIndexClient, MatchRequest, MatchResponse};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tonic::transport::Channel;
+use tonic::{Code, Streaming};
+
+/// Requests queued for the stream before a caller waits to send (each still bounded by its
+/// own deadline); the server reads them as its per-stream in-flight limit allows.
+const QUEUE: usize = 1024;
+
+/// Why a multiplexed query has no answer.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MuxError {
+    /// The query's deadline passed; the stream stays open and a late answer is dropped.
+    #[error("no answer within the query's deadline")]
+    Timeout,
+    /// The stream broke (replica gone, connection lost) while the query was pending, or could
+    /// not be opened. Retriable: the next query opens a new stream.
+    #[error("the query stream broke: {0}")]
+    Broken(String),
+    /// The replica refused the stream or answered this query with an error (in band).
+    #[error("the replica answered {code:?}: {message}")]
+    Status { code: Code, message: String },
+}
+
+impl MuxError {
+    /// Worth retrying, here or on another replica.
+    pub fn is_retriable(&self) -> bool {
+        match self {
+            Self::Broken(_) => true,
+            Self::Timeout => false,
+            Self::Status { code, .. } => matches!(code, Code::Unavailable | Code::ResourceExhausted),
+        }
+    }
+
+    fn status(s: &tonic::Status) -> Self {
+        match s.code() {
+            Code::Unavailable | Code::Unknown | Code::Internal | Code::Cancelled => {
+                Self::Broken(format!("{:?}: {}", s.code(), s.message()))
+            }
+            code => Self::Status { code, message: s.message().to_string() },
+        }
+    }
+}
+
+type Reply = oneshot::Sender<Result<MatchResponse, MuxError>>;
+
+/// The callers waiting on one stream, and why it broke once it has.
+#[derive(Default)]
+struct Pending {
+    waiting: HashMap<u64, Reply>,
+    broken: Option<String>,
+}
+
+/// One open stream. Dropping it (the last query's handle and the mux's slot) closes the
+/// request side, so the server finishes and the reader task ends.
+struct Conn {
+    tx: mpsc::Sender<MatchRequest>,
+    pending: Arc<Mutex<Pending>>,
+}
+
+/// The multiplexer of one replica. Cheap to share behind an `Arc`; the stream opens lazily.
+pub struct StreamMux {
+    client: PrefixIndexClient<Channel>,
+    conn: tokio::sync::Mutex<Option<Arc<Conn>>>,
+    next_id: AtomicU64,
+    opened: AtomicU64,
+    in_flight: AtomicUsize,
+}
+
+impl StreamMux {
+    pub fn new(channel: Channel) -> Self {
+        Self {
+            client: PrefixIndexClient::new(channel),
+            conn: tokio::sync::Mutex::new(None),
+            next_id: AtomicU64::new(1),
+            opened: AtomicU64::new(0),
+            in_flight: AtomicUsize::new(0),
+        }
+    }
+
+    /// Streams opened so far (1 while the first one lasts).
+    pub fn streams_opened(&self) -> u64 {
+        self.opened.load(Ordering::Relaxed)
+    }
+
+    /// Queries waiting for their answer now.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Asks `req` (its `request_id`, stream flags and `timeout_us` are set here) and waits for
+    /// its answer until `end`.
+    pub async fn ask(&self, mut req: MatchRequest, end: Instant) -> Result<MatchResponse, MuxError> {
+        let conn = tokio::time::timeout_at(end, self.connection()).await.map_err(|_| MuxError::Timeout)??;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        (req.request_id, req.in_band_errors, req.unordered) = (id, true, true);
+        let (reply, answer) = oneshot::channel();
+        let _forget = {
+            let mut p = conn.pending.lock();
+            if let Some(why) = &p.broken {
+                return Err(MuxError::Broken(why.clone()));
+            }
+            p.waiting.insert(id, reply);
+            self.in_flight.fetch_add(1, Ordering::Relaxed);
+            // Whatever ends this call (answer, deadline, the caller dropping it) forgets the id.
+            Forget { pending: &conn.pending, id, in_flight: &self.in_flight }
+        };
+        // The replica ends a token wait a margin before this, as it does for a unary call.
+        req.timeout_us = end.saturating_duration_since(Instant::now()).as_micros().max(1) as u64;
+        let sent = tokio::time::timeout_at(end, conn.tx.send(req)).await;
+        match sent {
+            Err(_) => return Err(MuxError::Timeout),
+            Ok(Err(_)) => return Err(self.broken(&conn, "the request side is closed")),
+            Ok(Ok(())) => {}
+        }
+        match tokio::time::timeout_at(end, answer).await {
+            Err(_) => Err(MuxError::Timeout),
+            Ok(Err(_)) => Err(self.broken(&conn, "the reader stopped")),
+            Ok(Ok(Err(e))) => Err(e),
+            Ok(Ok(Ok(resp))) => match resp.error {
+                Some(e) => Err(MuxError::Status { code: Code::from(e.code as i32), message: e.message }),
+                None => Ok(resp),
+            },
+        }
+    }
+
+    /// The open stream, or a new one.
+    async fn connection(&self) -> Result<Arc<Conn>, MuxError> {
+        let mut slot = self.conn.lock().await;
+        if let Some(c) = slot.as_ref().filter(|c| c.pending.lock().broken.is_none()) {
+            return Ok(c.clone());
+        }
+        *slot = None;
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let mut client = self.client.clone();
+        let inbound = client
+            .match_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+            .map_err(|s| MuxError::status(&s))?
+            .into_inner();
+        self.opened.fetch_add(1, Ordering::Relaxed);
+        let conn = Arc::new(Conn { tx, pending: Arc::default() });
+        tokio::spawn(route(inbound, conn.pending.clone()));
+        *slot = Some(conn.clone());
+        Ok(conn)
+    }
+
+    /// Marks `conn` broken (if the reader has not yet) so the next query opens a new stream.
+    fn broken(&self, conn: &Conn, why: &str) -> MuxError {
+        let mut p = conn.pending.lock();
+        MuxError::Broken(p.broken.get_or_insert_with(|| why.to_string()).clone())
+    }
+}
+
+/// Removes a query's id from the pending map when its call ends.
+struct Forget<'a> {
+    pending: &'a Mutex<Pending>,
+    id: u64,
+    in_flight: &'a AtomicUsize,
+}
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        self.pending.lock().waiting.remove(&self.id);
+        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Routes answers to their callers until the stream ends; then fails every pending query.
+async fn route(mut inbound: Streaming<MatchResponse>, pending: Arc<Mutex<Pending>>) {
+    let why = loop {
+        match inbound.message().await {
+            Ok(Some(resp)) => {
+                // No caller: its deadline passed, the answer is late. Dropped.
+                if let Some(reply) = pending.lock().waiting.remove(&resp.request_id) {
+                    let _ = reply.send(Ok(resp));
+                }
+            }
+            Ok(None) => break "the replica ended the stream".to_string(),
+            Err(s) => break format!("{:?}: {}", s.code(), s.message()),
+        }
+    };
+    let mut p = pending.lock();
+    let why = p.broken.get_or_insert(why).clone();
+    for (_, reply) in p.waiting.drain() {
+        let _ = reply.send(Err(MuxError::Broken(why.clone())));
+    }
+}
