@@ -14,7 +14,7 @@
 //! alone would ignore the reuse rules of its other components.
 
 use super::pb::{ApplyExternalKvBatchRequest, ExternalKvAction, ExternalKvActionType, TierType};
-use super::{GPU_LANE, MAX_ACTIONS, MAX_BATCH_HASHES};
+use super::{GPU_LANE, MAX_ACTIONS, MAX_BATCH_HASHES, MAX_WORKER_ID_BYTES};
 use prefixlog_ingest::KvOp;
 use tonic::Status;
 
@@ -23,6 +23,8 @@ use tonic::Status;
 pub enum BatchError {
     #[error("worker_id must not be empty")]
     NoWorkerId,
+    #[error("worker_id has {0} bytes; at most {MAX_WORKER_ID_BYTES}")]
+    WorkerIdTooLong(usize),
     #[error("{0} actions in one batch; at most {MAX_ACTIONS}")]
     TooManyActions(usize),
     #[error("{0} hashes in one batch; at most {MAX_BATCH_HASHES}")]
@@ -47,11 +49,18 @@ impl BatchError {
     }
 }
 
+/// A worker name the facade accepts: not empty, and bounded.
+pub fn check_worker_id(name: &str) -> Result<(), BatchError> {
+    match name.len() {
+        0 => Err(BatchError::NoWorkerId),
+        n if n > MAX_WORKER_ID_BYTES => Err(BatchError::WorkerIdTooLong(n)),
+        _ => Ok(()),
+    }
+}
+
 /// Checks a whole batch before anything of it is published.
 pub fn validate(req: &ApplyExternalKvBatchRequest) -> Result<(), BatchError> {
-    if req.worker_id.is_empty() {
-        return Err(BatchError::NoWorkerId);
-    }
+    check_worker_id(&req.worker_id)?;
     if req.actions.len() > MAX_ACTIONS {
         return Err(BatchError::TooManyActions(req.actions.len()));
     }
@@ -153,6 +162,11 @@ mod tests {
         let mut no_worker = batch(vec![]);
         no_worker.worker_id.clear();
         assert_eq!(code(no_worker), Some(tonic::Code::InvalidArgument));
+        let mut long_name = batch(vec![]);
+        long_name.worker_id = "w".repeat(MAX_WORKER_ID_BYTES + 1);
+        assert_eq!(code(long_name.clone()), Some(tonic::Code::InvalidArgument));
+        long_name.worker_id.pop();
+        assert_eq!(code(long_name), None, "a name of the longest length is taken");
         assert_eq!(code(batch(vec![])), None, "an empty batch refreshes the address");
         let many = vec![action(ActionClearAllAtTier, TierHbm, vec![]); MAX_ACTIONS + 1];
         assert_eq!(code(batch(many)), Some(tonic::Code::ResourceExhausted));

@@ -5,7 +5,7 @@
 //! "Other SGLang worker" = a worker whose metadata names an `sgl.worker_id` and which has no
 //! feed in another keyspace: a facade serving another model on the same log keeps its workers.
 
-use super::batch::BatchError;
+use super::batch::check_worker_id;
 use super::pb::{
     ApplyExternalKvBatchRequest, ConfigureExpectedWorkersRequest, ConfigureExpectedWorkersResponse,
 };
@@ -23,8 +23,8 @@ pub async fn configure(
     req: &ConfigureExpectedWorkersRequest,
     wait: Duration,
 ) -> Result<ConfigureExpectedWorkersResponse, WriteError> {
-    if req.workers.iter().any(|e| e.worker_id.is_empty()) {
-        return Err(BatchError::NoWorkerId.into());
+    for e in &req.workers {
+        check_worker_id(&e.worker_id)?;
     }
     if req.workers.len() > MAX_EXPECTED_WORKERS {
         return Err(WriteError::TooManyWorkers(req.workers.len()));

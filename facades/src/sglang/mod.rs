@@ -38,6 +38,11 @@ pub const GPU_LANE: u32 = 0;
 /// Limits of one `ApplyExternalKvBatch` (upstream's).
 pub const MAX_ACTIONS: usize = 256;
 pub const MAX_BATCH_HASHES: usize = 16_384;
+/// Longest `worker_id`, in bytes (as `serve --max-name-bytes` bounds names on the log).
+pub const MAX_WORKER_ID_BYTES: usize = 256;
+/// Workers this process keeps writing state for: a stream of requests each naming a new worker
+/// must not grow its memory without end (the log's own limits refuse them later, per partition).
+pub const MAX_WORKERS: usize = 65_536;
 /// Most hashes of one `MatchExternalKv` / `GetExternalKvHitCounts` request (upstream's).
 pub const MAX_MATCH_HASHES: usize = 16_384;
 /// Concurrent `MatchExternalKvPrefix` calls; one more is RESOURCE_EXHAUSTED at once

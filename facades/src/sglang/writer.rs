@@ -18,7 +18,7 @@
 
 use super::batch::{map_actions, validate, BatchError, Skipped};
 use super::pb::{ApplyExternalKvBatchRequest, WorkerCacheSpec};
-use super::SglangConfig;
+use super::{SglangConfig, MAX_WORKERS};
 use crate::names::{worker_id, SGLANG_SEED};
 use parking_lot::Mutex;
 use prefixlog_engine::{partition_of, KeyspaceId};
@@ -50,6 +50,8 @@ pub enum WriteError {
     NotCaughtUp { partition: u32, high: i64, wait: Duration },
     #[error("{0} expected workers; at most {max}", max = super::fleet::MAX_EXPECTED_WORKERS)]
     TooManyWorkers(usize),
+    #[error("this facade already writes for {MAX_WORKERS} workers; a new one is refused")]
+    WorkerTableFull,
     #[error("appending to the log: {0}")]
     Publish(#[from] PublishError),
 }
@@ -59,7 +61,7 @@ impl WriteError {
         match self {
             Self::Batch(e) => e.status(),
             Self::Collision { .. } => Status::failed_precondition(self.to_string()),
-            Self::TooManyWorkers(_) => Status::resource_exhausted(self.to_string()),
+            Self::TooManyWorkers(_) | Self::WorkerTableFull => Status::resource_exhausted(self.to_string()),
             Self::NotReady | Self::NotCaughtUp { .. } | Self::Publish(_) => {
                 Status::unavailable(self.to_string())
             }
@@ -148,7 +150,13 @@ impl Writer {
     /// a name whose id belongs to another name is refused.
     pub(crate) async fn lock_worker(&self, name: &str, wait: Duration) -> Result<(u64, Locked), WriteError> {
         let worker = worker_id(SGLANG_SEED, name);
-        let slot = self.workers.lock().entry(worker).or_default().clone();
+        let slot = {
+            let mut workers = self.workers.lock();
+            if workers.len() >= MAX_WORKERS && !workers.contains_key(&worker) {
+                return Err(WriteError::WorkerTableFull);
+            }
+            workers.entry(worker).or_default().clone()
+        };
         let mut guard = slot.lock_owned().await;
         if guard.is_none() {
             self.caught_up(worker, wait).await?;
