@@ -21,7 +21,9 @@
 //!   ([`KeyspaceDump::retain_partitions`]) as plain data, one node per block position.
 //! - `rebuild`: [`Keyspace::rebuild`] from a dump, with maximal runs.
 //! - [`image`]: [`Keyspace::write_image`] / [`Keyspace::read_image`], the in-memory layout as
-//!   checksummed sections, restored with bulk copies (fast restart).
+//!   checksummed sections, restored with bulk copies (fast restart); `image_format`: the
+//!   section format (tags, writer, reader, [`ImageError`]) that each structure writes itself
+//!   in, below both the structures and the image.
 //! - [`invariants`]: [`Keyspace::check_invariants`], recomputing everything writes maintain
 //!   by hand (pins, counts, digests, run layout, tables, free lists, overrides);
 //!   `trie_check`: its structural half.
@@ -65,6 +67,7 @@ pub mod dump;
 pub mod engine;
 mod holder;
 pub mod image;
+mod image_format;
 pub mod invariants;
 pub mod keyspace;
 mod leaving;

@@ -19,7 +19,7 @@
 //! The shard list itself is allocated by the first insert: an empty keyspace's two tables cost
 //! a few words, not 2 × 256 shard headers (16 KiB).
 
-use crate::image::{put_u64, put_u64s, tag, ImageError, ImageReader, ImageWriter};
+use crate::image_format::{put_u64, put_u64s, tag, ImageError, ImageReader, ImageWriter};
 
 const SHARDS: usize = 256;
 /// Node 0 is the root, which is never stored, so an all-zero slot is free.
@@ -455,7 +455,7 @@ mod tests {
     /// of slack).
     #[test]
     fn an_image_with_a_full_shard_is_refused() {
-        use crate::image::{ImageReader, SectionChecks};
+        use crate::image_format::{ImageReader, SectionChecks};
         let image = |slots: Vec<u64>| {
             let mut t = NodeTable::default();
             *t.shard_mut(0) = Shard {
