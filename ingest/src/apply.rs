@@ -302,7 +302,7 @@ impl Applier {
         // applied, or a checkpoint would resume past it.
         let part = &mut self.parts[partition as usize];
         part.next_offset = offset + 1;
-        part.last_mark = crate::continuity::record_mark(ts, value);
+        part.last_mark = crate::partition_state::record_mark(ts, value);
         self.maybe_expire(partition);
         self.maybe_record_point(partition);
         Ok(outcome)

@@ -24,7 +24,8 @@
 //! - [`replay`]: bounded replay to a fixed target (audits, repairs, benchmarks).
 //! - [`record`]: encode (publishers) and decode/validate (replicas) records; [`BadReason`].
 //! - [`partition_state`]: per-partition applied state (offsets, log time, feeds, workers,
-//!   counters) and digest points.
+//!   counters), digest points, and [`partition_state::record_mark`], the fingerprint of the
+//!   record a state ends at.
 //! - [`limits`]: what a record may create per partition ([`limits::admit`]), and each
 //!   partition's derived [`limits::Usage`].
 //! - [`apply`]: the deterministic [`Applier`].

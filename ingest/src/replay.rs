@@ -7,8 +7,9 @@
 //! (the broker is gone) are errors, never a partial result.
 
 use crate::apply::Applier;
-use crate::continuity::{check_offsets, record_mark, OffsetProblem};
+use crate::continuity::{check_offsets, OffsetProblem};
 use crate::log_spec::{close_in_background, LogSpec};
+use crate::partition_state::record_mark;
 use crate::probe::{probe_log, LogProbe, ProbeError};
 use crate::reader::{Discontinuity, LogReader, Read};
 use prefixlog_engine::LogTime;
