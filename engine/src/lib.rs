@@ -90,7 +90,7 @@ pub use cell::KeyspaceCell;
 pub use dump::{DumpHolder, DumpNode, KeyspaceDump};
 pub use engine::{Engine, SharedKeyspace};
 /// Test-only knobs (feature `testing`).
-#[cfg(feature = "testing")]
+#[cfg(any(test, feature = "testing"))]
 pub mod testing {
     pub use crate::trie::set_max_run_for_test;
 }

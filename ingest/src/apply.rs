@@ -123,6 +123,7 @@ impl Applier {
     /// Whether every partition's [`Usage`] equals a recount from the engine and the partition
     /// states (tests: the incremental bookkeeping is exact). `Err` names the first partition
     /// that differs.
+    #[cfg(any(test, feature = "testing"))]
     pub fn check_usage(&self) -> Result<(), String> {
         for p in 0..self.partitions {
             let recount = Usage::of(p, &self.parts[p as usize], &self.engine);
@@ -281,7 +282,7 @@ impl Applier {
         }
         self.advance_log_time(partition, ts);
         let t = self.parts[partition as usize].log_time;
-        #[cfg(feature = "testing")]
+        #[cfg(any(test, feature = "testing"))]
         crate::testing::maybe_panic(value);
         let max_blocks = self.settings.max_blocks_per_record as usize;
         let p = partition as usize;

@@ -64,7 +64,7 @@ pub mod replay;
 pub mod replica;
 pub mod settings;
 pub mod status;
-#[cfg(feature = "testing")]
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod topics;
 pub mod watermarks;

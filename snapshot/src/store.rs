@@ -308,7 +308,7 @@ impl CheckpointStore {
 
     /// Writes a format-2 checkpoint (keyspaces as columnar dumps), as the previous release did:
     /// for the upgrade test only.
-    #[doc(hidden)]
+    #[cfg(any(test, feature = "testing"))]
     pub fn write_format2_for_test(
         &self,
         identity: &LogIdentity,
@@ -325,7 +325,7 @@ impl CheckpointStore {
 
     /// Writes a format-4 checkpoint (images, no digest points), as the previous release did:
     /// for the upgrade test only.
-    #[doc(hidden)]
+    #[cfg(any(test, feature = "testing"))]
     pub fn write_format4_for_test(
         &self,
         identity: &LogIdentity,
