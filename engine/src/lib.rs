@@ -19,7 +19,7 @@
 //! - `matching`: [`Keyspace::match_chain`], longest contiguous prefix per holder, run by run.
 //! - [`dump`]: enumerate ([`Keyspace::dump`], [`Keyspace::dump_partitions`]) and filter
 //!   ([`KeyspaceDump::retain_partitions`]) as plain data, one node per block position.
-//! - `rebuild`: [`Keyspace::rebuild`] from a dump, with maximal runs.
+//! - `rebuild`: [`Keyspace::rebuild`] from a dump, with maximal runs; [`RebuildError`].
 //! - [`image`]: [`Keyspace::write_image`] / [`Keyspace::read_image`], the in-memory layout as
 //!   checksummed sections, restored with bulk copies (fast restart); `image_format`: the
 //!   section format (tags, writer, reader, [`ImageError`]) that each structure writes itself
@@ -97,6 +97,7 @@ pub mod testing {
 pub use image::ImageError;
 pub use invariants::InvariantError;
 pub use keyspace::{HolderSummary, Keyspace, PlaceOutcome};
+pub use rebuild::RebuildError;
 pub use scrub::{ScrubCursor, ScrubFinding, ScrubStep};
 pub use types::{
     partition_of, ApplyError, EngineConfig, HolderKey, HolderMatch, InvalidStoreReason, KeyspaceId,

@@ -69,6 +69,17 @@ pub struct ApplyFailure {
     pub message: String,
 }
 
+/// A partition whose kept [`Usage`] is not what a recount from the engine and its state gives
+/// ([`Applier::check_usage`]).
+#[cfg(any(test, feature = "testing"))]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("partition {partition}: kept {kept:?}, recounted {recounted:?}")]
+pub struct UsageMismatch {
+    pub partition: u32,
+    pub kept: Usage,
+    pub recounted: Usage,
+}
+
 /// A record offered out of order: the partition's state ends at `expected`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("partition {partition}: offset {offered} offered, the state ends at {expected} (records in between are missing)")]
@@ -124,14 +135,11 @@ impl Applier {
     /// states (tests: the incremental bookkeeping is exact). `Err` names the first partition
     /// that differs.
     #[cfg(any(test, feature = "testing"))]
-    pub fn check_usage(&self) -> Result<(), String> {
+    pub fn check_usage(&self) -> Result<(), UsageMismatch> {
         for p in 0..self.partitions {
-            let recount = Usage::of(p, &self.parts[p as usize], &self.engine);
-            if recount != self.usage[p as usize] {
-                return Err(format!(
-                    "partition {p}: kept {:?}, recounted {recount:?}",
-                    self.usage[p as usize]
-                ));
+            let recounted = Usage::of(p, &self.parts[p as usize], &self.engine);
+            if recounted != self.usage[p as usize] {
+                return Err(UsageMismatch { partition: p, kept: self.usage[p as usize].clone(), recounted });
             }
         }
         Ok(())

@@ -40,7 +40,7 @@ pub mod service;
 pub mod tls;
 pub mod transfer;
 
-pub use antientropy::{AntiEntropy, AntiEntropyStats, RoundReport};
+pub use antientropy::{AntiEntropy, AntiEntropyStats, CompareError, RoundReport};
 pub use bootstrap::FetchError;
 pub use client::{CallError, PeerClient};
 pub use repair::{RepairContext, RepairError, RepairGate, RepairOutcome};

@@ -9,6 +9,7 @@
 //! repaired partition and all others goes on throughout.
 
 use parking_lot::Mutex;
+use prefixlog_engine::{InvariantError, KeyspaceId};
 use prefixlog_ingest::{
     check_compatible, probe_log, replay, Applier, LogIdentity, LogSpec, ReplayError, ReplayOptions, Replica,
     ReplicaError, Until,
@@ -72,7 +73,7 @@ pub enum RepairError {
     #[error("swapping the rebuilt partition in: {0}")]
     Swap(#[from] ReplicaError),
     #[error("the rebuild task failed: {0}")]
-    Task(String),
+    Task(#[from] tokio::task::JoinError),
 }
 
 /// The outcome of a self-check.
@@ -155,9 +156,7 @@ pub async fn swap_in(
     for _ in 0..2 {
         let live = live_offset(replica.applier(), p);
         let (ctx2, mut a) = (ctx.clone(), rebuilt);
-        rebuilt = tokio::task::spawn_blocking(move || advance(&ctx2, &mut a, p, live).map(|()| a))
-            .await
-            .map_err(|e| RepairError::Task(e.to_string()))??;
+        rebuilt = tokio::task::spawn_blocking(move || advance(&ctx2, &mut a, p, live).map(|()| a)).await??;
     }
     let at = rebuilt.partition(p).next_offset;
     replica.replace_partition(p, rebuilt).await?;
@@ -179,9 +178,7 @@ pub async fn check_and_repair(
 ) -> Result<RepairOutcome, RepairError> {
     let Some(_repairing) = ctx.gate.enter(p) else { return Ok(RepairOutcome::AlreadyRunning) };
     let ctx2 = ctx.clone();
-    let check = tokio::task::spawn_blocking(move || self_check(&ctx2, p, point, recorded, trusted))
-        .await
-        .map_err(|e| RepairError::Task(e.to_string()))??;
+    let check = tokio::task::spawn_blocking(move || self_check(&ctx2, p, point, recorded, trusted)).await??;
     match check {
         SelfCheck::Consistent => Ok(RepairOutcome::Consistent),
         SelfCheck::Diverged { rebuilt, from_checkpoint } => {
@@ -205,9 +202,8 @@ pub async fn rebuild_and_swap(
     let Some(_repairing) = ctx.gate.enter(p) else { return Ok(RepairOutcome::AlreadyRunning) };
     let upto = live_offset(replica.applier(), p);
     let ctx2 = ctx.clone();
-    let (rebuilt, from_checkpoint) = tokio::task::spawn_blocking(move || sound_base(&ctx2, p, upto))
-        .await
-        .map_err(|e| RepairError::Task(e.to_string()))??;
+    let (rebuilt, from_checkpoint) =
+        tokio::task::spawn_blocking(move || sound_base(&ctx2, p, upto)).await??;
     let swapped_at = swap_in(ctx, replica, p, rebuilt).await?;
     Ok(RepairOutcome::Repaired { from_checkpoint, swapped_at })
 }
@@ -227,12 +223,16 @@ fn sound_base(ctx: &RepairContext, p: u32, upto: i64) -> Result<(Applier, Option
                 Ok((None, a)) if m.digests.get(p as usize).is_none_or(|&d| d == a.partition_digest(p)) => {
                     return Ok((a, Some(id)))
                 }
-                Ok((why, _)) => tracing::warn!(
-                    checkpoint = id,
-                    partition = p,
-                    why = why.as_deref().unwrap_or("its rebuilt digest is not the one it recorded"),
-                    "repair: this checkpoint carries the damage; trying an older one"
-                ),
+                Ok((why, _)) => {
+                    let why =
+                        why.map_or("its rebuilt digest is not the one it recorded".into(), |e| e.to_string());
+                    tracing::warn!(
+                        checkpoint = id,
+                        partition = p,
+                        %why,
+                        "repair: this checkpoint carries the damage; trying an older one"
+                    )
+                }
                 Err(e) => {
                     tracing::warn!(checkpoint = id, partition = p, error = %e, "repair: checkpoint unusable")
                 }
@@ -246,11 +246,20 @@ fn sound_base(ctx: &RepairContext, p: u32, upto: i64) -> Result<(Applier, Option
     Ok((Applier::new(ctx.spec.partitions, ctx.identity.settings), None))
 }
 
+/// A keyspace of a rebuilt state that fails the full invariant check.
+#[derive(Debug, thiserror::Error)]
+#[error("keyspace {keyspace}: {source}")]
+struct Inconsistent {
+    keyspace: KeyspaceId,
+    #[source]
+    source: InvariantError,
+}
+
 /// Every keyspace of `a` passes the full invariant check.
-fn consistent(a: &Applier) -> Result<(), String> {
+fn consistent(a: &Applier) -> Result<(), Inconsistent> {
     for ks in a.engine().keyspaces() {
         let g = ks.read();
-        g.check_invariants().map_err(|e| format!("keyspace {}: {e}", g.id()))?;
+        g.check_invariants().map_err(|source| Inconsistent { keyspace: g.id().clone(), source })?;
     }
     Ok(())
 }

@@ -9,7 +9,8 @@
 //! - [`service`]: `PrefixIndex` (Match, MatchStream, Describe, ListWorkers),
 //!   [`service::QueryConfig`] limits, [`service::ReplicaInfo`].
 //! - [`validate`]: request validation and bounded error messages.
-//! - [`server`]: starts the gRPC port (service + Echo + health + reflection) and admin port.
+//! - [`server`]: starts the gRPC port (service + Echo + health + reflection) and admin port;
+//!   [`ServerError`], why it did not start.
 //! - [`health`]: [`health::Readiness`] (caught up = lag ≤ threshold) driving `grpc.health.v1`.
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz` over HTTP/1; [`admin::AdminPort`] binds it
 //!   before the replica serves (start-up progress), and serves the bridge too.
@@ -36,7 +37,7 @@ pub mod shards;
 pub mod validate;
 
 pub use client::{Answer, DiscoveryError, IndexClient, MatchOutcome, MatchQuery, Prompt, Unavailable};
-pub use server::{start, RunningServer, Served, ServerConfig, TlsFiles};
+pub use server::{start, RunningServer, Served, ServerConfig, ServerError, TlsFiles};
 pub use service::{default_replica_id, QueryConfig, QueryService, ReplicaInfo};
 
 /// Re-exported so tests, benchmarks and gateways use the exact versions this crate was built

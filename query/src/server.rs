@@ -47,10 +47,34 @@ pub struct TlsFiles {
     pub client_ca: Option<std::path::PathBuf>,
 }
 
+/// Why the query server did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("registering the query metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+    #[error("gRPC reflection: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    #[error("binding the {what} port {addr}: {source}")]
+    Bind {
+        what: &'static str,
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("reading TLS file {}: {source}", .path.display())]
+    TlsFile {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("TLS on the gRPC port: {0}")]
+    Tls(#[from] tonic::transport::Error),
+}
+
 impl TlsFiles {
-    fn server_config(&self) -> anyhow::Result<tonic::transport::ServerTlsConfig> {
+    fn server_config(&self) -> Result<tonic::transport::ServerTlsConfig, ServerError> {
         let read = |p: &std::path::Path| {
-            std::fs::read(p).map_err(|e| anyhow::anyhow!("reading TLS file {}: {e}", p.display()))
+            std::fs::read(p).map_err(|source| ServerError::TlsFile { path: p.to_path_buf(), source })
         };
         let identity = tonic::transport::Identity::from_pem(read(&self.cert)?, read(&self.key)?);
         let mut cfg = tonic::transport::ServerTlsConfig::new().identity(identity);
@@ -190,7 +214,7 @@ impl Drop for RunningServer {
 }
 
 /// Binds both ports and starts serving on the current tokio runtime.
-pub async fn start(cfg: ServerConfig, served: Served) -> anyhow::Result<RunningServer> {
+pub async fn start(cfg: ServerConfig, served: Served) -> Result<RunningServer, ServerError> {
     let Served { engine, status, applier, info, registry, admin } = served;
     let readiness = Arc::new(Readiness::new(status.clone(), cfg.ready_lag, cfg.stale_after));
     let query_metrics = Arc::new(QueryMetrics::new(&registry)?);
@@ -215,8 +239,9 @@ pub async fn start(cfg: ServerConfig, served: Served) -> anyhow::Result<RunningS
     let view = ReplicaView { engine, status, applier, info: Arc::new(info), readiness: readiness.clone() };
     let svc = QueryService::new(view, cfg.query, query_metrics);
 
-    let listener = tokio::net::TcpListener::bind(cfg.grpc_addr).await?;
-    let grpc_addr = listener.local_addr()?;
+    let bind = |source| ServerError::Bind { what: "gRPC", addr: cfg.grpc_addr, source };
+    let listener = tokio::net::TcpListener::bind(cfg.grpc_addr).await.map_err(bind)?;
+    let grpc_addr = listener.local_addr().map_err(bind)?;
     // Nagle would add up to 40 ms to small responses on some stacks; queries are latency-bound.
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     let mut builder = tonic::transport::Server::builder();
@@ -243,11 +268,16 @@ pub async fn start(cfg: ServerConfig, served: Served) -> anyhow::Result<RunningS
         }
     });
 
-    let admin = match (admin, cfg.admin_addr) {
-        (Some(port), _) => Some(port),
-        (None, Some(a)) => Some(AdminPort::bind(a, registry, readiness.clone()).await?),
-        (None, None) => None,
-    };
+    let admin =
+        match (admin, cfg.admin_addr) {
+            (Some(port), _) => Some(port),
+            (None, Some(a)) => Some(
+                AdminPort::bind(a, registry, readiness.clone())
+                    .await
+                    .map_err(|source| ServerError::Bind { what: "admin", addr: a, source })?,
+            ),
+            (None, None) => None,
+        };
     if let Some(port) = &admin {
         port.serve_readiness(readiness.clone());
     }

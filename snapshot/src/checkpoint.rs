@@ -3,7 +3,7 @@
 
 use crate::capture::{capture_sound, Capture};
 use crate::error::StoreError;
-use crate::export::{encode_export, Loaded};
+use crate::export::{encode_export, KeyspaceRestoreError, Loaded};
 use crate::meta::CheckpointMeta;
 use crate::store::CheckpointStore;
 use parking_lot::Mutex;
@@ -16,8 +16,13 @@ use std::time::Duration;
 pub enum RestoreError {
     #[error(transparent)]
     Store(#[from] StoreError),
-    #[error("checkpoint {id}: keyspace {keyspace}: {why}")]
-    Rebuild { id: u64, keyspace: KeyspaceId, why: String },
+    #[error("checkpoint {id}: keyspace {keyspace}: {source}")]
+    Rebuild {
+        id: u64,
+        keyspace: KeyspaceId,
+        #[source]
+        source: KeyspaceRestoreError,
+    },
     #[error("checkpoint {id} cannot stand for this replica's state: {why}")]
     Incompatible { id: u64, why: Incompatible },
 }
@@ -46,10 +51,10 @@ pub fn restore(loaded: &Loaded) -> Result<Applier, RestoreError> {
     let engine_cfg = id.settings.engine_config(id.partitions);
     let engine = Engine::new(engine_cfg.clone());
     for k in &loaded.keyspaces {
-        let ks = k.restore(engine_cfg.clone()).map_err(|why| RestoreError::Rebuild {
+        let ks = k.restore(engine_cfg.clone()).map_err(|source| RestoreError::Rebuild {
             id: loaded.meta.id,
             keyspace: k.id.clone(),
-            why,
+            source,
         })?;
         engine.install(ks);
     }

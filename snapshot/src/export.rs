@@ -9,7 +9,7 @@ use crate::format::FORMAT_VERSION;
 use crate::meta::{
     covered, decode_meta, encode_meta, meta_of, verify_keyspace, CheckpointMeta, EncodedKeyspace,
 };
-use prefixlog_engine::{EngineConfig, Keyspace, KeyspaceDump, KeyspaceId};
+use prefixlog_engine::{EngineConfig, ImageError, Keyspace, KeyspaceDump, KeyspaceId, RebuildError};
 use prefixlog_ingest::{DigestPoint, LogIdentity, PartitionState};
 
 pub(crate) const EXPORT_MAGIC: &[u8] = b"PREFIXLOG-CHECKPOINT-1\n";
@@ -43,17 +43,26 @@ pub enum StoredKeyspace {
 /// one, so its restore need not hash the image's sections a second time.
 pub struct VerifiedImage(Vec<u8>);
 
+/// Why a stored keyspace (verified against its checksums) did not restore.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyspaceRestoreError {
+    #[error("its image is refused: {0}")]
+    Image(#[from] ImageError),
+    #[error("its dump does not rebuild: {0}")]
+    Dump(#[from] RebuildError),
+    #[error("the stored state is of keyspace {0}")]
+    OtherKeyspace(KeyspaceId),
+}
+
 impl LoadedKeyspace {
     /// The keyspace, with holders filed into partitions under `cfg`.
-    pub fn restore(&self, cfg: EngineConfig) -> Result<Keyspace, String> {
+    pub fn restore(&self, cfg: EngineConfig) -> Result<Keyspace, KeyspaceRestoreError> {
         let ks = match &self.state {
-            StoredKeyspace::Image(image) => {
-                Keyspace::read_verified_image(&image.0, cfg).map_err(|e| e.to_string())?
-            }
-            StoredKeyspace::Dump(d) => Keyspace::rebuild(d, cfg).map_err(|e| e.to_string())?,
+            StoredKeyspace::Image(image) => Keyspace::read_verified_image(&image.0, cfg)?,
+            StoredKeyspace::Dump(d) => Keyspace::rebuild(d, cfg)?,
         };
         if ks.id() != &self.id {
-            return Err(format!("the stored state is of keyspace {}", ks.id()));
+            return Err(KeyspaceRestoreError::OtherKeyspace(ks.id().clone()));
         }
         Ok(ks)
     }

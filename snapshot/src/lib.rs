@@ -43,7 +43,9 @@ pub mod stream;
 pub use capture::{capture, capture_sound, Capture, KeyspaceImage};
 pub use checkpoint::{checkpoint, export_partitions, newest_usable, restore, restore_for, RestoreError};
 pub use error::{Damage, Part, StoreError};
-pub use export::{decode_export, encode_export, Loaded, LoadedKeyspace, StoredKeyspace, VerifiedImage};
+pub use export::{
+    decode_export, encode_export, KeyspaceRestoreError, Loaded, LoadedKeyspace, StoredKeyspace, VerifiedImage,
+};
 pub use format::{FORMAT_VERSION, READABLE_FORMATS};
 pub use handle::Opened;
 pub use meta::{CheckpointMeta, KeyspaceEntry};
