@@ -1,7 +1,7 @@
 //! The self-check and the partition repair (see the crate docs for the rule).
 //!
 //! Both run off to the side: a partition is rebuilt in a separate applier from a checkpoint
-//! (or the log start) by a bounded replay to a *fixed* target offset, which must be reached
+//! (or the log start) by applying the log up to a *fixed* target offset ([`prefixlog_ingest::apply_log`]), which must be reached
 //! exactly (a stall or a discontinuity is an error, never a partial rebuild). A repair then
 //! catches the rebuilt partition up with the live one, still off to the side, and hands it to
 //! the ingest thread, which swaps it in between two records and reads on from its offset —
@@ -11,8 +11,8 @@
 use parking_lot::Mutex;
 use prefixlog_engine::{InvariantError, KeyspaceId};
 use prefixlog_ingest::{
-    check_compatible, probe_log, replay, Applier, LogIdentity, LogSpec, ReplayError, ReplayOptions, Replica,
-    ReplicaError, Until,
+    apply_log, check_compatible, probe_log, Applier, ApplyLogError, ApplyLogOptions, LogIdentity, LogSpec,
+    Replica, ReplicaError, Until,
 };
 use prefixlog_snapshot::{restore, CheckpointStore, Loaded, RestoreError};
 use std::collections::BTreeSet;
@@ -65,7 +65,7 @@ pub enum RepairError {
     #[error("partition {partition}: no checkpoint at or before offset {trusted} and the log starts at {log_start}: cannot rebuild")]
     NoBase { partition: u32, trusted: i64, log_start: i64 },
     #[error("partition {partition}: {source}")]
-    Replay { partition: u32, source: ReplayError },
+    ApplyLog { partition: u32, source: ApplyLogError },
     #[error(transparent)]
     Restore(#[from] RestoreError),
     #[error(transparent)]
@@ -110,8 +110,8 @@ fn base_checkpoint(ctx: &RepairContext, p: u32, trusted: i64) -> Option<Loaded> 
 /// Replays partition `p` of `a` to next offset `to`, exactly.
 fn advance(ctx: &RepairContext, a: &mut Applier, p: u32, to: i64) -> Result<(), RepairError> {
     let until = Until::Offsets([(p, to)].into_iter().collect());
-    replay(&ctx.spec, a, &until, ReplayOptions::default())
-        .map_err(|source| RepairError::Replay { partition: p, source })?;
+    apply_log(&ctx.spec, a, &until, ApplyLogOptions::default())
+        .map_err(|source| RepairError::ApplyLog { partition: p, source })?;
     Ok(())
 }
 
