@@ -8,7 +8,7 @@
 //! including) its first record stamped after T; prefixlog never asks the broker's time index
 //! (the embedded broker lacks it and retention drops it): checkpoints record each partition's
 //! (offset, log time), and the replay scans forward from there. Replays go through
-//! `prefixlog_ingest::replay`, the one bounded reader: a target is reached exactly or the
+//! `prefixlog_ingest::apply_log`, the one bounded reader: a target is reached exactly or the
 //! audit fails.
 //!
 //! Module map:

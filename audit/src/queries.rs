@@ -31,14 +31,30 @@ pub enum Hash {
 }
 
 impl Hash {
-    fn value(&self) -> Result<u64, String> {
+    fn value(&self) -> Result<u64, QueryError> {
         match self {
             Hash::Num(n) => Ok(*n),
-            Hash::Hex(s) => {
-                u64::from_str_radix(s.trim_start_matches("0x"), 16).map_err(|_| format!("bad hash {s:?}"))
-            }
+            Hash::Hex(s) => u64::from_str_radix(s.trim_start_matches("0x"), 16)
+                .map_err(|source| QueryError::BadHash { hash: s.clone(), source }),
         }
     }
+}
+
+/// Why a query was not answered.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum QueryError {
+    #[error("bad hash {hash:?}: {source}")]
+    BadHash {
+        hash: String,
+        #[source]
+        source: std::num::ParseIntError,
+    },
+    #[error("unknown hash scheme {0}")]
+    UnknownScheme(u32),
+    #[error("a query needs exactly one of `tokens` or `hashes`")]
+    TokensOrHashes,
+    #[error("no keyspace {keyspace} (known: {})", .known.join(", "))]
+    NoKeyspace { keyspace: KeyspaceId, known: Vec<String> },
 }
 
 /// One query: the prompt as token ids or as canonical block hashes.
@@ -75,29 +91,29 @@ pub struct Answer {
 
 impl Query {
     /// The chain of local hashes this query asks about.
-    pub fn locals(&self) -> Result<Vec<u64>, String> {
+    pub fn locals(&self) -> Result<Vec<u64>, QueryError> {
         match (&self.tokens, &self.hashes) {
             (Some(t), None) => {
                 if !prefixlog_engine::scheme::is_known(self.keyspace.hash_scheme) {
-                    return Err(format!("unknown hash scheme {}", self.keyspace.hash_scheme));
+                    return Err(QueryError::UnknownScheme(self.keyspace.hash_scheme));
                 }
                 Ok(prefixlog_engine::scheme::block_hashes(t, self.keyspace.block_size as usize))
             }
             (None, Some(h)) => h.iter().map(Hash::value).collect(),
-            _ => Err("a query needs exactly one of `tokens` or `hashes`".into()),
+            _ => Err(QueryError::TokensOrHashes),
         }
     }
 }
 
 /// Answers a query against an engine.
-pub fn answer(engine: &Engine, q: &Query) -> Result<Answer, String> {
+pub fn answer(engine: &Engine, q: &Query) -> Result<Answer, QueryError> {
     let locals = q.locals()?;
     let id = q.keyspace.id();
     let opts = MatchOptions { intervals: q.intervals, top_k: q.top_k, lane: None, ..Default::default() };
-    let known = || engine.keyspace_ids().iter().map(|k| k.to_string()).collect::<Vec<_>>().join(", ");
+    let known = || engine.keyspace_ids().iter().map(|k| k.to_string()).collect();
     let res = engine
         .match_chain(&id, &locals, &opts)
-        .ok_or_else(|| format!("no keyspace {id} (known: {})", known()))?;
+        .ok_or_else(|| QueryError::NoKeyspace { keyspace: id.clone(), known: known() })?;
     Ok(Answer {
         query_blocks: locals.len(),
         workers: res

@@ -2,8 +2,8 @@
 
 use indicatif::{ProgressBar, ProgressStyle};
 use prefixlog_ingest::{
-    check_compatible, probe_log, replay, Applier, LogIdentity, LogProbe, LogSpec, ReplayError, ReplayOptions,
-    Until,
+    apply_log, check_compatible, probe_log, Applier, ApplyLogError, ApplyLogOptions, LogIdentity, LogProbe,
+    LogSpec, Until,
 };
 use prefixlog_snapshot::{restore_for, CheckpointMeta, CheckpointStore, RestoreError};
 use std::collections::BTreeMap;
@@ -32,7 +32,7 @@ pub enum AuditError {
     #[error(transparent)]
     Restore(#[from] RestoreError),
     #[error(transparent)]
-    Replay(#[from] ReplayError),
+    ApplyLog(#[from] ApplyLogError),
     #[error(transparent)]
     Probe(#[from] prefixlog_ingest::ProbeError),
 }
@@ -190,7 +190,7 @@ pub fn reconstruct_at(
         }
     }
     // A checkpoint base must be of this very log: the replay starts at the record before each
-    // offset and checks it is the one the checkpoint applied (`prefixlog_ingest::replay`).
+    // offset and checks it is the one the checkpoint applied (`prefixlog_ingest::apply_log`).
     let restored_secs = started.elapsed().as_secs_f64();
     let replayed = advance_on(&mut applier, spec, probe, point, progress)?;
     tracing::info!(
@@ -240,8 +240,9 @@ fn advance_on(
         bar.set_length(total);
         bar.set_position(done);
     };
-    let opts = ReplayOptions { progress: Some(&mut report), probe: Some(probe), ..ReplayOptions::default() };
-    let n = replay(spec, applier, &until, opts)?;
+    let opts =
+        ApplyLogOptions { progress: Some(&mut report), probe: Some(probe), ..ApplyLogOptions::default() };
+    let n = apply_log(spec, applier, &until, opts)?;
     bar.finish_and_clear();
     Ok(n)
 }

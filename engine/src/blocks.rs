@@ -14,7 +14,7 @@
 //! write copies more than the first chunk's 64 Ki blocks, once. Free ranges are kept for best
 //! fit, merged with their neighbours, and handed back to the bump pointer when they end at it.
 
-use crate::image::{put_u32, put_u64, put_u64s, tag, ImageError, ImageReader, ImageWriter};
+use crate::image_format::{put_u32, put_u64, put_u64s, tag, ImageError, ImageReader, ImageWriter};
 use std::collections::{BTreeMap, BTreeSet};
 
 pub const CHUNK_BITS: u32 = 16;

@@ -136,7 +136,7 @@ impl KeyspaceCell {
 
     /// Tests only: changes the copy queries are not reading, and only it, to plant a divergence
     /// (`None` with one copy).
-    #[doc(hidden)]
+    #[cfg(any(test, feature = "testing"))]
     pub fn write_back_copy_for_test<R>(&self, write: impl FnOnce(&mut Keyspace) -> R) -> Option<R> {
         if !self.is_paired() {
             return None;

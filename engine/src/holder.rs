@@ -16,7 +16,7 @@
 //! queued again under its true oldest record. None of the three is in images: they are
 //! rebuilt from the holders on read ([`Holders::rebuild_derived`]).
 
-use crate::image::{put_u32, put_u64, tag, ImageError, ImageReader, ImageWriter};
+use crate::image_format::{put_u32, put_u64, tag, ImageError, ImageReader, ImageWriter};
 use crate::types::{HolderKey, LogTime};
 use rustc_hash::FxHashMap;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};

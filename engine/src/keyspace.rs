@@ -528,7 +528,7 @@ impl Keyspace {
 
     /// Test-only fault hook: silently drops one block of a holder, as memory corruption or a
     /// bug would, so anti-entropy has a divergence to find. Returns whether a block was dropped.
-    #[cfg(feature = "testing")]
+    #[cfg(any(test, feature = "testing"))]
     pub fn corrupt_for_test(&mut self, key: &HolderKey) -> bool {
         let Some(h) = self.holders.get(key) else { return false };
         let held = (1..self.trie.runs.slots()).find(|&r| {

@@ -20,9 +20,11 @@
 //! - `matching`: [`Keyspace::match_chain`], longest contiguous prefix per holder, run by run.
 //! - [`dump`]: enumerate ([`Keyspace::dump`], [`Keyspace::dump_partitions`]) and filter
 //!   ([`KeyspaceDump::retain_partitions`]) as plain data, one node per block position.
-//! - `rebuild`: [`Keyspace::rebuild`] from a dump, with maximal runs.
+//! - `rebuild`: [`Keyspace::rebuild`] from a dump, with maximal runs; [`RebuildError`].
 //! - [`image`]: [`Keyspace::write_image`] / [`Keyspace::read_image`], the in-memory layout as
-//!   checksummed sections, restored with bulk copies (fast restart).
+//!   checksummed sections, restored with bulk copies (fast restart); `image_format`: the
+//!   section format (tags, writer, reader, [`ImageError`]) that each structure writes itself
+//!   in, below both the structures and the image.
 //! - [`invariants`]: [`Keyspace::check_invariants`], recomputing everything writes maintain
 //!   by hand (pins, counts, digests, run layout, tables, free lists, overrides);
 //!   `trie_check`: its structural half.
@@ -67,6 +69,7 @@ pub mod dump;
 pub mod engine;
 mod holder;
 pub mod image;
+mod image_format;
 pub mod invariants;
 pub mod keyspace;
 mod leaving;
@@ -89,13 +92,14 @@ pub use cell::KeyspaceCell;
 pub use dump::{DumpHolder, DumpNode, KeyspaceDump};
 pub use engine::{Engine, SharedKeyspace};
 /// Test-only knobs (feature `testing`).
-#[cfg(feature = "testing")]
+#[cfg(any(test, feature = "testing"))]
 pub mod testing {
     pub use crate::trie::set_max_run_for_test;
 }
 pub use image::ImageError;
 pub use invariants::InvariantError;
 pub use keyspace::{HolderSummary, Keyspace, PlaceOutcome};
+pub use rebuild::RebuildError;
 pub use scrub::{ScrubCursor, ScrubFinding, ScrubStep};
 pub use types::{
     partition_of, ApplyError, EngineConfig, HolderKey, HolderMatch, InvalidStoreReason, KeyspaceId,

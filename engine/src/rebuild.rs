@@ -14,10 +14,31 @@ use crate::holder::{Holder, Record};
 use crate::keyspace::Keyspace;
 use crate::table::NodeTable;
 use crate::trie::{ext_hash, max_run, Member, Members};
-use crate::types::{partition_of, EngineConfig};
+use crate::types::{partition_of, EngineConfig, HolderKey};
 
 /// Dumps with fewer nodes rebuild on one thread (a thread costs more than it saves there).
 pub(crate) const PARALLEL_FROM: usize = 100_000;
+
+/// Why a dump was refused: what in it is not internally consistent (node numbers are the
+/// dump's, from 1).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RebuildError {
+    #[error("node {node}: parent {parent} is not an earlier node")]
+    ParentNotEarlier { node: u32, parent: u32 },
+    #[error("bad node reference {node} (the dump has {nodes} nodes)")]
+    NoSuchNode { node: u32, nodes: usize },
+    #[error("{holder}: duplicate or unordered member {node}")]
+    UnorderedMember { holder: HolderKey, node: u32 },
+    #[error("node {node}: ext {ext:#x} bound twice")]
+    ExtBoundTwice { node: u32, ext: u64 },
+    #[error("node {node}: duplicate child of {parent}")]
+    DuplicateChild { node: u32, parent: u32 },
+    #[error("{holder}: duplicate holder")]
+    DuplicateHolder { holder: HolderKey },
+    /// The thread building the ext table beside the run pass panicked (a bug, not the dump).
+    #[error("ext table builder panicked")]
+    ExtTablePanicked,
+}
 
 /// Per node: its members (holder slot = dump order, stamp) as CSR, and its pin count.
 struct NodeMembers {
@@ -32,12 +53,12 @@ impl NodeMembers {
     }
 }
 
-fn node_ref(r: u32, len: usize) -> Result<u32, String> {
-    (r >= 1 && r as usize <= len).then_some(r).ok_or_else(|| format!("bad node reference {r}"))
+fn node_ref(r: u32, len: usize) -> Result<u32, RebuildError> {
+    (r >= 1 && r as usize <= len).then_some(r).ok_or(RebuildError::NoSuchNode { node: r, nodes: len })
 }
 
 /// Transposes the holders' member lists to per-node lists and counts record ends.
-fn node_members(dump: &KeyspaceDump) -> Result<NodeMembers, String> {
+fn node_members(dump: &KeyspaceDump) -> Result<NodeMembers, RebuildError> {
     let n = dump.nodes.len();
     let mut start = vec![0u32; n + 2];
     let mut pins = vec![0u32; n + 1];
@@ -46,7 +67,7 @@ fn node_members(dump: &KeyspaceDump) -> Result<NodeMembers, String> {
         for &(k, _) in &h.members {
             let k = node_ref(k, n)?;
             if k <= prev {
-                return Err(format!("{}: duplicate or unordered member {k}", h.key));
+                return Err(RebuildError::UnorderedMember { holder: h.key, node: k });
             }
             prev = k;
             start[k as usize + 1] += 1;
@@ -89,12 +110,12 @@ impl Keyspace {
     /// Rebuilds a keyspace from a dump. Fails on a dump that is not internally consistent
     /// (a forward or out-of-range node reference, a duplicate child or member, an ext bound
     /// twice), never panics.
-    pub fn rebuild(dump: &KeyspaceDump, cfg: EngineConfig) -> Result<Keyspace, String> {
+    pub fn rebuild(dump: &KeyspaceDump, cfg: EngineConfig) -> Result<Keyspace, RebuildError> {
         let n = dump.nodes.len();
         let mut children = vec![0u32; n + 1];
         for (i, node) in dump.nodes.iter().enumerate() {
             if node.parent as usize > i {
-                return Err(format!("node {}: parent {} is not an earlier node", i + 1, node.parent));
+                return Err(RebuildError::ParentNotEarlier { node: i as u32 + 1, parent: node.parent });
             }
             children[node.parent as usize] += 1;
         }
@@ -106,7 +127,7 @@ impl Keyspace {
         let ext_table = || {
             let entries = dump.nodes.iter().enumerate().filter_map(|(i, x)| Some(((i + 1) as u32, x.ext?)));
             ext_table(entries, ext_count, |k| dump.nodes[k as usize - 1].ext)
-                .map_err(|(k, e)| format!("node {k}: ext {e:#x} bound twice"))
+                .map_err(|(node, ext)| RebuildError::ExtBoundTwice { node, ext })
         };
         let table = if n < PARALLEL_FROM {
             ext_table().and_then(|t| ks.rebuild_runs(dump, &children, &members).map(|()| t))
@@ -114,7 +135,7 @@ impl Keyspace {
             std::thread::scope(|s| {
                 let table = s.spawn(ext_table);
                 let built = ks.rebuild_runs(dump, &children, &members);
-                let table = table.join().map_err(|_| "ext table builder panicked".to_string())?;
+                let table = table.join().map_err(|_| RebuildError::ExtTablePanicked)?;
                 built.and(table)
             })
         }?;
@@ -127,7 +148,12 @@ impl Keyspace {
     }
 
     /// Blocks (node k = block k) and runs, with each holder's blocks and digest.
-    fn rebuild_runs(&mut self, dump: &KeyspaceDump, children: &[u32], m: &NodeMembers) -> Result<(), String> {
+    fn rebuild_runs(
+        &mut self,
+        dump: &KeyspaceDump,
+        children: &[u32],
+        m: &NodeMembers,
+    ) -> Result<(), RebuildError> {
         let n = dump.nodes.len();
         self.trie.blocks.reserve_chunks(n + 1);
         self.trie.blocks.set_top(n as u32 + 1);
@@ -162,7 +188,7 @@ impl Keyspace {
         m: &NodeMembers,
         first: u32,
         len: u32,
-    ) -> Result<(), String> {
+    ) -> Result<(), RebuildError> {
         let parent = dump.nodes[first as usize - 1].parent;
         let parent_path =
             if parent == 0 { ROOT_PATH } else { self.trie.runs[self.trie.run_of(parent)].end_path };
@@ -192,18 +218,18 @@ impl Keyspace {
         let r = self.trie.adopt_run(first, len, parent, (start_path, path), members);
         self.trie.runs[r].pins = m.pins[(first + len - 1) as usize];
         if !self.trie.link_checked(r) {
-            return Err(format!("node {first}: duplicate child of {parent}"));
+            return Err(RebuildError::DuplicateChild { node: first, parent });
         }
         Ok(())
     }
 
     /// Holder fields, records and overrides (blocks and digests came with the runs).
-    fn rebuild_holders(&mut self, dump: &KeyspaceDump) -> Result<(), String> {
+    fn rebuild_holders(&mut self, dump: &KeyspaceDump) -> Result<(), RebuildError> {
         let n = dump.nodes.len();
         for (slot, dh) in dump.holders.iter().enumerate() {
             let slot = slot as u32;
             if self.holders.get(&dh.key) != Some(slot) {
-                return Err(format!("{}: duplicate holder", dh.key));
+                return Err(RebuildError::DuplicateHolder { holder: dh.key });
             }
             let h = self.holders.at_mut(slot);
             (h.gapped, h.next_stamp, h.last_time) = (dh.gapped, dh.next_stamp, dh.last_time);
@@ -287,6 +313,6 @@ mod tests {
         let last = bad.nodes.len() - 1;
         bad.nodes[last].ext = Some(dup);
         let err = Keyspace::rebuild(&bad, cfg).err().expect("an ext bound twice is refused");
-        assert!(err.contains("bound twice"), "{err}");
+        assert_eq!(err, RebuildError::ExtBoundTwice { node: bad.nodes.len() as u32, ext: dup });
     }
 }

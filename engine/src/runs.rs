@@ -1,7 +1,7 @@
 //! Runs: the trie's nodes, each a chain of consecutive block positions with one membership
 //! list (see `trie.rs`), stored in fixed chunks with a free list of ids.
 
-use crate::image::{put_u32, put_u64, tag, ImageError, ImageReader, ImageWriter};
+use crate::image_format::{put_u32, put_u64, tag, ImageError, ImageReader, ImageWriter};
 use smallvec::SmallVec;
 
 /// One holder's membership of a run, with the stamp of the operation that last stored it.

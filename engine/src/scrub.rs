@@ -325,7 +325,7 @@ impl Keyspace {
     }
 }
 
-#[cfg(feature = "testing")]
+#[cfg(any(test, feature = "testing"))]
 impl Keyspace {
     /// Test-only fault hook: makes the holder a member of a top-level run it does not hold,
     /// with a stamp no record has, and changes nothing else — as memory corruption of a

@@ -20,7 +20,7 @@
 //! The shard list itself is allocated by the first insert: an empty keyspace's two tables cost
 //! a few words, not 2 × 256 shard headers.
 
-use crate::image::{put_u64, tag, ImageError, ImageReader, ImageWriter};
+use crate::image_format::{put_u64, tag, ImageError, ImageReader, ImageWriter};
 
 const SHARDS: usize = 256;
 /// One entry: a node index and 24 bits of its hash (the `tag`: bits 8..32 of the shard-local
@@ -589,7 +589,7 @@ mod tests {
     /// of slack).
     #[test]
     fn an_image_with_a_full_shard_is_refused() {
-        use crate::image::{ImageReader, SectionChecks};
+        use crate::image_format::{ImageReader, SectionChecks};
         let image = |slots: Vec<Slot>| {
             let mut t = NodeTable::default();
             *t.shard_mut(0) = Shard {

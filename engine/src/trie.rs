@@ -37,23 +37,23 @@ const _: () = assert!(MAX_RUN as usize <= CHUNK);
 /// The longest run new runs may have: [`MAX_RUN`], or less when a test lowers it to make
 /// small states cross run boundaries (any value gives the same answers, digests and dumps;
 /// only the layout differs).
-#[cfg(not(feature = "testing"))]
+#[cfg(not(any(test, feature = "testing")))]
 #[inline]
 pub fn max_run() -> u32 {
     MAX_RUN
 }
 
-#[cfg(feature = "testing")]
+#[cfg(any(test, feature = "testing"))]
 static TEST_MAX_RUN: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(MAX_RUN);
 
-#[cfg(feature = "testing")]
+#[cfg(any(test, feature = "testing"))]
 #[inline]
 pub fn max_run() -> u32 {
     TEST_MAX_RUN.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Test-only: cuts new runs at `n` blocks (clamped to `1..=MAX_RUN`), process-wide.
-#[cfg(feature = "testing")]
+#[cfg(any(test, feature = "testing"))]
 pub fn set_max_run_for_test(n: u32) {
     TEST_MAX_RUN.store(n.clamp(1, MAX_RUN), std::sync::atomic::Ordering::Relaxed);
 }

@@ -69,6 +69,17 @@ pub struct ApplyFailure {
     pub message: String,
 }
 
+/// A partition whose kept [`Usage`] is not what a recount from the engine and its state gives
+/// ([`Applier::check_usage`]).
+#[cfg(any(test, feature = "testing"))]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("partition {partition}: kept {kept:?}, recounted {recounted:?}")]
+pub struct UsageMismatch {
+    pub partition: u32,
+    pub kept: Usage,
+    pub recounted: Usage,
+}
+
 /// A record offered out of order: the partition's state ends at `expected`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("partition {partition}: offset {offered} offered, the state ends at {expected} (records in between are missing)")]
@@ -123,14 +134,12 @@ impl Applier {
     /// Whether every partition's [`Usage`] equals a recount from the engine and the partition
     /// states (tests: the incremental bookkeeping is exact). `Err` names the first partition
     /// that differs.
-    pub fn check_usage(&self) -> Result<(), String> {
+    #[cfg(any(test, feature = "testing"))]
+    pub fn check_usage(&self) -> Result<(), UsageMismatch> {
         for p in 0..self.partitions {
-            let recount = Usage::of(p, &self.parts[p as usize], &self.engine);
-            if recount != self.usage[p as usize] {
-                return Err(format!(
-                    "partition {p}: kept {:?}, recounted {recount:?}",
-                    self.usage[p as usize]
-                ));
+            let recounted = Usage::of(p, &self.parts[p as usize], &self.engine);
+            if recounted != self.usage[p as usize] {
+                return Err(UsageMismatch { partition: p, kept: self.usage[p as usize].clone(), recounted });
             }
         }
         Ok(())
@@ -281,7 +290,7 @@ impl Applier {
         }
         self.advance_log_time(partition, ts);
         let t = self.parts[partition as usize].log_time;
-        #[cfg(feature = "testing")]
+        #[cfg(any(test, feature = "testing"))]
         crate::testing::maybe_panic(value);
         let max_blocks = self.settings.max_blocks_per_record as usize;
         let p = partition as usize;
@@ -302,7 +311,7 @@ impl Applier {
         // applied, or a checkpoint would resume past it.
         let part = &mut self.parts[partition as usize];
         part.next_offset = offset + 1;
-        part.last_mark = crate::continuity::record_mark(ts, value);
+        part.last_mark = crate::partition_state::record_mark(ts, value);
         self.maybe_expire(partition);
         self.maybe_record_point(partition);
         Ok(outcome)

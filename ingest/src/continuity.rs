@@ -19,25 +19,14 @@
 //! to say which.
 
 use crate::log_spec::LogSpec;
+use crate::partition_state::record_mark;
 use crate::probe::LogProbe;
 use crate::reader::{Found, LogReader, Read};
 use crate::status::{HoleCause, LogHole};
-use prefixlog_engine::digest::mix64;
 use rdkafka::error::KafkaError;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::time::{Duration, Instant};
-use xxhash_rust::xxh3::xxh3_64_with_seed;
-
-/// The fingerprint of a record: its timestamp and value bytes (a record republished into a
-/// recreated topic carries a new timestamp). Never 0, which means "not known".
-pub fn record_mark(ts_ms: u64, value: Option<&[u8]>) -> u64 {
-    let h = match value {
-        Some(v) => xxh3_64_with_seed(v, ts_ms),
-        None => mix64(ts_ms ^ 0x6e6f_2d76_616c_7565),
-    };
-    h.max(1)
-}
 
 /// Reading back the records a state's fingerprints name failed.
 #[derive(Debug, thiserror::Error)]

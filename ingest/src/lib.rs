@@ -21,10 +21,11 @@
 //!   hole in the log is made of.
 //! - [`reader`]: [`LogReader`], the one consumer: offset order, gaps and out-of-range offsets
 //!   become [`reader::Discontinuity`], never a silent reset.
-//! - [`replay`]: bounded replay to a fixed target (audits, repairs, benchmarks).
+//! - [`apply_log`]: applying the log up to a fixed target (audits, repairs, benchmarks).
 //! - [`record`]: encode (publishers) and decode/validate (replicas) records; [`BadReason`].
 //! - [`partition_state`]: per-partition applied state (offsets, log time, feeds, workers,
-//!   counters) and digest points.
+//!   counters), digest points, and [`partition_state::record_mark`], the fingerprint of the
+//!   record a state ends at.
 //! - [`limits`]: what a record may create per partition ([`limits::admit`]), and each
 //!   partition's derived [`limits::Usage`].
 //! - [`apply`]: the deterministic [`Applier`].
@@ -46,6 +47,7 @@
 
 pub mod affinity;
 pub mod apply;
+pub mod apply_log;
 pub mod bridge;
 pub mod connect;
 pub mod continuity;
@@ -59,17 +61,17 @@ pub mod probe;
 pub mod publisher;
 pub mod reader;
 pub mod record;
-pub mod replay;
 pub mod replica;
 pub mod settings;
 pub mod status;
-#[cfg(feature = "testing")]
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod topics;
 pub mod watermarks;
 
 pub use affinity::CpuSet;
 pub use apply::{Applier, ApplyFailure, NotNext, Outcome};
+pub use apply_log::{apply_log, ApplyLogError, ApplyLogOptions, Until};
 pub use embedded::EmbeddedKafka;
 pub use identity::{check_compatible, Incompatible, LogIdentity};
 pub use log_spec::{ClientRole, KafkaConnection, LogSpec, Shard, ShardError};
@@ -78,7 +80,6 @@ pub use probe::{check_topic, cleanup_policy, probe_log, CleanupPolicy, LogProbe,
 pub use publisher::{token_of, Landed, PublishError, Publisher};
 pub use reader::{Discontinuity, LogReader};
 pub use record::{BadReason, KvBatch, KvOp, LaneMeta, Lifecycle, Op};
-pub use replay::{replay, ReplayError, ReplayOptions, Until};
 pub use replica::{GapPolicy, IngestOptions, Replica, ReplicaError};
 pub use settings::StateSettings;
 pub use status::{HoleCause, LogHole, ReplicaStatus};

@@ -6,6 +6,17 @@ use crate::record::{BadReason, LaneMeta};
 use prefixlog_engine::digest::mix64;
 use prefixlog_engine::{KeyspaceId, LogTime};
 use std::collections::{BTreeMap, BTreeSet};
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+/// The fingerprint of a record: its timestamp and value bytes (a record republished into a
+/// recreated topic carries a new timestamp). Never 0, which means "not known".
+pub fn record_mark(ts_ms: u64, value: Option<&[u8]>) -> u64 {
+    let h = match value {
+        Some(v) => xxh3_64_with_seed(v, ts_ms),
+        None => mix64(ts_ms ^ 0x6e6f_2d76_616c_7565),
+    };
+    h.max(1)
+}
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct FeedKey {
@@ -60,7 +71,7 @@ pub struct PartitionState {
     pub counters: PartitionCounters,
     /// The last placement-expiry bucket (log time / expiry interval) handled.
     pub expiry_bucket: u64,
-    /// Fingerprint of the record at `next_offset - 1` ([`crate::continuity::record_mark`];
+    /// Fingerprint of the record at `next_offset - 1` ([`record_mark`];
     /// 0 = not known): what tells this log from a recreated one that has since grown past the
     /// state's offsets. Not digested (replicas at the same offsets of one log agree on it by
     /// construction); checkpoints keep it in their meta.

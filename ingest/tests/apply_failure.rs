@@ -28,7 +28,7 @@ fn a_panicking_record_leaves_its_partition_at_that_offset() {
     assert_eq!(a.partition(0).next_offset, 1, "the failed record is not applied: resume at it");
     assert_eq!(
         a.partition(0).last_mark,
-        prefixlog_ingest::continuity::record_mark(1_000, Some(&batch(w0, 1)))
+        prefixlog_ingest::partition_state::record_mark(1_000, Some(&batch(w0, 1)))
     );
     assert!(a.failure().is_none(), "marking the failure is the caller's (the ingest thread's)");
     a.mark_failed(ApplyFailure { partition: 0, offset: 1, message: "boom".into() });

@@ -47,7 +47,9 @@ pub enum NodeError {
     #[error("binding {what} {addr}: {source}")]
     Bind { what: &'static str, addr: std::net::SocketAddr, source: std::io::Error },
     #[error("query server: {0}")]
-    Query(String),
+    Query(#[from] prefixlog_query::ServerError),
+    #[error("peer port TLS: {0}")]
+    PeerTls(#[source] tonic::transport::Error),
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
     #[error("publisher: {0}")]
@@ -55,11 +57,7 @@ pub enum NodeError {
     #[error("final checkpoint: {0}")]
     FinalCheckpoint(prefixlog_snapshot::StoreError),
     #[error("a background task failed: {0}")]
-    Task(String),
-}
-
-impl NodeError {
-    pub(crate) fn task(e: tokio::task::JoinError) -> Self {
-        NodeError::Task(e.to_string())
-    }
+    Task(#[from] tokio::task::JoinError),
+    #[error("no peer to bootstrap from (--bootstrap-from or --peers names none)")]
+    NoBootstrapPeer,
 }

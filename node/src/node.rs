@@ -165,9 +165,7 @@ impl ReplicaNode {
             self.peer_stop = Some(stop);
             let mut builder = tonic::transport::Server::builder();
             if let Some(tls) = &self.opts.peer_tls {
-                builder = builder
-                    .tls_config(tls.server())
-                    .map_err(|e| NodeError::Query(format!("peer TLS: {e}")))?;
+                builder = builder.tls_config(tls.server()).map_err(NodeError::PeerTls)?;
             }
             self.tasks.push(tokio::spawn(async move {
                 let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
@@ -377,7 +375,7 @@ impl ReplicaNode {
         }
         let covered = self.checkpointer.take().map(Checkpointer::stop);
         let replica = self.replica.clone();
-        tokio::task::spawn_blocking(move || replica.halt()).await.map_err(NodeError::task)?;
+        tokio::task::spawn_blocking(move || replica.halt()).await?;
         let offsets = self.replica.applier().lock().offsets();
         let final_checkpoint = match (&self.store, covered) {
             (Some(_), Some(c)) if checkpoints::records_between(&c, &offsets) > 0 => {
@@ -441,7 +439,7 @@ async fn start_query(
         registry: registry.clone(),
         admin,
     };
-    prefixlog_query::start(cfg, served).await.map_err(|e| NodeError::Query(e.to_string()))
+    Ok(prefixlog_query::start(cfg, served).await?)
 }
 
 /// The standard process metrics (`process_resident_memory_bytes`, ...), where the platform

@@ -58,9 +58,7 @@ pub async fn not_continued(
         .collect();
     let (spec, probe) = (spec.clone(), probe.clone());
     let replaced =
-        tokio::task::spawn_blocking(move || check_marks(&spec, &marks, &probe, MARK_CHECK_TIMEOUT))
-            .await
-            .map_err(NodeError::task)??;
+        tokio::task::spawn_blocking(move || check_marks(&spec, &marks, &probe, MARK_CHECK_TIMEOUT)).await??;
     problems.extend(replaced);
     Ok(problems)
 }

@@ -59,7 +59,7 @@ pub async fn prepare(
     spec.settings.validate()?;
     let probe = {
         let spec = spec.clone();
-        tokio::task::spawn_blocking(move || probe_log(&spec)).await.map_err(NodeError::task)??
+        tokio::task::spawn_blocking(move || probe_log(&spec)).await??
     };
     check_cleanup_policy(spec).await?;
     let identity = LogIdentity {
@@ -174,7 +174,7 @@ async fn bootstrap(
         }
         tokio::time::sleep(BUSY_RETRY).await;
     }
-    Err(last.map_or_else(|| NodeError::Task("no peer to bootstrap from".into()), NodeError::from))
+    Err(last.map_or_else(|| NodeError::NoBootstrapPeer, NodeError::from))
 }
 
 async fn fetch_one(

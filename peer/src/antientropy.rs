@@ -10,8 +10,9 @@
 //! give different states from the same log, so every point would "mismatch" and every round
 //! would repair). Only partitions both replicas own are compared.
 
-use crate::client::PeerClient;
+use crate::client::{CallError, PeerClient};
 use crate::repair::{check_and_repair, RepairContext, RepairOutcome};
+use prefixlog_ingest::settings::SettingsError;
 use prefixlog_ingest::{check_compatible, Incompatible, LogIdentity, Replica, StateSettings};
 use prefixlog_proto::v1 as pb;
 use prefixlog_proto::v1::replica_peer_client::ReplicaPeerClient;
@@ -137,9 +138,23 @@ fn now_s() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
 }
 
+/// Why a peer was not compared this round (counted as unreachable, not as a divergence).
+#[derive(Debug, thiserror::Error)]
+pub enum CompareError {
+    #[error(transparent)]
+    Call(#[from] CallError),
+    #[error("peer {peer}: its digests reply: {source}")]
+    Settings {
+        peer: String,
+        #[source]
+        source: SettingsError,
+    },
+}
+
 /// The peer's identity as its `Digests` reply states it.
-fn peer_identity(d: &pb::DigestsResponse) -> Result<LogIdentity, String> {
-    let settings = StateSettings::decode(&d.settings).map_err(|e| e.to_string())?;
+fn peer_identity(peer: &str, d: &pb::DigestsResponse) -> Result<LogIdentity, CompareError> {
+    let settings = StateSettings::decode(&d.settings)
+        .map_err(|source| CompareError::Settings { peer: peer.into(), source })?;
     Ok(LogIdentity {
         cluster_id: d.cluster_id.clone(),
         topic: d.topic.clone(),
@@ -209,17 +224,16 @@ impl AntiEntropy {
         report
     }
 
-    async fn compare(&self, peer: &str, report: &mut RoundReport) -> Result<(), String> {
-        let mut client = self.client.connect(peer).await.map_err(|e| e.to_string())?;
+    async fn compare(&self, peer: &str, report: &mut RoundReport) -> Result<(), CompareError> {
+        let mut client = self.client.connect(peer).await?;
         let req = pb::DigestsRequest { partitions: vec![] };
         let theirs = self
             .client
             .deadline(peer, "asking for digests", client.digests(req))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|s| s.to_string())?
+            .await?
+            .map_err(|s| CallError::rpc(peer, s))?
             .into_inner();
-        let their_id = peer_identity(&theirs)?;
+        let their_id = peer_identity(peer, &theirs)?;
         let ours = &self.ctx.identity;
         let common: Vec<u32> =
             ours.owned.iter().copied().filter(|p| their_id.owned.binary_search(p).is_ok()).collect();

@@ -2,21 +2,16 @@
 //! deadline and a size cap): bootstrap of a new replica, a new shard's partitions when
 //! resharding, and recovery of a partition whose log no longer continues its state.
 
-use crate::client::PeerClient;
+use crate::client::{CallError, PeerClient};
 use prefixlog_ingest::{check_compatible, Incompatible, LogIdentity};
 use prefixlog_proto::v1 as pb;
 use prefixlog_snapshot::{decode_export, CheckpointMeta, CheckpointStore, Loaded, StoreError};
-use std::time::Duration;
 use xxhash_rust::xxh3::Xxh3;
 
 #[derive(Debug, thiserror::Error)]
 pub enum FetchError {
-    #[error("peer {peer}: {source}")]
-    Connect { peer: String, source: tonic::transport::Error },
-    #[error("peer {peer}: {status}")]
-    Rpc { peer: String, status: tonic::Status },
-    #[error("peer {peer}: {what} took longer than {after:?}")]
-    Timeout { peer: String, what: &'static str, after: Duration },
+    #[error(transparent)]
+    Call(#[from] CallError),
     #[error("peer {peer}: its checkpoint is {bytes} bytes, more than the {max} this replica accepts")]
     TooLarge { peer: String, bytes: u64, max: u64 },
     #[error("peer {peer}: transfer corrupt: {what}")]
@@ -30,7 +25,7 @@ pub enum FetchError {
 impl FetchError {
     /// The peer is serving as many checkpoint transfers as it allows: try another, or later.
     pub fn is_busy(&self) -> bool {
-        matches!(self, FetchError::Rpc { status, .. } if status.code() == tonic::Code::ResourceExhausted)
+        matches!(self, FetchError::Call(e) if e.is_busy())
     }
 }
 
@@ -38,7 +33,7 @@ impl PeerClient {
     /// The peer's newest checkpoint as export bytes, holding `partitions` (empty: all it owns).
     pub async fn fetch_export(&self, peer: &str, partitions: &[u32]) -> Result<Vec<u8>, FetchError> {
         let mut client = self.connect(peer).await?;
-        let rpc = |status| FetchError::Rpc { peer: peer.into(), status };
+        let rpc = |status| CallError::rpc(peer, status);
         let req = pb::FetchCheckpointRequest { partitions: partitions.to_vec() };
         let call = client.fetch_checkpoint(req);
         let mut stream =
@@ -47,7 +42,7 @@ impl PeerClient {
         let (mut data, mut whole) = (Vec::new(), Xxh3::new());
         loop {
             let next = tokio::time::timeout(self.stall_timeout, stream.message()).await.map_err(|_| {
-                FetchError::Timeout {
+                CallError::Timeout {
                     peer: peer.into(),
                     what: "waiting for a checkpoint chunk",
                     after: self.stall_timeout,

@@ -2,7 +2,6 @@
 //! every call, a size cap on every answer. Anti-entropy, bootstrap and recovery all call
 //! through it, so none of them can hang on a peer or be made to take unbounded memory.
 
-use crate::bootstrap::FetchError;
 use prefixlog_proto::v1::replica_peer_client::ReplicaPeerClient;
 use std::future::Future;
 use std::time::Duration;
@@ -15,6 +14,28 @@ pub const MAX_MESSAGE_BYTES: usize = 4 << 20;
 /// The largest checkpoint accepted from a peer, in bytes (a transfer announcing more is
 /// refused before its first chunk; one sending more than it announced is corrupt).
 pub const MAX_CHECKPOINT_BYTES: u64 = 64 << 30;
+
+/// A call to a peer that did not get an answer.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    #[error("peer {peer}: {source}")]
+    Connect { peer: String, source: tonic::transport::Error },
+    #[error("peer {peer}: {status}")]
+    Rpc { peer: String, status: tonic::Status },
+    #[error("peer {peer}: {what} took longer than {after:?}")]
+    Timeout { peer: String, what: &'static str, after: Duration },
+}
+
+impl CallError {
+    pub fn rpc(peer: &str, status: tonic::Status) -> Self {
+        CallError::Rpc { peer: peer.into(), status }
+    }
+
+    /// The peer is serving as many checkpoint transfers as it allows: try another, or later.
+    pub fn is_busy(&self) -> bool {
+        matches!(self, CallError::Rpc { status, .. } if status.code() == tonic::Code::ResourceExhausted)
+    }
+}
 
 /// How a replica calls its peers.
 #[derive(Clone, Debug)]
@@ -55,8 +76,8 @@ impl PeerClient {
 
     /// Connects to a peer's `ReplicaPeer` service (over mutual TLS when configured), within
     /// the call deadline.
-    pub async fn connect(&self, peer: &str) -> Result<ReplicaPeerClient<Channel>, FetchError> {
-        let bad = |source| FetchError::Connect { peer: peer.into(), source };
+    pub async fn connect(&self, peer: &str) -> Result<ReplicaPeerClient<Channel>, CallError> {
+        let bad = |source| CallError::Connect { peer: peer.into(), source };
         let mut endpoint =
             tonic::transport::Endpoint::from_shared(url(peer, self.tls.is_some())).map_err(bad)?;
         if let Some(t) = &self.tls {
@@ -73,8 +94,8 @@ impl PeerClient {
         peer: &str,
         what: &'static str,
         call: impl Future<Output = T>,
-    ) -> Result<T, FetchError> {
-        tokio::time::timeout(self.call_timeout, call).await.map_err(|_| FetchError::Timeout {
+    ) -> Result<T, CallError> {
+        tokio::time::timeout(self.call_timeout, call).await.map_err(|_| CallError::Timeout {
             peer: peer.into(),
             what,
             after: self.call_timeout,

@@ -13,7 +13,8 @@
 //! - [`scrub`]: the scrubber: bounded steps that check the structures answering queries
 //!   against the digests, and repair a partition they disagree on.
 //! - [`client`]: [`PeerClient`], how every call to a peer is made: mutual TLS when
-//!   configured, a deadline per call, a size cap per answer.
+//!   configured, a deadline per call, a size cap per answer; [`CallError`], a call that got no
+//!   answer.
 //! - [`bootstrap`]: fetch a peer's checkpoint (bootstrap, resharding, recovery of a partition
 //!   whose log was cut), with a stall deadline and a size cap.
 //! - [`transfer`]: serving checkpoint transfers within bounds (a few at a time, streamed in
@@ -39,9 +40,9 @@ pub mod service;
 pub mod tls;
 pub mod transfer;
 
-pub use antientropy::{AntiEntropy, AntiEntropyStats, RoundReport};
+pub use antientropy::{AntiEntropy, AntiEntropyStats, CompareError, RoundReport};
 pub use bootstrap::FetchError;
-pub use client::PeerClient;
+pub use client::{CallError, PeerClient};
 pub use repair::{RepairContext, RepairError, RepairGate, RepairOutcome};
 pub use scrub::{ScrubOptions, ScrubReport, ScrubStats, Scrubber};
 pub use service::PeerService;

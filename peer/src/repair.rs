@@ -1,7 +1,7 @@
 //! The self-check and the partition repair (see the crate docs for the rule).
 //!
 //! Both run off to the side: a partition is rebuilt in a separate applier from a checkpoint
-//! (or the log start) by a bounded replay to a *fixed* target offset, which must be reached
+//! (or the log start) by applying the log up to a *fixed* target offset ([`prefixlog_ingest::apply_log`]), which must be reached
 //! exactly (a stall or a discontinuity is an error, never a partial rebuild). A repair then
 //! catches the rebuilt partition up with the live one, still off to the side, and hands it to
 //! the ingest thread, which swaps it in between two records and reads on from its offset —
@@ -9,9 +9,10 @@
 //! repaired partition and all others goes on throughout.
 
 use parking_lot::Mutex;
+use prefixlog_engine::{InvariantError, KeyspaceId};
 use prefixlog_ingest::{
-    check_compatible, probe_log, replay, Applier, LogIdentity, LogSpec, ReplayError, ReplayOptions, Replica,
-    ReplicaError, Until,
+    apply_log, check_compatible, probe_log, Applier, ApplyLogError, ApplyLogOptions, LogIdentity, LogSpec,
+    Replica, ReplicaError, Until,
 };
 use prefixlog_snapshot::{restore, CheckpointStore, Loaded, RestoreError};
 use std::collections::BTreeSet;
@@ -64,7 +65,7 @@ pub enum RepairError {
     #[error("partition {partition}: no checkpoint at or before offset {trusted} and the log starts at {log_start}: cannot rebuild")]
     NoBase { partition: u32, trusted: i64, log_start: i64 },
     #[error("partition {partition}: {source}")]
-    Replay { partition: u32, source: ReplayError },
+    ApplyLog { partition: u32, source: ApplyLogError },
     #[error(transparent)]
     Restore(#[from] RestoreError),
     #[error(transparent)]
@@ -72,7 +73,7 @@ pub enum RepairError {
     #[error("swapping the rebuilt partition in: {0}")]
     Swap(#[from] ReplicaError),
     #[error("the rebuild task failed: {0}")]
-    Task(String),
+    Task(#[from] tokio::task::JoinError),
 }
 
 /// The outcome of a self-check.
@@ -109,8 +110,8 @@ fn base_checkpoint(ctx: &RepairContext, p: u32, trusted: i64) -> Option<Loaded> 
 /// Replays partition `p` of `a` to next offset `to`, exactly.
 fn advance(ctx: &RepairContext, a: &mut Applier, p: u32, to: i64) -> Result<(), RepairError> {
     let until = Until::Offsets([(p, to)].into_iter().collect());
-    replay(&ctx.spec, a, &until, ReplayOptions::default())
-        .map_err(|source| RepairError::Replay { partition: p, source })?;
+    apply_log(&ctx.spec, a, &until, ApplyLogOptions::default())
+        .map_err(|source| RepairError::ApplyLog { partition: p, source })?;
     Ok(())
 }
 
@@ -155,9 +156,7 @@ pub async fn swap_in(
     for _ in 0..2 {
         let live = live_offset(replica.applier(), p);
         let (ctx2, mut a) = (ctx.clone(), rebuilt);
-        rebuilt = tokio::task::spawn_blocking(move || advance(&ctx2, &mut a, p, live).map(|()| a))
-            .await
-            .map_err(|e| RepairError::Task(e.to_string()))??;
+        rebuilt = tokio::task::spawn_blocking(move || advance(&ctx2, &mut a, p, live).map(|()| a)).await??;
     }
     let at = rebuilt.partition(p).next_offset;
     replica.replace_partition(p, rebuilt).await?;
@@ -179,9 +178,7 @@ pub async fn check_and_repair(
 ) -> Result<RepairOutcome, RepairError> {
     let Some(_repairing) = ctx.gate.enter(p) else { return Ok(RepairOutcome::AlreadyRunning) };
     let ctx2 = ctx.clone();
-    let check = tokio::task::spawn_blocking(move || self_check(&ctx2, p, point, recorded, trusted))
-        .await
-        .map_err(|e| RepairError::Task(e.to_string()))??;
+    let check = tokio::task::spawn_blocking(move || self_check(&ctx2, p, point, recorded, trusted)).await??;
     match check {
         SelfCheck::Consistent => Ok(RepairOutcome::Consistent),
         SelfCheck::Diverged { rebuilt, from_checkpoint } => {
@@ -205,9 +202,8 @@ pub async fn rebuild_and_swap(
     let Some(_repairing) = ctx.gate.enter(p) else { return Ok(RepairOutcome::AlreadyRunning) };
     let upto = live_offset(replica.applier(), p);
     let ctx2 = ctx.clone();
-    let (rebuilt, from_checkpoint) = tokio::task::spawn_blocking(move || sound_base(&ctx2, p, upto))
-        .await
-        .map_err(|e| RepairError::Task(e.to_string()))??;
+    let (rebuilt, from_checkpoint) =
+        tokio::task::spawn_blocking(move || sound_base(&ctx2, p, upto)).await??;
     let swapped_at = swap_in(ctx, replica, p, rebuilt).await?;
     Ok(RepairOutcome::Repaired { from_checkpoint, swapped_at })
 }
@@ -227,12 +223,16 @@ fn sound_base(ctx: &RepairContext, p: u32, upto: i64) -> Result<(Applier, Option
                 Ok((None, a)) if m.digests.get(p as usize).is_none_or(|&d| d == a.partition_digest(p)) => {
                     return Ok((a, Some(id)))
                 }
-                Ok((why, _)) => tracing::warn!(
-                    checkpoint = id,
-                    partition = p,
-                    why = why.as_deref().unwrap_or("its rebuilt digest is not the one it recorded"),
-                    "repair: this checkpoint carries the damage; trying an older one"
-                ),
+                Ok((why, _)) => {
+                    let why =
+                        why.map_or("its rebuilt digest is not the one it recorded".into(), |e| e.to_string());
+                    tracing::warn!(
+                        checkpoint = id,
+                        partition = p,
+                        %why,
+                        "repair: this checkpoint carries the damage; trying an older one"
+                    )
+                }
                 Err(e) => {
                     tracing::warn!(checkpoint = id, partition = p, error = %e, "repair: checkpoint unusable")
                 }
@@ -246,11 +246,20 @@ fn sound_base(ctx: &RepairContext, p: u32, upto: i64) -> Result<(Applier, Option
     Ok((Applier::new(ctx.spec.partitions, ctx.identity.settings), None))
 }
 
+/// A keyspace of a rebuilt state that fails the full invariant check.
+#[derive(Debug, thiserror::Error)]
+#[error("keyspace {keyspace}: {source}")]
+struct Inconsistent {
+    keyspace: KeyspaceId,
+    #[source]
+    source: InvariantError,
+}
+
 /// Every keyspace of `a` passes the full invariant check.
-fn consistent(a: &Applier) -> Result<(), String> {
+fn consistent(a: &Applier) -> Result<(), Inconsistent> {
     for ks in a.engine().keyspaces() {
         let g = ks.read();
-        g.check_invariants().map_err(|e| format!("keyspace {}: {e}", g.id()))?;
+        g.check_invariants().map_err(|source| Inconsistent { keyspace: g.id().clone(), source })?;
     }
     Ok(())
 }

@@ -138,7 +138,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                     .iter()
                     .map(|q| match answer(engine, q) {
                         Ok(a) => serde_json::to_value(a).expect("serialisable"),
-                        Err(e) => serde_json::json!({ "error": e }),
+                        Err(e) => serde_json::json!({ "error": e.to_string() }),
                     })
                     .collect();
                 println!(

@@ -10,6 +10,10 @@ use crate::service::QueryService;
 use std::sync::Arc;
 use tonic::service::RoutesBuilder;
 
+/// Why an extension could not be added (its own error type, boxed: the query crate does not
+/// know the extensions).
+pub type ExtensionError = Box<dyn std::error::Error + Send + Sync>;
+
 /// What an extension is built from.
 pub struct ExtensionContext<'a> {
     pub query: &'a QueryService,
@@ -26,7 +30,7 @@ pub trait Extension: Send + Sync {
         None
     }
     /// Adds the service to the port's routes.
-    fn add_to(&self, ctx: &ExtensionContext<'_>, routes: &mut RoutesBuilder) -> anyhow::Result<()>;
+    fn add_to(&self, ctx: &ExtensionContext<'_>, routes: &mut RoutesBuilder) -> Result<(), ExtensionError>;
 }
 
 /// The extensions of one query port (none by default).

@@ -11,7 +11,8 @@
 //! - [`stream`]: `MatchStream` served: bounded concurrency per stream, in-band errors and
 //!   unordered answers for the requests that opt in.
 //! - [`validate`]: request validation and bounded error messages.
-//! - [`server`]: starts the gRPC port (service + Echo + health + reflection) and admin port.
+//! - [`server`]: starts the gRPC port (service + Echo + health + reflection) and admin port;
+//!   [`ServerError`], why it did not start.
 //! - [`extension`]: [`extension::Extension`], services other crates host on the query port
 //!   (the protocol facades), built from the same [`service::QueryService`] and registry.
 //! - [`health`]: [`health::Readiness`] (caught up = lag ≤ threshold) driving `grpc.health.v1`.
@@ -45,9 +46,9 @@ pub mod stream;
 pub mod validate;
 
 pub use client::{Answer, DiscoveryError, IndexClient, MatchOutcome, MatchQuery, Prompt, Unavailable};
-pub use extension::{Extension, ExtensionContext, Extensions};
+pub use extension::{Extension, ExtensionContext, ExtensionError, Extensions};
 pub use mux::{MuxError, StreamMux};
-pub use server::{start, RunningServer, Served, ServerConfig, TlsFiles};
+pub use server::{start, RunningServer, Served, ServerConfig, ServerError, TlsFiles};
 pub use service::{default_replica_id, QueryConfig, QueryService, ReplicaInfo};
 
 /// Re-exported so tests, benchmarks and gateways use the exact versions this crate was built

@@ -50,10 +50,40 @@ pub struct TlsFiles {
     pub client_ca: Option<std::path::PathBuf>,
 }
 
+/// Why the query server did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("registering the query metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+    #[error("gRPC reflection: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    #[error("binding the {what} port {addr}: {source}")]
+    Bind {
+        what: &'static str,
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("reading TLS file {}: {source}", .path.display())]
+    TlsFile {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("TLS on the gRPC port: {0}")]
+    Tls(#[from] tonic::transport::Error),
+    #[error("adding the {service} service to the query port: {source}")]
+    Extension {
+        service: String,
+        #[source]
+        source: crate::extension::ExtensionError,
+    },
+}
+
 impl TlsFiles {
-    fn server_config(&self) -> anyhow::Result<tonic::transport::ServerTlsConfig> {
+    fn server_config(&self) -> Result<tonic::transport::ServerTlsConfig, ServerError> {
         let read = |p: &std::path::Path| {
-            std::fs::read(p).map_err(|e| anyhow::anyhow!("reading TLS file {}: {e}", p.display()))
+            std::fs::read(p).map_err(|source| ServerError::TlsFile { path: p.to_path_buf(), source })
         };
         let identity = tonic::transport::Identity::from_pem(read(&self.cert)?, read(&self.key)?);
         let mut cfg = tonic::transport::ServerTlsConfig::new().identity(identity);
@@ -194,7 +224,7 @@ impl Drop for RunningServer {
 }
 
 /// Binds both ports and starts serving on the current tokio runtime.
-pub async fn start(cfg: ServerConfig, served: Served) -> anyhow::Result<RunningServer> {
+pub async fn start(cfg: ServerConfig, served: Served) -> Result<RunningServer, ServerError> {
     let Served { engine, status, applier, info, registry, admin } = served;
     let readiness = Arc::new(Readiness::new(status.clone(), cfg.ready_lag, cfg.stale_after));
     let query_metrics = Arc::new(QueryMetrics::new(&registry)?);
@@ -229,15 +259,17 @@ pub async fn start(cfg: ServerConfig, served: Served) -> anyhow::Result<RunningS
         .add_service(EchoServer::new(EchoService));
     let ctx = ExtensionContext { query: &svc, registry: &registry };
     for ext in &cfg.extensions.0 {
-        ext.add_to(&ctx, &mut routes)?;
+        ext.add_to(&ctx, &mut routes)
+            .map_err(|source| ServerError::Extension { service: ext.service_name().into(), source })?;
         readiness.add_health_service(ext.service_name());
         tracing::info!(service = ext.service_name(), "serving on the query port too");
     }
     // Started once nothing above can fail any more (a refused extension leaves no task behind).
     let tasks = vec![tokio::spawn(readiness.clone().drive(reporter, Duration::from_millis(50)))];
 
-    let listener = tokio::net::TcpListener::bind(cfg.grpc_addr).await?;
-    let grpc_addr = listener.local_addr()?;
+    let bind = |source| ServerError::Bind { what: "gRPC", addr: cfg.grpc_addr, source };
+    let listener = tokio::net::TcpListener::bind(cfg.grpc_addr).await.map_err(bind)?;
+    let grpc_addr = listener.local_addr().map_err(bind)?;
     // Nagle would add up to 40 ms to small responses on some stacks; queries are latency-bound.
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     let mut builder = tonic::transport::Server::builder();
@@ -260,11 +292,16 @@ pub async fn start(cfg: ServerConfig, served: Served) -> anyhow::Result<RunningS
         }
     });
 
-    let admin = match (admin, cfg.admin_addr) {
-        (Some(port), _) => Some(port),
-        (None, Some(a)) => Some(AdminPort::bind(a, registry, readiness.clone()).await?),
-        (None, None) => None,
-    };
+    let admin =
+        match (admin, cfg.admin_addr) {
+            (Some(port), _) => Some(port),
+            (None, Some(a)) => Some(
+                AdminPort::bind(a, registry, readiness.clone())
+                    .await
+                    .map_err(|source| ServerError::Bind { what: "admin", addr: a, source })?,
+            ),
+            (None, None) => None,
+        };
     if let Some(port) = &admin {
         port.serve_readiness(readiness.clone());
     }

@@ -1,7 +1,7 @@
 //! What can go wrong with a checkpoint, precisely: which value is damaged and how.
 
 use crate::codec::DecodeError;
-use crate::meta::READABLE_FORMATS;
+use crate::format::READABLE_FORMATS;
 use prefixlog_engine::KeyspaceId;
 use std::path::PathBuf;
 use xxhash_rust::xxh3::xxh3_64;

@@ -2,26 +2,17 @@
 //! recovery of a cut partition, a new shard's partitions): magic, then the length-prefixed
 //! meta, partition state and keyspace values, every one verified on the way in.
 
-use crate::checkpoint::Capture;
+use crate::capture::Capture;
 use crate::codec::{self, Reader, Writer};
 use crate::error::{damaged, verify, Damage, Part, StoreError};
+use crate::format::FORMAT_VERSION;
 use crate::meta::{
     covered, decode_meta, encode_meta, meta_of, verify_keyspace, CheckpointMeta, EncodedKeyspace,
-    FORMAT_VERSION,
 };
-use prefixlog_engine::{EngineConfig, Keyspace, KeyspaceDump, KeyspaceId};
+use prefixlog_engine::{EngineConfig, ImageError, Keyspace, KeyspaceDump, KeyspaceId, RebuildError};
 use prefixlog_ingest::{DigestPoint, LogIdentity, PartitionState};
 
 pub(crate) const EXPORT_MAGIC: &[u8] = b"PREFIXLOG-CHECKPOINT-1\n";
-
-/// One keyspace as an engine image (`Keyspace::write_image`): its in-memory layout, so a
-/// restore is bulk copies (`Keyspace::read_image`) rather than a rebuild node by node.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct KeyspaceImage {
-    pub id: KeyspaceId,
-    pub bytes: Vec<u8>,
-    pub holder_blocks: u64,
-}
 
 /// A verified checkpoint: partition state decoded, keyspaces checksummed (an image is decoded
 /// by the restore that reads it, without hashing its sections again: see [`VerifiedImage`]).
@@ -52,17 +43,26 @@ pub enum StoredKeyspace {
 /// one, so its restore need not hash the image's sections a second time.
 pub struct VerifiedImage(Vec<u8>);
 
+/// Why a stored keyspace (verified against its checksums) did not restore.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyspaceRestoreError {
+    #[error("its image is refused: {0}")]
+    Image(#[from] ImageError),
+    #[error("its dump does not rebuild: {0}")]
+    Dump(#[from] RebuildError),
+    #[error("the stored state is of keyspace {0}")]
+    OtherKeyspace(KeyspaceId),
+}
+
 impl LoadedKeyspace {
     /// The keyspace, with holders filed into partitions under `cfg`.
-    pub fn restore(&self, cfg: EngineConfig) -> Result<Keyspace, String> {
+    pub fn restore(&self, cfg: EngineConfig) -> Result<Keyspace, KeyspaceRestoreError> {
         let ks = match &self.state {
-            StoredKeyspace::Image(image) => {
-                Keyspace::read_verified_image(&image.0, cfg).map_err(|e| e.to_string())?
-            }
-            StoredKeyspace::Dump(d) => Keyspace::rebuild(d, cfg).map_err(|e| e.to_string())?,
+            StoredKeyspace::Image(image) => Keyspace::read_verified_image(&image.0, cfg)?,
+            StoredKeyspace::Dump(d) => Keyspace::rebuild(d, cfg)?,
         };
         if ks.id() != &self.id {
-            return Err(format!("the stored state is of keyspace {}", ks.id()));
+            return Err(KeyspaceRestoreError::OtherKeyspace(ks.id().clone()));
         }
         Ok(ks)
     }

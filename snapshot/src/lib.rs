@@ -10,42 +10,44 @@
 //! - [`store`]: [`CheckpointStore`]: atomic writes (one `WriteBatch`), checksummed reads,
 //!   listing, retention (last K + a thinned series over a log-time window), readers beside a
 //!   live replica (RocksDB secondary).
-//! - [`checkpoint`]: capture from a running replica without stalling queries; restore an
-//!   applier with the checkpoint's settings; choose the newest usable; partition-filtered
-//!   exports.
+//! - [`capture`]: [`Capture`], a consistent copy of a running replica's state taken without
+//!   stalling queries; [`KeyspaceImage`].
+//! - [`checkpoint`]: a capture written to the store; restore an applier with the
+//!   checkpoint's settings; choose the newest usable; partition-filtered exports.
 //! - [`handle`]: the RocksDB handle and what a replica's store does when its disk fails it
 //!   (read-only on a full disk, reopened after a failed write, moved aside when damaged).
 //! - [`stream`]: a stored checkpoint's export streamed in bounded pieces, verified on the way
 //!   ([`CheckpointStore::export_to`]: a peer's checkpoint transfer).
 //! - [`meta`]: [`CheckpointMeta`] (identity, offsets, log times, checksums) and its encoding.
-//! - [`export`]: a checkpoint as one verified byte string for transfer; [`Loaded`] and
-//!   [`KeyspaceImage`].
+//! - [`export`]: a checkpoint as one verified byte string for transfer; [`Loaded`].
+//! - [`format`]: the checkpoint formats this build writes ([`FORMAT_VERSION`]) and reads.
 //! - [`error`]: [`StoreError`] with the damaged [`Part`] and the [`Damage`].
 //! - `pages`: fresh buffers mapped in one call before a bulk write (capture, restore read).
 //! - [`codec`]: the hand-laid encoding of metas and partition states (keyspaces are engine
 //!   images: `prefixlog_engine::image`); [`dump_codec`]: format-2 keyspace values (columnar
 //!   dumps), still restored after an upgrade.
 
+pub mod capture;
 pub mod checkpoint;
 pub mod codec;
 pub mod dump_codec;
 pub mod error;
 pub mod export;
+pub mod format;
 pub mod handle;
 pub mod meta;
 mod pages;
 pub mod store;
 pub mod stream;
 
-pub use checkpoint::{
-    capture, capture_sound, checkpoint, export_partitions, newest_usable, restore, restore_for, Capture,
-    RestoreError,
-};
+pub use capture::{capture, capture_sound, Capture, KeyspaceImage};
+pub use checkpoint::{checkpoint, export_partitions, newest_usable, restore, restore_for, RestoreError};
 pub use error::{Damage, Part, StoreError};
 pub use export::{
-    decode_export, encode_export, KeyspaceImage, Loaded, LoadedKeyspace, StoredKeyspace, VerifiedImage,
+    decode_export, encode_export, KeyspaceRestoreError, Loaded, LoadedKeyspace, StoredKeyspace, VerifiedImage,
 };
+pub use format::{FORMAT_VERSION, READABLE_FORMATS};
 pub use handle::Opened;
-pub use meta::{CheckpointMeta, KeyspaceEntry, FORMAT_VERSION, READABLE_FORMATS};
+pub use meta::{CheckpointMeta, KeyspaceEntry};
 pub use store::{CheckpointStore, Retention, StoreHealth};
 pub use stream::{ExportSink, Streamed};

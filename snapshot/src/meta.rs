@@ -4,25 +4,10 @@
 
 use crate::codec::{self, Reader, Writer};
 use crate::error::{damaged, Damage, Part, StoreError};
+use crate::format::READABLE_FORMATS;
 use prefixlog_engine::KeyspaceId;
 use prefixlog_ingest::{LogIdentity, StateSettings};
 use xxhash_rust::xxh3::xxh3_64;
-
-/// 2: the identity carries the covered partitions and the state settings; partition state
-/// carries announced workers and the log-gap / clamp / invalid-store counters.
-/// 3: keyspaces are engine images (the in-memory layout, restored by bulk copies) instead of
-/// columnar dumps rebuilt node by node.
-/// 4: the meta carries each partition's record fingerprint (the record before its offset), so
-/// a restart tells this log from a recreated one that has grown past the checkpoint.
-/// 5: the partition value also carries every partition's recorded digest points, so a restarted
-/// replica compares with its peers as far back as before the restart.
-pub const FORMAT_VERSION: u32 = 5;
-
-/// Formats this build restores: its own, and formats 2 to 4 (so that an upgraded replica
-/// restores its own and its peers' checkpoints rather than needing the whole log; formats 2
-/// and 3 have no fingerprints, so only their offsets are checked against the log; formats
-/// before 5 have no digest points, so anti-entropy starts comparing at the next point).
-pub const READABLE_FORMATS: [u32; 4] = [2, 3, 4, FORMAT_VERSION];
 
 /// Keyspace values are stored in chunks of at most this many bytes.
 pub(crate) const CHUNK: usize = 4 << 20;
@@ -100,7 +85,7 @@ pub struct CheckpointMeta {
     /// what a replay of the log must reproduce (`audit verify`), without rebuilding the state.
     pub digests: Vec<u64>,
     /// Each partition's fingerprint of the record before its offset
-    /// ([`prefixlog_ingest::continuity::record_mark`], 0 = unknown); empty before format 4.
+    /// ([`prefixlog_ingest::partition_state::record_mark`], 0 = unknown); empty before format 4.
     pub marks: Vec<u64>,
 }
 

@@ -17,13 +17,14 @@
 //! primary's files and tolerates its WAL rotation and compactions (a read-only open stats WAL
 //! files that the primary may delete in the meantime and failed intermittently).
 
-use crate::checkpoint::Capture;
+use crate::capture::Capture;
 use crate::error::{damaged, verify, Damage, Part, StoreError};
 use crate::export::{decode_loaded, encode_parts, pack_export, unpack_export, Loaded};
+use crate::format::FORMAT_VERSION;
 use crate::handle::{classify, move_aside, open_or_read_only, options, Failure, Handle, Mode, Opened};
 use crate::meta::{
     covered, decode_meta, encode_meta, keyspace_checksum_with, meta_of, CheckpointMeta, Covered,
-    EncodedKeyspace, KeyspaceEntry, CHUNK, FORMAT_VERSION,
+    EncodedKeyspace, KeyspaceEntry, CHUNK,
 };
 use parking_lot::{MappedRwLockReadGuard, RwLock, RwLockReadGuard};
 use prefixlog_ingest::LogIdentity;
@@ -307,7 +308,7 @@ impl CheckpointStore {
 
     /// Writes a format-2 checkpoint (keyspaces as columnar dumps), as the previous release did:
     /// for the upgrade test only.
-    #[doc(hidden)]
+    #[cfg(any(test, feature = "testing"))]
     pub fn write_format2_for_test(
         &self,
         identity: &LogIdentity,
@@ -324,7 +325,7 @@ impl CheckpointStore {
 
     /// Writes a format-4 checkpoint (images, no digest points), as the previous release did:
     /// for the upgrade test only.
-    #[doc(hidden)]
+    #[cfg(any(test, feature = "testing"))]
     pub fn write_format4_for_test(
         &self,
         identity: &LogIdentity,

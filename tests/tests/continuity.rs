@@ -350,7 +350,7 @@ async fn a_recreated_topic_refuses_the_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn record_marks_tell_the_log_a_state_came_from() {
     use prefixlog_ingest::continuity::{check_marks, OffsetProblem};
-    use prefixlog_ingest::{replay, Applier, ReplayError, Until};
+    use prefixlog_ingest::{apply_log, Applier, ApplyLogError, Until};
     let _turn = BROKER_HEAVY.lock().await;
     let mut ran = Vec::new();
     for b in kafka_backends().await {
@@ -380,25 +380,25 @@ async fn record_marks_tell_the_log_a_state_came_from() {
         let unknown: Vec<_> = marks.iter().map(|&(p, o, _)| (p, o, 0)).chain([(0, 0, 7)]).collect();
         assert_eq!(check_marks(&spec, &unknown, &probe, wait).unwrap(), vec![], "{}", b.name);
 
-        // A bounded replay (audits, repairs) starts at the record before the state's offsets and
-        // checks it the same way, at no extra read.
+        // Applying the log to a target (audits, repairs) starts at the record before the
+        // state's offsets and checks it the same way, at no extra read.
         let more = publish(&publisher, 2, &mut seqs).await;
         let until = Until::Offsets(token_of(&more).into_iter().collect());
         let at_landed = || {
             let mut app = Applier::new(P, spec.settings);
             let until = Until::Offsets(token_of(&landed).into_iter().collect());
-            replay(&spec, &mut app, &until, Default::default()).unwrap();
+            apply_log(&spec, &mut app, &until, Default::default()).unwrap();
             app
         };
         let (mut at_marks, mut wrong) = (at_landed(), at_landed());
         let mut parts = wrong.partitions().to_vec();
         parts[1].last_mark ^= 1;
         wrong.restore_partitions(parts);
-        match replay(&spec, &mut wrong, &until, Default::default()) {
-            Err(ReplayError::NotContinued(OffsetProblem::Replaced { partition: 1, .. })) => {}
+        match apply_log(&spec, &mut wrong, &until, Default::default()) {
+            Err(ApplyLogError::NotContinued(OffsetProblem::Replaced { partition: 1, .. })) => {}
             other => panic!("{}: {other:?}", b.name),
         }
-        replay(&spec, &mut at_marks, &until, Default::default()).expect("the same log");
+        apply_log(&spec, &mut at_marks, &until, Default::default()).expect("the same log");
         ran.push(b.name);
     }
     eprintln!("[kafka backend] ran: {ran:?}");

@@ -8,12 +8,23 @@ use super::writer::Writer;
 use super::{SglangConfig, MAX_MESSAGE_BYTES, PROTOCOL};
 use crate::metrics::FacadeMetrics;
 use prefixlog_ingest::{LogSpec, PublishError, Publisher};
-use prefixlog_query::extension::{Extension, ExtensionContext};
+use prefixlog_query::extension::{Extension, ExtensionContext, ExtensionError};
 use prefixlog_query::service::grpc_timeout;
 use prefixlog_query::QueryService;
 use std::sync::Arc;
 use tonic::service::RoutesBuilder;
 use tonic::{Request, Response, Status};
+
+/// Why the facade could not be added to the query port.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// sgl-router asks one indexer per query and cannot merge shards, and a write for a worker
+    /// of another shard could not continue its feed.
+    #[error("the SGLang facade (--sgl-model) needs a replica of every partition; this one owns {owned:?} of {partitions}")]
+    NotEveryPartition { owned: Vec<u32>, partitions: u32 },
+    #[error("registering the facade metrics: {0}")]
+    Metrics(#[source] prometheus::Error),
+}
 
 /// The service: a [`Writer`] and a [`Reader`] over one replica. Cheap to clone.
 #[derive(Clone)]
@@ -153,18 +164,15 @@ impl Extension for SglangExtension {
         Some(crate::FILE_DESCRIPTOR_SET)
     }
 
-    fn add_to(&self, ctx: &ExtensionContext<'_>, routes: &mut RoutesBuilder) -> anyhow::Result<()> {
+    fn add_to(&self, ctx: &ExtensionContext<'_>, routes: &mut RoutesBuilder) -> Result<(), ExtensionError> {
         let info = &ctx.query.view().info;
         if info.owned.len() != info.partition_count as usize {
             // sgl-router asks one indexer per query and cannot merge shards, and a write for a
             // worker of another shard could not continue its feed.
-            anyhow::bail!(
-                "the SGLang facade (--sgl-model) needs a replica of every partition; this one owns {:?} of {}",
-                info.owned,
-                info.partition_count
-            );
+            let (owned, partitions) = (info.owned.clone(), info.partition_count);
+            return Err(StartError::NotEveryPartition { owned, partitions }.into());
         }
-        let metrics = FacadeMetrics::new(ctx.registry)?;
+        let metrics = FacadeMetrics::new(ctx.registry).map_err(StartError::Metrics)?;
         let svc = SglangService::new(&self.cfg, self.publisher.clone(), ctx.query.clone(), metrics);
         routes.add_service(svc.into_server());
         Ok(())

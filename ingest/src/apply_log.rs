@@ -1,44 +1,49 @@
-//! Bounded replay: apply a log's records to an [`Applier`] from its offsets up to a fixed
-//! target, exactly. Audits (the state at a past point), repairs (a partition rebuilt off to the
-//! side) and benchmarks use it; the running replica tails the log with the same [`LogReader`].
+//! Applying the log up to a fixed target: a log's records applied to an [`Applier`] from its
+//! offsets up to the target, exactly (what databases call replaying a log; here "replay" is
+//! left to the CLI that publishes a trace). Audits (the state at a past point), repairs (a
+//! partition rebuilt off to the side) and benchmarks use it; the running replica tails the log
+//! with the same [`LogReader`].
 //!
-//! A replay either reaches its target or fails: a target beyond the log's end, a state the log
-//! no longer continues, a discontinuity met on the way, or no progress within the idle timeout
-//! (the broker is gone) are errors, never a partial result.
+//! [`apply_log`] either reaches its target or fails: a target beyond the log's end, a state the
+//! log no longer continues, a discontinuity met on the way, or no progress within the idle
+//! timeout (the broker is gone) are errors, never a partial result.
 
 use crate::apply::Applier;
-use crate::continuity::{check_offsets, record_mark, OffsetProblem};
+use crate::continuity::{check_offsets, OffsetProblem};
 use crate::log_spec::{close_in_background, LogSpec};
+use crate::partition_state::record_mark;
 use crate::probe::{probe_log, LogProbe, ProbeError};
 use crate::reader::{Discontinuity, LogReader, Read};
 use prefixlog_engine::LogTime;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-/// Where a replay stops.
+/// Where [`apply_log`] stops.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Until {
     /// Next offsets per partition: every record below them applied, none at or above.
     /// Partitions not named are left as they are.
     Offsets(BTreeMap<u32, i64>),
     /// Log time: per owned partition, every record before the first one stamped after it (or
-    /// up to the log's end as probed when the replay starts).
+    /// up to the log's end as probed when it starts).
     Time(LogTime),
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum ReplayError {
+pub enum ApplyLogError {
     #[error(transparent)]
     Probe(#[from] ProbeError),
     #[error("kafka: {0}")]
     Kafka(#[from] rdkafka::error::KafkaError),
-    #[error("partition {partition}: asked to replay to offset {asked}, the log ends at {end}")]
+    #[error("partition {partition}: asked to apply the log up to offset {asked}, the log ends at {end}")]
     BeyondEnd { partition: u32, asked: i64, end: i64 },
-    #[error("partition {partition}: asked to replay to offset {asked}, the state is already at {at}")]
+    #[error(
+        "partition {partition}: asked to apply the log up to offset {asked}, the state is already at {at}"
+    )]
     Behind { partition: u32, asked: i64, at: i64 },
     #[error("the log does not continue the state: {0}")]
     NotContinued(OffsetProblem),
-    #[error("log discontinuity during the replay: {0}")]
+    #[error("log discontinuity while applying the log: {0}")]
     Discontinuity(Discontinuity),
     #[error(
         "no progress for {idle:?} (partition {partition} at {at}, target {target}): is the broker reachable?"
@@ -48,40 +53,40 @@ pub enum ReplayError {
     NotNext(#[from] crate::apply::NotNext),
 }
 
-/// Knobs of a replay that do not change its result.
-pub struct ReplayOptions<'a> {
+/// Knobs of [`apply_log`] that do not change its result.
+pub struct ApplyLogOptions<'a> {
     /// Give up when no record arrives for this long.
     pub idle_timeout: Duration,
-    /// Called with (records applied so far, records to apply in all) as the replay goes.
+    /// Called with (records applied so far, records to apply in all) as it goes.
     pub progress: Option<&'a mut dyn FnMut(u64, u64)>,
     /// The log's range as the caller has just probed it (one broker round trip per partition
     /// saved); probed here when `None`.
     pub probe: Option<&'a LogProbe>,
 }
 
-impl Default for ReplayOptions<'_> {
+impl Default for ApplyLogOptions<'_> {
     fn default() -> Self {
         Self { idle_timeout: Duration::from_secs(30), progress: None, probe: None }
     }
 }
 
-/// The end offset of every partition the replay reads, from the target and the log's range.
+/// The end offset of every partition [`apply_log`] reads, from the target and the log's range.
 fn ends(
     spec: &LogSpec,
     applier: &Applier,
     until: &Until,
     probe: &LogProbe,
-) -> Result<BTreeMap<u32, i64>, ReplayError> {
+) -> Result<BTreeMap<u32, i64>, ApplyLogError> {
     let mut ends = BTreeMap::new();
     match until {
         Until::Offsets(o) => {
             for (&p, &asked) in o {
                 let (end, at) = (probe.high(p), applier.partition(p).next_offset);
                 if asked > end {
-                    return Err(ReplayError::BeyondEnd { partition: p, asked, end });
+                    return Err(ApplyLogError::BeyondEnd { partition: p, asked, end });
                 }
                 if asked < at {
-                    return Err(ReplayError::Behind { partition: p, asked, at });
+                    return Err(ApplyLogError::Behind { partition: p, asked, at });
                 }
                 ends.insert(p, asked);
             }
@@ -96,12 +101,12 @@ fn ends(
 }
 
 /// Applies records from the applier's next offsets up to `until`. Returns the records applied.
-pub fn replay(
+pub fn apply_log(
     spec: &LogSpec,
     applier: &mut Applier,
     until: &Until,
-    mut opts: ReplayOptions<'_>,
-) -> Result<u64, ReplayError> {
+    mut opts: ApplyLogOptions<'_>,
+) -> Result<u64, ApplyLogError> {
     let probed;
     let probe = match opts.probe {
         Some(p) => p,
@@ -118,7 +123,7 @@ pub fn replay(
     }
     let state = open.keys().map(|&p| (p, applier.partition(p).next_offset));
     if let Some(problem) = check_offsets(state, probe).into_iter().next() {
-        return Err(ReplayError::NotContinued(problem));
+        return Err(ApplyLogError::NotContinued(problem));
     }
     let total: u64 = open.iter().map(|(&p, &e)| (e - applier.partition(p).next_offset) as u64).sum();
     // A state that names the record before its offset (a checkpoint's fingerprint) is read from
@@ -146,7 +151,7 @@ pub fn replay(
                 let Some(&end) = open.get(&p) else { continue };
                 if let Some(&(at, mark)) = verify.get(&p).filter(|v| v.0 == offset) {
                     if record_mark(r.timestamp_ms(), r.payload()) != mark {
-                        return Err(ReplayError::NotContinued(OffsetProblem::Replaced {
+                        return Err(ApplyLogError::NotContinued(OffsetProblem::Replaced {
                             partition: p,
                             state: at + 1,
                         }));
@@ -172,23 +177,23 @@ pub fn replay(
                     f(applied, total);
                 }
             }
-            Read::Discontinuity(d) => return Err(ReplayError::Discontinuity(d)),
+            Read::Discontinuity(d) => return Err(ApplyLogError::Discontinuity(d)),
             Read::Idle | Read::BrokerError(_) => {
                 if last_progress.elapsed() >= opts.idle_timeout {
                     let (&partition, &target) = open.iter().next().expect("an open partition");
                     let at = applier.partition(partition).next_offset;
-                    return Err(ReplayError::Stalled { partition, at, target, idle: opts.idle_timeout });
+                    return Err(ApplyLogError::Stalled { partition, at, target, idle: opts.idle_timeout });
                 }
             }
         }
     }
-    close_in_background(reader, "replay");
+    close_in_background(reader, "apply_log");
     tracing::info!(
         records = applied,
         partitions = ends.len(),
         secs = started.elapsed().as_secs_f64(),
         first_record_secs = first_record.unwrap_or_default().as_secs_f64(),
-        "bounded replay done"
+        "log applied up to its target"
     );
     Ok(applied)
 }
