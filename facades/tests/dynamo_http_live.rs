@@ -5,6 +5,7 @@
 
 use prefixlog_engine::{scheme, KeyspaceId};
 use prefixlog_facades::http::DynamoHttpExtension;
+use prefixlog_facades::sglang::{SglangConfig, SglangExtension};
 use prefixlog_ingest::publisher::{token_of, Publisher};
 use prefixlog_ingest::record::{KvOp, Lifecycle};
 use prefixlog_ingest::{EmbeddedKafka, KafkaConnection, LogSpec};
@@ -148,14 +149,17 @@ async fn a_dynamo_client_sees_each_instance_match_in_tokens() {
     assert!(text.contains(r#"code="NOT_FOUND",protocol="dynamo-http",rpc="query",shard="all"} 1"#), "{text}");
 }
 
-/// A body over the upstream limit is refused before it is parsed.
+/// A body over the upstream limit is refused before it is parsed; the facade runs next to the
+/// SGLang one (both register their metrics in the replica's registry).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_oversized_body_is_refused() {
+async fn an_oversized_body_is_refused_next_to_the_sglang_facade() {
     let kafka = EmbeddedKafka::start("prefixlog.dynamo.big", 1).unwrap();
     let spec = LogSpec::new(KafkaConnection::new(kafka.bootstrap_servers()), "prefixlog.dynamo.big", 1);
     let ext = Arc::new(DynamoHttpExtension::bind("127.0.0.1:0".parse().unwrap()).unwrap());
     let addr = ext.addr();
-    let opts = NodeOptions { ready_lag: 0, extensions: Extensions(vec![ext]), ..Default::default() };
+    let sgl = SglangExtension::new(SglangConfig { model: "m".into(), block_size: 2 }, &spec).unwrap();
+    let opts =
+        NodeOptions { ready_lag: 0, extensions: Extensions(vec![Arc::new(sgl), ext]), ..Default::default() };
     let _node = ReplicaNode::start(spec, opts).await.unwrap();
     let big = json!({"token_ids": vec![1u32; 5 << 20], "model_name": "m"});
     assert_eq!(http(addr, "POST", "/query", Some(big)).await.0, 413);

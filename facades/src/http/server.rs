@@ -73,7 +73,7 @@ fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, QueryError> {
 
 impl App {
     fn respond<T: Serialize>(&self, route: &str, r: Result<T, QueryError>) -> Response {
-        self.metrics.request(PROTOCOL, route, r.as_ref().err().map_or(tonic::Code::Ok, QueryError::code));
+        self.metrics.request(route, r.as_ref().err().map_or(tonic::Code::Ok, QueryError::code));
         match r {
             Ok(body) => json(StatusCode::OK, &body),
             Err(e) => json(e.http_status(), &ErrorBody { error: &e.to_string() }),
@@ -129,7 +129,7 @@ impl Extension for DynamoHttpExtension {
         let bind = |source| StartError::Bind { addr: self.addr, source };
         listener.set_nonblocking(true).map_err(bind)?;
         let listener = tokio::net::TcpListener::from_std(listener).map_err(bind)?;
-        let metrics = FacadeMetrics::new(ctx.registry).map_err(StartError::Metrics)?;
+        let metrics = FacadeMetrics::new(ctx.registry, PROTOCOL).map_err(StartError::Metrics)?;
         let app = router(ctx.query.clone(), metrics);
         let task = tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, app).await {
