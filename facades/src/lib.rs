@@ -12,10 +12,13 @@
 //! Module map:
 //! - [`sglang`]: SGLang's `kv_indexer.v1.KVIndexer` (what `sgl-router --kv-indexer-endpoint`
 //!   queries and the sgl `kv-indexer-bridge` writes to); docs/compat/sglang.md.
+//! - [`http`]: the query side of Dynamo's standalone KV indexer HTTP API (`/query`,
+//!   `/query_by_hash`, `/health`) on a port of its own; docs/compat/dynamo-mooncake-http.md.
 //! - [`names`]: upstream worker names (strings) → prefixlog worker ids, per protocol seed.
 //! - [`metrics`]: [`metrics::FacadeMetrics`], every facade's counters labelled `protocol`.
 //! - [`FILE_DESCRIPTOR_SET`]: the upstream schemas, encoded, for gRPC server reflection.
 
+pub mod http;
 pub mod metrics;
 pub mod names;
 pub mod sglang;

@@ -130,6 +130,11 @@ pub struct SglArgs {
     /// Tokens per page of the SGLang workers (the keyspace's block size).
     #[arg(long, env = "PREFIXLOG_SGL_BLOCK_SIZE", requires = "sgl_model", value_parser = clap::value_parser!(u32).range(1..))]
     pub sgl_block_size: Option<u32>,
+    /// Serve the query side of Dynamo's standalone KV indexer HTTP API (`POST /query`,
+    /// `POST /query_by_hash`, `GET /health`) on this address, e.g. 0.0.0.0:8090
+    /// (docs/compat/dynamo-mooncake-http.md).
+    #[arg(long, env = "PREFIXLOG_HTTP_INDEXER_ADDR")]
+    pub http_indexer_addr: Option<std::net::SocketAddr>,
 }
 
 impl SglArgs {
@@ -138,6 +143,9 @@ impl SglArgs {
         if let (Some(model), Some(block_size)) = (&self.sgl_model, self.sgl_block_size) {
             let cfg = prefixlog_facades::sglang::SglangConfig { model: model.clone(), block_size };
             exts.0.push(std::sync::Arc::new(prefixlog_facades::sglang::SglangExtension::new(cfg, spec)?));
+        }
+        if let Some(addr) = self.http_indexer_addr {
+            exts.0.push(std::sync::Arc::new(prefixlog_facades::http::DynamoHttpExtension::bind(addr)?));
         }
         Ok(exts)
     }

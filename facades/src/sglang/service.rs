@@ -56,7 +56,7 @@ impl SglangService {
 
     /// Counts the call's outcome and hands it back.
     fn counted<T>(&self, rpc: &str, r: Result<T, Status>) -> Result<Response<T>, Status> {
-        self.metrics.request(PROTOCOL, rpc, r.as_ref().err().map_or(tonic::Code::Ok, Status::code));
+        self.metrics.request(rpc, r.as_ref().err().map_or(tonic::Code::Ok, Status::code));
         r.map(Response::new)
     }
 }
@@ -70,7 +70,7 @@ impl KvIndexer for SglangService {
         let wait = self.query.wait_for_call(grpc_timeout(&request));
         let r = super::fleet::configure(&self.writer, request.get_ref(), wait).await.map_err(|e| {
             if matches!(e, super::writer::WriteError::Collision { .. }) {
-                self.metrics.skipped(PROTOCOL, "worker_id_collision", 1);
+                self.metrics.skipped("worker_id_collision", 1);
             }
             e.status()
         });
@@ -95,7 +95,7 @@ impl KvIndexer for SglangService {
         let r = match self.writer.write(&req, wait).await {
             Ok(w) => {
                 for (reason, n) in w.skipped.reasons() {
-                    self.metrics.skipped(PROTOCOL, reason, n);
+                    self.metrics.skipped(reason, n);
                 }
                 if !w.applied {
                     tracing::debug!(worker = %req.worker_id, ?wait, "batch on the log, not applied here within the wait");
@@ -104,7 +104,7 @@ impl KvIndexer for SglangService {
             }
             Err(e) => {
                 if matches!(e, super::writer::WriteError::Collision { .. }) {
-                    self.metrics.skipped(PROTOCOL, "worker_id_collision", 1);
+                    self.metrics.skipped("worker_id_collision", 1);
                 }
                 Err(e.status())
             }
@@ -118,7 +118,7 @@ impl KvIndexer for SglangService {
     ) -> Result<Response<MatchExternalKvResponse>, Status> {
         let wait = self.query.wait_for_call(grpc_timeout(&request));
         let r = self.reader.match_hashes(request.get_ref(), wait).await.map(|(resp, dropped)| {
-            self.metrics.skipped(PROTOCOL, "hit_counts_full", dropped.0);
+            self.metrics.skipped("hit_counts_full", dropped.0);
             resp
         });
         self.counted("MatchExternalKv", r)
@@ -172,7 +172,7 @@ impl Extension for SglangExtension {
             let (owned, partitions) = (info.owned.clone(), info.partition_count);
             return Err(StartError::NotEveryPartition { owned, partitions }.into());
         }
-        let metrics = FacadeMetrics::new(ctx.registry).map_err(StartError::Metrics)?;
+        let metrics = FacadeMetrics::new(ctx.registry, PROTOCOL).map_err(StartError::Metrics)?;
         let svc = SglangService::new(&self.cfg, self.publisher.clone(), ctx.query.clone(), metrics);
         routes.add_service(svc.into_server());
         Ok(())

@@ -1,0 +1,150 @@
+//! The HTTP server (axum, HTTP/1) and the extension that runs it on a port of its own next to
+//! a replica. Every request to a query route is counted by route and outcome
+//! (`prefixlog_facade_requests_total{protocol="dynamo-http"}`).
+
+use super::reader::{QueryError, Reader};
+use super::wire::ErrorBody;
+use super::{MAX_BODY_BYTES, PROTOCOL};
+use crate::metrics::FacadeMetrics;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use parking_lot::Mutex;
+use prefixlog_query::extension::{Extension, ExtensionContext, ExtensionError};
+use prefixlog_query::QueryService;
+use serde::Serialize;
+use std::net::{SocketAddr, TcpListener};
+use std::sync::Arc;
+use tokio::task::AbortHandle;
+use tonic::service::RoutesBuilder;
+
+/// Why the facade could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("binding the HTTP indexer port {addr}: {source}")]
+    Bind { addr: SocketAddr, source: std::io::Error },
+    /// Upstream clients ask one indexer and cannot merge shards' answers.
+    #[error("the HTTP indexer facade (--http-indexer-addr) needs a replica of every partition; this one owns {owned:?} of {partitions}")]
+    NotEveryPartition { owned: Vec<u32>, partitions: u32 },
+    #[error("the HTTP indexer port is already served (the extension was added twice)")]
+    AlreadyServed,
+    #[error("registering the facade metrics: {0}")]
+    Metrics(#[source] prometheus::Error),
+}
+
+struct App {
+    reader: Reader,
+    metrics: FacadeMetrics,
+}
+
+/// The routes: `POST /query`, `POST /query_by_hash`, `GET /health`.
+pub fn router(query: QueryService, metrics: FacadeMetrics) -> Router {
+    let app = Arc::new(App { reader: Reader::new(query), metrics });
+    Router::new()
+        .route("/health", get(|| async { json(StatusCode::OK, &serde_json::json!({"status": "ok"})) }))
+        .route("/query", post(query_tokens))
+        .route("/query_by_hash", post(query_hashes))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(app)
+}
+
+async fn query_tokens(State(app): State<Arc<App>>, body: Bytes) -> Response {
+    let r = match parse(&body) {
+        Ok(req) => app.reader.query(req).await,
+        Err(e) => Err(e),
+    };
+    app.respond("query", r)
+}
+
+async fn query_hashes(State(app): State<Arc<App>>, body: Bytes) -> Response {
+    let r = match parse(&body) {
+        Ok(req) => app.reader.query_by_hash(req).await,
+        Err(e) => Err(e),
+    };
+    app.respond("query_by_hash", r)
+}
+
+fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, QueryError> {
+    serde_json::from_slice(body).map_err(|e| QueryError::Body(e.to_string()))
+}
+
+impl App {
+    fn respond<T: Serialize>(&self, route: &str, r: Result<T, QueryError>) -> Response {
+        self.metrics.request(route, r.as_ref().err().map_or(tonic::Code::Ok, QueryError::code));
+        match r {
+            Ok(body) => json(StatusCode::OK, &body),
+            Err(e) => json(e.http_status(), &ErrorBody { error: &e.to_string() }),
+        }
+    }
+}
+
+fn json<T: Serialize>(status: StatusCode, body: &T) -> Response {
+    match serde_json::to_vec(body) {
+        Ok(b) => (status, [(header::CONTENT_TYPE, "application/json")], b).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
+/// Serves [`router`] on its own port for as long as the replica runs
+/// (`prefixlog serve --http-indexer-addr ...`). It adds no gRPC routes to the query port; it
+/// is an extension to be built from the replica's `QueryService` and metrics registry.
+pub struct DynamoHttpExtension {
+    addr: SocketAddr,
+    listener: Mutex<Option<TcpListener>>,
+    task: Mutex<Option<AbortHandle>>,
+}
+
+impl DynamoHttpExtension {
+    /// Binds `addr` now, so a taken port fails the start before the replica restores its state
+    /// (port 0: any free port, see [`Self::addr`]).
+    pub fn bind(addr: SocketAddr) -> Result<Self, StartError> {
+        let listener = TcpListener::bind(addr).map_err(|source| StartError::Bind { addr, source })?;
+        let addr = listener.local_addr().map_err(|source| StartError::Bind { addr, source })?;
+        Ok(Self { addr, listener: Mutex::new(Some(listener)), task: Mutex::default() })
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Extension for DynamoHttpExtension {
+    /// Reported by the query port's `grpc.health.v1` with the replica's readiness, as every
+    /// extension is (this one is HTTP: the name only identifies it there).
+    fn service_name(&self) -> &str {
+        "prefixlog.facades.DynamoHttpIndexer"
+    }
+
+    fn add_to(&self, ctx: &ExtensionContext<'_>, _: &mut RoutesBuilder) -> Result<(), ExtensionError> {
+        let info = &ctx.query.view().info;
+        if info.owned.len() != info.partition_count as usize {
+            let (owned, partitions) = (info.owned.clone(), info.partition_count);
+            return Err(StartError::NotEveryPartition { owned, partitions }.into());
+        }
+        let listener = self.listener.lock().take().ok_or(StartError::AlreadyServed)?;
+        let bind = |source| StartError::Bind { addr: self.addr, source };
+        listener.set_nonblocking(true).map_err(bind)?;
+        let listener = tokio::net::TcpListener::from_std(listener).map_err(bind)?;
+        let metrics = FacadeMetrics::new(ctx.registry, PROTOCOL).map_err(StartError::Metrics)?;
+        let app = router(ctx.query.clone(), metrics);
+        let task = tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, app).await {
+                tracing::error!(error = %e, "HTTP indexer facade stopped");
+            }
+        });
+        *self.task.lock() = Some(task.abort_handle());
+        Ok(())
+    }
+}
+
+impl Drop for DynamoHttpExtension {
+    fn drop(&mut self) {
+        if let Some(t) = self.task.lock().take() {
+            t.abort();
+        }
+    }
+}
