@@ -1,7 +1,8 @@
 //! prefixlog's gateway client: ask the index under a hard deadline, across every shard, and
-//! fail open. It links only the wire schemas (`prefixlog-proto`) and tonic: no server, engine,
-//! librdkafka or ZeroMQ, so a gateway can depend on it alone. Writes (placements) go through
-//! Kafka with `prefixlog_ingest::Publisher`; its `Landed` tokens feed [`MatchQuery::after`].
+//! fail open. It links only the wire schemas (`prefixlog-proto`), the shared ids
+//! (`prefixlog-ids`) and tonic: no server, engine, librdkafka or ZeroMQ, so a gateway can
+//! depend on it alone. Writes (placements) go through Kafka with `prefixlog_ingest::Publisher`;
+//! its `Landed` tokens feed [`MatchQuery::after`].
 //!
 //! Module map:
 //! - [`client`]: [`IndexClient`], the fail-open gateway client over every shard;
@@ -21,7 +22,7 @@ pub mod shards;
 
 pub use client::{Answer, DiscoveryError, IndexClient, MatchOutcome, MatchQuery, Prompt, Unavailable};
 pub use mux::{MuxError, StreamMux};
-pub use prefixlog_proto::{token_of, KeyspaceId, Landed};
+pub use prefixlog_ids::{token_of, KeyspaceId, Landed};
 
 /// Re-exported so gateways build TLS configs and raw calls with the exact version this crate
 /// was built with.

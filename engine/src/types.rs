@@ -28,8 +28,8 @@ impl fmt::Display for HolderKey {
     }
 }
 
-/// Defined with the wire schemas so the gateway client can name it without the engine.
-pub use prefixlog_proto::KeyspaceId;
+/// In `prefixlog-ids` so the gateway client can name it without the engine.
+pub use prefixlog_ids::KeyspaceId;
 
 /// Limits and expiry policy of a keyspace. All decisions use log time.
 #[derive(Clone, Debug)]

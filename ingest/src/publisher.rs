@@ -27,8 +27,8 @@ pub enum PublishError {
     Check(#[from] ProbeError),
 }
 
-/// Defined with the wire schemas so the gateway client can take them without librdkafka.
-pub use prefixlog_proto::{token_of, Landed};
+/// In `prefixlog-ids` so the gateway client can take them without librdkafka.
+pub use prefixlog_ids::{token_of, Landed};
 
 #[derive(Clone)]
 pub struct Publisher {

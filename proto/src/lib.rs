@@ -9,15 +9,10 @@
 //!   slice per message in memory).
 //! - [`match_wire`]: `MatchResponse` encoded and decoded by hand for its score list (the same
 //!   bytes as prost, checked against it), the codec's fast path for the largest hot message.
-//! - [`ids`]: [`KeyspaceId`] and [`Landed`] (a record's position, the consistency token), shared
-//!   by the engine, the publisher and the gateway client.
 //! - [`FILE_DESCRIPTOR_SET`]: every schema, encoded, for gRPC server reflection.
 
 pub mod codec;
-pub mod ids;
 pub mod match_wire;
-
-pub use ids::{token_of, KeyspaceId, Landed};
 
 /// Version 1 of the log schema.
 pub mod v1 {

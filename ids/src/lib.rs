@@ -1,7 +1,9 @@
-//! Identifiers the log and the query API share, with no engine or Kafka behind them: the
-//! keyspace a block belongs to, and where a published record landed (the consistency token).
-//! Here so the gateway client (`prefixlog-client`) can name them without linking the engine or
-//! librdkafka; the engine and ingest re-export them.
+//! Identifiers every layer shares, with no dependency at all: the keyspace a block belongs to,
+//! and where a published record landed (the consistency token). Their own crate so the gateway
+//! client (`prefixlog-client`) names them without linking the engine or librdkafka, and the
+//! engine stays free of the gRPC stack; the engine and ingest re-export them.
+//!
+//! Module map (one file): [`KeyspaceId`]; [`Landed`] and [`token_of`].
 
 use std::collections::BTreeMap;
 use std::fmt;
