@@ -9,6 +9,8 @@ echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 echo "==> cargo clippy (workspace, all targets, -D warnings)"
 cargo clippy --workspace --all-targets -- -D warnings
+echo "==> the gateway client links no Kafka, ZeroMQ or RocksDB (cargo tree -p prefixlog-client)"
+if cargo tree -p prefixlog-client | grep -qE 'rdkafka|zeromq|zmq|rocksdb'; then echo "error: prefixlog-client depends on rdkafka, zeromq or rocksdb" >&2; exit 1; fi
 echo "==> Prometheus alert rules (promtool check rules)"
 PROMTOOL="$(bash scripts/promtool.sh)"
 "$PROMTOOL" check rules deploy/prometheus/alerts.yml

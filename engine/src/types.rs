@@ -28,25 +28,8 @@ impl fmt::Display for HolderKey {
     }
 }
 
-/// A keyspace: blocks only match within one model, block size and hash scheme.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct KeyspaceId {
-    pub model: String,
-    pub block_size: u32,
-    pub scheme: u32,
-}
-
-impl KeyspaceId {
-    pub fn new(model: impl Into<String>, block_size: u32, scheme: u32) -> Self {
-        Self { model: model.into(), block_size, scheme }
-    }
-}
-
-impl fmt::Display for KeyspaceId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/bs{}/scheme{}", self.model, self.block_size, self.scheme)
-    }
-}
+/// In `prefixlog-ids` so the gateway client can name it without the engine.
+pub use prefixlog_ids::KeyspaceId;
 
 /// Limits and expiry policy of a keyspace. All decisions use log time.
 #[derive(Clone, Debug)]

@@ -27,32 +27,8 @@ pub enum PublishError {
     Check(#[from] ProbeError),
 }
 
-/// Where a record landed (its partition and record offset).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Landed {
-    pub partition: u32,
-    /// The record's own offset.
-    pub offset: i64,
-}
-
-impl Landed {
-    /// The consistency token that covers this record: `(partition, offset + 1)`, a next offset,
-    /// the unit of every offset in the query API.
-    pub fn token(&self) -> (u32, i64) {
-        (self.partition, self.offset + 1)
-    }
-}
-
-/// The smallest token covering every landed record: per partition, the highest offset + 1.
-pub fn token_of(landed: &[Landed]) -> Vec<(u32, i64)> {
-    let mut m = std::collections::BTreeMap::new();
-    for l in landed {
-        let (p, o) = l.token();
-        let e = m.entry(p).or_insert(o);
-        *e = (*e).max(o);
-    }
-    m.into_iter().collect()
-}
+/// In `prefixlog-ids` so the gateway client can take them without librdkafka.
+pub use prefixlog_ids::{token_of, Landed};
 
 #[derive(Clone)]
 pub struct Publisher {

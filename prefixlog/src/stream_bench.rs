@@ -11,8 +11,8 @@
 
 use crate::query_bench::ClientThread;
 use prefixlog_proto::v1::{prefix_index_client::PrefixIndexClient, MatchRequest};
-use prefixlog_query::mux::StreamMux;
 use prefixlog_query::tonic::transport::Endpoint;
+use prefixlog_query::StreamMux;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

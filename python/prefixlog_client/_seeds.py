@@ -1,5 +1,5 @@
 """Discovery seeds: the endpoints a discovering client asks `Describe` (as the Rust client's
-query/src/seeds.rs).
+client/src/seeds.rs).
 
 A seed names a host, and a name may stand for many replicas: a headless Kubernetes Service (or
 any DNS name with several A/AAAA records) resolves to every pod behind it. Asked as one

@@ -1,5 +1,5 @@
 """Many queries over one long-lived MatchStream per replica: the Rust client's multiplexer
-(query/src/mux.rs) for Python gateways, sync (`StreamMux`, threads) and asyncio
+(client/src/mux.rs) for Python gateways, sync (`StreamMux`, threads) and asyncio
 (`AsyncStreamMux`, grpc.aio).
 
     mux = StreamMux(grpc.insecure_channel("10.0.0.5:50151"))

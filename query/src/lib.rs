@@ -1,9 +1,10 @@
-//! prefixlog's query side: the gRPC service replicas run, and the client gateways use.
+//! prefixlog's query side: the gRPC service replicas run. The client gateways use is its own
+//! crate, `prefixlog-client` (no server or librdkafka); its items are re-exported here.
 //!
-//! A query's path: gateway → [`client::IndexClient`] (endpoint choice, deadline, fail-open) →
+//! A query's path: gateway → [`IndexClient`] (endpoint choice, deadline, fail-open) →
 //! gRPC → [`service::QueryService`] (validation, canonical hashing, read-your-writes wait) →
 //! `prefixlog_engine::Engine` (read lock of one keyspace). Writes never take this path: they
-//! go through Kafka ([`client::IndexClient::publish_placement`] uses the ingest Publisher).
+//! go through Kafka (`prefixlog_ingest::Publisher`, whose `Landed` feeds [`MatchQuery::after`]).
 //!
 //! Module map:
 //! - [`service`]: `PrefixIndex` (Match, MatchStream, Describe, ListWorkers),
@@ -22,32 +23,22 @@
 //!   `promtool check metrics`), for the tests of the replica's and the bridge's exposition.
 //! - [`metrics`]: query latency, outcomes and matched depth; progress, continuity and state size
 //!   collected at scrape time, into the replica's registry.
-//! - [`client`]: [`client::IndexClient`], the fail-open gateway client over every shard.
-//! - [`mux`]: [`mux::StreamMux`], many queries over one long-lived `MatchStream` per replica
-//!   (per-query deadlines, answers routed by request id, reconnect).
-//! - [`shards`]: the client's shard map (static, or discovered with `Describe`) and the exact
-//!   merge of shard answers.
-//! - [`seeds`]: discovery seeds resolved to every address behind them (headless Services).
-//! - [`replicas`]: one shard's replicas: health probing, least-lagged choice, failover.
+//! - re-exported from `prefixlog-client`: [`IndexClient`] and its query types, [`StreamMux`].
 
 pub mod admin;
-pub mod client;
 pub mod exposition;
 pub mod extension;
 pub mod health;
 pub mod metrics;
-pub mod mux;
-pub mod replicas;
-pub mod seeds;
 pub mod server;
 pub mod service;
-pub mod shards;
 pub mod stream;
 pub mod validate;
 
-pub use client::{Answer, DiscoveryError, IndexClient, MatchOutcome, MatchQuery, Prompt, Unavailable};
 pub use extension::{Extension, ExtensionContext, ExtensionError, Extensions};
-pub use mux::{MuxError, StreamMux};
+pub use prefixlog_client::{
+    Answer, DiscoveryError, IndexClient, MatchOutcome, MatchQuery, MuxError, Prompt, StreamMux, Unavailable,
+};
 pub use server::{start, RunningServer, Served, ServerConfig, ServerError, TlsFiles};
 pub use service::{default_replica_id, QueryConfig, QueryService, ReplicaInfo};
 

@@ -9,8 +9,8 @@ use prefixlog_proto::v1::{
     match_request::Prompt, prefix_index_client::PrefixIndexClient, BlockHashes, Keyspace, MatchRequest,
     MatchResponse, PartitionOffset,
 };
-use prefixlog_query::mux::{MuxError, StreamMux};
 use prefixlog_query::tonic::{transport::Channel, Code, Streaming};
+use prefixlog_query::{MuxError, StreamMux};
 use prefixlog_query::{QueryConfig, RunningServer, Served, ServerConfig};
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -10,12 +10,12 @@
 //! replicas only — what a Service with a cluster IP gives, one pod per connection — leaves
 //! shard 1 unknown: discovery says the layout is incomplete instead of answering half.
 
+use prefixlog_client::seeds::{static_resolver, Resolver};
+use prefixlog_client::{DiscoveryError, IndexClient, MatchOutcome, MatchQuery, Prompt};
 use prefixlog_engine::{partition_of, KeyspaceId};
 use prefixlog_ingest::{token_of, KafkaConnection, KvOp, LogSpec, Publisher, Shard};
 use prefixlog_node::{NodeOptions, ReplicaNode};
-use prefixlog_query::client::DiscoveryError;
-use prefixlog_query::seeds::static_resolver;
-use prefixlog_query::{IndexClient, MatchOutcome, MatchQuery, Prompt, TlsFiles};
+use prefixlog_query::TlsFiles;
 use prefixlog_tests::{kafka_backends, listen_port, unique_topic};
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -47,7 +47,7 @@ async fn replica(spec: &LogSpec, shard: &str, ip: &str, port: u16) -> ReplicaNod
     ReplicaNode::start(spec, opts).await.unwrap()
 }
 
-fn resolver(ips: &[&str]) -> prefixlog_query::seeds::Resolver {
+fn resolver(ips: &[&str]) -> Resolver {
     let ips: Vec<IpAddr> = ips.iter().map(|a| a.parse().unwrap()).collect();
     static_resolver(BTreeMap::from([("localhost".to_string(), ips)]))
 }

@@ -243,18 +243,20 @@ async fn scores_read_your_writes_and_statuses() {
         assert_eq!((short.query_blocks, short.scores.len()), (0, 0));
 
         // Read-your-writes: publish a placement, query right away with its token.
-        let client = IndexClient::new(vec![url(&server)], Duration::from_secs(5))
-            .unwrap()
-            .with_publisher(publisher.clone(), "gw-test");
-        let landed_p = client.publish_placement(&ks(), HolderKey::new(9, 0, 0), &l[..6], &[]).await.unwrap();
-        let out =
-            client.match_prompt(&MatchQuery::new(ks(), Prompt::Tokens(prompt())).after(&[landed_p])).await;
+        let client = IndexClient::new(vec![url(&server)], Duration::from_secs(5)).unwrap();
+        let ks = ks();
+        let place =
+            |ks, n| publisher.publish_placement(ks, HolderKey::new(9, 0, 0), &l[..n], &[], "gw-test", None);
+        let landed_p = place(&ks, 6).await.unwrap();
+        let out = client
+            .match_prompt(&MatchQuery::new(ks.clone(), Prompt::Tokens(prompt())).after(&[landed_p]))
+            .await;
         let MatchOutcome::Scores(a) = out else { panic!("{}: {out:?}", b.name) };
         let w9 = a.scores.iter().find(|s| s.worker == 9).expect("placement visible");
         assert_eq!((w9.depth, w9.inferred), (6, true));
         // Also when the placement creates the keyspace: the wait comes before the lookup.
         let fresh = KeyspaceId::new(unique_topic("fresh"), BS, 1);
-        let landed_f = client.publish_placement(&fresh, HolderKey::new(9, 0, 0), &l[..2], &[]).await.unwrap();
+        let landed_f = place(&fresh, 2).await.unwrap();
         let out =
             client.match_prompt(&MatchQuery::new(fresh, Prompt::Hashes(l.clone())).after(&[landed_f])).await;
         let MatchOutcome::Scores(a) = out else { panic!("{}: {out:?}", b.name) };

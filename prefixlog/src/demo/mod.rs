@@ -116,6 +116,8 @@ async fn gateway(
     g: usize,
     mut rx: mpsc::UnboundedReceiver<(usize, TraceRequest)>,
     client: IndexClient,
+    // Placements go to Kafka, not through the (read-only) client; the name marks the records.
+    (publisher, name): (Publisher, String),
     s: Arc<Shared>,
     bar: ProgressBar,
 ) {
@@ -161,8 +163,8 @@ async fn gateway(
             (chosen, hit, oracle, lc, local)
         };
         tree.routed(local_choice, &locals, req.timestamp_ms + 1);
-        match client.publish_placement(&ks, HolderKey::new(u64::from(chosen), 0, 0), &locals, &applied).await
-        {
+        let holder = HolderKey::new(u64::from(chosen), 0, 0);
+        match publisher.publish_placement(&ks, holder, &locals, &applied, &name, None).await {
             Ok(l) => s.landed(l),
             Err(e) => tracing::warn!(gateway = g, error = %e, "placement not published"),
         }
@@ -223,9 +225,9 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     for g in 0..a.gateways {
         let (tx, rx) = mpsc::unbounded_channel();
         senders.push(tx);
-        let client = IndexClient::new(cluster.endpoints(), a.deadline)?
-            .with_publisher(publisher.clone(), format!("demo-gateway-{g}"));
-        gateways.push(tokio::spawn(gateway(g, rx, client, s.clone(), bar.clone())));
+        let client = IndexClient::new(cluster.endpoints(), a.deadline)?;
+        let placements = (publisher.clone(), format!("demo-gateway-{g}"));
+        gateways.push(tokio::spawn(gateway(g, rx, client, placements, s.clone(), bar.clone())));
     }
     let ticker = {
         let (s, bar) = (s.clone(), bar.clone());

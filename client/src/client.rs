@@ -18,8 +18,7 @@ pub use crate::replicas::Unavailable;
 use crate::seeds::{expand, system_resolver, Resolver};
 use crate::shards::{choose_layout, describe_all, merge, ShardMap, ShardReply};
 use parking_lot::RwLock;
-use prefixlog_engine::{HolderKey, KeyspaceId};
-use prefixlog_ingest::{Landed, PublishError, Publisher};
+use prefixlog_ids::{KeyspaceId, Landed};
 use prefixlog_proto::v1::{self, MatchRequest, WorkerScore};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -89,7 +88,8 @@ impl MatchQuery {
         self
     }
 
-    /// Read-your-writes: the answer reflects at least these landed records.
+    /// Read-your-writes: the answer reflects at least these landed records (what
+    /// `prefixlog_ingest::Publisher` returned, e.g. for a placement this gateway published).
     pub fn after(mut self, landed: &[Landed]) -> Self {
         self.min_offsets.extend(landed.iter().map(Landed::token));
         self
@@ -187,7 +187,6 @@ struct Inner {
 #[derive(Clone)]
 pub struct IndexClient {
     inner: Arc<Inner>,
-    publisher: Option<(Publisher, String)>,
     /// Queries over each replica's long-lived `MatchStream` instead of unary calls.
     streaming: bool,
 }
@@ -258,7 +257,7 @@ impl IndexClient {
             resolver,
         });
         tokio::spawn(rediscover_loop(Arc::downgrade(&inner)));
-        Ok(Self { inner, publisher: None, streaming: false })
+        Ok(Self { inner, streaming: false })
     }
 
     fn build(
@@ -277,13 +276,7 @@ impl IndexClient {
             seeds,
             resolver: system_resolver(),
         });
-        Ok(Self { inner, publisher: None, streaming: false })
-    }
-
-    /// Adds the publisher used by [`Self::publish_placement`] (`gateway` names this gateway in
-    /// the placement records).
-    pub fn with_publisher(self, publisher: Publisher, gateway: impl Into<String>) -> Self {
-        Self { publisher: Some((publisher, gateway.into())), ..self }
+        Ok(Self { inner, streaming: false })
     }
 
     /// Sends the queries over one long-lived `MatchStream` per replica ([`crate::mux`]):
@@ -357,20 +350,6 @@ impl IndexClient {
                 }
             }
         }
-    }
-
-    /// Publishes "I routed this chain to `holder`" and returns where it landed: pass it to
-    /// [`MatchQuery::after`] so the next query sees the placement. `answered_at` is the
-    /// [`Answer::applied`] the routing decision was based on (for audits), if any.
-    pub async fn publish_placement(
-        &self,
-        keyspace: &KeyspaceId,
-        holder: HolderKey,
-        locals: &[u64],
-        answered_at: &[(u32, i64)],
-    ) -> Result<Landed, PublishError> {
-        let (p, gw) = self.publisher.as_ref().expect("IndexClient::with_publisher was not called");
-        p.publish_placement(keyspace, holder, locals, answered_at, gw, None).await
     }
 }
 

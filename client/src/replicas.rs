@@ -11,7 +11,9 @@
 //! ([`crate::mux::StreamMux`]) when the client asks for streaming.
 
 use crate::mux::{MuxError, StreamMux};
-use prefixlog_proto::v1::{prefix_index_client::PrefixIndexClient, MatchRequest, MatchResponse};
+use prefixlog_proto::v1::{
+    prefix_index_client::PrefixIndexClient, prefix_index_server, MatchRequest, MatchResponse,
+};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
@@ -227,7 +229,7 @@ async fn probe_loop(group: Weak<ReplicaGroup>, every: Duration) {
                 tokio::spawn(async move {
                     let ep = &group.eps[i];
                     let mut h = ep.health.clone();
-                    let req = HealthCheckRequest { service: crate::health::SERVICE_NAME.into() };
+                    let req = HealthCheckRequest { service: prefix_index_server::SERVICE_NAME.into() };
                     let ok = matches!(
                         tokio::time::timeout(timeout, h.check(req)).await,
                         Ok(Ok(r)) if r.get_ref().status == ServingStatus::Serving as i32

@@ -1,0 +1,68 @@
+//! Identifiers every layer shares, with no dependency at all: the keyspace a block belongs to,
+//! and where a published record landed (the consistency token). Their own crate so the gateway
+//! client (`prefixlog-client`) names them without linking the engine or librdkafka, and the
+//! engine stays free of the gRPC stack; the engine and ingest re-export them.
+//!
+//! Module map (one file): [`KeyspaceId`]; [`Landed`] and [`token_of`].
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// A keyspace: blocks only match within one model, block size and hash scheme.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct KeyspaceId {
+    pub model: String,
+    pub block_size: u32,
+    pub scheme: u32,
+}
+
+impl KeyspaceId {
+    pub fn new(model: impl Into<String>, block_size: u32, scheme: u32) -> Self {
+        Self { model: model.into(), block_size, scheme }
+    }
+}
+
+impl fmt::Display for KeyspaceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/bs{}/scheme{}", self.model, self.block_size, self.scheme)
+    }
+}
+
+/// Where a record landed (its partition and record offset).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Landed {
+    pub partition: u32,
+    /// The record's own offset.
+    pub offset: i64,
+}
+
+impl Landed {
+    /// The consistency token that covers this record: `(partition, offset + 1)`, a next offset,
+    /// the unit of every offset in the query API.
+    pub fn token(&self) -> (u32, i64) {
+        (self.partition, self.offset + 1)
+    }
+}
+
+/// The smallest token covering every landed record: per partition, the highest offset + 1.
+pub fn token_of(landed: &[Landed]) -> Vec<(u32, i64)> {
+    let mut m = BTreeMap::new();
+    for l in landed {
+        let (p, o) = l.token();
+        let e = m.entry(p).or_insert(o);
+        *e = (*e).max(o);
+    }
+    m.into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_of_keeps_the_highest_next_offset_per_partition() {
+        let l = |partition, offset| Landed { partition, offset };
+        assert_eq!(token_of(&[l(1, 5), l(0, 2), l(1, 3)]), vec![(0, 3), (1, 6)]);
+        assert_eq!(token_of(&[]), vec![]);
+    }
+}
