@@ -132,6 +132,33 @@ fn displacement(s: Slot, i: usize, cap: usize) -> usize {
     }
 }
 
+/// Whether every entry sits where Robin Hood probing keeps it: an entry right after a free slot
+/// is at its home, and one after another entry is displaced at most one more than it (homes
+/// never decrease along a run of entries). A lookup stops at the first entry displaced less
+/// than its own probe, so an image out of this order would hide entries from lookups, and a
+/// store would then bind a second block to an ext already held (one a removal cannot name: an
+/// overcount). Checked on read; images are checksummed, but a peer's checksum proves only what
+/// the peer wrote. One pass over the slots; needs a free slot (checked before).
+fn in_probe_order(slots: &[Slot]) -> bool {
+    let cap = slots.len();
+    let Some(free) = slots.iter().position(|s| s.is_empty()) else { return cap == 0 };
+    let mut prev: Option<usize> = None;
+    for k in 1..=cap {
+        let i = (free + k) % cap;
+        let s = slots[i];
+        if s.is_empty() {
+            prev = None;
+            continue;
+        }
+        let d = displacement(s, i, cap);
+        if d > prev.map_or(0, |p| p + 1) {
+            return false;
+        }
+        prev = Some(d);
+    }
+    true
+}
+
 /// Copies the entries of `old` into the empty `slots` ([`place`] each). Reads no node.
 fn rehash_into(old: &[Slot], slots: &mut [Slot]) {
     for &s in old.iter().filter(|s| !s.is_empty()) {
@@ -544,6 +571,12 @@ impl NodeTable {
                     what: "table entry count or index out of range",
                 });
             }
+            if !v1 && !in_probe_order(&slots) {
+                return Err(ImageError::Invalid {
+                    tag: tag::TABLE,
+                    what: "table entries out of probe order",
+                });
+            }
             let mut shard = Shard { slots, len, ..Shard::new(index) };
             if v1 {
                 // Re-laid out at this format's capacity for its entries.
@@ -606,6 +639,8 @@ mod tests {
             NodeTable::read_image(&mut r).map(|(t, _)| t.len())
         };
         assert_eq!(read(&image(vec![slot(1, 1), EMPTY])), Ok(1));
+        // Home 0, but after a free slot: a lookup from its home would stop at the free slot.
+        assert!(matches!(read(&image(vec![EMPTY, slot(1, 1)])), Err(ImageError::Invalid { .. })));
         assert!(matches!(read(&image(vec![slot(1, 1), slot(2, 2)])), Err(ImageError::Invalid { .. })));
         assert!(matches!(read(&image(vec![slot(1, 1)])), Err(ImageError::Invalid { .. })));
     }
