@@ -104,6 +104,9 @@ fn fits(len: usize, cap: usize) -> bool {
     len * 5 <= cap * 4
 }
 
+// `home` multiplies a 24-bit tag by a capacity of up to 2^32 slots in a `usize`.
+const _: () = assert!(usize::BITS >= 64, "the tables need a 64-bit usize");
+
 /// The home slot of tag `t` in `cap` slots: `t` scaled to `0..cap`, so any capacity works
 /// (shards start at staggered sizes) and homes keep the order of the tags.
 #[inline]
