@@ -9,12 +9,13 @@
 //! for the parts of a split batch). So the facade numbers its own records, one per request:
 //! the feed's next `seq`, read from the replica's state on the worker's first batch (once the
 //! replica applied the worker's partition up to its high watermark), then counted here. A new
-//! epoch (every lane of the feed cleared) starts when the engine's `seq` goes backwards (the
+//! epoch (every lane of the feed cleared) starts when the engine's `seq` goes back below 16 (the
 //! engine restarted with an empty cache; known within one facade process) or a line-A
-//! `worker_epoch` differs from the recorded one. Requests of one worker are serialised here;
-//! one facade should write a worker (the bridge talks to one endpoint): two facades writing
-//! one worker would reuse sequence numbers, and the log would skip one's records as
-//! duplicates.
+//! `worker_epoch` differs from the recorded one; any other step back is a late retry of an old
+//! batch and is acknowledged as a duplicate without being published. Requests of one worker
+//! are serialised here; one facade should write a worker (the bridge talks to one endpoint):
+//! two facades writing one worker would reuse sequence numbers, and the log would skip one's
+//! records as duplicates.
 
 use super::batch::{map_actions, validate, BatchError, Skipped};
 use super::pb::{ApplyExternalKvBatchRequest, WorkerCacheSpec};
@@ -75,6 +76,34 @@ pub struct Written {
     pub skipped: Skipped,
     /// Whether the replica applied the records within the wait (read-your-writes here).
     pub applied: bool,
+    /// A stale retry (see [`seq_step`]): nothing was published.
+    pub duplicate: bool,
+}
+
+/// An engine `seq` below this after a step back is a restart (an engine counts from near 0).
+pub const RESTART_SEQ_BELOW: u64 = 16;
+
+/// What an engine `seq` means relative to the worker's last one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SeqStep {
+    /// Same or later `seq`: publish in the current epoch.
+    Next,
+    /// The engine restarted (its cache is empty): a new epoch clears the worker's blocks.
+    Restart,
+    /// A late retry of an older batch: publish nothing (publishing it would re-credit blocks
+    /// a later batch revoked: an overcount).
+    Stale,
+}
+
+/// A step back is a restart only when the line-A `worker_epoch` changed or the new `seq` is
+/// small (a restarted engine counts from near 0); any other step back is a stale retry.
+pub fn seq_step(last: Option<u64>, seq: u64, epoch_changed: bool) -> SeqStep {
+    match last {
+        _ if epoch_changed => SeqStep::Restart,
+        Some(last) if seq < last && seq < RESTART_SEQ_BELOW => SeqStep::Restart,
+        Some(last) if seq < last => SeqStep::Stale,
+        _ => SeqStep::Next,
+    }
 }
 
 /// A worker's state, locked for one request (`Some` once loaded).
@@ -116,11 +145,16 @@ impl Writer {
         }
         let (worker, mut guard) = self.lock_worker(&req.worker_id, wait).await?;
         let st = guard.as_mut().expect("loaded by lock_worker");
-        let restarted = st.engine_seq.is_some_and(|s| req.seq < s);
         let recorded_epoch = st.metadata.as_ref().and_then(|m| m.get(META_WORKER_EPOCH));
         let new_epoch =
             !req.worker_epoch.is_empty() && recorded_epoch.is_some_and(|e| *e != req.worker_epoch);
-        let bump = restarted || new_epoch;
+        let bump = match seq_step(st.engine_seq, req.seq, new_epoch) {
+            SeqStep::Stale => {
+                return Ok(Written { skipped: Skipped::default(), applied: true, duplicate: true })
+            }
+            SeqStep::Restart => true,
+            SeqStep::Next => false,
+        };
         if bump {
             st.epoch += 1;
             st.next_seq = 1;
@@ -143,7 +177,7 @@ impl Writer {
         st.engine_seq = Some(req.seq);
         drop(guard);
         let applied = landed.is_empty() || view.status.wait_for(&token_of(&landed), wait).await;
-        Ok(Written { skipped, applied })
+        Ok(Written { skipped, applied, duplicate: false })
     }
 
     /// The worker's id and its state, locked (loaded from the replica on its first use here);
@@ -305,6 +339,19 @@ mod tests {
             cache_spec_json(&spec),
             r#"{"version":1,"components":1,"swa_window_tokens":0,"full_tier_mask":2,"swa_tier_mask":0,"mamba_tier_mask":0}"#
         );
+    }
+
+    #[test]
+    fn a_step_back_is_a_restart_only_near_0_or_with_a_new_epoch() {
+        assert_eq!(seq_step(None, 500, false), SeqStep::Next, "first batch");
+        assert_eq!(seq_step(Some(7), 7, false), SeqStep::Next, "parts of a split batch");
+        assert_eq!(seq_step(Some(7), 8, false), SeqStep::Next);
+        assert_eq!(seq_step(Some(101), 100, false), SeqStep::Stale, "late retry of an old batch");
+        assert_eq!(seq_step(Some(101), RESTART_SEQ_BELOW, false), SeqStep::Stale);
+        assert_eq!(seq_step(Some(101), RESTART_SEQ_BELOW - 1, false), SeqStep::Restart);
+        assert_eq!(seq_step(Some(101), 0, false), SeqStep::Restart, "engine counts from 0 again");
+        assert_eq!(seq_step(Some(101), 100, true), SeqStep::Restart, "line-A epoch changed");
+        assert_eq!(seq_step(Some(101), 200, true), SeqStep::Restart);
     }
 
     #[test]
