@@ -8,8 +8,9 @@
 use super::batch::check_worker_id;
 use super::pb::{
     ApplyExternalKvBatchRequest, ConfigureExpectedWorkersRequest, ConfigureExpectedWorkersResponse,
+    ExpectedWorker,
 };
-use super::writer::{desired_metadata, WriteError, Writer, META_WORKER_ID};
+use super::writer::{check_metadata_size, desired_metadata, WriteError, Writer, META_WORKER_ID};
 use crate::names::{worker_id, SGLANG_SEED};
 use prefixlog_engine::KeyspaceId;
 use prefixlog_ingest::partition_state::FeedKey;
@@ -27,8 +28,11 @@ pub async fn configure(
     req: &ConfigureExpectedWorkersRequest,
     wait: Duration,
 ) -> Result<(ConfigureExpectedWorkersResponse, u64), WriteError> {
+    // Checked before anything is published: a refused entry leaves the fleet as it was (the
+    // recorded metadata may still add a line-A epoch; that is checked per worker below).
     for e in &req.workers {
         check_worker_id(&e.worker_id)?;
+        check_metadata_size(&desired_metadata(None, &as_batch(e)))?;
     }
     if req.workers.len() > MAX_EXPECTED_WORKERS {
         return Err(WriteError::TooManyWorkers(req.workers.len()));
@@ -41,13 +45,8 @@ pub async fn configure(
         let (worker, mut guard) = w.lock_worker(&e.worker_id, wait).await?;
         listed.insert(worker);
         let st = guard.as_mut().expect("loaded by lock_worker");
-        let as_batch = ApplyExternalKvBatchRequest {
-            worker_id: e.worker_id.clone(),
-            worker_address: e.worker_address.clone(),
-            cache_spec: e.cache_spec,
-            ..Default::default()
-        };
-        let metadata = desired_metadata(st.metadata.as_ref(), &as_batch);
+        let metadata = desired_metadata(st.metadata.as_ref(), &as_batch(e));
+        check_metadata_size(&metadata)?;
         landed.extend(w.announce(worker, st, metadata).await?);
     }
     let (names, mismatched) = unlisted(w, &listed);
@@ -64,6 +63,16 @@ pub async fn configure(
         ready_workers: ready(w, &listed),
     };
     Ok((response, mismatched))
+}
+
+/// An expected worker as the batch fields its metadata is made of.
+fn as_batch(e: &ExpectedWorker) -> ApplyExternalKvBatchRequest {
+    ApplyExternalKvBatchRequest {
+        worker_id: e.worker_id.clone(),
+        worker_address: e.worker_address.clone(),
+        cache_spec: e.cache_spec,
+        ..Default::default()
+    }
 }
 
 /// Names of the SGLang workers the replica knows that are not in `listed`, and how many

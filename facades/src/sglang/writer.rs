@@ -24,6 +24,7 @@ use crate::names::{worker_id, SGLANG_SEED};
 use parking_lot::Mutex;
 use prefixlog_engine::{partition_of, KeyspaceId};
 use prefixlog_ingest::partition_state::FeedKey;
+use prefixlog_ingest::settings::{StateSettings, METADATA_ENTRY_BYTES};
 use prefixlog_ingest::{token_of, Landed, Lifecycle, PublishError, Publisher};
 use prefixlog_query::QueryService;
 use std::collections::{BTreeMap, HashMap};
@@ -55,12 +56,15 @@ pub enum WriteError {
     WorkerTableFull,
     #[error("appending to the log: {0}")]
     Publish(#[from] PublishError),
+    #[error("worker metadata (worker_id, address, cache spec, worker_epoch) would be {bytes} bytes; the log takes at most {max}")]
+    MetadataTooLarge { bytes: u64, max: u64 },
 }
 
 impl WriteError {
     pub fn status(&self) -> Status {
         match self {
             Self::Batch(e) => e.status(),
+            Self::MetadataTooLarge { .. } => Status::invalid_argument(self.to_string()),
             Self::Collision { .. } => Status::failed_precondition(self.to_string()),
             Self::TooManyWorkers(_) | Self::WorkerTableFull => Status::resource_exhausted(self.to_string()),
             Self::NotReady | Self::NotCaughtUp { .. } | Self::Publish(_) => {
@@ -148,6 +152,8 @@ impl Writer {
         let recorded_epoch = st.metadata.as_ref().and_then(|m| m.get(META_WORKER_EPOCH));
         let new_epoch =
             !req.worker_epoch.is_empty() && recorded_epoch.is_some_and(|e| *e != req.worker_epoch);
+        let metadata = desired_metadata(st.metadata.as_ref(), req);
+        check_metadata_size(&metadata)?;
         let bump = match seq_step(st.engine_seq, req.seq, new_epoch) {
             SeqStep::Stale => {
                 return Ok(Written { skipped: Skipped::default(), applied: true, duplicate: true })
@@ -159,7 +165,6 @@ impl Writer {
             st.epoch += 1;
             st.next_seq = 1;
         }
-        let metadata = desired_metadata(st.metadata.as_ref(), req);
         let mut landed: Vec<Landed> = self.announce(worker, st, metadata).await?.into_iter().collect();
         let (ops, skipped) = map_actions(&req.actions);
         if !ops.is_empty() || bump {
@@ -287,6 +292,20 @@ impl WorkerState {
     }
 }
 
+/// Refuses metadata the replica would refuse on apply (`metadata_too_large` at its default
+/// `--max-worker-metadata-bytes`), measured as it measures it: every key and value plus
+/// `METADATA_ENTRY_BYTES` per entry. Publishing it would answer OK while the worker stays
+/// nameless (no address: never routed to).
+pub fn check_metadata_size(metadata: &BTreeMap<String, String>) -> Result<(), WriteError> {
+    let max = u64::from(StateSettings::default().max_worker_metadata_bytes);
+    let bytes: u64 =
+        metadata.iter().map(|(k, v)| (k.len() + v.len()) as u64 + u64::from(METADATA_ENTRY_BYTES)).sum();
+    if bytes > max {
+        return Err(WriteError::MetadataTooLarge { bytes, max });
+    }
+    Ok(())
+}
+
 /// The worker's metadata after this request: the recorded one with the request's non-empty
 /// fields (an empty address keeps the recorded one: upstream sends it on every batch).
 pub fn desired_metadata(
@@ -352,6 +371,25 @@ mod tests {
         assert_eq!(seq_step(Some(101), 0, false), SeqStep::Restart, "engine counts from 0 again");
         assert_eq!(seq_step(Some(101), 100, true), SeqStep::Restart, "line-A epoch changed");
         assert_eq!(seq_step(Some(101), 200, true), SeqStep::Restart);
+    }
+
+    #[test]
+    fn metadata_over_the_replicas_limit_is_refused() {
+        let req = |addr: String| ApplyExternalKvBatchRequest {
+            worker_id: "w".into(),
+            worker_address: addr,
+            ..Default::default()
+        };
+        // Two entries: "sgl.worker_id" = "w" and "address" = the address.
+        let fixed =
+            (META_WORKER_ID.len() + 1 + META_ADDRESS.len()) as u64 + 2 * u64::from(METADATA_ENTRY_BYTES);
+        let max = u64::from(StateSettings::default().max_worker_metadata_bytes);
+        let at_limit = desired_metadata(None, &req("a".repeat((max - fixed) as usize)));
+        assert!(check_metadata_size(&at_limit).is_ok());
+        let over = desired_metadata(None, &req("a".repeat((max - fixed + 1) as usize)));
+        let err = check_metadata_size(&over).unwrap_err();
+        assert!(matches!(err, WriteError::MetadataTooLarge { bytes, .. } if bytes == max + 1));
+        assert_eq!(err.status().code(), tonic::Code::InvalidArgument);
     }
 
     #[test]
