@@ -56,6 +56,8 @@ pub enum WriteError {
     WorkerTableFull,
     #[error("appending to the log: {0}")]
     Publish(#[from] PublishError),
+    #[error("the worker's epoch and sequence numbers are exhausted; it cannot be written again")]
+    Exhausted,
     #[error("worker metadata (worker_id, address, cache spec, worker_epoch) would be {bytes} bytes; the log takes at most {max}")]
     MetadataTooLarge { bytes: u64, max: u64 },
 }
@@ -65,7 +67,7 @@ impl WriteError {
         match self {
             Self::Batch(e) => e.status(),
             Self::MetadataTooLarge { .. } => Status::invalid_argument(self.to_string()),
-            Self::Collision { .. } => Status::failed_precondition(self.to_string()),
+            Self::Collision { .. } | Self::Exhausted => Status::failed_precondition(self.to_string()),
             Self::TooManyWorkers(_) | Self::WorkerTableFull => Status::resource_exhausted(self.to_string()),
             Self::NotReady | Self::NotCaughtUp { .. } | Self::Publish(_) => {
                 Status::unavailable(self.to_string())
@@ -162,8 +164,7 @@ impl Writer {
             SeqStep::Next => false,
         };
         if bump {
-            st.epoch += 1;
-            st.next_seq = 1;
+            st.new_epoch()?;
         }
         let mut landed: Vec<Landed> = self.announce(worker, st, metadata).await?.into_iter().collect();
         let (ops, skipped) = map_actions(&req.actions);
@@ -171,8 +172,7 @@ impl Writer {
             // Counted before the publish: if it failed but the record landed after all, reusing
             // the number would make the log skip the next batch as a duplicate; a number never
             // used shows as a gap instead (the worker is left out of answers: never overcount).
-            let seq = st.next_seq;
-            st.next_seq += 1;
+            let seq = st.take_seq()?;
             landed.push(
                 self.publisher
                     .publish_kv_events(&self.keyspace, worker, 0, st.epoch, seq, false, &ops, None)
@@ -285,10 +285,29 @@ impl WorkerState {
         Self {
             name: name.to_string(),
             epoch: epoch.max(1),
-            next_seq: last.map_or(1, |s| s + 1),
+            // At the last number, `take_seq` starts a new epoch.
+            next_seq: last.map_or(1, |s| s.saturating_add(1)),
             engine_seq: None,
             metadata,
         }
+    }
+
+    /// Starts a new epoch, numbered from 1 (every lane of the feed is cleared on the log).
+    fn new_epoch(&mut self) -> Result<(), WriteError> {
+        self.epoch = self.epoch.checked_add(1).ok_or(WriteError::Exhausted)?;
+        self.next_seq = 1;
+        Ok(())
+    }
+
+    /// The next record's `seq`, counted. Once the numbers of the epoch run out a new epoch
+    /// starts: it clears the worker, which can only undercount; wrapping would reuse numbers.
+    fn take_seq(&mut self) -> Result<u64, WriteError> {
+        if self.next_seq == u64::MAX {
+            self.new_epoch()?;
+        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        Ok(seq)
     }
 }
 
@@ -400,5 +419,20 @@ mod tests {
         assert_eq!((known.epoch, known.next_seq), (3, 42));
         let cleared = WorkerState::new("w", None, Some((2, None)));
         assert_eq!((cleared.epoch, cleared.next_seq), (2, 1));
+    }
+
+    #[test]
+    fn numbers_never_wrap() {
+        let mut end = WorkerState::new("w", None, Some((3, Some(u64::MAX))));
+        assert_eq!(end.take_seq().unwrap(), 1, "a new epoch past the last seq");
+        assert_eq!((end.epoch, end.next_seq), (4, 2));
+        let mut near = WorkerState::new("w", None, Some((3, Some(u64::MAX - 2))));
+        assert_eq!(near.take_seq().unwrap(), u64::MAX - 1);
+        assert_eq!(near.take_seq().unwrap(), 1);
+        assert_eq!(near.epoch, 4);
+        let mut last = WorkerState::new("w", None, Some((u64::MAX, Some(u64::MAX))));
+        assert!(matches!(last.take_seq(), Err(WriteError::Exhausted)));
+        assert!(matches!(last.new_epoch(), Err(WriteError::Exhausted)));
+        assert_eq!(WriteError::Exhausted.status().code(), tonic::Code::FailedPrecondition);
     }
 }
