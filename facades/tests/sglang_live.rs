@@ -178,6 +178,21 @@ async fn sgl_router_sees_what_the_bridge_wrote() {
     apply(&mut c, "w0", 0, vec![]).await.unwrap();
     assert_eq!(prefix(&mut c, &CHAIN).await, (vec![w("w1", 1)], 1, 4), "w0 cleared, w1 kept");
 
+    // A late retry of an old batch (seq steps back, not near 0) is a duplicate, not a restart:
+    // it neither clears the worker nor re-credits a block a later batch revoked.
+    apply(&mut c, "w1", 20, vec![report(TierType::TierHbm, &CHAIN[..2])]).await.unwrap();
+    apply(&mut c, "w1", 21, vec![action(ExternalKvActionType::ActionRevoke, &CHAIN[1..2])]).await.unwrap();
+    let retry = ApplyExternalKvBatchRequest {
+        worker_id: "w1".into(),
+        seq: 20,
+        actions: vec![report(TierType::TierHbm, &CHAIN[..2])],
+        worker_address: "http://w1:30000".into(),
+        ..Default::default()
+    };
+    let r = c.apply_external_kv_batch(req(retry)).await.unwrap().into_inner();
+    assert!(r.duplicate, "{r:?}");
+    assert_eq!(prefix(&mut c, &CHAIN).await, (vec![w("w1", 1)], 1, 4), "CHAIN[1] stays revoked");
+
     // Refusals keep upstream's statuses.
     let err = apply(&mut c, "", 1, vec![]).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
@@ -192,10 +207,11 @@ async fn sgl_router_sees_what_the_bridge_wrote() {
     let problems = prefixlog_query::exposition::convention_problems(&text);
     assert!(problems.is_empty(), "{problems:#?}");
     for line in [
-        r#"prefixlog_facade_requests_total{code="OK",protocol="sglang",rpc="ApplyExternalKvBatch",shard="all"} 10"#,
+        r#"prefixlog_facade_requests_total{code="OK",protocol="sglang",rpc="ApplyExternalKvBatch",shard="all"} 13"#,
         r#"prefixlog_facade_requests_total{code="INVALID_ARGUMENT",protocol="sglang",rpc="ApplyExternalKvBatch",shard="all"} 2"#,
         r#"prefixlog_facade_skipped_total{protocol="sglang",reason="tier_not_gpu",shard="all"} 2"#,
         r#"prefixlog_facade_skipped_total{protocol="sglang",reason="components_unsupported",shard="all"} 1"#,
+        r#"prefixlog_facade_skipped_total{protocol="sglang",reason="stale_seq",shard="all"} 1"#,
     ] {
         assert!(
             text.contains(line),

@@ -124,7 +124,10 @@ pub struct QueryArgs {
 pub struct SglArgs {
     /// Serve SGLang's `kv_indexer.v1.KVIndexer` on the query port for this model's keyspace
     /// (hash scheme 4, SGLang page hashes): `sgl-router --kv-indexer-endpoint` and the sgl
-    /// `kv-indexer-bridge` can point at the query port. Needs --sgl-block-size.
+    /// `kv-indexer-bridge` can point at the query port. Needs --sgl-block-size. The query port
+    /// then accepts log writes and fleet-wide removals (`ConfigureExpectedWorkers` with an
+    /// empty list removes every SGLang worker): run it behind mutual TLS (--tls-client-ca) or a
+    /// network policy.
     #[arg(long, env = "PREFIXLOG_SGL_MODEL", requires = "sgl_block_size")]
     pub sgl_model: Option<String>,
     /// Tokens per page of the SGLang workers (the keyspace's block size).

@@ -8,23 +8,31 @@
 use super::batch::check_worker_id;
 use super::pb::{
     ApplyExternalKvBatchRequest, ConfigureExpectedWorkersRequest, ConfigureExpectedWorkersResponse,
+    ExpectedWorker,
 };
-use super::writer::{desired_metadata, WriteError, Writer, META_WORKER_ID};
+use super::writer::{check_metadata_size, desired_metadata, WriteError, Writer, META_WORKER_ID};
+use crate::names::{worker_id, SGLANG_SEED};
+use prefixlog_engine::KeyspaceId;
 use prefixlog_ingest::partition_state::FeedKey;
 use prefixlog_ingest::token_of;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 /// Most workers one request may list.
 pub const MAX_EXPECTED_WORKERS: usize = 65_536;
 
+/// Applies the request; also returns how many recorded workers were left alone because their
+/// name does not map to their id (`reason="worker_id_mismatch"`).
 pub async fn configure(
     w: &Writer,
     req: &ConfigureExpectedWorkersRequest,
     wait: Duration,
-) -> Result<ConfigureExpectedWorkersResponse, WriteError> {
+) -> Result<(ConfigureExpectedWorkersResponse, u64), WriteError> {
+    // Checked before anything is published: a refused entry leaves the fleet as it was (the
+    // recorded metadata may still add a line-A epoch; that is checked per worker below).
     for e in &req.workers {
         check_worker_id(&e.worker_id)?;
+        check_metadata_size(&desired_metadata(None, &as_batch(e)))?;
     }
     if req.workers.len() > MAX_EXPECTED_WORKERS {
         return Err(WriteError::TooManyWorkers(req.workers.len()));
@@ -37,16 +45,12 @@ pub async fn configure(
         let (worker, mut guard) = w.lock_worker(&e.worker_id, wait).await?;
         listed.insert(worker);
         let st = guard.as_mut().expect("loaded by lock_worker");
-        let as_batch = ApplyExternalKvBatchRequest {
-            worker_id: e.worker_id.clone(),
-            worker_address: e.worker_address.clone(),
-            cache_spec: e.cache_spec,
-            ..Default::default()
-        };
-        let metadata = desired_metadata(st.metadata.as_ref(), &as_batch);
+        let metadata = desired_metadata(st.metadata.as_ref(), &as_batch(e));
+        check_metadata_size(&metadata)?;
         landed.extend(w.announce(worker, st, metadata).await?);
     }
-    for name in unlisted(w, &listed) {
+    let (names, mismatched) = unlisted(w, &listed);
+    for name in names {
         let (worker, guard) = w.lock_worker(&name, wait).await?;
         landed.push(w.remove(worker, guard).await?);
     }
@@ -54,29 +58,64 @@ pub async fn configure(
     if !landed.is_empty() && !status.wait_for(&token_of(&landed), wait).await {
         tracing::debug!(?wait, "expected workers on the log, not applied here within the wait");
     }
-    Ok(ConfigureExpectedWorkersResponse {
+    let response = ConfigureExpectedWorkersResponse {
         total_workers: listed.len() as u32,
         ready_workers: ready(w, &listed),
-    })
+    };
+    Ok((response, mismatched))
 }
 
-/// Names of the SGLang workers the replica knows that are not in `listed`.
-fn unlisted(w: &Writer, listed: &BTreeSet<u64>) -> Vec<String> {
+/// An expected worker as the batch fields its metadata is made of.
+fn as_batch(e: &ExpectedWorker) -> ApplyExternalKvBatchRequest {
+    ApplyExternalKvBatchRequest {
+        worker_id: e.worker_id.clone(),
+        worker_address: e.worker_address.clone(),
+        cache_spec: e.cache_spec,
+        ..Default::default()
+    }
+}
+
+/// Names of the SGLang workers the replica knows that are not in `listed`, and how many
+/// entries were skipped because their name does not map to their worker id.
+fn unlisted(w: &Writer, listed: &BTreeSet<u64>) -> (Vec<String>, u64) {
     let view = w.query().view();
-    let Some(applier) = &view.applier else { return Vec::new() };
+    let Some(applier) = &view.applier else { return (Vec::new(), 0) };
     let a = applier.lock();
-    let mut out = Vec::new();
+    let (mut out, mut mismatched) = (Vec::new(), 0);
     for &p in &view.info.owned {
         let part = a.partition(p);
-        for (worker, meta) in &part.workers {
-            let Some(name) = meta.get(META_WORKER_ID) else { continue };
-            let elsewhere = part.feeds.keys().any(|k| k.worker == *worker && &k.keyspace != w.keyspace());
-            if !listed.contains(worker) && !elsewhere {
-                out.push(name.clone());
-            }
-        }
+        let (names, n) = unlisted_in(&part.workers, &part.feeds, w.keyspace(), listed);
+        out.extend(names);
+        mismatched += n;
     }
-    out
+    (out, mismatched)
+}
+
+/// One partition's part of [`unlisted`]: one pass over the feeds (the applier's lock is held),
+/// then a lookup per worker. An entry whose `sgl.worker_id` does not map to its own worker id
+/// (written by another publisher) is skipped and counted: removing by that name would lock and
+/// remove a different worker.
+fn unlisted_in<F>(
+    workers: &BTreeMap<u64, BTreeMap<String, String>>,
+    feeds: &BTreeMap<FeedKey, F>,
+    keyspace: &KeyspaceId,
+    listed: &BTreeSet<u64>,
+) -> (Vec<String>, u64) {
+    let elsewhere: BTreeSet<u64> =
+        feeds.keys().filter(|k| &k.keyspace != keyspace).map(|k| k.worker).collect();
+    let (mut out, mut mismatched) = (Vec::new(), 0);
+    for (worker, meta) in workers {
+        let Some(name) = meta.get(META_WORKER_ID) else { continue };
+        if listed.contains(worker) || elsewhere.contains(worker) {
+            continue;
+        }
+        if worker_id(SGLANG_SEED, name) != *worker {
+            mismatched += 1;
+            continue;
+        }
+        out.push(name.clone());
+    }
+    (out, mismatched)
 }
 
 /// Listed workers whose feed exists and is not gapped.
@@ -93,4 +132,35 @@ fn ready(w: &Writer, listed: &BTreeSet<u64>) -> u32 {
         })
         .count();
     n as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unlisted_keeps_listed_other_models_and_mismatched_names() {
+        let ks = |s: &str| KeyspaceId::new(s, 16, 4);
+        let meta = |name: &str| BTreeMap::from([(META_WORKER_ID.to_string(), name.to_string())]);
+        let id = |name: &str| worker_id(SGLANG_SEED, name);
+        let workers = BTreeMap::from([
+            (id("listed"), meta("listed")),
+            (id("gone"), meta("gone")),
+            (id("other-model"), meta("other-model")),
+            (id("mine-and-other"), meta("mine-and-other")),
+            (id("foreign"), meta("not-its-name")),
+            (42, BTreeMap::new()),
+        ]);
+        let feed = |k: &str, worker| (FeedKey { keyspace: ks(k), worker, dp_rank: 0 }, ());
+        let feeds = BTreeMap::from([
+            feed("m", id("gone")),
+            feed("other", id("other-model")),
+            feed("m", id("mine-and-other")),
+            feed("other", id("mine-and-other")),
+        ]);
+        let listed = BTreeSet::from([id("listed")]);
+        let (names, mismatched) = unlisted_in(&workers, &feeds, &ks("m"), &listed);
+        assert_eq!(names, vec!["gone".to_string()]);
+        assert_eq!(mismatched, 1, "the entry named not-its-name is not removed by that name");
+    }
 }

@@ -68,12 +68,19 @@ impl KvIndexer for SglangService {
         request: Request<ConfigureExpectedWorkersRequest>,
     ) -> Result<Response<ConfigureExpectedWorkersResponse>, Status> {
         let wait = self.query.wait_for_call(grpc_timeout(&request));
-        let r = super::fleet::configure(&self.writer, request.get_ref(), wait).await.map_err(|e| {
-            if matches!(e, super::writer::WriteError::Collision { .. }) {
-                self.metrics.skipped("worker_id_collision", 1);
+        let r = super::fleet::configure(&self.writer, request.get_ref(), wait).await;
+        let r = match r {
+            Ok((response, mismatched)) => {
+                self.metrics.skipped("worker_id_mismatch", mismatched);
+                Ok(response)
             }
-            e.status()
-        });
+            Err(e) => {
+                if matches!(e, super::writer::WriteError::Collision { .. }) {
+                    self.metrics.skipped("worker_id_collision", 1);
+                }
+                Err(e.status())
+            }
+        };
         self.counted("ConfigureExpectedWorkers", r)
     }
 
@@ -100,7 +107,10 @@ impl KvIndexer for SglangService {
                 if !w.applied {
                     tracing::debug!(worker = %req.worker_id, ?wait, "batch on the log, not applied here within the wait");
                 }
-                Ok(ApplyExternalKvBatchResponse { applied_seq: req.seq, duplicate: false })
+                if w.duplicate {
+                    self.metrics.skipped("stale_seq", 1);
+                }
+                Ok(ApplyExternalKvBatchResponse { applied_seq: req.seq, duplicate: w.duplicate })
             }
             Err(e) => {
                 if matches!(e, super::writer::WriteError::Collision { .. }) {

@@ -9,12 +9,13 @@
 //! for the parts of a split batch). So the facade numbers its own records, one per request:
 //! the feed's next `seq`, read from the replica's state on the worker's first batch (once the
 //! replica applied the worker's partition up to its high watermark), then counted here. A new
-//! epoch (every lane of the feed cleared) starts when the engine's `seq` goes backwards (the
+//! epoch (every lane of the feed cleared) starts when the engine's `seq` goes back below 16 (the
 //! engine restarted with an empty cache; known within one facade process) or a line-A
-//! `worker_epoch` differs from the recorded one. Requests of one worker are serialised here;
-//! one facade should write a worker (the bridge talks to one endpoint): two facades writing
-//! one worker would reuse sequence numbers, and the log would skip one's records as
-//! duplicates.
+//! `worker_epoch` differs from the recorded one; any other step back is a late retry of an old
+//! batch and is acknowledged as a duplicate without being published. Requests of one worker
+//! are serialised here; one facade should write a worker (the bridge talks to one endpoint):
+//! two facades writing one worker would reuse sequence numbers, and the log would skip one's
+//! records as duplicates.
 
 use super::batch::{map_actions, validate, BatchError, Skipped};
 use super::pb::{ApplyExternalKvBatchRequest, WorkerCacheSpec};
@@ -23,6 +24,7 @@ use crate::names::{worker_id, SGLANG_SEED};
 use parking_lot::Mutex;
 use prefixlog_engine::{partition_of, KeyspaceId};
 use prefixlog_ingest::partition_state::FeedKey;
+use prefixlog_ingest::settings::{StateSettings, METADATA_ENTRY_BYTES};
 use prefixlog_ingest::{token_of, Landed, Lifecycle, PublishError, Publisher};
 use prefixlog_query::QueryService;
 use std::collections::{BTreeMap, HashMap};
@@ -54,13 +56,18 @@ pub enum WriteError {
     WorkerTableFull,
     #[error("appending to the log: {0}")]
     Publish(#[from] PublishError),
+    #[error("the worker's epoch and sequence numbers are exhausted; it cannot be written again")]
+    Exhausted,
+    #[error("worker metadata (worker_id, address, cache spec, worker_epoch) would be {bytes} bytes; the log takes at most {max}")]
+    MetadataTooLarge { bytes: u64, max: u64 },
 }
 
 impl WriteError {
     pub fn status(&self) -> Status {
         match self {
             Self::Batch(e) => e.status(),
-            Self::Collision { .. } => Status::failed_precondition(self.to_string()),
+            Self::MetadataTooLarge { .. } => Status::invalid_argument(self.to_string()),
+            Self::Collision { .. } | Self::Exhausted => Status::failed_precondition(self.to_string()),
             Self::TooManyWorkers(_) | Self::WorkerTableFull => Status::resource_exhausted(self.to_string()),
             Self::NotReady | Self::NotCaughtUp { .. } | Self::Publish(_) => {
                 Status::unavailable(self.to_string())
@@ -75,6 +82,34 @@ pub struct Written {
     pub skipped: Skipped,
     /// Whether the replica applied the records within the wait (read-your-writes here).
     pub applied: bool,
+    /// A stale retry (see [`seq_step`]): nothing was published.
+    pub duplicate: bool,
+}
+
+/// An engine `seq` below this after a step back is a restart (an engine counts from near 0).
+pub const RESTART_SEQ_BELOW: u64 = 16;
+
+/// What an engine `seq` means relative to the worker's last one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SeqStep {
+    /// Same or later `seq`: publish in the current epoch.
+    Next,
+    /// The engine restarted (its cache is empty): a new epoch clears the worker's blocks.
+    Restart,
+    /// A late retry of an older batch: publish nothing (publishing it would re-credit blocks
+    /// a later batch revoked: an overcount).
+    Stale,
+}
+
+/// A step back is a restart only when the line-A `worker_epoch` changed or the new `seq` is
+/// small (a restarted engine counts from near 0); any other step back is a stale retry.
+pub fn seq_step(last: Option<u64>, seq: u64, epoch_changed: bool) -> SeqStep {
+    match last {
+        _ if epoch_changed => SeqStep::Restart,
+        Some(last) if seq < last && seq < RESTART_SEQ_BELOW => SeqStep::Restart,
+        Some(last) if seq < last => SeqStep::Stale,
+        _ => SeqStep::Next,
+    }
 }
 
 /// A worker's state, locked for one request (`Some` once loaded).
@@ -116,24 +151,28 @@ impl Writer {
         }
         let (worker, mut guard) = self.lock_worker(&req.worker_id, wait).await?;
         let st = guard.as_mut().expect("loaded by lock_worker");
-        let restarted = st.engine_seq.is_some_and(|s| req.seq < s);
         let recorded_epoch = st.metadata.as_ref().and_then(|m| m.get(META_WORKER_EPOCH));
         let new_epoch =
             !req.worker_epoch.is_empty() && recorded_epoch.is_some_and(|e| *e != req.worker_epoch);
-        let bump = restarted || new_epoch;
-        if bump {
-            st.epoch += 1;
-            st.next_seq = 1;
-        }
         let metadata = desired_metadata(st.metadata.as_ref(), req);
+        check_metadata_size(&metadata)?;
+        let bump = match seq_step(st.engine_seq, req.seq, new_epoch) {
+            SeqStep::Stale => {
+                return Ok(Written { skipped: Skipped::default(), applied: true, duplicate: true })
+            }
+            SeqStep::Restart => true,
+            SeqStep::Next => false,
+        };
+        if bump {
+            st.new_epoch()?;
+        }
         let mut landed: Vec<Landed> = self.announce(worker, st, metadata).await?.into_iter().collect();
         let (ops, skipped) = map_actions(&req.actions);
         if !ops.is_empty() || bump {
             // Counted before the publish: if it failed but the record landed after all, reusing
             // the number would make the log skip the next batch as a duplicate; a number never
             // used shows as a gap instead (the worker is left out of answers: never overcount).
-            let seq = st.next_seq;
-            st.next_seq += 1;
+            let seq = st.take_seq()?;
             landed.push(
                 self.publisher
                     .publish_kv_events(&self.keyspace, worker, 0, st.epoch, seq, false, &ops, None)
@@ -143,7 +182,7 @@ impl Writer {
         st.engine_seq = Some(req.seq);
         drop(guard);
         let applied = landed.is_empty() || view.status.wait_for(&token_of(&landed), wait).await;
-        Ok(Written { skipped, applied })
+        Ok(Written { skipped, applied, duplicate: false })
     }
 
     /// The worker's id and its state, locked (loaded from the replica on its first use here);
@@ -246,11 +285,44 @@ impl WorkerState {
         Self {
             name: name.to_string(),
             epoch: epoch.max(1),
-            next_seq: last.map_or(1, |s| s + 1),
+            // At the last number, `take_seq` starts a new epoch.
+            next_seq: last.map_or(1, |s| s.saturating_add(1)),
             engine_seq: None,
             metadata,
         }
     }
+
+    /// Starts a new epoch, numbered from 1 (every lane of the feed is cleared on the log).
+    fn new_epoch(&mut self) -> Result<(), WriteError> {
+        self.epoch = self.epoch.checked_add(1).ok_or(WriteError::Exhausted)?;
+        self.next_seq = 1;
+        Ok(())
+    }
+
+    /// The next record's `seq`, counted. Once the numbers of the epoch run out a new epoch
+    /// starts: it clears the worker, which can only undercount; wrapping would reuse numbers.
+    fn take_seq(&mut self) -> Result<u64, WriteError> {
+        if self.next_seq == u64::MAX {
+            self.new_epoch()?;
+        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        Ok(seq)
+    }
+}
+
+/// Refuses metadata the replica would refuse on apply (`metadata_too_large` at its default
+/// `--max-worker-metadata-bytes`), measured as it measures it: every key and value plus
+/// `METADATA_ENTRY_BYTES` per entry. Publishing it would answer OK while the worker stays
+/// nameless (no address: never routed to).
+pub fn check_metadata_size(metadata: &BTreeMap<String, String>) -> Result<(), WriteError> {
+    let max = u64::from(StateSettings::default().max_worker_metadata_bytes);
+    let bytes: u64 =
+        metadata.iter().map(|(k, v)| (k.len() + v.len()) as u64 + u64::from(METADATA_ENTRY_BYTES)).sum();
+    if bytes > max {
+        return Err(WriteError::MetadataTooLarge { bytes, max });
+    }
+    Ok(())
 }
 
 /// The worker's metadata after this request: the recorded one with the request's non-empty
@@ -308,6 +380,38 @@ mod tests {
     }
 
     #[test]
+    fn a_step_back_is_a_restart_only_near_0_or_with_a_new_epoch() {
+        assert_eq!(seq_step(None, 500, false), SeqStep::Next, "first batch");
+        assert_eq!(seq_step(Some(7), 7, false), SeqStep::Next, "parts of a split batch");
+        assert_eq!(seq_step(Some(7), 8, false), SeqStep::Next);
+        assert_eq!(seq_step(Some(101), 100, false), SeqStep::Stale, "late retry of an old batch");
+        assert_eq!(seq_step(Some(101), RESTART_SEQ_BELOW, false), SeqStep::Stale);
+        assert_eq!(seq_step(Some(101), RESTART_SEQ_BELOW - 1, false), SeqStep::Restart);
+        assert_eq!(seq_step(Some(101), 0, false), SeqStep::Restart, "engine counts from 0 again");
+        assert_eq!(seq_step(Some(101), 100, true), SeqStep::Restart, "line-A epoch changed");
+        assert_eq!(seq_step(Some(101), 200, true), SeqStep::Restart);
+    }
+
+    #[test]
+    fn metadata_over_the_replicas_limit_is_refused() {
+        let req = |addr: String| ApplyExternalKvBatchRequest {
+            worker_id: "w".into(),
+            worker_address: addr,
+            ..Default::default()
+        };
+        // Two entries: "sgl.worker_id" = "w" and "address" = the address.
+        let fixed =
+            (META_WORKER_ID.len() + 1 + META_ADDRESS.len()) as u64 + 2 * u64::from(METADATA_ENTRY_BYTES);
+        let max = u64::from(StateSettings::default().max_worker_metadata_bytes);
+        let at_limit = desired_metadata(None, &req("a".repeat((max - fixed) as usize)));
+        assert!(check_metadata_size(&at_limit).is_ok());
+        let over = desired_metadata(None, &req("a".repeat((max - fixed + 1) as usize)));
+        let err = check_metadata_size(&over).unwrap_err();
+        assert!(matches!(err, WriteError::MetadataTooLarge { bytes, .. } if bytes == max + 1));
+        assert_eq!(err.status().code(), tonic::Code::InvalidArgument);
+    }
+
+    #[test]
     fn a_new_worker_starts_at_epoch_1_and_a_known_feed_continues() {
         let fresh = WorkerState::new("w", None, None);
         assert_eq!((fresh.epoch, fresh.next_seq), (1, 1));
@@ -315,5 +419,20 @@ mod tests {
         assert_eq!((known.epoch, known.next_seq), (3, 42));
         let cleared = WorkerState::new("w", None, Some((2, None)));
         assert_eq!((cleared.epoch, cleared.next_seq), (2, 1));
+    }
+
+    #[test]
+    fn numbers_never_wrap() {
+        let mut end = WorkerState::new("w", None, Some((3, Some(u64::MAX))));
+        assert_eq!(end.take_seq().unwrap(), 1, "a new epoch past the last seq");
+        assert_eq!((end.epoch, end.next_seq), (4, 2));
+        let mut near = WorkerState::new("w", None, Some((3, Some(u64::MAX - 2))));
+        assert_eq!(near.take_seq().unwrap(), u64::MAX - 1);
+        assert_eq!(near.take_seq().unwrap(), 1);
+        assert_eq!(near.epoch, 4);
+        let mut last = WorkerState::new("w", None, Some((u64::MAX, Some(u64::MAX))));
+        assert!(matches!(last.take_seq(), Err(WriteError::Exhausted)));
+        assert!(matches!(last.new_epoch(), Err(WriteError::Exhausted)));
+        assert_eq!(WriteError::Exhausted.status().code(), tonic::Code::FailedPrecondition);
     }
 }
