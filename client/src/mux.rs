@@ -10,6 +10,7 @@
 
 use parking_lot::Mutex;
 use prefixlog_proto::v1::{prefix_index_client::PrefixIndexClient, MatchRequest, MatchResponse};
+use prost::Message;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -21,6 +22,14 @@ use tonic::{Code, Streaming};
 /// Requests queued for the stream before a caller waits to send (each still bounded by its
 /// own deadline); the server reads them as its per-stream in-flight limit allows.
 const QUEUE: usize = 1024;
+
+/// The largest request a replica decodes by default (its `max_decoding_message_size`, 4 MiB).
+/// A larger one would end the whole stream with RESOURCE_EXHAUSTED, failing every other
+/// pending query, so it is refused here, for that query alone.
+pub const MAX_REQUEST_BYTES: usize = 4 << 20;
+
+/// Room for the fields [`StreamMux::ask`] sets (id, flags, timeout) after the size check.
+const SET_FIELDS_BYTES: usize = 32;
 
 /// Why a multiplexed query has no answer.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -35,6 +44,10 @@ pub enum MuxError {
     /// The replica refused the stream or answered this query with an error (in band).
     #[error("the replica answered {code:?}: {message}")]
     Status { code: Code, message: String },
+    /// The request is larger than a replica accepts; not sent. Not retriable: every replica
+    /// would refuse it.
+    #[error("the request is {bytes} bytes, over the {limit}-byte limit")]
+    TooLarge { bytes: usize, limit: usize },
 }
 
 impl MuxError {
@@ -42,8 +55,17 @@ impl MuxError {
     pub fn is_retriable(&self) -> bool {
         match self {
             Self::Broken(_) => true,
-            Self::Timeout => false,
+            Self::Timeout | Self::TooLarge { .. } => false,
             Self::Status { code, .. } => matches!(code, Code::Unavailable | Code::ResourceExhausted),
+        }
+    }
+
+    /// [`MuxError::TooLarge`] if `req` (with the fields `ask` sets) is over [`MAX_REQUEST_BYTES`].
+    pub fn check_size(req: &MatchRequest) -> Result<(), Self> {
+        let bytes = req.encoded_len() + SET_FIELDS_BYTES;
+        match bytes > MAX_REQUEST_BYTES {
+            true => Err(Self::TooLarge { bytes, limit: MAX_REQUEST_BYTES }),
+            false => Ok(()),
         }
     }
 
@@ -106,6 +128,7 @@ impl StreamMux {
     /// Asks `req` (its `request_id`, stream flags and `timeout_us` are set here) and waits for
     /// its answer until `end`.
     pub async fn ask(&self, mut req: MatchRequest, end: Instant) -> Result<MatchResponse, MuxError> {
+        MuxError::check_size(&req)?;
         let conn = tokio::time::timeout_at(end, self.connection()).await.map_err(|_| MuxError::Timeout)??;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         (req.request_id, req.in_band_errors, req.unordered) = (id, true, true);
@@ -199,5 +222,38 @@ async fn route(mut inbound: Streaming<MatchResponse>, pending: Arc<Mutex<Pending
     let why = p.broken.get_or_insert(why).clone();
     for (_, reply) in p.waiting.drain() {
         let _ = reply.send(Err(MuxError::Broken(why.clone())));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(tokens: usize) -> MatchRequest {
+        let ids = vec![u32::MAX; tokens];
+        let prompt = prefixlog_proto::v1::match_request::Prompt::Tokens(prefixlog_proto::v1::TokenIds {
+            ids,
+            ..Default::default()
+        });
+        MatchRequest { prompt: Some(prompt), ..Default::default() }
+    }
+
+    #[test]
+    fn an_oversized_request_is_refused_alone_and_not_retried() {
+        assert_eq!(MuxError::check_size(&request(1000)), Ok(()));
+        let e = MuxError::check_size(&request(1 << 20)).unwrap_err();
+        assert!(matches!(e, MuxError::TooLarge { bytes, limit } if bytes > limit), "{e:?}");
+        assert!(!e.is_retriable());
+    }
+
+    #[tokio::test]
+    async fn ask_refuses_an_oversized_request_before_opening_a_stream() {
+        // Nothing listens there: a request that got past the check would fail another way.
+        let channel = Channel::from_static("http://127.0.0.1:9").connect_lazy();
+        let mux = StreamMux::new(channel);
+        let end = Instant::now() + std::time::Duration::from_secs(5);
+        let e = mux.ask(request(1 << 20), end).await.unwrap_err();
+        assert!(matches!(e, MuxError::TooLarge { .. }), "{e:?}");
+        assert_eq!(mux.streams_opened(), 0);
     }
 }
