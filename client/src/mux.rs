@@ -9,7 +9,7 @@
 //! opens a new stream (the channel underneath reconnects on its own).
 
 use parking_lot::Mutex;
-use prefixlog_proto::v1::{prefix_index_client::PrefixIndexClient, MatchRequest, MatchResponse};
+use prefixlog_proto::v1::{prefix_index_client::PrefixIndexClient, MatchError, MatchRequest, MatchResponse};
 use prost::Message;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -67,6 +67,15 @@ impl MuxError {
             true => Err(Self::TooLarge { bytes, limit: MAX_REQUEST_BYTES }),
             false => Ok(()),
         }
+    }
+
+    /// An in-band error. Its code is never OK (a replica bug or a corrupted answer): UNKNOWN.
+    fn in_band(e: MatchError) -> Self {
+        let code = match Code::from(e.code as i32) {
+            Code::Ok => Code::Unknown,
+            code => code,
+        };
+        Self::Status { code, message: e.message }
     }
 
     fn status(s: &tonic::Status) -> Self {
@@ -156,7 +165,7 @@ impl StreamMux {
             Ok(Err(_)) => Err(self.broken(&conn, "the reader stopped")),
             Ok(Ok(Err(e))) => Err(e),
             Ok(Ok(Ok(resp))) => match resp.error {
-                Some(e) => Err(MuxError::Status { code: Code::from(e.code as i32), message: e.message }),
+                Some(e) => Err(MuxError::in_band(e)),
                 None => Ok(resp),
             },
         }
@@ -244,6 +253,13 @@ mod tests {
         let e = MuxError::check_size(&request(1 << 20)).unwrap_err();
         assert!(matches!(e, MuxError::TooLarge { bytes, limit } if bytes > limit), "{e:?}");
         assert!(!e.is_retriable());
+    }
+
+    #[test]
+    fn an_in_band_error_is_never_ok() {
+        let e = |code| MuxError::in_band(MatchError { code, message: "m".into() });
+        assert_eq!(e(0), MuxError::Status { code: Code::Unknown, message: "m".into() });
+        assert_eq!(e(3), MuxError::Status { code: Code::InvalidArgument, message: "m".into() });
     }
 
     #[tokio::test]
