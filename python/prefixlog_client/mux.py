@@ -78,6 +78,8 @@ def _prepared(request: query_pb2.MatchRequest, request_id: int, timeout: float) 
 def _answer(response: query_pb2.MatchResponse) -> query_pb2.MatchResponse:
     if response.HasField("error"):
         code = _CODES.get(response.error.code, grpc.StatusCode.UNKNOWN)
+        if code == grpc.StatusCode.OK:  # an error is never OK (a replica bug, a corrupt answer)
+            code = grpc.StatusCode.UNKNOWN
         raise MuxStatus(code, response.error.message)
     return response
 
@@ -118,6 +120,9 @@ class _Conn:
         with self.lock:
             self.broken = self.broken or why
             pending, self.waiting = self.waiting, {}
+            # Ends the request iterator, or gRPC's thread reading it blocks forever (one
+            # leaked thread per broken stream). Under the lock: no request is queued after it.
+            self.requests.put(self._END)
         for fut in pending.values():
             fut.set_exception(self.broken)
 
