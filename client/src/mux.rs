@@ -16,11 +16,13 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
+use tokio_stream::StreamExt;
 use tonic::transport::Channel;
 use tonic::{Code, Streaming};
 
 /// Requests queued for the stream before a caller waits to send (each still bounded by its
-/// own deadline); the server reads them as its per-stream in-flight limit allows.
+/// own deadline); the server reads them as its per-stream in-flight limit allows. Each one's
+/// `timeout_us` is set when it leaves the queue (see [`stamped`]).
 const QUEUE: usize = 1024;
 
 /// The largest request a replica decodes by default (its `max_decoding_message_size`, 4 MiB).
@@ -100,7 +102,8 @@ struct Pending {
 /// One open stream. Dropping it (the last query's handle and the mux's slot) closes the
 /// request side, so the server finishes and the reader task ends.
 struct Conn {
-    tx: mpsc::Sender<MatchRequest>,
+    /// Each request with its caller's deadline.
+    tx: mpsc::Sender<(MatchRequest, Instant)>,
     pending: Arc<Mutex<Pending>>,
 }
 
@@ -152,9 +155,7 @@ impl StreamMux {
             // Whatever ends this call (answer, deadline, the caller dropping it) forgets the id.
             Forget { pending: &conn.pending, id, in_flight: &self.in_flight }
         };
-        // The replica ends a token wait a margin before this, as it does for a unary call.
-        req.timeout_us = end.saturating_duration_since(Instant::now()).as_micros().max(1) as u64;
-        let sent = tokio::time::timeout_at(end, conn.tx.send(req)).await;
+        let sent = tokio::time::timeout_at(end, conn.tx.send((req, end))).await;
         match sent {
             Err(_) => return Err(MuxError::Timeout),
             Ok(Err(_)) => return Err(self.broken(&conn, "the request side is closed")),
@@ -181,7 +182,10 @@ impl StreamMux {
         let (tx, rx) = mpsc::channel(QUEUE);
         let mut client = self.client.clone();
         let inbound = client
-            .match_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .match_stream(
+                tokio_stream::wrappers::ReceiverStream::new(rx)
+                    .filter_map(|(req, end)| stamped(req, end, Instant::now())),
+            )
             .await
             .map_err(|s| MuxError::status(&s))?
             .into_inner();
@@ -197,6 +201,16 @@ impl StreamMux {
         let mut p = conn.pending.lock();
         MuxError::Broken(p.broken.get_or_insert_with(|| why.to_string()).clone())
     }
+}
+
+/// `req` as it is written to the stream, with what is left of its caller's deadline as its
+/// `timeout_us` (the replica ends a token wait a margin before it, as for a unary call's
+/// deadline), or `None` if the caller has given up: a query queued behind many others does not
+/// get its full budget on the replica after its caller is gone.
+fn stamped(mut req: MatchRequest, end: Instant, now: Instant) -> Option<MatchRequest> {
+    let left = end.checked_duration_since(now).filter(|d| !d.is_zero())?;
+    req.timeout_us = left.as_micros().max(1) as u64;
+    Some(req)
 }
 
 /// Removes a query's id from the pending map when its call ends.
@@ -253,6 +267,16 @@ mod tests {
         let e = MuxError::check_size(&request(1 << 20)).unwrap_err();
         assert!(matches!(e, MuxError::TooLarge { bytes, limit } if bytes > limit), "{e:?}");
         assert!(!e.is_retriable());
+    }
+
+    #[test]
+    fn the_timeout_is_what_is_left_when_written_and_expired_requests_are_dropped() {
+        let now = Instant::now();
+        let end = now + std::time::Duration::from_millis(50);
+        let late = now + std::time::Duration::from_millis(30);
+        assert_eq!(stamped(request(1), end, late).map(|r| r.timeout_us), Some(20_000));
+        assert_eq!(stamped(request(1), end, end), None);
+        assert_eq!(stamped(request(1), end, end + std::time::Duration::from_millis(1)), None);
     }
 
     #[test]
