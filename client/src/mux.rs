@@ -9,18 +9,29 @@
 //! opens a new stream (the channel underneath reconnects on its own).
 
 use parking_lot::Mutex;
-use prefixlog_proto::v1::{prefix_index_client::PrefixIndexClient, MatchRequest, MatchResponse};
+use prefixlog_proto::v1::{prefix_index_client::PrefixIndexClient, MatchError, MatchRequest, MatchResponse};
+use prost::Message;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
+use tokio_stream::StreamExt;
 use tonic::transport::Channel;
 use tonic::{Code, Streaming};
 
 /// Requests queued for the stream before a caller waits to send (each still bounded by its
-/// own deadline); the server reads them as its per-stream in-flight limit allows.
+/// own deadline); the server reads them as its per-stream in-flight limit allows. Each one's
+/// `timeout_us` is set when it leaves the queue (see [`stamped`]).
 const QUEUE: usize = 1024;
+
+/// The largest request a replica decodes by default (its `max_decoding_message_size`, 4 MiB).
+/// A larger one would end the whole stream with RESOURCE_EXHAUSTED, failing every other
+/// pending query, so it is refused here, for that query alone.
+pub const MAX_REQUEST_BYTES: usize = 4 << 20;
+
+/// Room for the fields [`StreamMux::ask`] sets (id, flags, timeout) after the size check.
+const SET_FIELDS_BYTES: usize = 32;
 
 /// Why a multiplexed query has no answer.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -35,6 +46,10 @@ pub enum MuxError {
     /// The replica refused the stream or answered this query with an error (in band).
     #[error("the replica answered {code:?}: {message}")]
     Status { code: Code, message: String },
+    /// The request is larger than a replica accepts; not sent. Not retriable: every replica
+    /// would refuse it.
+    #[error("the request is {bytes} bytes, over the {limit}-byte limit")]
+    TooLarge { bytes: usize, limit: usize },
 }
 
 impl MuxError {
@@ -42,9 +57,27 @@ impl MuxError {
     pub fn is_retriable(&self) -> bool {
         match self {
             Self::Broken(_) => true,
-            Self::Timeout => false,
+            Self::Timeout | Self::TooLarge { .. } => false,
             Self::Status { code, .. } => matches!(code, Code::Unavailable | Code::ResourceExhausted),
         }
+    }
+
+    /// [`MuxError::TooLarge`] if `req` (with the fields `ask` sets) is over [`MAX_REQUEST_BYTES`].
+    pub fn check_size(req: &MatchRequest) -> Result<(), Self> {
+        let bytes = req.encoded_len() + SET_FIELDS_BYTES;
+        match bytes > MAX_REQUEST_BYTES {
+            true => Err(Self::TooLarge { bytes, limit: MAX_REQUEST_BYTES }),
+            false => Ok(()),
+        }
+    }
+
+    /// An in-band error. Its code is never OK (a replica bug or a corrupted answer): UNKNOWN.
+    fn in_band(e: MatchError) -> Self {
+        let code = match Code::from(e.code as i32) {
+            Code::Ok => Code::Unknown,
+            code => code,
+        };
+        Self::Status { code, message: e.message }
     }
 
     fn status(s: &tonic::Status) -> Self {
@@ -69,7 +102,8 @@ struct Pending {
 /// One open stream. Dropping it (the last query's handle and the mux's slot) closes the
 /// request side, so the server finishes and the reader task ends.
 struct Conn {
-    tx: mpsc::Sender<MatchRequest>,
+    /// Each request with its caller's deadline.
+    tx: mpsc::Sender<(MatchRequest, Instant)>,
     pending: Arc<Mutex<Pending>>,
 }
 
@@ -106,6 +140,7 @@ impl StreamMux {
     /// Asks `req` (its `request_id`, stream flags and `timeout_us` are set here) and waits for
     /// its answer until `end`.
     pub async fn ask(&self, mut req: MatchRequest, end: Instant) -> Result<MatchResponse, MuxError> {
+        MuxError::check_size(&req)?;
         let conn = tokio::time::timeout_at(end, self.connection()).await.map_err(|_| MuxError::Timeout)??;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         (req.request_id, req.in_band_errors, req.unordered) = (id, true, true);
@@ -120,9 +155,7 @@ impl StreamMux {
             // Whatever ends this call (answer, deadline, the caller dropping it) forgets the id.
             Forget { pending: &conn.pending, id, in_flight: &self.in_flight }
         };
-        // The replica ends a token wait a margin before this, as it does for a unary call.
-        req.timeout_us = end.saturating_duration_since(Instant::now()).as_micros().max(1) as u64;
-        let sent = tokio::time::timeout_at(end, conn.tx.send(req)).await;
+        let sent = tokio::time::timeout_at(end, conn.tx.send((req, end))).await;
         match sent {
             Err(_) => return Err(MuxError::Timeout),
             Ok(Err(_)) => return Err(self.broken(&conn, "the request side is closed")),
@@ -133,7 +166,7 @@ impl StreamMux {
             Ok(Err(_)) => Err(self.broken(&conn, "the reader stopped")),
             Ok(Ok(Err(e))) => Err(e),
             Ok(Ok(Ok(resp))) => match resp.error {
-                Some(e) => Err(MuxError::Status { code: Code::from(e.code as i32), message: e.message }),
+                Some(e) => Err(MuxError::in_band(e)),
                 None => Ok(resp),
             },
         }
@@ -149,7 +182,10 @@ impl StreamMux {
         let (tx, rx) = mpsc::channel(QUEUE);
         let mut client = self.client.clone();
         let inbound = client
-            .match_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .match_stream(
+                tokio_stream::wrappers::ReceiverStream::new(rx)
+                    .filter_map(|(req, end)| stamped(req, end, Instant::now())),
+            )
             .await
             .map_err(|s| MuxError::status(&s))?
             .into_inner();
@@ -165,6 +201,16 @@ impl StreamMux {
         let mut p = conn.pending.lock();
         MuxError::Broken(p.broken.get_or_insert_with(|| why.to_string()).clone())
     }
+}
+
+/// `req` as it is written to the stream, with what is left of its caller's deadline as its
+/// `timeout_us` (the replica ends a token wait a margin before it, as for a unary call's
+/// deadline), or `None` if the caller has given up: a query queued behind many others does not
+/// get its full budget on the replica after its caller is gone.
+fn stamped(mut req: MatchRequest, end: Instant, now: Instant) -> Option<MatchRequest> {
+    let left = end.checked_duration_since(now).filter(|d| !d.is_zero())?;
+    req.timeout_us = left.as_micros().max(1) as u64;
+    Some(req)
 }
 
 /// Removes a query's id from the pending map when its call ends.
@@ -199,5 +245,55 @@ async fn route(mut inbound: Streaming<MatchResponse>, pending: Arc<Mutex<Pending
     let why = p.broken.get_or_insert(why).clone();
     for (_, reply) in p.waiting.drain() {
         let _ = reply.send(Err(MuxError::Broken(why.clone())));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(tokens: usize) -> MatchRequest {
+        let ids = vec![u32::MAX; tokens];
+        let prompt = prefixlog_proto::v1::match_request::Prompt::Tokens(prefixlog_proto::v1::TokenIds {
+            ids,
+            ..Default::default()
+        });
+        MatchRequest { prompt: Some(prompt), ..Default::default() }
+    }
+
+    #[test]
+    fn an_oversized_request_is_refused_alone_and_not_retried() {
+        assert_eq!(MuxError::check_size(&request(1000)), Ok(()));
+        let e = MuxError::check_size(&request(1 << 20)).unwrap_err();
+        assert!(matches!(e, MuxError::TooLarge { bytes, limit } if bytes > limit), "{e:?}");
+        assert!(!e.is_retriable());
+    }
+
+    #[test]
+    fn the_timeout_is_what_is_left_when_written_and_expired_requests_are_dropped() {
+        let now = Instant::now();
+        let end = now + std::time::Duration::from_millis(50);
+        let late = now + std::time::Duration::from_millis(30);
+        assert_eq!(stamped(request(1), end, late).map(|r| r.timeout_us), Some(20_000));
+        assert_eq!(stamped(request(1), end, end), None);
+        assert_eq!(stamped(request(1), end, end + std::time::Duration::from_millis(1)), None);
+    }
+
+    #[test]
+    fn an_in_band_error_is_never_ok() {
+        let e = |code| MuxError::in_band(MatchError { code, message: "m".into() });
+        assert_eq!(e(0), MuxError::Status { code: Code::Unknown, message: "m".into() });
+        assert_eq!(e(3), MuxError::Status { code: Code::InvalidArgument, message: "m".into() });
+    }
+
+    #[tokio::test]
+    async fn ask_refuses_an_oversized_request_before_opening_a_stream() {
+        // Nothing listens there: a request that got past the check would fail another way.
+        let channel = Channel::from_static("http://127.0.0.1:9").connect_lazy();
+        let mux = StreamMux::new(channel);
+        let end = Instant::now() + std::time::Duration::from_secs(5);
+        let e = mux.ask(request(1 << 20), end).await.unwrap_err();
+        assert!(matches!(e, MuxError::TooLarge { .. }), "{e:?}");
+        assert_eq!(mux.streams_opened(), 0);
     }
 }

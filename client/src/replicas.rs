@@ -66,6 +66,7 @@ impl Ep {
             MuxError::Timeout => tonic::Status::deadline_exceeded("client deadline"),
             MuxError::Broken(why) => tonic::Status::unavailable(why),
             MuxError::Status { code, message } => tonic::Status::new(code, message),
+            e @ MuxError::TooLarge { .. } => tonic::Status::resource_exhausted(e.to_string()),
         })
     }
 }
@@ -155,6 +156,13 @@ impl ReplicaGroup {
         end: Instant,
         streaming: bool,
     ) -> Result<(MatchResponse, String), Unavailable> {
+        // Every replica's stream would refuse it (and end, failing its other queries): no
+        // failover, the caller gets the refusal.
+        if streaming {
+            if let Err(e) = MuxError::check_size(req) {
+                return Err(Unavailable::Rejected { code: Code::ResourceExhausted, message: e.to_string() });
+            }
+        }
         let mut last = Unavailable::Disconnected("no endpoints configured".into());
         let order = self.order();
         let mut timed_out: Vec<usize> = Vec::new();

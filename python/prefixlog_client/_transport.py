@@ -7,7 +7,7 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 import grpc
 
 from ._wire import MatchResult
-from .mux import MuxError
+from .mux import MuxError, MuxTooLarge
 
 # Statuses after which the next endpoint may well answer: the replica is down, overloaded or
 # broke the call. Any other status is the request's fault and would fail everywhere.
@@ -80,6 +80,8 @@ class Failover:
         endpoint = self.endpoints[index]
         # grpc's sync and aio call errors both have code() and details(); anything else
         # (a broken channel, a bug) is treated as a disconnection.
+        if isinstance(error, MuxTooLarge):  # every replica would refuse it: no failover
+            return MatchResult("unavailable", reason=f"rejected: {error}", endpoint=endpoint)
         if isinstance(error, MuxError):  # a query over the replica's stream (streaming=True)
             code, details = error.status()
         else:

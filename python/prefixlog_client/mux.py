@@ -65,6 +65,27 @@ class MuxStatus(MuxError):
         return self.code, self.message
 
 
+class MuxTooLarge(MuxStatus):
+    """The request is larger than a replica accepts; not sent (on the stream it would end it,
+    failing every other pending query). Not retriable: every replica would refuse it."""
+
+    def __init__(self, size: int):
+        super().__init__(grpc.StatusCode.RESOURCE_EXHAUSTED, f"the request is {size} bytes, over the {MAX_REQUEST_BYTES}-byte limit")
+        self.retriable = False
+
+
+# The largest request a replica decodes by default (its max_decoding_message_size, 4 MiB),
+# less room for the fields _prepared sets; as the Rust client's MAX_REQUEST_BYTES.
+MAX_REQUEST_BYTES = 4 << 20
+_SET_FIELDS_BYTES = 32
+
+
+def _check_size(request: query_pb2.MatchRequest):
+    size = request.ByteSize() + _SET_FIELDS_BYTES
+    if size > MAX_REQUEST_BYTES:
+        raise MuxTooLarge(size)
+
+
 def _prepared(request: query_pb2.MatchRequest, request_id: int, timeout: float) -> query_pb2.MatchRequest:
     """A copy of `request` with its id, the multiplexed contract's flags and its own deadline
     (the replica ends a token wait a margin before it, as for a unary call's deadline)."""
@@ -78,6 +99,8 @@ def _prepared(request: query_pb2.MatchRequest, request_id: int, timeout: float) 
 def _answer(response: query_pb2.MatchResponse) -> query_pb2.MatchResponse:
     if response.HasField("error"):
         code = _CODES.get(response.error.code, grpc.StatusCode.UNKNOWN)
+        if code == grpc.StatusCode.OK:  # an error is never OK (a replica bug, a corrupt answer)
+            code = grpc.StatusCode.UNKNOWN
         raise MuxStatus(code, response.error.message)
     return response
 
@@ -118,6 +141,9 @@ class _Conn:
         with self.lock:
             self.broken = self.broken or why
             pending, self.waiting = self.waiting, {}
+            # Ends the request iterator, or gRPC's thread reading it blocks forever (one
+            # leaked thread per broken stream). Under the lock: no request is queued after it.
+            self.requests.put(self._END)
         for fut in pending.values():
             fut.set_exception(self.broken)
 
@@ -144,6 +170,7 @@ class StreamMux:
             return self._conn
 
     def ask(self, request: query_pb2.MatchRequest, timeout: float) -> query_pb2.MatchResponse:
+        _check_size(request)
         conn = self._connection()
         request_id = next(self._ids)
         fut: Future = Future()
@@ -223,6 +250,7 @@ class AsyncStreamMux:
         return self._conn
 
     async def ask(self, request: query_pb2.MatchRequest, timeout: float) -> query_pb2.MatchResponse:
+        _check_size(request)
         conn = self._connection()
         request_id = next(self._ids)
         loop = asyncio.get_running_loop()

@@ -126,22 +126,23 @@ pub fn error_answer(s: &Status, request_id: u64, replica_id: &str) -> MatchRespo
 
 /// When answers may be sent. Requests are numbered in arrival order; an ordered request's
 /// answer is sent once every earlier request's answer has been sent, an unordered one's at
-/// once. Only ordered answers are ever held, so what is held is bounded by the in-flight limit.
+/// once. Only the admitted-but-unsent requests are tracked (not the ones sent ahead of a slow
+/// one), so everything here is bounded by the in-flight limit however long one query waits.
 #[derive(Default)]
 struct Order {
     next_seq: u64,
-    /// Every request below it has been sent.
-    lowest_unsent: u64,
-    /// Unordered answers sent ahead of `lowest_unsent`.
-    sent_ahead: BTreeSet<u64>,
+    /// Admitted and not yet sent (running or held); its minimum is the lowest unsent.
+    unsent: BTreeSet<u64>,
     /// Ordered answers ready but not yet allowed.
     held: BTreeMap<u64, Out>,
 }
 
 impl Order {
     fn admit(&mut self) -> u64 {
+        let seq = self.next_seq;
         self.next_seq += 1;
-        self.next_seq - 1
+        self.unsent.insert(seq);
+        seq
     }
 
     fn held(&self) -> usize {
@@ -150,22 +151,17 @@ impl Order {
 
     /// `done` is ready: the answers to send now, in order.
     fn complete(&mut self, done: Done) -> Vec<Out> {
-        if done.ordered && done.seq != self.lowest_unsent {
+        if done.ordered && self.unsent.first() != Some(&done.seq) {
             self.held.insert(done.seq, done.out);
             return Vec::new();
         }
+        self.unsent.remove(&done.seq);
         let mut send = vec![done.out];
-        self.sent_ahead.insert(done.seq);
-        loop {
-            if self.sent_ahead.remove(&self.lowest_unsent) {
-                self.lowest_unsent += 1;
-            } else if let Some(out) = self.held.remove(&self.lowest_unsent) {
-                send.push(out);
-                self.lowest_unsent += 1;
-            } else {
-                return send;
-            }
+        while let Some(out) = self.unsent.first().and_then(|low| self.held.remove(low)) {
+            self.unsent.pop_first();
+            send.push(out);
         }
+        send
     }
 }
 
@@ -206,7 +202,22 @@ mod tests {
         assert_eq!(ids(o.complete(done(3, false))), vec![3]);
         // 0 goes, then 1 (held), 2 and 3 were sent ahead.
         assert_eq!(ids(o.complete(done(0, false))), vec![0, 1]);
-        assert_eq!((o.lowest_unsent, o.held()), (4, 0));
-        assert!(o.sent_ahead.is_empty());
+        assert_eq!((o.unsent.len(), o.held()), (0, 0));
+    }
+
+    #[test]
+    fn a_slow_query_does_not_make_the_unordered_ones_behind_it_pile_up() {
+        let mut o = Order::default();
+        let slow = o.admit();
+        for _ in 0..1000 {
+            let seq = o.admit();
+            assert_eq!(ids(o.complete(done(seq, false))), vec![seq]);
+        }
+        // Only the slow one is tracked, not the 1000 answers sent ahead of it.
+        assert_eq!((o.unsent.len(), o.held()), (1, 0));
+        let held = o.admit();
+        assert!(ids(o.complete(done(held, true))).is_empty());
+        assert_eq!(ids(o.complete(done(slow, true))), vec![slow, held]);
+        assert_eq!((o.unsent.len(), o.held()), (0, 0));
     }
 }
