@@ -4,6 +4,7 @@
 //! blocks published on the log are answered per instance and dp rank, in tokens.
 
 use prefixlog_engine::{scheme, KeyspaceId};
+use prefixlog_facades::http::limit::Limits;
 use prefixlog_facades::http::DynamoHttpExtension;
 use prefixlog_facades::sglang::{SglangConfig, SglangExtension};
 use prefixlog_ingest::publisher::{token_of, Publisher};
@@ -163,4 +164,50 @@ async fn an_oversized_body_is_refused_next_to_the_sglang_facade() {
     let _node = ReplicaNode::start(spec, opts).await.unwrap();
     let big = json!({"token_ids": vec![1u32; 5 << 20], "model_name": "m"});
     assert_eq!(http(addr, "POST", "/query", Some(big)).await.0, 413);
+}
+
+/// A client sending its body slowly holds one of the bounded places in flight: with the bound at
+/// 1, other queries are refused with 429 at once (not queued), `/health` still answers, and the
+/// place is free again once that client goes away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_body_holds_the_only_place_and_others_get_429() {
+    let kafka = EmbeddedKafka::start("prefixlog.dynamo.slow", 1).unwrap();
+    let spec = LogSpec::new(KafkaConnection::new(kafka.bootstrap_servers()), "prefixlog.dynamo.slow", 1);
+    let limits = Limits { max_in_flight: 1, request_timeout: Duration::from_secs(3600) };
+    let ext = DynamoHttpExtension::bind("127.0.0.1:0".parse().unwrap()).unwrap().with_limits(limits);
+    let ext = Arc::new(ext);
+    let addr = ext.addr();
+    let opts = NodeOptions { ready_lag: 0, extensions: Extensions(vec![ext]), ..Default::default() };
+    let _node = ReplicaNode::start(spec, opts).await.unwrap();
+
+    let mut slow = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head = format!("POST /query HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 1000\r\n\r\n");
+    slow.write_all(head.as_bytes()).await.unwrap();
+    slow.write_all(b"{\"token_ids\": [").await.unwrap();
+    let query = json!({"token_ids": [1, 2, 3, 4], "model_name": "m"});
+    // The slow request reaches the server in its own time: ask until it holds the place (a
+    // bounded number of tries, so a missing bound fails instead of hanging).
+    let mut refused = None;
+    for _ in 0..500 {
+        let (status, body) = http(addr, "POST", "/query", Some(query.clone())).await;
+        if status == 429 {
+            refused = Some(body);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let refused = refused.expect("a query over the bound of 1 is refused with 429");
+    assert!(refused["error"].as_str().is_some_and(|e| !e.is_empty()), "{refused}");
+    assert_eq!(http(addr, "GET", "/health", None).await.0, 200, "health is not bounded");
+
+    drop(slow);
+    let mut status = 429;
+    for _ in 0..500 {
+        status = http(addr, "POST", "/query", Some(query.clone())).await.0;
+        if status != 429 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(status, 404, "the place is free again: the query is answered (no such model)");
 }

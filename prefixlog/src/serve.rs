@@ -135,7 +135,9 @@ pub struct SglArgs {
     pub sgl_block_size: Option<u32>,
     /// Serve the query side of Dynamo's standalone KV indexer HTTP API (`POST /query`,
     /// `POST /query_by_hash`, `GET /health`) on this address, e.g. 0.0.0.0:8090
-    /// (docs/compat/dynamo-mooncake-http.md).
+    /// (docs/compat/dynamo-mooncake-http.md). Plain HTTP without authentication, even when the
+    /// query port runs mTLS: it only reads, but bind it to a private address or put it behind a
+    /// proxy.
     #[arg(long, env = "PREFIXLOG_HTTP_INDEXER_ADDR")]
     pub http_indexer_addr: Option<std::net::SocketAddr>,
 }
@@ -282,6 +284,14 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         // Here, not in the library: a deliberate choice of the demo and the tests, a likely
         // mistake of an operator.
         tracing::warn!("no --data-dir: no checkpoints; every start replays the whole log");
+    }
+    if let (Some(addr), Some(_)) = (a.sgl.http_indexer_addr, &a.query.tls_client_ca) {
+        // mTLS on the query port suggests clients must authenticate; this port does not ask.
+        tracing::warn!(
+            %addr,
+            "--http-indexer-addr serves plain HTTP without authentication next to an mTLS query port: \
+             bind it to a private address or put it behind a proxy"
+        );
     }
     let opts = NodeOptions { extensions: a.sgl.extensions(&spec)?, ..a.node_options()? };
     let node = ReplicaNode::start(spec, opts).await?;

@@ -8,9 +8,11 @@
 //!   mapping of per-holder depths to Dynamo's score response (pure).
 //! - [`reader`]: keyspace resolution, routing-group filtering and the query through
 //!   `QueryService::answer`; its typed errors carry their HTTP status.
-//! - [`server`]: the axum router (body limit, metrics) and [`DynamoHttpExtension`], which
+//! - [`limit`]: the bounds on requests in flight (429 over it) and time per request (504).
+//! - [`server`]: the axum router (body limit, bounds, metrics) and [`DynamoHttpExtension`], which
 //!   serves it on its own port for the lifetime of a replica.
 
+pub mod limit;
 pub mod reader;
 pub mod server;
 pub mod wire;

@@ -13,6 +13,7 @@ use prefixlog_engine::{partition_of, scheme::SCHEME_XXH3_CHAINED, KeyspaceId};
 use prefixlog_proto::v1::match_request::Prompt;
 use prefixlog_proto::v1::{BlockHashes, Keyspace, MatchRequest, TokenIds};
 use prefixlog_query::QueryService;
+use std::collections::HashMap;
 use std::time::Duration;
 
 /// Why a query is not answered; each carries the HTTP status upstream would answer.
@@ -122,13 +123,12 @@ impl Reader {
             return Err(QueryError::NotReady);
         }
         let ks = self.keyspace(&ask)?;
-        let holders = self.holders(&ks, &ask.group);
         let whole_blocks = match ask.prompt {
             Prompt::Tokens(_) => ask.blocks / ks.block_size.max(1) as usize,
             Prompt::Hashes(_) => ask.blocks,
         };
-        if ask.salted || whole_blocks == 0 || holders.is_empty() {
-            return Ok(score_response(&holders, &[], ks.block_size));
+        if ask.salted || whole_blocks == 0 {
+            return Ok(score_response(&self.holders(&ks, &ask.group), &[], ks.block_size));
         }
         let req = MatchRequest {
             keyspace: Some(Keyspace {
@@ -142,7 +142,10 @@ impl Reader {
             ..Default::default()
         };
         let wait: Duration = self.query.wait_for_call(None);
+        // Validated (limits, block size) before the holders are collected: an invalid or
+        // oversized query costs no walk of the keyspace's holders nor the applier lock.
         let answer = self.query.answer(req, wait).await.map_err(QueryError::Query)?;
+        let holders = self.holders(&ks, &ask.group);
         let depths: Vec<(Holder, u32)> =
             answer.scores.iter().filter(|s| s.lane == 0).map(|s| ((s.worker, s.dp_rank), s.depth)).collect();
         Ok(score_response(&holders, &depths, ks.block_size))
@@ -187,10 +190,14 @@ impl Reader {
             return if group == DEFAULT_ROUTING_GROUP { held.collect() } else { Vec::new() };
         };
         let a = applier.lock();
-        let group_of_worker = |w: u64| {
-            let meta = a.partition(partition_of(w, view.info.partition_count)).workers.get(&w);
-            meta.and_then(|m| m.get(META_ROUTING_GROUP)).map_or(DEFAULT_ROUTING_GROUP, String::as_str)
-                == group
+        // One metadata lookup per worker, however many dp ranks it holds under.
+        let mut in_group: HashMap<u64, bool> = HashMap::new();
+        let mut group_of_worker = |w: u64| {
+            *in_group.entry(w).or_insert_with(|| {
+                let meta = a.partition(partition_of(w, view.info.partition_count)).workers.get(&w);
+                meta.and_then(|m| m.get(META_ROUTING_GROUP)).map_or(DEFAULT_ROUTING_GROUP, String::as_str)
+                    == group
+            })
         };
         held.filter(|&(w, _)| group_of_worker(w)).collect()
     }

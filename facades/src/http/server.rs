@@ -2,6 +2,7 @@
 //! a replica. Every request to a query route is counted by route and outcome
 //! (`prefixlog_facade_requests_total{protocol="dynamo-http"}`).
 
+use super::limit::{limit, Gate, Limits};
 use super::reader::{QueryError, Reader};
 use super::wire::ErrorBody;
 use super::{MAX_BODY_BYTES, PROTOCOL};
@@ -11,7 +12,7 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::Router;
+use axum::{middleware, Router};
 use parking_lot::Mutex;
 use prefixlog_query::extension::{Extension, ExtensionContext, ExtensionError};
 use prefixlog_query::QueryService;
@@ -40,14 +41,18 @@ struct App {
     metrics: FacadeMetrics,
 }
 
-/// The routes: `POST /query`, `POST /query_by_hash`, `GET /health`.
-pub fn router(query: QueryService, metrics: FacadeMetrics) -> Router {
+/// The routes: `POST /query`, `POST /query_by_hash`, `GET /health`; the query routes are
+/// bounded by `limits` (requests in flight, time per request: [`super::limit`]).
+pub fn router(query: QueryService, metrics: FacadeMetrics, limits: Limits) -> Router {
+    let gate = Gate::new(limits, metrics.clone());
     let app = Arc::new(App { reader: Reader::new(query), metrics });
     Router::new()
-        .route("/health", get(|| async { json(StatusCode::OK, &serde_json::json!({"status": "ok"})) }))
         .route("/query", post(query_tokens))
         .route("/query_by_hash", post(query_hashes))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        // Outermost: a permit is taken before the body is read.
+        .layer(middleware::from_fn_with_state(gate, limit))
+        .route("/health", get(|| async { json(StatusCode::OK, &serde_json::json!({"status": "ok"})) }))
         .with_state(app)
 }
 
@@ -81,7 +86,7 @@ impl App {
     }
 }
 
-fn json<T: Serialize>(status: StatusCode, body: &T) -> Response {
+pub(super) fn json<T: Serialize>(status: StatusCode, body: &T) -> Response {
     match serde_json::to_vec(body) {
         Ok(b) => (status, [(header::CONTENT_TYPE, "application/json")], b).into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
@@ -93,6 +98,7 @@ fn json<T: Serialize>(status: StatusCode, body: &T) -> Response {
 /// is an extension to be built from the replica's `QueryService` and metrics registry.
 pub struct DynamoHttpExtension {
     addr: SocketAddr,
+    limits: Limits,
     listener: Mutex<Option<TcpListener>>,
     task: Mutex<Option<AbortHandle>>,
 }
@@ -103,7 +109,18 @@ impl DynamoHttpExtension {
     pub fn bind(addr: SocketAddr) -> Result<Self, StartError> {
         let listener = TcpListener::bind(addr).map_err(|source| StartError::Bind { addr, source })?;
         let addr = listener.local_addr().map_err(|source| StartError::Bind { addr, source })?;
-        Ok(Self { addr, listener: Mutex::new(Some(listener)), task: Mutex::default() })
+        Ok(Self {
+            addr,
+            limits: Limits::default(),
+            listener: Mutex::new(Some(listener)),
+            task: Mutex::default(),
+        })
+    }
+
+    /// Other bounds than the defaults (64 requests in flight, 10 s per request).
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
     }
 
     /// The bound address.
@@ -130,7 +147,7 @@ impl Extension for DynamoHttpExtension {
         listener.set_nonblocking(true).map_err(bind)?;
         let listener = tokio::net::TcpListener::from_std(listener).map_err(bind)?;
         let metrics = FacadeMetrics::new(ctx.registry, PROTOCOL).map_err(StartError::Metrics)?;
-        let app = router(ctx.query.clone(), metrics);
+        let app = router(ctx.query.clone(), metrics, self.limits);
         let task = tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, app).await {
                 tracing::error!(error = %e, "HTTP indexer facade stopped");

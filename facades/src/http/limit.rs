@@ -1,0 +1,144 @@
+//! Bounds on the work the HTTP port accepts: requests in flight (each may buffer a body of up
+//! to `MAX_BODY_BYTES`) and the time one request may take, body included. Without them many or
+//! slow clients grow memory without bound.
+//!
+//! The bound is taken with `try_acquire` before the body is read: one request over it is
+//! refused at once with 429, never queued; one over its time is answered 504. Both are counted
+//! in the facade metrics under their gRPC code (RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED).
+
+use super::wire::ErrorBody;
+use crate::metrics::FacadeMetrics;
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::Response;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Semaphore;
+
+/// Requests in flight per server by default.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 64;
+/// Time one request may take by default, its body included.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The bounds of one server.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    pub max_in_flight: usize,
+    pub request_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self { max_in_flight: DEFAULT_MAX_IN_FLIGHT, request_timeout: DEFAULT_REQUEST_TIMEOUT }
+    }
+}
+
+/// The middleware's state: one semaphore per server.
+#[derive(Clone)]
+pub struct Gate {
+    permits: Arc<Semaphore>,
+    timeout: Duration,
+    metrics: FacadeMetrics,
+}
+
+impl Gate {
+    pub fn new(limits: Limits, metrics: FacadeMetrics) -> Self {
+        let permits = Arc::new(Semaphore::new(limits.max_in_flight.max(1)));
+        Self { permits, timeout: limits.request_timeout, metrics }
+    }
+}
+
+/// `axum::middleware::from_fn_with_state(gate, limit)`.
+pub async fn limit(State(gate): State<Gate>, req: Request, next: Next) -> Response {
+    let route = route_label(req.uri().path());
+    let Ok(_permit) = gate.permits.clone().try_acquire_owned() else {
+        gate.metrics.request(route, tonic::Code::ResourceExhausted);
+        let msg = "too many requests in flight on this indexer; retry later";
+        return super::server::json(StatusCode::TOO_MANY_REQUESTS, &ErrorBody { error: msg });
+    };
+    match tokio::time::timeout(gate.timeout, next.run(req)).await {
+        Ok(response) => response,
+        Err(_) => {
+            gate.metrics.request(route, tonic::Code::DeadlineExceeded);
+            let msg = format!("request not answered within {:?}", gate.timeout);
+            super::server::json(StatusCode::GATEWAY_TIMEOUT, &ErrorBody { error: &msg })
+        }
+    }
+}
+
+/// The `rpc` label of a path (a fixed set, so clients cannot grow the label's values).
+fn route_label(path: &str) -> &'static str {
+    match path {
+        "/query" => "query",
+        "/query_by_hash" => "query_by_hash",
+        _ => "other",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use axum::routing::post;
+    use axum::Router;
+    use prometheus::Registry;
+    use tokio::sync::oneshot;
+    use tower::ServiceExt;
+
+    fn post_query() -> Request {
+        Request::builder().method("POST").uri("/query").body(Body::empty()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_request_over_the_bound_is_refused_with_429_at_once() {
+        let metrics = FacadeMetrics::new(&Registry::new(), "test").unwrap();
+        let limits = Limits { max_in_flight: 1, request_timeout: Duration::from_secs(3600) };
+        let (entered_tx, entered_rx) = oneshot::channel::<()>();
+        let (release_tx, release_rx) = oneshot::channel::<()>();
+        let held = Arc::new(parking_lot::Mutex::new(Some((entered_tx, release_rx))));
+        let app = Router::new()
+            .route(
+                "/query",
+                post(move || {
+                    let held = held.lock().take();
+                    async move {
+                        // The first request holds its permit until released; later ones pass.
+                        if let Some((entered, release)) = held {
+                            let _ = entered.send(());
+                            let _ = release.await;
+                        }
+                        "ok"
+                    }
+                }),
+            )
+            .layer(axum::middleware::from_fn_with_state(Gate::new(limits, metrics.clone()), limit));
+
+        let first = tokio::spawn(app.clone().oneshot(post_query()));
+        entered_rx.await.unwrap();
+        let second = app.clone().oneshot(post_query()).await.unwrap();
+        assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS);
+        let body = axum::body::to_bytes(second.into_body(), 1 << 16).await.unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert!(v["error"].as_str().unwrap().contains("too many requests"), "{v}");
+        assert_eq!(metrics.requests_of("query", tonic::Code::ResourceExhausted), 1);
+
+        release_tx.send(()).unwrap();
+        assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::OK);
+        // The permit is back: the next request is served.
+        assert_eq!(app.oneshot(post_query()).await.unwrap().status(), StatusCode::OK);
+    }
+
+    #[tokio::test]
+    async fn a_request_over_its_time_is_answered_504() {
+        let metrics = FacadeMetrics::new(&Registry::new(), "test").unwrap();
+        let limits = Limits { max_in_flight: 4, request_timeout: Duration::from_millis(10) };
+        // Never answers: only the timeout ends it (the outcome is asserted, not the time).
+        let app = Router::new()
+            .route("/query", post(std::future::pending::<&'static str>))
+            .layer(axum::middleware::from_fn_with_state(Gate::new(limits, metrics.clone()), limit));
+        let r = app.oneshot(post_query()).await.unwrap();
+        assert_eq!(r.status(), StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(metrics.requests_of("query", tonic::Code::DeadlineExceeded), 1);
+    }
+}
