@@ -179,16 +179,27 @@ async fn a_slow_body_holds_the_only_place_and_others_get_429() {
     let addr = ext.addr();
     let opts = NodeOptions { ready_lag: 0, extensions: Extensions(vec![ext]), ..Default::default() };
     let _node = ReplicaNode::start(spec, opts).await.unwrap();
+    let query = json!({"token_ids": [1, 2, 3, 4], "model_name": "m"});
+    // Ready first: a replica that is not ready answers 503 before the slow body is read, and
+    // that request would hold nothing (counted tries, not timed).
+    let mut status = 503;
+    for _ in 0..3000 {
+        status = http(addr, "POST", "/query", Some(query.clone())).await.0;
+        if status != 503 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(status, 404, "ready: the query is answered (no such model)");
 
     let mut slow = tokio::net::TcpStream::connect(addr).await.unwrap();
     let head = format!("POST /query HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 1000\r\n\r\n");
     slow.write_all(head.as_bytes()).await.unwrap();
     slow.write_all(b"{\"token_ids\": [").await.unwrap();
-    let query = json!({"token_ids": [1, 2, 3, 4], "model_name": "m"});
     // The slow request reaches the server in its own time: ask until it holds the place (a
     // bounded number of tries, so a missing bound fails instead of hanging).
     let mut refused = None;
-    for _ in 0..500 {
+    for _ in 0..3000 {
         let (status, body) = http(addr, "POST", "/query", Some(query.clone())).await;
         if status == 429 {
             refused = Some(body);
@@ -202,7 +213,7 @@ async fn a_slow_body_holds_the_only_place_and_others_get_429() {
 
     drop(slow);
     let mut status = 429;
-    for _ in 0..500 {
+    for _ in 0..3000 {
         status = http(addr, "POST", "/query", Some(query.clone())).await.0;
         if status != 429 {
             break;

@@ -99,8 +99,30 @@ async fn sgl_router_sees_what_the_bridge_wrote() {
     let mut c = KvIndexerClient::connect(node.endpoint()).await.unwrap();
 
     // Nothing written yet: the keyspace is unknown, which is an empty answer (not NOT_FOUND,
-    // which sgl-router would turn into HTTP 503).
-    assert_eq!(prefix(&mut c, &CHAIN).await, (vec![], 0, 0));
+    // which sgl-router would turn into HTTP 503). The facade answers UNAVAILABLE while its
+    // replica is not ready, and health may have reported SERVING from an earlier check: a few
+    // tries, counted, not timed.
+    let mut first = None;
+    for _ in 0..100 {
+        let r = c
+            .match_external_kv_prefix(req(MatchExternalKvPrefixRequest {
+                hashes: CHAIN.to_vec(),
+                max_blocks: 0,
+            }))
+            .await;
+        match r {
+            Err(s) if s.code() == tonic::Code::Unavailable => {
+                eprintln!("first prefix match: {s:?}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            r => {
+                first = Some(r.expect("prefix match").into_inner());
+                break;
+            }
+        }
+    }
+    let first = first.expect("the facade answered within 100 tries");
+    assert!(first.matches.is_empty() && first.best_prefix_blocks == 0 && first.blocks_read == 0, "{first:?}");
 
     apply(&mut c, "w0", 1, vec![report(TierType::TierHbm, &CHAIN[..3])]).await.unwrap();
     apply(&mut c, "w1", 1, vec![report(TierType::TierHbm, &CHAIN[..1])]).await.unwrap();
