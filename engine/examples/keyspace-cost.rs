@@ -6,40 +6,10 @@
 
 use clap::Parser;
 use prefixlog_engine::{Engine, EngineConfig, HolderKey, Keyspace, KeyspaceId};
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicIsize, Ordering};
-
-/// The system allocator, counting live bytes.
-struct Counting;
-
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-// SAFETY: forwards to the system allocator unchanged; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        LIVE.fetch_add(l.size() as isize, Ordering::Relaxed);
-        // SAFETY: the caller's contract is passed on.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
-        LIVE.fetch_add(l.size() as isize, Ordering::Relaxed);
-        // SAFETY: as above.
-        unsafe { System.alloc_zeroed(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        LIVE.fetch_sub(l.size() as isize, Ordering::Relaxed);
-        // SAFETY: as above.
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
-        LIVE.fetch_add(new as isize - l.size() as isize, Ordering::Relaxed);
-        // SAFETY: as above.
-        unsafe { System.realloc(p, l, new) }
-    }
-}
+use prefixlog_workload::heap::{live_bytes, CountingAlloc};
 
 #[global_allocator]
-static ALLOC: Counting = Counting;
+static ALLOC: CountingAlloc = CountingAlloc;
 
 #[derive(Parser)]
 #[command(about = "Resident and heap bytes per keyspace, empty and with one block")]
@@ -59,7 +29,7 @@ fn rss() -> i64 {
 }
 
 fn report(what: &str, n: usize, (rss0, heap0): (i64, isize)) {
-    let (drss, dheap) = (rss() - rss0, LIVE.load(Ordering::Relaxed) - heap0);
+    let (drss, dheap) = (rss() - rss0, live_bytes() - heap0);
     println!(
         "{what}: {n} keyspaces, RSS +{:.1} MiB ({} B each), heap +{:.1} MiB ({} B each)",
         drss as f64 / 1048576.0,
@@ -72,13 +42,13 @@ fn report(what: &str, n: usize, (rss0, heap0): (i64, isize)) {
 fn main() {
     let a = Args::parse();
     let cfg = EngineConfig { partitions: a.partitions, ..Default::default() };
-    let start = (rss(), LIVE.load(Ordering::Relaxed));
+    let start = (rss(), live_bytes());
     let empty: Vec<Keyspace> = (0..a.keyspaces)
         .map(|i| Keyspace::new(KeyspaceId::new(format!("m{i}"), 16, 1), cfg.clone()))
         .collect();
     report("empty (Keyspace::new)", a.keyspaces, start);
     drop(empty);
-    let start = (rss(), LIVE.load(Ordering::Relaxed));
+    let start = (rss(), live_bytes());
     let engine = Engine::new(cfg);
     for i in 0..a.keyspaces {
         let id = KeyspaceId::new(format!("m{i}"), 16, 1);

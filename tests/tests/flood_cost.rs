@@ -8,44 +8,10 @@
 
 use prefixlog_ingest::{Applier, Outcome, StateSettings};
 use prefixlog_tests::flood::FloodKind;
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicIsize, Ordering};
-
-/// The system allocator, counting live bytes.
-struct Counting;
-
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-// SAFETY: forwards every call to the system allocator unchanged; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        LIVE.fetch_add(l.size() as isize, Ordering::Relaxed);
-        // SAFETY: the caller's contract is passed on.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
-        LIVE.fetch_add(l.size() as isize, Ordering::Relaxed);
-        // SAFETY: as above.
-        unsafe { System.alloc_zeroed(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        LIVE.fetch_sub(l.size() as isize, Ordering::Relaxed);
-        // SAFETY: as above.
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
-        LIVE.fetch_add(new as isize - l.size() as isize, Ordering::Relaxed);
-        // SAFETY: as above.
-        unsafe { System.realloc(p, l, new) }
-    }
-}
+use prefixlog_workload::heap::{live_bytes, CountingAlloc};
 
 #[global_allocator]
-static ALLOC: Counting = Counting;
-
-fn live() -> isize {
-    LIVE.load(Ordering::Relaxed)
-}
+static ALLOC: CountingAlloc = CountingAlloc;
 
 /// Heap bytes per accepted record each kind may cost with the default limits (the README's
 /// figures, rounded up from the measured ones printed by this test).
@@ -79,12 +45,12 @@ fn flood_records_past_the_limits_cost_nothing() {
     for kind in FloodKind::ALL {
         let mut a = Applier::new(1, s);
         let accepted = kind.accepted(n, &s);
-        let start = live();
+        let start = live_bytes();
         let mut at_limit = start;
         let mut refused = 0u64;
         for i in 0..n {
             if i == accepted {
-                at_limit = live();
+                at_limit = live_bytes();
             }
             let (_, v) = kind.record(i);
             match a.apply(0, i as i64, 1_000 + i / 100, Some(&v)).unwrap() {
@@ -97,9 +63,9 @@ fn flood_records_past_the_limits_cost_nothing() {
             }
         }
         if accepted == n {
-            at_limit = live();
+            at_limit = live_bytes();
         }
-        let (state, tail) = ((at_limit - start) as f64, (live() - at_limit) as f64);
+        let (state, tail) = ((at_limit - start) as f64, (live_bytes() - at_limit) as f64);
         assert_eq!(refused, n - accepted, "{kind:?}");
         let per_accepted = if accepted > 0 { state / accepted as f64 } else { 0.0 };
         eprintln!(
@@ -128,13 +94,13 @@ fn the_largest_items_the_limits_allow() {
     // Metadata at the limit: keys and values of 8 bytes, 32 counted per entry.
     let entries = s.max_worker_metadata_bytes as usize / (8 + 8 + 32);
     let mut a = Applier::new(1, s);
-    let start = live();
+    let start = live_bytes();
     for i in 0..n {
         let metadata = (0..entries).map(|e| (format!("key{e:05}"), format!("{i:08}"))).collect();
         let v = encode_lifecycle(i, &Lifecycle::Added { metadata });
         assert_eq!(a.apply(0, i as i64, 1_000, Some(&v)).unwrap(), Outcome::Applied);
     }
-    let worker = (live() - start) as f64 / n as f64;
+    let worker = (live_bytes() - start) as f64 / n as f64;
     // Feeds with every lane announced under the longest kind.
     let kind = "k".repeat(s.max_name_bytes as usize);
     let lanes: Vec<LaneMeta> = (0..s.max_lanes_per_feed)
@@ -142,7 +108,7 @@ fn the_largest_items_the_limits_allow() {
         .collect();
     let w = worker_for_partition(0, 1);
     let mut a = Applier::new(1, s);
-    let start = live();
+    let start = live_bytes();
     let ks = KeyspaceId::new("m".repeat(s.max_name_bytes as usize), 16, 1);
     let events: Vec<KvOp> = (0..s.max_lanes_per_feed).map(|lane| KvOp::Cleared { lane }).collect();
     for i in 0..n {
@@ -159,7 +125,7 @@ fn the_largest_items_the_limits_allow() {
         assert_eq!(a.apply(0, i as i64, 1_000, Some(&b.encode())).unwrap(), Outcome::Applied);
     }
     let feeds = a.partition(0).feeds.len() as f64;
-    let feed = (live() - start) as f64 / feeds;
+    let feed = (live_bytes() - start) as f64 / feeds;
     eprintln!(
         "[flood cost] largest worker ({entries} metadata entries): {worker:.0} B; largest feed ({} lanes, \
          kinds and model of {} bytes): {feed:.0} B ({feeds} feeds)",

@@ -9,12 +9,14 @@
 //!   and expanding a request into a chain of `(ext, local)` block hashes.
 //! - [`fleet`]: per-worker LRU caches that turn "this worker serves this chain" into the
 //!   `stored` / `removed` events a real engine (vLLM, SGLang) would publish.
+//! - [`heap`]: [`heap::CountingAlloc`], a counting global allocator for exact heap costs.
 //! - [`quantile`]: the one quantile rule (nearest rank) and median every benchmark prints.
 //! - [`generate`]: the event stream used by the benchmarks: a match query before every request,
 //!   then the events of the worker it is routed to ([`Routing`]: by conversation, or at random
 //!   with [`generate_routed`]).
 
 pub mod fleet;
+pub mod heap;
 pub mod quantile;
 pub mod trace;
 
