@@ -3,7 +3,7 @@
 # stand-in publisher's bytes equal vLLM's encoder's) in the shared venv (created only if
 # missing; python/run_tests.sh adds its own packages to the same venv).
 #   scripts/bridge-fixtures.sh          install (idempotent; quick when already installed)
-#   scripts/bridge-fixtures.sh --regen  also rewrite ingest/tests/fixtures/*.msgpack
+#   scripts/bridge-fixtures.sh --regen  also rewrite bridge/tests/fixtures/*.msgpack
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
 cd "$PREFIXLOG_ROOT"
@@ -16,5 +16,5 @@ if ! "$VENV/bin/python" -c 'import zmq, msgpack, msgspec' 2>/dev/null; then
 fi
 "$VENV/bin/python" python/bridge_fixtures/publisher.py selfcheck
 if [ "${1:-}" = "--regen" ]; then
-  "$VENV/bin/python" python/bridge_fixtures/publisher.py fixtures ingest/tests/fixtures
+  "$VENV/bin/python" python/bridge_fixtures/publisher.py fixtures bridge/tests/fixtures
 fi

@@ -1,11 +1,9 @@
 //! Rebuilding the state at a past point.
 
 use indicatif::{ProgressBar, ProgressStyle};
-use prefixlog_ingest::{
-    apply_log, check_compatible, probe_log, Applier, ApplyLogError, ApplyLogOptions, LogIdentity, LogProbe,
-    LogSpec, Until,
-};
+use prefixlog_ingest::{apply_log, probe_log, ApplyLogError, ApplyLogOptions, LogProbe, LogSpec, Until};
 use prefixlog_snapshot::{restore_for, CheckpointMeta, CheckpointStore, RestoreError};
+use prefixlog_state::{check_compatible, Applier, LogIdentity};
 use std::collections::BTreeMap;
 
 /// Where to stop.

@@ -8,13 +8,13 @@
 //! log no longer continues, a discontinuity met on the way, or no progress within the idle
 //! timeout (the broker is gone) are errors, never a partial result.
 
-use crate::apply::Applier;
 use crate::continuity::{check_offsets, OffsetProblem};
 use crate::log_spec::{close_in_background, LogSpec};
-use crate::partition_state::record_mark;
 use crate::probe::{probe_log, LogProbe, ProbeError};
 use crate::reader::{Discontinuity, LogReader, Read};
 use prefixlog_engine::LogTime;
+use prefixlog_state::apply::Applier;
+use prefixlog_state::partition_state::record_mark;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -50,7 +50,7 @@ pub enum ApplyLogError {
     )]
     Stalled { partition: u32, at: i64, target: i64, idle: Duration },
     #[error("the applier refused a record: {0}")]
-    NotNext(#[from] crate::apply::NotNext),
+    NotNext(#[from] prefixlog_state::apply::NotNext),
 }
 
 /// Knobs of [`apply_log`] that do not change its result.

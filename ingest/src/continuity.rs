@@ -19,10 +19,10 @@
 //! to say which.
 
 use crate::log_spec::LogSpec;
-use crate::partition_state::record_mark;
 use crate::probe::LogProbe;
 use crate::reader::{Found, LogReader, Read};
-use crate::status::{HoleCause, LogHole};
+use prefixlog_state::partition_state::record_mark;
+use prefixlog_state::status::{HoleCause, LogHole};
 use rdkafka::error::KafkaError;
 use std::collections::BTreeMap;
 use std::fmt;

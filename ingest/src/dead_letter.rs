@@ -9,26 +9,17 @@
 //! partition.
 //!
 //! Headers: `prefixlog-source-topic`, `prefixlog-source-partition`, `prefixlog-source-offset`
-//! (decimal), `prefixlog-reason` ([`crate::BadReason`]'s name).
+//! (decimal), `prefixlog-reason` ([`prefixlog_state::BadReason`]'s name).
 
 use crate::log_spec::{ClientRole, KafkaConnection};
+use prefixlog_state::status::DeadLetterCounts;
 use rdkafka::client::ClientContext;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// What became of the copies, per replica (the replica's `/metrics` reads them at scrape time;
-/// nothing here is global, so two replicas in one process count apart).
-#[derive(Debug, Default)]
-pub struct DeadLetterCounts {
-    /// Delivered to the dead-letter topic.
-    pub copied: AtomicU64,
-    /// Dropped: the producer queue was full, or the broker did not take it.
-    pub failed: AtomicU64,
-}
 
 /// Counts deliveries (from librdkafka's delivery reports, on its polling thread).
 struct Reports(Arc<DeadLetterCounts>);

@@ -7,7 +7,7 @@
 //! replays, publishers, the dead-letter copy, probes), so what a flag like `-X` changes is the
 //! same everywhere.
 
-use crate::settings::StateSettings;
+use prefixlog_state::settings::StateSettings;
 use rdkafka::config::ClientConfig;
 use std::fmt;
 use std::time::Instant;

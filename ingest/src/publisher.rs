@@ -10,8 +10,10 @@
 
 use crate::log_spec::{ClientRole, LogSpec};
 use crate::probe::{check_topic, ProbeError};
-use crate::record::{encode_lifecycle, encode_placement, encode_tick, worker_key, KvBatch, KvOp, Lifecycle};
 use prefixlog_engine::{partition_of, HolderKey, KeyspaceId};
+use prefixlog_state::record::{
+    encode_lifecycle, encode_placement, encode_tick, worker_key, KvBatch, KvOp, Lifecycle,
+};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::util::Timeout;
 use std::time::Duration;
@@ -27,8 +29,7 @@ pub enum PublishError {
     Check(#[from] ProbeError),
 }
 
-/// In `prefixlog-ids` so the gateway client can take them without librdkafka.
-pub use prefixlog_ids::{token_of, Landed};
+use prefixlog_ids::Landed;
 
 #[derive(Clone)]
 pub struct Publisher {
@@ -142,7 +143,7 @@ impl Publisher {
     ) -> Result<Vec<Landed>, PublishError> {
         let mut out = Vec::new();
         for &p in partitions {
-            let w = crate::record::worker_for_partition(p, self.partitions);
+            let w = prefixlog_state::record::worker_for_partition(p, self.partitions);
             out.push(self.publish_raw(w, &encode_tick(w), timestamp_ms).await?);
         }
         Ok(out)

@@ -25,13 +25,13 @@
 //! a visible, counted halt of one partition, never a crash loop.
 
 use crate::affinity::CpuSet;
-use crate::apply::{Applier, ApplyFailure, NotNext, Outcome};
 use crate::dead_letter::{DeadLetter, Source};
 use crate::log_spec::LogSpec;
 use crate::reader::{Discontinuity, Found, LogReader, Read};
-use crate::status::LogHole;
-use crate::status::{HoleCause, ReplicaStatus};
 use parking_lot::Mutex;
+use prefixlog_state::apply::{Applier, ApplyFailure, NotNext, Outcome};
+use prefixlog_state::status::LogHole;
+use prefixlog_state::status::{HoleCause, ReplicaStatus};
 use rdkafka::consumer::BaseConsumer;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};

@@ -11,7 +11,7 @@
 //! measures from (staleness of answers during an outage).
 
 use crate::probe::{topic_partitions, ProbeError};
-use crate::status::ReplicaStatus;
+use prefixlog_state::status::ReplicaStatus;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
     #[error("invalid state settings: {0}")]
-    Settings(#[from] prefixlog_ingest::settings::SettingsError),
+    Settings(#[from] prefixlog_state::settings::SettingsError),
     #[error(transparent)]
     Probe(#[from] prefixlog_ingest::ProbeError),
     #[error(

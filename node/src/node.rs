@@ -7,15 +7,14 @@ use crate::progress::{Phase, StartupProgress};
 use crate::startup::{prepare, Prepared, StateSource};
 use parking_lot::Mutex;
 use prefixlog_engine::Engine;
-use prefixlog_ingest::{
-    Applier, GapPolicy, IngestOptions, LogIdentity, LogSpec, Publisher, Replica, ReplicaStatus,
-};
+use prefixlog_ingest::{GapPolicy, IngestOptions, LogSpec, Publisher, Replica};
 use prefixlog_peer::{
     AntiEntropy, AntiEntropyStats, PeerService, RepairContext, RoundReport, ScrubStats, Scrubber, ServeLimits,
 };
 use prefixlog_query::admin::AdminPort;
 use prefixlog_query::{RunningServer, ServerConfig};
 use prefixlog_snapshot::{CheckpointMeta, CheckpointStore, Opened};
+use prefixlog_state::{Applier, LogIdentity, ReplicaStatus};
 use prometheus::Registry;
 use std::net::SocketAddr;
 use std::sync::Arc;

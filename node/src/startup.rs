@@ -15,12 +15,10 @@ use crate::options::{GapChoice, NodeOptions, SettingsChange};
 use crate::progress::{Phase, StartupProgress};
 use crate::recovery::not_continued;
 use prefixlog_ingest::continuity::OffsetProblem;
-use prefixlog_ingest::{
-    check_compatible, cleanup_policy, probe_log, Applier, CleanupPolicy, Incompatible, LogIdentity, LogProbe,
-    LogSpec,
-};
+use prefixlog_ingest::{cleanup_policy, probe_log, CleanupPolicy, LogProbe, LogSpec};
 use prefixlog_peer::{FetchError, PeerClient};
 use prefixlog_snapshot::{newest_usable, restore_for, CheckpointStore, Loaded, Opened};
+use prefixlog_state::{check_compatible, Applier, Incompatible, LogIdentity};
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -13,10 +13,11 @@
 //! prefixlog/tests/bridge_metrics.rs.
 
 use prefixlog_engine::KeyspaceId;
-use prefixlog_ingest::{token_of, EmbeddedKafka, KafkaConnection, KvOp, LogSpec, Publisher};
+use prefixlog_ingest::{EmbeddedKafka, KafkaConnection, LogSpec, Publisher};
 use prefixlog_node::{CheckpointPolicy, NodeOptions, ReplicaNode};
 use prefixlog_query::exposition::{convention_problems, parse, promtool_check};
 use prefixlog_query::{IndexClient, MatchOutcome, MatchQuery, Prompt};
+use prefixlog_state::{token_of, KvOp};
 use std::collections::BTreeSet;
 use std::time::Duration;
 
@@ -47,7 +48,7 @@ fn names_used(text: &str) -> BTreeSet<String> {
 
 /// The bridge's families (its library collector with one stream: every family exists then).
 fn bridge_families() -> BTreeSet<String> {
-    use prefixlog_ingest::bridge::metrics::{BridgeCollector, BridgeMetrics};
+    use prefixlog_bridge::metrics::{BridgeCollector, BridgeMetrics};
     let collector = std::sync::Arc::new(BridgeCollector::default());
     let registry = prometheus::Registry::new();
     collector.register(&registry).unwrap();

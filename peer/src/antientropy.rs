@@ -12,10 +12,11 @@
 
 use crate::client::{CallError, PeerClient};
 use crate::repair::{check_and_repair, RepairContext, RepairOutcome};
-use prefixlog_ingest::settings::SettingsError;
-use prefixlog_ingest::{check_compatible, Incompatible, LogIdentity, Replica, StateSettings};
+use prefixlog_ingest::Replica;
 use prefixlog_proto::v1 as pb;
 use prefixlog_proto::v1::replica_peer_client::ReplicaPeerClient;
+use prefixlog_state::settings::SettingsError;
+use prefixlog_state::{check_compatible, Incompatible, LogIdentity, StateSettings};
 use prometheus::{IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry};
 use std::collections::BTreeMap;
 use std::sync::Arc;

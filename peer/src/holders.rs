@@ -1,9 +1,10 @@
 //! Which holders of a partition differ from a peer's: a lead for the mismatch log line.
 
 use prefixlog_engine::partition_of;
-use prefixlog_ingest::{LogIdentity, Replica};
+use prefixlog_ingest::Replica;
 use prefixlog_proto::v1 as pb;
 use prefixlog_proto::v1::replica_peer_client::ReplicaPeerClient;
+use prefixlog_state::LogIdentity;
 use std::collections::BTreeMap;
 
 /// Holders whose (blocks, digest) differ from the peer's now (offsets may differ slightly,

@@ -11,10 +11,10 @@
 use parking_lot::Mutex;
 use prefixlog_engine::{InvariantError, KeyspaceId};
 use prefixlog_ingest::{
-    apply_log, check_compatible, probe_log, Applier, ApplyLogError, ApplyLogOptions, LogIdentity, LogSpec,
-    Replica, ReplicaError, Until,
+    apply_log, probe_log, ApplyLogError, ApplyLogOptions, LogSpec, Replica, ReplicaError, Until,
 };
 use prefixlog_snapshot::{restore, CheckpointStore, Loaded, RestoreError};
+use prefixlog_state::{check_compatible, Applier, LogIdentity};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 

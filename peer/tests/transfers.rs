@@ -5,11 +5,11 @@
 
 use parking_lot::Mutex;
 use prefixlog_engine::KeyspaceId;
-use prefixlog_ingest::record::encode_kv_events;
-use prefixlog_ingest::{Applier, KvOp, LogIdentity, StateSettings};
 use prefixlog_peer::{PeerClient, PeerService, ServeLimits};
 use prefixlog_proto::v1 as pb;
 use prefixlog_snapshot::{checkpoint, export_partitions, CheckpointStore};
+use prefixlog_state::record::encode_kv_events;
+use prefixlog_state::{Applier, KvOp, LogIdentity, StateSettings};
 use std::sync::Arc;
 use std::time::Duration;
 

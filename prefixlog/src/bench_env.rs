@@ -2,10 +2,10 @@
 //! one with `--brokers`), a publisher, replicas started the one way (`ReplicaNode`), and
 //! publishing records grouped by worker.
 
-use prefixlog_ingest::{
-    create_topic, delete_topic, EmbeddedKafka, KafkaConnection, Landed, LogSpec, Publisher,
-};
+use prefixlog_ingest::{create_topic, delete_topic, EmbeddedKafka, KafkaConnection, LogSpec, Publisher};
+
 use prefixlog_node::{NodeOptions, ReplicaNode};
+use prefixlog_state::Landed;
 use std::collections::BTreeMap;
 
 /// Where a benchmark's log lives.
@@ -137,5 +137,5 @@ pub async fn publish_by_worker(
 
 /// A consistency token covering every landed record (next offsets).
 pub fn token(landed: &[Landed]) -> Vec<(u32, i64)> {
-    prefixlog_ingest::token_of(landed)
+    prefixlog_state::token_of(landed)
 }

@@ -1,8 +1,8 @@
 //! `prefixlog bridge`: vLLM / SGLang KV events over ZeroMQ → the log.
 
 use crate::kafka_args::KafkaArgs;
+use prefixlog_bridge::{self as bridge, BridgeOptions, EngineSpec};
 use prefixlog_engine::{scheme, KeyspaceId};
-use prefixlog_ingest::bridge::{self, BridgeOptions, EngineSpec};
 use prefixlog_ingest::Publisher;
 use prefixlog_query::admin::{AdminPort, AlwaysReady};
 use std::collections::BTreeMap;

@@ -1,8 +1,8 @@
 //! The trace workload as log records: one KV event batch per engine event, per-worker seqs.
 
 use prefixlog_engine::KeyspaceId;
-use prefixlog_ingest::record::encode_kv_events;
-use prefixlog_ingest::KvOp;
+use prefixlog_state::record::encode_kv_events;
+use prefixlog_state::KvOp;
 use prefixlog_workload::{generate, load_trace, repeat_hours, FleetConfig, Step};
 use std::path::Path;
 

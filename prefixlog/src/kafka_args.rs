@@ -3,7 +3,8 @@
 //! agree on; replicas check it).
 
 use clap::Args;
-use prefixlog_ingest::{EmbeddedKafka, KafkaConnection, LogSpec, StateSettings};
+use prefixlog_ingest::{EmbeddedKafka, KafkaConnection, LogSpec};
+use prefixlog_state::StateSettings;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 

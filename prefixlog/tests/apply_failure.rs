@@ -8,9 +8,10 @@
 //! record again, and the other partition is served throughout.
 
 use prefixlog_engine::KeyspaceId;
-use prefixlog_ingest::record::worker_for_partition;
-use prefixlog_ingest::{token_of, KafkaConnection, KvOp, Landed, LogSpec, Publisher};
+use prefixlog_ingest::{KafkaConnection, LogSpec, Publisher};
 use prefixlog_snapshot::CheckpointStore;
+use prefixlog_state::record::worker_for_partition;
+use prefixlog_state::{token_of, KvOp, Landed};
 use prefixlog_tests::http::{http_get, sample};
 use prefixlog_tests::{kafka_backends, unique_topic, KafkaBackend};
 use std::net::SocketAddr;

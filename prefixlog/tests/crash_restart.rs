@@ -6,9 +6,10 @@
 
 use prefixlog_engine::KeyspaceId;
 use prefixlog_ingest::reader::{LogReader, Read};
-use prefixlog_ingest::record::encode_kv_events;
-use prefixlog_ingest::{Applier, EmbeddedKafka, KafkaConnection, KvOp, LogSpec, Publisher, StateSettings};
+use prefixlog_ingest::{EmbeddedKafka, KafkaConnection, LogSpec, Publisher};
 use prefixlog_snapshot::CheckpointStore;
+use prefixlog_state::record::encode_kv_events;
+use prefixlog_state::{Applier, KvOp, StateSettings};
 use prefixlog_workload::{generate, FleetConfig, Step, TraceRequest};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};

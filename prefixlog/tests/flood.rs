@@ -8,8 +8,8 @@
 //! `PREFIXLOG_FLOOD_RECORDS` sets the records per kind: 100,000 (the figure) unless set;
 //! CI may set fewer. One partition, so that every per-partition limit is reached by one run.
 
-use prefixlog_ingest::record::worker_key;
-use prefixlog_ingest::StateSettings;
+use prefixlog_state::record::worker_key;
+use prefixlog_state::StateSettings;
 use prefixlog_tests::flood::FloodKind as Kind;
 use prefixlog_tests::http::{http_get, sample};
 use prefixlog_tests::{kafka_backends, unique_topic, KafkaBackend};

@@ -4,8 +4,9 @@
 //! checkpoint covers the whole log).
 
 use prefixlog_engine::KeyspaceId;
-use prefixlog_ingest::{token_of, KafkaConnection, KvOp, LogSpec, Publisher};
+use prefixlog_ingest::{KafkaConnection, LogSpec, Publisher};
 use prefixlog_snapshot::CheckpointStore;
+use prefixlog_state::{token_of, KvOp};
 use prefixlog_tests::http::{http_get, sample};
 use prefixlog_tests::{kafka_backends, unique_topic, KafkaBackend};
 use std::net::SocketAddr;

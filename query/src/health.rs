@@ -18,7 +18,7 @@
 //! replica that is not ready). The flag is kept in an atomic, refreshed by every readiness
 //! check (the health driver runs one every 50 ms), so the query path pays one atomic load.
 
-use prefixlog_ingest::ReplicaStatus;
+use prefixlog_state::ReplicaStatus;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -236,8 +236,7 @@ mod tests {
         assert!(r.answers_stale(), "not ready: stale");
         status.observe_partitions(4);
         assert!(r.check().0);
-        let failure =
-            |offset| prefixlog_ingest::ApplyFailure { partition: 2, offset, message: "boom".into() };
+        let failure = |offset| prefixlog_state::ApplyFailure { partition: 2, offset, message: "boom".into() };
         status.record_apply_failure(failure(17));
         let (ready, why) = r.check();
         assert!(!ready && why.contains("partition 2's record at offset 17") && why.contains("boom"), "{why}");

@@ -11,7 +11,7 @@
 use crate::health::Readiness;
 use parking_lot::{Mutex, RwLock};
 use prefixlog_engine::{Engine, KeyspaceId};
-use prefixlog_ingest::{Applier, HoleCause, ReplicaStatus};
+use prefixlog_state::{Applier, HoleCause, ReplicaStatus};
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{

@@ -14,11 +14,11 @@ use crate::metrics::QueryMetrics;
 use crate::validate::{check, clip, unknown_keyspace};
 use parking_lot::Mutex;
 use prefixlog_engine::{Engine, Keyspace, MatchOptions};
-use prefixlog_ingest::{Applier, ReplicaStatus};
 use prefixlog_proto::v1::{
     prefix_index_server::PrefixIndex, DescribeRequest, DescribeResponse, Interval, ListWorkersRequest,
     ListWorkersResponse, MatchRequest, MatchResponse, PartitionOffset, WorkerInfo, WorkerScore,
 };
+use prefixlog_state::{Applier, ReplicaStatus};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;

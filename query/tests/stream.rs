@@ -4,7 +4,6 @@
 //! its token, the per-stream in-flight bound, and the client's multiplexer.
 
 use prefixlog_engine::{Engine, EngineConfig, HolderKey, KeyspaceId};
-use prefixlog_ingest::ReplicaStatus;
 use prefixlog_proto::v1::{
     match_request::Prompt, prefix_index_client::PrefixIndexClient, BlockHashes, Keyspace, MatchRequest,
     MatchResponse, PartitionOffset,
@@ -12,6 +11,7 @@ use prefixlog_proto::v1::{
 use prefixlog_query::tonic::{transport::Channel, Code, Streaming};
 use prefixlog_query::{MuxError, StreamMux};
 use prefixlog_query::{QueryConfig, RunningServer, Served, ServerConfig};
+use prefixlog_state::ReplicaStatus;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;

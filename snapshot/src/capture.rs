@@ -11,7 +11,7 @@
 use crate::error::StoreError;
 use parking_lot::Mutex;
 use prefixlog_engine::KeyspaceId;
-use prefixlog_ingest::{Applier, DigestPoint, PartitionState};
+use prefixlog_state::{Applier, DigestPoint, PartitionState};
 use std::time::{Duration, Instant};
 
 /// One keyspace as an engine image (`Keyspace::write_image`): its in-memory layout, so a

@@ -8,7 +8,7 @@ use crate::meta::CheckpointMeta;
 use crate::store::CheckpointStore;
 use parking_lot::Mutex;
 use prefixlog_engine::{Engine, KeyspaceId};
-use prefixlog_ingest::{check_compatible, Applier, Incompatible, LogIdentity};
+use prefixlog_state::{check_compatible, Applier, Incompatible, LogIdentity};
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -7,8 +7,8 @@
 //! value is an `Err`, never a panic (checksums catch corruption before decoding anyway).
 
 use prefixlog_engine::KeyspaceId;
-use prefixlog_ingest::partition_state::{Feed, FeedKey, PartitionCounters, PartitionState};
-use prefixlog_ingest::{BadReason, DigestPoint, LaneMeta};
+use prefixlog_state::partition_state::{Feed, FeedKey, PartitionCounters, PartitionState};
+use prefixlog_state::{BadReason, DigestPoint, LaneMeta};
 use std::collections::{BTreeMap, BTreeSet};
 
 #[derive(Debug, thiserror::Error)]

@@ -73,12 +73,12 @@ pub enum StoreError {
     #[error("checkpoint {id}: format version {found}, this build reads {READABLE_FORMATS:?} (take a new checkpoint or replay the log)")]
     Format { id: u64, found: u32 },
     #[error("checkpoint {id}: {what}")]
-    Settings { id: u64, what: prefixlog_ingest::settings::SettingsError },
+    Settings { id: u64, what: prefixlog_state::settings::SettingsError },
     #[error("opening a reader beside the store at {path}: {source}")]
     Reader { path: PathBuf, source: rocksdb::Error },
     /// Nothing is written of a state that holds part of a record whose apply failed.
     #[error("checkpoint withheld: {0} (the state may hold part of that record)")]
-    Withheld(prefixlog_ingest::ApplyFailure),
+    Withheld(prefixlog_state::ApplyFailure),
     #[error("the checkpoint store at {path} is not writable now ({why}); retried on the next write")]
     Unavailable { path: PathBuf, why: String },
     #[error("the checkpoint store at {path} is damaged ({why}) and could not be moved aside: {source}")]

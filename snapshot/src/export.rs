@@ -10,7 +10,7 @@ use crate::meta::{
     covered, decode_meta, encode_meta, meta_of, verify_keyspace, CheckpointMeta, EncodedKeyspace,
 };
 use prefixlog_engine::{EngineConfig, ImageError, Keyspace, KeyspaceDump, KeyspaceId, RebuildError};
-use prefixlog_ingest::{DigestPoint, LogIdentity, PartitionState};
+use prefixlog_state::{DigestPoint, LogIdentity, PartitionState};
 
 pub(crate) const EXPORT_MAGIC: &[u8] = b"PREFIXLOG-CHECKPOINT-1\n";
 

@@ -1,7 +1,7 @@
 //! Checkpoints: a replica's full state and the log offsets it covers, in RocksDB.
 //!
 //! A restart loads the newest checkpoint that verifies and can stand for this replica (the one
-//! compatibility rule, `prefixlog_ingest::check_compatible`: same cluster, topic, partitions,
+//! compatibility rule, `prefixlog_state::check_compatible`: same cluster, topic, partitions,
 //! state settings, and the partitions it needs), checks that the log still continues its
 //! offsets, and replays only the tail (Kafka Streams' state store + checkpointed offsets, with
 //! the state itself as the checkpoint).

@@ -6,7 +6,7 @@ use crate::codec::{self, Reader, Writer};
 use crate::error::{damaged, Damage, Part, StoreError};
 use crate::format::READABLE_FORMATS;
 use prefixlog_engine::KeyspaceId;
-use prefixlog_ingest::{LogIdentity, StateSettings};
+use prefixlog_state::{LogIdentity, StateSettings};
 use xxhash_rust::xxh3::xxh3_64;
 
 /// Keyspace values are stored in chunks of at most this many bytes.
@@ -85,7 +85,7 @@ pub struct CheckpointMeta {
     /// what a replay of the log must reproduce (`audit verify`), without rebuilding the state.
     pub digests: Vec<u64>,
     /// Each partition's fingerprint of the record before its offset
-    /// ([`prefixlog_ingest::partition_state::record_mark`], 0 = unknown); empty before format 4.
+    /// ([`prefixlog_state::partition_state::record_mark`], 0 = unknown); empty before format 4.
     pub marks: Vec<u64>,
 }
 
@@ -246,7 +246,7 @@ pub(crate) struct Covered {
 }
 
 /// What `partitions` (one state per partition of the log) and their `digests` cover.
-pub(crate) fn covered(partitions: &[prefixlog_ingest::PartitionState], digests: &[u64]) -> Covered {
+pub(crate) fn covered(partitions: &[prefixlog_state::PartitionState], digests: &[u64]) -> Covered {
     Covered {
         offsets: partitions.iter().map(|p| p.next_offset).collect(),
         log_times: partitions.iter().map(|p| p.log_time).collect(),

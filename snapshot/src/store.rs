@@ -10,7 +10,7 @@
 //! checksum, so corruption or truncation on disk is detected before anything is applied.
 //!
 //! The meta also carries the checkpoint's [`LogIdentity`]: cluster, topic, partition count, the
-//! partitions it covers, and the [`prefixlog_ingest::StateSettings`] it was applied with.
+//! partitions it covers, and the [`prefixlog_state::StateSettings`] it was applied with.
 //!
 //! Readers beside a live replica ([`CheckpointStore::open_reader`]: the `checkpoints` and
 //! `audit` commands) open the store as a RocksDB *secondary* instance, which follows the
@@ -27,7 +27,7 @@ use crate::meta::{
     EncodedKeyspace, KeyspaceEntry, CHUNK,
 };
 use parking_lot::{MappedRwLockReadGuard, RwLock, RwLockReadGuard};
-use prefixlog_ingest::LogIdentity;
+use prefixlog_state::LogIdentity;
 use rocksdb::{Options, ReadOptions, WriteBatch, WriteOptions, DB};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -312,7 +312,7 @@ impl CheckpointStore {
     pub fn write_format2_for_test(
         &self,
         identity: &LogIdentity,
-        partitions: &[prefixlog_ingest::PartitionState],
+        partitions: &[prefixlog_state::PartitionState],
         digests: &[u64],
         dumps: &[prefixlog_engine::KeyspaceDump],
     ) -> Result<CheckpointMeta, StoreError> {

@@ -2,12 +2,12 @@
 //! and readers beside a live writer, without Kafka.
 
 use prefixlog_engine::{partition_of, EngineConfig, HolderKey, KeyspaceId, MatchOptions};
-use prefixlog_ingest::record::{encode_kv_events, encode_placement};
-use prefixlog_ingest::{Applier, KvOp, LogIdentity, PartitionState, StateSettings};
 use prefixlog_snapshot::{
     checkpoint, codec, decode_export, export_partitions, newest_usable, restore, Capture, CheckpointStore,
     ExportSink, Retention, Streamed,
 };
+use prefixlog_state::record::{encode_kv_events, encode_placement};
+use prefixlog_state::{Applier, KvOp, LogIdentity, PartitionState, StateSettings};
 use prefixlog_workload::{generate, FleetConfig, Step, TraceRequest};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -248,9 +248,9 @@ fn retention_keeps_last_k_and_a_thinned_series() {
     // Checkpoints at log times 0.5h, 1h, ..., 6h (every 30 min).
     for i in 1..=12u64 {
         let p = 0;
-        let w = prefixlog_ingest::record::worker_for_partition(p, P);
+        let w = prefixlog_state::record::worker_for_partition(p, P);
         let off = a.partition(p).next_offset;
-        a.apply(p, off, i * 1_800_000, Some(&prefixlog_ingest::record::encode_tick(w))).unwrap();
+        a.apply(p, off, i * 1_800_000, Some(&prefixlog_state::record::encode_tick(w))).unwrap();
         store.write(&identity(), &prefixlog_snapshot::Capture::of(&a), 0).unwrap();
     }
     let r = Retention { keep_last: 2, thin_interval_ms: 3_600_000, window_ms: 3 * 3_600_000 };
@@ -333,7 +333,7 @@ fn format_2_checkpoints_still_restore_after_an_upgrade() {
     assert!(matches!(loaded.keyspaces[0].state, prefixlog_snapshot::StoredKeyspace::Image(_)));
 }
 
-fn points(a: &Applier) -> Vec<Vec<prefixlog_ingest::DigestPoint>> {
+fn points(a: &Applier) -> Vec<Vec<prefixlog_state::DigestPoint>> {
     a.all_digest_points()
 }
 

@@ -4,8 +4,8 @@
 //! (`tests/tests/flood_cost.rs`, heap bytes per record).
 
 use prefixlog_engine::{HolderKey, KeyspaceId};
-use prefixlog_ingest::record::{encode_kv_events, encode_lifecycle, encode_placement, encode_tick};
-use prefixlog_ingest::{KvOp, Lifecycle, StateSettings};
+use prefixlog_state::record::{encode_kv_events, encode_lifecycle, encode_placement, encode_tick};
+use prefixlog_state::{KvOp, Lifecycle, StateSettings};
 
 /// What each record of a flood names anew. All records go to one partition's workers when
 /// the log has one partition (the floods use one: every per-partition limit is reached).

@@ -9,11 +9,10 @@
 //! digest agrees — found by the scrubber and repaired under ingest.
 
 use prefixlog_engine::{partition_of, HolderKey, KeyspaceId, MatchOptions};
-use prefixlog_ingest::{
-    token_of, Incompatible, KafkaConnection, KvOp, Landed, LogSpec, Publisher, StateSettings,
-};
+use prefixlog_ingest::{KafkaConnection, LogSpec, Publisher};
 use prefixlog_node::{CheckpointPolicy, NodeOptions, ReplicaNode, StateSource};
 use prefixlog_proto::v1 as pb;
+use prefixlog_state::{token_of, Incompatible, KvOp, Landed, StateSettings};
 use prefixlog_tests::{kafka_backends, unique_topic, KafkaBackend};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -381,7 +380,7 @@ async fn digest_points_survive_a_restart() {
     eprintln!("[kafka backend] ran: {ran:?}");
 }
 
-fn points(n: &ReplicaNode) -> Vec<Vec<prefixlog_ingest::DigestPoint>> {
+fn points(n: &ReplicaNode) -> Vec<Vec<prefixlog_state::DigestPoint>> {
     n.applier().lock().all_digest_points()
 }
 

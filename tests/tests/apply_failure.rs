@@ -7,10 +7,11 @@
 //! reads the record again and halts at it again: counted, visible, no crash loop.
 
 use prefixlog_engine::KeyspaceId;
-use prefixlog_ingest::record::worker_for_partition;
-use prefixlog_ingest::{testing, token_of, KvOp, Landed, LogSpec, Publisher};
+use prefixlog_ingest::{LogSpec, Publisher};
 use prefixlog_node::{CheckpointPolicy, NodeOptions, ReplicaNode, StateSource};
 use prefixlog_snapshot::{CheckpointStore, StoreError};
+use prefixlog_state::record::worker_for_partition;
+use prefixlog_state::{testing, token_of, KvOp, Landed};
 use prefixlog_tests::http::sample;
 use prefixlog_tests::{kafka_backends, replicas, unique_topic, KafkaBackend};
 use std::time::{Duration, Instant};

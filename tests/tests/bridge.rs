@@ -1,5 +1,5 @@
 //! The engine bridge end to end: a Python stand-in for vLLM / SGLang (pyzmq + msgpack,
-//! `python/bridge_fixtures/publisher.py`) → `prefixlog_ingest::bridge` → Kafka (every available
+//! `python/bridge_fixtures/publisher.py`) → `prefixlog_bridge` → Kafka (every available
 //! backend) → a replica → `match_chain`. Covers both msgpack layouts, a gap answered over the
 //! replay socket (complete, not gapped), a gap whose replay fails (holder gapped), refused events,
 //! a cache-group lane, an engine restart (old blocks cleared), and a bridge joining running
@@ -13,9 +13,9 @@
 //! "NOT RUN: pyzmq not installed" and passes; `scripts/test.sh` installs them and sets
 //! `PREFIXLOG_BRIDGE_E2E=required`, so in CI a missing Python fails instead.
 
+use prefixlog_bridge::{self as bridge, BridgeOptions, EngineSpec};
 use prefixlog_engine::scheme::block_hashes;
 use prefixlog_engine::{HolderKey, KeyspaceId, MatchOptions};
-use prefixlog_ingest::bridge::{self, BridgeOptions, EngineSpec};
 use prefixlog_ingest::Publisher;
 use prefixlog_node::ReplicaNode;
 use prefixlog_proto::v1::{

@@ -10,12 +10,11 @@
 //! crafted "log ends before the checkpoint" case runs everywhere.
 
 use prefixlog_engine::{partition_of, HolderKey, KeyspaceId};
-use prefixlog_ingest::record::{encode_tick, worker_for_partition};
-use prefixlog_ingest::{
-    probe_log, token_of, KafkaConnection, KvOp, Landed, LogSpec, Publisher, StateSettings,
-};
+use prefixlog_ingest::{probe_log, KafkaConnection, LogSpec, Publisher};
 use prefixlog_node::{CheckpointPolicy, GapChoice, NodeError, NodeOptions, ReplicaNode, StateSource};
 use prefixlog_snapshot::CheckpointStore;
+use prefixlog_state::record::{encode_tick, worker_for_partition};
+use prefixlog_state::{token_of, KvOp, Landed, StateSettings};
 use prefixlog_tests::{kafka_backends, unique_topic, KafkaBackend};
 use std::time::Duration;
 
@@ -350,7 +349,8 @@ async fn a_recreated_topic_refuses_the_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn record_marks_tell_the_log_a_state_came_from() {
     use prefixlog_ingest::continuity::{check_marks, OffsetProblem};
-    use prefixlog_ingest::{apply_log, Applier, ApplyLogError, Until};
+    use prefixlog_ingest::{apply_log, ApplyLogError, Until};
+    use prefixlog_state::Applier;
     let _turn = BROKER_HEAVY.lock().await;
     let mut ran = Vec::new();
     for b in kafka_backends().await {

@@ -13,9 +13,10 @@
 use prefixlog_client::seeds::{static_resolver, Resolver};
 use prefixlog_client::{DiscoveryError, IndexClient, MatchOutcome, MatchQuery, Prompt};
 use prefixlog_engine::{partition_of, KeyspaceId};
-use prefixlog_ingest::{token_of, KafkaConnection, KvOp, LogSpec, Publisher, Shard};
+use prefixlog_ingest::{KafkaConnection, LogSpec, Publisher, Shard};
 use prefixlog_node::{NodeOptions, ReplicaNode};
 use prefixlog_query::TlsFiles;
+use prefixlog_state::{token_of, KvOp};
 use prefixlog_tests::{kafka_backends, listen_port, unique_topic};
 use std::collections::BTreeMap;
 use std::net::IpAddr;

@@ -6,7 +6,7 @@
 //!
 //! `PREFIXLOG_FLOOD_RECORDS` sets the records per kind (default 100,000).
 
-use prefixlog_ingest::{Applier, Outcome, StateSettings};
+use prefixlog_state::{Applier, Outcome, StateSettings};
 use prefixlog_tests::flood::FloodKind;
 use prefixlog_workload::heap::{live_bytes, CountingAlloc};
 
@@ -87,8 +87,8 @@ fn flood_records_past_the_limits_cost_nothing() {
 /// states.
 fn the_largest_items_the_limits_allow() {
     use prefixlog_engine::KeyspaceId;
-    use prefixlog_ingest::record::{encode_lifecycle, worker_for_partition, KvBatch};
-    use prefixlog_ingest::{KvOp, LaneMeta, Lifecycle};
+    use prefixlog_state::record::{encode_lifecycle, worker_for_partition, KvBatch};
+    use prefixlog_state::{KvOp, LaneMeta, Lifecycle};
     let s = StateSettings::default();
     let n = 1_000u64;
     // Metadata at the limit: keys and values of 8 bytes, 32 counted per entry.

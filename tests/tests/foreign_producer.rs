@@ -9,8 +9,8 @@
 //! `PREFIXLOG_FOREIGN_PRODUCER=required`, so in CI a missing Python fails instead.
 
 use prefixlog_engine::{partition_of, KeyspaceId, MatchOptions};
-use prefixlog_ingest::record::{encode_kv_events, worker_key};
-use prefixlog_ingest::KvOp;
+use prefixlog_state::record::{encode_kv_events, worker_key};
+use prefixlog_state::KvOp;
 use prefixlog_tests::{kafka_backends, replicas, unique_topic, KafkaBackend};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -4,8 +4,9 @@
 
 use prefixlog_engine::{HolderKey, KeyspaceId, MatchOptions};
 use prefixlog_ingest::reader::{LogReader, Read};
-use prefixlog_ingest::{token_of, KvOp, Landed, LogSpec, Publisher};
+use prefixlog_ingest::{LogSpec, Publisher};
 use prefixlog_node::{NodeOptions, ReplicaNode};
+use prefixlog_state::{token_of, KvOp, Landed};
 use prefixlog_tests::{kafka_backends, replicas, unique_topic, KafkaBackend};
 use prefixlog_workload::{generate, FleetConfig, Step, TraceRequest};
 use std::collections::BTreeMap;

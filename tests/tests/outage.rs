@@ -11,11 +11,12 @@
 //! ready), and fresh again once it is back (issue 34 item 8).
 
 use prefixlog_engine::{KeyspaceId, MatchOptions};
-use prefixlog_ingest::{token_of, KvOp, Landed, LogSpec, Publisher};
+use prefixlog_ingest::{LogSpec, Publisher};
 use prefixlog_node::{NodeOptions, ReplicaNode};
 use prefixlog_proto::v1::{
     match_request::Prompt, prefix_index_client::PrefixIndexClient, BlockHashes, MatchRequest,
 };
+use prefixlog_state::{token_of, KvOp, Landed};
 use prefixlog_tests::replicas;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::Ordering;

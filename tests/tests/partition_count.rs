@@ -12,10 +12,9 @@
 
 use prefixlog_engine::KeyspaceId;
 use prefixlog_ingest::watermarks::PARTITIONS_CHECK_EVERY;
-use prefixlog_ingest::{
-    add_partitions, Applier, IngestOptions, KvOp, LogSpec, Publisher, Replica, ReplicaStatus,
-};
+use prefixlog_ingest::{add_partitions, IngestOptions, LogSpec, Publisher, Replica};
 use prefixlog_query::{ReplicaInfo, Served, ServerConfig};
+use prefixlog_state::{Applier, KvOp, ReplicaStatus};
 use prefixlog_tests::http::{http_get, sample};
 use prefixlog_tests::{kafka_backends, replicas, unique_topic, KafkaBackend};
 use std::sync::Arc;

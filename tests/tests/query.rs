@@ -5,7 +5,7 @@
 
 use prefixlog_engine::scheme::block_hashes;
 use prefixlog_engine::{Engine, EngineConfig, HolderKey, KeyspaceId};
-use prefixlog_ingest::{token_of, KvOp, Landed, Publisher, ReplicaStatus};
+use prefixlog_ingest::Publisher;
 use prefixlog_node::{NodeOptions, ReplicaNode};
 use prefixlog_proto::v1::{
     self, match_request::Prompt as PbPrompt, prefix_index_client::PrefixIndexClient, MatchRequest,
@@ -17,6 +17,7 @@ use prefixlog_query::tonic_health::pb::{
 use prefixlog_query::{
     IndexClient, MatchOutcome, MatchQuery, Prompt, QueryConfig, ServerConfig, Unavailable,
 };
+use prefixlog_state::{token_of, KvOp, Landed, ReplicaStatus};
 use prefixlog_tests::http::http_get;
 use prefixlog_tests::{kafka_backends, replicas, unique_topic, KafkaBackend};
 use std::sync::Arc;
@@ -530,7 +531,7 @@ async fn client_fails_over_within_one_deadline() {
 /// replica's answer to another replica unchanged answers at once (one unit: next offsets).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn candidates_gaps_workers_and_token_round_trip() {
-    use prefixlog_ingest::Lifecycle;
+    use prefixlog_state::Lifecycle;
     let mut ran = Vec::new();
     for b in kafka_backends().await {
         let topic = unique_topic("prefixlog.gateway");

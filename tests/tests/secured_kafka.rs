@@ -12,8 +12,9 @@
 //! scripts/test.sh); elsewhere each test prints NOT RUN and passes.
 
 use prefixlog_engine::{KeyspaceId, MatchOptions};
-use prefixlog_ingest::{check_topic, create_topic, probe_log, KvOp, Landed, LogSpec, ProbeError, Publisher};
+use prefixlog_ingest::{check_topic, create_topic, probe_log, LogSpec, ProbeError, Publisher};
 use prefixlog_node::ReplicaNode;
+use prefixlog_state::{KvOp, Landed};
 use prefixlog_tests::secured::{tansu_bin, SecuredKafka, PASSWORD};
 use prefixlog_tests::{replicas, unique_topic};
 use std::time::Duration;
@@ -52,7 +53,7 @@ async fn publish(p: &Publisher, workers: u64) -> Vec<Landed> {
 }
 
 async fn caught_up(r: &ReplicaNode, landed: &[Landed]) {
-    let token = prefixlog_ingest::token_of(landed);
+    let token = prefixlog_state::token_of(landed);
     assert!(r.status().wait_for(&token, Duration::from_secs(60)).await, "the replica applied {token:?}");
 }
 
@@ -82,7 +83,7 @@ async fn audit_replays_over_sasl_ssl() {
     let landed = publish(&publisher, 4).await;
     let replica = replicas::replica(&spec, "secured-b").await;
     caught_up(&replica, &landed).await;
-    let token = prefixlog_ingest::token_of(&landed);
+    let token = prefixlog_state::token_of(&landed);
     let audit = tokio::task::spawn_blocking({
         let (spec, point) = (spec.clone(), prefixlog_audit::Point::Offsets(token.clone()));
         move || prefixlog_audit::reconstruct(None, &spec, &point, false)
@@ -102,7 +103,7 @@ async fn audit_replays_over_sasl_ssl() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bridge_publishes_over_sasl_ssl() {
-    use prefixlog_ingest::bridge::{self, BridgeOptions, EngineSpec};
+    use prefixlog_bridge::{self as bridge, BridgeOptions, EngineSpec};
     use zeromq::{Socket, SocketSend};
     let Some((_kafka, spec)) = secured_log("bridge_publishes_over_sasl_ssl").await else { return };
     let replica = replicas::replica(&spec, "secured-c").await;
@@ -110,7 +111,7 @@ async fn bridge_publishes_over_sasl_ssl() {
     let mut engine = zeromq::PubSocket::new();
     let endpoint = engine.bind("tcp://127.0.0.1:0").await.unwrap().to_string();
     let payload =
-        std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../ingest/tests/fixtures/dynamo_tail.msgpack"))
+        std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../bridge/tests/fixtures/dynamo_tail.msgpack"))
             .unwrap();
     let engines =
         vec![EngineSpec { endpoint, replay_endpoint: None, worker: 42, dp_rank: None, topic: String::new() }];

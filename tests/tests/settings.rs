@@ -6,9 +6,10 @@
 
 use prefixlog_audit::{reconstruct, Point};
 use prefixlog_engine::KeyspaceId;
-use prefixlog_ingest::{token_of, KafkaConnection, KvOp, LogSpec, Publisher, StateSettings};
+use prefixlog_ingest::{KafkaConnection, LogSpec, Publisher};
 use prefixlog_node::{CheckpointPolicy, NodeError, NodeOptions, ReplicaNode, SettingsChange, StateSource};
 use prefixlog_snapshot::CheckpointStore;
+use prefixlog_state::{token_of, KvOp, StateSettings};
 use prefixlog_tests::{kafka_backends, unique_topic};
 use std::time::Duration;
 

@@ -10,10 +10,11 @@
 //!   errors, and the workers they do score are scored exactly.
 
 use prefixlog_engine::KeyspaceId;
-use prefixlog_ingest::record::encode_kv_events;
-use prefixlog_ingest::{token_of, KafkaConnection, KvOp, Landed, LogSpec, Publisher, Shard};
+use prefixlog_ingest::{KafkaConnection, LogSpec, Publisher, Shard};
 use prefixlog_node::{CheckpointPolicy, NodeOptions, ReplicaNode};
 use prefixlog_query::{IndexClient, MatchOutcome, MatchQuery, Prompt};
+use prefixlog_state::record::encode_kv_events;
+use prefixlog_state::{token_of, KvOp, Landed};
 use prefixlog_tests::{kafka_backends, unique_topic, KafkaBackend};
 use prefixlog_workload::{generate, load_trace, FleetConfig, Step};
 use std::collections::BTreeMap;

@@ -8,13 +8,14 @@
 //! tests/tests/outage.rs does the same on tansu (a broker process it stops and restarts).
 
 use prefixlog_engine::{Engine, EngineConfig, HolderKey, KeyspaceId};
-use prefixlog_ingest::{token_of, KvOp, Publisher};
+use prefixlog_ingest::Publisher;
 use prefixlog_node::{NodeOptions, ReplicaNode};
 use prefixlog_proto::v1::{
     match_request::Prompt, prefix_index_client::PrefixIndexClient, BlockHashes, Keyspace, MatchRequest,
     MatchResponse, PartitionOffset,
 };
 use prefixlog_query::{Served, ServerConfig};
+use prefixlog_state::{token_of, KvOp};
 use prefixlog_tests::http::{http_get, sample};
 use prefixlog_tests::{kafka_backends, replicas, unique_topic};
 use std::sync::atomic::Ordering;

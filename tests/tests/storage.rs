@@ -16,9 +16,10 @@
 //! Runs on every available backend (the broker only carries the log here).
 
 use prefixlog_engine::{KeyspaceId, MatchOptions};
-use prefixlog_ingest::{token_of, KafkaConnection, KvOp, Landed, LogSpec, Publisher, StateSettings};
+use prefixlog_ingest::{KafkaConnection, LogSpec, Publisher};
 use prefixlog_node::{CheckpointPolicy, NodeOptions, ReplicaNode, StateSource};
 use prefixlog_snapshot::Opened;
+use prefixlog_state::{token_of, KvOp, Landed, StateSettings};
 use prefixlog_tests::{kafka_backends, unique_topic, KafkaBackend};
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -117,11 +117,10 @@ async fn mtls_requires_a_client_certificate_from_the_ca() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn peer_port_over_mutual_tls() {
     use prefixlog_engine::KeyspaceId;
-    use prefixlog_ingest::{
-        token_of, EmbeddedKafka, KafkaConnection, KvOp, LogSpec, Publisher, StateSettings,
-    };
+    use prefixlog_ingest::{EmbeddedKafka, KafkaConnection, LogSpec, Publisher};
     use prefixlog_node::{CheckpointPolicy, NodeOptions, ReplicaNode, StateSource};
     use prefixlog_peer::PeerTls;
+    use prefixlog_state::{token_of, KvOp, StateSettings};
     use std::time::Duration;
     let kafka = EmbeddedKafka::start("prefixlog.peer-tls", 2).unwrap();
     let settings = StateSettings { digest_interval: 2, ..Default::default() };

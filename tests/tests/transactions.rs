@@ -17,9 +17,10 @@
 //! a plain Produce request ([`prefixlog_tests::raw_produce`]) — on every backend that stores one.
 
 use prefixlog_engine::KeyspaceId;
-use prefixlog_ingest::record::{encode_kv_events, worker_for_partition, worker_key};
-use prefixlog_ingest::{token_of, KvOp, Landed, LogSpec, Publisher};
+use prefixlog_ingest::{LogSpec, Publisher};
 use prefixlog_node::{CheckpointPolicy, NodeOptions, ReplicaNode};
+use prefixlog_state::record::{encode_kv_events, worker_for_partition, worker_key};
+use prefixlog_state::{token_of, KvOp, Landed};
 use prefixlog_tests::http::sample;
 use prefixlog_tests::raw_produce::{self, Marker};
 use prefixlog_tests::{kafka_backends, replicas, unique_topic};

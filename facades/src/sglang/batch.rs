@@ -15,7 +15,7 @@
 
 use super::pb::{ApplyExternalKvBatchRequest, ExternalKvAction, ExternalKvActionType, TierType};
 use super::{GPU_LANE, MAX_ACTIONS, MAX_BATCH_HASHES, MAX_WORKER_ID_BYTES};
-use prefixlog_ingest::KvOp;
+use prefixlog_state::KvOp;
 use tonic::Status;
 
 /// Why a batch is refused (nothing of it is applied).

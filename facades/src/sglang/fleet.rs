@@ -13,8 +13,8 @@ use super::pb::{
 use super::writer::{check_metadata_size, desired_metadata, WriteError, Writer, META_WORKER_ID};
 use crate::names::{worker_id, SGLANG_SEED};
 use prefixlog_engine::KeyspaceId;
-use prefixlog_ingest::partition_state::FeedKey;
-use prefixlog_ingest::token_of;
+use prefixlog_state::partition_state::FeedKey;
+use prefixlog_state::token_of;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 

@@ -1,8 +1,10 @@
 //! The demo's cluster, all in this process: the embedded broker and two replicas (each a
 //! `ReplicaNode`: ingest, query gRPC server, peer service, anti-entropy against the other).
 
-use prefixlog_ingest::{EmbeddedKafka, KafkaConnection, LogSpec, StateSettings};
+use prefixlog_ingest::{EmbeddedKafka, KafkaConnection, LogSpec};
+
 use prefixlog_node::{NodeOptions, ReplicaNode};
+use prefixlog_state::StateSettings;
 use std::net::SocketAddr;
 use std::time::Duration;
 

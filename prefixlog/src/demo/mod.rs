@@ -23,9 +23,10 @@ use indicatif::{ProgressBar, ProgressStyle};
 use parking_lot::Mutex;
 use policy::{oracle_depths, Load, LocalTree};
 use prefixlog_engine::HolderKey;
-use prefixlog_ingest::record::encode_kv_events;
-use prefixlog_ingest::{KvOp, Publisher};
+use prefixlog_ingest::Publisher;
 use prefixlog_query::{IndexClient, MatchOutcome, MatchQuery, Prompt};
+use prefixlog_state::record::encode_kv_events;
+use prefixlog_state::KvOp;
 use prefixlog_workload::{expand_request, load_trace, Event, Fleet, TraceRequest};
 use report::{Answered, Outcome};
 use std::collections::BTreeMap;
@@ -94,7 +95,7 @@ struct Shared {
 
 impl Shared {
     /// Keeps, per partition, the token (next offset) covering every record landed so far.
-    fn landed(&self, l: prefixlog_ingest::Landed) {
+    fn landed(&self, l: prefixlog_state::Landed) {
         self.published.fetch_add(1, Ordering::Relaxed);
         let (p, next) = l.token();
         let mut m = self.landed.lock();

@@ -3,7 +3,7 @@
 //!
 //! Restore, bootstrap, audit, repair and anti-entropy all call [`check_compatible`]: the same
 //! cluster, topic and partition count, the same [`StateSettings`], and the partitions we need
-//! all present. Offsets are checked separately ([`crate::continuity`]), against the log as it is
+//! all present. Offsets are checked separately (`prefixlog_ingest::continuity`), against the log as it is
 //! now.
 
 use crate::settings::StateSettings;

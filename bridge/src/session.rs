@@ -22,7 +22,7 @@
 
 use super::metrics::{BridgeMetrics, Refusal};
 use super::wire::{Batch, Event, Tokens};
-use crate::record::KvOp;
+use prefixlog_state::record::KvOp;
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
@@ -70,8 +70,8 @@ pub struct Session {
     max_tracked: usize,
     lanes: BTreeSet<u32>,
     /// Lane metadata announced this epoch, and changes not yet published.
-    lane_meta: std::collections::BTreeMap<u32, crate::LaneMeta>,
-    pending_lanes: Vec<crate::LaneMeta>,
+    lane_meta: std::collections::BTreeMap<u32, prefixlog_state::LaneMeta>,
+    pending_lanes: Vec<prefixlog_state::LaneMeta>,
 }
 
 impl Session {
@@ -151,7 +151,7 @@ impl Session {
 
     /// Lane metadata first seen (or changed) since the last call: published with the batch so
     /// replicas can describe hybrid models' holders (kind, window, block size per cache group).
-    pub fn take_pending_lanes(&mut self) -> Vec<crate::LaneMeta> {
+    pub fn take_pending_lanes(&mut self) -> Vec<prefixlog_state::LaneMeta> {
         std::mem::take(&mut self.pending_lanes)
     }
 
@@ -247,7 +247,7 @@ impl Session {
                 let locals = chain_from(seed, ids, bs);
                 self.lanes.insert(lane);
                 if group_idx.is_some() || kv_cache_spec_kind.is_some() {
-                    let meta = crate::LaneMeta {
+                    let meta = prefixlog_state::LaneMeta {
                         lane,
                         kind: kv_cache_spec_kind.clone().unwrap_or_default(),
                         sliding_window: kv_cache_spec_sliding_window

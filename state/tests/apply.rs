@@ -3,10 +3,10 @@
 //! the log-time step limit, and announced workers.
 
 use prefixlog_engine::{partition_of, HolderKey, KeyspaceId, MatchOptions};
-use prefixlog_ingest::record::{
+use prefixlog_state::record::{
     encode_kv_events, encode_lifecycle, encode_placement, encode_tick, worker_for_partition,
 };
-use prefixlog_ingest::{Applier, BadReason, KvOp, Lifecycle, NotNext, Outcome, StateSettings};
+use prefixlog_state::{Applier, BadReason, KvOp, Lifecycle, NotNext, Outcome, StateSettings};
 use prefixlog_workload::{generate, FleetConfig, Step, TraceRequest};
 use rand::{Rng, SeedableRng};
 
@@ -61,7 +61,7 @@ fn log() -> Vec<Vec<(u64, Vec<u8>)>> {
         parts[partition_of(w, P) as usize].push((t, v));
     }
     for (p, part) in parts.iter_mut().enumerate() {
-        let w = prefixlog_ingest::record::worker_for_partition(p as u32, P);
+        let w = prefixlog_state::record::worker_for_partition(p as u32, P);
         part.push((1_000_000, encode_tick(w)));
     }
     parts
@@ -210,11 +210,11 @@ fn placements_expire_by_log_time_of_their_partition_only() {
     a.apply(p, 0, 1_000, Some(&encode_placement(&ks(), HolderKey::new(w, 0, 0), &[1, 2], &[], "g"))).unwrap();
     assert_eq!(depth(&a, w, &[1, 2]), 2);
     // Time passing on another partition does not expire it.
-    let tq = prefixlog_ingest::record::worker_for_partition(q, P);
+    let tq = prefixlog_state::record::worker_for_partition(q, P);
     a.apply(q, 0, 5_000, Some(&encode_tick(tq))).unwrap();
     assert_eq!(depth(&a, w, &[1, 2]), 2);
     // A tick on its own partition does.
-    let tp = prefixlog_ingest::record::worker_for_partition(p, P);
+    let tp = prefixlog_state::record::worker_for_partition(p, P);
     a.apply(p, 1, 1_499, Some(&encode_tick(tp))).unwrap();
     assert_eq!(depth(&a, w, &[1, 2]), 2);
     a.apply(p, 2, 1_600, Some(&encode_tick(tp))).unwrap();
@@ -223,7 +223,7 @@ fn placements_expire_by_log_time_of_their_partition_only() {
 
 #[test]
 fn lane_metadata_is_kept_per_feed_and_cleared_by_a_new_epoch() {
-    use prefixlog_ingest::{KvBatch, LaneMeta};
+    use prefixlog_state::{KvBatch, LaneMeta};
     let w = 9u64;
     let p = partition_of(w, P);
     let mut a = applier();

@@ -4,11 +4,11 @@
 //! bookkeeping and its refusals against a naive recount of the state after every record.
 
 use prefixlog_engine::{partition_of, HolderKey, KeyspaceId};
-use prefixlog_ingest::partition_state::PartitionState;
-use prefixlog_ingest::record::{
+use prefixlog_state::partition_state::PartitionState;
+use prefixlog_state::record::{
     encode_lifecycle, encode_placement, encode_tick, worker_for_partition, KvBatch,
 };
-use prefixlog_ingest::{Applier, BadReason, KvOp, LaneMeta, Lifecycle, Outcome, StateSettings};
+use prefixlog_state::{Applier, BadReason, KvOp, LaneMeta, Lifecycle, Outcome, StateSettings};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::{BTreeMap, BTreeSet};
@@ -423,7 +423,7 @@ fn justify(
     v: &[u8],
     s: &StateSettings,
 ) -> Result<(), String> {
-    use prefixlog_ingest::record::{decode, Op};
+    use prefixlog_state::record::{decode, Op};
     let op = decode(Some(v), p, P, usize::MAX).map_err(|e| format!("undecodable: {e}"))?;
     let part = a.partition(p);
     let ok = match (&op, r) {

@@ -9,11 +9,20 @@
 //! the broker last answered.
 
 use crate::apply::ApplyFailure;
-use crate::dead_letter::DeadLetterCounts;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
+
+/// What became of the dead-letter copies of refused records, per replica (the replica's `/metrics` reads them at scrape time;
+/// nothing here is global, so two replicas in one process count apart).
+#[derive(Debug, Default)]
+pub struct DeadLetterCounts {
+    /// Delivered to the dead-letter topic.
+    pub copied: AtomicU64,
+    /// Dropped: the producer queue was full, or the broker did not take it.
+    pub failed: AtomicU64,
+}
 
 /// Why the log skips a partition's offsets `start..end` inside its retained range (a
 /// [`LogHole`]), as far as a second read of them can tell.
@@ -256,7 +265,7 @@ impl ReplicaStatus {
         &self.owned
     }
 
-    pub(crate) fn part(&self, p: u32) -> &PartitionStatus {
+    pub fn part(&self, p: u32) -> &PartitionStatus {
         &self.partitions[p as usize]
     }
 
@@ -321,7 +330,7 @@ impl ReplicaStatus {
         }
     }
 
-    pub(crate) fn notify(&self) {
+    pub fn notify(&self) {
         self.progress.send_modify(|g| *g += 1);
     }
 
@@ -333,7 +342,7 @@ impl ReplicaStatus {
         self.notify();
     }
 
-    pub(crate) fn mark_discontinuous(&self, p: u32, on: bool) {
+    pub fn mark_discontinuous(&self, p: u32, on: bool) {
         let s = self.part(p);
         if on {
             s.discontinuities.fetch_add(1, Ordering::Relaxed);

@@ -3,8 +3,8 @@
 //! before it resumes at it; the applier keeps the failure for the checkpointer to see.
 
 use prefixlog_engine::KeyspaceId;
-use prefixlog_ingest::record::{encode_kv_events, worker_for_partition};
-use prefixlog_ingest::{testing, Applier, ApplyFailure, KvOp, Outcome, StateSettings};
+use prefixlog_state::record::{encode_kv_events, worker_for_partition};
+use prefixlog_state::{testing, Applier, ApplyFailure, KvOp, Outcome, StateSettings};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 const P: u32 = 2;
@@ -28,7 +28,7 @@ fn a_panicking_record_leaves_its_partition_at_that_offset() {
     assert_eq!(a.partition(0).next_offset, 1, "the failed record is not applied: resume at it");
     assert_eq!(
         a.partition(0).last_mark,
-        prefixlog_ingest::partition_state::record_mark(1_000, Some(&batch(w0, 1)))
+        prefixlog_state::partition_state::record_mark(1_000, Some(&batch(w0, 1)))
     );
     assert!(a.failure().is_none(), "marking the failure is the caller's (the ingest thread's)");
     a.mark_failed(ApplyFailure { partition: 0, offset: 1, message: "boom".into() });

@@ -1,11 +1,11 @@
 //! The bridge's session policy without sockets: canonical hashing across split prompts,
 //! parent tracking, refusals, lanes, duplicates, gaps and restarts.
 
+use prefixlog_bridge::metrics::BridgeMetrics;
+use prefixlog_bridge::session::{chain_from, Arrival, Session};
+use prefixlog_bridge::wire::{Batch, Event, Tokens};
 use prefixlog_engine::scheme::block_hashes;
-use prefixlog_ingest::bridge::metrics::BridgeMetrics;
-use prefixlog_ingest::bridge::session::{chain_from, Arrival, Session};
-use prefixlog_ingest::bridge::wire::{Batch, Event, Tokens};
-use prefixlog_ingest::KvOp;
+use prefixlog_state::KvOp;
 
 const BS: u32 = 4;
 
@@ -187,7 +187,7 @@ fn sequence_policy() {
 
 #[tokio::test]
 async fn bad_endpoints_are_refused_before_anything_is_published() {
-    use prefixlog_ingest::bridge::{run, BridgeOptions, EngineSpec};
+    use prefixlog_bridge::{run, BridgeOptions, EngineSpec};
     use prefixlog_ingest::{KafkaConnection, LogSpec, Publisher};
     let publisher = Publisher::new(&LogSpec::new(KafkaConnection::new("127.0.0.1:1"), "t", 1)).unwrap();
     let spec = EngineSpec {
@@ -199,7 +199,7 @@ async fn bad_endpoints_are_refused_before_anything_is_published() {
     };
     let (_stop, rx) = tokio::sync::watch::channel(false);
     let opts = BridgeOptions::new(prefixlog_engine::KeyspaceId::new("m", BS, 1));
-    let exported = prefixlog_ingest::bridge::metrics::BridgeCollector::default();
+    let exported = prefixlog_bridge::metrics::BridgeCollector::default();
     let err = run(vec![spec], opts, publisher, false, rx, &exported).await.unwrap_err();
     assert!(err.to_string().contains("nonsense"), "{err}");
 }
@@ -208,7 +208,7 @@ async fn bad_endpoints_are_refused_before_anything_is_published() {
 /// the ZeroMQ endpoints (one per dp rank) under theirs, never mixed up.
 #[test]
 fn worker_metadata_names_the_serving_url_and_the_kv_event_endpoints_apart() {
-    use prefixlog_ingest::bridge::{
+    use prefixlog_bridge::{
         worker_metadata, BridgeOptions, EngineSpec, META_KV_EVENTS, META_POD, META_SERVING_URL,
     };
     let engine = |endpoint: &str, dp| EngineSpec {

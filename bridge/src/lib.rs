@@ -4,7 +4,7 @@
 //! a ZeroMQ SUB socket receives 3-frame messages ([`wire`] decodes both msgpack layouts), a
 //! [`session::Session`] classifies each sequence number and translates the events (canonical
 //! local hashes from token ids), and every engine message becomes one `KvEventBatch` record
-//! published through the [`crate::Publisher`], keyed by worker.
+//! published through the [`prefixlog_ingest::Publisher`], keyed by worker.
 //!
 //! - Gaps: when a replay endpoint is configured the missed messages are requested from the
 //!   engine's ROUTER socket and applied in order before the message that revealed the gap;
@@ -37,12 +37,13 @@ pub mod naming;
 pub mod session;
 pub mod wire;
 
-use crate::publisher::{Landed, PublishError, Publisher};
-use crate::record::{KvBatch, KvOp, Lifecycle};
 use bytes::Bytes;
 use metrics::BridgeMetrics;
 pub use naming::{worker_id_of_pod, worker_metadata, META_KV_EVENTS, META_POD, META_SERVING_URL};
 use prefixlog_engine::KeyspaceId;
+use prefixlog_ingest::{PublishError, Publisher};
+use prefixlog_state::record::{KvBatch, KvOp, Lifecycle};
+use prefixlog_state::Landed;
 use session::{payload_digest, Arrival, Session};
 use std::future::Future;
 use std::pin::Pin;
@@ -494,7 +495,7 @@ impl EngineBridge {
                 KvOp::Cleared { .. } => 0,
             })
             .sum();
-        if blocks > crate::StateSettings::default().max_blocks_per_record as usize {
+        if blocks > prefixlog_state::StateSettings::default().max_blocks_per_record as usize {
             // Replicas with the default limit skip it (and then report the feed gapped).
             BridgeMetrics::inc(&m.batches_oversized);
             tracing::error!(
@@ -547,7 +548,14 @@ impl EngineBridge {
     /// Hands the record to the producer now (records enter the partition queue in seq order)
     /// and queues its acknowledgement for the acker; waits only when `publish_window` records
     /// are unacknowledged.
-    async fn publish(&self, dp: u32, seq: u64, gap_before: bool, ops: &[KvOp], lanes: Vec<crate::LaneMeta>) {
+    async fn publish(
+        &self,
+        dp: u32,
+        seq: u64,
+        gap_before: bool,
+        ops: &[KvOp],
+        lanes: Vec<prefixlog_state::LaneMeta>,
+    ) {
         let (p, ks, worker, epoch, owned) = (
             self.publisher.clone(),
             self.opts.keyspace.clone(),

@@ -1,0 +1,43 @@
+//! The deterministic core: what a record is and how the log is applied, with no Kafka, no
+//! clock and no I/O. State is a pure function of the records applied and the state settings.
+//!
+//! A record's path through this crate: bytes from the log → [`record::decode`] (validate, or
+//! refuse with a [`BadReason`]) → [`Applier`] (feed policy per holder, limits, offsets) →
+//! `prefixlog_engine::Engine`. The Kafka edge (`prefixlog-ingest`) reads the log and hands the
+//! records in; checkpoints, queries, peers and audits use this crate without linking a Kafka
+//! client.
+//!
+//! Module map:
+//! - [`record`]: encode (publishers) and decode/validate (replicas) records; [`BadReason`].
+//! - [`settings`]: [`StateSettings`], the settings that decide applied state.
+//! - [`identity`]: [`LogIdentity`] and [`check_compatible`], the one compatibility rule
+//!   (cluster, topic, partitions, settings, covered partitions) for checkpoints and peers.
+//! - [`partition_state`]: per-partition applied state (offsets, log time, feeds, workers,
+//!   counters), digest points, and [`partition_state::record_mark`], the fingerprint of the
+//!   record a state ends at.
+//! - [`limits`]: what a record may create per partition ([`limits::admit`]), and each
+//!   partition's derived [`limits::Usage`].
+//! - [`apply`]: the deterministic [`Applier`].
+//! - [`status`]: [`ReplicaStatus`], what a running replica reports of its progress and health
+//!   (offsets, lag, discontinuities, apply failures, log holes, broker contact, read-your-writes
+//!   waits). Written by the Kafka edge, read by the query path; never part of applied state.
+//! - `testing` (feature `testing`, tests only): make applying chosen records panic.
+
+pub mod apply;
+pub mod identity;
+pub mod limits;
+pub mod partition_state;
+pub mod record;
+pub mod settings;
+pub mod status;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
+
+pub use apply::{Applier, ApplyFailure, NotNext, Outcome};
+pub use identity::{check_compatible, Incompatible, LogIdentity};
+pub use partition_state::{DigestPoint, PartitionState};
+/// In `prefixlog-ids` so the gateway client can take them without this crate.
+pub use prefixlog_ids::{token_of, Landed};
+pub use record::{BadReason, KvBatch, KvOp, LaneMeta, Lifecycle, Op};
+pub use settings::StateSettings;
+pub use status::{DeadLetterCounts, HoleCause, LogHole, ReplicaStatus};
