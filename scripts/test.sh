@@ -11,6 +11,14 @@ echo "==> cargo clippy (workspace, all targets, -D warnings)"
 cargo clippy --workspace --all-targets -- -D warnings
 echo "==> the gateway client links no Kafka, ZeroMQ or RocksDB (cargo tree -p prefixlog-client)"
 if cargo tree -p prefixlog-client | grep -qE 'rdkafka|zeromq|zmq|rocksdb'; then echo "error: prefixlog-client depends on rdkafka, zeromq or rocksdb" >&2; exit 1; fi
+# Only the Kafka edge (ingest), the bridge (ZeroMQ), node and the binary may link Kafka or
+# ZeroMQ; the layers above the deterministic core reach the log through prefixlog_state::log.
+echo "==> only ingest, bridge, node and the binary link Kafka or ZeroMQ (cargo tree -e normal)"
+for crate in ids proto state engine workload snapshot query peer audit facades client; do
+  if cargo tree -e normal -p "prefixlog-$crate" | grep -qE 'rdkafka|zeromq'; then
+    echo "error: prefixlog-$crate depends on rdkafka or zeromq" >&2; exit 1
+  fi
+done
 echo "==> Prometheus alert rules (promtool check rules)"
 PROMTOOL="$(bash scripts/promtool.sh)"
 "$PROMTOOL" check rules deploy/prometheus/alerts.yml

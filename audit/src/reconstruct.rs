@@ -1,9 +1,10 @@
 //! Rebuilding the state at a past point.
 
 use indicatif::{ProgressBar, ProgressStyle};
-use prefixlog_ingest::{apply_log, probe_log, ApplyLogError, ApplyLogOptions, LogProbe, LogSpec, Until};
 use prefixlog_snapshot::{restore_for, CheckpointMeta, CheckpointStore, RestoreError};
-use prefixlog_state::{check_compatible, Applier, LogIdentity};
+use prefixlog_state::{
+    check_compatible, Applier, ApplyLogOptions, LogError, LogIdentity, LogProbe, LogSource, Until,
+};
 use std::collections::BTreeMap;
 
 /// Where to stop.
@@ -29,10 +30,9 @@ pub enum AuditError {
     NotOwned(u32),
     #[error(transparent)]
     Restore(#[from] RestoreError),
+    /// Probing or reading the log (the Kafka edge's error inside).
     #[error(transparent)]
-    ApplyLog(#[from] ApplyLogError),
-    #[error(transparent)]
-    Probe(#[from] prefixlog_ingest::ProbeError),
+    Log(#[from] LogError),
 }
 
 /// The state at the point.
@@ -62,12 +62,12 @@ impl Reconstructed {
 
 /// The target next offsets of a point given as offsets, every owned partition named.
 fn target_offsets(
-    spec: &LogSpec,
+    log: &dyn LogSource,
     point: &Point,
     probe: &LogProbe,
 ) -> Result<Option<BTreeMap<u32, i64>>, AuditError> {
     let Point::Offsets(o) = point else { return Ok(None) };
-    let mut t: BTreeMap<u32, i64> = spec.owned().iter().map(|&p| (p, probe.high(p))).collect();
+    let mut t: BTreeMap<u32, i64> = log.owned().iter().map(|&p| (p, probe.high(p))).collect();
     for &(p, off) in o {
         let Some(x) = t.get_mut(&p) else { return Err(AuditError::NotOwned(p)) };
         if off > probe.high(p) {
@@ -127,58 +127,58 @@ fn too_old(oldest: Option<CheckpointMeta>, probe: &LogProbe) -> AuditError {
 /// Rebuilds the state at `point`: newest usable retained checkpoint, then exact replay.
 pub fn reconstruct(
     store: Option<&CheckpointStore>,
-    spec: &LogSpec,
+    log: &dyn LogSource,
     point: &Point,
     progress: bool,
 ) -> Result<Reconstructed, AuditError> {
-    reconstruct_at(store, spec, &probe_log(spec)?, point, progress)
+    reconstruct_at(store, log, &log.probe()?, point, progress)
 }
 
 /// [`reconstruct`] with the log's range as `probe` says (tests use it to present a log whose
 /// head retention has dropped).
 pub fn reconstruct_at(
     store: Option<&CheckpointStore>,
-    spec: &LogSpec,
+    log: &dyn LogSource,
     probe: &LogProbe,
     point: &Point,
     progress: bool,
 ) -> Result<Reconstructed, AuditError> {
     let started = std::time::Instant::now();
-    let target = target_offsets(spec, point, probe)?;
+    let target = target_offsets(log, point, probe)?;
     let ours = LogIdentity {
         cluster_id: probe.cluster_id.clone(),
-        topic: spec.topic.clone(),
-        partitions: spec.partitions,
-        owned: spec.owned().to_vec(),
-        settings: spec.settings,
+        topic: log.topic().to_string(),
+        partitions: log.partitions(),
+        owned: log.owned().to_vec(),
+        settings: log.settings(),
     };
     let (base, oldest) = match store {
-        Some(s) => choose(s, &ours, spec.owned(), point, &target),
+        Some(s) => choose(s, &ours, log.owned(), point, &target),
         None => (None, None),
     };
     let (mut applier, checkpoint) = match &base {
         Some(meta) => {
             let loaded = store.expect("a base implies a store").load(meta.id).map_err(RestoreError::from)?;
             let ours = LogIdentity { settings: meta.identity.settings, ..ours.clone() };
-            (restore_for(&loaded, &ours, spec.owned())?, Some(meta.id))
+            (restore_for(&loaded, &ours, log.owned())?, Some(meta.id))
         }
         // From the log start: with the settings of this log's oldest retained checkpoint when
         // there is one (what the replica ran with, closer than the command line's flags).
         None if probe.from_start() => {
-            let settings = oldest.as_ref().map_or(spec.settings, |m| m.identity.settings);
-            if settings != spec.settings {
+            let settings = oldest.as_ref().map_or(log.settings(), |m| m.identity.settings);
+            if settings != log.settings() {
                 tracing::info!(
                     checkpoint = oldest.as_ref().map(|m| m.id),
                     ?settings,
                     "replaying from the log start with the settings of the oldest retained checkpoint"
                 );
             }
-            (Applier::new(spec.partitions, settings), None)
+            (Applier::new(log.partitions(), settings), None)
         }
         None => return Err(too_old(oldest, probe)),
     };
     // For a checkpoint base, the log must still hold everything after it.
-    for &p in spec.owned() {
+    for &p in log.owned() {
         let (from, low) = (applier.partition(p).next_offset, probe.low(p));
         if from < low {
             return Err(AuditError::TooOld {
@@ -188,9 +188,9 @@ pub fn reconstruct_at(
         }
     }
     // A checkpoint base must be of this very log: the replay starts at the record before each
-    // offset and checks it is the one the checkpoint applied (`prefixlog_ingest::apply_log`).
+    // offset and checks it is the one the checkpoint applied (`LogSource::apply`).
     let restored_secs = started.elapsed().as_secs_f64();
-    let replayed = advance_on(&mut applier, spec, probe, point, progress)?;
+    let replayed = advance_on(&mut applier, log, probe, point, progress)?;
     tracing::info!(
         checkpoint,
         restored_secs,
@@ -205,17 +205,17 @@ pub fn reconstruct_at(
 /// from one reconstructed point to a later one).
 pub fn advance(
     applier: &mut Applier,
-    spec: &LogSpec,
+    log: &dyn LogSource,
     point: &Point,
     progress: bool,
 ) -> Result<u64, AuditError> {
-    advance_on(applier, spec, &probe_log(spec)?, point, progress)
+    advance_on(applier, log, &log.probe()?, point, progress)
 }
 
 /// [`advance`] on the log's range as `probe` says (probed just before by the caller).
 fn advance_on(
     applier: &mut Applier,
-    spec: &LogSpec,
+    log: &dyn LogSource,
     probe: &LogProbe,
     point: &Point,
     progress: bool,
@@ -223,7 +223,7 @@ fn advance_on(
     let until = match point {
         Point::Time(t) => Until::Time(*t),
         Point::Offsets(_) => {
-            let target = target_offsets(spec, point, probe)?.unwrap_or_default();
+            let target = target_offsets(log, point, probe)?.unwrap_or_default();
             Until::Offsets(
                 target.into_iter().filter(|&(p, o)| applier.partition(p).next_offset < o).collect(),
             )
@@ -240,7 +240,7 @@ fn advance_on(
     };
     let opts =
         ApplyLogOptions { progress: Some(&mut report), probe: Some(probe), ..ApplyLogOptions::default() };
-    let n = apply_log(spec, applier, &until, opts)?;
+    let n = log.apply(applier, &until, opts)?;
     bar.finish_and_clear();
     Ok(n)
 }

@@ -159,7 +159,10 @@ async fn an_oversized_body_is_refused_next_to_the_sglang_facade() {
     let spec = LogSpec::new(KafkaConnection::new(kafka.bootstrap_servers()), "prefixlog.dynamo.big", 1);
     let ext = Arc::new(DynamoHttpExtension::bind("127.0.0.1:0".parse().unwrap()).unwrap());
     let addr = ext.addr();
-    let sgl = SglangExtension::new(SglangConfig { model: "m".into(), block_size: 2 }, &spec).unwrap();
+    let sgl = SglangExtension::new(
+        SglangConfig { model: "m".into(), block_size: 2 },
+        Arc::new(Publisher::new(&spec).unwrap()),
+    );
     let opts =
         NodeOptions { ready_lag: 0, extensions: Extensions(vec![Arc::new(sgl), ext]), ..Default::default() };
     let _node = ReplicaNode::start(spec, opts).await.unwrap();

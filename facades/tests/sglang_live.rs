@@ -248,7 +248,7 @@ async fn sgl_router_sees_what_the_bridge_wrote() {
 /// A replica of `spec`'s log hosting the facade for ("qwen", 2).
 async fn replica(spec: &LogSpec, name: &str) -> ReplicaNode {
     let cfg = SglangConfig { model: "qwen".into(), block_size: 2 };
-    let ext = SglangExtension::new(cfg, spec).unwrap();
+    let ext = SglangExtension::new(cfg, Arc::new(prefixlog_ingest::Publisher::new(spec).unwrap()));
     let opts = NodeOptions {
         replica_id: name.into(),
         ready_lag: 0,
@@ -265,7 +265,10 @@ async fn a_sharded_replica_refuses_the_facade() {
     let spec = LogSpec::new(KafkaConnection::new(kafka.bootstrap_servers()), "prefixlog.sglang.sharded", 2)
         .with_shard("0/2".parse().unwrap())
         .unwrap();
-    let ext = SglangExtension::new(SglangConfig { model: "m".into(), block_size: 2 }, &spec).unwrap();
+    let ext = SglangExtension::new(
+        SglangConfig { model: "m".into(), block_size: 2 },
+        Arc::new(prefixlog_ingest::Publisher::new(&spec).unwrap()),
+    );
     let opts = NodeOptions { extensions: Extensions(vec![Arc::new(ext)]), ..NodeOptions::default() };
     let err = ReplicaNode::start(spec, opts).await.err().expect("refused");
     assert!(err.to_string().contains("needs a replica of every partition"), "{err}");

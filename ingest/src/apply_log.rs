@@ -10,24 +10,14 @@
 
 use crate::continuity::{check_offsets, OffsetProblem};
 use crate::log_spec::{close_in_background, LogSpec};
-use crate::probe::{probe_log, LogProbe, ProbeError};
+use crate::probe::{probe_log, ProbeError};
 use crate::reader::{Discontinuity, LogReader, Read};
-use prefixlog_engine::LogTime;
 use prefixlog_state::apply::Applier;
+use prefixlog_state::log::{ApplyLogOptions, LogError, LogProbe, LogSource, Until};
 use prefixlog_state::partition_state::record_mark;
+use prefixlog_state::StateSettings;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
-
-/// Where [`apply_log`] stops.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Until {
-    /// Next offsets per partition: every record below them applied, none at or above.
-    /// Partitions not named are left as they are.
-    Offsets(BTreeMap<u32, i64>),
-    /// Log time: per owned partition, every record before the first one stamped after it (or
-    /// up to the log's end as probed when it starts).
-    Time(LogTime),
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApplyLogError {
@@ -51,23 +41,6 @@ pub enum ApplyLogError {
     Stalled { partition: u32, at: i64, target: i64, idle: Duration },
     #[error("the applier refused a record: {0}")]
     NotNext(#[from] prefixlog_state::apply::NotNext),
-}
-
-/// Knobs of [`apply_log`] that do not change its result.
-pub struct ApplyLogOptions<'a> {
-    /// Give up when no record arrives for this long.
-    pub idle_timeout: Duration,
-    /// Called with (records applied so far, records to apply in all) as it goes.
-    pub progress: Option<&'a mut dyn FnMut(u64, u64)>,
-    /// The log's range as the caller has just probed it (one broker round trip per partition
-    /// saved); probed here when `None`.
-    pub probe: Option<&'a LogProbe>,
-}
-
-impl Default for ApplyLogOptions<'_> {
-    fn default() -> Self {
-        Self { idle_timeout: Duration::from_secs(30), progress: None, probe: None }
-    }
 }
 
 /// The end offset of every partition [`apply_log`] reads, from the target and the log's range.
@@ -196,4 +169,36 @@ pub fn apply_log(
         "log applied up to its target"
     );
     Ok(applied)
+}
+
+/// The Kafka log of a spec, for the layers that must not link Kafka (audits, repairs).
+impl LogSource for LogSpec {
+    fn topic(&self) -> &str {
+        &self.topic
+    }
+
+    fn partitions(&self) -> u32 {
+        self.partitions
+    }
+
+    fn owned(&self) -> &[u32] {
+        LogSpec::owned(self)
+    }
+
+    fn settings(&self) -> StateSettings {
+        self.settings
+    }
+
+    fn probe(&self) -> Result<LogProbe, LogError> {
+        probe_log(self).map_err(LogError::new)
+    }
+
+    fn apply(
+        &self,
+        applier: &mut Applier,
+        until: &Until,
+        opts: ApplyLogOptions<'_>,
+    ) -> Result<u64, LogError> {
+        apply_log(self, applier, until, opts).map_err(LogError::new)
+    }
 }

@@ -19,8 +19,8 @@
 //! to say which.
 
 use crate::log_spec::LogSpec;
-use crate::probe::LogProbe;
 use crate::reader::{Found, LogReader, Read};
+use prefixlog_state::log::LogProbe;
 use prefixlog_state::partition_state::record_mark;
 use prefixlog_state::status::{HoleCause, LogHole};
 use rdkafka::error::KafkaError;
@@ -192,7 +192,7 @@ pub fn explain_hole(spec: &LogSpec, hole: &LogHole, timeout: Duration) -> HoleCa
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::probe::Watermarks;
+    use prefixlog_state::log::Watermarks;
 
     #[test]
     fn offsets_outside_the_retained_range_are_problems() {

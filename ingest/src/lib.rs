@@ -44,10 +44,10 @@ pub mod topics;
 pub mod watermarks;
 
 pub use affinity::CpuSet;
-pub use apply_log::{apply_log, ApplyLogError, ApplyLogOptions, Until};
+pub use apply_log::{apply_log, ApplyLogError};
 pub use embedded::EmbeddedKafka;
 pub use log_spec::{ClientRole, KafkaConnection, LogSpec, Shard, ShardError};
-pub use probe::{check_topic, cleanup_policy, probe_log, CleanupPolicy, LogProbe, ProbeError, Watermarks};
+pub use probe::{check_topic, cleanup_policy, probe_log, CleanupPolicy, ProbeError};
 pub use publisher::{PublishError, Publisher};
 pub use reader::{Discontinuity, LogReader};
 pub use replica::{GapPolicy, IngestOptions, Replica, ReplicaError};

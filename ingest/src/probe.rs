@@ -4,6 +4,7 @@
 
 use crate::connect::ConnectErrors;
 use crate::log_spec::{close_in_background, ClientRole, LogSpec};
+use prefixlog_state::log::{LogProbe, Watermarks};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::metadata::Metadata;
 use std::collections::BTreeMap;
@@ -11,22 +12,6 @@ use std::time::{Duration, Instant};
 
 /// How long a start-up probe waits for the brokers to answer metadata.
 const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// The first retained offset and the end (next offset to be written) of a partition.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Watermarks {
-    pub low: i64,
-    pub high: i64,
-}
-
-#[derive(Clone, Debug)]
-pub struct LogProbe {
-    pub cluster_id: String,
-    /// Partitions of the topic as the broker reports them.
-    pub partitions: u32,
-    /// Per owned partition.
-    pub watermarks: BTreeMap<u32, Watermarks>,
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProbeError {
@@ -51,21 +36,6 @@ pub enum ProbeError {
          refusing to start (worker → partition placement would differ)"
     )]
     PartitionMismatch { topic: String, expected: u32, actual: u32 },
-}
-
-impl LogProbe {
-    pub fn low(&self, p: u32) -> i64 {
-        self.watermarks.get(&p).map_or(0, |w| w.low)
-    }
-
-    pub fn high(&self, p: u32) -> i64 {
-        self.watermarks.get(&p).map_or(0, |w| w.high)
-    }
-
-    /// Whether every owned partition still starts at offset 0.
-    pub fn from_start(&self) -> bool {
-        self.watermarks.values().all(|w| w.low == 0)
-    }
 }
 
 /// The topic's partition count from broker metadata.

@@ -154,3 +154,12 @@ impl Publisher {
         self.producer.flush(timeout).map_err(|e| PublishError::Kafka { partition: u32::MAX, source: e })
     }
 }
+
+/// The Kafka producer as the facades' way to append records (they do not link Kafka).
+impl prefixlog_state::LogAppend for Publisher {
+    fn append(&self, worker: u64, record: Vec<u8>) -> prefixlog_state::log::Appending<'_> {
+        Box::pin(async move {
+            self.publish_raw(worker, &record, None).await.map_err(prefixlog_state::LogError::new)
+        })
+    }
+}

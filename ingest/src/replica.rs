@@ -448,3 +448,16 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
         .unwrap_or_else(|| "a panic without a message".into())
 }
+
+/// What repairs and peers may do with a running replica (they do not link Kafka).
+impl prefixlog_state::LiveState for Replica {
+    fn applier(&self) -> &Arc<Mutex<Applier>> {
+        Replica::applier(self)
+    }
+
+    fn replace_partition(&self, partition: u32, src: Applier) -> prefixlog_state::log::Replacing<'_> {
+        Box::pin(async move {
+            Replica::replace_partition(self, partition, src).await.map_err(prefixlog_state::LogError::new)
+        })
+    }
+}

@@ -101,7 +101,7 @@ impl ReplicaNode {
             };
             Checkpointer::spawn(ctx, covered)
         });
-        let repair = RepairContext::new(spec.clone(), identity.clone(), store.clone());
+        let repair = RepairContext::new(Arc::new(spec.clone()), identity.clone(), store.clone());
         let mut node = Self {
             query: start_query(&spec, &opts, &replica, &registry, admin).await?,
             spec,

@@ -14,9 +14,10 @@
 
 use crate::error::NodeError;
 use prefixlog_ingest::continuity::{check_marks, check_offsets, OffsetProblem};
-use prefixlog_ingest::{probe_log, LogProbe, LogSpec, Replica};
+use prefixlog_ingest::{probe_log, LogSpec, Replica};
 use prefixlog_peer::PeerClient;
 use prefixlog_snapshot::restore_for;
+use prefixlog_state::LogProbe;
 use prefixlog_state::{Applier, LogIdentity};
 use prometheus::IntCounterVec;
 use std::collections::BTreeMap;

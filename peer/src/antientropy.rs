@@ -12,10 +12,10 @@
 
 use crate::client::{CallError, PeerClient};
 use crate::repair::{check_and_repair, RepairContext, RepairOutcome};
-use prefixlog_ingest::Replica;
 use prefixlog_proto::v1 as pb;
 use prefixlog_proto::v1::replica_peer_client::ReplicaPeerClient;
 use prefixlog_state::settings::SettingsError;
+use prefixlog_state::LiveState;
 use prefixlog_state::{check_compatible, Incompatible, LogIdentity, StateSettings};
 use prometheus::{IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry};
 use std::collections::BTreeMap;
@@ -127,7 +127,7 @@ pub struct RoundReport {
 }
 
 pub struct AntiEntropy {
-    pub replica: Arc<Replica>,
+    pub replica: Arc<dyn LiveState>,
     pub peers: Vec<String>,
     pub ctx: RepairContext,
     pub stats: Arc<AntiEntropyStats>,
@@ -298,14 +298,14 @@ impl AntiEntropy {
         report: &mut RoundReport,
     ) {
         self.stats.mismatches.with_label_values(&[&p.to_string()]).inc();
-        let lead = crate::holders::differing_holders(client, &self.replica, &self.ctx.identity, p);
+        let lead = crate::holders::differing_holders(client, &*self.replica, &self.ctx.identity, p);
         let differing =
             self.client.deadline(peer, "asking for holder digests", lead).await.unwrap_or_default();
         tracing::error!(
             %peer, partition = p, offset = off, last_agreed = ?agreed, holders = ?differing,
             "anti-entropy: digest mismatch (a bug or corruption); self-checking this replica"
         );
-        match check_and_repair(&self.ctx, &self.replica, p, off, mine, agreed).await {
+        match check_and_repair(&self.ctx, &*self.replica, p, off, mine, agreed).await {
             Ok(RepairOutcome::Consistent) => {
                 tracing::warn!(
                     partition = p,

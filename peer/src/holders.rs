@@ -1,9 +1,9 @@
 //! Which holders of a partition differ from a peer's: a lead for the mismatch log line.
 
 use prefixlog_engine::partition_of;
-use prefixlog_ingest::Replica;
 use prefixlog_proto::v1 as pb;
 use prefixlog_proto::v1::replica_peer_client::ReplicaPeerClient;
+use prefixlog_state::LiveState;
 use prefixlog_state::LogIdentity;
 use std::collections::BTreeMap;
 
@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 /// so this is a lead for the log, not a verdict). At most 20.
 pub async fn differing_holders(
     client: &mut ReplicaPeerClient<tonic::transport::Channel>,
-    replica: &Replica,
+    replica: &dyn LiveState,
     ours: &LogIdentity,
     p: u32,
 ) -> Vec<String> {

@@ -1,7 +1,7 @@
 //! The self-check and the partition repair (see the crate docs for the rule).
 //!
 //! Both run off to the side: a partition is rebuilt in a separate applier from a checkpoint
-//! (or the log start) by applying the log up to a *fixed* target offset ([`prefixlog_ingest::apply_log`]), which must be reached
+//! (or the log start) by applying the log up to a *fixed* target offset ([`LogSource::apply`]), which must be reached
 //! exactly (a stall or a discontinuity is an error, never a partial rebuild). A repair then
 //! catches the rebuilt partition up with the live one, still off to the side, and hands it to
 //! the ingest thread, which swaps it in between two records and reads on from its offset —
@@ -10,18 +10,18 @@
 
 use parking_lot::Mutex;
 use prefixlog_engine::{InvariantError, KeyspaceId};
-use prefixlog_ingest::{
-    apply_log, probe_log, ApplyLogError, ApplyLogOptions, LogSpec, Replica, ReplicaError, Until,
-};
 use prefixlog_snapshot::{restore, CheckpointStore, Loaded, RestoreError};
-use prefixlog_state::{check_compatible, Applier, LogIdentity};
+use prefixlog_state::{
+    check_compatible, Applier, ApplyLogOptions, LiveState, LogError, LogIdentity, LogSource, Until,
+};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
 /// What a replica needs to rebuild one of its partitions.
 #[derive(Clone)]
 pub struct RepairContext {
-    pub spec: LogSpec,
+    /// The log (Kafka in a replica, memory in tests).
+    pub log: Arc<dyn LogSource>,
     /// This replica's identity (its settings decide how the log is applied).
     pub identity: LogIdentity,
     pub store: Option<Arc<CheckpointStore>>,
@@ -30,8 +30,8 @@ pub struct RepairContext {
 }
 
 impl RepairContext {
-    pub fn new(spec: LogSpec, identity: LogIdentity, store: Option<Arc<CheckpointStore>>) -> Self {
-        Self { spec, identity, store, gate: RepairGate::default() }
+    pub fn new(log: Arc<dyn LogSource>, identity: LogIdentity, store: Option<Arc<CheckpointStore>>) -> Self {
+        Self { log, identity, store, gate: RepairGate::default() }
     }
 }
 
@@ -65,13 +65,14 @@ pub enum RepairError {
     #[error("partition {partition}: no checkpoint at or before offset {trusted} and the log starts at {log_start}: cannot rebuild")]
     NoBase { partition: u32, trusted: i64, log_start: i64 },
     #[error("partition {partition}: {source}")]
-    ApplyLog { partition: u32, source: ApplyLogError },
+    ApplyLog { partition: u32, source: LogError },
     #[error(transparent)]
     Restore(#[from] RestoreError),
+    /// Probing the log's range.
     #[error(transparent)]
-    Probe(#[from] prefixlog_ingest::ProbeError),
+    Probe(LogError),
     #[error("swapping the rebuilt partition in: {0}")]
-    Swap(#[from] ReplicaError),
+    Swap(LogError),
     #[error("the rebuild task failed: {0}")]
     Task(#[from] tokio::task::JoinError),
 }
@@ -110,7 +111,8 @@ fn base_checkpoint(ctx: &RepairContext, p: u32, trusted: i64) -> Option<Loaded> 
 /// Replays partition `p` of `a` to next offset `to`, exactly.
 fn advance(ctx: &RepairContext, a: &mut Applier, p: u32, to: i64) -> Result<(), RepairError> {
     let until = Until::Offsets([(p, to)].into_iter().collect());
-    apply_log(&ctx.spec, a, &until, ApplyLogOptions::default())
+    ctx.log
+        .apply(a, &until, ApplyLogOptions::default())
         .map_err(|source| RepairError::ApplyLog { partition: p, source })?;
     Ok(())
 }
@@ -129,11 +131,11 @@ pub fn self_check(
     let (mut rebuilt, from_checkpoint) = match base_checkpoint(ctx, p, trusted) {
         Some(l) => (restore(&l)?.extract(&[p]), Some(l.meta.id)),
         None => {
-            let log_start = probe_log(&ctx.spec)?.low(p);
+            let log_start = ctx.log.probe().map_err(RepairError::Probe)?.low(p);
             if log_start > 0 {
                 return Err(RepairError::NoBase { partition: p, trusted, log_start });
             }
-            (Applier::new(ctx.spec.partitions, ctx.identity.settings), None)
+            (Applier::new(ctx.log.partitions(), ctx.identity.settings), None)
         }
     };
     advance(ctx, &mut rebuilt, p, point)?;
@@ -148,7 +150,7 @@ pub fn self_check(
 /// in. Records the live state applied after the last pass are applied again on the new state.
 pub async fn swap_in(
     ctx: &RepairContext,
-    replica: &Replica,
+    replica: &dyn LiveState,
     p: u32,
     rebuilt: Applier,
 ) -> Result<i64, RepairError> {
@@ -159,7 +161,7 @@ pub async fn swap_in(
         rebuilt = tokio::task::spawn_blocking(move || advance(&ctx2, &mut a, p, live).map(|()| a)).await??;
     }
     let at = rebuilt.partition(p).next_offset;
-    replica.replace_partition(p, rebuilt).await?;
+    replica.replace_partition(p, rebuilt).await.map_err(RepairError::Swap)?;
     Ok(at)
 }
 
@@ -170,7 +172,7 @@ fn live_offset(applier: &Mutex<Applier>, p: u32) -> i64 {
 /// The self-check, and the repair if it finds our partition diverged.
 pub async fn check_and_repair(
     ctx: &RepairContext,
-    replica: &Replica,
+    replica: &dyn LiveState,
     p: u32,
     point: i64,
     recorded: u64,
@@ -196,7 +198,7 @@ pub async fn check_and_repair(
 /// start.
 pub async fn rebuild_and_swap(
     ctx: &RepairContext,
-    replica: &Replica,
+    replica: &dyn LiveState,
     p: u32,
 ) -> Result<RepairOutcome, RepairError> {
     let Some(_repairing) = ctx.gate.enter(p) else { return Ok(RepairOutcome::AlreadyRunning) };
@@ -239,11 +241,11 @@ fn sound_base(ctx: &RepairContext, p: u32, upto: i64) -> Result<(Applier, Option
             }
         }
     }
-    let log_start = probe_log(&ctx.spec)?.low(p);
+    let log_start = ctx.log.probe().map_err(RepairError::Probe)?.low(p);
     if log_start > 0 {
         return Err(RepairError::NoBase { partition: p, trusted: upto, log_start });
     }
-    Ok((Applier::new(ctx.spec.partitions, ctx.identity.settings), None))
+    Ok((Applier::new(ctx.log.partitions(), ctx.identity.settings), None))
 }
 
 /// A keyspace of a rebuilt state that fails the full invariant check.

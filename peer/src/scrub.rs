@@ -15,7 +15,7 @@
 use crate::repair::{rebuild_and_swap, RepairContext, RepairOutcome};
 use parking_lot::Mutex;
 use prefixlog_engine::{Engine, KeyspaceId, ScrubCursor, ScrubFinding, ScrubStep};
-use prefixlog_ingest::Replica;
+use prefixlog_state::LiveState;
 use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -130,7 +130,7 @@ struct Rotation {
 }
 
 pub struct Scrubber {
-    replica: Arc<Replica>,
+    replica: Arc<dyn LiveState>,
     ctx: RepairContext,
     pub stats: Arc<ScrubStats>,
     budget: u64,
@@ -138,7 +138,7 @@ pub struct Scrubber {
 }
 
 impl Scrubber {
-    pub fn new(replica: Arc<Replica>, ctx: RepairContext, stats: Arc<ScrubStats>, budget: u64) -> Self {
+    pub fn new(replica: Arc<dyn LiveState>, ctx: RepairContext, stats: Arc<ScrubStats>, budget: u64) -> Self {
         Self { replica, ctx, stats, budget, at: Mutex::new(Rotation::default()) }
     }
 
@@ -234,7 +234,7 @@ impl Scrubber {
         );
         let mut repaired = Vec::new();
         for p in targets {
-            let outcome = rebuild_and_swap(&self.ctx, &self.replica, p).await;
+            let outcome = rebuild_and_swap(&self.ctx, &*self.replica, p).await;
             let label = match &outcome {
                 Ok(RepairOutcome::Repaired { from_checkpoint, swapped_at }) => {
                     tracing::warn!(

@@ -147,7 +147,8 @@ impl SglArgs {
         let mut exts = prefixlog_query::Extensions::default();
         if let (Some(model), Some(block_size)) = (&self.sgl_model, self.sgl_block_size) {
             let cfg = prefixlog_facades::sglang::SglangConfig { model: model.clone(), block_size };
-            exts.0.push(std::sync::Arc::new(prefixlog_facades::sglang::SglangExtension::new(cfg, spec)?));
+            let log = std::sync::Arc::new(prefixlog_ingest::Publisher::new(spec)?);
+            exts.0.push(std::sync::Arc::new(prefixlog_facades::sglang::SglangExtension::new(cfg, log)));
         }
         if let Some(addr) = self.http_indexer_addr {
             exts.0.push(std::sync::Arc::new(prefixlog_facades::http::DynamoHttpExtension::bind(addr)?));

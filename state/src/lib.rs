@@ -18,6 +18,9 @@
 //! - [`limits`]: what a record may create per partition ([`limits::admit`]), and each
 //!   partition's derived [`limits::Usage`].
 //! - [`apply`]: the deterministic [`Applier`].
+//! - [`log`]: the log as the layers above the Kafka edge see it: [`LogSource`] (probe, apply up
+//!   to a target), [`LiveState`] (a running replica's applier, partition swaps) and [`LogAppend`]
+//!   (appending records).
 //! - [`status`]: [`ReplicaStatus`], what a running replica reports of its progress and health
 //!   (offsets, lag, discontinuities, apply failures, log holes, broker contact, read-your-writes
 //!   waits). Written by the Kafka edge, read by the query path; never part of applied state.
@@ -26,6 +29,7 @@
 pub mod apply;
 pub mod identity;
 pub mod limits;
+pub mod log;
 pub mod partition_state;
 pub mod record;
 pub mod settings;
@@ -35,6 +39,7 @@ pub mod testing;
 
 pub use apply::{Applier, ApplyFailure, NotNext, Outcome};
 pub use identity::{check_compatible, Incompatible, LogIdentity};
+pub use log::{ApplyLogOptions, LiveState, LogAppend, LogError, LogProbe, LogSource, Until, Watermarks};
 pub use partition_state::{DigestPoint, PartitionState};
 /// In `prefixlog-ids` so the gateway client can take them without this crate.
 pub use prefixlog_ids::{token_of, Landed};

@@ -349,8 +349,9 @@ async fn a_recreated_topic_refuses_the_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn record_marks_tell_the_log_a_state_came_from() {
     use prefixlog_ingest::continuity::{check_marks, OffsetProblem};
-    use prefixlog_ingest::{apply_log, ApplyLogError, Until};
+    use prefixlog_ingest::{apply_log, ApplyLogError};
     use prefixlog_state::Applier;
+    use prefixlog_state::Until;
     let _turn = BROKER_HEAVY.lock().await;
     let mut ran = Vec::new();
     for b in kafka_backends().await {

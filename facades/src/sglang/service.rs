@@ -7,10 +7,10 @@ use super::reader::Reader;
 use super::writer::Writer;
 use super::{SglangConfig, MAX_MESSAGE_BYTES, PROTOCOL};
 use crate::metrics::FacadeMetrics;
-use prefixlog_ingest::{LogSpec, PublishError, Publisher};
 use prefixlog_query::extension::{Extension, ExtensionContext, ExtensionError};
 use prefixlog_query::service::grpc_timeout;
 use prefixlog_query::QueryService;
+use prefixlog_state::LogAppend;
 use std::sync::Arc;
 use tonic::service::RoutesBuilder;
 use tonic::{Request, Response, Status};
@@ -38,12 +38,12 @@ pub struct SglangService {
 impl SglangService {
     pub fn new(
         cfg: &SglangConfig,
-        publisher: Publisher,
+        log: Arc<dyn LogAppend>,
         query: QueryService,
         metrics: FacadeMetrics,
     ) -> Self {
         Self {
-            writer: Arc::new(Writer::new(cfg, publisher, query.clone())),
+            writer: Arc::new(Writer::new(cfg, log, query.clone())),
             reader: Arc::new(Reader::new(cfg, query.clone())),
             query,
             metrics,
@@ -155,13 +155,14 @@ impl KvIndexer for SglangService {
 /// Hosts [`SglangService`] on the query port (`prefixlog serve --sgl-model ...`).
 pub struct SglangExtension {
     cfg: SglangConfig,
-    publisher: Publisher,
+    log: Arc<dyn LogAppend>,
 }
 
 impl SglangExtension {
-    /// The extension for `cfg`, publishing to `spec`'s log (a producer of its own).
-    pub fn new(cfg: SglangConfig, spec: &LogSpec) -> Result<Self, PublishError> {
-        Ok(Self { cfg, publisher: Publisher::new(spec)? })
+    /// The extension for `cfg`, appending its writes to `log` (over Kafka: a
+    /// `prefixlog_ingest::Publisher` of its own).
+    pub fn new(cfg: SglangConfig, log: Arc<dyn LogAppend>) -> Self {
+        Self { cfg, log }
     }
 }
 
@@ -183,7 +184,7 @@ impl Extension for SglangExtension {
             return Err(StartError::NotEveryPartition { owned, partitions }.into());
         }
         let metrics = FacadeMetrics::new(ctx.registry, PROTOCOL).map_err(StartError::Metrics)?;
-        let svc = SglangService::new(&self.cfg, self.publisher.clone(), ctx.query.clone(), metrics);
+        let svc = SglangService::new(&self.cfg, self.log.clone(), ctx.query.clone(), metrics);
         routes.add_service(svc.into_server());
         Ok(())
     }

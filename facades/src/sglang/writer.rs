@@ -23,11 +23,11 @@ use super::{SglangConfig, MAX_WORKERS};
 use crate::names::{worker_id, SGLANG_SEED};
 use parking_lot::Mutex;
 use prefixlog_engine::{partition_of, KeyspaceId};
-use prefixlog_ingest::{PublishError, Publisher};
 use prefixlog_query::QueryService;
 use prefixlog_state::partition_state::FeedKey;
+use prefixlog_state::record::{encode_lifecycle, KvBatch, KvOp};
 use prefixlog_state::settings::{StateSettings, METADATA_ENTRY_BYTES};
-use prefixlog_state::{token_of, Landed, Lifecycle};
+use prefixlog_state::{token_of, Landed, Lifecycle, LogAppend, LogError};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -56,7 +56,7 @@ pub enum WriteError {
     #[error("this facade already writes for {MAX_WORKERS} workers; a new one is refused")]
     WorkerTableFull,
     #[error("appending to the log: {0}")]
-    Publish(#[from] PublishError),
+    Publish(#[from] LogError),
     #[error("the worker's epoch and sequence numbers are exhausted; it cannot be written again")]
     Exhausted,
     #[error("worker metadata (worker_id, address, cache spec, worker_epoch) would be {bytes} bytes; the log takes at most {max}")]
@@ -129,14 +129,14 @@ pub(crate) struct WorkerState {
 
 pub struct Writer {
     keyspace: KeyspaceId,
-    publisher: Publisher,
+    log: Arc<dyn LogAppend>,
     query: QueryService,
     workers: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<Option<WorkerState>>>>>,
 }
 
 impl Writer {
-    pub fn new(cfg: &SglangConfig, publisher: Publisher, query: QueryService) -> Self {
-        Self { keyspace: cfg.keyspace(), publisher, query, workers: Mutex::default() }
+    pub fn new(cfg: &SglangConfig, log: Arc<dyn LogAppend>, query: QueryService) -> Self {
+        Self { keyspace: cfg.keyspace(), log, query, workers: Mutex::default() }
     }
 
     /// Appends the batch's records; `wait` bounds the wait for the replica to apply them.
@@ -174,11 +174,7 @@ impl Writer {
             // the number would make the log skip the next batch as a duplicate; a number never
             // used shows as a gap instead (the worker is left out of answers: never overcount).
             let seq = st.take_seq()?;
-            landed.push(
-                self.publisher
-                    .publish_kv_events(&self.keyspace, worker, 0, st.epoch, seq, false, &ops, None)
-                    .await?,
-            );
+            landed.push(self.log.append(worker, self.kv_record(worker, st.epoch, seq, &ops)).await?);
         }
         st.engine_seq = Some(req.seq);
         drop(guard);
@@ -220,7 +216,7 @@ impl Writer {
             return Ok(None);
         }
         let added = Lifecycle::Added { metadata: metadata.clone() };
-        let landed = self.publisher.publish_lifecycle(worker, &added).await?;
+        let landed = self.log.append(worker, encode_lifecycle(worker, &added)).await?;
         st.metadata = Some(metadata);
         Ok(Some(landed))
     }
@@ -229,11 +225,18 @@ impl Writer {
     /// kept with no metadata, so a later batch announces it again (a removed feed accepts any
     /// next `seq`, so the numbering may go on).
     pub(crate) async fn remove(&self, worker: u64, mut guard: Locked) -> Result<Landed, WriteError> {
-        let landed = self.publisher.publish_lifecycle(worker, &Lifecycle::Removed).await?;
+        let landed = self.log.append(worker, encode_lifecycle(worker, &Lifecycle::Removed)).await?;
         if let Some(st) = guard.as_mut() {
             st.metadata = None;
         }
         Ok(landed)
+    }
+
+    /// The record of one batch of `worker`'s events (data-parallel rank 0: SGLang's indexer
+    /// protocol names none).
+    fn kv_record(&self, worker: u64, epoch: u64, seq: u64, events: &[KvOp]) -> Vec<u8> {
+        let keyspace = &self.keyspace;
+        KvBatch { keyspace, worker, dp_rank: 0, epoch, seq, gap_before: false, events, lanes: &[] }.encode()
     }
 
     pub(crate) fn query(&self) -> &QueryService {
