@@ -25,11 +25,15 @@
 //!   (offsets, lag, discontinuities, apply failures, log holes, broker contact, read-your-writes
 //!   waits). Written by the Kafka edge, read by the query path; never part of applied state.
 //! - `testing` (feature `testing`, tests only): make applying chosen records panic.
+//! - `memory_log` (feature `testing`, tests only): an in-memory log and replica for the layers
+//!   above the Kafka edge.
 
 pub mod apply;
 pub mod identity;
 pub mod limits;
 pub mod log;
+#[cfg(any(test, feature = "testing"))]
+pub mod memory_log;
 pub mod partition_state;
 pub mod record;
 pub mod settings;

@@ -1,0 +1,178 @@
+//! An in-memory log (feature `testing`, tests only): [`MemoryLog`] implements [`LogSource`] and
+//! [`LogAppend`] over per-partition vectors, and [`MemoryReplica`] implements [`LiveState`]
+//! over an applier nobody else writes. Tests of the layers above the Kafka edge (repairs,
+//! audits, facades) run on it without a broker; the Kafka edge's own tests use the embedded
+//! broker.
+
+use crate::log::{
+    Appending, ApplyLogOptions, LiveState, LogError, LogProbe, LogSource, Replacing, Until, Watermarks,
+};
+use crate::{Applier, Landed, LogAppend, NotNext, StateSettings};
+use parking_lot::Mutex;
+use prefixlog_engine::{partition_of, LogTime};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// Why [`MemoryLog::apply`] did not reach its target.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum MemoryLogError {
+    #[error("partition {partition}: asked to apply up to {asked}, the log ends at {end}")]
+    BeyondEnd { partition: u32, asked: i64, end: i64 },
+    #[error("partition {partition}: asked to apply up to {asked}, the state is already at {at}")]
+    Behind { partition: u32, asked: i64, at: i64 },
+    #[error("partition {partition}: the state is at {at}, the log starts at {low}")]
+    NotContinued { partition: u32, at: i64, low: i64 },
+    #[error(transparent)]
+    NotNext(#[from] NotNext),
+}
+
+#[derive(Default)]
+struct Partition {
+    /// (log time, record) at offset `low + i`.
+    records: Vec<(LogTime, Vec<u8>)>,
+    /// The first retained offset (retention moved it past the records dropped).
+    low: i64,
+}
+
+/// A log of `partitions` partitions, all owned, in memory.
+pub struct MemoryLog {
+    partitions: u32,
+    owned: Vec<u32>,
+    settings: StateSettings,
+    log: Mutex<Vec<Partition>>,
+}
+
+impl MemoryLog {
+    pub fn new(partitions: u32, settings: StateSettings) -> Self {
+        let log = (0..partitions).map(|_| Partition::default()).collect();
+        Self { partitions, owned: (0..partitions).collect(), settings, log: Mutex::new(log) }
+    }
+
+    /// Appends `record` for `worker` at log time `log_time` (ms).
+    pub fn push(&self, worker: u64, log_time: LogTime, record: Vec<u8>) -> Landed {
+        let partition = partition_of(worker, self.partitions);
+        let mut log = self.log.lock();
+        let part = &mut log[partition as usize];
+        part.records.push((log_time, record));
+        Landed { partition, offset: part.low + part.records.len() as i64 - 1 }
+    }
+
+    /// Retention: drops partition `p`'s records below `offset`.
+    pub fn drop_before(&self, p: u32, offset: i64) {
+        let mut log = self.log.lock();
+        let part = &mut log[p as usize];
+        let n = (offset - part.low).clamp(0, part.records.len() as i64) as usize;
+        part.records.drain(..n);
+        part.low += n as i64;
+    }
+
+    /// The next offset of every partition.
+    pub fn ends(&self) -> Vec<i64> {
+        self.log.lock().iter().map(|p| p.low + p.records.len() as i64).collect()
+    }
+
+    fn targets(&self, applier: &Applier, until: &Until) -> Result<BTreeMap<u32, i64>, MemoryLogError> {
+        let ends = self.ends();
+        let mut out = BTreeMap::new();
+        match until {
+            Until::Offsets(o) => {
+                for (&partition, &asked) in o {
+                    let (end, at) = (ends[partition as usize], applier.partition(partition).next_offset);
+                    if asked > end {
+                        return Err(MemoryLogError::BeyondEnd { partition, asked, end });
+                    }
+                    if asked < at {
+                        return Err(MemoryLogError::Behind { partition, asked, at });
+                    }
+                    out.insert(partition, asked);
+                }
+            }
+            Until::Time(_) => out.extend(self.owned.iter().map(|&p| (p, ends[p as usize]))),
+        }
+        Ok(out)
+    }
+
+    fn apply_all(&self, applier: &mut Applier, until: &Until) -> Result<u64, MemoryLogError> {
+        let targets = self.targets(applier, until)?;
+        let log = self.log.lock();
+        let mut applied = 0;
+        for (partition, end) in targets {
+            let part = &log[partition as usize];
+            let at = applier.partition(partition).next_offset;
+            if at < part.low && at < end {
+                return Err(MemoryLogError::NotContinued { partition, at, low: part.low });
+            }
+            for offset in at..end {
+                let (log_time, record) = &part.records[(offset - part.low) as usize];
+                if matches!(until, Until::Time(t) if log_time > t) {
+                    break;
+                }
+                applier.apply(partition, offset, *log_time, Some(record))?;
+                applied += 1;
+            }
+        }
+        Ok(applied)
+    }
+}
+
+impl LogSource for MemoryLog {
+    fn topic(&self) -> &str {
+        "memory"
+    }
+
+    fn partitions(&self) -> u32 {
+        self.partitions
+    }
+
+    fn owned(&self) -> &[u32] {
+        &self.owned
+    }
+
+    fn settings(&self) -> StateSettings {
+        self.settings
+    }
+
+    fn probe(&self) -> Result<LogProbe, LogError> {
+        let log = self.log.lock();
+        let watermarks = (0..self.partitions)
+            .map(|p| {
+                let part = &log[p as usize];
+                (p, Watermarks { low: part.low, high: part.low + part.records.len() as i64 })
+            })
+            .collect();
+        Ok(LogProbe { cluster_id: "memory".into(), partitions: self.partitions, watermarks })
+    }
+
+    fn apply(&self, applier: &mut Applier, until: &Until, _: ApplyLogOptions<'_>) -> Result<u64, LogError> {
+        self.apply_all(applier, until).map_err(LogError::new)
+    }
+}
+
+impl LogAppend for MemoryLog {
+    fn append(&self, worker: u64, record: Vec<u8>) -> Appending<'_> {
+        let landed = self.push(worker, 1, record);
+        Box::pin(std::future::ready(Ok(landed)))
+    }
+}
+
+/// A replica whose applier only the test writes: partition swaps happen at once.
+pub struct MemoryReplica {
+    applier: Arc<Mutex<Applier>>,
+}
+
+impl MemoryReplica {
+    pub fn new(applier: Applier) -> Self {
+        Self { applier: Arc::new(Mutex::new(applier)) }
+    }
+}
+
+impl LiveState for MemoryReplica {
+    fn applier(&self) -> &Arc<Mutex<Applier>> {
+        &self.applier
+    }
+
+    fn replace_partition(&self, partition: u32, src: Applier) -> Replacing<'_> {
+        self.applier.lock().replace_partition(partition, &src);
+        Box::pin(std::future::ready(Ok(())))
+    }
+}
