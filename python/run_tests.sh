@@ -9,7 +9,7 @@
 #      build) on free ports with its embedded broker, a second replica of the same log serving
 #      gRPC over mutual TLS (tests/fixtures/tls), two more owning one shard each
 #      (`--shard 0/2`, `--shard 1/2`: the sharded fan-out's live test), the trace replayed with
-#      `prefixlog replay`, then pytest (which also installs the package into a fresh venv and
+#      `prefixlog publish-trace`, then pytest (which also installs the package into a fresh venv and
 #      queries with it) over python/tests and examples/gateway (whose test starts a replica,
 #      fake workers and the example gateway of its own); every server is killed on exit.
 #      The venv also gets examples/gateway/requirements.txt (confluent-kafka).
@@ -87,7 +87,7 @@ for I in 0 1; do
 done
 echo "==> replaying the trace into $BROKERS (8 workers, stretch 1)"
 REPLAY_LOG=$(mktemp /tmp/prefixlog-replay.XXXXXX.log)
-"$BIN" replay --brokers "$BROKERS" --partitions 4 --workers 8 --stretch 1 --trace "$PREFIXLOG_TRACE" \
+"$BIN" publish-trace --brokers "$BROKERS" --partitions 4 --workers 8 --stretch 1 --trace "$PREFIXLOG_TRACE" \
   2>"$REPLAY_LOG" || { cat "$REPLAY_LOG" >&2; exit 1; }
 cat "$REPLAY_LOG" >&2
 # The number of records published, from replay's "replayed records=N" log line (empty if the

@@ -2,7 +2,7 @@
 # Proves the repository is self-contained (issue 17): copies the tracked files alone into an
 # otherwise empty folder ($TMPDIR/prefixlog-self-contained/repo: no siblings, so a path into a
 # sibling folder of the clone cannot resolve) and runs the demo smoke test there, which runs
-# `prefixlog demo` on its default, bundled trace. The folder is fixed and modification times are kept, so later
+# `prefixlog-lab demo` on its default, bundled trace. The folder is fixed and modification times are kept, so later
 # runs rebuild only what changed; the Cargo target dir is the usual one (scripts/env.sh).
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
@@ -23,5 +23,5 @@ echo "==> $(git ls-files | wc -l) tracked files copied to $base/repo (nothing el
 cd "$base/repo"
 # A fresh environment: nothing from this clone's env.sh may leak into the copy.
 env -u PREFIXLOG_ROOT -u PREFIXLOG_TRACE PREFIXLOG_TEST_BACKENDS=embedded \
-  bash -c 'source scripts/env.sh && cargo test -p prefixlog --test demo_smoke -- --nocapture'
+  bash -c 'source scripts/env.sh && cargo test -p prefixlog-lab --test demo_smoke -- --nocapture'
 rm -rf "$base"

@@ -3,7 +3,7 @@
 //! [`prefixlog_state::Applier`], and the watermark and dead-letter threads beside it.
 //!
 //! A record's path through a replica: Kafka → [`reader::LogReader`] (offset order, continuity
-//! checked) → [`replica`] (the ingest thread) → `prefixlog_state::Applier` (decode + validate,
+//! checked) → [`ingest_thread`] ([`IngestThread`]) → `prefixlog_state::Applier` (decode + validate,
 //! dedupe per feed, apply) → `prefixlog_engine::Engine`.
 //!
 //! Module map:
@@ -22,7 +22,7 @@
 //! - [`apply_log`]: applying the log up to a fixed target (audits, repairs, benchmarks).
 //! - [`publisher`]: idempotent keyed producer; [`Landed::token`] gives consistency tokens.
 //! - [`affinity`]: [`CpuSet`], pinning the ingest thread (and its consumer's threads) to CPUs.
-//! - [`replica`]: the ingest thread (a panic applying one record halts that partition),
+//! - [`ingest_thread`]: [`IngestThread`], the ingest thread (a panic applying one record halts that partition),
 //!   partition replacement for repair and recovery.
 //! - [`watermarks`]: the watermark thread: lag, rewinds, the topic's partition count, broker
 //!   contact (written to `prefixlog_state::ReplicaStatus`).
@@ -39,7 +39,7 @@ pub mod log_spec;
 pub mod probe;
 pub mod publisher;
 pub mod reader;
-pub mod replica;
+pub mod ingest_thread;
 pub mod topics;
 pub mod watermarks;
 
@@ -50,5 +50,5 @@ pub use log_spec::{ClientRole, KafkaConnection, LogSpec, Shard, ShardError};
 pub use probe::{check_topic, cleanup_policy, probe_log, CleanupPolicy, ProbeError};
 pub use publisher::{PublishError, Publisher};
 pub use reader::{Discontinuity, LogReader};
-pub use replica::{GapPolicy, IngestOptions, Replica, ReplicaError};
+pub use ingest_thread::{GapPolicy, IngestOptions, IngestThread, IngestError};
 pub use topics::{add_partitions, create_topic, delete_topic, TopicError};

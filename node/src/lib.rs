@@ -4,7 +4,7 @@
 //! replica has the same start-up checks, checkpoints, peers, metrics and shutdown.
 //!
 //! A record's path through a node: Kafka → `ingest::LogReader` (continuity checked) → the
-//! ingest thread (`ingest::Replica`) → `ingest::Applier` → `engine`. A query's path: the gRPC
+//! ingest thread (`ingest::IngestThread`) → `state::Applier` → `engine`. A query's path: the gRPC
 //! port (`query::QueryService`) → `engine` under a keyspace read lock, answering for the owned
 //! partitions. The node adds what surrounds both:
 //!

@@ -7,7 +7,7 @@ use crate::progress::{Phase, StartupProgress};
 use crate::startup::{prepare, Prepared, StateSource};
 use parking_lot::Mutex;
 use prefixlog_engine::Engine;
-use prefixlog_ingest::{GapPolicy, IngestOptions, LogSpec, Publisher, Replica};
+use prefixlog_ingest::{GapPolicy, IngestOptions, LogSpec, Publisher, IngestThread};
 use prefixlog_peer::{
     AntiEntropy, AntiEntropyStats, PeerService, RepairContext, RoundReport, ScrubStats, Scrubber, ServeLimits,
 };
@@ -27,7 +27,7 @@ pub struct ReplicaNode {
     opts: NodeOptions,
     identity: LogIdentity,
     source: StateSource,
-    replica: Arc<Replica>,
+    replica: Arc<IngestThread>,
     store: Option<Arc<CheckpointStore>>,
     /// How the store was opened (None: no data dir).
     store_opened: Option<Opened>,
@@ -83,7 +83,7 @@ impl ReplicaNode {
             gap_policy,
             cpus: opts.ingest_cpus.clone(),
         };
-        let replica = Arc::new(Replica::start(&spec, applier, ingest)?);
+        let replica = Arc::new(IngestThread::start(&spec, applier, ingest)?);
         let checkpoint_metrics = Arc::new(CheckpointMetrics::new(&registry)?);
         if let Some(s) = &store {
             checkpoint_metrics.store_health(s);
@@ -306,7 +306,7 @@ impl ReplicaNode {
         self.replica.applier().lock().engine().clone()
     }
 
-    pub fn replica(&self) -> &Arc<Replica> {
+    pub fn replica(&self) -> &Arc<IngestThread> {
         &self.replica
     }
 
@@ -410,7 +410,7 @@ impl ReplicaNode {
 async fn start_query(
     spec: &LogSpec,
     opts: &NodeOptions,
-    replica: &Arc<Replica>,
+    replica: &Arc<IngestThread>,
     registry: &Registry,
     admin: Option<AdminPort>,
 ) -> Result<RunningServer, NodeError> {

@@ -14,7 +14,7 @@
 
 use crate::error::NodeError;
 use prefixlog_ingest::continuity::{check_marks, check_offsets, OffsetProblem};
-use prefixlog_ingest::{probe_log, LogSpec, Replica};
+use prefixlog_ingest::{probe_log, LogSpec, IngestThread};
 use prefixlog_peer::PeerClient;
 use prefixlog_snapshot::restore_for;
 use prefixlog_state::LogProbe;
@@ -93,7 +93,7 @@ pub async fn run(
     spec: LogSpec,
     identity: LogIdentity,
     sources: Sources,
-    replica: Arc<Replica>,
+    replica: Arc<IngestThread>,
     recoveries: IntCounterVec,
 ) {
     let mut retry_at: BTreeMap<u32, Instant> = BTreeMap::new();
@@ -122,7 +122,7 @@ async fn recover(
     spec: &LogSpec,
     identity: &LogIdentity,
     sources: &Sources,
-    replica: &Replica,
+    replica: &IngestThread,
     p: u32,
 ) -> Recovery {
     let probe = {

@@ -1,6 +1,6 @@
 //! `prefixlog audit`: what the index said at any past point, and why a gateway routed as it did.
 
-use crate::kafka_args::{KafkaArgs, SettingsArgs};
+use prefixlog::kafka_args::{KafkaArgs, SettingsArgs};
 use prefixlog_audit::queries::{answer, holder_blocks, worker_blocks, Query};
 use prefixlog_audit::{reconstruct, Point};
 use prefixlog_engine::{HolderKey, KeyspaceId};

@@ -1,6 +1,6 @@
 //! `prefixlog bridge`: vLLM / SGLang KV events over ZeroMQ → the log.
 
-use crate::kafka_args::KafkaArgs;
+use prefixlog::kafka_args::KafkaArgs;
 use prefixlog_bridge::{self as bridge, BridgeOptions, EngineSpec};
 use prefixlog_engine::{scheme, KeyspaceId};
 use prefixlog_ingest::Publisher;

@@ -33,7 +33,7 @@ pub struct KafkaArgs {
     pub kafka_config: Option<PathBuf>,
 }
 
-pub(crate) fn parse_kv(s: &str) -> Result<(String, String), String> {
+pub fn parse_kv(s: &str) -> Result<(String, String), String> {
     s.split_once('=')
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .ok_or_else(|| format!("expected key=value, got {s:?}"))

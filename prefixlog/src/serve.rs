@@ -1,6 +1,6 @@
 //! `prefixlog serve`: an index replica (flags → `LogSpec` + `NodeOptions` → `ReplicaNode`).
 
-use crate::kafka_args::{KafkaArgs, SettingsArgs};
+use prefixlog::kafka_args::{KafkaArgs, SettingsArgs};
 use prefixlog_ingest::Shard;
 use prefixlog_node::{CheckpointPolicy, GapChoice, NodeOptions, ReplicaNode, SettingsChange};
 use prefixlog_snapshot::Retention;

@@ -46,7 +46,7 @@ fn deploy_files_match_the_cli() {
     let k8s = read("deploy/k8s/replicas/statefulset.yaml");
     let prom = read("deploy/prometheus.yml");
     let docker = read("Dockerfile");
-    let subcommands = ["serve", "replay"];
+    let subcommands = ["serve", "publish-trace"];
     let prefixlog_cmds: Vec<Vec<String>> = commands(&compose, "command:");
     let (ours, others): (Vec<_>, Vec<_>) =
         prefixlog_cmds.into_iter().partition(|c| subcommands.contains(&c[0].as_str()));
@@ -55,7 +55,7 @@ fn deploy_files_match_the_cli() {
         6,
         "two compose replicas + the sharded profile's 2 x 2"
     );
-    assert!(ours.iter().any(|c| c[0] == "replay"), "the compose fleet");
+    assert!(ours.iter().any(|c| c[0] == "publish-trace"), "the compose fleet");
     for c in &ours {
         parses(c);
     }
@@ -114,7 +114,7 @@ fn compose_defaults(text: &str) -> String {
 #[test]
 fn every_deploy_command_line_parses() {
     let mut local = commands(&compose_defaults(&read("deploy/compose.local.yml")), "command:");
-    local.retain(|c| ["serve", "replay"].contains(&c[0].as_str())); // not tansu's
+    local.retain(|c| ["serve", "publish-trace"].contains(&c[0].as_str())); // not tansu's
     assert!(local.len() >= 3, "{local:?}");
     for c in &local {
         parses(c);

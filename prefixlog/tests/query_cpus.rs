@@ -5,7 +5,7 @@ use std::process::Command;
 
 #[test]
 fn a_cpu_the_machine_does_not_have_fails_the_start() {
-    for cmd in ["serve", "bench-query"] {
+    for cmd in ["serve"] {
         let out = Command::new(env!("CARGO_BIN_EXE_prefixlog"))
             .args([cmd, "--query-cpus", "1000"])
             .env("RUST_BACKTRACE", "0")

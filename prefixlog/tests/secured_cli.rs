@@ -1,10 +1,10 @@
 //! The binary's Kafka flags against a broker as production runs it: SASL/SCRAM-SHA-512 over TLS
 //! (`prefixlog_tests::secured`: tansu behind a TLS terminator, certificates made at start).
 //!
-//! - `replay` publishes and `serve` reads it to the end (ready at lag 0), the connection given
+//! - `publish-trace` publishes and `serve` reads it to the end (ready at lag 0), the connection given
 //!   as `-X` properties and the password in a `--kafka-config` file, as docs/operations.md
 //!   ("Production Kafka") shows;
-//! - `serve` and `replay` with a wrong password in `PREFIXLOG_KAFKA_PROPERTIES` (the environment
+//! - `serve` and `publish-trace` with a wrong password in `PREFIXLOG_KAFKA_PROPERTIES` (the environment
 //!   form) exit non-zero on their own, their error naming the cause.
 //!
 //! Runs when `PREFIXLOG_TANSU_BIN` is set (scripts/with-tansu.sh; scripts/test.sh runs it in the
@@ -36,7 +36,7 @@ fn prefixlog(args: &[&str]) -> Command {
     c
 }
 
-/// The first `n` requests of the bundled trace (a small `replay`).
+/// The first `n` requests of the bundled trace (a small `publish-trace`).
 fn small_trace(dir: &Path, n: usize) -> String {
     let bundled = concat!(env!("CARGO_MANIFEST_DIR"), "/../data/mooncake/conversation_trace.jsonl");
     let text = std::fs::read_to_string(bundled).unwrap();
@@ -86,9 +86,9 @@ async fn replay_and_serve_over_sasl_ssl_and_a_wrong_password_named() {
     ];
     let log = ["--brokers", &kafka.brokers, "--topic", &topic, "--partitions", "4"];
 
-    let mut replay = prefixlog(&["replay"]);
+    let mut replay = prefixlog(&["publish-trace"]);
     replay.args(log).args(x).arg("--kafka-config").arg(&config).args(["--trace", &trace, "--workers", "4"]);
-    let out = run_to_end(replay, "replay");
+    let out = run_to_end(replay, "publish-trace");
     assert!(out.status.success(), "replay over SASL_SSL: {}", String::from_utf8_lossy(&out.stderr));
 
     let admin = SocketAddr::from(([127, 0, 0, 1], prefixlog_node::loopback_port()));
@@ -120,7 +120,7 @@ async fn replay_and_serve_over_sasl_ssl_and_a_wrong_password_named() {
         "security.protocol=SASL_SSL;ssl.ca.location={ca};sasl.mechanism=SCRAM-SHA-512;\
          sasl.username={USER};sasl.password=not-{PASSWORD}"
     );
-    for cmd in ["serve", "replay"] {
+    for cmd in ["serve", "publish-trace"] {
         let mut c = prefixlog(&[cmd]);
         c.args(log).env("PREFIXLOG_KAFKA_PROPERTIES", &wrong);
         if cmd == "serve" {

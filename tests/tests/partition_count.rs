@@ -12,7 +12,7 @@
 
 use prefixlog_engine::KeyspaceId;
 use prefixlog_ingest::watermarks::PARTITIONS_CHECK_EVERY;
-use prefixlog_ingest::{add_partitions, IngestOptions, LogSpec, Publisher, Replica};
+use prefixlog_ingest::{add_partitions, IngestOptions, LogSpec, Publisher, IngestThread};
 use prefixlog_query::{ReplicaInfo, Served, ServerConfig};
 use prefixlog_state::{Applier, KvOp, ReplicaStatus};
 use prefixlog_tests::http::{http_get, sample};
@@ -57,7 +57,7 @@ async fn changed(b: &KafkaBackend) {
     publisher.publish_kv_events(&ks, 1, 0, 1, 1, false, &ops, None).await.unwrap();
 
     let start =
-        |spec: &LogSpec| Replica::start(spec, Applier::new(P, spec.settings), IngestOptions::default());
+        |spec: &LogSpec| IngestThread::start(spec, Applier::new(P, spec.settings), IngestOptions::default());
     let running = start(&spec).unwrap();
     wait_observed(running.status(), P).await;
     let grow = async {

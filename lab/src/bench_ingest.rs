@@ -7,7 +7,7 @@
 //! whole log) and compares medians; every round is printed too.
 
 use crate::bench_env::{bench_options, BenchLog};
-use crate::fleet_records::{fleet_records, keyspace, WorkloadArgs};
+use prefixlog::fleet_records::{fleet_records, keyspace, WorkloadArgs};
 use prefixlog_ingest::reader::{LogReader, Read};
 use prefixlog_node::NodeOptions;
 use prefixlog_workload::quantile::median;
@@ -46,7 +46,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     let blocks: usize = records.iter().map(|r| r.blocks).sum();
     let publisher = &env.publisher;
     let t = Instant::now();
-    let n = crate::replay::publish_all(publisher, &records).await?;
+    let n = prefixlog::publish_trace::publish_all(publisher, &records).await?;
     publisher.flush(Duration::from_secs(60))?;
     let publish_s = t.elapsed().as_secs_f64();
     println!(

@@ -4,7 +4,7 @@
 //! unsharded Match, queries alternating so both see the same conditions.
 
 use crate::bench_env::{bench_options, BenchLog};
-use crate::fleet_records::{fleet_records, keyspace, WorkloadArgs};
+use prefixlog::fleet_records::{fleet_records, keyspace, WorkloadArgs};
 use prefixlog_ingest::Shard;
 use prefixlog_node::ReplicaNode;
 use prefixlog_query::{IndexClient, MatchOutcome, MatchQuery, Prompt};
@@ -39,7 +39,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     anyhow::ensure!(a.shards >= 2 && a.shards <= a.log.partitions, "--shards must be in 2..=--partitions");
     let env = BenchLog::start(&a.log, "prefixlog.bench-shards").await?;
     let records = fleet_records(&a.workload, 1)?;
-    let landed = crate::replay::publish_all(&env.publisher, &records).await?;
+    let landed = prefixlog::publish_trace::publish_all(&env.publisher, &records).await?;
     println!("workload: {landed} records, {} partitions, {} shards", a.log.partitions, a.shards);
     let unsharded = env.node(bench_options()).await?;
     let mut shards = Vec::new();

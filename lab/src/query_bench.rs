@@ -15,7 +15,7 @@
 //! beside unary `Match` at N in flight ([`crate::stream_bench`]).
 
 use crate::bench_env::{bench_options, BenchLog};
-use crate::fleet_records::{fleet_records, keyspace, WorkloadArgs};
+use prefixlog::fleet_records::{fleet_records, keyspace, WorkloadArgs};
 use prefixlog_node::{NodeOptions, ReplicaNode};
 use prefixlog_proto::v1::{
     echo_client::EchoClient, match_request::Prompt, prefix_index_client::PrefixIndexClient, BlockHashes,
@@ -180,7 +180,7 @@ async fn ingesting_phase(
         }
         let ch = channel(&r).await?;
         // Until its first record is applied the keyspace does not exist there (NOT_FOUND).
-        while r.engine().keyspace(&crate::fleet_records::keyspace()).is_none() {
+        while r.engine().keyspace(&prefixlog::fleet_records::keyspace()).is_none() {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         let st = r.status().clone();
@@ -295,7 +295,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
             _ => None,
         })
         .collect();
-    let n = crate::replay::publish_all(&env.publisher, &records).await?;
+    let n = prefixlog::publish_trace::publish_all(&env.publisher, &records).await?;
     env.publisher.flush(Duration::from_secs(60))?;
     let avg_blocks = queries.iter().map(prompt_blocks).sum::<usize>() as f64 / queries.len() as f64;
     println!(

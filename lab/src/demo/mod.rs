@@ -18,7 +18,7 @@ pub mod policy;
 mod report;
 pub mod routing_sim;
 
-use crate::fleet_records::keyspace;
+use prefixlog::fleet_records::keyspace;
 use indicatif::{ProgressBar, ProgressStyle};
 use parking_lot::Mutex;
 use policy::{oracle_depths, Load, LocalTree};

@@ -9,7 +9,7 @@
 //! A discontinuity (the log no longer continues a partition's state) is never papered over:
 //! the partition is marked discontinuous (not ready, counted, logged with its offsets) and,
 //! under [`GapPolicy::Halt`], stops being applied until its state is replaced
-//! ([`Replica::replace_partition`], from a peer's checkpoint or a repair); under
+//! ([`IngestThread::replace_partition`], from a peer's checkpoint or a repair); under
 //! [`GapPolicy::Accept`] (an operator's explicit opt-in) the applier moves past the lost
 //! records and marks the partition's holders gapped. Replacements run on the ingest thread
 //! between two records, so the swap never races an apply and never holds a lock across I/O.
@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 #[derive(Debug, thiserror::Error)]
-pub enum ReplicaError {
+pub enum IngestError {
     #[error("kafka: {0}")]
     Kafka(#[from] rdkafka::error::KafkaError),
     #[error(
@@ -82,7 +82,7 @@ enum Command {
 }
 
 /// A running ingest loop.
-pub struct Replica {
+pub struct IngestThread {
     applier: Arc<Mutex<Applier>>,
     status: Arc<ReplicaStatus>,
     commands: Mutex<mpsc::Sender<Command>>,
@@ -90,11 +90,11 @@ pub struct Replica {
     threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
 
-impl Replica {
+impl IngestThread {
     /// Starts reading `spec`'s owned partitions from the applier's next offsets.
-    pub fn start(spec: &LogSpec, applier: Applier, opts: IngestOptions) -> Result<Self, ReplicaError> {
+    pub fn start(spec: &LogSpec, applier: Applier, opts: IngestOptions) -> Result<Self, IngestError> {
         if opts.dead_letter_topic.as_deref() == Some(spec.topic.as_str()) {
-            return Err(ReplicaError::DeadLetterIsSource(spec.topic.clone()));
+            return Err(IngestError::DeadLetterIsSource(spec.topic.clone()));
         }
         let status = Arc::new(ReplicaStatus::new(spec.partitions, spec.owned()));
         // Before any thread starts, so an error here leaves nothing running.
@@ -116,7 +116,7 @@ impl Replica {
             None => LogReader::open(spec, start)?,
             Some(c) => c
                 .run_pinned(|| LogReader::open(spec, start))
-                .map_err(|e| ReplicaError::Pin(c.clone(), e))??,
+                .map_err(|e| IngestError::Pin(c.clone(), e))??,
         };
         let watermark_client: BaseConsumer = spec.client_config(crate::ClientRole::Probe).create()?;
         let applier = Arc::new(Mutex::new(applier));
@@ -188,13 +188,13 @@ impl Replica {
     /// a peer's checkpoint) on the ingest thread, between two records, then reads on from
     /// `src`'s next offset for it: records the live state had applied beyond it are applied
     /// again on the new state. Returns once the swap is done.
-    pub async fn replace_partition(&self, partition: u32, src: Applier) -> Result<(), ReplicaError> {
+    pub async fn replace_partition(&self, partition: u32, src: Applier) -> Result<(), IngestError> {
         let (done, rx) = oneshot::channel();
         self.commands
             .lock()
             .send(Command::Replace { partition, src: Box::new(src), done })
-            .map_err(|_| ReplicaError::Stopped)?;
-        rx.await.map_err(|_| ReplicaError::Stopped)
+            .map_err(|_| IngestError::Stopped)?;
+        rx.await.map_err(|_| IngestError::Stopped)
     }
 
     /// Stops the ingest thread and waits for it; returns the applier (final checkpoint).
@@ -213,7 +213,7 @@ impl Replica {
     }
 }
 
-impl Drop for Replica {
+impl Drop for IngestThread {
     fn drop(&mut self) {
         self.halt();
     }
@@ -450,14 +450,14 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 }
 
 /// What repairs and peers may do with a running replica (they do not link Kafka).
-impl prefixlog_state::LiveState for Replica {
+impl prefixlog_state::LiveState for IngestThread {
     fn applier(&self) -> &Arc<Mutex<Applier>> {
-        Replica::applier(self)
+        IngestThread::applier(self)
     }
 
     fn replace_partition(&self, partition: u32, src: Applier) -> prefixlog_state::log::Replacing<'_> {
         Box::pin(async move {
-            Replica::replace_partition(self, partition, src).await.map_err(prefixlog_state::LogError::new)
+            IngestThread::replace_partition(self, partition, src).await.map_err(prefixlog_state::LogError::new)
         })
     }
 }

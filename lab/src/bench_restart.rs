@@ -2,7 +2,7 @@
 //! the same state by replaying the whole log (same run, same records, embedded broker).
 
 use crate::bench_env::{bench_options, token, BenchLog};
-use crate::fleet_records::{fleet_records, WorkloadArgs};
+use prefixlog::fleet_records::{fleet_records, WorkloadArgs};
 use prefixlog_node::{CheckpointPolicy, NodeOptions};
 use prefixlog_snapshot::{restore, CheckpointStore};
 use prefixlog_workload::quantile::median;
@@ -39,7 +39,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
 
     // Head → a replica → checkpoint.
     let stamp =
-        |r: &&crate::fleet_records::FleetRecord| (r.worker, 1_000_000 + r.time_ms as i64, r.value.clone());
+        |r: &&prefixlog::fleet_records::FleetRecord| (r.worker, 1_000_000 + r.time_ms as i64, r.value.clone());
     let head_landed = env.publish(head.iter().map(stamp).collect()).await?;
     let dir = tempdir()?;
     // Checkpoints only when asked (no timer, no record count).
@@ -82,7 +82,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         while t.elapsed() < Duration::from_secs(3) {
             let s = Instant::now();
             std::hint::black_box(engine.match_chain(
-                &crate::fleet_records::keyspace(),
+                &prefixlog::fleet_records::keyspace(),
                 &q,
                 &Default::default(),
             ));
@@ -93,7 +93,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     };
     let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let querier = {
-        let (done, ks) = (done.clone(), crate::fleet_records::keyspace());
+        let (done, ks) = (done.clone(), prefixlog::fleet_records::keyspace());
         std::thread::spawn(move || {
             let mut lat = Vec::new();
             while !done.load(std::sync::atomic::Ordering::Acquire) {

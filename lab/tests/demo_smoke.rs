@@ -24,7 +24,7 @@ fn demo_runs_and_reports() {
     let dir = tempfile::tempdir().expect("tempdir");
     let plot = dir.path().join("plot.svg");
     let requests = REQUESTS.to_string();
-    let out = Command::new(env!("CARGO_BIN_EXE_prefixlog"))
+    let out = Command::new(env!("CARGO_BIN_EXE_prefixlog-lab"))
         // Slow replay (~20 s of the bundled trace) and a generous deadline: `make test` runs
         // test binaries side by side on a loaded 2-core machine, and a lagging or timed-out
         // index would look like a useless one. No wall-clock assertion for the same reason.
@@ -48,7 +48,7 @@ fn demo_runs_and_reports() {
         .arg("--plot")
         .arg(&plot)
         .output()
-        .expect("run prefixlog demo");
+        .expect("run prefixlog-lab demo");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "demo failed: {}\n{stdout}\n{stderr}", out.status);

@@ -6,7 +6,7 @@
 //! live replica checkpointing on its timer would leave them; retention then thins them.
 
 use crate::bench_env::{bench_options, token, BenchLog, BenchLogArgs};
-use crate::fleet_records::{fleet_records, WorkloadArgs};
+use prefixlog::fleet_records::{fleet_records, WorkloadArgs};
 use prefixlog_audit::{reconstruct, Point};
 use prefixlog_node::{CheckpointPolicy, NodeOptions};
 use prefixlog_snapshot::{CheckpointStore, Retention};

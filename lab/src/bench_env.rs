@@ -6,7 +6,6 @@ use prefixlog_ingest::{create_topic, delete_topic, EmbeddedKafka, KafkaConnectio
 
 use prefixlog_node::{NodeOptions, ReplicaNode};
 use prefixlog_state::Landed;
-use std::collections::BTreeMap;
 
 /// Where a benchmark's log lives.
 #[derive(clap::Args, Clone, Debug)]
@@ -24,7 +23,7 @@ pub struct BenchLogArgs {
     #[arg(long, env = "PREFIXLOG_BENCH_BROKER_CPUS")]
     pub broker_cpus: Option<prefixlog_ingest::CpuSet>,
     /// Extra librdkafka property for every client of the benchmark, repeatable (as `serve -X`).
-    #[arg(short = 'X', env = "PREFIXLOG_BENCH_KAFKA_PROPERTIES", value_delimiter = ';', value_parser = crate::kafka_args::parse_kv)]
+    #[arg(short = 'X', env = "PREFIXLOG_BENCH_KAFKA_PROPERTIES", value_delimiter = ';', value_parser = prefixlog::kafka_args::parse_kv)]
     pub property: Vec<(String, String)>,
 }
 
@@ -95,7 +94,7 @@ impl BenchLog {
     /// its retention is fixed (5 MiB or 100,000 messages per partition) and a benchmark over a
     /// truncated log would compare different states.
     pub async fn publish(&self, items: Vec<(u64, i64, Vec<u8>)>) -> anyhow::Result<Vec<Landed>> {
-        let landed = publish_by_worker(&self.publisher, items).await?;
+        let landed = prefixlog::publish_trace::publish_by_worker(&self.publisher, items).await?;
         let probe = prefixlog_ingest::probe_log(&self.spec)?;
         if let Some((p, w)) = probe.watermarks.iter().find(|(_, w)| w.low > 0) {
             let low = w.low;
@@ -107,32 +106,6 @@ impl BenchLog {
         }
         Ok(landed)
     }
-}
-
-pub async fn publish_by_worker(
-    p: &Publisher,
-    items: Vec<(u64, i64, Vec<u8>)>,
-) -> anyhow::Result<Vec<Landed>> {
-    let mut by_worker: BTreeMap<u64, Vec<(i64, Vec<u8>)>> = BTreeMap::new();
-    for (w, t, v) in items {
-        by_worker.entry(w).or_default().push((t, v));
-    }
-    let mut tasks = Vec::new();
-    for (w, vals) in by_worker {
-        let p = p.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut landed = Vec::with_capacity(vals.len());
-            for (t, v) in vals {
-                landed.push(p.publish_raw(w, &v, Some(t)).await?);
-            }
-            Ok::<_, prefixlog_ingest::PublishError>(landed)
-        }));
-    }
-    let mut out = Vec::new();
-    for t in tasks {
-        out.extend(t.await??);
-    }
-    Ok(out)
 }
 
 /// A consistency token covering every landed record (next offsets).

@@ -1,0 +1,87 @@
+//! The `prefixlog-lab` binary: the demo and the benchmarks, apart from the server binary so
+//! that `prefixlog` is what runs in production. Every benchmark starts its replicas the one
+//! way (`prefixlog_node::ReplicaNode`) and reports ratios measured in one run.
+//!
+//! - `demo`: broker, two replicas, gateways and a simulated fleet in one process (`make demo`).
+//! - `bench-routing`: prefix-hit ratio of shared index vs gateway-local trees vs oracle, 1..16
+//!   gateways.
+//! - `bench-ingest`: Kafka → apply throughput next to raw consume throughput.
+//! - `bench-query`: Match latency over gRPC (idle, ingesting) next to an Echo RPC, unary and
+//!   streamed.
+//! - `bench-audit`: reconstructing a past point vs a full replay.
+//! - `bench-restart`: restart from checkpoint + tail vs full replay.
+//! - `bench-shards`: memory per replica with N shards, fan-out Match latency vs unsharded.
+//!
+//! Modules: [`bench_env`] (what the Kafka benchmarks share: a topic, a publisher, replicas),
+//! one module per benchmark, [`stream_bench`] (the `MatchStream` half of `bench-query`), and
+//! [`demo`].
+
+mod bench_audit;
+mod bench_env;
+mod bench_ingest;
+mod bench_restart;
+mod bench_shards;
+mod demo;
+mod query_bench;
+mod stream_bench;
+
+use clap::{Parser, Subcommand};
+use prefixlog::process::{self, LogFormat};
+
+#[derive(Parser)]
+#[command(
+    name = "prefixlog-lab",
+    version,
+    about = "prefixlog's demo and benchmarks",
+    long_about = "The demo (`prefixlog-lab demo`, what `make demo` runs) and the benchmarks of \
+prefixlog. Each benchmark prints its command, date and ratios measured in one run; \
+docs/benchmarks.md records the current numbers."
+)]
+struct Cli {
+    /// Log line format. The level is set by RUST_LOG (e.g. RUST_LOG=debug).
+    #[arg(long, global = true, env = "PREFIXLOG_LOG_FORMAT", value_enum, default_value = "text")]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// The demo: embedded broker, two replicas, gateways routing a simulated fleet by the index.
+    Demo(demo::Args),
+    /// Routing quality: shared index vs gateway-local trees vs oracle, 1..16 gateways (in-process).
+    BenchRouting(demo::routing_sim::Args),
+    /// Measure Kafka → apply throughput against raw consume throughput (embedded broker).
+    BenchIngest(bench_ingest::Args),
+    /// Measure Match latency over gRPC, idle and while ingesting, next to an Echo RPC (embedded broker).
+    BenchQuery(query_bench::Args),
+    /// Measure reconstructing a past point from checkpoints against a full replay.
+    BenchAudit(bench_audit::Args),
+    /// Measure time to ready from a checkpoint + tail against a full replay (embedded broker).
+    BenchRestart(bench_restart::Args),
+    /// Measure memory per replica with N shards and the fan-out Match latency (embedded broker).
+    BenchShards(bench_shards::Args),
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    // The demo draws a progress bar and a table: only warnings go to the log by default.
+    let default_filter = if matches!(cli.cmd, Cmd::Demo(_)) { "warn" } else { "info,rdkafka=warn" };
+    process::init_logging(cli.log_format, default_filter);
+    let query_cpus = match &cli.cmd {
+        Cmd::BenchQuery(a) => a.query_cpus.as_ref(),
+        _ => None,
+    };
+    process::pin_query_cpus(query_cpus)?;
+    let rt = tokio::runtime::Runtime::new()?;
+    let result = match cli.cmd {
+        Cmd::Demo(a) => rt.block_on(demo::run(a)),
+        Cmd::BenchRouting(a) => demo::routing_sim::run(a),
+        Cmd::BenchIngest(a) => rt.block_on(bench_ingest::run(a)),
+        Cmd::BenchQuery(a) => rt.block_on(query_bench::run(a)),
+        Cmd::BenchAudit(a) => rt.block_on(bench_audit::run(a)),
+        Cmd::BenchRestart(a) => rt.block_on(bench_restart::run(a)),
+        Cmd::BenchShards(a) => rt.block_on(bench_shards::run(a)),
+    };
+    process::finish(result)
+}

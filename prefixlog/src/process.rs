@@ -1,0 +1,41 @@
+//! How a `prefixlog` or `prefixlog-lab` process starts and ends.
+
+use prefixlog_ingest::CpuSet;
+
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line (log shippers).
+    Json,
+}
+
+/// Logs to stderr in `format`; the level comes from RUST_LOG, else `default_filter`.
+pub fn init_logging(format: LogFormat, default_filter: &str) {
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default_filter.into());
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => logs.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init(),
+        LogFormat::Json => logs.json().init(),
+    }
+}
+
+/// Pins the process to `--query-cpus` before its runtime starts: the runtime's threads, and
+/// every thread started later, inherit the set.
+pub fn pin_query_cpus(cpus: Option<&CpuSet>) -> anyhow::Result<()> {
+    if let Some(cpus) = cpus {
+        cpus.pin_current_thread()
+            .map_err(|e| anyhow::anyhow!("--query-cpus {cpus}: cannot run on these CPUs: {e}"))?;
+        tracing::info!(cpus = %cpus, "pinned the process to --query-cpus (the ingest thread re-pins to --ingest-cpus if set)");
+    }
+    Ok(())
+}
+
+/// At exit: replays and probes close their Kafka clients in the background, and none may be
+/// mid-destroy when the process exits.
+pub fn finish<T>(result: anyhow::Result<T>) -> anyhow::Result<T> {
+    prefixlog_ingest::log_spec::wait_for_closing_clients();
+    result
+}
