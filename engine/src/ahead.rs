@@ -1,4 +1,4 @@
-//! Growth ahead of the write lock. A write that needs a bigger table shard or a new block chunk
+//! Growth ahead of the write lock. A write that needs a bigger table part or a new block chunk
 //! would allocate, fault pages in and rehash while holding its keyspace's write lock: 0.1–0.5 ms
 //! during which every query on the keyspace waits. [`Trie::grow_ahead`] does that work from a
 //! shared borrow (the writer's upgradable read lock: queries read on, no other writer can
@@ -7,13 +7,13 @@
 //! replicas fed the same log still hold identical state.
 
 use crate::blocks::SpareChunk;
-use crate::table::{GrownShard, Slot};
+use crate::table::{GrownPart, Slot};
 use crate::trie::Trie;
 
 /// Built by [`Trie::grow_ahead`] for [`Trie::install`].
 pub struct GrownAhead {
-    edges: Vec<GrownShard>,
-    exts: Vec<GrownShard>,
+    edges: Vec<GrownPart>,
+    exts: Vec<GrownPart>,
     chunk: Option<SpareChunk>,
 }
 
@@ -25,7 +25,7 @@ pub struct Replaced {
 }
 
 impl Trie {
-    /// Table shards and block storage the next writes are about to need, built without
+    /// Table parts and block storage the next writes are about to need, built without
     /// changing anything. Cheap (two list checks and a comparison) when nothing is needed.
     pub fn grow_ahead(&self) -> GrownAhead {
         GrownAhead {

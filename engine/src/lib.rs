@@ -39,7 +39,7 @@
 //! - `runs`: the run records and their arena; `blocks`: per-block storage (locals, canonical
 //!   exts, run ids) and the allocator of the block ranges runs occupy.
 //! - `table`: the lookup tables: Robin Hood open addressing, hash bits stored beside indices,
-//!   shards of staggered sizes.
+//!   parts of staggered sizes.
 //! - `ahead`: growing tables and block storage ahead of the write lock, so a write holds it
 //!   only to swap the grown arrays in.
 //! - `holder`: per-holder counts, digest and operation records; the derived holder indices

@@ -1,5 +1,5 @@
 //! The trie's lookup tables: node indices by hash, open addressing with Robin Hood probing
-//! over 7-byte slots that carry the node index *and* 24 bits of its hash, in 256 shards.
+//! over 7-byte slots that carry the node index *and* 24 bits of its hash, in 256 parts.
 //!
 //! Why not `hashbrown::HashTable<u32>` (used before): its control bytes and its slots live
 //! in different cache lines and a slot holds only the index, so inserting a new ext touched
@@ -8,22 +8,22 @@
 //! only when the stored hash bits match, and growing or deleting (backward shift) never reads
 //! a node: a slot's home position is its stored hash bits scaled to the capacity.
 //!
-//! Shards keep every resize small (1/256 of the entries); the shard is chosen by hash bits
+//! Parts keep every resize small (1/256 of the entries); the part is chosen by hash bits
 //! 32..40, independent of the stored bits (8..32). Even a 1/256 resize of a large table (16 K
 //! slots, with the page faults of a fresh array) held the keyspace's write lock for 100 µs or
-//! more, a few hundred times per million blocks written, so a large shard close to full is also
+//! more, a few hundred times per million blocks written, so a large part close to full is also
 //! grown *ahead*: [`NodeTable::grow_ahead`] builds its grown array from a shared borrow (under
 //! the writer's upgradable read lock, while queries read on) and [`NodeTable::install`] swaps
 //! it in under the write lock. The capacities that result depend only on the writes, never on
 //! timing.
 //!
-//! The shard list itself is allocated by the first insert: an empty keyspace's two tables cost
-//! a few words, not 2 × 256 shard headers.
+//! The part list itself is allocated by the first insert: an empty keyspace's two tables cost
+//! a few words, not 2 × 256 part headers.
 
 use crate::image_format::{put_u64, tag, ImageError, ImageReader, ImageWriter};
 
-const SHARDS: usize = 256;
-/// One entry: a node index and 24 bits of its hash (the `tag`: bits 8..32 of the shard-local
+const PARTS: usize = 256;
+/// One entry: a node index and 24 bits of its hash (the `tag`: bits 8..32 of the part-local
 /// hash), 7 bytes. Node 0 is the root, which is never stored, so a slot with node 0 is free.
 /// The home position comes from the tag's high bits, so the tag bits below them are what tells
 /// entries of one home apart: 24 bits leave about 10 at the peer benchmarks' sizes, and a
@@ -50,7 +50,7 @@ impl Slot {
     }
 }
 
-/// The stored hash bits of a shard-local hash (its bits 8..32).
+/// The stored hash bits of a part-local hash (its bits 8..32).
 #[inline]
 fn tag_of(h: u32) -> u32 {
     h >> 8
@@ -62,36 +62,36 @@ fn slot(h: u32, node: u32) -> Slot {
     Slot { node, tag_hi: (t >> 8) as u16, tag_lo: t as u8 }
 }
 
-/// Shards from this many slots on are grown ahead ([`NodeTable::grow_ahead`]); smaller ones
+/// Parts from this many slots on are grown ahead ([`NodeTable::grow_ahead`]); smaller ones
 /// grow in place, which costs little.
 const AHEAD_MIN_SLOTS: usize = 1024;
-/// A shard is grown ahead once fewer than this many more entries fit under its load factor:
-/// more than one locked write (32 blocks by default) can add to one shard.
+/// A part is grown ahead once fewer than this many more entries fit under its load factor:
+/// more than one locked write (32 blocks by default) can add to one part.
 const AHEAD_ROOM: usize = 64;
 
 #[derive(Clone)]
-struct Shard {
+struct TablePart {
     slots: Box<[Slot]>,
     len: usize,
     /// Listed in [`NodeTable::ahead`] (at most once).
     queued: bool,
-    /// The capacity the shard starts at ([`first_capacity`]); it doubles from there.
+    /// The capacity the part starts at ([`first_capacity`]); it doubles from there.
     first: u32,
 }
 
-impl Shard {
+impl TablePart {
     fn new(index: usize) -> Self {
         Self { slots: Box::default(), len: 0, queued: false, first: first_capacity(index) as u32 }
     }
 }
 
-/// Shard `index` starts at 16..31 slots and doubles from there. Entries spread evenly over the
-/// shards, so with one first capacity for all they would all double at about the same time,
+/// TablePart `index` starts at 16..31 slots and doubles from there. Entries spread evenly over the
+/// parts, so with one first capacity for all they would all double at about the same time,
 /// and the whole table would swing between 35% and 70% full: half empty on average, 16 bytes
-/// an entry. Staggered, the shards are at every point of their doubling at once, and the
-/// table stays about as full as the average of one shard's swing at any size.
+/// an entry. Staggered, the parts are at every point of their doubling at once, and the
+/// table stays about as full as the average of one part's swing at any size.
 fn first_capacity(index: usize) -> usize {
-    16 + index * 16 / SHARDS
+    16 + index * 16 / PARTS
 }
 
 /// Whether `len` entries fit in `cap` slots under the 0.8 load factor (Robin Hood probing
@@ -108,7 +108,7 @@ fn fits(len: usize, cap: usize) -> bool {
 const _: () = assert!(usize::BITS >= 64, "the tables need a 64-bit usize");
 
 /// The home slot of tag `t` in `cap` slots: `t` scaled to `0..cap`, so any capacity works
-/// (shards start at staggered sizes) and homes keep the order of the tags.
+/// (parts start at staggered sizes) and homes keep the order of the tags.
 #[inline]
 fn home(t: u32, cap: usize) -> usize {
     (t as usize * cap) >> 24
@@ -205,7 +205,7 @@ enum Probe {
     Absent(usize),
 }
 
-impl Shard {
+impl TablePart {
     /// Robin Hood probing: entries sit in the order of their homes, so a probe stops at a free
     /// slot or at the first entry whose home comes after `h`'s (it sits closer to its home than
     /// `h` would), where an entry under `h` would have been put. `eq` is asked about entries
@@ -342,16 +342,16 @@ pub fn prefetch_ptr<T>(p: *const T) {
 /// candidate node, and the table never needs to rehash a key.
 #[derive(Clone, Default)]
 pub struct NodeTable {
-    /// Empty until the first insert, then [`SHARDS`] shards.
-    shards: Vec<Shard>,
-    /// Shards that wanted growth ahead when an insert last touched them ([`Self::grow_ahead`]).
+    /// Empty until the first insert, then [`PARTS`] parts.
+    parts: Vec<TablePart>,
+    /// Parts that wanted growth ahead when an insert last touched them ([`Self::grow_ahead`]).
     ahead: Vec<usize>,
 }
 
-/// A shard's grown slot array, built by [`NodeTable::grow_ahead`] for [`NodeTable::install`].
-pub struct GrownShard {
-    shard: usize,
-    /// The shard's entry count when it was built: nothing may write the table in between.
+/// A part's grown slot array, built by [`NodeTable::grow_ahead`] for [`NodeTable::install`].
+pub struct GrownPart {
+    part: usize,
+    /// The part's entry count when it was built: nothing may write the table in between.
     len: usize,
     slots: Box<[Slot]>,
 }
@@ -359,33 +359,33 @@ pub struct GrownShard {
 impl NodeTable {
     #[inline]
     fn split(h: u64) -> (usize, u32) {
-        ((h >> 32) as usize & (SHARDS - 1), h as u32)
+        ((h >> 32) as usize & (PARTS - 1), h as u32)
     }
 
     /// The node stored under `h` for which `eq` holds.
     #[inline]
     pub fn find(&self, h: u64, eq: impl FnMut(u32) -> bool) -> Option<u32> {
         let (s, low) = Self::split(h);
-        self.shards.get(s)?.find(low, eq)
+        self.parts.get(s)?.find(low, eq)
     }
 
-    /// Shard `s`, allocating the shard list on first use.
+    /// TablePart `s`, allocating the part list on first use.
     #[inline]
-    fn shard_mut(&mut self, s: usize) -> &mut Shard {
-        if self.shards.is_empty() {
-            self.shards = (0..SHARDS).map(Shard::new).collect();
+    fn part_mut(&mut self, s: usize) -> &mut TablePart {
+        if self.parts.is_empty() {
+            self.parts = (0..PARTS).map(TablePart::new).collect();
         }
-        &mut self.shards[s]
+        &mut self.parts[s]
     }
 
     /// Replaces `old` stored under `h` by `new` (a run that took over another's place).
     /// Returns whether `old` was there.
     pub fn replace(&mut self, h: u64, old: u32, new: u32) -> bool {
         let (s, low) = Self::split(h);
-        let Some(shard) = self.shards.get_mut(s).filter(|sh| !sh.slots.is_empty()) else { return false };
-        match shard.probe(low, |n| n == old) {
+        let Some(part) = self.parts.get_mut(s).filter(|pt| !pt.slots.is_empty()) else { return false };
+        match part.probe(low, |n| n == old) {
             Probe::Found(i) => {
-                shard.slots[i] = slot(low, new);
+                part.slots[i] = slot(low, new);
                 true
             }
             Probe::Absent(_) => false,
@@ -401,8 +401,8 @@ impl NodeTable {
         #[cfg(target_arch = "x86_64")]
         {
             let (s, low) = Self::split(h);
-            let Some(shard) = self.shards.get(s) else { return };
-            if let Some(slot) = shard.slots.get(home(tag_of(low), shard.slots.len())) {
+            let Some(part) = self.parts.get(s) else { return };
+            if let Some(slot) = part.slots.get(home(tag_of(low), part.slots.len())) {
                 let p: *const Slot = slot;
                 prefetch_ptr(p);
                 // A 7-byte slot may straddle two lines (one in nine does).
@@ -419,7 +419,7 @@ impl NodeTable {
     /// Stores `node` under `h`; the caller has checked it is not there yet.
     pub fn insert(&mut self, h: u64, node: u32) {
         let (s, low) = Self::split(h);
-        self.shard_mut(s).insert(low, node);
+        self.part_mut(s).insert(low, node);
         self.queue_if_full(s);
     }
 
@@ -428,44 +428,44 @@ impl NodeTable {
     #[inline]
     pub fn insert_new(&mut self, h: u64, node: u32, eq: impl FnMut(u32) -> bool) -> Option<u32> {
         let (s, low) = Self::split(h);
-        let found = self.shard_mut(s).insert_new(low, node, eq);
+        let found = self.part_mut(s).insert_new(low, node, eq);
         self.queue_if_full(s);
         found
     }
 
     #[inline]
     fn queue_if_full(&mut self, s: usize) {
-        let shard = &mut self.shards[s];
-        if !shard.queued && shard.wants_growth_ahead() {
-            shard.queued = true;
+        let part = &mut self.parts[s];
+        if !part.queued && part.wants_growth_ahead() {
+            part.queued = true;
             self.ahead.push(s);
         }
     }
 
-    /// The grown arrays of the shards that are large and close to growing, built from a
+    /// The grown arrays of the parts that are large and close to growing, built from a
     /// shared borrow: the costly part of a resize (allocating, faulting pages in, rehashing)
     /// happens while readers may still read. Empty (and free) almost always.
-    pub fn grow_ahead(&self) -> Vec<GrownShard> {
+    pub fn grow_ahead(&self) -> Vec<GrownPart> {
         self.ahead
             .iter()
-            .map(|&s| (s, &self.shards[s]))
-            .filter(|(_, sh)| sh.wants_growth_ahead())
-            .map(|(shard, sh)| GrownShard { shard, len: sh.len, slots: sh.grown_slots() })
+            .map(|&s| (s, &self.parts[s]))
+            .filter(|(_, pt)| pt.wants_growth_ahead())
+            .map(|(part, pt)| GrownPart { part, len: pt.len, slots: pt.grown_slots() })
             .collect()
     }
 
     /// Swaps in what [`Self::grow_ahead`] built, with no write to the table in between.
     /// Returns the replaced arrays, for the caller to free after releasing its lock.
-    pub fn install(&mut self, grown: Vec<GrownShard>) -> Vec<Box<[Slot]>> {
+    pub fn install(&mut self, grown: Vec<GrownPart>) -> Vec<Box<[Slot]>> {
         for s in self.ahead.drain(..) {
-            self.shards[s].queued = false;
+            self.parts[s].queued = false;
         }
         grown
             .into_iter()
             .map(|g| {
-                let sh = &mut self.shards[g.shard];
-                assert_eq!(sh.len, g.len, "table shard {} written between grow_ahead and install", g.shard);
-                std::mem::replace(&mut sh.slots, g.slots)
+                let pt = &mut self.parts[g.part];
+                assert_eq!(pt.len, g.len, "table part {} written between grow_ahead and install", g.part);
+                std::mem::replace(&mut pt.slots, g.slots)
             })
             .collect()
     }
@@ -474,49 +474,49 @@ impl NodeTable {
     #[inline]
     pub fn remove(&mut self, h: u64, node: u32) -> bool {
         let (s, low) = Self::split(h);
-        self.shards.get_mut(s).is_some_and(|sh| sh.remove(low, node))
+        self.parts.get_mut(s).is_some_and(|pt| pt.remove(low, node))
     }
 
     /// Makes room for `more` entries beyond the current ones.
     pub fn reserve(&mut self, more: usize) {
-        // Shards fill unevenly; 1/8 headroom keeps the fullest from growing.
-        let per = more / SHARDS + more / SHARDS / 8 + 1;
+        // Parts fill unevenly; 1/8 headroom keeps the fullest from growing.
+        let per = more / PARTS + more / PARTS / 8 + 1;
         if more > 0 {
-            self.shard_mut(0);
+            self.part_mut(0);
         }
-        for s in &mut self.shards {
+        for s in &mut self.parts {
             s.reserve(s.len + per);
         }
     }
 
     /// Every stored entry as (hash signature, node); see [`Self::signature`].
     pub fn entries(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
-        self.shards.iter().enumerate().flat_map(|(i, sh)| {
-            sh.slots
+        self.parts.iter().enumerate().flat_map(|(i, pt)| {
+            pt.slots
                 .iter()
                 .filter(|s| !s.is_empty())
                 .map(move |s| (((i as u64) << 24) | u64::from(s.tag()), s.node))
         })
     }
 
-    /// The bits of a 64-bit hash the table keeps (shard and tag): an entry stored under `h`
+    /// The bits of a 64-bit hash the table keeps (part and tag): an entry stored under `h`
     /// has the signature `signature(h)`.
     pub fn signature(h: u64) -> u64 {
         let (s, low) = Self::split(h);
         ((s as u64) << 24) | u64::from(tag_of(low))
     }
 
-    /// Image sections: one per shard (its entry count and slots, as in memory: node `u32`,
+    /// Image sections: one per part (its entry count and slots, as in memory: node `u32`,
     /// tag's high `u16`, tag's low byte).
     pub(crate) fn write_image(&self, w: &mut ImageWriter) -> std::io::Result<()> {
-        for s in 0..SHARDS {
-            let empty = Shard::new(s);
-            let sh = self.shards.get(s).unwrap_or(&empty);
+        for s in 0..PARTS {
+            let empty = TablePart::new(s);
+            let pt = self.parts.get(s).unwrap_or(&empty);
             w.section(tag::TABLE, |b| {
-                put_u64(b, sh.len as u64);
-                put_u64(b, sh.slots.len() as u64);
-                b.reserve(sh.slots.len() * 7);
-                for s in sh.slots.iter() {
+                put_u64(b, pt.len as u64);
+                put_u64(b, pt.slots.len() as u64);
+                b.reserve(pt.slots.len() * 7);
+                for s in pt.slots.iter() {
                     let (node, hi, lo) = (s.node, s.tag_hi, s.tag_lo);
                     b.extend_from_slice(&node.to_le_bytes());
                     b.extend_from_slice(&hi.to_le_bytes());
@@ -529,14 +529,14 @@ impl NodeTable {
 
     /// Reads what [`Self::write_image`] wrote. Returns the table and the largest index it
     /// stores (0 if none), for the caller to check against what the indices refer to. A
-    /// format 1 image's shards (8-byte slots with 32 hash bits, power-of-two capacities,
+    /// format 1 image's parts (8-byte slots with 32 hash bits, power-of-two capacities,
     /// entries placed by a mask) are laid out again as this format would hold their entries.
     pub(crate) fn read_image(r: &mut ImageReader) -> Result<(Self, u32), ImageError> {
         let v1 = r.format() == 1;
         let size = if v1 { 8 } else { 7 };
-        let mut shards = Vec::with_capacity(SHARDS);
+        let mut parts = Vec::with_capacity(PARTS);
         let mut max = 0u32;
-        for index in 0..SHARDS {
+        for index in 0..PARTS {
             let mut s = r.section(tag::TABLE)?;
             let len = s.u64()? as usize;
             let cap = s.count(size)?;
@@ -548,7 +548,7 @@ impl NodeTable {
                     fits(len, cap)
                 };
             if !sized {
-                return Err(s.invalid("table shard size out of range"));
+                return Err(s.invalid("table part size out of range"));
             }
             // One pass over the bytes: slots copied, entries counted, the largest index, and
             // no free slot with a tag (branch-free, so the compiler vectorises it).
@@ -557,7 +557,7 @@ impl NodeTable {
             for (d, b) in slots.iter_mut().zip(s.bytes(cap * size)?.chunks_exact(size)) {
                 let node = u32::from_le_bytes(b[..4].try_into().expect("4 bytes"));
                 let (hi, lo) = if v1 {
-                    // Format 1 kept the shard-local hash's 32 bits: the tag is its bits 8..32.
+                    // Format 1 kept the part-local hash's 32 bits: the tag is its bits 8..32.
                     (u16::from_le_bytes(b[6..].try_into().expect("2 bytes")), b[5])
                 } else {
                     (u16::from_le_bytes(b[4..6].try_into().expect("2 bytes")), b[6])
@@ -580,32 +580,32 @@ impl NodeTable {
                     what: "table entries out of probe order",
                 });
             }
-            let mut shard = Shard { slots, len, ..Shard::new(index) };
+            let mut part = TablePart { slots, len, ..TablePart::new(index) };
             if v1 {
                 // Re-laid out at this format's capacity for its entries.
-                let old = std::mem::take(&mut shard.slots);
+                let old = std::mem::take(&mut part.slots);
                 if len > 0 {
-                    shard.reserve(len);
-                    rehash_into(&old, &mut shard.slots);
+                    part.reserve(len);
+                    rehash_into(&old, &mut part.slots);
                 }
             }
-            shards.push(shard);
+            parts.push(part);
         }
-        if shards.iter().all(|s| s.slots.is_empty()) {
-            shards = Vec::new();
+        if parts.iter().all(|s| s.slots.is_empty()) {
+            parts = Vec::new();
         }
-        Ok((Self { shards, ahead: Vec::new() }, max))
+        Ok((Self { parts, ahead: Vec::new() }, max))
     }
 
     #[cfg(test)]
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.len).sum()
+        self.parts.iter().map(|s| s.len).sum()
     }
 
     /// Heap bytes of the slot arrays.
     pub fn heap_bytes(&self) -> usize {
-        self.shards.iter().map(|s| s.slots.len() * std::mem::size_of::<Slot>()).sum::<usize>()
-            + self.shards.len() * std::mem::size_of::<Shard>()
+        self.parts.iter().map(|s| s.slots.len() * std::mem::size_of::<Slot>()).sum::<usize>()
+            + self.parts.len() * std::mem::size_of::<TablePart>()
     }
 }
 
@@ -620,18 +620,18 @@ mod tests {
         x ^ (x >> 31)
     }
 
-    /// An image whose shard has no free slot is refused: a lookup of a missing key would probe
-    /// it forever (a full 2-slot shard passed the load check before, which allows one entry
+    /// An image whose part has no free slot is refused: a lookup of a missing key would probe
+    /// it forever (a full 2-slot part passed the load check before, which allows one entry
     /// of slack).
     #[test]
-    fn an_image_with_a_full_shard_is_refused() {
+    fn an_image_with_a_full_part_is_refused() {
         use crate::image_format::{ImageReader, SectionChecks};
         let image = |slots: Vec<Slot>| {
             let mut t = NodeTable::default();
-            *t.shard_mut(0) = Shard {
+            *t.part_mut(0) = TablePart {
                 len: slots.iter().filter(|s| !s.is_empty()).count(),
                 slots: slots.into(),
-                ..Shard::new(0)
+                ..TablePart::new(0)
             };
             let mut bytes = Vec::new();
             t.write_image(&mut ImageWriter::new(&mut bytes)).expect("written to memory");
@@ -656,7 +656,7 @@ mod tests {
             let mut t = NodeTable::default();
             let mut reference: BTreeMap<u32, u64> = BTreeMap::new();
             let mut x = seed;
-            // Few distinct tags and few shards: heavy collisions; equal tags with other low
+            // Few distinct tags and few parts: heavy collisions; equal tags with other low
             // bits (told apart by `eq` only), and equal low 32 bits too.
             let hash_of = |node: u32| -> u64 {
                 let r = mix(u64::from(node) ^ seed);
@@ -687,7 +687,7 @@ mod tests {
             for (&node, &h) in &reference {
                 assert_eq!(t.find(h, |n| n == node), Some(node), "seed {seed}: survivor {node}");
             }
-            // A lookup by hash alone sees only nodes stored under the same shard and tag.
+            // A lookup by hash alone sees only nodes stored under the same part and tag.
             for (&node, &h) in &reference {
                 let mut seen = Vec::new();
                 t.find(h, |n| {
@@ -701,11 +701,11 @@ mod tests {
     }
 
     /// A writer that calls `grow_ahead` + `install` before every 32 inserts (as
-    /// `Engine::store` does per locked chunk) never grows a large shard in place, and the
+    /// `Engine::store` does per locked chunk) never grows a large part in place, and the
     /// table stays a map.
     #[test]
-    fn growth_ahead_leaves_large_shards_room_for_the_next_writes() {
-        let caps = |t: &NodeTable| t.shards.iter().map(|s| s.slots.len()).collect::<Vec<_>>();
+    fn growth_ahead_leaves_large_parts_room_for_the_next_writes() {
+        let caps = |t: &NodeTable| t.parts.iter().map(|s| s.slots.len()).collect::<Vec<_>>();
         let mut t = NodeTable::default();
         let (mut installed, mut n) = (0, 0u32);
         for _batch in 0..20_000 {
@@ -719,10 +719,10 @@ mod tests {
                 t.insert(mix(u64::from(n)), n);
             }
             for (s, (&b, a)) in before.iter().zip(caps(&t)).enumerate() {
-                assert!(b < AHEAD_MIN_SLOTS || a == b, "shard {s} grew in place from {b} to {a} slots");
+                assert!(b < AHEAD_MIN_SLOTS || a == b, "part {s} grew in place from {b} to {a} slots");
             }
         }
-        assert!(installed >= SHARDS, "every shard grew ahead at least once ({installed})");
+        assert!(installed >= PARTS, "every part grew ahead at least once ({installed})");
         for k in 1..=n {
             assert_eq!(t.find(mix(u64::from(k)), |c| c == k), Some(k));
         }

@@ -457,7 +457,9 @@ impl prefixlog_state::LiveState for IngestThread {
 
     fn replace_partition(&self, partition: u32, src: Applier) -> prefixlog_state::log::Replacing<'_> {
         Box::pin(async move {
-            IngestThread::replace_partition(self, partition, src).await.map_err(prefixlog_state::LogError::new)
+            IngestThread::replace_partition(self, partition, src)
+                .await
+                .map_err(prefixlog_state::LogError::new)
         })
     }
 }

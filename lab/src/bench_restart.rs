@@ -3,8 +3,8 @@
 
 use crate::bench_env::{bench_options, token, BenchLog};
 use prefixlog::fleet_records::{fleet_records, WorkloadArgs};
+use prefixlog_checkpoint::{restore, CheckpointStore};
 use prefixlog_node::{CheckpointPolicy, NodeOptions};
-use prefixlog_snapshot::{restore, CheckpointStore};
 use prefixlog_workload::quantile::median;
 use std::time::{Duration, Instant};
 
@@ -38,8 +38,9 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     let (head, tail): (Vec<_>, Vec<_>) = records.iter().partition(|r| r.time_ms < cut);
 
     // Head → a replica → checkpoint.
-    let stamp =
-        |r: &&prefixlog::fleet_records::FleetRecord| (r.worker, 1_000_000 + r.time_ms as i64, r.value.clone());
+    let stamp = |r: &&prefixlog::fleet_records::FleetRecord| {
+        (r.worker, 1_000_000 + r.time_ms as i64, r.value.clone())
+    };
     let head_landed = env.publish(head.iter().map(stamp).collect()).await?;
     let dir = tempdir()?;
     // Checkpoints only when asked (no timer, no record count).

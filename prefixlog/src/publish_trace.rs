@@ -28,10 +28,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
 }
 
 /// Publishes the fleet's records, each worker's in order. Returns the number published.
-pub async fn publish_all(
-    publisher: &Publisher,
-    records: &[FleetRecord],
-) -> anyhow::Result<usize> {
+pub async fn publish_all(publisher: &Publisher, records: &[FleetRecord]) -> anyhow::Result<usize> {
     let items =
         records.iter().enumerate().map(|(i, r)| (r.worker, 1_000 + i as i64, r.value.clone())).collect();
     Ok(publish_by_worker(publisher, items).await?.len())

@@ -6,10 +6,10 @@
 //! the same data dir, the replica restores the last checkpoint written before the failure,
 //! reads the record again and halts at it again: counted, visible, no crash loop.
 
+use prefixlog_checkpoint::{CheckpointStore, StoreError};
 use prefixlog_engine::KeyspaceId;
 use prefixlog_ingest::{LogSpec, Publisher};
 use prefixlog_node::{CheckpointPolicy, NodeOptions, ReplicaNode, StateSource};
-use prefixlog_snapshot::{CheckpointStore, StoreError};
 use prefixlog_state::record::worker_for_partition;
 use prefixlog_state::{testing, token_of, KvOp, Landed};
 use prefixlog_tests::http::sample;

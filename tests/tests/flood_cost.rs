@@ -22,7 +22,7 @@ fn cap(kind: FloodKind) -> f64 {
         // An inferred holder with one block: holder, indices, a run, table slots.
         FloodKind::Holder => 1_024.0,
         // A fed holder with one block, and the lane in its feed; the keyspace's first table
-        // shards (16 to 31 slots each) are shared by only 16 records.
+        // parts (16 to 31 slots each) are shared by only 16 records.
         FloodKind::Lane => 2_560.0,
         // A worker entry with one metadata pair (a B-tree leaf for the pair).
         FloodKind::Worker => 1_024.0,

@@ -12,7 +12,7 @@
 
 use prefixlog_engine::KeyspaceId;
 use prefixlog_ingest::watermarks::PARTITIONS_CHECK_EVERY;
-use prefixlog_ingest::{add_partitions, IngestOptions, LogSpec, Publisher, IngestThread};
+use prefixlog_ingest::{add_partitions, IngestOptions, IngestThread, LogSpec, Publisher};
 use prefixlog_query::{ReplicaInfo, Served, ServerConfig};
 use prefixlog_state::{Applier, KvOp, ReplicaStatus};
 use prefixlog_tests::http::{http_get, sample};

@@ -18,10 +18,10 @@ pub mod policy;
 mod report;
 pub mod routing_sim;
 
-use prefixlog::fleet_records::keyspace;
 use indicatif::{ProgressBar, ProgressStyle};
 use parking_lot::Mutex;
 use policy::{oracle_depths, Load, LocalTree};
+use prefixlog::fleet_records::keyspace;
 use prefixlog_engine::HolderKey;
 use prefixlog_ingest::Publisher;
 use prefixlog_query::{IndexClient, MatchOutcome, MatchQuery, Prompt};
