@@ -13,6 +13,7 @@
 //! - `bench-shards`: memory per replica with N shards, fan-out Match latency vs unsharded.
 //!
 //! Modules: [`bench_env`] (what the Kafka benchmarks share: a topic, a publisher, replicas),
+//! [`client_thread`] (the measuring client's own thread),
 //! one module per benchmark, [`stream_bench`] (the `MatchStream` half of `bench-query`), and
 //! [`demo`].
 
@@ -21,6 +22,7 @@ mod bench_env;
 mod bench_ingest;
 mod bench_restart;
 mod bench_shards;
+mod client_thread;
 mod demo;
 mod query_bench;
 mod stream_bench;

@@ -10,11 +10,12 @@
 //! catch-up lasts under a second (~1,100–1,700 calls here, whose p99 is their 12th–18th
 //! slowest), so the phase runs `--catch-ups` of them, one fresh replica after another, and pools
 //! their calls. The client's calls (and its decoding of the answers) run on a thread of its own
-//! ([`ClientThread`]); its HTTP/2 connection task runs on the runtime's workers, as before.
+//! ([`crate::client_thread::ClientThread`]); its HTTP/2 connection task runs on the runtime's workers, as before.
 //! With `--in-flight N`, the idle replica's CPU per query on `MatchStream` is also measured
 //! beside unary `Match` at N in flight ([`crate::stream_bench`]).
 
 use crate::bench_env::{bench_options, BenchLog};
+use crate::client_thread::ClientThread;
 use prefixlog::fleet_records::{fleet_records, keyspace, WorkloadArgs};
 use prefixlog_node::{NodeOptions, ReplicaNode};
 use prefixlog_proto::v1::{
@@ -23,7 +24,6 @@ use prefixlog_proto::v1::{
 };
 use prefixlog_query::tonic::transport::{Channel, Endpoint};
 use prefixlog_workload::{generate, load_trace, FleetConfig, Step};
-use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -99,56 +99,6 @@ impl Lat {
     /// The q-quantile in µs (`v` is sorted when measuring ends).
     fn pct(&self, q: f64) -> f64 {
         prefixlog_workload::quantile::quantile_us(&self.v, q)
-    }
-}
-
-/// The measuring client's thread, with a current-thread runtime of its own, started before
-/// the workload is generated. Why not the main thread: glibc gives a thread that allocates an
-/// arena of its own (up to 8 per core), and the main thread's is left fragmented by the
-/// workload's generation (vectors of many sizes, most of them freed). A profile of the idle
-/// phase with the client there put a quarter of the client's time in `_int_malloc`, walking a
-/// large bin's free list for tonic's 8 KiB receive buffers and a 256-score answer's 14 KiB
-/// list: harness cost, on the timed path of both RPCs.
-pub(crate) struct ClientThread {
-    jobs: std::sync::mpsc::Sender<ClientJob>,
-}
-
-type ClientJob = Box<dyn FnOnce(&tokio::runtime::Runtime) + Send>;
-
-impl ClientThread {
-    fn start() -> anyhow::Result<Self> {
-        let (jobs, rx) = std::sync::mpsc::channel::<ClientJob>();
-        let (ready, started) = std::sync::mpsc::channel();
-        std::thread::Builder::new().name("bench-client".into()).spawn(move || {
-            // Built here, so that this thread's first allocations bind it to its arena now.
-            match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-                Ok(rt) => {
-                    let _ = ready.send(Ok(()));
-                    for job in rx {
-                        job(&rt);
-                    }
-                }
-                Err(e) => {
-                    let _ = ready.send(Err(e));
-                }
-            }
-        })?;
-        started.recv()??;
-        Ok(Self { jobs })
-    }
-
-    /// Runs `f` to completion on the client thread.
-    pub(crate) async fn run<T: Send + 'static>(
-        &self,
-        f: impl Future<Output = T> + Send + 'static,
-    ) -> anyhow::Result<T> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        self.jobs
-            .send(Box::new(move |rt| {
-                let _ = tx.send(rt.block_on(f));
-            }))
-            .map_err(|_| anyhow::anyhow!("the bench client thread has stopped"))?;
-        Ok(rx.await?)
     }
 }
 

@@ -9,7 +9,7 @@
 //! nanoseconds) of every thread of the process but the client's, read before and after; it
 //! includes the idle replica's own background threads, small and alike in both runs.
 
-use crate::query_bench::ClientThread;
+use crate::client_thread::ClientThread;
 use prefixlog_proto::v1::{prefix_index_client::PrefixIndexClient, MatchRequest};
 use prefixlog_query::tonic::transport::Endpoint;
 use prefixlog_query::StreamMux;

@@ -7,8 +7,10 @@
 //! go through Kafka (`prefixlog_ingest::Publisher`, whose `Landed` feeds [`MatchQuery::after`]).
 //!
 //! Module map:
-//! - [`service`]: `PrefixIndex` (Match, MatchStream, Describe, ListWorkers),
+//! - [`service`]: [`service::QueryService`] (Match, Describe, ListWorkers answered),
 //!   [`service::QueryConfig`] limits, [`service::ReplicaInfo`].
+//! - [`grpc`]: the `PrefixIndex` gRPC trait implemented by calls of [`service::QueryService`]
+//!   and [`stream`].
 //! - [`stream`]: `MatchStream` served: bounded concurrency per stream, in-band errors and
 //!   unordered answers for the requests that opt in.
 //! - [`validate`]: request validation and bounded error messages.
@@ -28,6 +30,7 @@
 pub mod admin;
 pub mod exposition;
 pub mod extension;
+pub mod grpc;
 pub mod health;
 pub mod metrics;
 pub mod server;

@@ -15,14 +15,14 @@ use crate::validate::{check, clip, unknown_keyspace};
 use parking_lot::Mutex;
 use prefixlog_engine::{Engine, Keyspace, MatchOptions};
 use prefixlog_proto::v1::{
-    prefix_index_server::PrefixIndex, DescribeRequest, DescribeResponse, Interval, ListWorkersRequest,
-    ListWorkersResponse, MatchRequest, MatchResponse, PartitionOffset, WorkerInfo, WorkerScore,
+    DescribeResponse, Interval, ListWorkersResponse, MatchRequest, MatchResponse, PartitionOffset,
+    WorkerInfo, WorkerScore,
 };
 use prefixlog_state::{Applier, ReplicaStatus};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Request, Status};
 
 /// Limits and waits of the query service.
 #[derive(Clone, Debug)]
@@ -229,7 +229,7 @@ impl QueryService {
         })
     }
 
-    fn describe(&self) -> DescribeResponse {
+    pub(crate) fn describe(&self) -> DescribeResponse {
         let info = &self.view.info;
         DescribeResponse {
             replica_id: info.replica_id.clone(),
@@ -250,7 +250,7 @@ impl QueryService {
         }
     }
 
-    fn list_workers(&self) -> ListWorkersResponse {
+    pub(crate) fn list_workers(&self) -> ListWorkersResponse {
         let mut workers = Vec::new();
         if let Some(a) = &self.view.applier {
             let a = a.lock();
@@ -282,6 +282,16 @@ impl QueryService {
             None => self.cfg.default_wait,
         }
         .min(self.cfg.max_wait)
+    }
+
+    /// A place for one more `MatchStream` call, or RESOURCE_EXHAUSTED at the limit.
+    pub(crate) fn stream_permit(&self) -> Result<tokio::sync::OwnedSemaphorePermit, Status> {
+        self.streams.clone().try_acquire_owned().map_err(|_| {
+            Status::resource_exhausted(format!(
+                "too many concurrent MatchStream calls (limit {})",
+                self.cfg.max_concurrent_streams
+            ))
+        })
     }
 }
 
@@ -360,42 +370,6 @@ pub fn parse_grpc_timeout(v: &str) -> Option<Duration> {
         "n" => Duration::from_nanos(n),
         _ => return None,
     })
-}
-
-#[tonic::async_trait]
-impl PrefixIndex for QueryService {
-    async fn r#match(&self, request: Request<MatchRequest>) -> Result<Response<MatchResponse>, Status> {
-        let wait = self.wait_budget(grpc_timeout(&request));
-        self.answer(request.into_inner(), wait).await.map(Response::new)
-    }
-
-    async fn describe(&self, _: Request<DescribeRequest>) -> Result<Response<DescribeResponse>, Status> {
-        Ok(Response::new(QueryService::describe(self)))
-    }
-
-    async fn list_workers(
-        &self,
-        _: Request<ListWorkersRequest>,
-    ) -> Result<Response<ListWorkersResponse>, Status> {
-        Ok(Response::new(QueryService::list_workers(self)))
-    }
-
-    type MatchStreamStream = crate::stream::MatchStream;
-
-    async fn match_stream(
-        &self,
-        request: Request<Streaming<MatchRequest>>,
-    ) -> Result<Response<Self::MatchStreamStream>, Status> {
-        let permit = self.streams.clone().try_acquire_owned().map_err(|_| {
-            Status::resource_exhausted(format!(
-                "too many concurrent MatchStream calls (limit {})",
-                self.cfg.max_concurrent_streams
-            ))
-        })?;
-        // The stream's deadline bounds every message's token wait, as a unary call's does.
-        let (opened, timeout) = (Instant::now(), grpc_timeout(&request));
-        Ok(Response::new(crate::stream::serve(self.clone(), request.into_inner(), opened, timeout, permit)))
-    }
 }
 
 #[cfg(test)]

@@ -55,14 +55,14 @@ pub async fn limit(State(gate): State<Gate>, req: Request, next: Next) -> Respon
     let Ok(_permit) = gate.permits.clone().try_acquire_owned() else {
         gate.metrics.request(route, tonic::Code::ResourceExhausted);
         let msg = "too many requests in flight on this indexer; retry later";
-        return super::server::json(StatusCode::TOO_MANY_REQUESTS, &ErrorBody { error: msg });
+        return super::wire::json(StatusCode::TOO_MANY_REQUESTS, &ErrorBody { error: msg });
     };
     match tokio::time::timeout(gate.timeout, next.run(req)).await {
         Ok(response) => response,
         Err(_) => {
             gate.metrics.request(route, tonic::Code::DeadlineExceeded);
             let msg = format!("request not answered within {:?}", gate.timeout);
-            super::server::json(StatusCode::GATEWAY_TIMEOUT, &ErrorBody { error: &msg })
+            super::wire::json(StatusCode::GATEWAY_TIMEOUT, &ErrorBody { error: &msg })
         }
     }
 }

@@ -4,13 +4,13 @@
 
 use super::limit::{limit, Gate, Limits};
 use super::reader::{QueryError, Reader};
-use super::wire::ErrorBody;
+use super::wire::{json, ErrorBody};
 use super::{MAX_BODY_BYTES, PROTOCOL};
 use crate::metrics::FacadeMetrics;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{header, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::http::StatusCode;
+use axum::response::Response;
 use axum::routing::{get, post};
 use axum::{middleware, Router};
 use parking_lot::Mutex;
@@ -83,13 +83,6 @@ impl App {
             Ok(body) => json(StatusCode::OK, &body),
             Err(e) => json(e.http_status(), &ErrorBody { error: &e.to_string() }),
         }
-    }
-}
-
-pub(super) fn json<T: Serialize>(status: StatusCode, body: &T) -> Response {
-    match serde_json::to_vec(body) {
-        Ok(b) => (status, [(header::CONTENT_TYPE, "application/json")], b).into_response(),
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
     }
 }
 

@@ -2,6 +2,8 @@
 //! (github.com/ai-dynamo/dynamo, Apache-2.0; docs/compat/dynamo-mooncake-http.md), and the
 //! mapping of the replica's per-holder depths onto its score response.
 
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -81,6 +83,14 @@ pub fn score_response(holders: &[Holder], depths: &[(Holder, u32)], block_size: 
 #[derive(Clone, Debug, Serialize)]
 pub struct ErrorBody<'a> {
     pub error: &'a str,
+}
+
+/// A JSON response with `status` (a body that cannot be encoded is a 500 naming why).
+pub(super) fn json<T: Serialize>(status: StatusCode, body: &T) -> Response {
+    match serde_json::to_vec(body) {
+        Ok(b) => (status, [(header::CONTENT_TYPE, "application/json")], b).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
 }
 
 #[cfg(test)]

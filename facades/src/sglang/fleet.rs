@@ -11,15 +11,13 @@ use super::pb::{
     ExpectedWorker,
 };
 use super::writer::{check_metadata_size, desired_metadata, WriteError, Writer, META_WORKER_ID};
+use super::MAX_EXPECTED_WORKERS;
 use crate::names::{worker_id, SGLANG_SEED};
 use prefixlog_engine::KeyspaceId;
 use prefixlog_state::partition_state::FeedKey;
 use prefixlog_state::token_of;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
-
-/// Most workers one request may list.
-pub const MAX_EXPECTED_WORKERS: usize = 65_536;
 
 /// Applies the request; also returns how many recorded workers were left alone because their
 /// name does not map to their id (`reason="worker_id_mismatch"`).

@@ -43,6 +43,9 @@ pub const MAX_WORKER_ID_BYTES: usize = 256;
 /// Workers this process keeps writing state for: a stream of requests each naming a new worker
 /// must not grow its memory without end (the log's own limits refuse them later, per partition).
 pub const MAX_WORKERS: usize = 65_536;
+
+/// Most workers one request may list.
+pub const MAX_EXPECTED_WORKERS: usize = 65_536;
 /// Most hashes of one `MatchExternalKv` / `GetExternalKvHitCounts` request (upstream's).
 pub const MAX_MATCH_HASHES: usize = 16_384;
 /// Concurrent `MatchExternalKvPrefix` calls; one more is RESOURCE_EXHAUSTED at once

@@ -51,7 +51,7 @@ pub enum WriteError {
     NotReady,
     #[error("this replica has not applied partition {partition} up to its high watermark {high} within {wait:?}: the worker's feed state is not known yet")]
     NotCaughtUp { partition: u32, high: i64, wait: Duration },
-    #[error("{0} expected workers; at most {max}", max = super::fleet::MAX_EXPECTED_WORKERS)]
+    #[error("{0} expected workers; at most {max}", max = super::MAX_EXPECTED_WORKERS)]
     TooManyWorkers(usize),
     #[error("this facade already writes for {MAX_WORKERS} workers; a new one is refused")]
     WorkerTableFull,
