@@ -28,7 +28,7 @@ mod query_bench;
 mod stream_bench;
 
 use clap::{Parser, Subcommand};
-use prefixlog::process::{self, LogFormat};
+use prefixlog::process::{self, ProcessArgs};
 
 #[derive(Parser)]
 #[command(
@@ -40,9 +40,8 @@ prefixlog. Each benchmark prints its command, date and ratios measured in one ru
 docs/benchmarks.md records the current numbers."
 )]
 struct Cli {
-    /// Log line format. The level is set by RUST_LOG (e.g. RUST_LOG=debug).
-    #[arg(long, global = true, env = "PREFIXLOG_LOG_FORMAT", value_enum, default_value = "text")]
-    log_format: LogFormat,
+    #[command(flatten)]
+    process: ProcessArgs,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -69,13 +68,11 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     // The demo draws a progress bar and a table: only warnings go to the log by default.
     let default_filter = if matches!(cli.cmd, Cmd::Demo(_)) { "warn" } else { "info,rdkafka=warn" };
-    process::init_logging(cli.log_format, default_filter);
     let query_cpus = match &cli.cmd {
         Cmd::BenchQuery(a) => a.query_cpus.as_ref(),
         _ => None,
     };
-    process::pin_query_cpus(query_cpus)?;
-    let rt = tokio::runtime::Runtime::new()?;
+    let rt = process::start(&cli.process, default_filter, query_cpus)?;
     let result = match cli.cmd {
         Cmd::Demo(a) => rt.block_on(demo::run(a)),
         Cmd::BenchRouting(a) => demo::routing_sim::run(a),

@@ -5,8 +5,9 @@
 //! - [`kafka_args`]: the Kafka and state-settings flags, turned into a `prefixlog_ingest::LogSpec`.
 //! - [`fleet_records`]: the trace workload (a simulated fleet) as encoded log records.
 //! - [`publish_trace`]: publishing those records, each worker's in order (`publish-trace`).
-//! - [`process`]: how a process starts and ends: log format and filter, `--query-cpus` pinning
-//!   before the runtime exists, waiting for Kafka clients closing in the background.
+//! - [`process`]: how a process starts and ends ([`process::start`], [`process::finish`]): log
+//!   format and filter, `--query-cpus` pinning before the runtime exists, waiting for Kafka
+//!   clients closing in the background.
 
 pub mod fleet_records;
 pub mod kafka_args;

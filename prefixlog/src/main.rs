@@ -14,7 +14,7 @@ mod serve;
 
 use clap::{Parser, Subcommand};
 
-use prefixlog::process::{self, LogFormat};
+use prefixlog::process::{self, ProcessArgs};
 use prefixlog::publish_trace;
 
 #[derive(Parser)]
@@ -28,9 +28,8 @@ applies them deterministically and answers longest-prefix queries.\n\nRun `prefi
 arguments for a self-contained replica on an embedded broker."
 )]
 struct Cli {
-    /// Log line format. The level is set by RUST_LOG (e.g. RUST_LOG=debug).
-    #[arg(long, global = true, env = "PREFIXLOG_LOG_FORMAT", value_enum, default_value = "text")]
-    log_format: LogFormat,
+    #[command(flatten)]
+    process: ProcessArgs,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -53,13 +52,11 @@ enum Cmd {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    process::init_logging(cli.log_format, "info,rdkafka=warn");
     let query_cpus = match &cli.cmd {
         Cmd::Serve(a) => a.query_cpus.as_ref(),
         _ => None,
     };
-    process::pin_query_cpus(query_cpus)?;
-    let rt = tokio::runtime::Runtime::new()?;
+    let rt = process::start(&cli.process, "info,rdkafka=warn", query_cpus)?;
     let result = match cli.cmd {
         Cmd::Serve(a) => rt.block_on(serve::run(*a)),
         Cmd::Bridge(a) => rt.block_on(bridge_cmd::run(a)),

@@ -11,8 +11,28 @@ pub enum LogFormat {
     Json,
 }
 
+/// The flags every subcommand of both binaries takes.
+#[derive(clap::Args, Debug)]
+pub struct ProcessArgs {
+    /// Log line format. The level is set by RUST_LOG (e.g. RUST_LOG=debug).
+    #[arg(long, global = true, env = "PREFIXLOG_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+/// Starts a process: logging (`default_filter` unless RUST_LOG says otherwise), the
+/// `--query-cpus` pinning, then the runtime (whose threads inherit the pinning).
+pub fn start(
+    args: &ProcessArgs,
+    default_filter: &str,
+    query_cpus: Option<&CpuSet>,
+) -> anyhow::Result<tokio::runtime::Runtime> {
+    init_logging(args.log_format, default_filter);
+    pin_query_cpus(query_cpus)?;
+    Ok(tokio::runtime::Runtime::new()?)
+}
+
 /// Logs to stderr in `format`; the level comes from RUST_LOG, else `default_filter`.
-pub fn init_logging(format: LogFormat, default_filter: &str) {
+fn init_logging(format: LogFormat, default_filter: &str) {
     let filter =
         tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default_filter.into());
     let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
@@ -24,7 +44,7 @@ pub fn init_logging(format: LogFormat, default_filter: &str) {
 
 /// Pins the process to `--query-cpus` before its runtime starts: the runtime's threads, and
 /// every thread started later, inherit the set.
-pub fn pin_query_cpus(cpus: Option<&CpuSet>) -> anyhow::Result<()> {
+fn pin_query_cpus(cpus: Option<&CpuSet>) -> anyhow::Result<()> {
     if let Some(cpus) = cpus {
         cpus.pin_current_thread()
             .map_err(|e| anyhow::anyhow!("--query-cpus {cpus}: cannot run on these CPUs: {e}"))?;
