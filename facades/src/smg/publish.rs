@@ -1,0 +1,82 @@
+//! The `Publish` stream: updates in, one `PublishAck` per update out, in order.
+//!
+//! Updates are written one at a time (the epoch and sequence gate of a holder needs the
+//! previous update's outcome). An ack is sent once the log took the update's records and this
+//! replica applied them (bounded by the query port's default wait; past it the ack goes out
+//! anyway: the log has the records), so a query sent after the ack sees the update. Acks are
+//! advisory upstream: when the publisher does not read them they are dropped (counted,
+//! reason `ack_dropped`), never holding up the updates behind them. A refused update ends the
+//! stream with its status, as upstream ends it on an unsupported hash scheme.
+
+use super::pb::{PublishAck, Update};
+use super::writer::{WriteError, Writer, Written};
+use super::OUT_BUFFER;
+use crate::metrics::FacadeMetrics;
+use prefixlog_ingest::token_of;
+use std::pin::Pin;
+use std::sync::Arc;
+use tokio::sync::mpsc::error::TrySendError;
+use tokio::sync::mpsc::Sender;
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Status, Streaming};
+
+/// What the server sends: acks, and at most one status that ends the stream.
+pub type AckStream = Pin<Box<dyn Stream<Item = Result<PublishAck, Status>> + Send>>;
+
+/// Serves one `Publish` call on a task of its own.
+pub fn serve(writer: Arc<Writer>, metrics: FacadeMetrics, inbound: Streaming<Update>) -> AckStream {
+    let (tx, rx) = tokio::sync::mpsc::channel(OUT_BUFFER);
+    tokio::spawn(async move {
+        let code = match run(&writer, &metrics, inbound, &tx).await {
+            Ok(()) => tonic::Code::Ok,
+            Err(s) => {
+                let code = s.code();
+                // The end of the stream: waits for room (the reader may be slow, not gone).
+                let _ = tx.send(Err(s)).await;
+                code
+            }
+        };
+        metrics.request("Publish", code);
+    });
+    Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+}
+
+async fn run(
+    writer: &Writer,
+    metrics: &FacadeMetrics,
+    mut inbound: Streaming<Update>,
+    tx: &Sender<Result<PublishAck, Status>>,
+) -> Result<(), Status> {
+    let wait = writer.query().wait_for_call(None);
+    while let Some(u) = inbound.next().await {
+        let u = u?;
+        let w = writer.write(&u, wait).await.map_err(|e| refused(metrics, e))?;
+        count(metrics, &w);
+        let status = &writer.query().view().status;
+        if !w.landed.is_empty() && !status.wait_for(&token_of(&w.landed), wait).await {
+            tracing::debug!(holder = %u.holder, ?wait, "update on the log, not applied here within the wait");
+        }
+        match tx.try_send(Ok(w.ack)) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => metrics.skipped("ack_dropped", 1),
+            Err(TrySendError::Closed(_)) => return Ok(()),
+        }
+    }
+    Ok(())
+}
+
+fn refused(metrics: &FacadeMetrics, e: WriteError) -> Status {
+    if matches!(e, WriteError::Collision { .. }) {
+        metrics.skipped("holder_collision", 1);
+    }
+    e.status()
+}
+
+fn count(metrics: &FacadeMetrics, w: &Written) {
+    for (reason, n) in w.skipped.reasons() {
+        metrics.skipped(reason, n);
+    }
+    metrics.skipped("stale_epoch", u64::from(w.stale_epoch));
+    metrics.skipped("duplicate_seq", u64::from(w.duplicate));
+    metrics.skipped("placement_for_event_fed", w.fed_placements);
+}
