@@ -343,6 +343,25 @@ async fn smg_gateway_and_bridge_through_the_facade() {
     let mut none = c.pull_holders(PullHoldersRequest { holders: refs }).await.unwrap().into_inner();
     assert!(none.message().await.unwrap().is_none(), "w0 holds nothing");
 
+    // Many updates sent back to back, several holders and several per holder: one ack per
+    // update, in stream order, each with its own holder's watermark.
+    let names: Vec<String> = (0..6).map(|i| format!("http://p{i}:8000")).collect();
+    let mut sent = Vec::new();
+    for round in 1..=3u64 {
+        for (i, name) in names.iter().enumerate() {
+            let n = (i % 3) + 1;
+            let u = update(name, 1, round, vec![stored(None, 0..n)]);
+            bridge.tx.send(u).await.unwrap();
+            sent.push((name.clone(), round));
+            model.hold(name, &(0..n).collect::<Vec<_>>(), true);
+        }
+    }
+    for (name, round) in sent {
+        let a = bridge.acks.message().await.unwrap().expect("an ack per update");
+        assert_eq!(a, ack(&name, 1, round));
+    }
+    assert_eq!(sub.scores().await, model.expected());
+
     // A second replica of the log, once it applied what the first had, answers the same.
     let applied = node.status().offsets();
     assert!(other.status().wait_for(&applied, Duration::from_secs(60)).await, "{applied:?}");

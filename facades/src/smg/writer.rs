@@ -34,6 +34,7 @@ use prefixlog_ingest::settings::{StateSettings, METADATA_ENTRY_BYTES};
 use prefixlog_ingest::{token_of, KvOp, Landed, Lifecycle, PublishError, Publisher};
 use prefixlog_query::QueryService;
 use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -128,14 +129,15 @@ pub fn gate(feed: &FeedState, epoch: u64, seq: u64) -> Gate {
 }
 
 /// One holder's writing state in this process.
-pub(crate) struct HolderState {
+pub struct HolderState {
     name: String,
     /// The metadata last published or recorded (None: not announced).
     metadata: Option<BTreeMap<String, String>>,
     feeds: HashMap<KeyspaceId, FeedState>,
 }
 
-type Locked = tokio::sync::OwnedMutexGuard<Option<HolderState>>;
+/// A holder's state, locked for one update (`Some` once loaded).
+pub type Locked = tokio::sync::OwnedMutexGuard<Option<HolderState>>;
 
 pub struct Writer {
     publisher: Publisher,
@@ -155,19 +157,32 @@ impl Writer {
     /// Publishes the update's records; `wait` bounds waits for the replica (its state of the
     /// holder before the first write, its apply of a clear before the next update).
     pub async fn write(&self, u: &Update, wait: Duration) -> Result<Written, WriteError> {
+        update::validate(u)?;
+        let (worker, guard) = self.lock(&u.holder)?;
+        self.write_locked(u, worker, guard.await, wait).await
+    }
+
+    /// [`Self::write`] with the holder's lock taken (by [`Self::lock`], in update order).
+    pub async fn write_locked(
+        &self,
+        u: &Update,
+        worker: u64,
+        mut guard: Locked,
+        wait: Duration,
+    ) -> Result<Written, WriteError> {
         let ks = update::validate(u)?;
         if !self.query.view().readiness.is_ready() {
             return Err(WriteError::NotReady);
         }
         let mapped = update::map_events(u);
-        let (worker, mut guard) = self.lock_holder(&u.holder, wait).await?;
+        self.load(worker, &u.holder, &mut guard, wait).await?;
         let mut landed = Vec::new();
         let mut lanes = Vec::new();
         if u.dropped {
             landed.push(self.remove(worker, &mut guard).await?);
             lanes = self.lane_holders(&u.holder);
         }
-        let st = guard.as_mut().expect("loaded by lock_holder");
+        let st = guard.as_mut().expect("loaded");
         if let Some(added) = &u.added {
             let metadata = with_added(desired_base(st), added);
             landed.extend(self.announce(worker, st, metadata).await?);
@@ -193,7 +208,9 @@ impl Writer {
         };
         drop(guard);
         for name in lanes {
-            let (w, mut g) = self.lock_holder(&name, wait).await?;
+            let (w, g) = self.lock(&name)?;
+            let mut g = g.await;
+            self.load(w, &name, &mut g, wait).await?;
             landed.push(self.remove(w, &mut g).await?);
         }
         out.landed = landed;
@@ -296,9 +313,12 @@ impl Writer {
         Ok(())
     }
 
-    /// The holder's id and its state, locked (its name checked against the replica's record on
-    /// its first use here, once the replica caught up with its partition).
-    async fn lock_holder(&self, name: &str, wait: Duration) -> Result<(u64, Locked), WriteError> {
+    /// The holder's id and the future of its lock: updates of one holder are applied in the
+    /// order their locks were asked for (tokio's mutex is fair).
+    pub fn lock(
+        &self,
+        name: &str,
+    ) -> Result<(u64, impl Future<Output = Locked> + Send + 'static), WriteError> {
         let worker = worker_id(SMG_SEED, name);
         let slot = {
             let mut holders = self.holders.lock();
@@ -307,16 +327,27 @@ impl Writer {
             }
             holders.entry(worker).or_default().clone()
         };
-        let mut guard = slot.lock_owned().await;
+        Ok((worker, slot.lock_owned()))
+    }
+
+    /// Loads the locked holder's state on its first use here (once the replica caught up with
+    /// its partition), and refuses a name whose id belongs to another name.
+    async fn load(
+        &self,
+        worker: u64,
+        name: &str,
+        guard: &mut Locked,
+        wait: Duration,
+    ) -> Result<(), WriteError> {
         if guard.is_none() {
             self.caught_up(worker, wait).await?;
-            *guard = Some(self.recorded(worker, name)?);
+            **guard = Some(self.recorded(worker, name)?);
         }
         let st = guard.as_ref().expect("set above");
         if st.name != name {
             return Err(WriteError::Collision { name: name.into(), worker, other: st.name.clone() });
         }
-        Ok((worker, guard))
+        Ok(())
     }
 
     /// Publishes `metadata` for the holder unless it is what was last recorded.
