@@ -24,6 +24,7 @@ impl Cluster {
         partitions: u32,
         replicas: usize,
         anti_entropy_every: Duration,
+        smg_facade: bool,
     ) -> anyhow::Result<Self> {
         let kafka = EmbeddedKafka::start(TOPIC, partitions)?;
         let settings = StateSettings { digest_interval: DIGEST_INTERVAL, ..Default::default() };
@@ -35,7 +36,12 @@ impl Cluster {
             .collect();
         let mut nodes = Vec::new();
         for (i, addr) in peer_addrs.iter().enumerate() {
+            let mut extensions = prefixlog_query::Extensions::default();
+            if smg_facade {
+                extensions.0.push(std::sync::Arc::new(prefixlog_facades::smg::SmgExtension::new(&spec)?));
+            }
             let opts = NodeOptions {
+                extensions,
                 replica_id: format!("demo-replica-{i}"),
                 admin_addr: None,
                 peer_addr: Some(*addr),
