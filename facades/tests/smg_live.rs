@@ -5,13 +5,18 @@
 //! held positions says under the engine's contiguous-prefix rule; every query is sent after
 //! the ack of the update it checks; a second replica answers the same.
 
+use prefixlog_facades::names::{worker_id, SMG_SEED};
 use prefixlog_facades::smg::pb::radix_index_client::RadixIndexClient;
 use prefixlog_facades::smg::pb::*;
 use prefixlog_facades::smg::state::content_hash;
 use prefixlog_facades::smg::SmgExtension;
-use prefixlog_ingest::{EmbeddedKafka, KafkaConnection, LogSpec};
+use prefixlog_ingest::{EmbeddedKafka, KafkaConnection, Lifecycle, LogSpec};
 use prefixlog_node::{NodeOptions, ReplicaNode};
 use prefixlog_query::tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
+use prefixlog_query::tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+use prefixlog_query::tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+use prefixlog_query::tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+use prefixlog_query::tonic_reflection::pb::v1::ServerReflectionRequest;
 use prefixlog_query::Extensions;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -186,6 +191,21 @@ async fn serving(addr: &str) {
             return;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The services the server's reflection lists.
+async fn reflected_services(endpoint: &str) -> Vec<String> {
+    let channel = Channel::from_shared(endpoint.to_string()).unwrap().connect().await.unwrap();
+    let mut r = ServerReflectionClient::new(channel);
+    let req = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices("*".into())),
+    };
+    let mut answers = r.server_reflection_info(tokio_stream::iter(vec![req])).await.unwrap().into_inner();
+    match answers.message().await.unwrap().and_then(|a| a.message_response) {
+        Some(MessageResponse::ListServicesResponse(l)) => l.service.into_iter().map(|s| s.name).collect(),
+        other => panic!("{other:?}"),
     }
 }
 
@@ -368,8 +388,8 @@ async fn smg_gateway_and_bridge_through_the_facade() {
     serving(&other.endpoint()).await;
     let mut c2 = RadixIndexClient::connect(other.endpoint()).await.unwrap();
     let mut sub2 = Subscriber::open(&mut c2).await;
-    let c = chain();
-    for q in [c.clone(), c[..2].to_vec(), c[1..].to_vec()] {
+    let ch = chain();
+    for q in [ch.clone(), ch[..2].to_vec(), ch[1..].to_vec()] {
         let (a, b) = (sub.ask(keyspace(), q.clone()).await, sub2.ask(keyspace(), q).await);
         assert_eq!(a.scores, b.scores);
     }
@@ -377,6 +397,24 @@ async fn smg_gateway_and_bridge_through_the_facade() {
     // An unsupported hash scheme ends the publish stream (as upstream).
     let err = gateway.send(Update { keyspace: Some(scheme2), ..update(w1, 2, 0, vec![]) }).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
+
+    // A holder whose worker id is recorded for a worker of another publisher is refused, never
+    // merged into it.
+    let taken = "http://taken:8000";
+    let worker = worker_id(SMG_SEED, taken);
+    let other_publisher = prefixlog_ingest::Publisher::new(&spec).unwrap();
+    let meta = BTreeMap::from([("address".to_string(), "10.0.0.9:8000".to_string())]);
+    let landed =
+        other_publisher.publish_lifecycle(worker, &Lifecycle::Added { metadata: meta }).await.unwrap();
+    assert!(node.status().wait_for(&[landed.token()], Duration::from_secs(60)).await);
+    let mut p = Publisher::open(&mut c).await;
+    let err = p.send(update(taken, 1, 0, vec![stored(None, 0..2)])).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("a worker of another publisher"), "{err:?}");
+    assert_eq!(sub.scores().await, model.expected(), "nothing credited to either");
+
+    // Reflection lists the service (grpcurl works without the .proto).
+    assert!(reflected_services(&node.endpoint()).await.contains(&"radix_index.RadixIndex".to_string()));
 
     drop((bridge, gateway, sub, sub2));
     let text = prefixlog_query::metrics::render(node.registry());
@@ -389,6 +427,7 @@ async fn smg_gateway_and_bridge_through_the_facade() {
         r#"prefixlog_facade_skipped_total{protocol="smg",reason="placement_for_event_fed",shard="all"} 1"#,
         r#"prefixlog_facade_skipped_total{protocol="smg",reason="unsupported_hash_scheme",shard="all"} 1"#,
         r#"prefixlog_facade_requests_total{code="OK",protocol="smg",rpc="Digests",shard="all"} 1"#,
+        r#"prefixlog_facade_skipped_total{protocol="smg",reason="holder_collision",shard="all"} 1"#,
     ] {
         assert!(
             text.contains(line),
