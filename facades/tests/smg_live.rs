@@ -382,6 +382,18 @@ async fn smg_gateway_and_bridge_through_the_facade() {
     }
     assert_eq!(sub.scores().await, model.expected());
 
+    // One event-fed holder's state: its feed's epoch and seq, its chain under its own exts.
+    let refs = vec![HolderRef { keyspace: Some(keyspace()), holder: names[2].clone() }];
+    let mut one = c.pull_holders(PullHoldersRequest { holders: refs }).await.unwrap().into_inner();
+    let u = one.message().await.unwrap().expect("p2's state");
+    let fed = u.added.as_ref().map(|a| a.event_fed);
+    assert_eq!((u.holder.as_str(), u.epoch, u.seq, fed), (names[2].as_str(), 1, 3, Some(true)));
+    let expected = vec![Event {
+        kind: Some(event::Kind::Stored(Stored { parent_seq_hash: None, blocks: blocks(0..3) })),
+    }];
+    assert_eq!(u.events, expected);
+    assert!(one.message().await.unwrap().is_none(), "only the holder asked for");
+
     // A second replica of the log, once it applied what the first had, answers the same.
     let applied = node.status().offsets();
     assert!(other.status().wait_for(&applied, Duration::from_secs(60)).await, "{applied:?}");

@@ -223,6 +223,65 @@ fn placement_chain(dump: &KeyspaceDump) -> Vec<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use prefixlog_engine::{DumpNode, HolderKey, KeyspaceStats};
+
+    /// Nodes 1..=5: a chain 1-2-3-5 (5 has no ext) and a branch 4 under 1.
+    fn dump() -> KeyspaceDump {
+        let node = |parent, local, ext| DumpNode { parent, local, ext };
+        KeyspaceDump {
+            id: KeyspaceId::new("m", 4, 2),
+            nodes: vec![
+                node(0, 11, Some(101)),
+                node(1, 12, Some(102)),
+                node(2, 13, Some(103)),
+                node(1, 14, Some(104)),
+                node(3, 15, None),
+            ],
+            holders: Vec::new(),
+            stats: KeyspaceStats::default(),
+        }
+    }
+
+    fn holder(fed: bool, members: &[u32], overrides: &[(u64, u32)]) -> DumpHolder {
+        DumpHolder {
+            key: HolderKey::new(1, 0, 0),
+            fed,
+            gapped: false,
+            next_stamp: 0,
+            last_time: 0,
+            records: Vec::new(),
+            members: members.iter().map(|&n| (n, 0)).collect(),
+            overrides: overrides.to_vec(),
+        }
+    }
+
+    /// A segment as `(parent, [(seq_hash, content_hash)])`.
+    type Segment = (Option<u64>, Vec<(u64, u64)>);
+
+    fn shape(v: &[Stored]) -> Vec<Segment> {
+        v.iter()
+            .map(|s| (s.parent_seq_hash, s.blocks.iter().map(|b| (b.seq_hash, b.content_hash)).collect()))
+            .collect()
+    }
+
+    #[test]
+    fn chains_are_segments_in_path_order_naming_their_parents() {
+        let d = dump();
+        let fed = chains(&d, &holder(true, &[1, 2, 4], &[]));
+        assert_eq!(shape(&fed), vec![(None, vec![(101, 11), (102, 12)]), (Some(101), vec![(104, 14)])]);
+        let renamed = chains(&d, &holder(true, &[1, 2], &[(999, 2)]));
+        assert_eq!(shape(&renamed), vec![(None, vec![(101, 11), (999, 12)])], "the holder's own ext");
+        let placed = chains(&d, &holder(false, &[1, 2], &[]));
+        assert_eq!(shape(&placed), vec![(None, vec![(11, 11), (chain_prefix_hash(11, 12), 12)])]);
+    }
+
+    /// A run whose parent the holder does not hold would be anchored wrongly by a consumer.
+    #[test]
+    fn runs_past_a_missing_parent_are_not_shipped() {
+        let d = dump();
+        assert!(chains(&d, &holder(true, &[3, 5], &[])).is_empty());
+        assert_eq!(shape(&chains(&d, &holder(true, &[1, 3], &[]))), vec![(None, vec![(101, 11)])]);
+    }
 
     /// Upstream's golden vector: `chain_prefix_hash(0, content([0..256)))`.
     #[test]
