@@ -10,7 +10,7 @@ use prefixlog_facades::smg::pb::radix_index_client::RadixIndexClient;
 use prefixlog_facades::smg::pb::*;
 use prefixlog_facades::smg::state::content_hash;
 use prefixlog_facades::smg::SmgExtension;
-use prefixlog_ingest::{EmbeddedKafka, KafkaConnection, Lifecycle, LogSpec};
+use prefixlog_ingest::{EmbeddedKafka, KafkaConnection, KvOp, Lifecycle, LogSpec};
 use prefixlog_node::{NodeOptions, ReplicaNode};
 use prefixlog_query::tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
 use prefixlog_query::tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
@@ -424,6 +424,19 @@ async fn smg_gateway_and_bridge_through_the_facade() {
     assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
     assert!(err.message().contains("a worker of another publisher"), "{err:?}");
     assert_eq!(sub.scores().await, model.expected(), "nothing credited to either");
+
+    // A worker of another publisher that names itself like an SMG holder in its metadata, with
+    // blocks in the SMG keyspace: its name does not map to its id, so it is never answered as
+    // that holder.
+    let impostor = worker_id(SMG_SEED, "http://impostor:8000") ^ 1;
+    let meta = BTreeMap::from([("smg.holder".to_string(), w1.to_string())]);
+    other_publisher.publish_lifecycle(impostor, &Lifecycle::Added { metadata: meta }).await.unwrap();
+    let ks = prefixlog_engine::KeyspaceId::new("llama", BLOCK, 2);
+    let ops =
+        [KvOp::Stored { lane: 0, parent_ext: None, blocks: EXT.iter().copied().zip(chain()).collect() }];
+    let landed = other_publisher.publish_kv_events(&ks, impostor, 0, 1, 1, false, &ops, None).await.unwrap();
+    assert!(node.status().wait_for(&[landed.token()], Duration::from_secs(60)).await);
+    assert_eq!(sub.scores().await, model.expected(), "the impostor is not answered as {w1}");
 
     // Reflection lists the service (grpcurl works without the .proto).
     assert!(reflected_services(&node.endpoint()).await.contains(&"radix_index.RadixIndex".to_string()));

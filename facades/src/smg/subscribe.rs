@@ -18,6 +18,7 @@ use super::pb::{HolderScore, Interval, Match, Query};
 use super::writer::{from_hex, META_HOLDER, META_LANE_META};
 use super::{keyspace, LANE, MAX_QUERIES_IN_FLIGHT, MAX_UPDATE_BLOCKS, OUT_BUFFER};
 use crate::metrics::FacadeMetrics;
+use crate::names::{worker_id, SMG_SEED};
 use prefixlog_engine::partition_of;
 use prefixlog_proto::v1::{match_request::Prompt, BlockHashes, Keyspace, MatchRequest, MatchResponse};
 use prefixlog_query::QueryService;
@@ -140,7 +141,9 @@ fn scores(query: &QueryService, r: &MatchResponse) -> Vec<HolderScore> {
     out
 }
 
-/// `(smg.holder, lane_meta)` of each worker that has an SMG name (one lock).
+/// `(smg.holder, lane_meta)` of each worker that has an SMG name (one lock). A name that does
+/// not map to the worker's id (metadata written by another publisher) is not used: its blocks
+/// would be credited to a holder that does not hold them.
 fn names(query: &QueryService, workers: impl Iterator<Item = u64>) -> HashMap<u64, (String, Vec<u8>)> {
     let view = query.view();
     let Some(applier) = &view.applier else { return HashMap::new() };
@@ -148,7 +151,7 @@ fn names(query: &QueryService, workers: impl Iterator<Item = u64>) -> HashMap<u6
     workers
         .filter_map(|w| {
             let m = a.partition(partition_of(w, view.info.partition_count)).workers.get(&w)?;
-            let name = m.get(META_HOLDER)?.clone();
+            let name = m.get(META_HOLDER).filter(|n| worker_id(SMG_SEED, n) == w)?.clone();
             let meta = m.get(META_LANE_META).and_then(|h| from_hex(h)).unwrap_or_default();
             Some((w, (name, meta)))
         })
