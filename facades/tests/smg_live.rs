@@ -346,6 +346,20 @@ async fn smg_gateway_and_bridge_through_the_facade() {
     assert!(sub.ask(keyspace(), vec![]).await.scores.is_empty());
     assert_eq!(sub.scores().await, model.expected(), "the stream still answers");
 
+    // A burst of queries sent before any answer is read: every query gets exactly one answer
+    // carrying its id (answers beyond the in-flight bound come back empty at once).
+    let burst: Vec<u64> = (1000..1200).collect();
+    for &query_id in &burst {
+        let q = Query { query_id, keyspace: Some(keyspace()), content_hashes: chain() };
+        sub.tx.send(q).await.unwrap();
+    }
+    let mut ids = Vec::new();
+    for _ in &burst {
+        ids.push(sub.matches.message().await.unwrap().expect("an answer per query").query_id);
+    }
+    ids.sort_unstable();
+    assert_eq!(ids, burst);
+
     // The state as updates and digests.
     let digests = c.digests(PullRequest {}).await.unwrap().into_inner().holders;
     let d: Vec<(String, u64, u64, bool, u64)> =
