@@ -12,6 +12,8 @@
 //! Module map:
 //! - [`sglang`]: SGLang's `kv_indexer.v1.KVIndexer` (what `sgl-router --kv-indexer-endpoint`
 //!   queries and the sgl `kv-indexer-bridge` writes to); docs/compat/sglang.md.
+//! - [`smg`]: SMG's `radix_index.RadixIndex` (what SMG's gateway `--kv-indexer-url` and its
+//!   `radix-index-bridge` speak); docs/compat/smg.md.
 //! - [`http`]: the query side of Dynamo's standalone KV indexer HTTP API (`/query`,
 //!   `/query_by_hash`, `/health`) on a port of its own; docs/compat/dynamo-mooncake-http.md.
 //! - [`names`]: upstream worker names (strings) → prefixlog worker ids, per protocol seed.
@@ -22,6 +24,7 @@ pub mod http;
 pub mod metrics;
 pub mod names;
 pub mod sglang;
+pub mod smg;
 
 /// The encoded `FileDescriptorSet` of the upstream schemas this crate serves (reflection).
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/compat_descriptor.bin"));

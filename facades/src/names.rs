@@ -11,6 +11,9 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 /// The seed of SGLang worker names: the ASCII bytes `sglworkr` as a big-endian u64.
 pub const SGLANG_SEED: u64 = u64::from_be_bytes(*b"sglworkr");
 
+/// The seed of SMG holder names: the ASCII bytes `smgholdr` as a big-endian u64.
+pub const SMG_SEED: u64 = u64::from_be_bytes(*b"smgholdr");
+
 /// The worker id of `name` under a protocol's `seed`.
 pub fn worker_id(seed: u64, name: &str) -> u64 {
     xxh3_64_with_seed(name.as_bytes(), seed)
@@ -27,5 +30,7 @@ mod tests {
         assert_eq!(worker_id(SGLANG_SEED, "w0"), worker_id(SGLANG_SEED, "w0"));
         assert_ne!(worker_id(SGLANG_SEED, "w0"), worker_id(SGLANG_SEED, "w1"));
         assert_ne!(worker_id(SGLANG_SEED, "w0"), worker_id(0, "w0"));
+        assert_eq!(SMG_SEED, 0x736d67686f6c6472);
+        assert_ne!(worker_id(SMG_SEED, "w0"), worker_id(SGLANG_SEED, "w0"));
     }
 }

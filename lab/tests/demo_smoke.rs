@@ -1,10 +1,11 @@
-//! `prefixlog demo` end to end with a small configuration: exits 0, prints the table, writes the
+//! `prefixlog-lab demo` end to end with a small configuration: exits 0, prints the table, writes the
 //! SVG, and the shared index's hit ratio lies between the gateway-local one and the oracle, close
 //! to the oracle, and nothing it logs is a warning or an error (a run that succeeded must not look
 //! like a failure: clients stop before the replicas, the replicas before the broker). The demo
 //! runs with its default trace, the one bundled in the repository
 //! (`data/mooncake`): scripts/test.sh also runs this test in a copy of the repository alone, which
-//! proves that nothing reads outside the clone.
+//! proves that nothing reads outside the clone. Run once per gateway protocol (`prefixlog.v1`,
+//! SMG's `radix_index`).
 
 use std::process::Command;
 
@@ -21,6 +22,17 @@ fn ratio(out: &str, label: &str) -> f64 {
 
 #[test]
 fn demo_runs_and_reports() {
+    demo_with("prefixlog");
+}
+
+/// The same fleet speaking SMG's `radix_index.RadixIndex` to the replicas' facade (workers'
+/// KV events and gateways' queries and placements through it) routes as well.
+#[test]
+fn demo_over_smg_runs_and_reports() {
+    demo_with("smg");
+}
+
+fn demo_with(protocol: &str) {
     let dir = tempfile::tempdir().expect("tempdir");
     let plot = dir.path().join("plot.svg");
     let requests = REQUESTS.to_string();
@@ -40,6 +52,8 @@ fn demo_runs_and_reports() {
             "10",
             "--deadline",
             "2s",
+            "--gateway-protocol",
+            protocol,
         ])
         // The default trace, not one from the environment (scripts/env.sh exports one).
         .env_remove("PREFIXLOG_TRACE")

@@ -133,6 +133,15 @@ pub struct SglArgs {
     /// Tokens per page of the SGLang workers (the keyspace's block size).
     #[arg(long, env = "PREFIXLOG_SGL_BLOCK_SIZE", requires = "sgl_model", value_parser = clap::value_parser!(u32).range(1..))]
     pub sgl_block_size: Option<u32>,
+    /// Serve SMG's remote radix index, `radix_index.RadixIndex`, on the query port
+    /// (docs/compat/smg.md): SMG's gateway (`--kv-indexer-url http://<this>:<query port>`) and
+    /// its `radix-index-bridge` (`--index`) publish and query through it. Keyspaces come from the
+    /// requests (model, symbol kind, block size; wire hash scheme 1 only); holders are
+    /// workers named `smg.holder`. Needs a replica of every partition (no --shard). The query
+    /// port then accepts log writes: run it behind mutual TLS (--tls-client-ca) or a network
+    /// policy.
+    #[arg(long, env = "PREFIXLOG_SMG_RADIX_INDEX")]
+    pub smg_radix_index: bool,
     /// Serve the query side of Dynamo's standalone KV indexer HTTP API (`POST /query`,
     /// `POST /query_by_hash`, `GET /health`) on this address, e.g. 0.0.0.0:8090
     /// (docs/compat/dynamo-mooncake-http.md). Plain HTTP without authentication, even when the
@@ -144,14 +153,21 @@ pub struct SglArgs {
 
 impl SglArgs {
     fn extensions(&self, spec: &prefixlog_ingest::LogSpec) -> anyhow::Result<prefixlog_query::Extensions> {
+        use std::sync::Arc;
         let mut exts = prefixlog_query::Extensions::default();
-        if let (Some(model), Some(block_size)) = (&self.sgl_model, self.sgl_block_size) {
+        // The facades that write share one producer of their own.
+        let writes = self.sgl_model.is_some() || self.smg_radix_index;
+        let log: Option<Arc<dyn prefixlog_state::LogAppend>> =
+            if writes { Some(Arc::new(prefixlog_ingest::Publisher::new(spec)?)) } else { None };
+        if let (Some(model), Some(block_size), Some(log)) = (&self.sgl_model, self.sgl_block_size, &log) {
             let cfg = prefixlog_facades::sglang::SglangConfig { model: model.clone(), block_size };
-            let log = std::sync::Arc::new(prefixlog_ingest::Publisher::new(spec)?);
-            exts.0.push(std::sync::Arc::new(prefixlog_facades::sglang::SglangExtension::new(cfg, log)));
+            exts.0.push(Arc::new(prefixlog_facades::sglang::SglangExtension::new(cfg, log.clone())));
+        }
+        if let (true, Some(log)) = (self.smg_radix_index, &log) {
+            exts.0.push(Arc::new(prefixlog_facades::smg::SmgExtension::new(log.clone())));
         }
         if let Some(addr) = self.http_indexer_addr {
-            exts.0.push(std::sync::Arc::new(prefixlog_facades::http::DynamoHttpExtension::bind(addr)?));
+            exts.0.push(Arc::new(prefixlog_facades::http::DynamoHttpExtension::bind(addr)?));
         }
         Ok(exts)
     }

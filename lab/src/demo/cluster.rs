@@ -26,6 +26,7 @@ impl Cluster {
         partitions: u32,
         replicas: usize,
         anti_entropy_every: Duration,
+        smg_facade: bool,
     ) -> anyhow::Result<Self> {
         let kafka = EmbeddedKafka::start(TOPIC, partitions)?;
         let settings = StateSettings { digest_interval: DIGEST_INTERVAL, ..Default::default() };
@@ -37,7 +38,13 @@ impl Cluster {
             .collect();
         let mut nodes = Vec::new();
         for (i, addr) in peer_addrs.iter().enumerate() {
+            let mut extensions = prefixlog_query::Extensions::default();
+            if smg_facade {
+                let log = std::sync::Arc::new(prefixlog_ingest::Publisher::new(&spec)?);
+                extensions.0.push(std::sync::Arc::new(prefixlog_facades::smg::SmgExtension::new(log)));
+            }
             let opts = NodeOptions {
+                extensions,
                 replica_id: format!("demo-replica-{i}"),
                 admin_addr: None,
                 peer_addr: Some(*addr),

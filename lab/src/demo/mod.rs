@@ -1,4 +1,4 @@
-//! `prefixlog demo`: the whole system in one process, with zero setup.
+//! `prefixlog-lab demo`: the whole system in one process, with zero setup.
 //!
 //! The embedded broker, two replicas (each: ingest, gRPC query server, peer service, and
 //! anti-entropy against the other), and a simulated fleet driven by the Mooncake trace:
@@ -12,11 +12,16 @@
 //! any worker held at that moment), and the gateway-local policy: every gateway also keeps its
 //! own prefix tree fed only with its own decisions, and routes a shadow fleet (same workers,
 //! same requests, no Kafka) by it — what the fleet would get if gateways only had local trees.
+//!
+//! `--gateway-protocol smg`: the replicas host SMG's `radix_index.RadixIndex` facade, and the
+//! fleet speaks it instead of `prefixlog.v1` ([`smg`]): workers publish their KV events and
+//! gateways ask and place through it, scored the same way.
 
 mod cluster;
 pub mod policy;
 mod report;
 pub mod routing_sim;
+mod smg;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use parking_lot::Mutex;
@@ -67,9 +72,31 @@ pub struct Args {
     /// Anti-entropy round interval.
     #[arg(long, env = "PREFIXLOG_DEMO_ANTI_ENTROPY_INTERVAL", default_value = "2s", value_parser = humantime::parse_duration)]
     pub anti_entropy_interval: Duration,
+    /// The protocol the fleet speaks to the replicas: `prefixlog` (`prefixlog.v1` queries,
+    /// records published to the log directly) or `smg` (SMG's `radix_index.RadixIndex` on the
+    /// replicas' query ports, docs/compat/smg.md: workers publish their KV events and gateways
+    /// ask and place through it, as SMG's bridge and gateway would).
+    #[arg(long, env = "PREFIXLOG_DEMO_GATEWAY_PROTOCOL", value_enum, default_value_t = GatewayProtocol::Prefixlog)]
+    pub gateway_protocol: GatewayProtocol,
     /// Where to write the hit-ratio plot (SVG).
     #[arg(long, env = "PREFIXLOG_DEMO_PLOT", default_value = "demo-hit-ratio.svg")]
     pub plot: std::path::PathBuf,
+}
+
+/// What the demo's gateways and workers speak to the replicas.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum GatewayProtocol {
+    Prefixlog,
+    Smg,
+}
+
+impl GatewayProtocol {
+    fn name(self) -> &'static str {
+        match self {
+            GatewayProtocol::Prefixlog => "prefixlog.v1",
+            GatewayProtocol::Smg => "SMG radix_index",
+        }
+    }
 }
 
 /// The fleet as it really is (routed by the shared index) and the shadow fleet routed by
@@ -80,7 +107,8 @@ struct World {
     shadow: Fleet,
     shadow_load: Load,
     seq: Vec<u64>,
-    queues: Vec<mpsc::UnboundedSender<Vec<u8>>>,
+    /// Each worker's KV events, `(seq, op)` in order.
+    queues: Vec<mpsc::UnboundedSender<(u64, KvOp)>>,
 }
 
 /// What every gateway shares: the world, results, published offsets.
@@ -104,8 +132,15 @@ impl Shared {
     }
 }
 
-async fn worker_publisher(w: u64, mut rx: mpsc::UnboundedReceiver<Vec<u8>>, p: Publisher, s: Arc<Shared>) {
-    while let Some(v) = rx.recv().await {
+async fn worker_publisher(
+    w: u64,
+    mut rx: mpsc::UnboundedReceiver<(u64, KvOp)>,
+    p: Publisher,
+    s: Arc<Shared>,
+) {
+    let ks = keyspace();
+    while let Some((seq, op)) = rx.recv().await {
+        let v = encode_kv_events(&ks, w, 0, 1, seq, false, &[op]);
         match p.publish_raw(w, &v, None).await {
             Ok(l) => s.landed(l),
             Err(e) => tracing::warn!(worker = w, error = %e, "worker could not publish its KV events"),
@@ -113,32 +148,67 @@ async fn worker_publisher(w: u64, mut rx: mpsc::UnboundedReceiver<Vec<u8>>, p: P
     }
 }
 
+/// How a gateway reaches the index.
+enum Index {
+    /// `prefixlog.v1` queries; placements go to Kafka through the publisher (the name marks
+    /// the records).
+    Native { client: IndexClient, publisher: Publisher, name: String },
+    /// SMG's protocol through the replicas' facade.
+    Smg { gateway: smg::SmgGateway, deadline: Duration },
+}
+
+impl Index {
+    /// The answer as `(worker, depth)` and the offsets it reflects.
+    async fn ask(&self, locals: &[u64]) -> (Answered, Vec<(u32, u32)>, Vec<(u32, i64)>) {
+        match self {
+            Index::Native { client, .. } => {
+                let q = MatchQuery::new(keyspace(), Prompt::Hashes(locals.to_vec()));
+                match client.match_prompt(&q).await {
+                    MatchOutcome::Scores(a) => {
+                        let d = a.scores.iter().map(|x| (x.worker as u32, x.depth)).collect();
+                        (Answered::Scores, d, a.applied)
+                    }
+                    MatchOutcome::Empty(a) => (Answered::Empty, vec![], a.applied),
+                    MatchOutcome::Unavailable(_) => (Answered::Unavailable, vec![], vec![]),
+                }
+            }
+            Index::Smg { gateway, deadline } => match gateway.query(locals, *deadline).await {
+                Some(d) if d.is_empty() => (Answered::Empty, d, vec![]),
+                Some(d) => (Answered::Scores, d, vec![]),
+                None => (Answered::Unavailable, vec![], vec![]),
+            },
+        }
+    }
+
+    async fn place(&self, g: usize, chosen: u32, locals: &[u64], applied: &[(u32, i64)], s: &Shared) {
+        match self {
+            Index::Native { publisher, name, .. } => {
+                let holder = HolderKey::new(u64::from(chosen), 0, 0);
+                match publisher.publish_placement(&keyspace(), holder, locals, applied, name, None).await {
+                    Ok(l) => s.landed(l),
+                    Err(e) => tracing::warn!(gateway = g, error = %e, "placement not published"),
+                }
+            }
+            Index::Smg { gateway, .. } => gateway.place(chosen, locals),
+        }
+    }
+}
+
 async fn gateway(
     g: usize,
     mut rx: mpsc::UnboundedReceiver<(usize, TraceRequest)>,
-    client: IndexClient,
-    // Placements go to Kafka, not through the (read-only) client; the name marks the records.
-    (publisher, name): (Publisher, String),
+    index: Index,
     s: Arc<Shared>,
     bar: ProgressBar,
 ) {
-    let ks = keyspace();
     let mut tree = LocalTree::new(s.capacity);
     while let Some((i, req)) = rx.recv().await {
         let mut chain = expand_request(&req, 0, s.stretch);
         chain.truncate(s.capacity);
         let locals: Vec<u64> = chain.iter().map(|b| b.1).collect();
         let t = Instant::now();
-        let out = client.match_prompt(&MatchQuery::new(ks.clone(), Prompt::Hashes(locals.clone()))).await;
+        let (answered, depths, applied) = index.ask(&locals).await;
         let query_us = t.elapsed().as_micros() as u64;
-        let (answered, depths, applied) = match out {
-            MatchOutcome::Scores(a) => {
-                let d = a.scores.iter().map(|x| (x.worker as u32, x.depth)).collect();
-                (Answered::Scores, d, a.applied)
-            }
-            MatchOutcome::Empty(a) => (Answered::Empty, vec![], a.applied),
-            MatchOutcome::Unavailable(_) => (Answered::Unavailable, vec![], vec![]),
-        };
         let local_depths = tree.depths(&locals);
         let (chosen, hit, oracle, local_choice, local) = {
             let w = &mut *s.world.lock();
@@ -154,8 +224,7 @@ async fn gateway(
                     Event::Removed { worker, exts } => (worker, KvOp::Removed { lane: 0, exts }),
                 };
                 w.seq[worker as usize] += 1;
-                let v = encode_kv_events(&ks, u64::from(worker), 0, 1, w.seq[worker as usize], false, &[op]);
-                let _ = w.queues[worker as usize].send(v);
+                let _ = w.queues[worker as usize].send((w.seq[worker as usize], op));
             }
             let lc = w.shadow_load.choose(&local_depths);
             let local = w.shadow.cached_prefix(lc, &chain) as u32;
@@ -164,11 +233,7 @@ async fn gateway(
             (chosen, hit, oracle, lc, local)
         };
         tree.routed(local_choice, &locals, req.timestamp_ms + 1);
-        let holder = HolderKey::new(u64::from(chosen), 0, 0);
-        match publisher.publish_placement(&ks, holder, &locals, &applied, &name, None).await {
-            Ok(l) => s.landed(l),
-            Err(e) => tracing::warn!(gateway = g, error = %e, "placement not published"),
-        }
+        index.place(g, chosen, &locals, &applied, &s).await;
         let o = Outcome { blocks: chain.len() as u32, hit, oracle, local, query_us, answered };
         s.results.lock()[i] = Some(o);
         bar.inc(1);
@@ -184,15 +249,23 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     }
     let n = trace.len();
     println!(
-        "prefixlog demo: {n} requests of {}, {} workers ({}-block LRU), {} gateways, 2 replicas, {} partitions, speed-up {}×",
+        "prefixlog-lab demo: {n} requests of {}, {} workers ({}-block LRU), {} gateways ({}), 2 replicas, {} partitions, speed-up {}×",
         a.trace.display(),
         a.workers,
         a.capacity,
         a.gateways,
+        a.gateway_protocol.name(),
         a.partitions,
         a.speedup
     );
-    let cluster = cluster::Cluster::start(a.partitions, 2, a.anti_entropy_interval).await?;
+    let over_smg = a.gateway_protocol == GatewayProtocol::Smg;
+    let cluster = cluster::Cluster::start(a.partitions, 2, a.anti_entropy_interval, over_smg).await?;
+    if over_smg {
+        for e in cluster.endpoints() {
+            tokio::time::timeout(Duration::from_secs(60), smg::wait_serving(&e)).await??;
+        }
+    }
+    let counters = Arc::new(smg::Counters::default());
     let publisher = Publisher::new(&cluster.spec)?;
     let (queues, receivers): (Vec<_>, Vec<_>) = (0..a.workers).map(|_| mpsc::unbounded_channel()).unzip();
     let s = Arc::new(Shared {
@@ -210,11 +283,22 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         stretch: a.stretch,
         capacity: a.capacity,
     });
-    let workers: Vec<_> = receivers
-        .into_iter()
-        .enumerate()
-        .map(|(w, rx)| tokio::spawn(worker_publisher(w as u64, rx, publisher.clone(), s.clone())))
-        .collect();
+    let endpoints = cluster.endpoints();
+    let mut workers = Vec::new();
+    for (w, rx) in receivers.into_iter().enumerate() {
+        workers.push(if over_smg {
+            // Each worker's bridge writes to one facade (its holder state lives there).
+            let feed =
+                smg::worker_feed(w as u32, rx, endpoints[w % endpoints.len()].clone(), counters.clone());
+            tokio::spawn(async move {
+                if let Err(e) = feed.await {
+                    tracing::warn!(worker = w, error = %e, "worker could not publish over SMG");
+                }
+            })
+        } else {
+            tokio::spawn(worker_publisher(w as u64, rx, publisher.clone(), s.clone()))
+        });
+    }
 
     let bar = ProgressBar::new(n as u64);
     bar.set_style(
@@ -226,9 +310,14 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     for g in 0..a.gateways {
         let (tx, rx) = mpsc::unbounded_channel();
         senders.push(tx);
-        let client = IndexClient::new(cluster.endpoints(), a.deadline)?;
-        let placements = (publisher.clone(), format!("demo-gateway-{g}"));
-        gateways.push(tokio::spawn(gateway(g, rx, client, placements, s.clone(), bar.clone())));
+        let index = if over_smg {
+            let gateway = smg::SmgGateway::connect(&endpoints[g % endpoints.len()], counters.clone()).await?;
+            Index::Smg { gateway, deadline: a.deadline }
+        } else {
+            let client = IndexClient::new(cluster.endpoints(), a.deadline)?;
+            Index::Native { client, publisher: publisher.clone(), name: format!("demo-gateway-{g}") }
+        };
+        gateways.push(tokio::spawn(gateway(g, rx, index, s.clone(), bar.clone())));
     }
     let ticker = {
         let (s, bar) = (s.clone(), bar.clone());
@@ -266,8 +355,20 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         w.await?;
     }
     publisher.flush(Duration::from_secs(60))?;
+    let mut caught_up = true;
+    if over_smg {
+        // The facades' records carry no offsets back (acks have none): once every update is
+        // acked, a tick per partition lands behind all of them and is the token to wait for.
+        caught_up &= counters.all_acked(Duration::from_secs(60)).await;
+        s.published.store(counters.acked.load(Ordering::Relaxed), Ordering::Relaxed);
+        let all: Vec<u32> = (0..a.partitions).collect();
+        for l in publisher.publish_ticks(&all, None).await? {
+            let (p, next) = l.token();
+            s.landed.lock().insert(p, next);
+        }
+    }
     let token: Vec<(u32, i64)> = s.landed.lock().iter().map(|(&p, &o)| (p, o)).collect();
-    let caught_up = cluster.wait_caught_up(&token, Duration::from_secs(60)).await;
+    caught_up &= cluster.wait_caught_up(&token, Duration::from_secs(60)).await;
     let seconds = start.elapsed().as_secs_f64();
     ticker.abort();
     bar.finish_and_clear();
@@ -280,6 +381,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         gateways: a.gateways,
         seconds,
         records_published: s.published.load(Ordering::Relaxed),
+        over_smg,
         records_applied: nodes.iter().map(|n| n.status().records_applied.load(Ordering::Relaxed)).collect(),
         points_compared: nodes
             .iter()

@@ -1,0 +1,159 @@
+//! The `radix_index.RadixIndex` gRPC service and the extension that hosts it on the query
+//! port. Every call is counted by RPC and status code (`protocol="smg"`; streams when they end).
+
+use super::pb::radix_index_server::{RadixIndex, RadixIndexServer};
+use super::pb::*;
+use super::publish::{self, AckStream};
+use super::state::{self, Filter};
+use super::subscribe::{self, MatchOut};
+use super::writer::Writer;
+use super::{MAX_MESSAGE_BYTES, PROTOCOL, SERVICE_NAME};
+use crate::metrics::FacadeMetrics;
+use prefixlog_query::extension::{Extension, ExtensionContext, ExtensionError};
+use prefixlog_query::QueryService;
+use prefixlog_state::LogAppend;
+use std::pin::Pin;
+use std::sync::Arc;
+use tokio_stream::Stream;
+use tonic::service::RoutesBuilder;
+use tonic::{Request, Response, Status, Streaming};
+
+/// Why the facade could not be added to the query port.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// SMG's gateway asks one index and cannot merge shards, and a holder's writes need its
+    /// feed state, which only the replica of its partition has.
+    #[error("the SMG facade (--smg-radix-index) needs a replica of every partition; this one owns {owned:?} of {partitions}")]
+    NotEveryPartition { owned: Vec<u32>, partitions: u32 },
+    #[error("registering the facade metrics: {0}")]
+    Metrics(#[source] prometheus::Error),
+}
+
+/// A stream of synthetic updates (`Pull`, `PullHolders`).
+pub type UpdateStream = Pin<Box<dyn Stream<Item = Result<Update, Status>> + Send>>;
+
+/// The service over one replica. Cheap to clone.
+#[derive(Clone)]
+pub struct SmgService {
+    writer: Arc<Writer>,
+    query: QueryService,
+    metrics: FacadeMetrics,
+}
+
+impl SmgService {
+    pub fn new(log: Arc<dyn LogAppend>, query: QueryService, metrics: FacadeMetrics) -> Self {
+        Self { writer: Arc::new(Writer::new(log, query.clone())), query, metrics }
+    }
+
+    pub fn into_server(self) -> RadixIndexServer<Self> {
+        RadixIndexServer::new(self).max_decoding_message_size(MAX_MESSAGE_BYTES)
+    }
+
+    /// The replica's state of `filter`'s holders as updates, one keyspace at a time (the
+    /// stream waits for its reader between keyspaces' updates).
+    fn pull(&self, rpc: &'static str, filter: Filter) -> Result<Response<UpdateStream>, Status> {
+        self.ready(rpc)?;
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        let query = self.query.clone();
+        tokio::spawn(async move {
+            for id in state::keyspaces(&query) {
+                let (q, i, f) = (query.clone(), id.clone(), filter.clone());
+                let Ok(updates) = tokio::task::spawn_blocking(move || state::updates(&q, &i, &f)).await
+                else {
+                    return;
+                };
+                for u in updates {
+                    if tx.send(Ok(u)).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        self.metrics.request(rpc, tonic::Code::Ok);
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+    }
+
+    /// UNAVAILABLE (counted) while the replica is not ready: its state is not the log's yet.
+    fn ready(&self, rpc: &str) -> Result<(), Status> {
+        if self.query.view().readiness.is_ready() {
+            return Ok(());
+        }
+        self.metrics.request(rpc, tonic::Code::Unavailable);
+        Err(Status::unavailable("this replica is not ready (catching up with the log); ask another"))
+    }
+}
+
+#[tonic::async_trait]
+impl RadixIndex for SmgService {
+    type PublishStream = AckStream;
+    type SubscribeStream = MatchOut;
+    type PullStream = UpdateStream;
+    type PullHoldersStream = UpdateStream;
+
+    async fn publish(&self, request: Request<Streaming<Update>>) -> Result<Response<AckStream>, Status> {
+        Ok(Response::new(publish::serve(self.writer.clone(), self.metrics.clone(), request.into_inner())))
+    }
+
+    async fn subscribe(&self, request: Request<Streaming<Query>>) -> Result<Response<MatchOut>, Status> {
+        Ok(Response::new(subscribe::serve(self.query.clone(), self.metrics.clone(), request.into_inner())))
+    }
+
+    async fn pull(&self, _: Request<PullRequest>) -> Result<Response<UpdateStream>, Status> {
+        SmgService::pull(self, "Pull", None)
+    }
+
+    async fn digests(&self, _: Request<PullRequest>) -> Result<Response<DigestsResponse>, Status> {
+        self.ready("Digests")?;
+        let query = self.query.clone();
+        let holders = tokio::task::spawn_blocking(move || {
+            state::keyspaces(&query).iter().flat_map(|id| state::digests(&query, id)).collect()
+        })
+        .await
+        .map_err(|e| Status::internal(format!("digests: {e}")))?;
+        self.metrics.request("Digests", tonic::Code::Ok);
+        Ok(Response::new(DigestsResponse { holders }))
+    }
+
+    async fn pull_holders(
+        &self,
+        request: Request<PullHoldersRequest>,
+    ) -> Result<Response<UpdateStream>, Status> {
+        let filter = state::filter_of(&request.get_ref().holders);
+        SmgService::pull(self, "PullHolders", filter)
+    }
+}
+
+/// Hosts [`SmgService`] on the query port (`prefixlog serve --smg-radix-index`).
+pub struct SmgExtension {
+    log: Arc<dyn LogAppend>,
+}
+
+impl SmgExtension {
+    /// The extension appending its writes to `log` (over Kafka: a
+    /// `prefixlog_ingest::Publisher` of its own).
+    pub fn new(log: Arc<dyn LogAppend>) -> Self {
+        Self { log }
+    }
+}
+
+impl Extension for SmgExtension {
+    fn service_name(&self) -> &str {
+        SERVICE_NAME
+    }
+
+    fn file_descriptor_set(&self) -> Option<&'static [u8]> {
+        Some(crate::FILE_DESCRIPTOR_SET)
+    }
+
+    fn add_to(&self, ctx: &ExtensionContext<'_>, routes: &mut RoutesBuilder) -> Result<(), ExtensionError> {
+        let info = &ctx.query.view().info;
+        if info.owned.len() != info.partition_count as usize {
+            let (owned, partitions) = (info.owned.clone(), info.partition_count);
+            return Err(StartError::NotEveryPartition { owned, partitions }.into());
+        }
+        let metrics = FacadeMetrics::new(ctx.registry, PROTOCOL).map_err(StartError::Metrics)?;
+        let svc = SmgService::new(self.log.clone(), ctx.query.clone(), metrics);
+        routes.add_service(svc.into_server());
+        Ok(())
+    }
+}
