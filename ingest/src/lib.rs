@@ -1,10 +1,11 @@
 //! The Kafka edge: the log as Kafka holds it. Connecting, probing, publishing, reading with
-//! continuity checks, the ingest thread that hands records to the deterministic
-//! [`prefixlog_state::Applier`], and the watermark and dead-letter threads beside it.
+//! continuity checks, bounded replays, and the dead-letter copy of refused records. The
+//! replica's ingest thread, which hands records to the deterministic
+//! [`prefixlog_state::Applier`], is `prefixlog_node::ingest_thread`.
 //!
 //! A record's path through a replica: Kafka → [`reader::LogReader`] (offset order, continuity
-//! checked) → [`ingest_thread`] ([`IngestThread`]) → `prefixlog_state::Applier` (decode + validate,
-//! dedupe per feed, apply) → `prefixlog_engine::Engine`.
+//! checked) → the ingest thread (`prefixlog_node`) → `prefixlog_state::Applier` (decode +
+//! validate, dedupe per feed, apply) → `prefixlog_engine::Engine`.
 //!
 //! Module map:
 //! - [`log_spec`]: [`LogSpec`] (connection, topic, partitions, shard, settings) and
@@ -20,12 +21,8 @@
 //! - [`reader`]: [`LogReader`], the one consumer: offset order, gaps and out-of-range offsets
 //!   become [`reader::Discontinuity`], never a silent reset.
 //! - [`apply_log`]: applying the log up to a fixed target (audits, repairs, benchmarks).
-//! - [`publisher`]: idempotent keyed producer; [`Landed::token`] gives consistency tokens.
+//! - [`publisher`]: idempotent keyed producer; `prefixlog_ids::Landed::token` gives consistency tokens.
 //! - [`affinity`]: [`CpuSet`], pinning the ingest thread (and its consumer's threads) to CPUs.
-//! - [`ingest_thread`]: [`IngestThread`], the ingest thread (a panic applying one record halts that partition),
-//!   partition replacement for repair and recovery.
-//! - [`watermarks`]: the watermark thread: lag, rewinds, the topic's partition count, broker
-//!   contact (written to `prefixlog_state::ReplicaStatus`).
 //! - [`dead_letter`]: the optional copy of refused records to a dead-letter topic.
 //! - [`embedded`]: librdkafka's mock cluster as the zero-setup broker.
 
@@ -35,18 +32,15 @@ pub mod connect;
 pub mod continuity;
 pub mod dead_letter;
 pub mod embedded;
-pub mod ingest_thread;
 pub mod log_spec;
 pub mod probe;
 pub mod publisher;
 pub mod reader;
 pub mod topics;
-pub mod watermarks;
 
 pub use affinity::CpuSet;
 pub use apply_log::{apply_log, ApplyLogError};
 pub use embedded::EmbeddedKafka;
-pub use ingest_thread::{GapPolicy, IngestError, IngestOptions, IngestThread};
 pub use log_spec::{ClientRole, KafkaConnection, LogSpec, Shard, ShardError};
 pub use probe::{check_topic, cleanup_policy, probe_log, CleanupPolicy, ProbeError};
 pub use publisher::{PublishError, Publisher};

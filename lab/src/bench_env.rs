@@ -5,7 +5,10 @@
 use prefixlog_ingest::{create_topic, delete_topic, EmbeddedKafka, KafkaConnection, LogSpec, Publisher};
 
 use prefixlog_node::{NodeOptions, ReplicaNode};
+use prefixlog_proto::v1::match_request::Prompt;
+use prefixlog_proto::v1::{BlockHashes, Keyspace, MatchRequest};
 use prefixlog_state::Landed;
+use prefixlog_workload::{generate, load_trace, FleetConfig, Step};
 
 /// Where a benchmark's log lives.
 #[derive(clap::Args, Clone, Debug)]
@@ -111,4 +114,34 @@ impl BenchLog {
 /// A consistency token covering every landed record (next offsets).
 pub fn token(landed: &[Landed]) -> Vec<(u32, i64)> {
     prefixlog_state::token_of(landed)
+}
+
+/// The workload's own queries (each request's prompt as precomputed block hashes, in trace
+/// order), for `workload`'s fleet: what the gateways of the benchmarks ask.
+pub fn workload_queries(
+    workload: &prefixlog::fleet_records::WorkloadArgs,
+    top_k: Option<u32>,
+) -> anyhow::Result<std::sync::Arc<[MatchRequest]>> {
+    let trace = load_trace(std::path::Path::new(&workload.trace))?;
+    let cfg = FleetConfig {
+        workers: workload.workers,
+        capacity_blocks: workload.capacity,
+        stretch: workload.stretch,
+        copies: workload.copies,
+        seed: 1,
+    };
+    let ks = prefixlog::fleet_records::keyspace();
+    let keyspace = Keyspace { model: ks.model.clone(), block_size: ks.block_size, hash_scheme: ks.scheme };
+    Ok(generate(&trace, &cfg)
+        .into_iter()
+        .filter_map(|s| match s {
+            Step::Match { locals } => Some(MatchRequest {
+                keyspace: Some(keyspace.clone()),
+                prompt: Some(Prompt::Hashes(BlockHashes { local: locals })),
+                top_k,
+                ..Default::default()
+            }),
+            _ => None,
+        })
+        .collect())
 }

@@ -30,10 +30,10 @@ pub struct Args {
 }
 
 /// One pass over the whole log.
-struct Pass {
-    seconds: f64,
+pub(crate) struct Pass {
+    pub(crate) seconds: f64,
     /// Blocks per second in millions, over the records the pass timed.
-    rate: f64,
+    pub(crate) rate: f64,
     /// Records applied before the timer started (the replica's start-up), left out of `rate`.
     untimed: u64,
     /// The replica's start-up (probe, checks, reader); zero for raw consume.
@@ -78,7 +78,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
 
 /// Every record fetched (by the same reader a replica uses) and its payload touched, nothing
 /// applied.
-fn raw_consume(env: &BenchLog, n: usize, blocks: usize, partitions: u32) -> anyhow::Result<Pass> {
+pub(crate) fn raw_consume(env: &BenchLog, n: usize, blocks: usize, partitions: u32) -> anyhow::Result<Pass> {
     let mut reader = LogReader::open(&env.spec, (0..partitions).map(|p| (p, 0)))?;
     let t = Instant::now();
     let mut got = 0usize;

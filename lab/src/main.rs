@@ -11,6 +11,8 @@
 //! - `bench-audit`: reconstructing a past point vs a full replay.
 //! - `bench-restart`: restart from checkpoint + tail vs full replay.
 //! - `bench-shards`: memory per replica with N shards, fan-out Match latency vs unsharded.
+//! - `bench-fleet`: one replica under a fleet's load (2,048 workers publishing, gateways at
+//!   1,024 queries in flight): apply vs raw consume, query latency, lag, CPU per 1,000 queries.
 //!
 //! Modules: [`bench_env`] (what the Kafka benchmarks share: a topic, a publisher, replicas),
 //! [`client_thread`] (the measuring client's own thread),
@@ -19,6 +21,7 @@
 
 mod bench_audit;
 mod bench_env;
+mod bench_fleet;
 mod bench_ingest;
 mod bench_restart;
 mod bench_shards;
@@ -62,6 +65,9 @@ enum Cmd {
     BenchRestart(bench_restart::Args),
     /// Measure memory per replica with N shards and the fan-out Match latency (embedded broker).
     BenchShards(bench_shards::Args),
+    /// One replica under a fleet's load: workers publishing at full speed while gateways keep
+    /// queries in flight; apply vs raw consume, query latency, lag, CPU per 1,000 queries.
+    BenchFleet(bench_fleet::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -81,6 +87,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::BenchAudit(a) => rt.block_on(bench_audit::run(a)),
         Cmd::BenchRestart(a) => rt.block_on(bench_restart::run(a)),
         Cmd::BenchShards(a) => rt.block_on(bench_shards::run(a)),
+        Cmd::BenchFleet(a) => rt.block_on(bench_fleet::run(a)),
     };
     process::finish(result)
 }

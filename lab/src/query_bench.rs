@@ -16,14 +16,13 @@
 
 use crate::bench_env::{bench_options, BenchLog};
 use crate::client_thread::ClientThread;
-use prefixlog::fleet_records::{fleet_records, keyspace, WorkloadArgs};
+use prefixlog::fleet_records::{fleet_records, WorkloadArgs};
 use prefixlog_node::{NodeOptions, ReplicaNode};
 use prefixlog_proto::v1::{
-    echo_client::EchoClient, match_request::Prompt, prefix_index_client::PrefixIndexClient, BlockHashes,
-    EchoMessage, MatchRequest,
+    echo_client::EchoClient, match_request::Prompt, prefix_index_client::PrefixIndexClient, EchoMessage,
+    MatchRequest,
 };
 use prefixlog_query::tonic::transport::{Channel, Endpoint};
-use prefixlog_workload::{generate, load_trace, FleetConfig, Step};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -220,31 +219,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     let env = BenchLog::start(&a.log, "prefixlog.bench-query").await?;
     let records = fleet_records(&a.workload, 1)?;
     let blocks: usize = records.iter().map(|r| r.blocks).sum();
-    let trace = load_trace(std::path::Path::new(&a.workload.trace))?;
-    let cfg = FleetConfig {
-        workers: a.workload.workers,
-        capacity_blocks: a.workload.capacity,
-        stretch: a.workload.stretch,
-        copies: a.workload.copies,
-        seed: 1,
-    };
-    let ks = keyspace();
-    let queries: Arc<[MatchRequest]> = generate(&trace, &cfg)
-        .into_iter()
-        .filter_map(|s| match s {
-            Step::Match { locals } => Some(MatchRequest {
-                keyspace: Some(prefixlog_proto::v1::Keyspace {
-                    model: ks.model.clone(),
-                    block_size: ks.block_size,
-                    hash_scheme: ks.scheme,
-                }),
-                prompt: Some(Prompt::Hashes(BlockHashes { local: locals })),
-                top_k: a.top_k,
-                ..Default::default()
-            }),
-            _ => None,
-        })
-        .collect();
+    let queries = crate::bench_env::workload_queries(&a.workload, a.top_k)?;
     let n = prefixlog::publish_trace::publish_all(&env.publisher, &records).await?;
     env.publisher.flush(Duration::from_secs(60))?;
     let avg_blocks = queries.iter().map(prompt_blocks).sum::<usize>() as f64 / queries.len() as f64;

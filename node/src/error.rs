@@ -41,7 +41,7 @@ pub enum NodeError {
     #[error("peer {peer}: its checkpoint is not continued by the log either: {problem}")]
     PeerNotContinued { peer: String, problem: OffsetProblem },
     #[error(transparent)]
-    Ingest(#[from] prefixlog_ingest::IngestError),
+    Ingest(#[from] crate::ingest_thread::IngestError),
     #[error(transparent)]
     MarkCheck(#[from] prefixlog_ingest::continuity::MarkCheckError),
     #[error("binding {what} {addr}: {source}")]

@@ -4,11 +4,16 @@
 //! replica has the same start-up checks, checkpoints, peers, metrics and shutdown.
 //!
 //! A record's path through a node: Kafka → `ingest::LogReader` (continuity checked) → the
-//! ingest thread (`ingest::IngestThread`) → `state::Applier` → `engine`. A query's path: the gRPC
+//! ingest thread ([`ingest_thread::IngestThread`]) → `state::Applier` → `engine`. A query's path: the gRPC
 //! port (`query::QueryService`) → `engine` under a keyspace read lock, answering for the owned
 //! partitions. The node adds what surrounds both:
 //!
 //! Module map:
+//! - [`ingest_thread`]: [`IngestThread`], the one thread that reads the owned partitions and
+//!   applies them in offset order (a panic applying one record halts that partition), and
+//!   partition replacement for repair and recovery.
+//! - [`watermarks`]: the watermark thread beside it: lag, rewinds, the topic's partition count,
+//!   broker contact (written to `state::ReplicaStatus`).
 //! - [`options`]: [`NodeOptions`]: ports, data dir, checkpoint policy, peers, gap and
 //!   settings-change choices, shutdown grace (nothing that changes applied state).
 //! - [`startup`]: choose the starting state (local checkpoint, peer bootstrap, log start) and
@@ -22,13 +27,16 @@
 
 pub mod checkpoints;
 pub mod error;
+pub mod ingest_thread;
 pub mod node;
 pub mod options;
 pub mod progress;
 pub mod recovery;
 pub mod startup;
+pub mod watermarks;
 
 pub use error::NodeError;
+pub use ingest_thread::{GapPolicy, IngestError, IngestOptions, IngestThread};
 pub use node::{ReplicaNode, Stopped};
 pub use options::{CheckpointPolicy, GapChoice, NodeOptions, SettingsChange};
 pub use startup::StateSource;

@@ -2,13 +2,14 @@
 
 use crate::checkpoints::{self, CheckpointMetrics, Checkpointer, LoopContext};
 use crate::error::NodeError;
+use crate::ingest_thread::{GapPolicy, IngestOptions, IngestThread};
 use crate::options::{GapChoice, NodeOptions};
 use crate::progress::{Phase, StartupProgress};
 use crate::startup::{prepare, Prepared, StateSource};
 use parking_lot::Mutex;
 use prefixlog_checkpoint::{CheckpointMeta, CheckpointStore, Opened};
 use prefixlog_engine::Engine;
-use prefixlog_ingest::{GapPolicy, IngestOptions, IngestThread, LogSpec, Publisher};
+use prefixlog_ingest::{LogSpec, Publisher};
 use prefixlog_peer::{
     AntiEntropy, AntiEntropyStats, PeerService, RepairContext, RoundReport, ScrubStats, Scrubber, ServeLimits,
 };

@@ -2,7 +2,7 @@
 //! [`Applier`] up to a fixed target. Audits (the state at a past point) and repairs (a
 //! partition rebuilt off to the side) work through [`LogSource`], and swap a rebuilt partition
 //! into a running replica through [`LiveState`], so neither links a Kafka client:
-//! `prefixlog_ingest::LogSpec` and `prefixlog_ingest::IngestThread` implement them over Kafka, and
+//! `prefixlog_ingest::LogSpec` and `prefixlog_node::IngestThread` implement them over Kafka, and
 //! tests can implement them in memory.
 
 use crate::{Applier, StateSettings};

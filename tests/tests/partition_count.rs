@@ -11,8 +11,9 @@
 //! node's start-up probe) does not refuse it.
 
 use prefixlog_engine::KeyspaceId;
-use prefixlog_ingest::watermarks::PARTITIONS_CHECK_EVERY;
-use prefixlog_ingest::{add_partitions, IngestOptions, IngestThread, LogSpec, Publisher};
+use prefixlog_ingest::{add_partitions, LogSpec, Publisher};
+use prefixlog_node::watermarks::PARTITIONS_CHECK_EVERY;
+use prefixlog_node::{IngestOptions, IngestThread};
 use prefixlog_query::{ReplicaInfo, Served, ServerConfig};
 use prefixlog_state::{Applier, KvOp, ReplicaStatus};
 use prefixlog_tests::http::{http_get, sample};

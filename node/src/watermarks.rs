@@ -10,7 +10,7 @@
 //! else changes. A complete round is the broker's answer that [`ReplicaStatus::since_broker_contact`]
 //! measures from (staleness of answers during an outage).
 
-use crate::probe::{topic_partitions, ProbeError};
+use prefixlog_ingest::probe::{topic_partitions, ProbeError};
 use prefixlog_state::status::ReplicaStatus;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -24,11 +24,11 @@
 //! partitions go on. A restart restores the last checkpoint and halts at the same record again:
 //! a visible, counted halt of one partition, never a crash loop.
 
-use crate::affinity::CpuSet;
-use crate::dead_letter::{DeadLetter, Source};
-use crate::log_spec::LogSpec;
-use crate::reader::{Discontinuity, Found, LogReader, Read};
 use parking_lot::Mutex;
+use prefixlog_ingest::affinity::CpuSet;
+use prefixlog_ingest::dead_letter::{DeadLetter, Source};
+use prefixlog_ingest::log_spec::LogSpec;
+use prefixlog_ingest::reader::{Discontinuity, Found, LogReader, Read};
 use prefixlog_state::apply::{Applier, ApplyFailure, NotNext, Outcome};
 use prefixlog_state::status::LogHole;
 use prefixlog_state::status::{HoleCause, ReplicaStatus};
@@ -118,7 +118,8 @@ impl IngestThread {
                 .run_pinned(|| LogReader::open(spec, start))
                 .map_err(|e| IngestError::Pin(c.clone(), e))??,
         };
-        let watermark_client: BaseConsumer = spec.client_config(crate::ClientRole::Probe).create()?;
+        let watermark_client: BaseConsumer =
+            spec.client_config(prefixlog_ingest::ClientRole::Probe).create()?;
         let applier = Arc::new(Mutex::new(applier));
         let stop = Arc::new(AtomicBool::new(false));
         let (commands, rx) = mpsc::channel();
@@ -363,7 +364,7 @@ impl Ingest {
         }
         let (spec, status, explaining) = (self.spec.clone(), self.status.clone(), self.explaining.clone());
         let spawned = std::thread::Builder::new().name("prefixlog-hole".into()).spawn(move || {
-            let cause = crate::continuity::explain_hole(&spec, &hole, HOLE_READ_TIMEOUT);
+            let cause = prefixlog_ingest::continuity::explain_hole(&spec, &hole, HOLE_READ_TIMEOUT);
             let explained = LogHole { cause: Some(cause), ..hole };
             tracing::error!(
                 partition = hole.partition,
