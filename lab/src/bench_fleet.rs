@@ -1,25 +1,25 @@
 //! `prefixlog-lab bench-fleet`: one replica under a fleet's load (issue 39, item 4). A fleet of
-//! `--workers` simulated engines (2,048 in the documented run) publishes its KV events as fast
-//! as the publisher goes while gateways keep `--in-flight` queries going over `MatchStream`
-//! (the client's multiplexer, `--streams` streams; 0: unary `Match`), all in one run:
+//! `--workers` simulated engines (2,048 in the documented run) and gateways that keep
+//! `--in-flight` queries going over `MatchStream` (the client's multiplexer, `--streams`
+//! streams; 0: unary `Match`). Two hours of the trace's KV events, in one run:
 //!
-//! 1. a fresh replica starts on the empty topic; the gateways start once its first record is
-//!    applied (before, the keyspace does not exist and every query is NOT_FOUND);
-//! 2. every worker's records are published (one task per worker, each worker's in order);
-//!    every `--sample-ms` the replica's lag (records published and not yet applied) is sampled;
-//! 3. the phase ends when the replica has applied every record: applied records/s and
-//!    blocks/s, the gateways' queries/s, p50 and p99 during it, the lag distribution;
-//! 4. raw consume of the same log by the same reader (nothing applied): the ratio;
-//! 5. the caught-up replica's CPU per 1,000 queries at the same concurrency, unary and
+//! 1. **catch-up under load**: the first hour is published and read once by the replica's reader
+//!    with nothing applied (raw consume); then a fresh replica applies it while the gateways
+//!    query (they start at its first applied record: before, the keyspace does not exist). The
+//!    highest rate the replica sustains: applied records/s and blocks/s, against raw consume;
+//! 2. **live**: the second hour is published as fast as the publisher goes (one task per
+//!    worker) while the replica tails it and the gateways query; every `--sample-ms` its lag
+//!    (records landed and not yet applied) is sampled;
+//! 3. the caught-up replica's CPU per 1,000 queries at the same concurrency, unary and
 //!    streamed (`stream_bench::compare`).
 //!
-//! The machine's 2 cores run the broker (embedded: in this process), the replica's ingest and
-//! query threads and the gateways' client thread: the ratios, not the absolute numbers, are
-//! what one run on a shared machine can say.
+//! The machine's cores run the broker (embedded: in this process), the replica's ingest and
+//! query threads, the publisher and the gateways' client thread: the ratios, not the absolute
+//! numbers, are what one run on a shared machine can say.
 
 use crate::bench_env::{bench_options, workload_queries, BenchLog};
 use crate::client_thread::ClientThread;
-use prefixlog::fleet_records::{fleet_records, WorkloadArgs};
+use prefixlog::fleet_records::{fleet_records, FleetRecord, WorkloadArgs};
 use prefixlog_proto::v1::{prefix_index_client::PrefixIndexClient, MatchRequest};
 use prefixlog_query::tonic::transport::Endpoint;
 use prefixlog_query::StreamMux;
@@ -62,58 +62,50 @@ struct GatewayReport {
 pub async fn run(a: Args) -> anyhow::Result<()> {
     let client = ClientThread::start()?;
     let env = BenchLog::start(&a.log, "prefixlog.bench-fleet").await?;
-    let records = fleet_records(&a.workload, 1)?;
-    let blocks: usize = records.iter().map(|r| r.blocks).sum();
+    let records = fleet_records(&a.workload, 2)?;
+    let (first, second) = records.split_at(records.len() / 2);
+    let blocks = |r: &[FleetRecord]| r.iter().map(|r| r.blocks).sum::<usize>();
     let queries = workload_queries(&a.workload, None)?;
-    let n = records.len();
     println!(
-        "fleet: {} workers, {n} records, {blocks} blocks, {} partitions; gateways: {} queries in flight over {}",
+        "fleet: {} workers, 2 hours: {} + {} records, {} + {} blocks, {} partitions; gateways: {} queries in flight over {}",
         a.workload.workers,
+        first.len(),
+        second.len(),
+        blocks(first),
+        blocks(second),
         a.log.partitions,
         a.in_flight,
         if a.streams == 0 { "unary Match".to_string() } else { format!("{} MatchStream streams", a.streams) }
     );
+    let t = Instant::now();
+    // Fails if the broker's retention dropped any of it (the embedded broker keeps 5 MiB or
+    // 100,000 records per partition): raw consume must read the same records.
+    env.publish(items_of(first, 0)).await?;
+    env.publisher.flush(Duration::from_secs(60))?;
+    let backlog_s = t.elapsed().as_secs_f64();
+    // Before the second hour lands: retention may drop the first once the replica has it.
+    let raw = crate::bench_ingest::raw_consume(&env, first.len(), blocks(first), a.log.partitions)?;
 
     let node = env.node(bench_options()).await?;
-    let status = node.status().clone();
-    let applied = move || {
-        status.records_applied.load(Ordering::Acquire) + status.records_skipped.load(Ordering::Acquire)
-    };
-    let published = Arc::new(AtomicUsize::new(0));
-    let t = Instant::now();
-    let publishing = {
-        let (items, published) = (items_of(&records), published.clone());
-        let publisher = env.publisher.clone();
-        tokio::spawn(async move {
-            let landed = prefixlog::publish_trace::publish_by_worker(&publisher, items).await;
-            published.store(n, Ordering::Release);
-            landed.map(|_| t.elapsed())
-        })
+    let applied = || {
+        let s = node.status();
+        s.records_applied.load(Ordering::Acquire) + s.records_skipped.load(Ordering::Acquire)
     };
     while applied() == 0 {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    let stop = Arc::new(AtomicBool::new(false));
-    let gateways = {
-        let (ep, qs, stop) = (node.endpoint(), queries.clone(), stop.clone());
-        client.run(gateways(ep, qs, a.in_flight, a.streams, stop))
+    let catch_up = under_load(&client, &node, &queries, &a, first.len() as u64).await?;
+
+    let publishing = {
+        let (items, publisher) = (items_of(second, first.len()), env.publisher.clone());
+        tokio::spawn(async move {
+            let t = Instant::now();
+            prefixlog::publish_trace::publish_by_worker(&publisher, items).await.map(|_| t.elapsed())
+        })
     };
-    let sampling = async {
-        let from = Instant::now();
-        let mut lag = Vec::new();
-        while applied() < n as u64 {
-            tokio::time::sleep(Duration::from_millis(a.sample_ms)).await;
-            // Records landed and not applied, as the replica's watermark thread sees the log.
-            lag.push(node.status().lag().max(0) as u64);
-        }
-        stop.store(true, Ordering::Release);
-        (t.elapsed().as_secs_f64(), from.elapsed().as_secs_f64(), lag)
-    };
-    let (report, (apply_s, gateway_s, mut lag)) = tokio::join!(gateways, sampling);
-    let report = report??;
+    let live = under_load(&client, &node, &queries, &a, records.len() as u64).await?;
     let publish_s = publishing.await??.as_secs_f64();
 
-    let raw = crate::bench_ingest::raw_consume(&env, n, blocks, a.log.partitions)?;
     let costs = crate::stream_bench::compare(
         &client,
         node.endpoint(),
@@ -125,24 +117,87 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     node.kill().await;
     env.finish().await;
 
-    let apply_rate = blocks as f64 / apply_s / 1e6;
+    let rate = blocks(first) as f64 / catch_up.secs / 1e6;
     println!("\n| measure | value |\n|---|---:|");
-    println!("| published in (s) | {publish_s:.2} |");
-    println!("| applied in (s), from the first publish | {apply_s:.2} |");
-    println!("| applied records/s | {:.0} |", n as f64 / apply_s);
-    println!("| applied M blocks/s | {apply_rate:.2} |");
-    println!("| raw consume M blocks/s (same log, nothing applied) | {:.2} |", raw.rate);
-    println!("| **applied / raw consume** | **{:.2}** |", apply_rate / raw.rate);
-    print_gateways(&report, gateway_s);
-    print_lag(&mut lag);
+    println!("| first hour published (backlog) in (s) | {backlog_s:.2} |");
+    println!("| catch-up under load: applied in (s) | {:.2} |", catch_up.secs);
+    println!("| catch-up: applied records/s | {:.0} |", first.len() as f64 / catch_up.secs);
+    println!("| catch-up: applied M blocks/s | {rate:.2} |");
+    println!("| raw consume M blocks/s (same records, nothing applied) | {:.2} |", raw.rate);
+    println!("| **catch-up apply / raw consume** | **{:.2}** |", rate / raw.rate);
+    catch_up.print("catch-up");
+    println!("| live: second hour published in (s), applied by (s) | {publish_s:.2} / {:.2} |", live.secs);
+    live.print("live");
     for c in &costs {
         println!("| replica CPU per 1,000 queries, caught up, {} (ms) | {:.1} |", c.path, c.us_per_query());
     }
     Ok(())
 }
 
-fn items_of(records: &[prefixlog::fleet_records::FleetRecord]) -> Vec<(u64, i64, Vec<u8>)> {
-    records.iter().enumerate().map(|(i, r)| (r.worker, 1_000 + i as i64, r.value.clone())).collect()
+/// One phase: the gateways query until the replica has applied `until` records in all.
+struct Phase {
+    secs: f64,
+    gateways: GatewayReport,
+    /// Lag samples, records landed and not applied.
+    lag: Vec<u64>,
+}
+
+async fn under_load(
+    client: &ClientThread,
+    node: &prefixlog_node::ReplicaNode,
+    queries: &Arc<[MatchRequest]>,
+    a: &Args,
+    until: u64,
+) -> anyhow::Result<Phase> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let gateways = {
+        let (ep, qs, stop) = (node.endpoint(), queries.clone(), stop.clone());
+        client.run(gateways(ep, qs, a.in_flight, a.streams, stop))
+    };
+    let sampling = async {
+        let (t, status) = (Instant::now(), node.status());
+        let mut lag = Vec::new();
+        while status.records_applied.load(Ordering::Acquire) + status.records_skipped.load(Ordering::Acquire)
+            < until
+        {
+            tokio::time::sleep(Duration::from_millis(a.sample_ms)).await;
+            // As the replica's watermark thread sees the log.
+            lag.push(status.lag().max(0) as u64);
+        }
+        stop.store(true, Ordering::Release);
+        (t.elapsed().as_secs_f64(), lag)
+    };
+    let (report, (secs, lag)) = tokio::join!(gateways, sampling);
+    Ok(Phase { secs, gateways: report??, lag })
+}
+
+impl Phase {
+    fn print(&self, name: &str) {
+        let (r, secs) = (&self.gateways, self.secs);
+        println!("| {name}: gateway queries answered (failed) | {} ({}) |", r.answered, r.failed);
+        println!("| {name}: gateway queries/s | {:.0} |", r.answered as f64 / secs.max(1e-9));
+        println!(
+            "| {name}: Match p50 / p99 (µs) | {:.0} / {:.0} |",
+            quantile_us(&r.latencies, 0.5),
+            quantile_us(&r.latencies, 0.99)
+        );
+        let mut lag = self.lag.clone();
+        lag.sort_unstable();
+        let at = |q: f64| lag.get(((lag.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0);
+        println!(
+            "| {name}: lag in records, p50 / p90 / p99 / max ({} samples) | {} / {} / {} / {} |",
+            lag.len(),
+            at(0.5),
+            at(0.9),
+            at(0.99),
+            lag.last().copied().unwrap_or(0)
+        );
+    }
+}
+
+/// `(worker, log time, record)` of `records`, the `from`-th record of the run first.
+fn items_of(records: &[FleetRecord], from: usize) -> Vec<(u64, i64, Vec<u8>)> {
+    records.iter().enumerate().map(|(i, r)| (r.worker, 1_000 + (from + i) as i64, r.value.clone())).collect()
 }
 
 /// Keeps `in_flight` queries going until `stop` (on the client thread). A failed query is
@@ -194,28 +249,4 @@ async fn gateways(
     }
     all.latencies.sort_unstable();
     Ok(all)
-}
-
-fn print_gateways(r: &GatewayReport, secs: f64) {
-    println!("| gateway queries answered while applying (failed) | {} ({}) |", r.answered, r.failed);
-    println!("| gateway queries/s while applying | {:.0} |", r.answered as f64 / secs.max(1e-9));
-    println!(
-        "| Match p50 / p99 while applying (µs) | {:.0} / {:.0} |",
-        quantile_us(&r.latencies, 0.5),
-        quantile_us(&r.latencies, 0.99)
-    );
-}
-
-/// The lag samples' distribution (records published and not yet applied).
-fn print_lag(lag: &mut [u64]) {
-    lag.sort_unstable();
-    let at = |q: f64| lag.get(((lag.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0);
-    println!(
-        "| lag in records, p50 / p90 / p99 / max ({} samples) | {} / {} / {} / {} |",
-        lag.len(),
-        at(0.5),
-        at(0.9),
-        at(0.99),
-        lag.last().copied().unwrap_or(0)
-    );
 }
