@@ -1,6 +1,6 @@
 //! The HTTP indexer API of Dynamo's standalone KV indexer (`python -m dynamo.indexer`) or, behind
 //! a flag, of Mooncake's conductor indexer, served on a port of its own
-//! (docs/compat/dynamo-mooncake-http.md, "Implemented").
+//! (docs/compat/dynamo-mooncake-http.md, "Served by prefixlog").
 //!
 //! The query side only: `POST /query`, `POST /query_by_hash`, `GET /workers`, `GET /health`,
 //! what a router asks. Writes go through `prefixlog bridge`, so `/register`, `/unregister`,

@@ -50,7 +50,9 @@ pub struct WorkerInfo {
     pub routing_group: String,
     /// Metadata `block_size`; 0 when the worker recorded none (or not a number).
     pub block_size: u32,
-    /// dp rank → metadata `kv_events_endpoint`'s entry at that index (comma separated).
+    /// Position → metadata `kv_events_endpoint`'s entry there (comma separated): the bridge
+    /// writes one per engine in `--engine` order, one engine per dp rank as a rule (an engine
+    /// whose rank is overridden or sent in its batches may serve another rank).
     pub endpoints: BTreeMap<u32, String>,
     /// Upstream's per-rank listener state: this replica runs no listeners, always empty.
     pub listeners: BTreeMap<u32, serde_json::Value>,
