@@ -15,7 +15,8 @@
 //! - [`smg`]: SMG's `radix_index.RadixIndex` (what SMG's gateway `--kv-indexer-url` and its
 //!   `radix-index-bridge` speak); docs/compat/smg.md.
 //! - [`http`]: the query side of Dynamo's standalone KV indexer HTTP API (`/query`,
-//!   `/query_by_hash`, `/health`) on a port of its own; docs/compat/dynamo-mooncake-http.md.
+//!   `/query_by_hash`, `/workers`, `/health`), or of Mooncake conductor's (`--http-dialect
+//!   mooncake`), on a port of its own; docs/compat/dynamo-mooncake-http.md.
 //! - [`names`]: upstream worker names (strings) → prefixlog worker ids, per protocol seed.
 //! - [`metrics`]: [`metrics::FacadeMetrics`], every facade's counters labelled `protocol`.
 //! - [`FILE_DESCRIPTOR_SET`]: the upstream schemas, encoded, for gRPC server reflection.

@@ -1,11 +1,14 @@
 //! The Dynamo HTTP indexer facade end to end: embedded Kafka, a replica serving `/query` and
 //! `/query_by_hash` on its own port, and a plain HTTP/1.1 client written from the documented
 //! JSON (docs/compat/dynamo-mooncake-http.md), not from this crate's types. Two workers'
-//! blocks published on the log are answered per instance and dp rank, in tokens.
+//! blocks published on the log are answered per instance and dp rank, in tokens; `/workers`
+//! lists the workers the bridge announced, from their metadata.
+
+mod support;
 
 use prefixlog_engine::{scheme, KeyspaceId};
 use prefixlog_facades::http::limit::Limits;
-use prefixlog_facades::http::DynamoHttpExtension;
+use prefixlog_facades::http::HttpIndexerExtension;
 use prefixlog_facades::sglang::{SglangConfig, SglangExtension};
 use prefixlog_ingest::Publisher;
 use prefixlog_ingest::{EmbeddedKafka, KafkaConnection, LogSpec};
@@ -14,32 +17,12 @@ use prefixlog_query::Extensions;
 use prefixlog_state::record::{KvOp, Lifecycle};
 use prefixlog_state::token_of;
 use serde_json::{json, Value};
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use support::http;
+use tokio::io::AsyncWriteExt;
 
 const BLOCK: u32 = 4;
-
-/// One HTTP/1.1 request on a fresh connection: (status, JSON body).
-async fn http(addr: SocketAddr, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-    let body = body.map(|b| b.to_string()).unwrap_or_default();
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    s.write_all(head.as_bytes()).await.unwrap();
-    // A refused body may be cut short by the server (413 before reading it): read its answer.
-    let _ = s.write_all(body.as_bytes()).await;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).await.unwrap();
-    let text = String::from_utf8(raw).expect("utf-8 response");
-    let (head, payload) = text.split_once("\r\n\r\n").expect("a header block");
-    let status = head.split(' ').nth(1).and_then(|c| c.parse().ok()).expect("a status line");
-    (status, serde_json::from_str(payload).unwrap_or(Value::String(payload.into())))
-}
 
 /// `instance → gpu tokens` of a score response, checking the documented invariants on the way.
 fn gpu_by_instance(v: &Value) -> Vec<(String, u64)> {
@@ -65,7 +48,7 @@ fn stored(locals: &[u64]) -> Vec<KvOp> {
 async fn a_dynamo_client_sees_each_instance_match_in_tokens() {
     let kafka = EmbeddedKafka::start("prefixlog.dynamo", 2).unwrap();
     let spec = LogSpec::new(KafkaConnection::new(kafka.bootstrap_servers()), "prefixlog.dynamo", 2);
-    let ext = Arc::new(DynamoHttpExtension::bind("127.0.0.1:0".parse().unwrap()).unwrap());
+    let ext = Arc::new(HttpIndexerExtension::bind("127.0.0.1:0".parse().unwrap()).unwrap());
     let addr = ext.addr();
     let opts = NodeOptions {
         replica_id: "a".into(),
@@ -157,7 +140,7 @@ async fn a_dynamo_client_sees_each_instance_match_in_tokens() {
 async fn an_oversized_body_is_refused_next_to_the_sglang_facade() {
     let kafka = EmbeddedKafka::start("prefixlog.dynamo.big", 1).unwrap();
     let spec = LogSpec::new(KafkaConnection::new(kafka.bootstrap_servers()), "prefixlog.dynamo.big", 1);
-    let ext = Arc::new(DynamoHttpExtension::bind("127.0.0.1:0".parse().unwrap()).unwrap());
+    let ext = Arc::new(HttpIndexerExtension::bind("127.0.0.1:0".parse().unwrap()).unwrap());
     let addr = ext.addr();
     let sgl = SglangExtension::new(
         SglangConfig { model: "m".into(), block_size: 2 },
@@ -178,7 +161,7 @@ async fn a_slow_body_holds_the_only_place_and_others_get_429() {
     let kafka = EmbeddedKafka::start("prefixlog.dynamo.slow", 1).unwrap();
     let spec = LogSpec::new(KafkaConnection::new(kafka.bootstrap_servers()), "prefixlog.dynamo.slow", 1);
     let limits = Limits { max_in_flight: 1, request_timeout: Duration::from_secs(3600) };
-    let ext = DynamoHttpExtension::bind("127.0.0.1:0".parse().unwrap()).unwrap().with_limits(limits);
+    let ext = HttpIndexerExtension::bind("127.0.0.1:0".parse().unwrap()).unwrap().with_limits(limits);
     let ext = Arc::new(ext);
     let addr = ext.addr();
     let opts = NodeOptions { ready_lag: 0, extensions: Extensions(vec![ext]), ..Default::default() };
@@ -225,4 +208,78 @@ async fn a_slow_body_holds_the_only_place_and_others_get_429() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(status, 404, "the place is free again: the query is answered (no such model)");
+}
+
+fn added(pairs: &[(&str, &str)]) -> Lifecycle {
+    Lifecycle::Added { metadata: pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect() }
+}
+
+/// The ids of a `/workers` answer, checking that every entry has upstream's fields.
+fn ids(v: &Value) -> Vec<u64> {
+    let list = v.as_array().unwrap_or_else(|| panic!("an array: {v}"));
+    for w in list {
+        for field in ["instance_id", "source", "status", "model_name", "routing_group", "block_size"] {
+            assert!(!w[field].is_null(), "{field} missing: {v}");
+        }
+        assert!(w["endpoints"].is_object() && w["listeners"].is_object(), "{v}");
+    }
+    list.iter().map(|w| w["instance_id"].as_u64().unwrap()).collect()
+}
+
+/// `/workers` lists the workers announced with the bridge's metadata, filtered by model and
+/// routing group, an empty array when nothing matches; a removed worker is no longer listed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_lists_bridge_announced_workers_by_model_and_group() {
+    let s = support::serve("prefixlog.dynamo.workers", 2, Default::default()).await;
+    let p = Publisher::new(&s.spec).unwrap();
+    let bridge = |model: &'static str, block: &'static str, kv: &'static str| {
+        vec![
+            ("model", model),
+            ("block_size", block),
+            ("kv_events_endpoint", kv),
+            ("serving_url", "http://w:8000"),
+        ]
+    };
+    let mut blue = bridge("llama", "4", "tcp://b:5557");
+    blue.push(("routing_group", "blue"));
+    let mut landed = Vec::new();
+    for (w, meta) in [
+        (10, bridge("llama", "4", "tcp://a:5557,tcp://a:5558")),
+        (11, blue),
+        (12, bridge("gpt", "16", "tcp://c:5557")),
+        (13, vec![("model", "llama")]),
+        (14, bridge("llama", "4", "tcp://gone:5557")),
+    ] {
+        landed.push(p.publish_lifecycle(w, &added(&meta)).await.unwrap());
+    }
+    landed.push(p.publish_lifecycle(14, &Lifecycle::Removed).await.unwrap());
+    assert!(s.node.status().wait_for(&token_of(&landed), Duration::from_secs(60)).await);
+
+    let (code, v) = support::when_ready(s.addr, "GET", "/workers", None).await;
+    assert_eq!((code, ids(&v)), (200, vec![10, 11, 12, 13]), "{v}");
+    assert_eq!(
+        v[0],
+        json!({
+            "instance_id": 10, "source": "zmq", "status": "active", "model_name": "llama",
+            "routing_group": "default", "block_size": 4,
+            "endpoints": {"0": "tcp://a:5557", "1": "tcp://a:5558"}, "listeners": {}
+        }),
+        "{v}"
+    );
+    assert_eq!((v[3]["source"].as_str(), v[3]["block_size"].as_u64()), (Some("log"), Some(0)), "{v}");
+
+    for (query, want) in [
+        ("?model_name=llama", vec![10, 11, 13]),
+        ("?model_name=llama&routing_group=blue", vec![11]),
+        ("?routing_group=default", vec![10, 12, 13]),
+        ("?model_name=gpt&routing_group=blue", vec![]),
+        ("?model_name=mistral", vec![]),
+    ] {
+        let (code, v) = http(s.addr, "GET", &format!("/workers{query}"), None).await;
+        assert_eq!((code, ids(&v)), (200, want), "{query}: {v}");
+    }
+    let text = prefixlog_query::metrics::render(s.node.registry());
+    let ok =
+        r#"prefixlog_facade_requests_total{code="OK",protocol="dynamo-http",rpc="workers",shard="all"} 6"#;
+    assert!(text.contains(ok), "{text}");
 }

@@ -1,5 +1,7 @@
 //! `prefixlog serve`: an index replica (flags → `LogSpec` + `NodeOptions` → `ReplicaNode`).
 
+// `try_map` in the --http-dialect parser.
+use clap::builder::TypedValueParser as _;
 use prefixlog::kafka_args::{KafkaArgs, SettingsArgs};
 use prefixlog_checkpoint::Retention;
 use prefixlog_ingest::Shard;
@@ -143,12 +145,20 @@ pub struct SglArgs {
     #[arg(long, env = "PREFIXLOG_SMG_RADIX_INDEX")]
     pub smg_radix_index: bool,
     /// Serve the query side of Dynamo's standalone KV indexer HTTP API (`POST /query`,
-    /// `POST /query_by_hash`, `GET /health`) on this address, e.g. 0.0.0.0:8090
+    /// `POST /query_by_hash`, `GET /workers`, `GET /health`) on this address, e.g. 0.0.0.0:8090
     /// (docs/compat/dynamo-mooncake-http.md). Plain HTTP without authentication, even when the
     /// query port runs mTLS: it only reads, but bind it to a private address or put it behind a
     /// proxy.
     #[arg(long, env = "PREFIXLOG_HTTP_INDEXER_ADDR")]
     pub http_indexer_addr: Option<std::net::SocketAddr>,
+    /// The JSON the --http-indexer-addr port speaks, fixed at start (never guessed per
+    /// request): `dynamo` (Dynamo's `python -m dynamo.indexer`) or `mooncake` (Mooncake
+    /// conductor's `/query`: model + block_size, answers per tenant and instance; its
+    /// `/query_by_hash` sequence hashes are refused with 501).
+    #[arg(long, env = "PREFIXLOG_HTTP_DIALECT", default_value = "dynamo", requires = "http_indexer_addr",
+          value_parser = clap::builder::PossibleValuesParser::new(["dynamo", "mooncake"])
+              .try_map(|s| s.parse::<prefixlog_facades::http::Dialect>()))]
+    pub http_dialect: prefixlog_facades::http::Dialect,
 }
 
 impl SglArgs {
@@ -167,7 +177,9 @@ impl SglArgs {
             exts.0.push(Arc::new(prefixlog_facades::smg::SmgExtension::new(log.clone())));
         }
         if let Some(addr) = self.http_indexer_addr {
-            exts.0.push(Arc::new(prefixlog_facades::http::DynamoHttpExtension::bind(addr)?));
+            let http =
+                prefixlog_facades::http::HttpIndexerExtension::bind(addr)?.with_dialect(self.http_dialect);
+            exts.0.push(Arc::new(http));
         }
         Ok(exts)
     }
@@ -342,5 +354,29 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         }
         Ok(Err(e)) => Err(e.into()),
         Err(_) => anyhow::bail!("clean stop did not finish within {bound:?}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SglArgs;
+    use clap::Parser;
+    use prefixlog_facades::http::Dialect;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        a: SglArgs,
+    }
+
+    #[test]
+    fn the_http_dialect_is_dynamo_unless_chosen_and_needs_the_port() {
+        let addr = ["x", "--http-indexer-addr", "127.0.0.1:8090"];
+        assert_eq!(Cli::try_parse_from(addr).unwrap().a.http_dialect, Dialect::Dynamo);
+        let mooncake = Cli::try_parse_from([&addr[..], &["--http-dialect", "mooncake"]].concat()).unwrap();
+        assert_eq!(mooncake.a.http_dialect, Dialect::Mooncake);
+        assert!(Cli::try_parse_from([&addr[..], &["--http-dialect", "sglang"]].concat()).is_err());
+        assert!(Cli::try_parse_from(["x", "--http-dialect", "mooncake"]).is_err(), "without a port");
+        assert!(Cli::try_parse_from(["x"]).is_ok(), "the default needs no port");
     }
 }

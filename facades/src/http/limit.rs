@@ -72,6 +72,7 @@ fn route_label(path: &str) -> &'static str {
     match path {
         "/query" => "query",
         "/query_by_hash" => "query_by_hash",
+        "/workers" => "workers",
         _ => "other",
     }
 }

@@ -1,22 +1,30 @@
-//! `/query` and `/query_by_hash` answered from the replica through `QueryService::answer` (the
-//! path of `prefixlog.v1` Match: validation, limits, the engine's contiguous-prefix rule).
+//! The routes answered from the replica: `/query` and `/query_by_hash` through
+//! `QueryService::answer` (the path of `prefixlog.v1` Match: validation, limits, the engine's
+//! contiguous-prefix rule), `/workers` from the workers' recorded metadata.
 //!
-//! The keyspace is the one of the request's model under the route's scheme (token ids: scheme 1,
-//! hashed by the replica with the LoRA name as namespace, as `prefixlog bridge` files an
-//! adapter's blocks; block hashes: scheme 2). Every query asks for lane 0 (the GPU tier) with
-//! `exclude_gapped` (a gapped holder may be credited with blocks it lost).
+//! Dynamo dialect: the keyspace is the one of the request's model under the route's scheme
+//! (token ids: scheme 1, hashed by the replica with the LoRA name as namespace, as `prefixlog
+//! bridge` files an adapter's blocks; block hashes: scheme 2). Mooncake dialect: the request
+//! names the keyspace, `(model, block_size, scheme 1)`. Every query asks for lane 0 (the GPU
+//! tier) with `exclude_gapped` (a gapped holder may be credited with blocks it lost).
 
+use super::mooncake::{mooncake_response, MooncakeQuery, MooncakeResponse};
 use super::wire::{score_response, Holder, QueryByHashRequest, QueryRequest, ScoreResponse};
-use super::{DEFAULT_ROUTING_GROUP, HASH_SCHEME_DYNAMO_BLOCK, META_ROUTING_GROUP};
+use super::workers::{WorkerInfo, WorkersQuery};
+use super::{DEFAULT_ROUTING_GROUP, DEFAULT_TENANT, HASH_SCHEME_DYNAMO_BLOCK, META_INSTANCE};
+use super::{META_ROUTING_GROUP, META_TENANT};
 use axum::http::StatusCode;
 use prefixlog_engine::{partition_of, scheme::SCHEME_XXH3_CHAINED, KeyspaceId};
 use prefixlog_proto::v1::match_request::Prompt;
 use prefixlog_proto::v1::{BlockHashes, Keyspace, MatchRequest, TokenIds};
 use prefixlog_query::QueryService;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-/// Why a query is not answered; each carries the HTTP status upstream would answer.
+/// A worker's recorded metadata (`None`: this replica keeps none).
+type Meta<'a> = Option<&'a BTreeMap<String, String>>;
+
+/// Why a request is not answered; each carries the HTTP status upstream would answer.
 #[derive(Debug, thiserror::Error)]
 pub enum QueryError {
     #[error("this replica is not ready (catching up with the log); ask another")]
@@ -24,12 +32,20 @@ pub enum QueryError {
     /// Upstream's wording, so clients matching on it keep working.
     #[error("no indexer for model={model} routing_group={group}{detail}")]
     NoIndexer { model: String, group: String, detail: String },
+    #[error(
+        "no indexer for model={model} block_size={block_size} (no keyspace of hash scheme 1 on this replica)"
+    )]
+    NoKeyspace { model: String, block_size: u32 },
     #[error("model {model} has several keyspaces of scheme {scheme} ({keyspaces}); the facade cannot tell which block size the caller uses")]
     Ambiguous { model: String, scheme: u32, keyspaces: String },
     #[error(
         "cache_salt must be absent or null on /query_by_hash: block hashes already computed cannot be salted"
     )]
     SaltedHashes,
+    /// Mooncake's `seq_hashes` are rolling sequence hashes under a seed its doc leaves open;
+    /// prefixlog matches by its own chained block hashes, not by those (issue 38).
+    #[error("/query_by_hash is not served in the Mooncake dialect: its seq_hashes are rolling sequence hashes, which this index does not match by (its chain hashes are its own); send token_ids to /query")]
+    SeqHashes,
     #[error("invalid request body: {0}")]
     Body(String),
     #[error("{}", .0.message())]
@@ -40,8 +56,9 @@ impl QueryError {
     pub fn http_status(&self) -> StatusCode {
         match self {
             Self::NotReady => StatusCode::SERVICE_UNAVAILABLE,
-            Self::NoIndexer { .. } => StatusCode::NOT_FOUND,
+            Self::NoIndexer { .. } | Self::NoKeyspace { .. } => StatusCode::NOT_FOUND,
             Self::Ambiguous { .. } | Self::SaltedHashes | Self::Body(_) => StatusCode::BAD_REQUEST,
+            Self::SeqHashes => StatusCode::NOT_IMPLEMENTED,
             Self::Query(s) => match s.code() {
                 tonic::Code::InvalidArgument | tonic::Code::OutOfRange => StatusCode::BAD_REQUEST,
                 tonic::Code::NotFound => StatusCode::NOT_FOUND,
@@ -57,14 +74,15 @@ impl QueryError {
     pub fn code(&self) -> tonic::Code {
         match self {
             Self::NotReady => tonic::Code::Unavailable,
-            Self::NoIndexer { .. } => tonic::Code::NotFound,
+            Self::NoIndexer { .. } | Self::NoKeyspace { .. } => tonic::Code::NotFound,
             Self::Ambiguous { .. } | Self::SaltedHashes | Self::Body(_) => tonic::Code::InvalidArgument,
+            Self::SeqHashes => tonic::Code::Unimplemented,
             Self::Query(s) => s.code(),
         }
     }
 }
 
-/// What one query asks, whichever route it came by.
+/// What one Dynamo query asks, whichever route it came by.
 struct Ask {
     model: String,
     group: String,
@@ -90,7 +108,7 @@ impl Reader {
         let blocks = req.token_ids.len();
         let ask = Ask {
             model: req.model_name,
-            group: group_of(req.routing_group),
+            group: non_empty_or(req.routing_group, DEFAULT_ROUTING_GROUP),
             scheme: SCHEME_XXH3_CHAINED,
             prompt: Prompt::Tokens(TokenIds { ids: req.token_ids, namespace }),
             // Tokens, not blocks yet: the block size is the keyspace's (checked in `answer`).
@@ -106,7 +124,7 @@ impl Reader {
         }
         let ask = Ask {
             model: req.model_name,
-            group: group_of(req.routing_group),
+            group: non_empty_or(req.routing_group, DEFAULT_ROUTING_GROUP),
             scheme: HASH_SCHEME_DYNAMO_BLOCK,
             blocks: req.block_hashes.len(),
             // i64 on the wire, the same 64 bits as the u64 locals the keyspace holds.
@@ -119,24 +137,85 @@ impl Reader {
     }
 
     async fn answer(&self, ask: Ask) -> Result<ScoreResponse, QueryError> {
-        if !self.query.view().readiness.is_ready() {
-            return Err(QueryError::NotReady);
-        }
+        self.ready()?;
         let ks = self.keyspace(&ask)?;
         let whole_blocks = match ask.prompt {
             Prompt::Tokens(_) => ask.blocks / ks.block_size.max(1) as usize,
             Prompt::Hashes(_) => ask.blocks,
         };
-        if ask.salted || whole_blocks == 0 {
-            return Ok(score_response(&self.holders(&ks, &ask.group), &[], ks.block_size));
+        let skip = ask.salted || whole_blocks == 0;
+        let depths = if skip { Vec::new() } else { self.depths(&ks, ask.prompt).await? };
+        let group = ask.group;
+        let in_group = |_, m: Meta| {
+            let g = m.and_then(|m| m.get(META_ROUTING_GROUP)).map_or(DEFAULT_ROUTING_GROUP, String::as_str);
+            (g == group).then_some(())
+        };
+        let holders: Vec<Holder> =
+            self.holders_labelled(&ks, in_group).into_iter().map(|(h, ())| h).collect();
+        Ok(score_response(&holders, &depths, ks.block_size))
+    }
+
+    /// Mooncake's `/query`: the keyspace `(model, block_size, scheme 1)`; the instances of the
+    /// request's tenant (worker metadata `tenant_id`, absent = `"default"`), named by metadata
+    /// `instance_id` (absent: the decimal worker id), only the requested one if it names one.
+    pub async fn query_mooncake(&self, req: MooncakeQuery) -> Result<MooncakeResponse, QueryError> {
+        self.ready()?;
+        let ks = KeyspaceId::new(req.model.clone(), req.block_size, SCHEME_XXH3_CHAINED);
+        if self.query.view().engine.keyspace(&ks).is_none() {
+            return Err(QueryError::NoKeyspace { model: req.model, block_size: req.block_size });
         }
+        let tenant = non_empty_or(req.tenant_id, DEFAULT_TENANT);
+        let instance = req.instance_id.filter(|i| !i.is_empty());
+        let whole_blocks = req.token_ids.len() / req.block_size.max(1) as usize;
+        let skip = req.cache_salt.is_some_and(|s| !s.is_empty()) || whole_blocks == 0;
+        let namespace = req.lora_name.unwrap_or_default();
+        let prompt = Prompt::Tokens(TokenIds { ids: req.token_ids, namespace });
+        let depths = if skip { Vec::new() } else { self.depths(&ks, prompt).await? };
+        let holders = self.holders_labelled(&ks, |worker, m: Meta| {
+            let get = |k: &str| m.and_then(|m| m.get(k)).map(String::as_str).filter(|v| !v.is_empty());
+            let name = get(META_INSTANCE).map_or_else(|| worker.to_string(), str::to_string);
+            let mine = get(META_TENANT).unwrap_or(DEFAULT_TENANT) == tenant
+                && instance.as_ref().is_none_or(|i| *i == name);
+            mine.then_some(name)
+        });
+        Ok(mooncake_response(&tenant, &holders, &depths, ks.block_size))
+    }
+
+    /// `GET /workers`: every announced worker of every partition passing the filters, by id.
+    pub fn workers(&self, q: &WorkersQuery) -> Result<Vec<WorkerInfo>, QueryError> {
+        self.ready()?;
+        let view = self.query.view();
+        let Some(applier) = &view.applier else { return Ok(Vec::new()) };
+        let a = applier.lock();
+        let mut out: Vec<WorkerInfo> = view
+            .info
+            .owned
+            .iter()
+            .flat_map(|&p| a.partition(p).workers.iter())
+            .filter_map(|(&w, meta)| q.entry(w, meta))
+            .collect();
+        drop(a);
+        out.sort_by_key(|w| w.instance_id);
+        Ok(out)
+    }
+
+    fn ready(&self) -> Result<(), QueryError> {
+        if self.query.view().readiness.is_ready() {
+            Ok(())
+        } else {
+            Err(QueryError::NotReady)
+        }
+    }
+
+    /// The contiguous depth of every lane-0 holder of `ks` that matches `prompt`.
+    async fn depths(&self, ks: &KeyspaceId, prompt: Prompt) -> Result<Vec<(Holder, u32)>, QueryError> {
         let req = MatchRequest {
             keyspace: Some(Keyspace {
                 model: ks.model.clone(),
                 block_size: ks.block_size,
                 hash_scheme: ks.scheme,
             }),
-            prompt: Some(ask.prompt),
+            prompt: Some(prompt),
             lane: Some(0),
             exclude_gapped: true,
             ..Default::default()
@@ -145,10 +224,7 @@ impl Reader {
         // Validated (limits, block size) before the holders are collected: an invalid or
         // oversized query costs no walk of the keyspace's holders nor the applier lock.
         let answer = self.query.answer(req, wait).await.map_err(QueryError::Query)?;
-        let holders = self.holders(&ks, &ask.group);
-        let depths: Vec<(Holder, u32)> =
-            answer.scores.iter().filter(|s| s.lane == 0).map(|s| ((s.worker, s.dp_rank), s.depth)).collect();
-        Ok(score_response(&holders, &depths, ks.block_size))
+        Ok(answer.scores.iter().filter(|s| s.lane == 0).map(|s| ((s.worker, s.dp_rank), s.depth)).collect())
     }
 
     /// The one keyspace of the model under the route's scheme.
@@ -175,9 +251,14 @@ impl Reader {
         }
     }
 
-    /// The keyspace's GPU-lane holders (not gapped) of workers in `group`, from the workers'
-    /// recorded metadata (absent = the default group).
-    fn holders(&self, ks: &KeyspaceId, group: &str) -> Vec<Holder> {
+    /// The keyspace's GPU-lane holders (not gapped) that `label` keeps, each with its label,
+    /// computed once per worker from its recorded metadata (`None` when the replica keeps no
+    /// metadata or the worker recorded none).
+    fn holders_labelled<T: Clone>(
+        &self,
+        ks: &KeyspaceId,
+        label: impl Fn(u64, Meta) -> Option<T>,
+    ) -> Vec<(Holder, T)> {
         let view = self.query.view();
         let Some(cell) = view.engine.keyspace(ks) else { return Vec::new() };
         let summaries = cell.read().holder_summaries();
@@ -185,24 +266,24 @@ impl Reader {
             .into_iter()
             .filter(|h| h.key.lane == 0 && !h.gapped)
             .map(|h| (h.key.worker, h.key.dp_rank));
-        let Some(applier) = &view.applier else {
-            // No worker metadata: every worker is in the default group.
-            return if group == DEFAULT_ROUTING_GROUP { held.collect() } else { Vec::new() };
-        };
-        let a = applier.lock();
+        let guard = view.applier.as_ref().map(|a| a.lock());
+        let count = view.info.partition_count;
         // One metadata lookup per worker, however many dp ranks it holds under.
-        let mut in_group: HashMap<u64, bool> = HashMap::new();
-        let mut group_of_worker = |w: u64| {
-            *in_group.entry(w).or_insert_with(|| {
-                let meta = a.partition(partition_of(w, view.info.partition_count)).workers.get(&w);
-                meta.and_then(|m| m.get(META_ROUTING_GROUP)).map_or(DEFAULT_ROUTING_GROUP, String::as_str)
-                    == group
-            })
-        };
-        held.filter(|&(w, _)| group_of_worker(w)).collect()
+        let mut of_worker: HashMap<u64, Option<T>> = HashMap::new();
+        let mut out = Vec::new();
+        for (w, dp) in held {
+            let t = of_worker.entry(w).or_insert_with(|| {
+                let meta = guard.as_ref().and_then(|a| a.partition(partition_of(w, count)).workers.get(&w));
+                label(w, meta)
+            });
+            if let Some(t) = t {
+                out.push(((w, dp), t.clone()));
+            }
+        }
+        out
     }
 }
 
-fn group_of(g: Option<String>) -> String {
-    g.filter(|g| !g.is_empty()).unwrap_or_else(|| DEFAULT_ROUTING_GROUP.to_string())
+fn non_empty_or(v: Option<String>, default: &str) -> String {
+    v.filter(|v| !v.is_empty()).unwrap_or_else(|| default.to_string())
 }

@@ -1,14 +1,15 @@
 //! The HTTP server (axum, HTTP/1) and the extension that runs it on a port of its own next to
-//! a replica. Every request to a query route is counted by route and outcome
-//! (`prefixlog_facade_requests_total{protocol="dynamo-http"}`).
+//! a replica. Every request to `/query`, `/query_by_hash` and `/workers` is counted by route and
+//! outcome (`prefixlog_facade_requests_total{protocol="dynamo-http"|"mooncake-http"}`).
 
 use super::limit::{limit, Gate, Limits};
 use super::reader::{QueryError, Reader};
 use super::wire::{json, ErrorBody};
-use super::{MAX_BODY_BYTES, PROTOCOL};
+use super::workers::WorkersQuery;
+use super::{Dialect, MAX_BODY_BYTES};
 use crate::metrics::FacadeMetrics;
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 use axum::routing::{get, post};
@@ -41,14 +42,22 @@ struct App {
     metrics: FacadeMetrics,
 }
 
-/// The routes: `POST /query`, `POST /query_by_hash`, `GET /health`; the query routes are
-/// bounded by `limits` (requests in flight, time per request: [`super::limit`]).
-pub fn router(query: QueryService, metrics: FacadeMetrics, limits: Limits) -> Router {
+/// The routes of `dialect`: `POST /query`, `POST /query_by_hash` (Mooncake: 501, see
+/// [`QueryError::SeqHashes`]), `GET /workers` (Dynamo's shape in both), `GET /health`; all but
+/// `/health` are bounded by `limits` (requests in flight, time per request: [`super::limit`]).
+pub fn router(query: QueryService, metrics: FacadeMetrics, limits: Limits, dialect: Dialect) -> Router {
     let gate = Gate::new(limits, metrics.clone());
     let app = Arc::new(App { reader: Reader::new(query), metrics });
-    Router::new()
-        .route("/query", post(query_tokens))
-        .route("/query_by_hash", post(query_hashes))
+    let routes = match dialect {
+        Dialect::Dynamo => {
+            Router::new().route("/query", post(query_tokens)).route("/query_by_hash", post(query_hashes))
+        }
+        Dialect::Mooncake => Router::new()
+            .route("/query", post(query_mooncake))
+            .route("/query_by_hash", post(query_seq_hashes)),
+    };
+    routes
+        .route("/workers", get(list_workers))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         // Outermost: a permit is taken before the body is read.
         .layer(middleware::from_fn_with_state(gate, limit))
@@ -72,6 +81,24 @@ async fn query_hashes(State(app): State<Arc<App>>, body: Bytes) -> Response {
     app.respond("query_by_hash", r)
 }
 
+async fn query_mooncake(State(app): State<Arc<App>>, body: Bytes) -> Response {
+    let r = match parse(&body) {
+        Ok(req) => app.reader.query_mooncake(req).await,
+        Err(e) => Err(e),
+    };
+    app.respond("query", r)
+}
+
+/// Refused without reading the body: whatever it holds, the hashes cannot be matched.
+async fn query_seq_hashes(State(app): State<Arc<App>>) -> Response {
+    app.respond::<()>("query_by_hash", Err(QueryError::SeqHashes))
+}
+
+async fn list_workers(State(app): State<Arc<App>>, RawQuery(q): RawQuery) -> Response {
+    let q = WorkersQuery::parse(q.as_deref().unwrap_or(""));
+    app.respond("workers", app.reader.workers(&q))
+}
+
 fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, QueryError> {
     serde_json::from_slice(body).map_err(|e| QueryError::Body(e.to_string()))
 }
@@ -87,16 +114,18 @@ impl App {
 }
 
 /// Serves [`router`] on its own port for as long as the replica runs
-/// (`prefixlog serve --http-indexer-addr ...`). It adds no gRPC routes to the query port; it
-/// is an extension to be built from the replica's `QueryService` and metrics registry.
-pub struct DynamoHttpExtension {
+/// (`prefixlog serve --http-indexer-addr ... [--http-dialect mooncake]`). It adds no gRPC routes
+/// to the query port; it is an extension to be built from the replica's `QueryService` and
+/// metrics registry.
+pub struct HttpIndexerExtension {
     addr: SocketAddr,
     limits: Limits,
+    dialect: Dialect,
     listener: Mutex<Option<TcpListener>>,
     task: Mutex<Option<AbortHandle>>,
 }
 
-impl DynamoHttpExtension {
+impl HttpIndexerExtension {
     /// Binds `addr` now, so a taken port fails the start before the replica restores its state
     /// (port 0: any free port, see [`Self::addr`]).
     pub fn bind(addr: SocketAddr) -> Result<Self, StartError> {
@@ -105,6 +134,7 @@ impl DynamoHttpExtension {
         Ok(Self {
             addr,
             limits: Limits::default(),
+            dialect: Dialect::default(),
             listener: Mutex::new(Some(listener)),
             task: Mutex::default(),
         })
@@ -116,13 +146,19 @@ impl DynamoHttpExtension {
         self
     }
 
+    /// Another dialect than Dynamo's.
+    pub fn with_dialect(mut self, dialect: Dialect) -> Self {
+        self.dialect = dialect;
+        self
+    }
+
     /// The bound address.
     pub fn addr(&self) -> SocketAddr {
         self.addr
     }
 }
 
-impl Extension for DynamoHttpExtension {
+impl Extension for HttpIndexerExtension {
     /// Reported by the query port's `grpc.health.v1` with the replica's readiness, as every
     /// extension is (this one is HTTP: the name only identifies it there).
     fn service_name(&self) -> &str {
@@ -139,8 +175,9 @@ impl Extension for DynamoHttpExtension {
         let bind = |source| StartError::Bind { addr: self.addr, source };
         listener.set_nonblocking(true).map_err(bind)?;
         let listener = tokio::net::TcpListener::from_std(listener).map_err(bind)?;
-        let metrics = FacadeMetrics::new(ctx.registry, PROTOCOL).map_err(StartError::Metrics)?;
-        let app = router(ctx.query.clone(), metrics, self.limits);
+        let metrics =
+            FacadeMetrics::new(ctx.registry, self.dialect.protocol()).map_err(StartError::Metrics)?;
+        let app = router(ctx.query.clone(), metrics, self.limits, self.dialect);
         let task = tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, app).await {
                 tracing::error!(error = %e, "HTTP indexer facade stopped");
@@ -151,7 +188,7 @@ impl Extension for DynamoHttpExtension {
     }
 }
 
-impl Drop for DynamoHttpExtension {
+impl Drop for HttpIndexerExtension {
     fn drop(&mut self) {
         if let Some(t) = self.task.lock().take() {
             t.abort();
