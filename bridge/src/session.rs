@@ -33,7 +33,7 @@ pub const MEDIUM_GPU: &str = "GPU";
 /// Canonical scheme-1 local hashes of the full blocks of `tokens`, continuing a chain whose
 /// previous block's local hash is `seed` (0 for the first block of a prompt): the scheme itself
 /// (`prefixlog_engine::scheme::block_hashes_after`), implemented once. A prompt split at a block
-/// boundary hashes the same in two parts (tested in `ingest/tests/bridge_session.rs`).
+/// boundary hashes the same in two parts (tested in `bridge/tests/session.rs`).
 pub fn chain_from(seed: u64, tokens: &[u32], block_size: usize) -> Vec<u64> {
     prefixlog_engine::scheme::block_hashes_after(seed, tokens, block_size)
 }

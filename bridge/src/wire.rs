@@ -20,7 +20,7 @@
 //!
 //! Unknown fields and unknown event types are ignored and counted; a malformed event is
 //! reported as [`Event::Malformed`] without spoiling the rest of its batch. Nothing here
-//! panics on any input (property-tested in `ingest/tests/bridge_wire.rs`).
+//! panics on any input (property-tested in `bridge/tests/wire.rs`).
 //!
 //! msgpack is read with `rmpv` (dynamic values) rather than `rmp-serde`: both layouts, the
 //! optional positional tails, signed-or-unsigned hashes and unknown-field counting are all

@@ -1,4 +1,4 @@
-//! `prefixlog bench-audit`: reconstructing the state at random past points of a long log from
+//! `prefixlog-lab bench-audit`: reconstructing the state at random past points of a long log from
 //! the checkpoints a replica keeps under the default retention (the newest few plus the oldest
 //! of every hour of log time), next to a full replay from the start to the same points.
 //!

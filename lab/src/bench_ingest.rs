@@ -1,4 +1,4 @@
-//! `prefixlog bench-ingest`: Kafka → apply throughput next to raw consume throughput, same run,
+//! `prefixlog-lab bench-ingest`: Kafka → apply throughput next to raw consume throughput, same run,
 //! same records.
 //!
 //! A broker's speed drifts within seconds (tansu's SQLite, a neighbour on a shared machine), and

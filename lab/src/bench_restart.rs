@@ -1,4 +1,4 @@
-//! `prefixlog bench-restart`: time to ready from a checkpoint plus a tail, next to rebuilding
+//! `prefixlog-lab bench-restart`: time to ready from a checkpoint plus a tail, next to rebuilding
 //! the same state by replaying the whole log (same run, same records, embedded broker).
 
 use crate::bench_env::{bench_options, token, BenchLog};

@@ -1,4 +1,4 @@
-//! `prefixlog bench-shards`: what sharding costs and saves, same run, same records (embedded
+//! `prefixlog-lab bench-shards`: what sharding costs and saves, same run, same records (embedded
 //! broker): engine memory per replica with N shards against one unsharded replica, and the
 //! client's fan-out Match latency (one Match per shard, in parallel, merged) against an
 //! unsharded Match, queries alternating so both see the same conditions.

@@ -1,4 +1,4 @@
-//! `prefixlog bench-query`: Match latency over gRPC on loopback, idle and while the replica
+//! `prefixlog-lab bench-query`: Match latency over gRPC on loopback, idle and while the replica
 //! ingests at full rate, next to a trivial Echo RPC in the same run (embedded broker).
 //!
 //! Method: the trace workload's KV events are published once. Phase "idle": a replica applies

@@ -24,7 +24,7 @@ Usage:
   publisher.py serve --a P --a-replay P --b P --c P --c-replay P --d P --d-replay P --e P --e-replay P
                                        --f P --f-replay P
                                        run the end-to-end scenario (see `serve`)
-Token ids and hashes here are mirrored in tests/tests/bridge.rs and ingest/tests/bridge_wire.rs.
+Token ids and hashes here are mirrored in tests/tests/bridge.rs and bridge/tests/wire.rs.
 """
 import argparse
 import collections

@@ -1,4 +1,4 @@
-//! `prefixlog bench-routing`: routing quality with 1..16 gateways, in-process.
+//! `prefixlog-lab bench-routing`: routing quality with 1..16 gateways, in-process.
 //!
 //! Runs the trace through a fleet of LRU caches once per (gateway count, mode), directly
 //! against the engine (no Kafka, no gRPC: fast and deterministic). Modes, all with the same
