@@ -17,6 +17,8 @@
 //! - [`http`]: the query side of Dynamo's standalone KV indexer HTTP API (`/query`,
 //!   `/query_by_hash`, `/workers`, `/health`), or of Mooncake conductor's (`--http-dialect
 //!   mooncake`), on a port of its own; docs/compat/dynamo-mooncake-http.md.
+//! - [`writes`]: what the writing facades share: catching up with a worker's partition before
+//!   continuing its feed, its recorded metadata and name collisions.
 //! - [`names`]: upstream worker names (strings) → prefixlog worker ids, per protocol seed.
 //! - [`metrics`]: [`metrics::FacadeMetrics`], every facade's counters labelled `protocol`.
 //! - [`FILE_DESCRIPTOR_SET`]: the upstream schemas, encoded, for gRPC server reflection.
@@ -26,6 +28,7 @@ pub mod metrics;
 pub mod names;
 pub mod sglang;
 pub mod smg;
+pub mod writes;
 
 /// The encoded `FileDescriptorSet` of the upstream schemas this crate serves (reflection).
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/compat_descriptor.bin"));

@@ -29,7 +29,6 @@ use prefixlog_state::record::{encode_lifecycle, KvBatch, KvOp};
 use prefixlog_state::settings::{StateSettings, METADATA_ENTRY_BYTES};
 use prefixlog_state::{token_of, Landed, Lifecycle, LogAppend, LogError};
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tonic::Status;
@@ -247,38 +246,22 @@ impl Writer {
         &self.keyspace
     }
 
-    /// Waits until the replica applied the worker's partition up to its high watermark (as last
-    /// read from the broker), so the feed state the facade continues includes every record an
-    /// earlier facade process had acknowledged: a reused sequence number would make the log
-    /// skip a batch, and a skipped removal would overcount.
     async fn caught_up(&self, worker: u64, wait: Duration) -> Result<(), WriteError> {
-        let status = &self.query.view().status;
-        let partition = partition_of(worker, self.query.view().info.partition_count);
-        let high = status.partitions[partition as usize].high_watermark.load(Ordering::Acquire);
-        if status.wait_for(&[(partition, high)], wait).await {
-            Ok(())
-        } else {
-            Err(WriteError::NotCaughtUp { partition, high, wait })
-        }
+        let e = crate::writes::caught_up(&self.query, worker, wait).await.err();
+        e.map_or(Ok(()), |e| Err(WriteError::NotCaughtUp { partition: e.partition, high: e.high, wait }))
     }
 
     /// A worker's state as the replica recorded it (first batch of the worker in this process).
     fn recorded(&self, worker: u64, name: &str) -> Result<WorkerState, WriteError> {
+        let metadata = crate::writes::recorded_metadata(&self.query, worker, META_WORKER_ID, name)
+            .map_err(|other| WriteError::Collision { name: name.into(), worker, other })?;
         let view = self.query.view();
-        let Some(applier) = &view.applier else {
-            return Ok(WorkerState::new(name, None, None));
-        };
-        let a = applier.lock();
-        let part = a.partition(partition_of(worker, view.info.partition_count));
-        let metadata = part.workers.get(&worker).cloned();
-        if let Some(m) = &metadata {
-            let other = m.get(META_WORKER_ID).map_or("a worker of another publisher", String::as_str);
-            if other != name {
-                return Err(WriteError::Collision { name: name.into(), worker, other: other.into() });
-            }
-        }
         let key = FeedKey { keyspace: self.keyspace.clone(), worker, dp_rank: 0 };
-        let feed = part.feeds.get(&key).map(|f| (f.epoch, f.last_seq));
+        let feed = view.applier.as_ref().and_then(|a| {
+            let a = a.lock();
+            let part = a.partition(partition_of(worker, view.info.partition_count));
+            part.feeds.get(&key).map(|f| (f.epoch, f.last_seq))
+        });
         Ok(WorkerState::new(name, metadata, feed))
     }
 }

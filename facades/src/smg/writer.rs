@@ -36,7 +36,6 @@ use prefixlog_state::settings::{StateSettings, METADATA_ENTRY_BYTES};
 use prefixlog_state::{token_of, KvOp, Landed, Lifecycle, LogAppend, LogError};
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tonic::Status;
@@ -432,32 +431,15 @@ impl Writer {
         out
     }
 
-    /// Waits until the replica applied the holder's partition up to its high watermark, so the
-    /// state the facade continues includes every record acknowledged before.
     async fn caught_up(&self, worker: u64, wait: Duration) -> Result<(), WriteError> {
-        let status = &self.query.view().status;
-        let partition = partition_of(worker, self.query.view().info.partition_count);
-        let high = status.partitions[partition as usize].high_watermark.load(Ordering::Acquire);
-        if status.wait_for(&[(partition, high)], wait).await {
-            Ok(())
-        } else {
-            Err(WriteError::NotCaughtUp { partition, high, wait })
-        }
+        let e = crate::writes::caught_up(&self.query, worker, wait).await.err();
+        e.map_or(Ok(()), |e| Err(WriteError::NotCaughtUp { partition: e.partition, high: e.high, wait }))
     }
 
     /// A holder as the replica recorded it (its first update in this process).
     fn recorded(&self, worker: u64, name: &str) -> Result<HolderState, WriteError> {
-        let view = self.query.view();
-        let metadata = view.applier.as_ref().and_then(|a| {
-            let a = a.lock();
-            a.partition(partition_of(worker, view.info.partition_count)).workers.get(&worker).cloned()
-        });
-        if let Some(m) = &metadata {
-            let other = m.get(META_HOLDER).map_or("a worker of another publisher", String::as_str);
-            if other != name {
-                return Err(WriteError::Collision { name: name.into(), worker, other: other.into() });
-            }
-        }
+        let metadata = crate::writes::recorded_metadata(&self.query, worker, META_HOLDER, name)
+            .map_err(|other| WriteError::Collision { name: name.into(), worker, other })?;
         Ok(HolderState { name: name.to_string(), metadata, feeds: HashMap::new() })
     }
 }
