@@ -94,16 +94,20 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     while applied() == 0 {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    let catch_up = under_load(&client, &node, &queries, &a, first.len() as u64).await?;
+    let landed = Arc::new(AtomicUsize::new(first.len()));
+    let catch_up = under_load(&client, &node, &queries, &a, &landed, first.len() as u64).await?;
 
     let publishing = {
-        let (items, publisher) = (items_of(second, first.len()), env.publisher.clone());
+        let (items, publisher, landed) =
+            (items_of(second, first.len()), env.publisher.clone(), landed.clone());
         tokio::spawn(async move {
             let t = Instant::now();
-            prefixlog::publish_trace::publish_by_worker(&publisher, items).await.map(|_| t.elapsed())
+            let published =
+                prefixlog::publish_trace::publish_by_worker_counted(&publisher, items, &landed).await;
+            published.map(|_| t.elapsed())
         })
     };
-    let live = under_load(&client, &node, &queries, &a, records.len() as u64).await?;
+    let live = under_load(&client, &node, &queries, &a, &landed, records.len() as u64).await?;
     let publish_s = publishing.await??.as_secs_f64();
 
     let costs = crate::stream_bench::compare(
@@ -147,6 +151,7 @@ async fn under_load(
     node: &prefixlog_node::ReplicaNode,
     queries: &Arc<[MatchRequest]>,
     a: &Args,
+    landed: &AtomicUsize,
     until: u64,
 ) -> anyhow::Result<Phase> {
     let stop = Arc::new(AtomicBool::new(false));
@@ -156,13 +161,16 @@ async fn under_load(
     };
     let sampling = async {
         let (t, status) = (Instant::now(), node.status());
+        let applied = || {
+            status.records_applied.load(Ordering::Acquire) + status.records_skipped.load(Ordering::Acquire)
+        };
         let mut lag = Vec::new();
-        while status.records_applied.load(Ordering::Acquire) + status.records_skipped.load(Ordering::Acquire)
-            < until
-        {
+        while applied() < until {
+            // Records acknowledged by the broker and not yet applied. Applied is read first:
+            // landed only grows, so the lag is never understated.
+            let done = applied();
+            lag.push((landed.load(Ordering::Acquire) as u64).saturating_sub(done));
             tokio::time::sleep(Duration::from_millis(a.sample_ms)).await;
-            // As the replica's watermark thread sees the log.
-            lag.push(status.lag().max(0) as u64);
         }
         stop.store(true, Ordering::Release);
         (t.elapsed().as_secs_f64(), lag)

@@ -6,6 +6,8 @@ use crate::kafka_args::KafkaArgs;
 use prefixlog_ingest::Publisher;
 use prefixlog_state::Landed;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 #[derive(clap::Args)]
@@ -40,19 +42,30 @@ pub async fn publish_by_worker(
     p: &Publisher,
     items: Vec<(u64, i64, Vec<u8>)>,
 ) -> anyhow::Result<Vec<Landed>> {
+    publish_by_worker_counted(p, items, &Arc::default()).await
+}
+
+/// [`publish_by_worker`], counting the records acknowledged so far in `landed` as it goes (a
+/// benchmark's lag is records landed and not yet applied).
+pub async fn publish_by_worker_counted(
+    p: &Publisher,
+    items: Vec<(u64, i64, Vec<u8>)>,
+    landed: &Arc<AtomicUsize>,
+) -> anyhow::Result<Vec<Landed>> {
     let mut by_worker: BTreeMap<u64, Vec<(i64, Vec<u8>)>> = BTreeMap::new();
     for (w, t, v) in items {
         by_worker.entry(w).or_default().push((t, v));
     }
     let mut tasks = Vec::new();
     for (w, vals) in by_worker {
-        let p = p.clone();
+        let (p, count) = (p.clone(), landed.clone());
         tasks.push(tokio::spawn(async move {
-            let mut landed = Vec::with_capacity(vals.len());
+            let mut out = Vec::with_capacity(vals.len());
             for (t, v) in vals {
-                landed.push(p.publish_raw(w, &v, Some(t)).await?);
+                out.push(p.publish_raw(w, &v, Some(t)).await?);
+                count.fetch_add(1, Ordering::Relaxed);
             }
-            Ok::<_, prefixlog_ingest::PublishError>(landed)
+            Ok::<_, prefixlog_ingest::PublishError>(out)
         }));
     }
     let mut out = Vec::new();
