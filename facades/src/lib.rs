@@ -14,10 +14,13 @@
 //!   queries and the sgl `kv-indexer-bridge` writes to); docs/compat/sglang.md.
 //! - [`http`]: the query side of Dynamo's standalone KV indexer HTTP API (`/query`,
 //!   `/query_by_hash`, `/health`) on a port of its own; docs/compat/dynamo-mooncake-http.md.
+//! - [`epp`]: a Gateway API Inference Extension endpoint picker (Envoy `ext_proc`) on ports of
+//!   its own; docs/compat/gie-epp.md.
 //! - [`names`]: upstream worker names (strings) → prefixlog worker ids, per protocol seed.
 //! - [`metrics`]: [`metrics::FacadeMetrics`], every facade's counters labelled `protocol`.
 //! - [`FILE_DESCRIPTOR_SET`]: the upstream schemas, encoded, for gRPC server reflection.
 
+pub mod epp;
 pub mod http;
 pub mod metrics;
 pub mod names;

@@ -22,6 +22,7 @@ mod bench_shards;
 mod bridge_cmd;
 mod checkpoints_cmd;
 mod demo;
+mod epp_args;
 mod fleet_records;
 mod kafka_args;
 mod query_bench;
