@@ -85,12 +85,16 @@ async fn publish(spec: &LogSpec, node: &ReplicaNode, workers: &[(u64, &str)], he
         let added = Lifecycle::Added { metadata: meta.into_iter().collect() };
         landed.push(p.publish_lifecycle(w, &added).await.unwrap());
     }
+    // Each worker's feed numbered from 1 without holes (a hole would mark it gapped, and the
+    // picker asks with exclude_gapped).
+    let mut seq: std::collections::HashMap<u64, u64> = Default::default();
     for (w, tokens) in held {
         let chain = scheme::block_hashes(tokens, BLOCK as usize);
         let ops =
             [KvOp::Stored { lane: 0, parent_ext: None, blocks: chain.iter().map(|&l| (l, l)).collect() }];
-        landed
-            .push(p.publish_kv_events(&ks, *w, 0, 1, landed.len() as u64, false, &ops, None).await.unwrap());
+        let s = seq.entry(*w).or_default();
+        *s += 1;
+        landed.push(p.publish_kv_events(&ks, *w, 0, 1, *s, false, &ops, None).await.unwrap());
     }
     assert!(node.status().wait_for(&token_of(&landed), Duration::from_secs(60)).await);
 }
