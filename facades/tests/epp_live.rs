@@ -133,7 +133,49 @@ enum Outcome {
     Immediate(i32, String),
 }
 
+/// The destination a request-path answer names: (header, envoy.lb metadata).
+fn destination(common: Option<CommonResponse>, md: Option<Struct>) -> (String, String) {
+    let set = common.and_then(|c| c.header_mutation).map(|m| m.set_headers).unwrap_or_default();
+    let h = set.iter().filter_map(|o| o.header.as_ref()).find(|h| h.key == "x-gateway-destination-endpoint");
+    let header = String::from_utf8(h.expect("the destination header").raw_value.clone()).unwrap();
+    let md = md.expect("dynamic metadata");
+    let Some(Kind::StructValue(lb)) = &md.fields["envoy.lb"].kind else { panic!("no envoy.lb: {md:?}") };
+    let Some(Kind::StringValue(m)) = &lb.fields["x-gateway-destination-endpoint"].kind else { panic!() };
+    (header, m.clone())
+}
+
 impl Envoy {
+    /// BUFFERED, as announced by newer Envoys: the headers are answered before the body is
+    /// sent, and the one body message's answer names the destination.
+    async fn buffered(&mut self, body: &[u8]) -> (String, String) {
+        let mode = ProtocolConfiguration { request_body_mode: 2, ..Default::default() };
+        let headers = HttpHeaders { end_of_stream: false, ..Default::default() };
+        let first = ProcessingRequest {
+            request: Some(Msg::RequestHeaders(headers)),
+            protocol_config: Some(mode),
+            ..Default::default()
+        };
+        self.tx.send(first).await.unwrap();
+        let ProcessingResponse { response: Some(Reply::RequestHeaders(_)), dynamic_metadata: None, .. } =
+            self.rx.message().await.unwrap().unwrap()
+        else {
+            panic!("the headers are answered first, without a destination")
+        };
+        self.send(Msg::RequestBody(HttpBody { body: body.to_vec(), end_of_stream: true }), None).await;
+        let r = self.rx.message().await.unwrap().unwrap();
+        let Some(Reply::RequestBody(b)) = r.response else { panic!("the body answer: {r:?}") };
+        destination(b.response, r.dynamic_metadata)
+    }
+
+    /// A request without body (headers with end_of_stream): answered at once.
+    async fn bodiless(&mut self) -> (String, String) {
+        let headers = HttpHeaders { end_of_stream: true, ..Default::default() };
+        self.send(Msg::RequestHeaders(headers), None).await;
+        let r = self.rx.message().await.unwrap().unwrap();
+        let Some(Reply::RequestHeaders(h)) = r.response else { panic!("the headers answer: {r:?}") };
+        destination(h.response, r.dynamic_metadata)
+    }
+
     async fn open(ext: &EppExtension) -> Self {
         let mut c = ExternalProcessorClient::connect(format!("http://{}", ext.addr())).await.unwrap();
         let (tx, rx) = mpsc::channel(64);
@@ -313,6 +355,21 @@ async fn envoy_is_routed_to_the_longest_prefix_within_the_subset_and_load() {
         assert!(matches!(&o, Outcome::Immediate(503, _)), "{hint:?}: {o:?}");
     }
 
+    // Chat: the messages' contents joined with "\n" are P1's words; the whitespace tokenizer
+    // makes them P1's tokens.
+    let chat = serde_json::json!({"model": "llama", "messages": [
+        {"role": "system", "content": words(0..6)},
+        {"role": "user", "content": [{"type": "text", "text": words(6..16)}]}
+    ]});
+    let o = Envoy::open(&ext).await.request(chat.to_string().as_bytes(), 100, None).await;
+    assert_eq!(routed_to(&o), endpoint(2));
+    let (header, metadata) = Envoy::open(&ext).await.buffered(&p1_body).await;
+    assert_eq!((header.as_str(), metadata.as_str()), (endpoint(2).as_str(), endpoint(2).as_str()));
+    // No body: routed on load alone, to one of the model's endpoints (any model: no body).
+    let (header, metadata) = Envoy::open(&ext).await.bodiless().await;
+    assert_eq!(header, metadata);
+    assert!(["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000", "10.0.0.4:8000"].contains(&header.as_str()));
+
     let o = Envoy::open(&ext).await.request(&completion("gpt", "w1", 0), 64, None).await;
     assert!(matches!(&o, Outcome::Immediate(404, m) if m.contains("gpt")), "{o:?}");
     let o = Envoy::open(&ext).await.request(&completion("llama", "w1", MAX_BODY), 60_000, None).await;
@@ -322,9 +379,11 @@ async fn envoy_is_routed_to_the_longest_prefix_within_the_subset_and_load() {
 
     let text = prefixlog_query::metrics::render(node.registry());
     assert!(
-        text.contains(r#"prefixlog_epp_picks_total{protocol="gie-epp",route="index",shard="all"} 4"#),
+        text.contains(r#"prefixlog_epp_picks_total{protocol="gie-epp",route="index",shard="all"} 6"#),
         "{text}"
     );
+    assert!(text.contains(r#"route="no_prompt",shard="all"} 1"#), "{text}");
+    assert!(text.contains(r#"route="balanced",shard="all"} 1"#), "{text}");
     assert!(text.contains(r#"code="UNAVAILABLE",protocol="gie-epp",rpc="Pick",shard="all"} 3"#), "{text}");
     assert!(text.contains(r#"code="NOT_FOUND",protocol="gie-epp",rpc="Pick",shard="all"} 1"#), "{text}");
 }
