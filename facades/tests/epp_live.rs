@@ -59,13 +59,18 @@ fn endpoint(i: u64) -> String {
 }
 
 /// A replica with the picker on free ports; `ready_lag` -1: never ready.
-async fn start(topic: &str, ready_lag: i64) -> (EmbeddedKafka, LogSpec, ReplicaNode, Arc<EppExtension>) {
+async fn start(
+    topic: &str,
+    ready_lag: i64,
+    max_streams: usize,
+) -> (EmbeddedKafka, LogSpec, ReplicaNode, Arc<EppExtension>) {
     let kafka = EmbeddedKafka::start(topic, 2).unwrap();
     let spec = LogSpec::new(KafkaConnection::new(kafka.bootstrap_servers()), topic, 2);
     let tokenizers = Tokenizers::load(&[("llama".into(), tokenizer_file(topic))]).unwrap();
     // A generous index timeout: a slow index on a loaded machine must not turn into a fail-open.
+    let timeout = Duration::from_secs(30);
     let limits =
-        Limits { max_body_bytes: MAX_BODY, index_timeout: Duration::from_secs(30), ..Default::default() };
+        Limits { max_body_bytes: MAX_BODY, index_timeout: timeout, max_streams, ..Default::default() };
     let cfg = EppConfig { tokenizers, limits, ..Default::default() };
     let any = "127.0.0.1:0".parse().unwrap();
     let ext = Arc::new(EppExtension::bind(any, any, cfg).unwrap());
@@ -309,7 +314,7 @@ fn routed_to(o: &Outcome) -> &str {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_is_routed_to_the_longest_prefix_within_the_subset_and_load() {
     assert_eq!(prefixlog_facades::epp::META_SERVING_URL, prefixlog_bridge::META_SERVING_URL);
-    let (_kafka, spec, node, ext) = start("prefixlog.epp", 0).await;
+    let (_kafka, spec, node, ext) = start("prefixlog.epp", 0, 64).await;
     // P1 = w0..w15 (4 blocks): worker 2 holds all, worker 1 two. P2 = w20..w35: 1 and 2 all.
     let (p1, p2): (Vec<u32>, Vec<u32>) = ((0..16).collect(), (20..36).collect());
     let workers = [(1, "llama"), (2, "llama"), (3, "llama"), (4, "other")];
@@ -392,7 +397,7 @@ async fn envoy_is_routed_to_the_longest_prefix_within_the_subset_and_load() {
 /// loaded endpoint, even away from the worker holding the prefix, and counts it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unavailable_index_fails_open_to_the_least_loaded() {
-    let (_kafka, spec, node, ext) = start("prefixlog.epp.open", -1).await;
+    let (_kafka, spec, node, ext) = start("prefixlog.epp.open", -1, 2).await;
     let p1: Vec<u32> = (0..16).collect();
     publish(&spec, &node, &[(1, "llama"), (2, "llama")], &[(1, p1)]).await;
     assert_eq!(health(&ext, "liveness").await, health_check_response::ServingStatus::Serving);
@@ -403,9 +408,31 @@ async fn an_unavailable_index_fails_open_to_the_least_loaded() {
     let one = routed_to(&first.request(&body, 1024, None).await).to_string();
     let mut second = Envoy::open(&ext).await;
     let two = routed_to(&second.request(&body, 1024, None).await).to_string();
-    let mut both = vec![one, two];
+    let mut both = vec![one.clone(), two];
     both.sort();
     assert_eq!(both, vec![endpoint(1), endpoint(2)], "the second goes to the one without load");
+
+    // Two streams is the bound: a third is refused at once.
+    let mut c = ExternalProcessorClient::connect(format!("http://{}", ext.addr())).await.unwrap();
+    let (_tx, rx) = mpsc::channel::<ProcessingRequest>(1);
+    let refused = c.process(ReceiverStream::new(rx)).await.expect_err("over the bound");
+    assert_eq!(refused.code(), tonic::Code::ResourceExhausted, "{refused}");
+    // The first stream goes away before its response: its place and its load are given back
+    // (the place only after the load), so the next request goes where the first one went.
+    drop(first);
+    let mut third = None;
+    for _ in 0..3000 {
+        let mut c = ExternalProcessorClient::connect(format!("http://{}", ext.addr())).await.unwrap();
+        let (tx, rx) = mpsc::channel(64);
+        if let Ok(r) = c.process(ReceiverStream::new(rx)).await {
+            third = Some(Envoy { tx, rx: r.into_inner() });
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut third = third.expect("a place is free once the first stream is gone");
+    assert_eq!(routed_to(&third.request(&body, 1024, None).await), one);
+    drop(second);
     let picks = ext.picks().unwrap();
-    assert_eq!(picks.picks_of(prefixlog_facades::epp::policy::Route::FailOpen), 2);
+    assert_eq!(picks.picks_of(prefixlog_facades::epp::policy::Route::FailOpen), 3);
 }

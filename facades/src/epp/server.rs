@@ -99,12 +99,18 @@ type Tx = mpsc::Sender<Result<ProcessingResponse, Status>>;
 /// One stream, to its end: Envoy's close, an error, an immediate response, or a stall while
 /// the request is read. The exchange (and its load lease) and the permit go with it.
 async fn run(
-    mut ex: Exchange,
-    mut inbound: Streaming<ProcessingRequest>,
+    ex: Exchange,
+    inbound: Streaming<ProcessingRequest>,
     tx: Tx,
-    _permit: OwnedSemaphorePermit,
+    permit: OwnedSemaphorePermit,
     timeout: Duration,
 ) {
+    exchange(ex, inbound, tx, timeout).await;
+    // Only now: once the stream's place is free again, its load lease is given back too.
+    drop(permit);
+}
+
+async fn exchange(mut ex: Exchange, mut inbound: Streaming<ProcessingRequest>, tx: Tx, timeout: Duration) {
     loop {
         let next = if ex.reading_request() {
             match tokio::time::timeout(timeout, inbound.message()).await {
