@@ -64,13 +64,21 @@ async fn start(
     ready_lag: i64,
     max_streams: usize,
 ) -> (EmbeddedKafka, LogSpec, ReplicaNode, Arc<EppExtension>) {
+    start_with(topic, ready_lag, max_streams, Duration::from_secs(30)).await
+}
+
+async fn start_with(
+    topic: &str,
+    ready_lag: i64,
+    max_streams: usize,
+    message_timeout: Duration,
+) -> (EmbeddedKafka, LogSpec, ReplicaNode, Arc<EppExtension>) {
     let kafka = EmbeddedKafka::start(topic, 2).unwrap();
     let spec = LogSpec::new(KafkaConnection::new(kafka.bootstrap_servers()), topic, 2);
     let tokenizers = Tokenizers::load(&[("llama".into(), tokenizer_file(topic))]).unwrap();
     // A generous index timeout: a slow index on a loaded machine must not turn into a fail-open.
     let timeout = Duration::from_secs(30);
-    let limits =
-        Limits { max_body_bytes: MAX_BODY, index_timeout: timeout, max_streams, ..Default::default() };
+    let limits = Limits { max_body_bytes: MAX_BODY, index_timeout: timeout, max_streams, message_timeout };
     let cfg = EppConfig { tokenizers, limits, ..Default::default() };
     let any = "127.0.0.1:0".parse().unwrap();
     let ext = Arc::new(EppExtension::bind(any, any, cfg).unwrap());
@@ -435,4 +443,19 @@ async fn an_unavailable_index_fails_open_to_the_least_loaded() {
     drop(second);
     let picks = ext.picks().unwrap();
     assert_eq!(picks.picks_of(prefixlog_facades::epp::policy::Route::FailOpen), 3);
+}
+
+/// A stream that stops sending while its request is read is ended (its buffer freed) with
+/// DEADLINE_EXCEEDED; the outcome is asserted, not the time it took.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_request_is_ended() {
+    let (_kafka, _spec, _node, ext) =
+        start_with("prefixlog.epp.stall", 0, 4, Duration::from_millis(50)).await;
+    let mut envoy = Envoy::open(&ext).await;
+    envoy.send(Msg::RequestHeaders(HttpHeaders::default()), None).await;
+    envoy
+        .send(Msg::RequestBody(HttpBody { body: b"{\"model\":".to_vec(), end_of_stream: false }), None)
+        .await;
+    let status = envoy.rx.message().await.expect_err("the stream ends with an error");
+    assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status}");
 }
