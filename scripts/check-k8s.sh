@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Validates the Kubernetes manifests without a cluster (issues 18, 35):
-#   1. render every layout with `kubectl kustomize` (deploy/k8s/overlays/{single,sharded,tls},
+#   1. render every layout with `kubectl kustomize` (deploy/k8s/overlays/{single,sharded,tls,gie},
 #      deploy/k8s/bridge);
 #   2. the built-in kinds against the Kubernetes OpenAPI schemas: kubernetes-validate --strict
 #      (unknown fields fail too);
@@ -33,7 +33,7 @@ fi
 
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
-LAYOUTS=(deploy/k8s/overlays/single deploy/k8s/overlays/sharded deploy/k8s/overlays/tls deploy/k8s/bridge)
+LAYOUTS=(deploy/k8s/overlays/single deploy/k8s/overlays/sharded deploy/k8s/overlays/tls deploy/k8s/overlays/gie deploy/k8s/bridge)
 for dir in "${LAYOUTS[@]}"; do
   name=$(basename "$dir")
   echo "==> kubectl kustomize $dir"
@@ -49,6 +49,6 @@ PYEOF
 done
 echo "==> custom resources, Pod Security restricted, command lines, consistency"
 "$VENV/bin/python" scripts/check_k8s.py --bin "$BIN" --schemas deploy/k8s/schemas \
-  "$OUT/single.yaml" "$OUT/sharded.yaml" "$OUT/tls.yaml" "$OUT/bridge.yaml"
+  "$OUT/single.yaml" "$OUT/sharded.yaml" "$OUT/tls.yaml" "$OUT/gie.yaml" "$OUT/bridge.yaml"
 echo "==> the PrometheusRule is deploy/prometheus/alerts.yml"
 "$VENV/bin/python" scripts/k8s_rules.py check

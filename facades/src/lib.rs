@@ -19,10 +19,13 @@
 //!   mooncake`), on a port of its own; docs/compat/dynamo-mooncake-http.md.
 //! - [`writes`]: what the writing facades share: catching up with a worker's partition before
 //!   continuing its feed, its recorded metadata and name collisions.
+//! - [`epp`]: a Gateway API Inference Extension endpoint picker (Envoy `ext_proc`) on ports of
+//!   its own; docs/compat/gie-epp.md.
 //! - [`names`]: upstream worker names (strings) → prefixlog worker ids, per protocol seed.
 //! - [`metrics`]: [`metrics::FacadeMetrics`], every facade's counters labelled `protocol`.
 //! - [`FILE_DESCRIPTOR_SET`]: the upstream schemas, encoded, for gRPC server reflection.
 
+pub mod epp;
 pub mod http;
 pub mod metrics;
 pub mod names;

@@ -10,6 +10,7 @@
 mod audit_cmd;
 mod bridge_cmd;
 mod checkpoints_cmd;
+mod epp_args;
 mod serve;
 
 use clap::{Parser, Subcommand};

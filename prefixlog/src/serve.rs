@@ -85,6 +85,8 @@ pub struct Args {
     pub peer: PeerArgs,
     #[command(flatten)]
     pub sgl: SglArgs,
+    #[command(flatten)]
+    pub epp: crate::epp_args::EppArgs,
     /// Last: its help heading applies to every argument after it.
     #[command(flatten)]
     pub settings: SettingsArgs,
@@ -322,7 +324,11 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
              bind it to a private address or put it behind a proxy"
         );
     }
-    let opts = NodeOptions { extensions: a.sgl.extensions(&spec)?, ..a.node_options()? };
+    let mut extensions = a.sgl.extensions(&spec)?;
+    if let Some(epp) = a.epp.extension()? {
+        extensions.0.push(std::sync::Arc::new(epp));
+    }
+    let opts = NodeOptions { extensions, ..a.node_options()? };
     let node = ReplicaNode::start(spec, opts).await?;
     let (status, engine) = (node.status().clone(), node.engine());
     let mut tick = tokio::time::interval(a.status_interval);
