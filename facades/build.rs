@@ -5,7 +5,11 @@
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let root = "../proto/proto/compat";
-    let files = ["sglang/kv_indexer.proto", "smg/radix_index.proto", "envoy/service/ext_proc/v3/external_processor.proto"];
+    let files = [
+        "sglang/kv_indexer.proto",
+        "smg/radix_index.proto",
+        "envoy/service/ext_proc/v3/external_processor.proto",
+    ];
     for f in files {
         println!("cargo:rerun-if-changed={root}/{f}");
     }

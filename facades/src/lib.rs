@@ -17,6 +17,8 @@
 //! - [`http`]: the query side of Dynamo's standalone KV indexer HTTP API (`/query`,
 //!   `/query_by_hash`, `/workers`, `/health`), or of Mooncake conductor's (`--http-dialect
 //!   mooncake`), on a port of its own; docs/compat/dynamo-mooncake-http.md.
+//! - [`start`]: [`start::StartError`], why a facade did not start, and the check every facade
+//!   makes first (the replica owns every partition).
 //! - [`writes`]: what the writing facades share: catching up with a worker's partition before
 //!   continuing its feed, its recorded metadata and name collisions.
 //! - [`epp`]: a Gateway API Inference Extension endpoint picker (Envoy `ext_proc`) on ports of
@@ -31,6 +33,7 @@ pub mod metrics;
 pub mod names;
 pub mod sglang;
 pub mod smg;
+pub mod start;
 pub mod writes;
 
 /// The encoded `FileDescriptorSet` of the upstream schemas this crate serves (reflection).

@@ -26,7 +26,7 @@ pub mod replies;
 pub mod server;
 pub mod tokenize;
 
-pub use server::{EppConfig, EppExtension, StartError};
+pub use server::{EppConfig, EppExtension};
 
 /// The schema, generated from `proto/proto/compat/envoy/` (client and server).
 pub mod pb {

@@ -15,6 +15,7 @@ use super::policy::Loads;
 use super::tokenize::Tokenizers;
 use super::{BodyMode, Limits, Weights, PROTOCOL, SERVICE_NAME};
 use crate::metrics::FacadeMetrics;
+use crate::start::{every_partition, StartError};
 use parking_lot::Mutex;
 use prefixlog_query::extension::{Extension, ExtensionContext, ExtensionError};
 use prefixlog_query::health::Readiness;
@@ -28,20 +29,6 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::service::RoutesBuilder;
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status, Streaming};
-
-/// Why the picker could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    #[error("binding the endpoint picker's {what} port {addr}: {source}")]
-    Bind { what: &'static str, addr: SocketAddr, source: std::io::Error },
-    /// The picker asks one replica and must know every worker and every block.
-    #[error("the endpoint picker (--epp-addr) needs a replica of every partition; this one owns {owned:?} of {partitions}")]
-    NotEveryPartition { owned: Vec<u32>, partitions: u32 },
-    #[error("the endpoint picker is already served (the extension was added twice)")]
-    AlreadyServed,
-    #[error("registering the endpoint picker's metrics: {0}")]
-    Metrics(#[source] prometheus::Error),
-}
 
 /// What the picker serves and how.
 #[derive(Clone, Default)]
@@ -160,8 +147,11 @@ pub struct EppExtension {
     picks: Mutex<Option<PickMetrics>>,
 }
 
+/// How start-up errors name this facade.
+const FACADE: &str = "the endpoint picker (--epp-addr)";
+
 fn bind(what: &'static str, addr: SocketAddr) -> Result<(TcpListener, SocketAddr), StartError> {
-    let err = |source| StartError::Bind { what, addr, source };
+    let err = |source| StartError::Bind { facade: FACADE, what, addr, source };
     let l = TcpListener::bind(addr).map_err(err)?;
     let bound = l.local_addr().map_err(err)?;
     l.set_nonblocking(true).map_err(err)?;
@@ -198,9 +188,14 @@ impl EppExtension {
     }
 
     fn spawn_servers(&self, svc: EppService, readiness: Arc<Readiness>) -> Result<(), StartError> {
-        let (l, h) = self.listeners.lock().take().ok_or(StartError::AlreadyServed)?;
+        let (l, h) = self.listeners.lock().take().ok_or(StartError::AlreadyServed { facade: FACADE })?;
         let tokio_listener = |l: TcpListener, what, addr| {
-            tokio::net::TcpListener::from_std(l).map_err(|source| StartError::Bind { what, addr, source })
+            tokio::net::TcpListener::from_std(l).map_err(|source| StartError::Bind {
+                facade: FACADE,
+                what,
+                addr,
+                source,
+            })
         };
         let l = TcpIncoming::from(tokio_listener(l, "ext_proc", self.addr)?);
         let h = TcpIncoming::from(tokio_listener(h, "health", self.health_addr)?);
@@ -262,13 +257,11 @@ impl Extension for EppExtension {
     }
 
     fn add_to(&self, ctx: &ExtensionContext<'_>, _: &mut RoutesBuilder) -> Result<(), ExtensionError> {
-        let info = &ctx.query.view().info;
-        if info.owned.len() != info.partition_count as usize {
-            let (owned, partitions) = (info.owned.clone(), info.partition_count);
-            return Err(StartError::NotEveryPartition { owned, partitions }.into());
-        }
-        let metrics = FacadeMetrics::new(ctx.registry, PROTOCOL).map_err(StartError::Metrics)?;
-        let picks = PickMetrics::new(ctx.registry).map_err(StartError::Metrics)?;
+        every_partition(ctx, FACADE)?;
+        let metrics = FacadeMetrics::new(ctx.registry, PROTOCOL)
+            .map_err(|source| StartError::Metrics { facade: FACADE, source })?;
+        let picks = PickMetrics::new(ctx.registry)
+            .map_err(|source| StartError::Metrics { facade: FACADE, source })?;
         let picker = Picker {
             query: ctx.query.clone(),
             tokenizers: self.cfg.tokenizers.clone(),

@@ -25,7 +25,7 @@ pub mod server;
 pub mod wire;
 pub mod workers;
 
-pub use server::{HttpIndexerExtension, StartError};
+pub use server::HttpIndexerExtension;
 
 /// The `protocol` label of this facade's metrics in the Dynamo dialect.
 pub const PROTOCOL: &str = "dynamo-http";

@@ -8,6 +8,7 @@ use super::wire::{json, ErrorBody};
 use super::workers::WorkersQuery;
 use super::{Dialect, MAX_BODY_BYTES};
 use crate::metrics::FacadeMetrics;
+use crate::start::{every_partition, StartError};
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, RawQuery, State};
 use axum::http::StatusCode;
@@ -23,19 +24,8 @@ use std::sync::Arc;
 use tokio::task::AbortHandle;
 use tonic::service::RoutesBuilder;
 
-/// Why the facade could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    #[error("binding the HTTP indexer port {addr}: {source}")]
-    Bind { addr: SocketAddr, source: std::io::Error },
-    /// Upstream clients ask one indexer and cannot merge shards' answers.
-    #[error("the HTTP indexer facade (--http-indexer-addr) needs a replica of every partition; this one owns {owned:?} of {partitions}")]
-    NotEveryPartition { owned: Vec<u32>, partitions: u32 },
-    #[error("the HTTP indexer port is already served (the extension was added twice)")]
-    AlreadyServed,
-    #[error("registering the facade metrics: {0}")]
-    Metrics(#[source] prometheus::Error),
-}
+/// How start-up errors name this facade.
+const FACADE: &str = "the HTTP indexer facade (--http-indexer-addr)";
 
 struct App {
     reader: Reader,
@@ -129,8 +119,18 @@ impl HttpIndexerExtension {
     /// Binds `addr` now, so a taken port fails the start before the replica restores its state
     /// (port 0: any free port, see [`Self::addr`]).
     pub fn bind(addr: SocketAddr) -> Result<Self, StartError> {
-        let listener = TcpListener::bind(addr).map_err(|source| StartError::Bind { addr, source })?;
-        let addr = listener.local_addr().map_err(|source| StartError::Bind { addr, source })?;
+        let listener = TcpListener::bind(addr).map_err(|source| StartError::Bind {
+            facade: FACADE,
+            what: "HTTP",
+            addr,
+            source,
+        })?;
+        let addr = listener.local_addr().map_err(|source| StartError::Bind {
+            facade: FACADE,
+            what: "HTTP",
+            addr,
+            source,
+        })?;
         Ok(Self {
             addr,
             limits: Limits::default(),
@@ -166,17 +166,13 @@ impl Extension for HttpIndexerExtension {
     }
 
     fn add_to(&self, ctx: &ExtensionContext<'_>, _: &mut RoutesBuilder) -> Result<(), ExtensionError> {
-        let info = &ctx.query.view().info;
-        if info.owned.len() != info.partition_count as usize {
-            let (owned, partitions) = (info.owned.clone(), info.partition_count);
-            return Err(StartError::NotEveryPartition { owned, partitions }.into());
-        }
-        let listener = self.listener.lock().take().ok_or(StartError::AlreadyServed)?;
-        let bind = |source| StartError::Bind { addr: self.addr, source };
+        every_partition(ctx, FACADE)?;
+        let listener = self.listener.lock().take().ok_or(StartError::AlreadyServed { facade: FACADE })?;
+        let bind = |source| StartError::Bind { facade: FACADE, what: "HTTP", addr: self.addr, source };
         listener.set_nonblocking(true).map_err(bind)?;
         let listener = tokio::net::TcpListener::from_std(listener).map_err(bind)?;
-        let metrics =
-            FacadeMetrics::new(ctx.registry, self.dialect.protocol()).map_err(StartError::Metrics)?;
+        let metrics = FacadeMetrics::new(ctx.registry, self.dialect.protocol())
+            .map_err(|source| StartError::Metrics { facade: FACADE, source })?;
         let app = router(ctx.query.clone(), metrics, self.limits, self.dialect);
         let task = tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, app).await {

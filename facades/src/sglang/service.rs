@@ -7,6 +7,7 @@ use super::reader::Reader;
 use super::writer::Writer;
 use super::{SglangConfig, MAX_MESSAGE_BYTES, PROTOCOL};
 use crate::metrics::FacadeMetrics;
+use crate::start::{every_partition, StartError};
 use prefixlog_query::extension::{Extension, ExtensionContext, ExtensionError};
 use prefixlog_query::service::grpc_timeout;
 use prefixlog_query::QueryService;
@@ -14,17 +15,6 @@ use prefixlog_state::LogAppend;
 use std::sync::Arc;
 use tonic::service::RoutesBuilder;
 use tonic::{Request, Response, Status};
-
-/// Why the facade could not be added to the query port.
-#[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    /// sgl-router asks one indexer per query and cannot merge shards, and a write for a worker
-    /// of another shard could not continue its feed.
-    #[error("the SGLang facade (--sgl-model) needs a replica of every partition; this one owns {owned:?} of {partitions}")]
-    NotEveryPartition { owned: Vec<u32>, partitions: u32 },
-    #[error("registering the facade metrics: {0}")]
-    Metrics(#[source] prometheus::Error),
-}
 
 /// The service: a [`Writer`] and a [`Reader`] over one replica. Cheap to clone.
 #[derive(Clone)]
@@ -152,6 +142,9 @@ impl KvIndexer for SglangService {
     }
 }
 
+/// How start-up errors name this facade.
+const FACADE: &str = "the SGLang facade (--sgl-model)";
+
 /// Hosts [`SglangService`] on the query port (`prefixlog serve --sgl-model ...`).
 pub struct SglangExtension {
     cfg: SglangConfig,
@@ -176,14 +169,9 @@ impl Extension for SglangExtension {
     }
 
     fn add_to(&self, ctx: &ExtensionContext<'_>, routes: &mut RoutesBuilder) -> Result<(), ExtensionError> {
-        let info = &ctx.query.view().info;
-        if info.owned.len() != info.partition_count as usize {
-            // sgl-router asks one indexer per query and cannot merge shards, and a write for a
-            // worker of another shard could not continue its feed.
-            let (owned, partitions) = (info.owned.clone(), info.partition_count);
-            return Err(StartError::NotEveryPartition { owned, partitions }.into());
-        }
-        let metrics = FacadeMetrics::new(ctx.registry, PROTOCOL).map_err(StartError::Metrics)?;
+        every_partition(ctx, FACADE)?;
+        let metrics = FacadeMetrics::new(ctx.registry, PROTOCOL)
+            .map_err(|source| StartError::Metrics { facade: FACADE, source })?;
         let svc = SglangService::new(&self.cfg, self.log.clone(), ctx.query.clone(), metrics);
         routes.add_service(svc.into_server());
         Ok(())

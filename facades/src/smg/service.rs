@@ -9,6 +9,7 @@ use super::subscribe::{self, MatchOut};
 use super::writer::Writer;
 use super::{MAX_MESSAGE_BYTES, PROTOCOL, SERVICE_NAME};
 use crate::metrics::FacadeMetrics;
+use crate::start::{every_partition, StartError};
 use prefixlog_query::extension::{Extension, ExtensionContext, ExtensionError};
 use prefixlog_query::QueryService;
 use prefixlog_state::LogAppend;
@@ -17,17 +18,6 @@ use std::sync::Arc;
 use tokio_stream::Stream;
 use tonic::service::RoutesBuilder;
 use tonic::{Request, Response, Status, Streaming};
-
-/// Why the facade could not be added to the query port.
-#[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    /// SMG's gateway asks one index and cannot merge shards, and a holder's writes need its
-    /// feed state, which only the replica of its partition has.
-    #[error("the SMG facade (--smg-radix-index) needs a replica of every partition; this one owns {owned:?} of {partitions}")]
-    NotEveryPartition { owned: Vec<u32>, partitions: u32 },
-    #[error("registering the facade metrics: {0}")]
-    Metrics(#[source] prometheus::Error),
-}
 
 /// A stream of synthetic updates (`Pull`, `PullHolders`).
 pub type UpdateStream = Pin<Box<dyn Stream<Item = Result<Update, Status>> + Send>>;
@@ -123,6 +113,9 @@ impl RadixIndex for SmgService {
     }
 }
 
+/// How start-up errors name this facade.
+const FACADE: &str = "the SMG facade (--smg-radix-index)";
+
 /// Hosts [`SmgService`] on the query port (`prefixlog serve --smg-radix-index`).
 pub struct SmgExtension {
     log: Arc<dyn LogAppend>,
@@ -146,12 +139,9 @@ impl Extension for SmgExtension {
     }
 
     fn add_to(&self, ctx: &ExtensionContext<'_>, routes: &mut RoutesBuilder) -> Result<(), ExtensionError> {
-        let info = &ctx.query.view().info;
-        if info.owned.len() != info.partition_count as usize {
-            let (owned, partitions) = (info.owned.clone(), info.partition_count);
-            return Err(StartError::NotEveryPartition { owned, partitions }.into());
-        }
-        let metrics = FacadeMetrics::new(ctx.registry, PROTOCOL).map_err(StartError::Metrics)?;
+        every_partition(ctx, FACADE)?;
+        let metrics = FacadeMetrics::new(ctx.registry, PROTOCOL)
+            .map_err(|source| StartError::Metrics { facade: FACADE, source })?;
         let svc = SmgService::new(self.log.clone(), ctx.query.clone(), metrics);
         routes.add_service(svc.into_server());
         Ok(())
