@@ -75,16 +75,32 @@ async fn start_with(
 ) -> (EmbeddedKafka, LogSpec, ReplicaNode, Arc<EppExtension>) {
     let kafka = EmbeddedKafka::start(topic, 2).unwrap();
     let spec = LogSpec::new(KafkaConnection::new(kafka.bootstrap_servers()), topic, 2);
-    let tokenizers = Tokenizers::load(&[("llama".into(), tokenizer_file(topic))]).unwrap();
+    let (node, ext) = replica(&spec, topic, ready_lag, max_streams, message_timeout).await;
+    (kafka, spec, node, ext)
+}
+
+/// A replica of `spec`'s log with the picker on free ports.
+async fn replica(
+    spec: &LogSpec,
+    name: &str,
+    ready_lag: i64,
+    max_streams: usize,
+    message_timeout: Duration,
+) -> (ReplicaNode, Arc<EppExtension>) {
+    let tokenizers = Tokenizers::load(&[("llama".into(), tokenizer_file(name))]).unwrap();
     // A generous index timeout: a slow index on a loaded machine must not turn into a fail-open.
     let timeout = Duration::from_secs(30);
     let limits = Limits { max_body_bytes: MAX_BODY, index_timeout: timeout, max_streams, message_timeout };
     let cfg = EppConfig { tokenizers, limits, ..Default::default() };
     let any = "127.0.0.1:0".parse().unwrap();
     let ext = Arc::new(EppExtension::bind(any, any, cfg).unwrap());
-    let opts = NodeOptions { ready_lag, extensions: Extensions(vec![ext.clone()]), ..Default::default() };
-    let node = ReplicaNode::start(spec.clone(), opts).await.unwrap();
-    (kafka, spec, node, ext)
+    let opts = NodeOptions {
+        replica_id: name.into(),
+        ready_lag,
+        extensions: Extensions(vec![ext.clone()]),
+        ..Default::default()
+    };
+    (ReplicaNode::start(spec.clone(), opts).await.unwrap(), ext)
 }
 
 /// Workers `(id, model)` serving at `10.0.0.<id>:8000`, and `(worker, blocks of token ids)`.
@@ -458,4 +474,43 @@ async fn a_stalled_request_is_ended() {
         .await;
     let status = envoy.rx.message().await.expect_err("the stream ends with an error");
     assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status}");
+}
+
+/// Two replicas of one log behind their pickers route alike, and a record on the log is routed
+/// by once the replica has applied it (its consistency token).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_pick_alike_and_a_landed_record_is_routed_by() {
+    let (_kafka, spec, a, pick_a) = start("prefixlog.epp.two", 0, 64).await;
+    let (b, pick_b) = replica(&spec, "prefixlog.epp.two.b", 0, 64, Duration::from_secs(30)).await;
+    let workers = [(1, "llama"), (2, "llama"), (3, "llama")];
+    let held = [(1, (0..8).collect()), (2, (0..16).collect()), (3, (20..36).collect::<Vec<u32>>())];
+    publish(&spec, &a, &workers, &held).await;
+    // Replica b has applied what a has (a's applied offsets are a consistency token).
+    assert!(b.status().wait_for(&a.status().offsets(), Duration::from_secs(60)).await);
+    wait_ready(&pick_a).await;
+    wait_ready(&pick_b).await;
+    for (prompt, want) in [(words(0..16), 2), (words(0..8), 2), (words(20..36), 3)] {
+        let body = completion("llama", &prompt, 0);
+        let mut routes = Vec::new();
+        for ext in [&pick_a, &pick_b] {
+            let mut envoy = Envoy::open(ext).await;
+            let o = envoy.request(&body, 1 << 20, None).await;
+            routes.push(routed_to(&o).to_string());
+            envoy.respond(b"ok").await;
+        }
+        assert_eq!(routes, vec![endpoint(want), endpoint(want)], "{prompt}");
+    }
+
+    // Worker 3 now holds the longest prefix of w0..w23: once replica b has applied the record,
+    // its picker routes there (a second feed record of worker 3, numbered after its first).
+    let p = Publisher::new(&spec).unwrap();
+    let chain = scheme::block_hashes(&(0..24).collect::<Vec<u32>>(), BLOCK as usize);
+    let ops = [KvOp::Stored { lane: 0, parent_ext: None, blocks: chain.iter().map(|&l| (l, l)).collect() }];
+    let ks = KeyspaceId::new("llama", BLOCK, 1);
+    let landed = p.publish_kv_events(&ks, 3, 0, 1, 2, false, &ops, None).await.unwrap();
+    assert!(b.status().wait_for(&token_of(&[landed]), Duration::from_secs(60)).await);
+    let mut envoy = Envoy::open(&pick_b).await;
+    let o = envoy.request(&completion("llama", &words(0..24), 0), 1 << 20, None).await;
+    assert_eq!(routed_to(&o), endpoint(3));
+    b.kill().await;
 }

@@ -434,6 +434,10 @@ async fn smg_gateway_and_bridge_through_the_facade() {
     let landed =
         other_publisher.publish_lifecycle(worker, &Lifecycle::Added { metadata: meta }).await.unwrap();
     assert!(node.status().wait_for(&[landed.token()], Duration::from_secs(60)).await);
+    // Another publisher's record moved the log: the replica is ready again once it has read the
+    // new high watermark (with ready_lag 0 it is not ready for that moment), and the facade
+    // writes only for a ready replica.
+    serving(&node.endpoint()).await;
     let mut p = Publisher::open(&mut c).await;
     let err = p.send(update(taken, 1, 0, vec![stored(None, 0..2)])).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
@@ -451,6 +455,10 @@ async fn smg_gateway_and_bridge_through_the_facade() {
         [KvOp::Stored { lane: 0, parent_ext: None, blocks: EXT.iter().copied().zip(chain()).collect() }];
     let landed = other_publisher.publish_kv_events(&ks, impostor, 0, 1, 1, false, &ops, None).await.unwrap();
     assert!(node.status().wait_for(&[landed.token()], Duration::from_secs(60)).await);
+    // Another publisher's record moved the log: the replica is ready again once it has read the
+    // new high watermark (with ready_lag 0 it is not ready for that moment), and the facade
+    // writes only for a ready replica.
+    serving(&node.endpoint()).await;
     assert_eq!(sub.scores().await, model.expected(), "the impostor is not answered as {w1}");
 
     // Reflection lists the service (grpcurl works without the .proto).

@@ -144,7 +144,9 @@ impl Picker {
         match self.answer(ask, workers).await {
             Answer::NoPrompt => Depths::NoPrompt,
             Answer::Unavailable(why) => {
-                tracing::warn!(%why, "endpoint picker: index unavailable, failing open to the least-loaded endpoint");
+                if fail_open_log_due() {
+                    tracing::warn!(%why, "endpoint picker: index unavailable, failing open to the least-loaded endpoint (logged at most every 10 s; every pick is counted in prefixlog_epp_picks_total{{route=\"fail_open\"}})");
+                }
                 Depths::Unavailable
             }
             Answer::Depths(by_worker, blocks) => {
@@ -231,4 +233,20 @@ impl Picker {
             )),
         }
     }
+}
+
+/// Fail-open warnings are logged at most once per this long: a replica catching up under load
+/// would otherwise log one line per request (each pick is counted in the metrics).
+const FAIL_OPEN_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Whether a fail-open warning may be logged now (process-wide, at most once per
+/// [`FAIL_OPEN_LOG_EVERY`]).
+fn fail_open_log_due() -> bool {
+    static LAST: std::sync::Mutex<Option<std::time::Instant>> = std::sync::Mutex::new(None);
+    let mut last = LAST.lock().unwrap_or_else(|e| e.into_inner());
+    let due = last.is_none_or(|t| t.elapsed() >= FAIL_OPEN_LOG_EVERY);
+    if due {
+        *last = Some(std::time::Instant::now());
+    }
+    due
 }
