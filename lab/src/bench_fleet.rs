@@ -19,10 +19,9 @@
 
 use crate::bench_env::{bench_options, workload_queries, BenchLog};
 use crate::client_thread::ClientThread;
+use crate::stream_bench::{drive, Driven, Until};
 use prefixlog::fleet_records::{fleet_records, FleetRecord, WorkloadArgs};
-use prefixlog_proto::v1::{prefix_index_client::PrefixIndexClient, MatchRequest};
-use prefixlog_query::tonic::transport::Endpoint;
-use prefixlog_query::StreamMux;
+use prefixlog_proto::v1::MatchRequest;
 use prefixlog_workload::quantile::quantile_us;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -46,17 +45,6 @@ pub struct Args {
     /// Queries of each path in the CPU-per-query measurement of the caught-up replica.
     #[arg(long, default_value_t = 20_000)]
     pub cpu_queries: usize,
-}
-
-/// Latency samples kept per run (a fixed bound: the phase's length depends on the machine).
-const MAX_SAMPLES: usize = 4_000_000;
-
-/// What the gateways saw during the fleet phase.
-#[derive(Default)]
-struct GatewayReport {
-    latencies: Vec<Duration>,
-    answered: usize,
-    failed: usize,
 }
 
 pub async fn run(a: Args) -> anyhow::Result<()> {
@@ -141,7 +129,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
 /// One phase: the gateways query until the replica has applied `until` records in all.
 struct Phase {
     secs: f64,
-    gateways: GatewayReport,
+    gateways: Driven,
     /// Lag samples, records landed and not applied.
     lag: Vec<u64>,
 }
@@ -157,7 +145,7 @@ async fn under_load(
     let stop = Arc::new(AtomicBool::new(false));
     let gateways = {
         let (ep, qs, stop) = (node.endpoint(), queries.clone(), stop.clone());
-        client.run(gateways(ep, qs, a.in_flight, a.streams, stop))
+        client.run(drive(ep, qs, a.in_flight, a.streams, Until::Stopped(stop)))
     };
     let sampling = async {
         let (t, status) = (Instant::now(), node.status());
@@ -206,55 +194,4 @@ impl Phase {
 /// `(worker, log time, record)` of `records`, the `from`-th record of the run first.
 fn items_of(records: &[FleetRecord], from: usize) -> Vec<(u64, i64, Vec<u8>)> {
     records.iter().enumerate().map(|(i, r)| (r.worker, 1_000 + (from + i) as i64, r.value.clone())).collect()
-}
-
-/// Keeps `in_flight` queries going until `stop` (on the client thread). A failed query is
-/// counted, not fatal: a replica catching up may answer a query with an error.
-async fn gateways(
-    endpoint: String,
-    queries: Arc<[MatchRequest]>,
-    in_flight: usize,
-    streams: usize,
-    stop: Arc<AtomicBool>,
-) -> anyhow::Result<GatewayReport> {
-    let ch = Endpoint::from_shared(endpoint)?.tcp_nodelay(true).connect().await?;
-    let muxes: Vec<Arc<StreamMux>> = (0..streams).map(|_| Arc::new(StreamMux::new(ch.clone()))).collect();
-    let next = Arc::new(AtomicUsize::new(0));
-    let mut set = tokio::task::JoinSet::new();
-    for j in 0..in_flight.max(1) {
-        let mux = (streams > 0).then(|| muxes[j % streams].clone());
-        let (mut unary, next, queries, stop) =
-            (PrefixIndexClient::new(ch.clone()), next.clone(), queries.clone(), stop.clone());
-        set.spawn(async move {
-            let mut mine = GatewayReport::default();
-            while !stop.load(Ordering::Acquire) {
-                let q = queries[next.fetch_add(1, Ordering::Relaxed) % queries.len()].clone();
-                let t = Instant::now();
-                let ok = match &mux {
-                    Some(mux) => {
-                        mux.ask(q, tokio::time::Instant::now() + Duration::from_secs(30)).await.is_ok()
-                    }
-                    None => unary.r#match(q).await.is_ok(),
-                };
-                if ok {
-                    mine.answered += 1;
-                    if mine.latencies.len() < MAX_SAMPLES / in_flight.max(1) {
-                        mine.latencies.push(t.elapsed());
-                    }
-                } else {
-                    mine.failed += 1;
-                }
-            }
-            mine
-        });
-    }
-    let mut all = GatewayReport::default();
-    while let Some(r) = set.join_next().await {
-        let r = r?;
-        all.answered += r.answered;
-        all.failed += r.failed;
-        all.latencies.extend(r.latencies);
-    }
-    all.latencies.sort_unstable();
-    Ok(all)
 }

@@ -13,7 +13,7 @@ use crate::client_thread::ClientThread;
 use prefixlog_proto::v1::{prefix_index_client::PrefixIndexClient, MatchRequest};
 use prefixlog_query::tonic::transport::Endpoint;
 use prefixlog_query::StreamMux;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -44,9 +44,14 @@ pub async fn compare(
         let (ep, qs) = (endpoint.clone(), queries.clone());
         // Warm-up (connections, buffers), not counted.
         let streams = if streaming { streams.max(1) } else { 0 };
-        client.run(drive(ep.clone(), qs.clone(), in_flight, n / 10, streams)).await??;
+        client.run(drive(ep.clone(), qs.clone(), in_flight, streams, Until::Asked(n / 10))).await??;
         let (cpu, t) = (replica_cpu(), Instant::now());
-        client.run(drive(ep, qs, in_flight, n, streams)).await??;
+        let driven = client.run(drive(ep, qs, in_flight, streams, Until::Asked(n))).await??;
+        anyhow::ensure!(
+            driven.failed == 0,
+            "{} of {n} queries failed against the idle replica",
+            driven.failed
+        );
         let (wall, replica_cpu) = (t.elapsed(), replica_cpu().saturating_sub(cpu));
         out.push(Cost {
             path: if streaming { "MatchStream" } else { "Match" },
@@ -59,43 +64,90 @@ pub async fn compare(
     Ok([u, s])
 }
 
-/// Keeps `in_flight` queries going until `n` are answered (on the client thread): unary calls
-/// with `streams` = 0, else spread over that many streams (a stream is one task, one core, on
-/// the replica).
-async fn drive(
+/// When a [`drive`] ends.
+pub enum Until {
+    /// Once this many queries are asked.
+    Asked(usize),
+    /// Once the flag turns true.
+    Stopped(Arc<AtomicBool>),
+}
+
+impl Until {
+    /// Whether query number `i` (from 0) is not to be asked.
+    fn done(&self, i: usize) -> bool {
+        match self {
+            Until::Asked(n) => i >= *n,
+            Until::Stopped(stop) => stop.load(Ordering::Acquire),
+        }
+    }
+}
+
+/// What the queries of a [`drive`] got.
+#[derive(Default)]
+pub struct Driven {
+    /// Latencies of answered queries, sorted (at most [`MAX_SAMPLES`] kept).
+    pub latencies: Vec<Duration>,
+    pub answered: usize,
+    pub failed: usize,
+}
+
+/// Latency samples kept per drive (a fixed bound: a drive's length depends on the machine).
+const MAX_SAMPLES: usize = 4_000_000;
+
+/// Keeps `in_flight` queries going until `until` (on the client thread): unary calls with
+/// `streams` = 0, else spread over that many streams (a stream is one task, one core, on the
+/// replica). A failed query is counted, not fatal: the caller decides.
+pub async fn drive(
     endpoint: String,
     queries: Arc<[MatchRequest]>,
     in_flight: usize,
-    n: usize,
     streams: usize,
-) -> anyhow::Result<()> {
+    until: Until,
+) -> anyhow::Result<Driven> {
     let ch = Endpoint::from_shared(endpoint)?.tcp_nodelay(true).connect().await?;
     let muxes: Vec<Arc<StreamMux>> = (0..streams).map(|_| Arc::new(StreamMux::new(ch.clone()))).collect();
-    let next = Arc::new(AtomicUsize::new(0));
+    let (next, until) = (Arc::new(AtomicUsize::new(0)), Arc::new(until));
+    let samples = MAX_SAMPLES / in_flight.max(1);
     let mut set = tokio::task::JoinSet::new();
     for j in 0..in_flight.max(1) {
         let mux = (streams > 0).then(|| muxes[j % streams].clone());
-        let (mut unary, next, queries) = (PrefixIndexClient::new(ch.clone()), next.clone(), queries.clone());
+        let (mut unary, next, queries, until) =
+            (PrefixIndexClient::new(ch.clone()), next.clone(), queries.clone(), until.clone());
         set.spawn(async move {
+            let mut mine = Driven::default();
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= n {
-                    return anyhow::Ok(());
+                if until.done(i) {
+                    return mine;
                 }
                 let q = queries[i % queries.len()].clone();
-                match &mux {
+                let t = Instant::now();
+                let ok = match &mux {
                     Some(mux) => {
-                        drop(mux.ask(q, tokio::time::Instant::now() + Duration::from_secs(30)).await?)
+                        mux.ask(q, tokio::time::Instant::now() + Duration::from_secs(30)).await.is_ok()
                     }
-                    None => drop(unary.r#match(q).await?),
+                    None => unary.r#match(q).await.is_ok(),
+                };
+                if !ok {
+                    mine.failed += 1;
+                    continue;
+                }
+                mine.answered += 1;
+                if mine.latencies.len() < samples {
+                    mine.latencies.push(t.elapsed());
                 }
             }
         });
     }
+    let mut all = Driven::default();
     while let Some(r) = set.join_next().await {
-        r??;
+        let r = r?;
+        all.answered += r.answered;
+        all.failed += r.failed;
+        all.latencies.extend(r.latencies);
     }
-    Ok(())
+    all.latencies.sort_unstable();
+    Ok(all)
 }
 
 /// Run time of every thread of this process but the bench client's.

@@ -25,7 +25,7 @@ use parking_lot::Mutex;
 use prefixlog_engine::{partition_of, KeyspaceId};
 use prefixlog_query::QueryService;
 use prefixlog_state::partition_state::FeedKey;
-use prefixlog_state::record::{encode_lifecycle, KvBatch, KvOp};
+use prefixlog_state::record::{encode_kv_events, encode_lifecycle};
 use prefixlog_state::settings::{StateSettings, METADATA_ENTRY_BYTES};
 use prefixlog_state::{token_of, Landed, Lifecycle, LogAppend, LogError};
 use std::collections::{BTreeMap, HashMap};
@@ -173,7 +173,11 @@ impl Writer {
             // the number would make the log skip the next batch as a duplicate; a number never
             // used shows as a gap instead (the worker is left out of answers: never overcount).
             let seq = st.take_seq()?;
-            landed.push(self.log.append(worker, self.kv_record(worker, st.epoch, seq, &ops)).await?);
+            landed.push(
+                self.log
+                    .append(worker, encode_kv_events(&self.keyspace, worker, 0, st.epoch, seq, false, &ops))
+                    .await?,
+            );
         }
         st.engine_seq = Some(req.seq);
         drop(guard);
@@ -229,13 +233,6 @@ impl Writer {
             st.metadata = None;
         }
         Ok(landed)
-    }
-
-    /// The record of one batch of `worker`'s events (data-parallel rank 0: SGLang's indexer
-    /// protocol names none).
-    fn kv_record(&self, worker: u64, epoch: u64, seq: u64, events: &[KvOp]) -> Vec<u8> {
-        let keyspace = &self.keyspace;
-        KvBatch { keyspace, worker, dp_rank: 0, epoch, seq, gap_before: false, events, lanes: &[] }.encode()
     }
 
     pub(crate) fn query(&self) -> &QueryService {

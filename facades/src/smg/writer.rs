@@ -31,7 +31,7 @@ use parking_lot::Mutex;
 use prefixlog_engine::{partition_of, HolderKey, KeyspaceId};
 use prefixlog_query::QueryService;
 use prefixlog_state::partition_state::FeedKey;
-use prefixlog_state::record::{encode_lifecycle, encode_placement, KvBatch};
+use prefixlog_state::record::{encode_kv_events, encode_lifecycle, encode_placement};
 use prefixlog_state::settings::{StateSettings, METADATA_ENTRY_BYTES};
 use prefixlog_state::{token_of, KvOp, Landed, Lifecycle, LogAppend, LogError};
 use std::collections::{BTreeMap, HashMap};
@@ -253,18 +253,8 @@ impl Writer {
                 // event would drop them anyway, also when this batch has none).
                 ops.insert(0, KvOp::Cleared { lane: LANE });
             }
-            let (epoch, seq) = (u.epoch, u.seq);
-            let batch = KvBatch {
-                keyspace: ks,
-                worker,
-                dp_rank: 0,
-                epoch,
-                seq,
-                gap_before: false,
-                events: &ops,
-                lanes: &[],
-            };
-            let l = self.log.append(worker, batch.encode()).await?;
+            let record = encode_kv_events(ks, worker, 0, u.epoch, u.seq, false, &ops);
+            let l = self.log.append(worker, record).await?;
             landed.push(l);
             feed = FeedState { epoch: Some(u.epoch), last_seq: Some(u.seq), fed: true };
             st.feeds.insert(ks.clone(), feed);
