@@ -21,6 +21,13 @@ use tokio::time::Instant;
 /// A server over keyspace ("m", 4, 1) where worker 7 holds local hashes 1, 2 (2 partitions, nothing
 /// applied yet).
 async fn server(addr: SocketAddr, query: QueryConfig) -> (RunningServer, Arc<ReplicaStatus>) {
+    try_server(addr, query).await.unwrap()
+}
+
+async fn try_server(
+    addr: SocketAddr,
+    query: QueryConfig,
+) -> Result<(RunningServer, Arc<ReplicaStatus>), prefixlog_query::ServerError> {
     let engine = Arc::new(Engine::new(EngineConfig { partitions: 2, ..Default::default() }));
     engine
         .store(&KeyspaceId::new("m", 4, 1), HolderKey::new(7, 0, 0), None, &[(101, 1), (102, 2)], 1)
@@ -28,7 +35,7 @@ async fn server(addr: SocketAddr, query: QueryConfig) -> (RunningServer, Arc<Rep
     let served = Served::engine_only(engine, "r");
     let status = served.status.clone();
     let cfg = ServerConfig { grpc_addr: addr, admin_addr: None, ready_lag: 0, query, ..Default::default() };
-    (prefixlog_query::start(cfg, served).await.unwrap(), status)
+    Ok((prefixlog_query::start(cfg, served).await?, status))
 }
 
 fn any_port() -> SocketAddr {
@@ -236,6 +243,23 @@ async fn crashable(rt: &tokio::runtime::Runtime, query: QueryConfig) -> (SocketA
     .unwrap()
 }
 
+/// A server again on `addr` once the crashed one has let the port go: `shutdown_background`
+/// drops the old listener on the runtime's own thread, so the first bind may still find the
+/// port taken (seen once in CI). Retries for at most 10 s.
+async fn restart_on(addr: SocketAddr, query: QueryConfig) -> RunningServer {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match try_server(addr, query.clone()).await {
+            Ok((srv, _)) => return srv,
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("rebinding {addr}: {e}; retrying");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("the port stayed taken for 10 s: {e}"),
+        }
+    }
+}
+
 /// The stream breaks with a query pending: it fails with a retriable error (not a timeout),
 /// and the next query opens a new stream to the replica that came back on the same address.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -254,7 +278,7 @@ async fn a_broken_stream_fails_pending_queries_and_the_next_query_reconnects() {
     rt.shutdown_background();
     let e = pending.await.unwrap().expect_err("the stream broke");
     assert!(matches!(e, MuxError::Broken(_)) && e.is_retriable(), "{e:?}");
-    let (_srv, _) = server(addr, cfg(32, Duration::from_secs(1))).await;
+    let _srv = restart_on(addr, cfg(32, Duration::from_secs(1))).await;
     let r = m.ask(req(0, vec![1, 2], &[]), soon()).await.expect("a new stream");
     assert_eq!(depth(&r), 2);
     assert_eq!(m.streams_opened(), 2);
