@@ -4,11 +4,13 @@
 //! update on insert and remove, and bound to a block's position because a block's term is
 //! derived from the chained hash of every local hash on its path from the root.
 
-use crate::types::HolderKey;
+use crate::types::{HolderKey, Tier};
 
 /// The path hash of the (virtual) root.
 pub const ROOT_PATH: u64 = 0x243f_6a88_85a3_08d3;
 const INFERRED_SALT: u64 = 0x1319_8a2e_0370_7344;
+/// Mixed into the key term of a holder on a tier other than the GPU.
+const TIER_SALT: u64 = 0xa409_3822_299f_31d0;
 
 /// murmur3's 64-bit finaliser.
 #[inline]
@@ -65,7 +67,12 @@ pub fn holder_term(key: &HolderKey, blocks: u32, digest: u64) -> u64 {
     if blocks == 0 {
         return 0;
     }
-    let k = mix64(key.worker ^ mix64((u64::from(key.dp_rank) << 32) | u64::from(key.lane)));
+    let mut k = mix64(key.worker ^ mix64((u64::from(key.dp_rank) << 32) | u64::from(key.lane)));
+    // GPU holders digest as before tiers existed (old checkpoints' digest points stay valid);
+    // another tier's holder never digests like its slot's GPU holder.
+    if key.tier != Tier::Gpu {
+        k = mix64(k ^ TIER_SALT ^ u64::from(key.tier.code()));
+    }
     mix64(k ^ digest.rotate_left(7) ^ u64::from(blocks))
 }
 

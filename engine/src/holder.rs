@@ -17,7 +17,7 @@
 //! rebuilt from the holders on read ([`Holders::rebuild_derived`]).
 
 use crate::image_format::{put_u32, put_u64, tag, ImageError, ImageReader, ImageWriter};
-use crate::types::{HolderKey, LogTime};
+use crate::types::{HolderKey, LogTime, Tier};
 use rustc_hash::FxHashMap;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -116,10 +116,13 @@ pub struct Holders {
     per_group: Vec<u32>,
     /// Derived: inferred holders by group and the time of [`Holder::queued`].
     expiry: BTreeSet<Due>,
+    /// Derived: live holders on a tier other than the GPU. While it is 0, a match takes the
+    /// one-tier path (every holder is its slot's only one).
+    off_gpu: u32,
 }
 
-const FIRST_KEY: HolderKey = HolderKey::new(0, 0, 0);
-const LAST_KEY: HolderKey = HolderKey::new(u64::MAX, u32::MAX, u32::MAX);
+const FIRST_KEY: HolderKey = HolderKey::range_of_worker(0).0;
+const LAST_KEY: HolderKey = HolderKey::range_of_worker(u64::MAX).1;
 
 impl Holders {
     pub fn get(&self, key: &HolderKey) -> Option<u32> {
@@ -145,6 +148,7 @@ impl Holders {
         };
         self.index.insert(key, idx);
         self.by_key.insert(key, idx);
+        self.off_gpu += u32::from(key.tier != Tier::Gpu);
         idx
     }
 
@@ -153,6 +157,7 @@ impl Holders {
         let h = self.slots[idx as usize].take()?;
         self.index.remove(&h.key);
         self.by_key.remove(&h.key);
+        self.off_gpu -= u32::from(h.key.tier != Tier::Gpu);
         self.count_group(h.group, false);
         self.free.push(idx);
         Some(h)
@@ -170,14 +175,19 @@ impl Holders {
         }
     }
 
+    /// Live holders on a tier other than the GPU.
+    pub fn off_gpu(&self) -> u32 {
+        self.off_gpu
+    }
+
     /// Live holders of partition group `group`.
     pub fn in_group(&self, group: u32) -> u32 {
         self.per_group.get(group as usize).copied().unwrap_or(0)
     }
 
-    /// The holders of `worker` (every dp rank and lane), in key order.
+    /// The holders of `worker` (every dp rank, lane and tier), in key order.
     pub fn of_worker(&self, worker: u64) -> Vec<u32> {
-        let (first, last) = (HolderKey::new(worker, 0, 0), HolderKey::new(worker, u32::MAX, u32::MAX));
+        let (first, last) = HolderKey::range_of_worker(worker);
         self.by_key.range(first..=last).map(|(_, &i)| i).collect()
     }
 
@@ -221,6 +231,7 @@ impl Holders {
     /// then forgotten by the next expiry of its group).
     pub fn rebuild_derived(&mut self) {
         self.by_key = self.index.iter().map(|(&k, &i)| (k, i)).collect();
+        self.off_gpu = self.index.keys().filter(|k| k.tier != Tier::Gpu).count() as u32;
         self.per_group.clear();
         self.expiry.clear();
         for i in 0..self.slots.len() as u32 {
@@ -239,6 +250,10 @@ impl Holders {
         let by_key: BTreeMap<HolderKey, u32> = self.index.iter().map(|(&k, &i)| (k, i)).collect();
         if by_key != self.by_key {
             return Err("the key-ordered index differs from the key map".into());
+        }
+        let off_gpu = self.index.keys().filter(|k| k.tier != Tier::Gpu).count() as u32;
+        if off_gpu != self.off_gpu {
+            return Err(format!("{off_gpu} holders off the GPU, counted {}", self.off_gpu));
         }
         let mut per_group = vec![0u32; self.per_group.len()];
         let mut queued = 0;
@@ -317,7 +332,8 @@ impl Holders {
                     b.push(0);
                     continue;
                 };
-                b.push(1 | u8::from(h.fed) << 1 | u8::from(h.gapped) << 2);
+                // Bits 3-4: the tier (format 3; always 0, the GPU, in older images).
+                b.push(1 | u8::from(h.fed) << 1 | u8::from(h.gapped) << 2 | (h.key.tier as u8) << 3);
                 put_u64(b, h.key.worker);
                 put_u32(b, h.key.dp_rank);
                 put_u32(b, h.key.lane);
@@ -363,7 +379,11 @@ impl Holders {
                 });
                 continue;
             }
-            let key = HolderKey::new(s.u64()?, s.u32()?, s.u32()?);
+            if flags >> 5 != 0 {
+                return Err(s.invalid("unknown holder flags"));
+            }
+            let tier = Tier::from_code(u32::from(flags >> 3)).expect("two bits name a tier");
+            let key = HolderKey::new(s.u64()?, s.u32()?, s.u32()?).on(tier);
             let mut h = Holder::new(key, group(key.worker));
             (h.fed, h.gapped) = (flags & 2 != 0, flags & 4 != 0);
             (h.blocks, h.digest, h.next_stamp, h.last_time) = (s.u32()?, s.u64()?, s.u32()?, s.u64()?);

@@ -2,7 +2,9 @@
 //!
 //! Layout: the magic `PLXIMG\0` and a format byte, then sections `[tag u32][len u64][xxh3-64
 //! u64][bytes]` in a fixed order, all integers little-endian, ending with an `END` section.
-//! Format 2 (written now) places table entries by scaling their hash bits to any capacity;
+//! Format 3 (written now) is format 2 with a holder's storage tier in its flag byte (older
+//! images hold GPU holders only, their tier bits 0). Format 2 places table entries by scaling
+//! their hash bits to any capacity;
 //! format 1 images (power-of-two tables, entries placed by a mask) are still read, their
 //! tables re-placed as they load. Each structure
 //! that an image holds (blocks, runs, tables, holders) writes and reads its own sections with
@@ -13,9 +15,9 @@ use std::io;
 use xxhash_rust::xxh3::xxh3_64;
 
 /// The magic of the format written: `PLXIMG\0` and the format byte.
-const MAGIC: &[u8; 8] = b"PLXIMG\x00\x02";
-/// Formats read: the current one and format 1 (see the module doc).
-const FORMATS: [u8; 2] = [1, 2];
+const MAGIC: &[u8; 8] = b"PLXIMG\x00\x03";
+/// Formats read: the current one and formats 1 and 2 (see the module doc).
+const FORMATS: [u8; 3] = [1, 2, 3];
 
 /// Section tags, in image order.
 pub(crate) mod tag {

@@ -18,6 +18,8 @@
 //! - `members`: holder membership of runs (added and removed stretch by stretch), and the
 //!   operation records that own it.
 //! - `matching`: [`Keyspace::match_chain`], longest contiguous prefix per holder, run by run.
+//! - `tier_match`: the same where holders off the GPU exist: a slot's tiers combined, each
+//!   position credited to the first tier in the query's preference order that holds it.
 //! - [`dump`]: enumerate ([`Keyspace::dump`], [`Keyspace::dump_partitions`]) and filter
 //!   ([`KeyspaceDump::retain_partitions`]) as plain data, one node per block position.
 //! - `rebuild`: [`Keyspace::rebuild`] from a dump, with maximal runs; [`RebuildError`].
@@ -83,6 +85,7 @@ pub mod scheme;
 pub mod scrub;
 mod store_check;
 mod table;
+mod tier_match;
 mod transplant;
 mod trie;
 mod trie_check;
@@ -103,5 +106,5 @@ pub use rebuild::RebuildError;
 pub use scrub::{ScrubCursor, ScrubFinding, ScrubStep};
 pub use types::{
     partition_of, ApplyError, EngineConfig, HolderKey, HolderMatch, InvalidStoreReason, KeyspaceId,
-    KeyspaceStats, LogTime, MatchOptions,
+    KeyspaceStats, LogTime, MatchOptions, Tier, TierDepth, TierRun,
 };

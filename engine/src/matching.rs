@@ -7,13 +7,15 @@
 
 use crate::keyspace::Keyspace;
 use crate::trie::{common_prefix, same_holders, ROOT};
-use crate::types::{HolderMatch, MatchOptions};
+use crate::types::{HolderMatch, MatchOptions, Tier};
 use rustc_hash::FxHashMap;
 
+/// A holder's progress along the query in [`Keyspace::match_full`].
 #[derive(Default)]
-struct Acc {
-    depth: u32,
-    intervals: Vec<(u32, u32)>,
+pub(crate) struct Acc {
+    pub depth: u32,
+    /// Half-open, sorted, disjoint.
+    pub intervals: Vec<(u32, u32)>,
 }
 
 impl Keyspace {
@@ -42,11 +44,27 @@ impl Keyspace {
             }
             c => c,
         };
-        let filter = Filter { lane: opts.lane, candidates, exclude_gapped: opts.exclude_gapped };
+        let order = opts.tier_order();
+        let mut filter =
+            Filter { lane: opts.lane, candidates, exclude_gapped: opts.exclude_gapped, tiers: None };
+        if self.holders.off_gpu() > 0 {
+            // Some slot may hold blocks on several tiers: combine them (`tier_match`).
+            filter.tiers = Some(order);
+            out.extend(self.match_tiers(locals, opts, &filter));
+            sort_and_cut(out, opts);
+            return;
+        }
+        if !order.contains(&Tier::Gpu) {
+            return; // every holder is on the GPU, which does not count
+        }
+        let gpu_weight = opts.tier_weights.map(|w| u64::from(w[Tier::Gpu.code() as usize]));
         if opts.intervals {
-            out.extend(self.match_full(locals, &filter));
-            out.sort_unstable_by(|a, b| b.depth.cmp(&a.depth).then(a.holder.cmp(&b.holder)));
-            out.truncate(opts.top_k.unwrap_or(usize::MAX));
+            out.extend(self.match_full(locals, &filter).into_iter().map(|(h, a)| {
+                let mut m = self.result(h, a.depth, a.intervals);
+                m.weighted = gpu_weight.map(|w| w * u64::from(a.depth));
+                m
+            }));
+            sort_and_cut(out, opts);
             return;
         }
         SCRATCH.with(|s| {
@@ -57,20 +75,24 @@ impl Keyspace {
             out.reserve(n);
             s.take_in_order(|i, h, depth| {
                 if i < n {
-                    out.push(self.result(h, depth, Vec::new()));
+                    let mut m = self.result(h, depth, Vec::new());
+                    m.weighted = gpu_weight.map(|w| w * u64::from(depth));
+                    out.push(m);
                 }
             });
         })
     }
 
     /// Whether the options let `holder` be reported.
-    fn holder_ok(&self, f: &Filter, holder: u32) -> bool {
+    pub(crate) fn holder_ok(&self, f: &Filter, holder: u32) -> bool {
         let h = self.holders.card(holder);
         f.lane.is_none_or(|l| h.key.lane == l)
+            && f.tiers.is_none_or(|t| t.contains(&h.key.tier))
             && !(f.exclude_gapped && h.gapped)
             && f.candidates.is_none_or(|c| c.binary_search(&h.key.worker).is_ok())
     }
 
+    /// A GPU-only keyspace's answer for holder `h`.
     fn result(&self, h: u32, depth: u32, intervals: Vec<(u32, u32)>) -> HolderMatch {
         let holder = self.holders.card(h);
         HolderMatch {
@@ -80,6 +102,9 @@ impl Keyspace {
             inferred: !holder.fed,
             gapped: holder.gapped,
             intervals,
+            tiers: Vec::new(),
+            runs: Vec::new(),
+            weighted: None,
         }
     }
 
@@ -151,8 +176,8 @@ impl Keyspace {
         }
     }
 
-    /// Every holder covering any position, with its intervals.
-    fn match_full(&self, locals: &[u64], f: &Filter) -> Vec<HolderMatch> {
+    /// Every holder covering any position, with its depth and intervals (holder slot order).
+    pub(crate) fn match_full(&self, locals: &[u64], f: &Filter) -> Vec<(u32, Acc)> {
         let mut acc: FxHashMap<u32, Acc> = FxHashMap::default();
         let trie = &self.trie;
         let (mut r, mut i) = (ROOT, 0usize);
@@ -179,22 +204,35 @@ impl Keyspace {
             }
             (r, i) = (c, to as usize);
         }
-        acc.into_iter().map(|(h, a)| self.result(h, a.depth, a.intervals)).collect()
+        let mut v: Vec<(u32, Acc)> = acc.into_iter().collect();
+        v.sort_unstable_by_key(|(h, _)| *h);
+        v
     }
 }
 
+/// Orders results by weighted score (with weights), then depth (descending), then slot, and
+/// keeps the `top_k` best.
+fn sort_and_cut(out: &mut Vec<HolderMatch>, opts: &MatchOptions) {
+    out.sort_unstable_by(|a, b| {
+        b.weighted.cmp(&a.weighted).then(b.depth.cmp(&a.depth)).then(a.holder.cmp(&b.holder))
+    });
+    out.truncate(opts.top_k.unwrap_or(usize::MAX));
+}
+
 /// The holder filters of [`MatchOptions`], with the candidate list sorted.
-struct Filter<'a> {
+pub(crate) struct Filter<'a> {
     lane: Option<u32>,
     candidates: Option<&'a [u64]>,
     exclude_gapped: bool,
+    /// The counted tiers (only set where holders off the GPU exist).
+    tiers: Option<&'a [Tier]>,
 }
 
 impl Filter<'_> {
     /// No filter: the hot loop skips the holder lookup.
     #[inline]
     fn is_none(&self) -> bool {
-        self.lane.is_none() && self.candidates.is_none() && !self.exclude_gapped
+        self.lane.is_none() && self.candidates.is_none() && !self.exclude_gapped && self.tiers.is_none()
     }
 }
 

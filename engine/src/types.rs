@@ -5,31 +5,57 @@ use std::fmt;
 /// Log time in milliseconds (a Kafka record timestamp). Never the wall clock.
 pub type LogTime = u64;
 
-/// One independently evicted block set: a worker's data-parallel rank and cache lane.
+/// One independently evicted block set: a worker's data-parallel rank, cache lane and storage
+/// tier.
 ///
 /// Lanes exist for hybrid models (full attention, sliding window, state checkpoints each keep
-/// their own pool); plain models use lane 0.
+/// their own pool); plain models use lane 0. Tiers exist for engines that offload blocks to
+/// host memory, disk or a shared pool: each tier's holdings are their own holder, so removing
+/// a block from the GPU leaves its host copy credited. (worker, dp rank, lane) without the
+/// tier is a *slot*: what a match answers for (see [`HolderMatch`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct HolderKey {
     pub worker: u64,
     pub dp_rank: u32,
     pub lane: u32,
+    pub tier: Tier,
 }
 
 impl HolderKey {
+    /// The GPU holder of (worker, dp rank, lane).
     pub const fn new(worker: u64, dp_rank: u32, lane: u32) -> Self {
-        Self { worker, dp_rank, lane }
+        Self { worker, dp_rank, lane, tier: Tier::Gpu }
+    }
+
+    /// The same slot's holder on `tier`.
+    pub const fn on(self, tier: Tier) -> Self {
+        Self { tier, ..self }
+    }
+
+    /// The first and last keys of `worker` in key order (every dp rank, lane and tier).
+    pub const fn range_of_worker(worker: u64) -> (Self, Self) {
+        let last = Self { worker, dp_rank: u32::MAX, lane: u32::MAX, tier: Tier::External };
+        (Self::new(worker, 0, 0), last)
+    }
+
+    /// Whether `other` is a holder of the same slot (worker, dp rank, lane).
+    pub fn same_slot(&self, other: &HolderKey) -> bool {
+        (self.worker, self.dp_rank, self.lane) == (other.worker, other.dp_rank, other.lane)
     }
 }
 
 impl fmt::Display for HolderKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "worker {} dp {} lane {}", self.worker, self.dp_rank, self.lane)
+        write!(f, "worker {} dp {} lane {}", self.worker, self.dp_rank, self.lane)?;
+        if self.tier != Tier::Gpu {
+            write!(f, " tier {}", self.tier)?;
+        }
+        Ok(())
     }
 }
 
-/// In `prefixlog-ids` so the gateway client can name it without the engine.
-pub use prefixlog_ids::KeyspaceId;
+/// In `prefixlog-ids` so the gateway client can name them without the engine.
+pub use prefixlog_ids::{KeyspaceId, Tier};
 
 /// Limits and expiry policy of a keyspace. All decisions use log time.
 #[derive(Clone, Debug)]
@@ -85,15 +111,39 @@ pub struct MatchOptions {
     pub candidates: Option<Vec<u64>>,
     /// Leave out holders marked gapped (their state may be missing blocks or hold stale ones).
     pub exclude_gapped: bool,
+    /// The tiers that count, in preference order (the first tier holding a position is the
+    /// tier of its run). Empty: every tier, in [`Tier::ALL`] order.
+    pub tiers: Vec<Tier>,
+    /// Per tier (indexed by [`Tier::code`]), what one block held there is worth, in
+    /// thousandths. With weights, results are ordered by [`HolderMatch::weighted`] first.
+    pub tier_weights: Option<[u32; 4]>,
 }
 
-/// One holder's answer to a match.
+impl MatchOptions {
+    /// The tiers that count, in preference order.
+    pub fn tier_order(&self) -> &[Tier] {
+        if self.tiers.is_empty() {
+            &Tier::ALL
+        } else {
+            &self.tiers
+        }
+    }
+}
+
+/// One slot's answer to a match: (worker, dp rank, lane) over the tiers the query counts.
+///
+/// A position counts if the slot holds it on any of those tiers; `depth` is the contiguous
+/// prefix of such positions. In a keyspace where every holder is on the GPU (the common case,
+/// and every keyspace before tiers), each slot has one holder and `tiers` and `runs` are
+/// empty: every matched block is on the GPU.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HolderMatch {
+    /// The slot, with `tier` [`Tier::Gpu`] (the tiers are in `tiers` and `runs`).
     pub holder: HolderKey,
-    /// Contiguous matched blocks from position 0.
+    /// Contiguous matched blocks from position 0, on any counted tier.
     pub depth: u32,
-    /// Blocks the holder holds in this keyspace.
+    /// Blocks the slot holds in this keyspace, summed over its counted tiers (a block on two
+    /// tiers counts twice).
     pub total: u32,
     /// True when the holder's blocks come from placements, not from its engine's events.
     pub inferred: bool,
@@ -102,6 +152,32 @@ pub struct HolderMatch {
     pub gapped: bool,
     /// Half-open query-position intervals the holder covers (only with `intervals`).
     pub intervals: Vec<(u32, u32)>,
+    /// Per counted tier the slot holds blocks on, in preference order: that tier's own
+    /// contiguous depth and block count. Empty when only GPU holders exist in the keyspace.
+    pub tiers: Vec<TierDepth>,
+    /// The matched prefix as runs, each on the first tier in preference order that holds its
+    /// positions; their lengths sum to `depth`. Empty when `tiers` is.
+    pub runs: Vec<TierRun>,
+    /// With tier weights: the sum over `runs` of blocks × the tier's weight (thousandths); for
+    /// a GPU-only answer, `depth` × the GPU's weight.
+    pub weighted: Option<u64>,
+}
+
+/// One tier's part of a slot's answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TierDepth {
+    pub tier: Tier,
+    /// Contiguous matched blocks from position 0 on this tier alone.
+    pub depth: u32,
+    /// Blocks the slot holds on this tier in this keyspace.
+    pub total: u32,
+}
+
+/// A stretch of a matched prefix held on one tier.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TierRun {
+    pub tier: Tier,
+    pub blocks: u32,
 }
 
 /// A write that was refused. The state is unchanged apart from what the variant says.

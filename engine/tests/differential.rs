@@ -18,7 +18,7 @@ use common::shrink::{shrink, shrink_within};
 use common::RefModel;
 use prefixlog_engine::digest::mix64;
 use prefixlog_engine::{
-    partition_of, Engine, EngineConfig, HolderKey, Keyspace, KeyspaceId, MatchOptions, PlaceOutcome,
+    partition_of, Engine, EngineConfig, HolderKey, Keyspace, KeyspaceId, MatchOptions, PlaceOutcome, Tier,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -61,15 +61,40 @@ struct Gen {
     t: u64,
     /// Sometimes write hundreds of blocks at once, and remove stretches tail-first.
     long: bool,
+    /// Holders on every storage tier (half of them off the GPU), and queries that order,
+    /// restrict and weigh tiers.
+    tiers: bool,
 }
 
 impl Gen {
     fn key(&mut self) -> HolderKey {
-        HolderKey::new(
+        let key = HolderKey::new(
             self.rng.random_range(0..WORKERS),
             self.rng.random_range(0..2),
             self.rng.random_range(0..2),
-        )
+        );
+        if self.tiers && self.rng.random_bool(0.5) {
+            key.on(Tier::ALL[self.rng.random_range(1..4)])
+        } else {
+            key
+        }
+    }
+
+    /// A preference order over some tiers (empty: all), and sometimes weights.
+    fn tier_options(&mut self) -> (Vec<Tier>, Option<[u32; 4]>) {
+        if !self.tiers {
+            return (Vec::new(), None);
+        }
+        let mut order = Vec::new();
+        if self.rng.random_bool(0.6) {
+            let mut all = Tier::ALL.to_vec();
+            while !all.is_empty() && (order.is_empty() || self.rng.random_bool(0.6)) {
+                order.push(all.remove(self.rng.random_range(0..all.len())));
+            }
+        }
+        let weights =
+            self.rng.random_bool(0.4).then(|| std::array::from_fn(|_| self.rng.random_range(0..1001)));
+        (order, weights)
     }
 
     fn local(&mut self) -> u64 {
@@ -109,12 +134,15 @@ impl Gen {
             // Any order, duplicates allowed (the engine sorts unsorted lists).
             (0..self.rng.random_range(0..4)).map(|_| self.rng.random_range(0..WORKERS + 1)).collect()
         });
+        let (tiers, tier_weights) = self.tier_options();
         MatchOptions {
             intervals: self.rng.random_bool(0.5),
             top_k: self.rng.random_bool(0.2).then(|| self.rng.random_range(1..4)),
             lane: self.rng.random_bool(0.2).then(|| self.rng.random_range(0..2)),
             candidates,
             exclude_gapped: self.rng.random_bool(0.2),
+            tiers,
+            tier_weights,
         }
     }
 
@@ -188,7 +216,11 @@ fn generate(seed: u64, steps: usize) -> Vec<Step> {
 }
 
 fn generate_with(seed: u64, steps: usize, long: bool) -> Vec<Step> {
-    let mut g = Gen { rng: ChaCha8Rng::seed_from_u64(seed), t: 1000, long };
+    generate_gen(Gen { rng: ChaCha8Rng::seed_from_u64(seed), t: 1000, long, tiers: false }, steps)
+}
+
+fn generate_gen(mut g: Gen, steps: usize) -> Vec<Step> {
+    let long = g.long;
     let mut model = RefModel::new(if long { long_cfg() } else { cfg() });
     (0..steps)
         .map(|i| {
@@ -302,6 +334,25 @@ fn engine_matches_reference_model() {
     let seeds: u64 = std::env::var("PREFIXLOG_DIFF_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(1500);
     for seed in 0..seeds {
         run_seed(seed, 250);
+    }
+}
+
+/// Holders on every tier: a slot's answer combines its tiers (the engine's tier path), the
+/// tiers' holdings stay independent (a removal or clear of one tier leaves the others), and
+/// queries that order, restrict and weigh tiers agree with the model's position-by-position
+/// definition; digests, images and rebuilds carry the tier.
+#[test]
+fn tiered_holders_match_reference_model() {
+    let seeds: u64 =
+        std::env::var("PREFIXLOG_DIFF_TIER_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(400);
+    for seed in 0..seeds {
+        let g = Gen { rng: ChaCha8Rng::seed_from_u64(70_000 + seed), t: 1000, long: false, tiers: true };
+        let stream = generate_gen(g, 250);
+        if let Err(e) = run(&stream, None) {
+            let fails = |s: &[Step]| run(s, None).is_err();
+            let min = shrink_within(shrink(stream, fails), |s: &mut Step| &mut s.queries, fails);
+            panic!("tier seed {seed}: {e}\n\nshrunk to {} steps:\n{}", min.len(), to_rust(&min));
+        }
     }
 }
 

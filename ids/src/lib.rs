@@ -3,7 +3,8 @@
 //! client (`prefixlog-client`) names them without linking the engine or librdkafka, and the
 //! engine stays free of the gRPC stack; the engine and ingest re-export them.
 //!
-//! Module map (one file): [`KeyspaceId`]; [`Landed`] and [`token_of`].
+//! Module map (one file): [`KeyspaceId`]; [`Landed`] and [`token_of`]; [`Tier`], the storage
+//! tier a block is held on.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -64,5 +65,65 @@ mod tests {
         let l = |partition, offset| Landed { partition, offset };
         assert_eq!(token_of(&[l(1, 5), l(0, 2), l(1, 3)]), vec![(0, 3), (1, 6)]);
         assert_eq!(token_of(&[]), vec![]);
+    }
+}
+
+/// Where an engine keeps a block: the storage tiers engines offload KV blocks to. An open,
+/// documented enumeration on the wire (`StorageTier` in the protos: 0 gpu, 1 host, 2 disk,
+/// 3 external); a code outside it is refused, never guessed. A worker's holdings on different
+/// tiers are independent: removing a block from the GPU leaves its host copy credited.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum Tier {
+    /// The accelerator's own KV cache (vLLM `GPU`). What engines report without a medium.
+    #[default]
+    Gpu = 0,
+    /// Host (CPU) memory (vLLM `CPU`, SGLang's host cache, LMCache's local CPU backend).
+    Host = 1,
+    /// Local disk (LMCache / vLLM disk offload, SGLang's storage backends on local disk).
+    Disk = 2,
+    /// A pool outside the worker (Mooncake store, LMCache remote, a shared file system).
+    External = 3,
+}
+
+impl Tier {
+    /// Every tier, in the default preference order (cheapest hit first).
+    pub const ALL: [Tier; 4] = [Tier::Gpu, Tier::Host, Tier::Disk, Tier::External];
+
+    /// The wire code (the `StorageTier` enum value).
+    pub const fn code(self) -> u32 {
+        self as u32
+    }
+
+    /// The tier of a wire code; `None` for a code outside the enumeration.
+    pub const fn from_code(code: u32) -> Option<Tier> {
+        match code {
+            0 => Some(Tier::Gpu),
+            1 => Some(Tier::Host),
+            2 => Some(Tier::Disk),
+            3 => Some(Tier::External),
+            _ => None,
+        }
+    }
+
+    /// The tier's name in docs, metrics and flags: `gpu`, `host`, `disk`, `external`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Tier::Gpu => "gpu",
+            Tier::Host => "host",
+            Tier::Disk => "disk",
+            Tier::External => "external",
+        }
+    }
+
+    /// The tier named `name` (as [`Tier::name`] spells it, any case).
+    pub fn from_name(name: &str) -> Option<Tier> {
+        Tier::ALL.into_iter().find(|t| t.name().eq_ignore_ascii_case(name))
+    }
+}
+
+impl fmt::Display for Tier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
     }
 }

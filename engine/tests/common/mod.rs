@@ -12,7 +12,8 @@ pub mod shrink;
 
 use prefixlog_engine::digest::{block_term, child_path, holder_term, ROOT_PATH};
 use prefixlog_engine::{
-    partition_of, EngineConfig, HolderKey, HolderMatch, KeyspaceStats, LogTime, MatchOptions,
+    partition_of, EngineConfig, HolderKey, HolderMatch, KeyspaceStats, LogTime, MatchOptions, Tier,
+    TierDepth, TierRun,
 };
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
@@ -264,43 +265,81 @@ impl RefModel {
 
     fn reported(opts: &MatchOptions, key: &HolderKey, h: &RefHolder) -> bool {
         opts.lane.is_none_or(|l| l == key.lane)
+            && opts.tier_order().contains(&key.tier)
             && !(opts.exclude_gapped && h.gapped)
             && opts.candidates.as_ref().is_none_or(|c| c.contains(&key.worker))
     }
 
+    /// Per slot (worker, dp rank, lane): a position counts if some counted tier's holder holds
+    /// its path, and it is credited to the first such tier in preference order. Position by
+    /// position, no intervals, no trie: the definition itself.
     pub fn match_chain(&self, locals: &[u64], opts: &MatchOptions) -> Vec<HolderMatch> {
-        let mut out = Vec::new();
+        let order = opts.tier_order();
+        let any_off_gpu = self.holders.keys().any(|k| k.tier != Tier::Gpu);
+        let mut slots: BTreeMap<HolderKey, Vec<(HolderKey, &RefHolder)>> = BTreeMap::new();
         for (key, h) in &self.holders {
-            if !Self::reported(opts, key, h) {
-                continue;
+            if Self::reported(opts, key, h) {
+                slots.entry(key.on(Tier::Gpu)).or_default().push((*key, h));
             }
+        }
+        let mut out = Vec::new();
+        for (slot, mut held) in slots {
+            held.sort_by_key(|(k, _)| order.iter().position(|&t| t == k.tier));
+            let holds = |h: &RefHolder, i: usize| h.blocks.contains_key(&locals[..=i]);
+            let mut runs: Vec<TierRun> = Vec::new();
             let mut depth = 0u32;
+            while (depth as usize) < locals.len() {
+                let Some((k, _)) = held.iter().find(|(_, h)| holds(h, depth as usize)) else { break };
+                match runs.last_mut() {
+                    Some(r) if r.tier == k.tier => r.blocks += 1,
+                    _ => runs.push(TierRun { tier: k.tier, blocks: 1 }),
+                }
+                depth += 1;
+            }
+            let covered: Vec<bool> =
+                (0..locals.len()).map(|i| held.iter().any(|(_, h)| holds(h, i))).collect();
             let mut intervals: Vec<(u32, u32)> = Vec::new();
-            for i in 0..locals.len() {
-                if h.blocks.contains_key(&locals[..=i]) {
-                    let i = i as u32;
-                    if depth == i {
-                        depth += 1;
-                    }
-                    match intervals.last_mut() {
-                        Some(last) if last.1 == i => last.1 = i + 1,
-                        _ => intervals.push((i, i + 1)),
-                    }
+            for (i, _) in covered.iter().enumerate().filter(|(_, c)| **c) {
+                let i = i as u32;
+                match intervals.last_mut() {
+                    Some(last) if last.1 == i => last.1 = i + 1,
+                    _ => intervals.push((i, i + 1)),
                 }
             }
             let report = if opts.intervals { !intervals.is_empty() } else { depth > 0 };
-            if report {
-                out.push(HolderMatch {
-                    holder: *key,
-                    depth,
-                    total: h.blocks.len() as u32,
-                    inferred: !h.fed,
-                    gapped: h.gapped,
-                    intervals: if opts.intervals { intervals } else { Vec::new() },
-                });
+            if !report {
+                continue;
             }
+            let own_depth = |h: &RefHolder| (0..locals.len()).take_while(|&i| holds(h, i)).count() as u32;
+            let tiers: Vec<TierDepth> = if any_off_gpu {
+                held.iter()
+                    .map(|(k, h)| TierDepth {
+                        tier: k.tier,
+                        depth: own_depth(h),
+                        total: h.blocks.len() as u32,
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            let weighted = opts.tier_weights.map(|w| {
+                runs.iter().map(|r| u64::from(r.blocks) * u64::from(w[r.tier.code() as usize])).sum()
+            });
+            out.push(HolderMatch {
+                holder: slot,
+                depth,
+                total: held.iter().map(|(_, h)| h.blocks.len() as u32).sum(),
+                inferred: held.iter().all(|(_, h)| !h.fed),
+                gapped: held.iter().any(|(_, h)| h.gapped),
+                intervals: if opts.intervals { intervals } else { Vec::new() },
+                runs: if any_off_gpu { runs } else { Vec::new() },
+                tiers,
+                weighted,
+            });
         }
-        out.sort_by(|a, b| b.depth.cmp(&a.depth).then(a.holder.cmp(&b.holder)));
+        out.sort_by(|a, b| {
+            b.weighted.cmp(&a.weighted).then(b.depth.cmp(&a.depth)).then(a.holder.cmp(&b.holder))
+        });
         if let Some(k) = opts.top_k {
             out.truncate(k);
         }

@@ -2,7 +2,7 @@
 //! checked after it), so a failing run can be replayed, shrunk and printed as Rust.
 
 use super::RefModel;
-use prefixlog_engine::{EngineConfig, HolderKey, Keyspace, KeyspaceId, MatchOptions, PlaceOutcome};
+use prefixlog_engine::{EngineConfig, HolderKey, Keyspace, KeyspaceId, MatchOptions, PlaceOutcome, Tier};
 use std::fmt::Write;
 
 /// One write (or a rebuild) applied to both the engine and the model.
@@ -120,7 +120,8 @@ pub fn keyspace(cfg: &EngineConfig) -> Keyspace {
 }
 
 fn key(k: &HolderKey) -> String {
-    format!("HolderKey::new({}, {}, {})", k.worker, k.dp_rank, k.lane)
+    let on = if k.tier == Tier::Gpu { String::new() } else { format!(".on(Tier::{:?})", k.tier) };
+    format!("HolderKey::new({}, {}, {}){on}", k.worker, k.dp_rank, k.lane)
 }
 
 fn opt_hex(p: &Option<u64>) -> String {
@@ -156,8 +157,9 @@ fn op_rust(op: &Op) -> String {
 fn opts_rust(o: &MatchOptions) -> String {
     let cands = o.candidates.as_ref().map_or("None".into(), |c| format!("Some(vec!{c:?})"));
     format!(
-        "MatchOptions {{ intervals: {}, top_k: {:?}, lane: {:?}, candidates: {cands}, exclude_gapped: {} }}",
-        o.intervals, o.top_k, o.lane, o.exclude_gapped
+        "MatchOptions {{ intervals: {}, top_k: {:?}, lane: {:?}, candidates: {cands}, exclude_gapped: {}, \
+         tiers: vec!{:?}, tier_weights: {:?} }}",
+        o.intervals, o.top_k, o.lane, o.exclude_gapped, o.tiers, o.tier_weights
     )
 }
 
