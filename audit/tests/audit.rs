@@ -8,7 +8,7 @@ use prefixlog_checkpoint::{capture, CheckpointStore, Retention};
 use prefixlog_engine::KeyspaceId;
 use prefixlog_ingest::{probe_log, EmbeddedKafka, KafkaConnection, LogSpec, Publisher};
 use prefixlog_node::{CheckpointPolicy, NodeOptions, ReplicaNode};
-use prefixlog_state::KvOp;
+use prefixlog_state::{KvOp, Tier};
 use std::time::Duration;
 
 const P: u32 = 4;
@@ -58,7 +58,10 @@ async fn audit_reproduces_live_answers_and_verifies_history() {
                 _ => vec![7, 8, 1 + phase],
             };
             let blocks: Vec<(u64, u64)> = chain.iter().map(|&l| (w << 32 | phase << 16 | l, l)).collect();
-            let ops = [KvOp::Cleared { lane: 0 }, KvOp::Stored { lane: 0, parent_ext: None, blocks }];
+            let ops = [
+                KvOp::Cleared { lane: 0 },
+                KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext: None, blocks },
+            ];
             let l = publisher
                 .publish_kv_events(&ks(), w, 0, 1, seqs[w as usize], false, &ops, Some(t as i64))
                 .await

@@ -22,13 +22,36 @@
 
 use super::metrics::{BridgeMetrics, Refusal};
 use super::wire::{Batch, Event, Tokens};
-use prefixlog_state::record::KvOp;
+use prefixlog_state::record::{KvOp, Tier};
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
-/// The storage medium whose events are indexed (vLLM's `MEDIUM_GPU`); `None` means GPU too
-/// (older engines send no medium).
-pub const MEDIUM_GPU: &str = "GPU";
+/// The tier of an engine's storage medium name (any case); `None` means the GPU (older
+/// engines send no medium). vLLM: `GPU`, `CPU`; SGLang: `GPU`, `CPU_PINNED`, `DISK`,
+/// `EXTERNAL`; LMCache-style names for disk and remote pools. A name outside this table is
+/// refused (counted as `medium`), never guessed.
+pub fn tier_of_medium(medium: Option<&str>) -> Option<Tier> {
+    let Some(m) = medium else { return Some(Tier::Gpu) };
+    let m = m.to_ascii_lowercase();
+    Some(match m.as_str() {
+        "gpu" | "cuda" | "device" | "hbm" => Tier::Gpu,
+        "cpu" | "cpu_pinned" | "host" | "host_pinned" | "dram" => Tier::Host,
+        "disk" | "local_disk" | "localdisk" | "ssd" | "nvme" => Tier::Disk,
+        "external" | "remote" | "storage" | "l3" => Tier::External,
+        _ => return None,
+    })
+}
+
+/// What the session knows of a block stored in this epoch: its local hash and parent (so a
+/// store that names only the block's hash, as vLLM's lazy CPU offload sends, can be completed),
+/// and the tiers it is held on (it is forgotten once none holds it).
+#[derive(Clone, Copy, Debug)]
+struct Known {
+    local: u64,
+    parent: Option<u64>,
+    /// Bit `tier.code()` set while the block is held on that tier.
+    tiers: u8,
+}
 
 /// Canonical scheme-1 local hashes of the full blocks of `tokens`, continuing a chain whose
 /// previous block's local hash is `seed` (0 for the first block of a prompt): the scheme itself
@@ -65,8 +88,8 @@ pub struct Session {
     recent: VecDeque<(u64, u64)>,
     recent_by_seq: HashMap<u64, u64>,
     window: usize,
-    /// (lane, ext) → local of the blocks seen stored and not removed in this epoch.
-    locals: HashMap<(u32, u64), u64>,
+    /// (lane, ext) → what is known of the blocks seen stored and not removed in this epoch.
+    locals: HashMap<(u32, u64), Known>,
     max_tracked: usize,
     lanes: BTreeSet<u32>,
     /// Lane metadata announced this epoch, and changes not yet published.
@@ -221,8 +244,10 @@ impl Session {
                 kv_cache_spec_sliding_window,
                 ..
             } => {
-                if medium.as_deref().is_some_and(|m| !m.eq_ignore_ascii_case(MEDIUM_GPU)) {
-                    return Err(Refusal::Medium);
+                let tier = tier_of_medium(medium.as_deref()).ok_or(Refusal::Medium)?;
+                let lane = group_idx.unwrap_or(0);
+                if tier != Tier::Gpu && matches!(tokens, Tokens::Ids(ids) if ids.is_empty()) {
+                    return self.offloaded(tier, lane, *parent, hashes);
                 }
                 // vLLM sends lora_id 0 or nil for the base model. An adapter named by lora_name is
                 // a namespace of its own (its chain starts from the name's seed); a bare integer
@@ -239,10 +264,9 @@ impl Session {
                 {
                     return Err(Refusal::TokenCount);
                 }
-                let lane = group_idx.unwrap_or(0);
                 let seed = match parent {
                     None => prefixlog_engine::scheme::namespace_seed(lora_name.as_deref().unwrap_or("")),
-                    Some(p) => *self.locals.get(&(lane, *p)).ok_or(Refusal::UnknownParent)?,
+                    Some(p) => self.locals.get(&(lane, *p)).ok_or(Refusal::UnknownParent)?.local,
                 };
                 let locals = chain_from(seed, ids, bs);
                 self.lanes.insert(lane);
@@ -259,30 +283,61 @@ impl Session {
                         self.pending_lanes.push(meta);
                     }
                 }
-                for (&ext, &local) in hashes.iter().zip(&locals) {
-                    self.locals.insert((lane, ext), local);
+                let parents = std::iter::once(*parent).chain(hashes.iter().map(|&h| Some(h)));
+                for ((&ext, &local), parent) in hashes.iter().zip(&locals).zip(parents) {
+                    let known = self.locals.entry((lane, ext)).or_insert(Known { local, parent, tiers: 0 });
+                    (known.local, known.parent) = (local, parent);
+                    known.tiers |= 1 << tier.code();
                 }
                 Ok(Some(KvOp::Stored {
+                    tier,
                     lane,
                     parent_ext: *parent,
                     blocks: hashes.iter().copied().zip(locals).collect(),
                 }))
             }
             Event::Removed { hashes, medium, group_idx } => {
-                if medium.as_deref().is_some_and(|m| !m.eq_ignore_ascii_case(MEDIUM_GPU)) {
-                    return Err(Refusal::Medium);
-                }
+                let tier = tier_of_medium(medium.as_deref()).ok_or(Refusal::Medium)?;
                 let lane = group_idx.unwrap_or(0);
                 self.lanes.insert(lane);
                 for h in hashes {
-                    self.locals.remove(&(lane, *h));
+                    if let Some(known) = self.locals.get_mut(&(lane, *h)) {
+                        known.tiers &= !(1 << tier.code());
+                        if known.tiers == 0 {
+                            self.locals.remove(&(lane, *h));
+                        }
+                    }
                 }
-                Ok(Some(KvOp::Removed { lane, exts: hashes.clone() }))
+                Ok(Some(KvOp::Removed { tier, lane, exts: hashes.clone() }))
             }
             // Handled by `accept` (one op per lane).
             Event::Cleared | Event::Unknown(_) => Ok(None),
             Event::Malformed(_) => Err(Refusal::Malformed),
         }
+    }
+
+    /// A store on another tier that names only block hashes (vLLM's lazy CPU offload copies
+    /// blocks still on the GPU): completed from what the GPU store said of each block. A block
+    /// the session does not know is refused (`unknown_parent`): its position cannot be known.
+    fn offloaded(
+        &mut self,
+        tier: Tier,
+        lane: u32,
+        parent: Option<u64>,
+        hashes: &[u64],
+    ) -> Result<Option<KvOp>, Refusal> {
+        let mut blocks = Vec::with_capacity(hashes.len());
+        for &ext in hashes {
+            let known = self.locals.get(&(lane, ext)).ok_or(Refusal::UnknownParent)?;
+            blocks.push((ext, known.local));
+        }
+        let Some(&first) = hashes.first() else { return Ok(None) };
+        let parent_ext = parent.or_else(|| self.locals[&(lane, first)].parent);
+        for &ext in hashes {
+            self.locals.get_mut(&(lane, ext)).expect("known above").tiers |= 1 << tier.code();
+        }
+        self.lanes.insert(lane);
+        Ok(Some(KvOp::Stored { tier, lane, parent_ext, blocks }))
     }
 
     /// Lanes seen in this epoch.

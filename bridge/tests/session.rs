@@ -5,7 +5,7 @@ use prefixlog_bridge::metrics::BridgeMetrics;
 use prefixlog_bridge::session::{chain_from, Arrival, Session};
 use prefixlog_bridge::wire::{Batch, Event, Tokens};
 use prefixlog_engine::scheme::block_hashes;
-use prefixlog_state::KvOp;
+use prefixlog_state::{KvOp, Tier};
 
 const BS: u32 = 4;
 
@@ -59,10 +59,18 @@ fn stores_chain_through_known_parents_and_refuse_unknown_ones() {
     let ops = s.accept(0, 1, &batch(vec![stored(&[11, 12], None, t[..8].to_vec())]), &m).ops;
     assert_eq!(
         ops,
-        vec![KvOp::Stored { lane: 0, parent_ext: None, blocks: vec![(11, want[0]), (12, want[1])] }]
+        vec![KvOp::Stored {
+            tier: Tier::Gpu,
+            lane: 0,
+            parent_ext: None,
+            blocks: vec![(11, want[0]), (12, want[1])]
+        }]
     );
     let ops = s.accept(1, 2, &batch(vec![stored(&[13], Some(12), t[8..12].to_vec())]), &m).ops;
-    assert_eq!(ops, vec![KvOp::Stored { lane: 0, parent_ext: Some(12), blocks: vec![(13, want[2])] }]);
+    assert_eq!(
+        ops,
+        vec![KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext: Some(12), blocks: vec![(13, want[2])] }]
+    );
     // Unknown parent: refused, never hashed from the wrong seed.
     let a = s.accept(2, 3, &batch(vec![stored(&[15], Some(14), t[12..16].to_vec())]), &m);
     assert!(a.ops.is_empty());
@@ -72,7 +80,7 @@ fn stores_chain_through_known_parents_and_refuse_unknown_ones() {
     let ops = s
         .accept(3, 4, &batch(vec![Event::Removed { hashes: vec![13], medium: None, group_idx: None }]), &m)
         .ops;
-    assert_eq!(ops, vec![KvOp::Removed { lane: 0, exts: vec![13] }]);
+    assert_eq!(ops, vec![KvOp::Removed { tier: Tier::Gpu, lane: 0, exts: vec![13] }]);
     assert!(s.accept(4, 5, &batch(vec![stored(&[14], Some(13), t[12..16].to_vec())]), &m).ops.is_empty());
     assert_eq!(m.get("refused_unknown_parent"), Some(2));
     assert_eq!(s.tracked(), 2);
@@ -86,9 +94,10 @@ fn refusals_lanes_and_clears() {
     if let Event::Stored { group_idx, .. } = &mut lane1 {
         *group_idx = Some(1);
     }
+    // A medium outside the tier table: refused, never guessed.
     let mut cpu = stored(&[22], None, toks(0, 4));
     if let Event::Stored { medium, .. } = &mut cpu {
-        *medium = Some("CPU".into());
+        *medium = Some("TAPE".into());
     }
     let mut bigram = stored(&[23], None, vec![]);
     if let Event::Stored { tokens, .. } = &mut bigram {
@@ -141,9 +150,14 @@ fn refusals_lanes_and_clears() {
     assert_eq!(
         ops,
         vec![
-            KvOp::Stored { lane: 0, parent_ext: None, blocks: vec![(26, in_adapter[0])] },
-            KvOp::Stored { lane: 0, parent_ext: Some(26), blocks: vec![(28, in_adapter[1])] },
-            KvOp::Stored { lane: 1, parent_ext: None, blocks: vec![(21, local)] },
+            KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext: None, blocks: vec![(26, in_adapter[0])] },
+            KvOp::Stored {
+                tier: Tier::Gpu,
+                lane: 0,
+                parent_ext: Some(26),
+                blocks: vec![(28, in_adapter[1])]
+            },
+            KvOp::Stored { tier: Tier::Gpu, lane: 1, parent_ext: None, blocks: vec![(21, local)] },
             KvOp::Cleared { lane: 0 },
             KvOp::Cleared { lane: 1 },
         ]
@@ -160,6 +174,75 @@ fn refusals_lanes_and_clears() {
         assert_eq!(m.get(name), Some(n), "{name}");
     }
     assert_eq!(s.tracked(), 0, "a clear forgets every tracked block");
+}
+
+fn on(medium: &str, mut e: Event) -> Event {
+    match &mut e {
+        Event::Stored { medium: m, .. } | Event::Removed { medium: m, .. } => *m = Some(medium.into()),
+        _ => {}
+    }
+    e
+}
+
+fn removed(hashes: &[u64]) -> Event {
+    Event::Removed { hashes: hashes.to_vec(), medium: None, group_idx: None }
+}
+
+/// Every medium vLLM and SGLang report is indexed on its tier; vLLM's lazy CPU offload (a
+/// store naming only block hashes) is completed from the GPU store of the same blocks, and
+/// stays possible after the GPU copy is gone; a block never seen stored with tokens is refused.
+#[test]
+fn media_map_onto_tiers_and_offloads_complete_from_the_gpu_store() {
+    let m = BridgeMetrics::default();
+    let mut s = Session::new(BS, 100);
+    let t = toks(500, 12);
+    let want = block_hashes(&t, BS as usize);
+    let gpu = stored(&[1, 2], None, t[..8].to_vec());
+    let disk = on("DISK", stored(&[3], Some(2), t[8..].to_vec()));
+    let ops = s.accept(0, 1, &batch(vec![gpu, disk]), &m).ops;
+    assert_eq!(
+        ops,
+        vec![
+            KvOp::Stored {
+                tier: Tier::Gpu,
+                lane: 0,
+                parent_ext: None,
+                blocks: vec![(1, want[0]), (2, want[1])]
+            },
+            KvOp::Stored { tier: Tier::Disk, lane: 0, parent_ext: Some(2), blocks: vec![(3, want[2])] },
+        ]
+    );
+    // A lazy CPU offload of 2 and 3, by hash only, gets its locals and its parent from what
+    // the earlier stores said.
+    let lazy = on("CPU", stored(&[2, 3], None, vec![]));
+    let sglang = on("CPU_PINNED", stored(&[1], None, vec![]));
+    let unseen = on("CPU", stored(&[9], None, vec![]));
+    let ops = s.accept(1, 2, &batch(vec![lazy, sglang, unseen, on("external", removed(&[3]))]), &m).ops;
+    assert_eq!(
+        ops,
+        vec![
+            KvOp::Stored {
+                tier: Tier::Host,
+                lane: 0,
+                parent_ext: Some(1),
+                blocks: vec![(2, want[1]), (3, want[2])]
+            },
+            KvOp::Stored { tier: Tier::Host, lane: 0, parent_ext: None, blocks: vec![(1, want[0])] },
+            KvOp::Removed { tier: Tier::External, lane: 0, exts: vec![3] },
+        ]
+    );
+    assert_eq!(m.get("refused_unknown_parent"), Some(1), "a block never stored with tokens");
+    // Off the GPU but still on the host: still known, so a disk offload of it completes.
+    s.accept(2, 3, &batch(vec![removed(&[1, 2])]), &m);
+    assert_eq!(s.tracked(), 3);
+    let ops = s.accept(3, 4, &batch(vec![on("disk", stored(&[2], None, vec![]))]), &m).ops;
+    assert_eq!(
+        ops,
+        vec![KvOp::Stored { tier: Tier::Disk, lane: 0, parent_ext: Some(1), blocks: vec![(2, want[1])] }]
+    );
+    // Removed from every tier that held it: forgotten.
+    s.accept(4, 5, &batch(vec![on("cpu", removed(&[1, 2, 3])), on("DISK", removed(&[2, 3]))]), &m);
+    assert_eq!(s.tracked(), 0);
 }
 
 #[test]

@@ -7,7 +7,7 @@ use prefixlog_checkpoint::{
 };
 use prefixlog_engine::{partition_of, EngineConfig, HolderKey, KeyspaceId, MatchOptions};
 use prefixlog_state::record::{encode_kv_events, encode_placement};
-use prefixlog_state::{Applier, KvOp, LogIdentity, PartitionState, StateSettings};
+use prefixlog_state::{Applier, KvOp, LogIdentity, PartitionState, StateSettings, Tier};
 use prefixlog_workload::{generate, FleetConfig, Step, TraceRequest};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -57,7 +57,12 @@ fn log() -> Vec<(u32, u64, Vec<u8>)> {
         let (w, v) = match s {
             Step::Stored { worker, parent_ext, blocks } => {
                 seq[*worker as usize] += 1;
-                let e = KvOp::Stored { lane: 0, parent_ext: *parent_ext, blocks: blocks.clone() };
+                let e = KvOp::Stored {
+                    tier: Tier::Gpu,
+                    lane: 0,
+                    parent_ext: *parent_ext,
+                    blocks: blocks.clone(),
+                };
                 (
                     *worker as u64,
                     encode_kv_events(&ks(), *worker as u64, 0, 1, seq[*worker as usize], false, &[e]),
@@ -65,7 +70,7 @@ fn log() -> Vec<(u32, u64, Vec<u8>)> {
             }
             Step::Removed { worker, exts } => {
                 seq[*worker as usize] += 1;
-                let e = KvOp::Removed { lane: 0, exts: exts.clone() };
+                let e = KvOp::Removed { tier: Tier::Gpu, lane: 0, exts: exts.clone() };
                 (
                     *worker as u64,
                     encode_kv_events(&ks(), *worker as u64, 0, 1, seq[*worker as usize], false, &[e]),
@@ -415,7 +420,7 @@ fn a_streamed_export_is_the_export_in_bounded_pieces_and_stops_at_damage() {
                 1,
                 r + 1,
                 false,
-                &[KvOp::Stored { lane: 0, parent_ext: parent, blocks }],
+                &[KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext: parent, blocks }],
             );
             let p = partition_of(w, P);
             let off = a.partition(p).next_offset;

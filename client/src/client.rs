@@ -18,7 +18,7 @@ pub use crate::replicas::Unavailable;
 use crate::seeds::{expand, system_resolver, Resolver};
 use crate::shards::{choose_layout, describe_all, merge, ShardMap, ShardReply};
 use parking_lot::RwLock;
-use prefixlog_ids::{KeyspaceId, Landed};
+use prefixlog_ids::{KeyspaceId, Landed, Tier};
 use prefixlog_proto::v1::{self, MatchRequest, WorkerScore};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -51,6 +51,11 @@ pub struct MatchQuery {
     /// For token prompts: the namespace (LoRA adapter name) the request runs under; "" = base.
     /// Hash prompts carry their namespace in the hashes already (`scheme::block_hashes_in`).
     pub namespace: String,
+    /// The storage tiers that count, in preference order (empty: every tier).
+    pub tiers: Vec<Tier>,
+    /// Per tier, what a block held there is worth in thousandths; non-empty: answers are
+    /// ordered by `weighted_score` first.
+    pub tier_weights: Vec<(Tier, u32)>,
 }
 
 impl MatchQuery {
@@ -66,7 +71,21 @@ impl MatchQuery {
             exclude_gapped: false,
             allow_stale: false,
             namespace: String::new(),
+            tiers: vec![],
+            tier_weights: vec![],
         }
+    }
+
+    /// Count only these storage tiers, the first holding a position winning its run.
+    pub fn tiers(mut self, order: impl IntoIterator<Item = Tier>) -> Self {
+        self.tiers = order.into_iter().collect();
+        self
+    }
+
+    /// Weigh a block held on `tier` by `per_mille` thousandths (e.g. host 600).
+    pub fn weigh(mut self, tier: Tier, per_mille: u32) -> Self {
+        self.tier_weights.push((tier, per_mille));
+        self
     }
 
     /// Only these workers (e.g. the pods this gateway may route to).
@@ -130,6 +149,12 @@ impl MatchQuery {
             in_band_errors: false,
             unordered: false,
             timeout_us: 0,
+            tiers: self.tiers.iter().map(|t| t.code() as i32).collect(),
+            tier_weights: self
+                .tier_weights
+                .iter()
+                .map(|&(t, per_mille)| v1::TierWeight { tier: t.code() as i32, per_mille })
+                .collect(),
         }
     }
 }

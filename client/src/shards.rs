@@ -182,8 +182,11 @@ pub fn merge(replies: Vec<ShardReply>, top_k: Option<u32>) -> Result<Merged, Una
         return Err(most_telling(failures));
     }
     m.scores = best.into_values().collect();
+    // The replicas' order: weighted score (0 without weights), depth, then the slot.
     m.scores.sort_by(|a, b| {
-        b.depth.cmp(&a.depth).then((a.worker, a.dp_rank, a.lane).cmp(&(b.worker, b.dp_rank, b.lane)))
+        (b.weighted_score, b.depth)
+            .cmp(&(a.weighted_score, a.depth))
+            .then((a.worker, a.dp_rank, a.lane).cmp(&(b.worker, b.dp_rank, b.lane)))
     });
     m.scores.truncate(top_k.map_or(usize::MAX, |k| k as usize));
     m.applied.sort_unstable();

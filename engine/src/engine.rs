@@ -19,7 +19,9 @@
 use crate::cell::KeyspaceCell;
 use crate::keyspace::{Keyspace, PlaceOutcome};
 use crate::store_check::check_store;
-use crate::types::{ApplyError, EngineConfig, HolderKey, HolderMatch, KeyspaceId, LogTime, MatchOptions};
+use crate::types::{
+    ApplyError, EngineConfig, HolderKey, HolderMatch, KeyspaceId, LogTime, MatchOptions, Tier,
+};
 use parking_lot::RwLock;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -158,6 +160,24 @@ impl Engine {
         ks.write(|k| {
             let n = k.clear(key, t);
             k.set_gapped(key, false);
+            n
+        })
+    }
+
+    /// [`Self::clear`] on every tier of `key`'s slot (worker, dp rank, lane), under one lock:
+    /// an engine's reset or restart empties whatever it had offloaded too, as far as the index
+    /// can know. Returns the blocks dropped.
+    pub fn clear_slot(&self, id: &KeyspaceId, key: HolderKey, t: LogTime) -> u32 {
+        let Some(ks) = self.keyspace(id) else {
+            self.without_keyspace.fetch_add(1, Ordering::Relaxed);
+            return 0;
+        };
+        ks.write(|k| {
+            let mut n = 0;
+            for tier in Tier::ALL {
+                n += k.clear(key.on(tier), t);
+                k.set_gapped(key.on(tier), false);
+            }
             n
         })
     }

@@ -14,7 +14,7 @@ use prefixlog_ingest::Publisher;
 use prefixlog_ingest::{EmbeddedKafka, KafkaConnection, LogSpec};
 use prefixlog_node::{NodeOptions, ReplicaNode};
 use prefixlog_query::Extensions;
-use prefixlog_state::record::{KvOp, Lifecycle};
+use prefixlog_state::record::{KvOp, Lifecycle, Tier};
 use prefixlog_state::token_of;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -41,7 +41,12 @@ fn gpu_by_instance(v: &Value) -> Vec<(String, u64)> {
 }
 
 fn stored(locals: &[u64]) -> Vec<KvOp> {
-    vec![KvOp::Stored { lane: 0, parent_ext: None, blocks: locals.iter().map(|&l| (l, l)).collect() }]
+    vec![KvOp::Stored {
+        tier: Tier::Gpu,
+        lane: 0,
+        parent_ext: None,
+        blocks: locals.iter().map(|&l| (l, l)).collect(),
+    }]
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

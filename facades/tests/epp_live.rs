@@ -18,7 +18,7 @@ use prefixlog_query::tonic_health::pb::{
     health_check_response, health_client::HealthClient, HealthCheckRequest,
 };
 use prefixlog_query::Extensions;
-use prefixlog_state::record::{KvOp, Lifecycle};
+use prefixlog_state::record::{KvOp, Lifecycle, Tier};
 use prefixlog_state::token_of;
 use prost_types::{value::Kind, ListValue, Struct, Value};
 use std::path::PathBuf;
@@ -119,8 +119,12 @@ async fn publish(spec: &LogSpec, node: &ReplicaNode, workers: &[(u64, &str)], he
     let mut seq: std::collections::HashMap<u64, u64> = Default::default();
     for (w, tokens) in held {
         let chain = scheme::block_hashes(tokens, BLOCK as usize);
-        let ops =
-            [KvOp::Stored { lane: 0, parent_ext: None, blocks: chain.iter().map(|&l| (l, l)).collect() }];
+        let ops = [KvOp::Stored {
+            tier: Tier::Gpu,
+            lane: 0,
+            parent_ext: None,
+            blocks: chain.iter().map(|&l| (l, l)).collect(),
+        }];
         let s = seq.entry(*w).or_default();
         *s += 1;
         landed.push(p.publish_kv_events(&ks, *w, 0, 1, *s, false, &ops, None).await.unwrap());
@@ -505,7 +509,12 @@ async fn two_replicas_pick_alike_and_a_landed_record_is_routed_by() {
     // its picker routes there (a second feed record of worker 3, numbered after its first).
     let p = Publisher::new(&spec).unwrap();
     let chain = scheme::block_hashes(&(0..24).collect::<Vec<u32>>(), BLOCK as usize);
-    let ops = [KvOp::Stored { lane: 0, parent_ext: None, blocks: chain.iter().map(|&l| (l, l)).collect() }];
+    let ops = [KvOp::Stored {
+        tier: Tier::Gpu,
+        lane: 0,
+        parent_ext: None,
+        blocks: chain.iter().map(|&l| (l, l)).collect(),
+    }];
     let ks = KeyspaceId::new("llama", BLOCK, 1);
     let landed = p.publish_kv_events(&ks, 3, 0, 1, 2, false, &ops, None).await.unwrap();
     assert!(b.status().wait_for(&token_of(&[landed]), Duration::from_secs(60)).await);

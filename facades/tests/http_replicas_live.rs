@@ -9,7 +9,7 @@ use prefixlog_facades::http::{Dialect, HttpIndexerExtension};
 use prefixlog_ingest::Publisher;
 use prefixlog_node::{NodeOptions, ReplicaNode};
 use prefixlog_query::Extensions;
-use prefixlog_state::record::KvOp;
+use prefixlog_state::record::{KvOp, Tier};
 use prefixlog_state::token_of;
 use serde_json::{json, Value};
 use std::net::SocketAddr;
@@ -34,7 +34,12 @@ async fn second(spec: &prefixlog_ingest::LogSpec, dialect: Dialect) -> (ReplicaN
 
 /// `chain` stored after `parent` (None: from the root); the engine's ext hashes are the locals.
 fn stored(parent: Option<u64>, chain: &[u64]) -> Vec<KvOp> {
-    vec![KvOp::Stored { lane: 0, parent_ext: parent, blocks: chain.iter().map(|&l| (l, l)).collect() }]
+    vec![KvOp::Stored {
+        tier: Tier::Gpu,
+        lane: 0,
+        parent_ext: parent,
+        blocks: chain.iter().map(|&l| (l, l)).collect(),
+    }]
 }
 
 async fn both(a: SocketAddr, b: SocketAddr, path: &str, body: &Value) -> Value {

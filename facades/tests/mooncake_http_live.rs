@@ -8,14 +8,19 @@ mod support;
 use prefixlog_engine::{scheme, KeyspaceId};
 use prefixlog_facades::http::Dialect;
 use prefixlog_ingest::Publisher;
-use prefixlog_state::record::{KvOp, Lifecycle};
+use prefixlog_state::record::{KvOp, Lifecycle, Tier};
 use prefixlog_state::token_of;
 use serde_json::{json, Value};
 use std::time::Duration;
 use support::http;
 
 fn stored(locals: &[u64]) -> Vec<KvOp> {
-    vec![KvOp::Stored { lane: 0, parent_ext: None, blocks: locals.iter().map(|&l| (l, l)).collect() }]
+    vec![KvOp::Stored {
+        tier: Tier::Gpu,
+        lane: 0,
+        parent_ext: None,
+        blocks: locals.iter().map(|&l| (l, l)).collect(),
+    }]
 }
 
 fn added(pairs: &[(&str, &str)]) -> Lifecycle {

@@ -18,7 +18,7 @@ use prefixlog_query::tonic_reflection::pb::v1::server_reflection_request::Messag
 use prefixlog_query::tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
 use prefixlog_query::tonic_reflection::pb::v1::ServerReflectionRequest;
 use prefixlog_query::Extensions;
-use prefixlog_state::{KvOp, Lifecycle};
+use prefixlog_state::{KvOp, Lifecycle, Tier};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -451,8 +451,12 @@ async fn smg_gateway_and_bridge_through_the_facade() {
     let meta = BTreeMap::from([("smg.holder".to_string(), w1.to_string())]);
     other_publisher.publish_lifecycle(impostor, &Lifecycle::Added { metadata: meta }).await.unwrap();
     let ks = prefixlog_engine::KeyspaceId::new("llama", BLOCK, 2);
-    let ops =
-        [KvOp::Stored { lane: 0, parent_ext: None, blocks: EXT.iter().copied().zip(chain()).collect() }];
+    let ops = [KvOp::Stored {
+        tier: Tier::Gpu,
+        lane: 0,
+        parent_ext: None,
+        blocks: EXT.iter().copied().zip(chain()).collect(),
+    }];
     let landed = other_publisher.publish_kv_events(&ks, impostor, 0, 1, 1, false, &ops, None).await.unwrap();
     assert!(node.status().wait_for(&[landed.token()], Duration::from_secs(60)).await);
     // Another publisher's record moved the log: the replica is ready again once it has read the

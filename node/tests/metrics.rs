@@ -17,7 +17,7 @@ use prefixlog_ingest::{EmbeddedKafka, KafkaConnection, LogSpec, Publisher};
 use prefixlog_node::{CheckpointPolicy, NodeOptions, ReplicaNode};
 use prefixlog_query::exposition::{convention_problems, parse, promtool_check};
 use prefixlog_query::{IndexClient, MatchOutcome, MatchQuery, Prompt};
-use prefixlog_state::{token_of, KvOp};
+use prefixlog_state::{token_of, KvOp, Tier};
 use std::collections::BTreeSet;
 use std::time::Duration;
 
@@ -83,8 +83,12 @@ async fn every_series_follows_conventions_and_covers_alerts_and_dashboard() {
     let publisher = Publisher::new(&spec).unwrap();
     let mut landed = Vec::new();
     for w in 0..4u64 {
-        let ops =
-            [KvOp::Stored { lane: 0, parent_ext: None, blocks: vec![(w << 8 | 1, 1), (w << 8 | 2, 2)] }];
+        let ops = [KvOp::Stored {
+            tier: Tier::Gpu,
+            lane: 0,
+            parent_ext: None,
+            blocks: vec![(w << 8 | 1, 1), (w << 8 | 2, 2)],
+        }];
         landed.push(publisher.publish_kv_events(&ks, w, 0, 1, 1, false, &ops, None).await.unwrap());
     }
     landed.push(publisher.publish_raw(0, b"not a record", None).await.unwrap());

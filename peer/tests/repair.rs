@@ -9,7 +9,7 @@ use prefixlog_peer::repair::{check_and_repair, rebuild_and_swap, self_check, Sel
 use prefixlog_peer::{RepairContext, RepairError, RepairOutcome};
 use prefixlog_state::memory_log::{MemoryLog, MemoryReplica};
 use prefixlog_state::record::encode_kv_events;
-use prefixlog_state::{Applier, KvOp, LiveState, LogIdentity, LogSource, StateSettings, Until};
+use prefixlog_state::{Applier, KvOp, LiveState, LogIdentity, LogSource, StateSettings, Tier, Until};
 use std::sync::Arc;
 
 const P: u32 = 2;
@@ -31,7 +31,15 @@ fn batch(w: u64, seq: u64, salt: u64) -> Vec<u8> {
     let blocks: Vec<(u64, u64)> = (0..4).map(|j| (base + j, base + j + 1000)).collect();
     let parent = (seq > 1).then(|| w << 32 | (seq - 1) << 8 | 3);
     let ks = KeyspaceId::new("m", 16, 1);
-    encode_kv_events(&ks, w, 0, 1, seq, false, &[KvOp::Stored { lane: 0, parent_ext: parent, blocks }])
+    encode_kv_events(
+        &ks,
+        w,
+        0,
+        1,
+        seq,
+        false,
+        &[KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext: parent, blocks }],
+    )
 }
 
 /// The log: 6 workers × 5 batches.

@@ -9,7 +9,7 @@ use prefixlog_engine::KeyspaceId;
 use prefixlog_peer::{PeerClient, PeerService, ServeLimits};
 use prefixlog_proto::v1 as pb;
 use prefixlog_state::record::encode_kv_events;
-use prefixlog_state::{Applier, KvOp, LogIdentity, StateSettings};
+use prefixlog_state::{Applier, KvOp, LogIdentity, StateSettings, Tier};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -42,7 +42,7 @@ fn state() -> Applier {
                 1,
                 r + 1,
                 false,
-                &[KvOp::Stored { lane: 0, parent_ext: parent, blocks }],
+                &[KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext: parent, blocks }],
             );
             let p = prefixlog_engine::partition_of(w, P);
             let off = a.partition(p).next_offset;
@@ -212,7 +212,7 @@ async fn measure_transfer_memory() {
                 1,
                 r + 1,
                 false,
-                &[KvOp::Stored { lane: 0, parent_ext: parent, blocks }],
+                &[KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext: parent, blocks }],
             );
             let p = prefixlog_engine::partition_of(w, P);
             let off = a.partition(p).next_offset;

@@ -2,7 +2,7 @@
 
 use prefixlog_engine::KeyspaceId;
 use prefixlog_state::record::encode_kv_events;
-use prefixlog_state::KvOp;
+use prefixlog_state::{KvOp, Tier};
 use prefixlog_workload::{generate, load_trace, repeat_hours, FleetConfig, Step};
 use std::path::Path;
 
@@ -58,11 +58,11 @@ pub fn fleet_records(a: &WorkloadArgs, hours: usize) -> anyhow::Result<Vec<Fleet
         let (w, op, blocks) = match s {
             Step::Stored { worker, parent_ext, blocks } => {
                 let n = blocks.len();
-                (worker, KvOp::Stored { lane: 0, parent_ext, blocks }, n)
+                (worker, KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext, blocks }, n)
             }
             Step::Removed { worker, exts } => {
                 let n = exts.len();
-                (worker, KvOp::Removed { lane: 0, exts }, n)
+                (worker, KvOp::Removed { tier: Tier::Gpu, lane: 0, exts }, n)
             }
             Step::Match { .. } => {
                 time_ms = trace.get(request / a.copies.max(1)).map_or(time_ms, |r| r.timestamp_ms);

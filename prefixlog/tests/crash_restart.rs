@@ -9,7 +9,7 @@ use prefixlog_engine::KeyspaceId;
 use prefixlog_ingest::reader::{LogReader, Read};
 use prefixlog_ingest::{EmbeddedKafka, KafkaConnection, LogSpec, Publisher};
 use prefixlog_state::record::encode_kv_events;
-use prefixlog_state::{Applier, KvOp, StateSettings};
+use prefixlog_state::{Applier, KvOp, StateSettings, Tier};
 use prefixlog_workload::{generate, FleetConfig, Step, TraceRequest};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -31,9 +31,9 @@ fn records() -> Vec<(u64, Vec<u8>)> {
     for s in steps {
         let (w, op) = match s {
             Step::Stored { worker, parent_ext, blocks } => {
-                (worker, KvOp::Stored { lane: 0, parent_ext, blocks })
+                (worker, KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext, blocks })
             }
-            Step::Removed { worker, exts } => (worker, KvOp::Removed { lane: 0, exts }),
+            Step::Removed { worker, exts } => (worker, KvOp::Removed { tier: Tier::Gpu, lane: 0, exts }),
             Step::Match { .. } => continue,
         };
         seq[w as usize] += 1;

@@ -6,7 +6,7 @@
 use prefixlog_checkpoint::CheckpointStore;
 use prefixlog_engine::KeyspaceId;
 use prefixlog_ingest::{KafkaConnection, LogSpec, Publisher};
-use prefixlog_state::{token_of, KvOp};
+use prefixlog_state::{token_of, KvOp, Tier};
 use prefixlog_tests::http::{http_get, sample};
 use prefixlog_tests::{kafka_backends, unique_topic, KafkaBackend};
 use std::net::SocketAddr;
@@ -71,8 +71,12 @@ async fn clean_stop(b: &KafkaBackend) {
     let ks = KeyspaceId::new("m", 16, 1);
     let mut landed = Vec::new();
     for w in 0..8u64 {
-        let ops =
-            [KvOp::Stored { lane: 0, parent_ext: None, blocks: vec![(w << 8 | 1, 1), (w << 8 | 2, 2)] }];
+        let ops = [KvOp::Stored {
+            tier: Tier::Gpu,
+            lane: 0,
+            parent_ext: None,
+            blocks: vec![(w << 8 | 1, 1), (w << 8 | 2, 2)],
+        }];
         landed.push(publisher.publish_kv_events(&ks, w, 0, 1, 1, false, &ops, None).await.unwrap());
     }
     let end = token_of(&landed);

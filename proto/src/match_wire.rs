@@ -76,6 +76,13 @@ impl PlainScore {
 /// through a stack buffer. Without intervals the body is that buffer alone (under 128 bytes, a
 /// one-byte length prefix); with them prost computes the length first.
 fn put_score(out: &mut Vec<u8>, s: &WorkerScore) {
+    if !s.tiers.is_empty() || !s.runs.is_empty() || s.weighted_score != 0 {
+        // Tiered answers (fields 9-11) are prost's: rarer, and their bytes its to decide.
+        out.push(SCORES_KEY);
+        encode_varint(s.encoded_len() as u64, out);
+        s.encode_raw(out);
+        return;
+    }
     let mut b = PlainScore::new();
     b.field(WORKER, s.worker);
     b.field(DP_RANK, s.dp_rank.into());

@@ -3,7 +3,9 @@
 //! where prost errs). Seeded, so a failure names the seed that reproduces it.
 
 use prefixlog_proto::match_wire;
-use prefixlog_proto::v1::{Interval, MatchError, MatchResponse, PartitionOffset, WorkerScore};
+use prefixlog_proto::v1::{
+    Interval, MatchError, MatchResponse, PartitionOffset, TierDepth, TierRun, WorkerScore,
+};
 use prost::encoding::encode_varint;
 use prost::Message;
 use rand::{Rng, SeedableRng};
@@ -39,6 +41,29 @@ fn score(rng: &mut ChaCha8Rng) -> WorkerScore {
         inferred: rng.random(),
         intervals,
         gapped: rng.random(),
+        ..tiered(rng)
+    }
+}
+
+/// One score in eight has tier parts (fields 9-11, written by prost).
+fn tiered(rng: &mut ChaCha8Rng) -> WorkerScore {
+    if !rng.random_ratio(1, 8) {
+        return WorkerScore::default();
+    }
+    let u32_max = u64::from(u32::MAX);
+    WorkerScore {
+        tiers: (0..rng.random_range(0..4))
+            .map(|t| TierDepth {
+                tier: t,
+                depth: magnitude(rng, u32_max) as u32,
+                total_blocks: magnitude(rng, u32_max) as u32,
+            })
+            .collect(),
+        runs: (0..rng.random_range(0..4))
+            .map(|_| TierRun { tier: rng.random_range(0..4), blocks: magnitude(rng, u32_max) as u32 })
+            .collect(),
+        weighted_score: magnitude(rng, u64::MAX),
+        ..Default::default()
     }
 }
 
@@ -187,9 +212,9 @@ fn decodes_what_prost_decodes_and_fails_where_prost_fails() {
 
 #[test]
 fn a_score_with_fields_it_does_not_know_keeps_them_as_prost_does() {
-    // A newer server's score with field 9: prost skips it, so must the fast path.
+    // A newer server's score with field 12 (a varint): prost skips it, so must the fast path.
     let known = WorkerScore { worker: 7, depth: 3, total_blocks: 9, ..Default::default() };
-    let body = [known.encode_to_vec(), vec![0x48, 0x2a]].concat();
+    let body = [known.encode_to_vec(), vec![0x60, 0x2a]].concat();
     let r = match_wire::decode(&framed(&body)).expect("decodes");
     assert_eq!(r.scores, vec![known]);
 }

@@ -14,6 +14,7 @@
 //! - [`stream`]: `MatchStream` served: bounded concurrency per stream, in-band errors and
 //!   unordered answers for the requests that opt in.
 //! - [`validate`]: request validation and bounded error messages.
+//! - [`tiers`]: a request's storage tier order and weights, and an answer's per-tier parts.
 //! - [`server`]: starts the gRPC port (service + Echo + health + reflection) and admin port;
 //!   [`ServerError`], why it did not start.
 //! - [`extension`]: [`extension::Extension`], services other crates host on the query port
@@ -36,6 +37,7 @@ pub mod metrics;
 pub mod server;
 pub mod service;
 pub mod stream;
+pub mod tiers;
 pub mod validate;
 
 pub use extension::{Extension, ExtensionContext, ExtensionError, Extensions};

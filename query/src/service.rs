@@ -15,8 +15,8 @@ use crate::validate::{check, clip, unknown_keyspace};
 use parking_lot::Mutex;
 use prefixlog_engine::{Engine, Keyspace, MatchOptions};
 use prefixlog_proto::v1::{
-    DescribeResponse, Interval, ListWorkersResponse, MatchRequest, MatchResponse, PartitionOffset,
-    WorkerInfo, WorkerScore,
+    DescribeResponse, ListWorkersResponse, MatchRequest, MatchResponse, PartitionOffset, WorkerInfo,
+    WorkerScore,
 };
 use prefixlog_state::{Applier, ReplicaStatus};
 use std::sync::Arc;
@@ -331,6 +331,7 @@ fn scores(
     candidates: &[u64],
 ) -> Vec<WorkerScore> {
     // The engine filters before `top_k`, so the k best are the k best of what is asked for.
+    let (tiers, tier_weights) = crate::tiers::tier_options(req).expect("validated before matching");
     let opts = MatchOptions {
         intervals: req.intervals,
         top_k,
@@ -338,20 +339,10 @@ fn scores(
         // On the wire an empty list means every worker.
         candidates: (!candidates.is_empty()).then(|| candidates.to_vec()),
         exclude_gapped: req.exclude_gapped,
+        tiers,
+        tier_weights,
     };
-    g.match_chain(locals, &opts)
-        .into_iter()
-        .map(|m| WorkerScore {
-            worker: m.holder.worker,
-            dp_rank: m.holder.dp_rank,
-            lane: m.holder.lane,
-            depth: m.depth,
-            total_blocks: m.total,
-            inferred: m.inferred,
-            intervals: m.intervals.into_iter().map(|(start, end)| Interval { start, end }).collect(),
-            gapped: m.gapped,
-        })
-        .collect()
+    g.match_chain(locals, &opts).into_iter().map(crate::tiers::worker_score).collect()
 }
 
 /// Parses a `grpc-timeout` header value (`<up to 8 digits><H|M|S|m|u|n>`).

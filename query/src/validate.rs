@@ -48,6 +48,7 @@ pub fn check(req: &MatchRequest, max_blocks: usize, partition_count: u32) -> Res
             req.candidate_workers.len()
         )));
     }
+    crate::tiers::tier_options(req)?;
     let mut candidates = req.candidate_workers.clone();
     candidates.sort_unstable();
     candidates.dedup();

@@ -36,7 +36,7 @@ use crate::limits::{admit, Usage};
 use crate::partition_state::{DigestPoint, Feed, FeedKey, PartitionState};
 use crate::record::{decode, KvOp, Lifecycle, Op};
 use crate::settings::StateSettings;
-use prefixlog_engine::{ApplyError, Engine, HolderKey, KeyspaceId, LogTime};
+use prefixlog_engine::{ApplyError, Engine, HolderKey, KeyspaceId, LogTime, Tier};
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
 
@@ -421,7 +421,7 @@ impl Applier {
         let part = &mut self.parts[partition as usize];
         let feed = part.feeds.get_mut(key).expect("feed exists");
         for &lane in &feed.lanes {
-            self.engine.clear(&key.keyspace, HolderKey::new(key.worker, key.dp_rank, lane), t);
+            self.engine.clear_slot(&key.keyspace, HolderKey::new(key.worker, key.dp_rank, lane), t);
         }
         *feed = Feed::new(epoch);
         part.counters.epochs += 1;
@@ -519,7 +519,9 @@ impl Applier {
         if let Some(ks) = self.engine.keyspace(&key.keyspace) {
             ks.write(|ks| {
                 for &lane in lanes {
-                    ks.set_gapped(HolderKey::new(key.worker, key.dp_rank, lane), true);
+                    for tier in Tier::ALL {
+                        ks.set_gapped(HolderKey::new(key.worker, key.dp_rank, lane).on(tier), true);
+                    }
                 }
             });
         }
@@ -531,18 +533,18 @@ impl Applier {
         for e in events {
             let h = HolderKey::new(key.worker, key.dp_rank, e.lane());
             match e {
-                KvOp::Stored { parent_ext, blocks, .. } => {
-                    match self.engine.store(&key.keyspace, h, *parent_ext, blocks, t) {
+                KvOp::Stored { tier, parent_ext, blocks, .. } => {
+                    match self.engine.store(&key.keyspace, h.on(*tier), *parent_ext, blocks, t) {
                         Ok(_) => {}
                         Err(ApplyError::MissingParent { .. }) => missing += 1,
                         Err(_) => invalid += 1,
                     }
                 }
-                KvOp::Removed { exts, .. } => {
-                    self.engine.remove(&key.keyspace, h, exts, t);
+                KvOp::Removed { tier, exts, .. } => {
+                    self.engine.remove(&key.keyspace, h.on(*tier), exts, t);
                 }
                 KvOp::Cleared { .. } => {
-                    self.engine.clear(&key.keyspace, h, t);
+                    self.engine.clear_slot(&key.keyspace, h, t);
                 }
             }
         }

@@ -46,7 +46,7 @@ pub use identity::{check_compatible, Incompatible, LogIdentity};
 pub use log::{ApplyLogOptions, LiveState, LogAppend, LogError, LogProbe, LogSource, Until, Watermarks};
 pub use partition_state::{DigestPoint, PartitionState};
 /// In `prefixlog-ids` so the gateway client can take them without this crate.
-pub use prefixlog_ids::{token_of, Landed};
+pub use prefixlog_ids::{token_of, Landed, Tier};
 pub use record::{BadReason, KvBatch, KvOp, LaneMeta, Lifecycle, Op};
 pub use settings::StateSettings;
 pub use status::{DeadLetterCounts, HoleCause, LogHole, ReplicaStatus};

@@ -145,13 +145,16 @@ pub fn admit(
             if after.len() > s.max_lanes_per_feed as usize {
                 return Err(BadReason::TooManyLanes);
             }
-            let mut created: Vec<u32> = events
+            // Each tier of a lane is a holder of its own.
+            let mut created: Vec<HolderKey> = events
                 .iter()
                 .filter_map(|e| match e {
-                    KvOp::Stored { lane, parent_ext: None, .. } => Some(*lane),
+                    KvOp::Stored { tier, lane, parent_ext: None, .. } => {
+                        Some(HolderKey::new(*worker, *dp_rank, *lane).on(*tier))
+                    }
                     _ => None,
                 })
-                .filter(|&lane| !holder_exists(keyspace, HolderKey::new(*worker, *dp_rank, lane)))
+                .filter(|&key| !holder_exists(keyspace, key))
                 .collect();
             created.sort_unstable();
             created.dedup();

@@ -2,6 +2,8 @@
 //!
 //! Decoding turns bytes into an [`Op`] or a [`BadReason`]; nothing here panics on any input.
 
+/// Named here beside [`KvOp`], whose stores and removals carry one.
+pub use prefixlog_engine::Tier;
 use prefixlog_engine::{partition_of, HolderKey, KeyspaceId};
 use prefixlog_proto::v1 as pb;
 use prefixlog_proto::RECORD_VERSION;
@@ -42,6 +44,9 @@ pub enum BadReason {
     MetadataTooLarge,
     /// Its model name or a lane kind is longer than the limit (`max_name_bytes`).
     NameTooLong,
+    /// A stored or removed event names a storage tier outside the enumeration this build knows
+    /// (a newer writer's tier): crediting it to some other tier would overcount.
+    UnknownTier,
 }
 
 impl BadReason {
@@ -62,11 +67,12 @@ impl BadReason {
             BadReason::TooManyWorkers => "too_many_workers",
             BadReason::MetadataTooLarge => "metadata_too_large",
             BadReason::NameTooLong => "name_too_long",
+            BadReason::UnknownTier => "unknown_tier",
         }
     }
 
     /// Every reason, in the order checkpoints number them: append only.
-    pub const ALL: [BadReason; 15] = [
+    pub const ALL: [BadReason; 16] = [
         BadReason::Undecodable,
         BadReason::UnknownVersion,
         BadReason::UnknownKind,
@@ -82,6 +88,7 @@ impl BadReason {
         BadReason::TooManyWorkers,
         BadReason::MetadataTooLarge,
         BadReason::NameTooLong,
+        BadReason::UnknownTier,
     ];
 }
 
@@ -100,11 +107,13 @@ pub struct LaneMeta {
     pub block_size: u32,
 }
 
-/// One KV event of a batch, validated.
+/// One KV event of a batch, validated. Stores and removals name the tier they happen on (a
+/// holder per tier); a clear empties every tier of the lane (an engine's reset: conservative,
+/// it never leaves a block credited that the reset may have dropped).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum KvOp {
-    Stored { lane: u32, parent_ext: Option<u64>, blocks: Vec<(u64, u64)> },
-    Removed { lane: u32, exts: Vec<u64> },
+    Stored { tier: Tier, lane: u32, parent_ext: Option<u64>, blocks: Vec<(u64, u64)> },
+    Removed { tier: Tier, lane: u32, exts: Vec<u64> },
     Cleared { lane: u32 },
 }
 
@@ -193,6 +202,8 @@ pub fn decode(
             let mut events = Vec::with_capacity(b.events.len());
             for e in b.events {
                 let lane = e.lane;
+                let known = u32::try_from(e.tier).ok().and_then(Tier::from_code);
+                let tier = || known.ok_or(BadReason::UnknownTier);
                 events.push(match e.event.ok_or(BadReason::UnknownEvent)? {
                     pb::kv_event::Event::Stored(s) => {
                         if s.ext.len() != s.local.len() {
@@ -200,6 +211,7 @@ pub fn decode(
                         }
                         total += s.ext.len();
                         KvOp::Stored {
+                            tier: tier()?,
                             lane,
                             parent_ext: s.parent_ext,
                             blocks: s.ext.into_iter().zip(s.local).collect(),
@@ -207,7 +219,7 @@ pub fn decode(
                     }
                     pb::kv_event::Event::Removed(r) => {
                         total += r.ext.len();
-                        KvOp::Removed { lane, exts: r.ext }
+                        KvOp::Removed { tier: tier()?, lane, exts: r.ext }
                     }
                     pb::kv_event::Event::Cleared(_) => KvOp::Cleared { lane },
                 });
@@ -310,20 +322,23 @@ impl KvBatch<'_> {
         let events = events
             .iter()
             .map(|e| match e {
-                KvOp::Stored { lane, parent_ext, blocks } => pb::KvEvent {
+                KvOp::Stored { tier, lane, parent_ext, blocks } => pb::KvEvent {
                     lane: *lane,
+                    tier: tier.code() as i32,
                     event: Some(pb::kv_event::Event::Stored(pb::BlocksStored {
                         parent_ext: *parent_ext,
                         ext: blocks.iter().map(|b| b.0).collect(),
                         local: blocks.iter().map(|b| b.1).collect(),
                     })),
                 },
-                KvOp::Removed { lane, exts } => pb::KvEvent {
+                KvOp::Removed { tier, lane, exts } => pb::KvEvent {
                     lane: *lane,
+                    tier: tier.code() as i32,
                     event: Some(pb::kv_event::Event::Removed(pb::BlocksRemoved { ext: exts.clone() })),
                 },
                 KvOp::Cleared { lane } => pb::KvEvent {
                     lane: *lane,
+                    tier: 0,
                     event: Some(pb::kv_event::Event::Cleared(pb::AllBlocksCleared {})),
                 },
             })

@@ -6,7 +6,7 @@ use prefixlog_engine::{partition_of, HolderKey, KeyspaceId, MatchOptions};
 use prefixlog_state::record::{
     encode_kv_events, encode_lifecycle, encode_placement, encode_tick, worker_for_partition,
 };
-use prefixlog_state::{Applier, BadReason, KvOp, Lifecycle, NotNext, Outcome, StateSettings};
+use prefixlog_state::{Applier, BadReason, KvOp, Lifecycle, NotNext, Outcome, StateSettings, Tier};
 use prefixlog_workload::{generate, FleetConfig, Step, TraceRequest};
 use rand::{Rng, SeedableRng};
 
@@ -44,13 +44,18 @@ fn log() -> Vec<Vec<(u64, Vec<u8>)>> {
             Step::Stored { worker, parent_ext, blocks } => {
                 let w = *worker as usize;
                 seq[w] += 1;
-                let ev = KvOp::Stored { lane: 0, parent_ext: *parent_ext, blocks: blocks.clone() };
+                let ev = KvOp::Stored {
+                    tier: Tier::Gpu,
+                    lane: 0,
+                    parent_ext: *parent_ext,
+                    blocks: blocks.clone(),
+                };
                 (*worker as u64, encode_kv_events(&ks(), *worker as u64, 0, 1, seq[w], false, &[ev]))
             }
             Step::Removed { worker, exts } => {
                 let w = *worker as usize;
                 seq[w] += 1;
-                let ev = KvOp::Removed { lane: 0, exts: exts.clone() };
+                let ev = KvOp::Removed { tier: Tier::Gpu, lane: 0, exts: exts.clone() };
                 (*worker as u64, encode_kv_events(&ks(), *worker as u64, 0, 1, seq[w], false, &[ev]))
             }
             Step::Match { locals } => {
@@ -129,7 +134,7 @@ fn interleaving_of_partitions_does_not_change_digests() {
 }
 
 fn stored(parent: Option<u64>, blocks: &[(u64, u64)]) -> KvOp {
-    KvOp::Stored { lane: 0, parent_ext: parent, blocks: blocks.to_vec() }
+    KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext: parent, blocks: blocks.to_vec() }
 }
 
 fn depth(a: &Applier, w: u64, q: &[u64]) -> u32 {
@@ -285,8 +290,12 @@ fn clearing_some_lanes_after_a_gap_leaves_the_others_gapped() {
     let w = 7u64;
     let p = partition_of(w, P);
     let mut a = applier();
-    let lane =
-        |l: u32, ext: u64, local: u64| KvOp::Stored { lane: l, parent_ext: None, blocks: vec![(ext, local)] };
+    let lane = |l: u32, ext: u64, local: u64| KvOp::Stored {
+        tier: Tier::Gpu,
+        lane: l,
+        parent_ext: None,
+        blocks: vec![(ext, local)],
+    };
     let b1 = encode_kv_events(&ks(), w, 0, 1, 1, false, &[lane(0, 11, 1), lane(1, 12, 2)]);
     assert_eq!(a.apply(p, 0, 10, Some(&b1)), Ok(Outcome::Applied));
     let gapped = |a: &Applier, l: u32| {
@@ -319,7 +328,15 @@ fn a_stale_epoch_flags_the_feed_gapped_until_a_newer_epoch() {
     let b = encode_kv_events(&ks(), w, 0, 5, 1, false, &[stored(None, &[(11, 1)])]);
     assert_eq!(a.apply(p, 0, 10, Some(&b)), Ok(Outcome::Applied));
     assert!(!gapped(&a));
-    let stale = encode_kv_events(&ks(), w, 0, 4, 1, false, &[KvOp::Removed { lane: 0, exts: vec![11] }]);
+    let stale = encode_kv_events(
+        &ks(),
+        w,
+        0,
+        4,
+        1,
+        false,
+        &[KvOp::Removed { tier: Tier::Gpu, lane: 0, exts: vec![11] }],
+    );
     assert_eq!(a.apply(p, 1, 11, Some(&stale)), Ok(Outcome::StaleEpoch));
     assert!(gapped(&a), "the removal was ignored: the holder may hold less than it is credited");
     assert_eq!(depth(&a, w, &[1]), 1);
@@ -378,4 +395,44 @@ fn announced_workers_are_state() {
     assert_ne!(a.partition_digest(p), before, "announced workers are digested");
     assert_eq!(a.apply(p, 1, 11, Some(&encode_lifecycle(w, &Lifecycle::Removed))), Ok(Outcome::Applied));
     assert!(a.partition(p).workers.is_empty());
+}
+
+/// Tiers through the applier: a host copy outlives the GPU copy's removal and counts in the
+/// worker's combined depth; a clear empties every tier of the lane; a record naming a tier
+/// outside the enumeration is refused (`unknown_tier`) and changes nothing.
+#[test]
+fn tiers_are_independent_holdings_and_unknown_tiers_are_refused() {
+    use prefixlog_proto::v1 as pb;
+    use prost::Message;
+    let w = 7u64;
+    let p = partition_of(w, P);
+    let mut a = applier();
+    let mut off = 0i64;
+    let mut put = |a: &mut Applier, v: Vec<u8>| {
+        let o = off;
+        off += 1;
+        a.apply(p, o, 10 + o as u64, Some(&v)).expect("offsets in order")
+    };
+    let host = KvOp::Stored { tier: Tier::Host, lane: 0, parent_ext: None, blocks: vec![(11, 1), (12, 2)] };
+    let ops = [stored(None, &[(11, 1), (12, 2)]), host];
+    assert_eq!(put(&mut a, encode_kv_events(&ks(), w, 0, 1, 1, false, &ops)), Outcome::Applied);
+    let gpu_gone = [KvOp::Removed { tier: Tier::Gpu, lane: 0, exts: vec![11, 12] }];
+    assert_eq!(put(&mut a, encode_kv_events(&ks(), w, 0, 1, 2, false, &gpu_gone)), Outcome::Applied);
+    let m = a.engine().match_chain(&ks(), &[1, 2], &MatchOptions::default()).unwrap();
+    assert_eq!((m[0].depth, m[0].runs.len(), m[0].runs[0].tier), (2, 1, Tier::Host), "{m:?}");
+    let gpu_only = MatchOptions { tiers: vec![Tier::Gpu], ..Default::default() };
+    assert!(a.engine().match_chain(&ks(), &[1, 2], &gpu_only).unwrap().is_empty());
+
+    // A tier code from a newer writer: refused whole, the state untouched.
+    let d = a.partition_digest(p);
+    let mut rec = pb::Record::decode(&encode_kv_events(&ks(), w, 0, 1, 3, false, &gpu_gone)[..]).unwrap();
+    if let Some(pb::record::Kind::KvEvents(b)) = &mut rec.kind {
+        b.events[0].tier = 9;
+    }
+    assert_eq!(put(&mut a, rec.encode_to_vec()), Outcome::Bad(BadReason::UnknownTier));
+    assert_eq!(a.partition_digest(p), d);
+
+    let clear = [KvOp::Cleared { lane: 0 }];
+    assert_eq!(put(&mut a, encode_kv_events(&ks(), w, 0, 1, 4, false, &clear)), Outcome::Applied);
+    assert_eq!(depth(&a, w, &[1, 2]), 0, "a clear empties every tier");
 }

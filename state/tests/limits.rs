@@ -8,7 +8,7 @@ use prefixlog_state::partition_state::PartitionState;
 use prefixlog_state::record::{
     encode_lifecycle, encode_placement, encode_tick, worker_for_partition, KvBatch,
 };
-use prefixlog_state::{Applier, BadReason, KvOp, LaneMeta, Lifecycle, Outcome, StateSettings};
+use prefixlog_state::{Applier, BadReason, KvOp, LaneMeta, Lifecycle, Outcome, StateSettings, Tier};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::{BTreeMap, BTreeSet};
@@ -37,7 +37,7 @@ fn ks(model: &str) -> KeyspaceId {
 }
 
 fn stored(lane: u32, blocks: &[u64]) -> KvOp {
-    KvOp::Stored { lane, parent_ext: None, blocks: blocks.iter().map(|&b| (b, b)).collect() }
+    KvOp::Stored { tier: Tier::Gpu, lane, parent_ext: None, blocks: blocks.iter().map(|&b| (b, b)).collect() }
 }
 
 fn batch(model: &str, worker: u64, dp_rank: u32, seq: u64, events: &[KvOp], lanes: &[LaneMeta]) -> Vec<u8> {
@@ -217,8 +217,11 @@ fn removals_and_clears_of_unknown_keyspaces_create_nothing() {
         ..settings()
     });
     for i in 0..200u64 {
-        let ev =
-            if i % 2 == 0 { KvOp::Cleared { lane: 0 } } else { KvOp::Removed { lane: 0, exts: vec![i] } };
+        let ev = if i % 2 == 0 {
+            KvOp::Cleared { lane: 0 }
+        } else {
+            KvOp::Removed { tier: Tier::Gpu, lane: 0, exts: vec![i] }
+        };
         assert_eq!(l.put(w, batch(&format!("r{i}"), w, 0, 1, &[ev], &[])), Outcome::Applied);
     }
     assert!(l.a.engine().keyspace_ids().is_empty());
@@ -274,15 +277,18 @@ impl Gen {
                 let events: Vec<KvOp> = (0..r.random_range(0..4))
                     .map(|_| {
                         let lane = r.random_range(0..5);
+                        // Each tier of a lane is a holder of its own: the holder limit counts them.
+                        let tier = Tier::ALL[r.random_range(0..4)];
                         match r.random_range(0..10) {
                             0..=5 => KvOp::Stored {
+                                tier,
                                 lane,
                                 parent_ext: r.random_bool(0.2).then(|| r.random_range(0..30)),
                                 blocks: (0..r.random_range(1..4))
                                     .map(|_| (r.random_range(0..30), r.random_range(0..4)))
                                     .collect(),
                             },
-                            6..=7 => KvOp::Removed { lane, exts: vec![r.random_range(0..30)] },
+                            6..=7 => KvOp::Removed { tier, lane, exts: vec![r.random_range(0..30)] },
                             _ => KvOp::Cleared { lane },
                         }
                     })
@@ -456,13 +462,16 @@ fn justify(
             all.len() > s.max_lanes_per_feed as usize
         }
         (Op::KvEvents { keyspace, worker, dp_rank, events, .. }, BadReason::TooManyHolders) => {
-            let new: BTreeSet<u32> = events
+            // One holder per (lane, tier).
+            let new: BTreeSet<HolderKey> = events
                 .iter()
-                .filter(|e| matches!(e, KvOp::Stored { parent_ext: None, .. }))
-                .map(KvOp::lane)
-                .filter(|&l| {
-                    !before.holder_keys.contains(&(keyspace.clone(), HolderKey::new(*worker, *dp_rank, l)))
+                .filter_map(|e| match e {
+                    KvOp::Stored { tier, lane, parent_ext: None, .. } => {
+                        Some(HolderKey::new(*worker, *dp_rank, *lane).on(*tier))
+                    }
+                    _ => None,
                 })
+                .filter(|k| !before.holder_keys.contains(&(keyspace.clone(), *k)))
                 .collect();
             !new.is_empty() && before.holders + new.len() > s.max_holders_per_partition as usize
         }

@@ -12,7 +12,7 @@ use prefixlog_engine::{partition_of, HolderKey, KeyspaceId, MatchOptions};
 use prefixlog_ingest::{KafkaConnection, LogSpec, Publisher};
 use prefixlog_node::{CheckpointPolicy, NodeOptions, ReplicaNode, StateSource};
 use prefixlog_proto::v1 as pb;
-use prefixlog_state::{token_of, Incompatible, KvOp, Landed, StateSettings};
+use prefixlog_state::{token_of, Incompatible, KvOp, Landed, StateSettings, Tier};
 use prefixlog_tests::{kafka_backends, unique_topic, KafkaBackend};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -68,7 +68,7 @@ async fn publish_round(p: &Publisher, round: u64, seqs: &mut [u64]) -> Vec<Lande
         let base = round * 10;
         let blocks: Vec<(u64, u64)> =
             (0..4).map(|j| (w << 40 | (base + j) << 8 | j, 1 + (w + j) % 5 + base)).collect();
-        let ops = [KvOp::Stored { lane: 0, parent_ext: None, blocks }];
+        let ops = [KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext: None, blocks }];
         landed.push(p.publish_kv_events(&ks(), w, 0, 1, seqs[w as usize], false, &ops, None).await.unwrap());
     }
     landed

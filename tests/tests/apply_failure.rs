@@ -11,7 +11,7 @@ use prefixlog_engine::KeyspaceId;
 use prefixlog_ingest::{LogSpec, Publisher};
 use prefixlog_node::{CheckpointPolicy, NodeOptions, ReplicaNode, StateSource};
 use prefixlog_state::record::worker_for_partition;
-use prefixlog_state::{testing, token_of, KvOp, Landed};
+use prefixlog_state::{testing, token_of, KvOp, Landed, Tier};
 use prefixlog_tests::http::sample;
 use prefixlog_tests::{kafka_backends, replicas, unique_topic, KafkaBackend};
 use std::time::{Duration, Instant};
@@ -40,7 +40,8 @@ async fn publish(p: &Publisher, seq: u64) -> Vec<Landed> {
     let mut out = Vec::new();
     for partition in 0..P {
         let w = worker_for_partition(partition, P);
-        let ops = [KvOp::Stored { lane: 0, parent_ext: None, blocks: vec![(w << 16 | seq, seq)] }];
+        let ops =
+            [KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext: None, blocks: vec![(w << 16 | seq, seq)] }];
         out.push(p.publish_kv_events(&ks, w, 0, 1, seq, false, &ops, None).await.unwrap());
     }
     out

@@ -14,7 +14,7 @@ use prefixlog_engine::{partition_of, HolderKey, KeyspaceId};
 use prefixlog_ingest::{probe_log, KafkaConnection, LogSpec, Publisher};
 use prefixlog_node::{CheckpointPolicy, GapChoice, NodeError, NodeOptions, ReplicaNode, StateSource};
 use prefixlog_state::record::{encode_tick, worker_for_partition};
-use prefixlog_state::{token_of, KvOp, Landed, StateSettings};
+use prefixlog_state::{token_of, KvOp, Landed, StateSettings, Tier};
 use prefixlog_tests::{kafka_backends, unique_topic, KafkaBackend};
 use std::time::Duration;
 
@@ -54,7 +54,7 @@ async fn publish(p: &Publisher, round: u64, seqs: &mut [u64]) -> Vec<Landed> {
         seqs[w as usize] += 1;
         let blocks: Vec<(u64, u64)> =
             (0..3).map(|j| (w << 40 | round << 8 | j, 1 + j + round * 10)).collect();
-        let ops = [KvOp::Stored { lane: 0, parent_ext: None, blocks }];
+        let ops = [KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext: None, blocks }];
         landed.push(p.publish_kv_events(&ks(), w, 0, 1, seqs[w as usize], false, &ops, None).await.unwrap());
     }
     landed

@@ -16,7 +16,7 @@ use prefixlog_engine::{partition_of, KeyspaceId};
 use prefixlog_ingest::{KafkaConnection, LogSpec, Publisher, Shard};
 use prefixlog_node::{NodeOptions, ReplicaNode};
 use prefixlog_query::TlsFiles;
-use prefixlog_state::{token_of, KvOp};
+use prefixlog_state::{token_of, KvOp, Tier};
 use prefixlog_tests::{kafka_backends, listen_port, unique_topic};
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -68,6 +68,7 @@ async fn one_name_for_every_replica_discovers_every_shard() {
         let mut landed = Vec::new();
         for w in 0..WORKERS {
             let ops = [KvOp::Stored {
+                tier: Tier::Gpu,
                 lane: 0,
                 parent_ext: None,
                 blocks: vec![(w << 8 | 1, w << 8 | 1), (w << 8 | 2, w << 8 | 2)],

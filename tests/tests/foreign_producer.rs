@@ -10,7 +10,7 @@
 
 use prefixlog_engine::{partition_of, KeyspaceId, MatchOptions};
 use prefixlog_state::record::{encode_kv_events, worker_key};
-use prefixlog_state::KvOp;
+use prefixlog_state::{KvOp, Tier};
 use prefixlog_tests::{kafka_backends, replicas, unique_topic, KafkaBackend};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -60,7 +60,7 @@ fn records(seqs: std::ops::Range<u64>) -> serde_json::Value {
             // Each batch continues the worker's chain from its previous batch's last block.
             let parent_ext = (seq > 1).then(|| block(w, seq - 1, 3).0);
             let blocks = (0..4).map(|j| block(w, seq, j)).collect();
-            let ops = [KvOp::Stored { lane: 0, parent_ext, blocks }];
+            let ops = [KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext, blocks }];
             let value = encode_kv_events(&ks(), w, 0, 1, seq, false, &ops);
             out.push(serde_json::json!({
                 "partition": partition_of(w, P),

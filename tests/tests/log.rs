@@ -6,7 +6,7 @@ use prefixlog_engine::{HolderKey, KeyspaceId, MatchOptions};
 use prefixlog_ingest::reader::{LogReader, Read};
 use prefixlog_ingest::{LogSpec, Publisher};
 use prefixlog_node::{NodeOptions, ReplicaNode};
-use prefixlog_state::{token_of, KvOp, Landed};
+use prefixlog_state::{token_of, KvOp, Landed, Tier};
 use prefixlog_tests::{kafka_backends, replicas, unique_topic, KafkaBackend};
 use prefixlog_workload::{generate, FleetConfig, Step, TraceRequest};
 use std::collections::BTreeMap;
@@ -68,11 +68,12 @@ async fn publish_fleet(publisher: &Publisher) -> Vec<Landed> {
     let mut per_worker: BTreeMap<u32, Vec<KvOp>> = BTreeMap::new();
     for s in steps {
         match s {
-            Step::Stored { worker, parent_ext, blocks } => {
-                per_worker.entry(worker).or_default().push(KvOp::Stored { lane: 0, parent_ext, blocks })
-            }
+            Step::Stored { worker, parent_ext, blocks } => per_worker
+                .entry(worker)
+                .or_default()
+                .push(KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext, blocks }),
             Step::Removed { worker, exts } => {
-                per_worker.entry(worker).or_default().push(KvOp::Removed { lane: 0, exts })
+                per_worker.entry(worker).or_default().push(KvOp::Removed { tier: Tier::Gpu, lane: 0, exts })
             }
             Step::Match { .. } => {}
         }
@@ -223,6 +224,7 @@ async fn duplicates_poison_and_epochs_over_kafka() {
         let r = replica_with_dead_letter(&b, &topic, &dead_letter).await;
         let w = 5u64;
         let store = |parent: Option<u64>, blocks: &[(u64, u64)]| KvOp::Stored {
+            tier: Tier::Gpu,
             lane: 0,
             parent_ext: parent,
             blocks: blocks.to_vec(),

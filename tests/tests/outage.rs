@@ -16,7 +16,7 @@ use prefixlog_node::{NodeOptions, ReplicaNode};
 use prefixlog_proto::v1::{
     match_request::Prompt, prefix_index_client::PrefixIndexClient, BlockHashes, MatchRequest,
 };
-use prefixlog_state::{token_of, KvOp, Landed};
+use prefixlog_state::{token_of, KvOp, Landed, Tier};
 use prefixlog_tests::replicas;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::Ordering;
@@ -78,7 +78,7 @@ async fn until_stale(node: &ReplicaNode, want: bool) {
 
 fn batch(w: u64, seq: u64) -> Vec<KvOp> {
     let blocks: Vec<(u64, u64)> = (0..3).map(|j| (w << 32 | seq << 8 | j, 1 + j + seq * 10)).collect();
-    vec![KvOp::Stored { lane: 0, parent_ext: None, blocks }]
+    vec![KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext: None, blocks }]
 }
 
 async fn publish_phase(p: &Publisher, seqs: &mut [u64]) -> Vec<Landed> {

@@ -15,7 +15,7 @@ use prefixlog_ingest::{add_partitions, LogSpec, Publisher};
 use prefixlog_node::watermarks::PARTITIONS_CHECK_EVERY;
 use prefixlog_node::{IngestOptions, IngestThread};
 use prefixlog_query::{ReplicaInfo, Served, ServerConfig};
-use prefixlog_state::{Applier, KvOp, ReplicaStatus};
+use prefixlog_state::{Applier, KvOp, ReplicaStatus, Tier};
 use prefixlog_tests::http::{http_get, sample};
 use prefixlog_tests::{kafka_backends, replicas, unique_topic, KafkaBackend};
 use std::sync::Arc;
@@ -54,7 +54,7 @@ async fn changed(b: &KafkaBackend) {
     let spec: LogSpec = replicas::spec(&b.brokers, &topic, P);
     let publisher = Publisher::new(&spec).unwrap();
     let ks = KeyspaceId::new("m", 16, 1);
-    let ops = [KvOp::Stored { lane: 0, parent_ext: None, blocks: vec![(1, 1)] }];
+    let ops = [KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext: None, blocks: vec![(1, 1)] }];
     publisher.publish_kv_events(&ks, 1, 0, 1, 1, false, &ops, None).await.unwrap();
 
     let start =

@@ -17,7 +17,7 @@ use prefixlog_query::tonic_health::pb::{
 use prefixlog_query::{
     IndexClient, MatchOutcome, MatchQuery, Prompt, QueryConfig, ServerConfig, Unavailable,
 };
-use prefixlog_state::{token_of, KvOp, Landed, ReplicaStatus};
+use prefixlog_state::{token_of, KvOp, Landed, ReplicaStatus, Tier};
 use prefixlog_tests::http::http_get;
 use prefixlog_tests::{kafka_backends, replicas, unique_topic, KafkaBackend};
 use std::sync::Arc;
@@ -122,7 +122,7 @@ async fn store(p: &Publisher, worker: u64, dp: u32, seq: u64, parent: Option<u64
         1,
         seq,
         false,
-        &[KvOp::Stored { lane: 0, parent_ext: parent, blocks }],
+        &[KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext: parent, blocks }],
         None,
     )
     .await
@@ -140,7 +140,7 @@ async fn publish_workers(p: &Publisher) -> Vec<Landed> {
         store(p, 4, 0, 1, None, &block_hashes(&[7; 16], BS as usize)).await, // unrelated
         store(p, 5, 1, 1, None, &l[..1]).await, // dp rank 1: 1
     ];
-    let removed = KvOp::Removed { lane: 0, exts: vec![3 * 1000 + 100 + 2] };
+    let removed = KvOp::Removed { tier: Tier::Gpu, lane: 0, exts: vec![3 * 1000 + 100 + 2] };
     landed.push(p.publish_kv_events(&ks(), 3, 0, 1, 2, false, &[removed], None).await.unwrap());
     landed
 }
@@ -543,6 +543,7 @@ async fn candidates_gaps_workers_and_token_round_trip() {
         let l = block_hashes(&prompt(), BS as usize);
         let chain: Vec<(u64, u64)> = l.iter().enumerate().map(|(i, &h)| (1000 + i as u64, h)).collect();
         let stored = |w: u64| KvOp::Stored {
+            tier: Tier::Gpu,
             lane: 0,
             parent_ext: None,
             blocks: chain.iter().map(|&(e, h)| (e + w * 100, h)).collect(),

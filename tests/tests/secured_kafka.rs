@@ -14,7 +14,7 @@
 use prefixlog_engine::{KeyspaceId, MatchOptions};
 use prefixlog_ingest::{check_topic, create_topic, probe_log, LogSpec, ProbeError, Publisher};
 use prefixlog_node::ReplicaNode;
-use prefixlog_state::{KvOp, Landed};
+use prefixlog_state::{KvOp, Landed, Tier};
 use prefixlog_tests::secured::{tansu_bin, SecuredKafka, PASSWORD};
 use prefixlog_tests::{replicas, unique_topic};
 use std::time::Duration;
@@ -46,7 +46,7 @@ async fn publish(p: &Publisher, workers: u64) -> Vec<Landed> {
     let mut landed = Vec::new();
     for w in 0..workers {
         let blocks: Vec<(u64, u64)> = (0..3).map(|j| (w << 8 | j, 100 * w + j + 1)).collect();
-        let ops = [KvOp::Stored { lane: 0, parent_ext: None, blocks }];
+        let ops = [KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext: None, blocks }];
         landed.push(p.publish_kv_events(&ks(), w, 0, 1, 1, false, &ops, None).await.expect("published"));
     }
     landed

@@ -14,7 +14,7 @@ use prefixlog_ingest::{KafkaConnection, LogSpec, Publisher, Shard};
 use prefixlog_node::{CheckpointPolicy, NodeOptions, ReplicaNode};
 use prefixlog_query::{IndexClient, MatchOutcome, MatchQuery, Prompt};
 use prefixlog_state::record::encode_kv_events;
-use prefixlog_state::{token_of, KvOp, Landed};
+use prefixlog_state::{token_of, KvOp, Landed, Tier};
 use prefixlog_tests::{kafka_backends, unique_topic, KafkaBackend};
 use prefixlog_workload::{generate, load_trace, FleetConfig, Step};
 use std::collections::BTreeMap;
@@ -40,9 +40,9 @@ fn workload() -> (ByWorker, Vec<Vec<u64>>) {
     for step in generate(&trace, &cfg) {
         let (w, op) = match step {
             Step::Stored { worker, parent_ext, blocks } => {
-                (worker, KvOp::Stored { lane: 0, parent_ext, blocks })
+                (worker, KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext, blocks })
             }
-            Step::Removed { worker, exts } => (worker, KvOp::Removed { lane: 0, exts }),
+            Step::Removed { worker, exts } => (worker, KvOp::Removed { tier: Tier::Gpu, lane: 0, exts }),
             Step::Match { locals } => {
                 queries.push(locals);
                 continue;

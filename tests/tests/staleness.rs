@@ -15,7 +15,7 @@ use prefixlog_proto::v1::{
     MatchResponse, PartitionOffset,
 };
 use prefixlog_query::{Served, ServerConfig};
-use prefixlog_state::{token_of, KvOp};
+use prefixlog_state::{token_of, KvOp, Tier};
 use prefixlog_tests::http::{http_get, sample};
 use prefixlog_tests::{kafka_backends, replicas, unique_topic};
 use std::sync::atomic::Ordering;
@@ -87,7 +87,7 @@ async fn answers_say_stale_once_the_broker_is_silent_longer_than_the_bound() {
         let spec = replicas::spec(&b.brokers, &topic, P);
         let publisher = Publisher::new(&spec).unwrap();
         let ks = KeyspaceId::new("m", 16, 1);
-        let ops = [KvOp::Stored { lane: 0, parent_ext: None, blocks: vec![(1, 1), (2, 2)] }];
+        let ops = [KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext: None, blocks: vec![(1, 1), (2, 2)] }];
         let landed = publisher.publish_kv_events(&ks, 1, 0, 1, 1, false, &ops, None).await.unwrap();
         let opts =
             NodeOptions { stale_after: Duration::from_secs(2), ready_lag: 0, ..replicas::options("stale") };

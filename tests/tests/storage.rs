@@ -19,7 +19,7 @@ use prefixlog_checkpoint::Opened;
 use prefixlog_engine::{KeyspaceId, MatchOptions};
 use prefixlog_ingest::{KafkaConnection, LogSpec, Publisher};
 use prefixlog_node::{CheckpointPolicy, NodeOptions, ReplicaNode, StateSource};
-use prefixlog_state::{token_of, KvOp, Landed, StateSettings};
+use prefixlog_state::{token_of, KvOp, Landed, StateSettings, Tier};
 use prefixlog_tests::{kafka_backends, unique_topic, KafkaBackend};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -56,7 +56,7 @@ async fn publish(p: &Publisher, rounds: std::ops::Range<u64>, seqs: &mut [u64]) 
             seqs[w as usize] += 1;
             let blocks: Vec<(u64, u64)> =
                 (0..8).map(|j| (w << 40 | round << 8 | j, 1 + j + round * 10)).collect();
-            let ops = [KvOp::Stored { lane: 0, parent_ext: None, blocks }];
+            let ops = [KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext: None, blocks }];
             landed.push(
                 p.publish_kv_events(&ks(), w, 0, 1, seqs[w as usize], false, &ops, None).await.unwrap(),
             );

@@ -120,7 +120,7 @@ async fn peer_port_over_mutual_tls() {
     use prefixlog_ingest::{EmbeddedKafka, KafkaConnection, LogSpec, Publisher};
     use prefixlog_node::{CheckpointPolicy, NodeOptions, ReplicaNode, StateSource};
     use prefixlog_peer::PeerTls;
-    use prefixlog_state::{token_of, KvOp, StateSettings};
+    use prefixlog_state::{token_of, KvOp, StateSettings, Tier};
     use std::time::Duration;
     let kafka = EmbeddedKafka::start("prefixlog.peer-tls", 2).unwrap();
     let settings = StateSettings { digest_interval: 2, ..Default::default() };
@@ -139,7 +139,8 @@ async fn peer_port_over_mutual_tls() {
     let publisher = Publisher::new(&spec).unwrap();
     let mut landed = Vec::new();
     for w in 0..8u64 {
-        let ops = [KvOp::Stored { lane: 0, parent_ext: None, blocks: vec![(w << 8 | 1, 1)] }];
+        let ops =
+            [KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext: None, blocks: vec![(w << 8 | 1, 1)] }];
         landed.push(
             publisher
                 .publish_kv_events(&KeyspaceId::new("m", 4, 1), w, 0, 1, 1, false, &ops, None)
@@ -159,7 +160,12 @@ async fn peer_port_over_mutual_tls() {
     assert!(matches!(b.source(), StateSource::Peer { .. }), "bootstrapped over TLS: {:?}", b.source());
     // More records: both record digest points at the same offsets from here on.
     for w in 0..8u64 {
-        let ops = [KvOp::Stored { lane: 0, parent_ext: Some(w << 8 | 1), blocks: vec![(w << 8 | 2, 2)] }];
+        let ops = [KvOp::Stored {
+            tier: Tier::Gpu,
+            lane: 0,
+            parent_ext: Some(w << 8 | 1),
+            blocks: vec![(w << 8 | 2, 2)],
+        }];
         landed.push(
             publisher
                 .publish_kv_events(&KeyspaceId::new("m", 4, 1), w, 0, 1, 2, false, &ops, None)

@@ -20,7 +20,7 @@ use prefixlog_engine::KeyspaceId;
 use prefixlog_ingest::{LogSpec, Publisher};
 use prefixlog_node::{CheckpointPolicy, NodeOptions, ReplicaNode};
 use prefixlog_state::record::{encode_kv_events, worker_for_partition, worker_key};
-use prefixlog_state::{token_of, KvOp, Landed};
+use prefixlog_state::{token_of, KvOp, Landed, Tier};
 use prefixlog_tests::http::sample;
 use prefixlog_tests::raw_produce::{self, Marker};
 use prefixlog_tests::{kafka_backends, replicas, unique_topic};
@@ -40,7 +40,8 @@ async fn publish(p: &Publisher, seq: u64) -> Vec<Landed> {
     let mut out = Vec::new();
     for partition in 0..P {
         let w = worker_for_partition(partition, P);
-        let ops = [KvOp::Stored { lane: 0, parent_ext: None, blocks: vec![(w << 16 | seq, seq)] }];
+        let ops =
+            [KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext: None, blocks: vec![(w << 16 | seq, seq)] }];
         out.push(p.publish_kv_events(&ks(), w, 0, 1, seq, false, &ops, None).await.unwrap());
     }
     out
@@ -60,7 +61,8 @@ fn transaction(spec: &LogSpec, seq: u64, n: u64) -> Result<(), rdkafka::error::K
     producer.init_transactions(t)?;
     producer.begin_transaction()?;
     for s in seq..seq + n {
-        let ops = [KvOp::Stored { lane: 0, parent_ext: None, blocks: vec![(w << 16 | s, s)] }];
+        let ops =
+            [KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext: None, blocks: vec![(w << 16 | s, s)] }];
         let v = encode_kv_events(&ks(), w, 0, 1, s, false, &ops);
         let key = worker_key(w);
         let rec = BaseRecord::to(&spec.topic).key(&key[..]).payload(&v).partition(TXN as i32);
@@ -192,7 +194,12 @@ async fn a_transaction_marker_in_the_log_halts_the_partition_once_without_a_reco
             let w = worker_for_partition(TXN, P);
             let values: Vec<Vec<u8>> = (100..103)
                 .map(|s| {
-                    let ops = [KvOp::Stored { lane: 0, parent_ext: None, blocks: vec![(w << 16 | s, s)] }];
+                    let ops = [KvOp::Stored {
+                        tier: Tier::Gpu,
+                        lane: 0,
+                        parent_ext: None,
+                        blocks: vec![(w << 16 | s, s)],
+                    }];
                     encode_kv_events(&ks(), w, 0, 1, s, false, &ops)
                 })
                 .collect();

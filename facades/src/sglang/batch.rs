@@ -15,7 +15,7 @@
 
 use super::pb::{ApplyExternalKvBatchRequest, ExternalKvAction, ExternalKvActionType, TierType};
 use super::{GPU_LANE, MAX_ACTIONS, MAX_BATCH_HASHES, MAX_WORKER_ID_BYTES};
-use prefixlog_state::KvOp;
+use prefixlog_state::{KvOp, Tier};
 use tonic::Status;
 
 /// Why a batch is refused (nothing of it is applied).
@@ -126,12 +126,13 @@ pub fn map_actions(actions: &[ExternalKvAction]) -> (Vec<KvOp>, Skipped) {
                 skipped.components += 1;
             }
             Ok(ExternalKvActionType::ActionReport) => ops.push(KvOp::Stored {
+                tier: Tier::Gpu,
                 lane: GPU_LANE,
                 parent_ext: a.parent_block_hash.map(|p| p as u64),
                 blocks: a.hashes.iter().map(|&h| (h as u64, h as u64)).collect(),
             }),
             Ok(ExternalKvActionType::ActionRevoke) => {
-                ops.push(KvOp::Removed { lane: GPU_LANE, exts: bits(&a.hashes) })
+                ops.push(KvOp::Removed { tier: Tier::Gpu, lane: GPU_LANE, exts: bits(&a.hashes) })
             }
             Ok(ExternalKvActionType::ActionClearAllAtTier) => ops.push(KvOp::Cleared { lane: GPU_LANE }),
             // Refused by `validate`.
@@ -229,13 +230,14 @@ mod tests {
         assert_eq!(
             ops,
             vec![
-                KvOp::Stored { lane: 0, parent_ext: None, blocks: vec![(7, 7), (8, 8)] },
+                KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext: None, blocks: vec![(7, 7), (8, 8)] },
                 KvOp::Stored {
+                    tier: Tier::Gpu,
                     lane: 0,
                     parent_ext: Some(u64::MAX),
                     blocks: vec![((-3i64) as u64, (-3i64) as u64), (5, 5)]
                 },
-                KvOp::Removed { lane: 0, exts: vec![8] },
+                KvOp::Removed { tier: Tier::Gpu, lane: 0, exts: vec![8] },
                 KvOp::Cleared { lane: 0 },
             ]
         );

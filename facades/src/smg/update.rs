@@ -19,7 +19,7 @@ use super::keyspace::{self, KeyspaceError};
 use super::pb::{event::Kind, Update};
 use super::{LANE, MAX_EVENTS, MAX_HOLDER_BYTES, MAX_UPDATE_BLOCKS};
 use prefixlog_engine::KeyspaceId;
-use prefixlog_state::KvOp;
+use prefixlog_state::{KvOp, Tier};
 
 /// Why an update is refused (nothing of it is applied; the stream ends).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -125,12 +125,13 @@ pub fn map_events(u: &Update) -> Mapped {
                 m.skipped.digest_unconfirmed += 1;
             }
             Some(Kind::Stored(s)) if sequenced => m.ops.push(KvOp::Stored {
+                tier: Tier::Gpu,
                 lane: LANE,
                 parent_ext: s.parent_seq_hash,
                 blocks: s.blocks.iter().map(|b| (b.seq_hash, b.content_hash)).collect(),
             }),
             Some(Kind::Removed(r)) if sequenced => {
-                m.ops.push(KvOp::Removed { lane: LANE, exts: r.seq_hashes.clone() })
+                m.ops.push(KvOp::Removed { tier: Tier::Gpu, lane: LANE, exts: r.seq_hashes.clone() })
             }
             Some(Kind::Cleared(true)) if sequenced => m.ops.push(KvOp::Cleared { lane: LANE }),
             Some(Kind::Cleared(false)) => {}
@@ -182,9 +183,9 @@ mod tests {
         assert_eq!(
             m.ops,
             vec![
-                KvOp::Stored { lane: 0, parent_ext: None, blocks: vec![(1, 11), (2, 12)] },
-                KvOp::Removed { lane: 0, exts: vec![7] },
-                KvOp::Stored { lane: 0, parent_ext: Some(2), blocks: vec![(3, 13)] },
+                KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext: None, blocks: vec![(1, 11), (2, 12)] },
+                KvOp::Removed { tier: Tier::Gpu, lane: 0, exts: vec![7] },
+                KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext: Some(2), blocks: vec![(3, 13)] },
             ]
         );
         assert!(m.placements.is_empty());

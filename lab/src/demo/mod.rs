@@ -31,7 +31,7 @@ use prefixlog_engine::HolderKey;
 use prefixlog_ingest::Publisher;
 use prefixlog_query::{IndexClient, MatchOutcome, MatchQuery, Prompt};
 use prefixlog_state::record::encode_kv_events;
-use prefixlog_state::KvOp;
+use prefixlog_state::{KvOp, Tier};
 use prefixlog_workload::{expand_request, load_trace, Event, Fleet, TraceRequest};
 use report::{Answered, Outcome};
 use std::collections::BTreeMap;
@@ -219,9 +219,11 @@ async fn gateway(
             for ev in w.fleet.serve(chosen, &chain) {
                 let (worker, op) = match ev {
                     Event::Stored { worker, parent_ext, blocks } => {
-                        (worker, KvOp::Stored { lane: 0, parent_ext, blocks })
+                        (worker, KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext, blocks })
                     }
-                    Event::Removed { worker, exts } => (worker, KvOp::Removed { lane: 0, exts }),
+                    Event::Removed { worker, exts } => {
+                        (worker, KvOp::Removed { tier: Tier::Gpu, lane: 0, exts })
+                    }
                 };
                 w.seq[worker as usize] += 1;
                 let _ = w.queues[worker as usize].send((w.seq[worker as usize], op));
