@@ -214,6 +214,9 @@ impl Keyspace {
         let h = match (self.holders.get(&key), parent_ext) {
             (Some(h), _) => h,
             (None, None) => self.holder_or_insert(key),
+            // A tier's first blocks may hang off a parent another tier of the slot holds (a
+            // block offloaded to the host while its parent stays on the GPU).
+            (None, Some(p)) if self.resolve_in_slot(key, p).is_some() => self.holder_or_insert(key),
             // A holder that holds nothing cannot hold the parent: refused, and nothing is
             // created (the holder's existence never depends on refused writes).
             (None, Some(p)) => {
@@ -239,7 +242,7 @@ impl Keyspace {
         self.ensure_fed(h);
         let parent = match parent_ext {
             None => ROOT_BLOCK,
-            Some(p) => match self.resolve(h, p) {
+            Some(p) => match self.resolve(h, p).or_else(|| self.resolve_in_slot(key, p)) {
                 Some(b) => b,
                 None => {
                     self.holders.at_mut(h).gapped = true;
@@ -487,6 +490,21 @@ impl Keyspace {
         }
         let b = self.trie.by_ext(ext)?;
         self.trie.runs[self.trie.run_of(b)].member(h).map(|_| b)
+    }
+
+    /// The block `ext` names for another tier's event-fed holder of `key`'s slot: a store's
+    /// parent may be held on any tier of the worker (each tier's positions count on their own
+    /// in a match). Placements (inferred holders) name no exts, so they are never a parent.
+    fn resolve_in_slot(&self, key: HolderKey, ext: u64) -> Option<u32> {
+        if self.holders.off_gpu() == 0 && key.tier == crate::types::Tier::Gpu {
+            return None; // no other tier holds anything
+        }
+        crate::types::Tier::ALL
+            .into_iter()
+            .filter(|&t| t != key.tier)
+            .filter_map(|t| self.holders.get(&key.on(t)))
+            .filter(|&h| self.holders.card(h).fed)
+            .find_map(|h| self.resolve(h, ext))
     }
 
     /// [`Self::resolve`], trying first the block before `prev` (the previous removal): engines

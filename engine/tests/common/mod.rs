@@ -104,8 +104,16 @@ impl RefModel {
             self.stats.stores_rejected += 1;
             return false;
         }
+        // The parent may be held on any tier of the slot (the holder's own first).
+        let in_slot = |m: &Self, p: u64| {
+            Tier::ALL
+                .into_iter()
+                .filter(|&t| t != key.tier)
+                .find_map(|t| m.holders.get(&key.on(t)).and_then(|h| h.resolve(p)))
+        };
+        let other_tier_parent = parent_ext.and_then(|p| in_slot(self, p));
         // A holder that holds nothing cannot hold the parent: refused, nothing is created.
-        if parent_ext.is_some() && !self.holders.contains_key(&key) {
+        if parent_ext.is_some() && other_tier_parent.is_none() && !self.holders.contains_key(&key) {
             self.stats.stores_rejected += 1;
             return false;
         }
@@ -117,7 +125,7 @@ impl RefModel {
         }
         let mut path = match parent_ext {
             None => Vec::new(),
-            Some(p) => match h.resolve(p) {
+            Some(p) => match h.resolve(p).or(other_tier_parent) {
                 Some(path) => path,
                 None => {
                     h.gapped = true;
