@@ -243,7 +243,8 @@ def serve(a):
     A (worker 1, vLLM positional, replay): seq 2 is lost and recovered over the replay socket.
     B (worker 2 dp 1, map layout, no replay socket; the bridge is pointed at a dead one): an
       unknown event type (published as a gap), seq 2 lost for good (holder gapped); refused
-      events (token count, CPU medium, LoRA, cache salt) and a lane-1 store (group_idx 1).
+      events (token count, unknown medium, cache salt), a LoRA store, a host-tier (CPU) store
+      and a lane-1 store (group_idx 1).
     C (worker 3, SGLang short positional, signed hashes): stores, removes, then the engine
       restarts (new sockets, seq from 0) and stores a different chain.
     D (worker 4): the bridge joins after seq 0-4; replay from 0 recovers them (not gapped).
@@ -273,7 +274,8 @@ def serve(a):
         stored_map([B_HASH[2]], None, B_TOKENS[:4], group_idx=1,
                    kv_cache_spec_kind="sliding_window", kv_cache_spec_sliding_window=128),
         stored_map([99], None, B_TOKENS[:6]),                  # 6 tokens: refused
-        stored_map([98], None, B_TOKENS[:4], medium="CPU"),    # offload tier: refused
+        stored_map([98], None, B_TOKENS[:4], medium="CPU"),    # host tier: indexed there
+        stored_map([95], None, B_TOKENS[:4], medium="TAPE"),   # unknown medium: refused
         stored_map([97], None, B_TOKENS[:4], lora_name="adapter",
                    extra_keys=[["adapter"]]),          # LoRA by name: its own namespace
         stored_map([96], None, B_TOKENS[:4], extra_keys=[["salt"]]),  # cache_salt: refused

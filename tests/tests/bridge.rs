@@ -263,6 +263,22 @@ async fn python_engines_through_bridge_to_replica() {
             let got = depth_of(HolderKey::new(2, 1, 0), &b_prompt, namespace).await;
             assert_eq!(got, want_depth, "{}: B under namespace {namespace:?}", b.name);
         }
+        // B's CPU-medium store (ext 98, B's first block) is on the host tier: a query counting
+        // only the host finds it there; one counting only the GPU sees the GPU chain.
+        for (tiers, want) in [(vec![v1::StorageTier::Host], (1, 1)), (vec![v1::StorageTier::Gpu], (3, 0))] {
+            let req = MatchRequest {
+                keyspace: Some(v1::Keyspace { model: "bridge-model".into(), block_size: BS, hash_scheme: 1 }),
+                prompt: Some(PbPrompt::Tokens(v1::TokenIds { ids: b_prompt.clone(), ..Default::default() })),
+                lane: Some(0),
+                tiers: tiers.iter().map(|&t| t as i32).collect(),
+                ..Default::default()
+            };
+            let resp = client.r#match(req).await.unwrap().into_inner();
+            let s = resp.scores.iter().find(|s| (s.worker, s.dp_rank) == (2, 1)).expect("B scored");
+            let host_run =
+                s.runs.iter().filter(|r| r.tier == v1::StorageTier::Host as i32).map(|r| r.blocks).sum();
+            assert_eq!((s.depth, host_run), want, "{}: B on tiers {tiers:?}: {s:?}", b.name);
+        }
         // Lane metadata announced by the bridge for engine B's cache group 1.
         {
             let a = r.applier().lock();

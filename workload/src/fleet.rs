@@ -45,6 +45,11 @@ impl Fleet {
         self.workers.is_empty()
     }
 
+    /// Whether the worker's cache holds the block `ext`.
+    pub fn holds(&self, worker: u32, ext: u64) -> bool {
+        self.workers[worker as usize].stamp_of.contains_key(&ext)
+    }
+
     /// How many leading blocks of `chain` the worker holds (the prefix it would reuse).
     pub fn cached_prefix(&self, worker: u32, chain: &[(u64, u64)]) -> usize {
         let w = &self.workers[worker as usize];

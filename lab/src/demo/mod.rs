@@ -18,21 +18,23 @@
 //! gateways ask and place through it, scored the same way.
 
 mod cluster;
+mod offload;
 pub mod policy;
 mod report;
 pub mod routing_sim;
 mod smg;
 
 use indicatif::{ProgressBar, ProgressStyle};
+use offload::HostTier;
 use parking_lot::Mutex;
-use policy::{oracle_depths, Load, LocalTree};
+use policy::{Load, LocalTree};
 use prefixlog::fleet_records::keyspace;
 use prefixlog_engine::HolderKey;
 use prefixlog_ingest::Publisher;
 use prefixlog_query::{IndexClient, MatchOutcome, MatchQuery, Prompt};
 use prefixlog_state::record::encode_kv_events;
 use prefixlog_state::{KvOp, Tier};
-use prefixlog_workload::{expand_request, load_trace, Event, Fleet, TraceRequest};
+use prefixlog_workload::{expand_request, load_trace, Fleet, TraceRequest};
 use report::{Answered, Outcome};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -60,6 +62,11 @@ pub struct Args {
     /// LRU capacity of each worker, in blocks.
     #[arg(long, env = "PREFIXLOG_DEMO_CAPACITY", default_value_t = 16384)]
     pub capacity: usize,
+    /// Host-memory blocks per worker: evicted GPU blocks are offloaded there (published on the
+    /// `host` tier), gateways weigh a host hit at 0.6 of a GPU hit, and the table gives hit
+    /// ratios by tier. 0: no host tier.
+    #[arg(long, env = "PREFIXLOG_DEMO_HOST_CAPACITY", default_value_t = 0)]
+    pub host_capacity: usize,
     /// Blocks per trace id (a 512-token id at block size 64 is 8).
     #[arg(long, env = "PREFIXLOG_DEMO_STRETCH", default_value_t = 8)]
     pub stretch: usize,
@@ -103,8 +110,10 @@ impl GatewayProtocol {
 /// gateway-local trees, plus each worker's ordered publish queue.
 struct World {
     fleet: Fleet,
+    host: HostTier,
     load: Load,
     shadow: Fleet,
+    shadow_host: HostTier,
     shadow_load: Load,
     seq: Vec<u64>,
     /// Each worker's KV events, `(seq, op)` in order.
@@ -119,6 +128,8 @@ struct Shared {
     published: AtomicU64,
     stretch: usize,
     capacity: usize,
+    /// Workers offload to a host tier, and gateways weigh it.
+    host_tier: bool,
 }
 
 impl Shared {
@@ -158,14 +169,25 @@ enum Index {
 }
 
 impl Index {
-    /// The answer as `(worker, depth)` and the offsets it reflects.
-    async fn ask(&self, locals: &[u64]) -> (Answered, Vec<(u32, u32)>, Vec<(u32, i64)>) {
+    /// The answer as `(worker, depth)` and the offsets it reflects. With `tiers`, the depth is
+    /// the tier-weighted one (GPU 1.0, host 0.6), in blocks.
+    async fn ask(&self, locals: &[u64], tiers: bool) -> (Answered, Vec<(u32, u32)>, Vec<(u32, i64)>) {
         match self {
             Index::Native { client, .. } => {
-                let q = MatchQuery::new(keyspace(), Prompt::Hashes(locals.to_vec()));
+                let mut q = MatchQuery::new(keyspace(), Prompt::Hashes(locals.to_vec()));
+                if tiers {
+                    q = q.weigh(Tier::Gpu, offload::GPU_WEIGHT).weigh(Tier::Host, offload::HOST_WEIGHT);
+                }
                 match client.match_prompt(&q).await {
                     MatchOutcome::Scores(a) => {
-                        let d = a.scores.iter().map(|x| (x.worker as u32, x.depth)).collect();
+                        let d = a
+                            .scores
+                            .iter()
+                            .map(|x| {
+                                let weighted = ((x.weighted_score + 500) / 1000) as u32;
+                                (x.worker as u32, if tiers { weighted } else { x.depth })
+                            })
+                            .collect();
                         (Answered::Scores, d, a.applied)
                     }
                     MatchOutcome::Empty(a) => (Answered::Empty, vec![], a.applied),
@@ -207,31 +229,27 @@ async fn gateway(
         chain.truncate(s.capacity);
         let locals: Vec<u64> = chain.iter().map(|b| b.1).collect();
         let t = Instant::now();
-        let (answered, depths, applied) = index.ask(&locals).await;
+        let (answered, depths, applied) = index.ask(&locals, s.host_tier).await;
         let query_us = t.elapsed().as_micros() as u64;
         let local_depths = tree.depths(&locals);
         let (chosen, hit, oracle, local_choice, local) = {
             let w = &mut *s.world.lock();
             let chosen = w.load.choose(&depths);
-            let hit = w.fleet.cached_prefix(chosen, &chain) as u32;
-            let oracle = oracle_depths(&w.fleet, &chain).iter().map(|d| d.1).max().unwrap_or(0);
+            let hit = w.host.hit(&w.fleet, chosen, &chain);
+            let oracle = (0..w.fleet.len() as u32)
+                .map(|x| w.host.hit(&w.fleet, x, &chain))
+                .max_by_key(|h| h.weighted())
+                .unwrap_or_default();
             w.load.routed(chosen);
-            for ev in w.fleet.serve(chosen, &chain) {
-                let (worker, op) = match ev {
-                    Event::Stored { worker, parent_ext, blocks } => {
-                        (worker, KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext, blocks })
-                    }
-                    Event::Removed { worker, exts } => {
-                        (worker, KvOp::Removed { tier: Tier::Gpu, lane: 0, exts })
-                    }
-                };
-                w.seq[worker as usize] += 1;
-                let _ = w.queues[worker as usize].send((w.seq[worker as usize], op));
+            for op in w.host.serve(&mut w.fleet, chosen, &chain) {
+                let worker = chosen as usize;
+                w.seq[worker] += 1;
+                let _ = w.queues[worker].send((w.seq[worker], op));
             }
             let lc = w.shadow_load.choose(&local_depths);
-            let local = w.shadow.cached_prefix(lc, &chain) as u32;
+            let local = w.shadow_host.hit(&w.shadow, lc, &chain);
             w.shadow_load.routed(lc);
-            w.shadow.serve(lc, &chain);
+            w.shadow_host.serve(&mut w.shadow, lc, &chain);
             (chosen, hit, oracle, lc, local)
         };
         tree.routed(local_choice, &locals, req.timestamp_ms + 1);
@@ -261,6 +279,10 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         a.speedup
     );
     let over_smg = a.gateway_protocol == GatewayProtocol::Smg;
+    anyhow::ensure!(
+        !(over_smg && a.host_capacity > 0),
+        "--host-capacity needs --gateway-protocol prefixlog (SMG's protocol has no tiers)"
+    );
     let cluster = cluster::Cluster::start(a.partitions, 2, a.anti_entropy_interval, over_smg).await?;
     if over_smg {
         for e in cluster.endpoints() {
@@ -273,8 +295,10 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     let s = Arc::new(Shared {
         world: Mutex::new(World {
             fleet: Fleet::new(a.workers, a.capacity),
+            host: HostTier::new(a.workers, a.host_capacity),
             load: Load::new(a.workers),
             shadow: Fleet::new(a.workers, a.capacity),
+            shadow_host: HostTier::new(a.workers, a.host_capacity),
             shadow_load: Load::new(a.workers),
             seq: vec![0; a.workers],
             queues,
@@ -284,6 +308,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         published: AtomicU64::new(0),
         stretch: a.stretch,
         capacity: a.capacity,
+        host_tier: a.host_capacity > 0,
     });
     let endpoints = cluster.endpoints();
     let mut workers = Vec::new();

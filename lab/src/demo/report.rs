@@ -1,5 +1,6 @@
 //! The demo's results: per-request outcomes, the final table and the SVG plot.
 
+use super::offload::TierHit;
 use std::fmt::Write as _;
 
 /// How a gateway's index query went.
@@ -10,34 +11,49 @@ pub enum Answered {
     Unavailable,
 }
 
-/// One routed request.
+/// One routed request. Hits are split by tier; without a host tier every hit is on the GPU.
 #[derive(Clone, Copy, Debug)]
 pub struct Outcome {
     pub blocks: u32,
     /// Blocks the worker the shared index chose already held.
-    pub hit: u32,
-    /// The most any worker held (perfect knowledge).
-    pub oracle: u32,
+    pub hit: TierHit,
+    /// The best any worker held, by tier-weighted hit (perfect knowledge).
+    pub oracle: TierHit,
     /// Blocks the gateway-local choice got, in the fleet routed by gateway-local trees.
-    pub local: u32,
+    pub local: TierHit,
     pub query_us: u64,
     pub answered: Answered,
 }
 
+/// Hit ratios weighed by tier (GPU 1.0, host 0.6): with no host tier, the plain hit ratios.
 pub struct Ratios {
     pub shared: f64,
     pub oracle: f64,
     pub local: f64,
 }
 
+fn blocks(v: &[Outcome]) -> f64 {
+    v.iter().map(|o| u64::from(o.blocks)).sum::<u64>().max(1) as f64
+}
+
+fn weighted(v: &[Outcome], f: fn(&Outcome) -> TierHit) -> f64 {
+    v.iter().map(|o| f(o).weighted()).sum::<u64>() as f64 / 1000.0 / blocks(v)
+}
+
 pub fn ratios(v: &[Outcome]) -> Ratios {
-    let sum = |f: fn(&Outcome) -> u32| v.iter().map(|o| u64::from(f(o))).sum::<u64>() as f64;
-    let blocks = sum(|o| o.blocks).max(1.0);
     Ratios {
-        shared: sum(|o| o.hit) / blocks,
-        oracle: sum(|o| o.oracle) / blocks,
-        local: sum(|o| o.local) / blocks,
+        shared: weighted(v, |o| o.hit),
+        oracle: weighted(v, |o| o.oracle),
+        local: weighted(v, |o| o.local),
     }
+}
+
+/// "gpu / host" hit ratios of one column.
+fn by_tier(v: &[Outcome], f: fn(&Outcome) -> TierHit) -> String {
+    let b = blocks(v);
+    let gpu: u64 = v.iter().map(|o| u64::from(f(o).gpu)).sum();
+    let host: u64 = v.iter().map(|o| u64::from(f(o).host)).sum();
+    format!("{:.3} / {:.3}", gpu as f64 / b, host as f64 / b)
 }
 
 pub fn percentile_ms(sorted_us: &[u64], q: f64) -> f64 {
@@ -78,9 +94,16 @@ pub fn table(v: &[Outcome], s: &Summary) -> String {
         "requests routed",
         format!("{} ({} gateways, {} workers, {:.1} s)", v.len(), s.gateways, s.workers, s.seconds),
     );
-    row("prefix-hit ratio, shared index (achieved)", format!("{:.3}", r.shared));
-    row("prefix-hit ratio, oracle (perfect knowledge)", format!("{:.3}", r.oracle));
-    row("prefix-hit ratio, gateway-local trees", format!("{:.3}", r.local));
+    let tiered = v.iter().any(|o| o.hit.host + o.oracle.host + o.local.host > 0);
+    let weighed = if tiered { " (GPU 1.0, host 0.6)" } else { "" };
+    row(&format!("prefix-hit ratio{weighed}, shared index (achieved)"), format!("{:.3}", r.shared));
+    row(&format!("prefix-hit ratio{weighed}, oracle (perfect knowledge)"), format!("{:.3}", r.oracle));
+    row(&format!("prefix-hit ratio{weighed}, gateway-local trees"), format!("{:.3}", r.local));
+    if tiered {
+        row("hit ratio by tier (gpu / host), shared index", by_tier(v, |o| o.hit));
+        row("hit ratio by tier (gpu / host), oracle", by_tier(v, |o| o.oracle));
+        row("hit ratio by tier (gpu / host), gateway-local", by_tier(v, |o| o.local));
+    }
     row("shared / oracle", format!("{:.3}", r.shared / r.oracle.max(f64::MIN_POSITIVE)));
     row(
         "index answers: scores / empty / unavailable (fail open)",
@@ -123,8 +146,8 @@ fn yes(b: bool) -> &'static str {
     }
 }
 
-/// Which hit count of an outcome a series plots.
-type Field = fn(&Outcome) -> u32;
+/// Which hit of an outcome a series plots (weighed by tier).
+type Field = fn(&Outcome) -> TierHit;
 
 /// Hit ratio over a moving window of `window` requests, one point per `step` requests.
 fn series(v: &[Outcome], window: usize, step: usize, f: Field) -> Vec<(usize, f64)> {
@@ -133,8 +156,8 @@ fn series(v: &[Outcome], window: usize, step: usize, f: Field) -> Vec<(usize, f6
     while end <= v.len() && end > 0 {
         let w = &v[end.saturating_sub(window)..end];
         let b: u64 = w.iter().map(|o| u64::from(o.blocks)).sum();
-        let h: u64 = w.iter().map(|o| u64::from(f(o))).sum();
-        out.push((end, h as f64 / b.max(1) as f64));
+        let h: u64 = w.iter().map(|o| f(o).weighted()).sum();
+        out.push((end, h as f64 / 1000.0 / b.max(1) as f64));
         if end == v.len() {
             break;
         }
