@@ -9,7 +9,8 @@ For each POST /v1/completions or /v1/chat/completions it
   2. asks the index which of the workers it knows holds the longest prefix: `match()` with
      `candidate_workers` = those workers and `exclude_gapped=True` (a worker whose event
      stream lost records may no longer hold what the index credits it with);
-  3. routes to the best worker: matched blocks minus `--load-penalty` per request in flight
+  3. routes to the best worker: matched blocks (weighed by storage tier with `--tier-weights`,
+     e.g. gpu=1.0,host=0.6,disk=0.3) minus `--load-penalty` per request in flight
      there, ties to the least loaded, then round-robin. If even the best match covers less
      than `--min-match` of the prompt (e.g. only a system prompt every worker has seen), it
      balances instead (least loaded, then round-robin), so that new conversations spread over
@@ -51,8 +52,12 @@ SERVING_URL = "serving_url"
 
 class Router:
     def __init__(self, index: Optional[IndexClient], publisher: LogPublisher, policy: str, load_penalty: float,
-                 min_match: float, gateway_id: str, model: str, static_workers: Dict[int, str]):
+                 min_match: float, gateway_id: str, model: str, static_workers: Dict[int, str],
+                 tier_weights: Optional[Dict[str, int]] = None):
         self.index = index
+        # Per storage tier, what a matched block there is worth (per mille): a host hit saves
+        # most of a prefill, a disk hit less. None: every tier counts as a GPU hit.
+        self.tier_weights = tier_weights
         self.publisher = publisher
         self.policy = policy
         self.load_penalty = load_penalty
@@ -90,7 +95,8 @@ class Router:
             return order[0], "round-robin", None
         answer = None
         if self.index is not None and hashes:
-            answer = self.index.match(KEYSPACE, hashes=hashes, candidate_workers=workers, exclude_gapped=True)
+            answer = self.index.match(KEYSPACE, hashes=hashes, candidate_workers=workers, exclude_gapped=True,
+                                      tier_weights=self.tier_weights)
         with self.lock:
             load = {w: self.inflight[w] for w in workers}
         if answer is None or answer.outcome != "scores":
@@ -99,7 +105,8 @@ class Router:
             return min(order, key=lambda w: load[w]), why, answer
         depth: Dict[int, int] = {}
         for s in answer.scores:  # a worker may hold several (dp rank, lane) entries: take its best
-            depth[s.worker] = max(depth.get(s.worker, 0), s.depth)
+            d = s.weighted_score / 1000 if self.tier_weights else s.depth  # blocks, weighed by tier
+            depth[s.worker] = max(depth.get(s.worker, 0), d)
         best = max(order, key=lambda w: (depth.get(w, 0) - self.load_penalty * load[w], -load[w]))
         partial = " (partial index answer)" if answer.partial else ""
         if depth.get(best, 0) < self.min_match * len(hashes):
@@ -185,11 +192,15 @@ def main() -> None:
     ap.add_argument("--min-match", type=float, default=0.5,
                     help="route by the index only when the best match covers this share of the prompt's blocks")
     ap.add_argument("--gateway-id", default="example-gateway", help="written into every placement")
+    ap.add_argument("--tier-weights", default="",
+                    help="weigh matched blocks by storage tier, e.g. gpu=1.0,host=0.6,disk=0.3 (unlisted tiers: 0)")
     a = ap.parse_args()
+    weights = {t: round(float(w) * 1000) for t, w in (kv.split("=", 1) for kv in a.tier_weights.split(",") if kv)} or None
     endpoints = [e for e in a.index.split(",") if e]
     index = IndexClient(endpoints, deadline=a.deadline_ms / 1000, discover=a.discover) if endpoints else None
     static = {int(w.split("=", 1)[0]): w.split("=", 1)[1] for w in a.worker}
-    router = Router(index, LogPublisher(a.brokers, a.topic), a.policy, a.load_penalty, a.min_match, a.gateway_id, a.model, static)
+    router = Router(index, LogPublisher(a.brokers, a.topic), a.policy, a.load_penalty, a.min_match, a.gateway_id, a.model,
+                    static, weights)
 
     def refresh_workers_forever():
         while True:

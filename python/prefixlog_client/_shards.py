@@ -246,8 +246,9 @@ def _better(a, b) -> bool:
 
 
 def order_key(s):
-    """The server's order of scores: depth descending, then worker, dp rank, lane."""
-    return (-s.depth, s.worker, s.dp_rank, s.lane)
+    """The server's order of scores: weighted score descending (0 without tier weights), depth
+    descending, then worker, dp rank, lane."""
+    return (-s.weighted_score, -s.depth, s.worker, s.dp_rank, s.lane)
 
 
 def merge_matches(smap: ShardMap, results: Sequence[Tuple[Shard, MatchResult]], top_k: Optional[int]) -> MatchResult:

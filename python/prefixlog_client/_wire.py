@@ -23,6 +23,27 @@ class Score:
     intervals: List[Tuple[int, int]] = field(default_factory=list)  # half-open, with intervals=True
     # The holder's event stream lost records: its blocks may include some it no longer holds.
     gapped: bool = False
+    # Storage tiers (query.proto, "Storage tiers"): per counted tier the worker holds blocks
+    # on, (tier name, its own depth, its blocks); the matched prefix as (tier name, blocks)
+    # runs; the tier-weighted score (with tier_weights). Empty / 0 when every holder of the
+    # keyspace is on the GPU.
+    tiers: List[Tuple[str, int, int]] = field(default_factory=list)
+    runs: List[Tuple[str, int]] = field(default_factory=list)
+    weighted_score: int = 0
+
+
+# Storage tier names and their StorageTier codes (records.proto).
+TIERS = {"gpu": 0, "host": 1, "disk": 2, "external": 3}
+TIER_NAMES = {v: k for k, v in TIERS.items()}
+
+
+def _tier_code(name) -> int:
+    if isinstance(name, int):
+        return name
+    try:
+        return TIERS[name.lower()]
+    except KeyError:
+        raise ValueError(f"unknown storage tier {name!r}: one of {sorted(TIERS)}") from None
 
 
 @dataclass
@@ -99,9 +120,14 @@ def match_request(
     allow_stale: bool = False,
     candidate_workers: Sequence[int] = (),
     exclude_gapped: bool = False,
+    tiers: Sequence = (),
+    tier_weights: Optional[Dict] = None,
 ) -> query_pb2.MatchRequest:
     """The MatchRequest for one query. Exactly one prompt form: `tokens` (hashed by the replica,
-    under `namespace`) or `hashes` (canonical local hashes, namespace already applied)."""
+    under `namespace`) or `hashes` (canonical local hashes, namespace already applied).
+    `tiers`: the storage tiers that count, in preference order ("gpu", "host", "disk",
+    "external"; empty: all); `tier_weights`: {tier: per mille}, answers ordered by the
+    weighted score."""
     if (tokens is None) == (hashes is None):
         raise ValueError("pass exactly one of tokens= and hashes=")
     if namespace and tokens is None:
@@ -124,6 +150,9 @@ def match_request(
         req.top_k = top_k
     if lane is not None:
         req.lane = lane
+    req.tiers.extend(_tier_code(t) for t in tiers)
+    for t, per_mille in (tier_weights or {}).items():
+        req.tier_weights.add(tier=_tier_code(t), per_mille=per_mille)
     return req
 
 
@@ -139,6 +168,9 @@ def match_result(resp: query_pb2.MatchResponse, endpoint: str) -> MatchResult:
             inferred=s.inferred,
             intervals=[(iv.start, iv.end) for iv in s.intervals],
             gapped=s.gapped,
+            tiers=[(TIER_NAMES.get(t.tier, str(t.tier)), t.depth, t.total_blocks) for t in s.tiers],
+            runs=[(TIER_NAMES.get(r.tier, str(r.tier)), r.blocks) for r in s.runs],
+            weighted_score=s.weighted_score,
         )
         for s in resp.scores
     ]

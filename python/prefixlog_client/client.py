@@ -282,6 +282,8 @@ class IndexClient:
         namespace: str = "",
         candidate_workers: Sequence[int] = (),
         exclude_gapped: bool = False,
+        tiers: Sequence = (),
+        tier_weights: Optional[Dict] = None,
     ) -> MatchResult:
         """Which workers hold the longest prefix of the prompt in `keyspace` (model, block
         size, hash scheme). The prompt is `tokens` (token ids, hashed by the replica under
@@ -293,7 +295,10 @@ class IndexClient:
         unchanged, or token_from_ack() of a publish acknowledgement. Not reached within the
         deadline: "unavailable: timeout", or with `allow_stale` an answer flagged `stale`.
         `candidate_workers`: score only these workers; `exclude_gapped`: leave out holders whose
-        event stream had a gap. `deadline` overrides the client's for this query.
+        event stream had a gap. `deadline` overrides the client's for this query. `tiers`: the
+        storage tiers that count, in preference order (e.g. ["gpu", "host"]; empty: all);
+        `tier_weights`: {tier: per mille}, scores ordered by `weighted_score` (Score.runs says
+        which tier holds which stretch).
 
         Sharded: every shard is asked in parallel within the one deadline (each gets only its
         partitions' tokens and candidates) and the answers merged, `top_k` after the merge. A
@@ -304,6 +309,7 @@ class IndexClient:
             keyspace, tokens=tokens, hashes=hashes, namespace=namespace, top_k=top_k, lane=lane,
             intervals=intervals, min_offsets=min_offsets, allow_stale=allow_stale,
             candidate_workers=candidate_workers, exclude_gapped=exclude_gapped,
+            tiers=tiers, tier_weights=tier_weights,
         )
         end = time.monotonic() + (self.deadline if deadline is None else deadline)
         smap = self._map

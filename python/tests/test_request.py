@@ -65,3 +65,20 @@ def test_no_scores_is_empty():
     resp = canned_response()
     del resp.scores[:]
     assert match_result(resp, "host:1").outcome == "empty"
+
+
+def test_tier_order_and_weights_reach_the_request_and_tiered_scores_the_result():
+    from prefixlog_client._proto import query_pb2
+
+    req = match_request(KS, hashes=[1], tiers=["host", "GPU", 2], tier_weights={"gpu": 1000, "host": 600})
+    assert list(req.tiers) == [1, 0, 2]
+    assert [(w.tier, w.per_mille) for w in req.tier_weights] == [(0, 1000), (1, 600)]
+    with pytest.raises(ValueError, match="unknown storage tier"):
+        match_request(KS, hashes=[1], tiers=["tape"])
+    resp = query_pb2.MatchResponse(scores=[query_pb2.WorkerScore(
+        worker=7, depth=3, weighted_score=2200,
+        tiers=[query_pb2.TierDepth(tier=0, depth=1, total_blocks=5), query_pb2.TierDepth(tier=1, depth=3, total_blocks=9)],
+        runs=[query_pb2.TierRun(tier=0, blocks=1), query_pb2.TierRun(tier=1, blocks=2)],
+    )])
+    s = match_result(resp, "e").scores[0]
+    assert (s.tiers, s.runs, s.weighted_score) == ([("gpu", 1, 5), ("host", 3, 9)], [("gpu", 1), ("host", 2)], 2200)

@@ -28,7 +28,7 @@ class BlockHashes(_message.Message):
     def __init__(self, local: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class MatchRequest(_message.Message):
-    __slots__ = ("keyspace", "tokens", "hashes", "intervals", "top_k", "lane", "min_offsets", "allow_stale", "request_id", "candidate_workers", "exclude_gapped", "in_band_errors", "unordered", "timeout_us")
+    __slots__ = ("keyspace", "tokens", "hashes", "intervals", "top_k", "lane", "min_offsets", "allow_stale", "request_id", "candidate_workers", "exclude_gapped", "in_band_errors", "unordered", "timeout_us", "tiers", "tier_weights")
     KEYSPACE_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     HASHES_FIELD_NUMBER: _ClassVar[int]
@@ -43,6 +43,8 @@ class MatchRequest(_message.Message):
     IN_BAND_ERRORS_FIELD_NUMBER: _ClassVar[int]
     UNORDERED_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_US_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    TIER_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     keyspace: _records_pb2.Keyspace
     tokens: TokenIds
     hashes: BlockHashes
@@ -57,7 +59,35 @@ class MatchRequest(_message.Message):
     in_band_errors: bool
     unordered: bool
     timeout_us: int
-    def __init__(self, keyspace: _Optional[_Union[_records_pb2.Keyspace, _Mapping]] = ..., tokens: _Optional[_Union[TokenIds, _Mapping]] = ..., hashes: _Optional[_Union[BlockHashes, _Mapping]] = ..., intervals: bool = ..., top_k: _Optional[int] = ..., lane: _Optional[int] = ..., min_offsets: _Optional[_Iterable[_Union[_records_pb2.PartitionOffset, _Mapping]]] = ..., allow_stale: bool = ..., request_id: _Optional[int] = ..., candidate_workers: _Optional[_Iterable[int]] = ..., exclude_gapped: bool = ..., in_band_errors: bool = ..., unordered: bool = ..., timeout_us: _Optional[int] = ...) -> None: ...
+    tiers: _containers.RepeatedScalarFieldContainer[_records_pb2.StorageTier]
+    tier_weights: _containers.RepeatedCompositeFieldContainer[TierWeight]
+    def __init__(self, keyspace: _Optional[_Union[_records_pb2.Keyspace, _Mapping]] = ..., tokens: _Optional[_Union[TokenIds, _Mapping]] = ..., hashes: _Optional[_Union[BlockHashes, _Mapping]] = ..., intervals: bool = ..., top_k: _Optional[int] = ..., lane: _Optional[int] = ..., min_offsets: _Optional[_Iterable[_Union[_records_pb2.PartitionOffset, _Mapping]]] = ..., allow_stale: bool = ..., request_id: _Optional[int] = ..., candidate_workers: _Optional[_Iterable[int]] = ..., exclude_gapped: bool = ..., in_band_errors: bool = ..., unordered: bool = ..., timeout_us: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[_records_pb2.StorageTier, str]]] = ..., tier_weights: _Optional[_Iterable[_Union[TierWeight, _Mapping]]] = ...) -> None: ...
+
+class TierWeight(_message.Message):
+    __slots__ = ("tier", "per_mille")
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    PER_MILLE_FIELD_NUMBER: _ClassVar[int]
+    tier: _records_pb2.StorageTier
+    per_mille: int
+    def __init__(self, tier: _Optional[_Union[_records_pb2.StorageTier, str]] = ..., per_mille: _Optional[int] = ...) -> None: ...
+
+class TierDepth(_message.Message):
+    __slots__ = ("tier", "depth", "total_blocks")
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    DEPTH_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    tier: _records_pb2.StorageTier
+    depth: int
+    total_blocks: int
+    def __init__(self, tier: _Optional[_Union[_records_pb2.StorageTier, str]] = ..., depth: _Optional[int] = ..., total_blocks: _Optional[int] = ...) -> None: ...
+
+class TierRun(_message.Message):
+    __slots__ = ("tier", "blocks")
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    tier: _records_pb2.StorageTier
+    blocks: int
+    def __init__(self, tier: _Optional[_Union[_records_pb2.StorageTier, str]] = ..., blocks: _Optional[int] = ...) -> None: ...
 
 class Interval(_message.Message):
     __slots__ = ("start", "end")
@@ -68,7 +98,7 @@ class Interval(_message.Message):
     def __init__(self, start: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
 
 class WorkerScore(_message.Message):
-    __slots__ = ("worker", "dp_rank", "lane", "depth", "total_blocks", "inferred", "intervals", "gapped")
+    __slots__ = ("worker", "dp_rank", "lane", "depth", "total_blocks", "inferred", "intervals", "gapped", "tiers", "runs", "weighted_score")
     WORKER_FIELD_NUMBER: _ClassVar[int]
     DP_RANK_FIELD_NUMBER: _ClassVar[int]
     LANE_FIELD_NUMBER: _ClassVar[int]
@@ -77,6 +107,9 @@ class WorkerScore(_message.Message):
     INFERRED_FIELD_NUMBER: _ClassVar[int]
     INTERVALS_FIELD_NUMBER: _ClassVar[int]
     GAPPED_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTED_SCORE_FIELD_NUMBER: _ClassVar[int]
     worker: int
     dp_rank: int
     lane: int
@@ -85,7 +118,10 @@ class WorkerScore(_message.Message):
     inferred: bool
     intervals: _containers.RepeatedCompositeFieldContainer[Interval]
     gapped: bool
-    def __init__(self, worker: _Optional[int] = ..., dp_rank: _Optional[int] = ..., lane: _Optional[int] = ..., depth: _Optional[int] = ..., total_blocks: _Optional[int] = ..., inferred: bool = ..., intervals: _Optional[_Iterable[_Union[Interval, _Mapping]]] = ..., gapped: bool = ...) -> None: ...
+    tiers: _containers.RepeatedCompositeFieldContainer[TierDepth]
+    runs: _containers.RepeatedCompositeFieldContainer[TierRun]
+    weighted_score: int
+    def __init__(self, worker: _Optional[int] = ..., dp_rank: _Optional[int] = ..., lane: _Optional[int] = ..., depth: _Optional[int] = ..., total_blocks: _Optional[int] = ..., inferred: bool = ..., intervals: _Optional[_Iterable[_Union[Interval, _Mapping]]] = ..., gapped: bool = ..., tiers: _Optional[_Iterable[_Union[TierDepth, _Mapping]]] = ..., runs: _Optional[_Iterable[_Union[TierRun, _Mapping]]] = ..., weighted_score: _Optional[int] = ...) -> None: ...
 
 class MatchResponse(_message.Message):
     __slots__ = ("scores", "applied", "replica_id", "stale", "query_blocks", "request_id", "partitions", "partition_count", "error")

@@ -1,10 +1,22 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class StorageTier(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    STORAGE_TIER_GPU: _ClassVar[StorageTier]
+    STORAGE_TIER_HOST: _ClassVar[StorageTier]
+    STORAGE_TIER_DISK: _ClassVar[StorageTier]
+    STORAGE_TIER_EXTERNAL: _ClassVar[StorageTier]
+STORAGE_TIER_GPU: StorageTier
+STORAGE_TIER_HOST: StorageTier
+STORAGE_TIER_DISK: StorageTier
+STORAGE_TIER_EXTERNAL: StorageTier
 
 class Keyspace(_message.Message):
     __slots__ = ("model", "block_size", "hash_scheme")
@@ -63,16 +75,18 @@ class LaneInfo(_message.Message):
     def __init__(self, lane: _Optional[int] = ..., kind: _Optional[str] = ..., sliding_window: _Optional[int] = ..., block_size: _Optional[int] = ...) -> None: ...
 
 class KvEvent(_message.Message):
-    __slots__ = ("lane", "stored", "removed", "cleared")
+    __slots__ = ("lane", "stored", "removed", "cleared", "tier")
     LANE_FIELD_NUMBER: _ClassVar[int]
     STORED_FIELD_NUMBER: _ClassVar[int]
     REMOVED_FIELD_NUMBER: _ClassVar[int]
     CLEARED_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
     lane: int
     stored: BlocksStored
     removed: BlocksRemoved
     cleared: AllBlocksCleared
-    def __init__(self, lane: _Optional[int] = ..., stored: _Optional[_Union[BlocksStored, _Mapping]] = ..., removed: _Optional[_Union[BlocksRemoved, _Mapping]] = ..., cleared: _Optional[_Union[AllBlocksCleared, _Mapping]] = ...) -> None: ...
+    tier: StorageTier
+    def __init__(self, lane: _Optional[int] = ..., stored: _Optional[_Union[BlocksStored, _Mapping]] = ..., removed: _Optional[_Union[BlocksRemoved, _Mapping]] = ..., cleared: _Optional[_Union[AllBlocksCleared, _Mapping]] = ..., tier: _Optional[_Union[StorageTier, str]] = ...) -> None: ...
 
 class BlocksStored(_message.Message):
     __slots__ = ("parent_ext", "ext", "local")
