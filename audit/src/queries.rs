@@ -1,6 +1,6 @@
 //! Match queries against reconstructed state, JSON in and out, and state summaries.
 
-use prefixlog_engine::{Engine, HolderKey, KeyspaceId, MatchOptions};
+use prefixlog_engine::{Engine, HolderKey, KeyspaceId, MatchOptions, Tier};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -55,6 +55,8 @@ pub enum QueryError {
     TokensOrHashes,
     #[error("no keyspace {keyspace} (known: {})", .known.join(", "))]
     NoKeyspace { keyspace: KeyspaceId, known: Vec<String> },
+    #[error("unknown storage tier {0:?} (gpu, host, disk, external)")]
+    UnknownTier(String),
 }
 
 /// One query: the prompt as token ids or as canonical block hashes.
@@ -69,6 +71,14 @@ pub struct Query {
     pub top_k: Option<usize>,
     #[serde(default)]
     pub intervals: bool,
+    /// The storage tiers that count, in preference order (names; empty: all), as a live
+    /// query's `tiers`.
+    #[serde(default)]
+    pub tiers: Vec<String>,
+    /// Per tier name, a matched block's weight in thousandths, as a live query's
+    /// `tier_weights`.
+    #[serde(default)]
+    pub tier_weights: BTreeMap<String, u32>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -81,6 +91,16 @@ pub struct WorkerScore {
     pub inferred: bool,
     #[serde(skip_serializing_if = "Vec::is_empty", default)]
     pub intervals: Vec<(u32, u32)>,
+    /// Per counted tier: (name, its own depth, its blocks); empty when every holder is on the
+    /// GPU (as in a live answer).
+    #[serde(skip_serializing_if = "Vec::is_empty", default)]
+    pub tiers: Vec<(String, u32, u32)>,
+    /// The matched prefix as (tier name, blocks) runs.
+    #[serde(skip_serializing_if = "Vec::is_empty", default)]
+    pub runs: Vec<(String, u32)>,
+    /// With tier weights: Σ run blocks × weight.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub weighted_score: Option<u64>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -109,7 +129,19 @@ impl Query {
 pub fn answer(engine: &Engine, q: &Query) -> Result<Answer, QueryError> {
     let locals = q.locals()?;
     let id = q.keyspace.id();
-    let opts = MatchOptions { intervals: q.intervals, top_k: q.top_k, lane: None, ..Default::default() };
+    let tier = |name: &String| Tier::from_name(name).ok_or_else(|| QueryError::UnknownTier(name.clone()));
+    let tiers = q.tiers.iter().map(tier).collect::<Result<Vec<_>, _>>()?;
+    let tier_weights = if q.tier_weights.is_empty() {
+        None
+    } else {
+        let mut w = [0u32; 4];
+        for (name, &per_mille) in &q.tier_weights {
+            w[tier(name)?.code() as usize] = per_mille;
+        }
+        Some(w)
+    };
+    let opts =
+        MatchOptions { intervals: q.intervals, top_k: q.top_k, tiers, tier_weights, ..Default::default() };
     let known = || engine.keyspace_ids().iter().map(|k| k.to_string()).collect();
     let res = engine
         .match_chain(&id, &locals, &opts)
@@ -126,6 +158,9 @@ pub fn answer(engine: &Engine, q: &Query) -> Result<Answer, QueryError> {
                 total: m.total,
                 inferred: m.inferred,
                 intervals: m.intervals,
+                tiers: m.tiers.iter().map(|t| (t.tier.name().to_string(), t.depth, t.total)).collect(),
+                runs: m.runs.iter().map(|r| (r.tier.name().to_string(), r.blocks)).collect(),
+                weighted_score: m.weighted,
             })
             .collect(),
     })
@@ -152,4 +187,40 @@ pub fn holder_blocks(engine: &Engine, ks: &KeyspaceId, h: HolderKey) -> Vec<Vec<
         .into_iter()
         .map(|c| c.into_iter().map(|l| format!("{l:#018x}")).collect())
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prefixlog_engine::EngineConfig;
+
+    /// An audit query orders, restricts and weighs tiers as a live query does, and names an
+    /// unknown tier instead of guessing.
+    #[test]
+    fn tier_options_are_read_by_name() {
+        let engine = Engine::new(EngineConfig::default());
+        let id = KeyspaceId::new("m", 16, 1);
+        engine.store(&id, HolderKey::new(3, 0, 0), None, &[(11, 1)], 1).unwrap();
+        engine.store(&id, HolderKey::new(3, 0, 0).on(Tier::Host), None, &[(11, 1), (12, 2)], 1).unwrap();
+        let q = |tiers: &[&str], weights: &[(&str, u32)]| Query {
+            keyspace: KeyspaceJson { model: "m".into(), block_size: 16, hash_scheme: 1 },
+            tokens: None,
+            hashes: Some(vec![Hash::Num(1), Hash::Num(2)]),
+            top_k: None,
+            intervals: false,
+            tiers: tiers.iter().map(|t| t.to_string()).collect(),
+            tier_weights: weights.iter().map(|&(t, w)| (t.to_string(), w)).collect(),
+        };
+        let a = answer(&engine, &q(&[], &[("gpu", 1000), ("host", 600)])).unwrap();
+        let w = &a.workers[0];
+        assert_eq!(
+            (w.depth, w.runs.clone(), w.weighted_score),
+            (2, vec![("gpu".into(), 1), ("host".into(), 1)], Some(1600))
+        );
+        let a = answer(&engine, &q(&["GPU"], &[])).unwrap();
+        assert_eq!((a.workers[0].depth, a.workers[0].runs.clone()), (1, vec![("gpu".into(), 1)]));
+        assert!(
+            matches!(answer(&engine, &q(&["tape"], &[])), Err(QueryError::UnknownTier(t)) if t == "tape")
+        );
+    }
 }

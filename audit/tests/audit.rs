@@ -24,6 +24,8 @@ fn query(chain: &[u64]) -> Query {
         hashes: Some(chain.iter().map(|&h| Hash::Num(h)).collect()),
         top_k: None,
         intervals: true,
+        tiers: vec![],
+        tier_weights: Default::default(),
     }
 }
 
