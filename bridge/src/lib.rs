@@ -33,6 +33,7 @@
 
 pub mod engines;
 pub mod metrics;
+pub mod namespace;
 pub mod naming;
 pub mod session;
 pub mod wire;

@@ -21,6 +21,7 @@
 //! is refused and counted (mis-hashing it would credit blocks at the wrong trie positions).
 
 use super::metrics::{BridgeMetrics, Refusal};
+use super::namespace;
 use super::wire::{Batch, Event, Tokens};
 use prefixlog_state::record::KvOp;
 use std::collections::{BTreeSet, HashMap, VecDeque};
@@ -224,13 +225,9 @@ impl Session {
                 if medium.as_deref().is_some_and(|m| !m.eq_ignore_ascii_case(MEDIUM_GPU)) {
                     return Err(Refusal::Medium);
                 }
-                // vLLM sends lora_id 0 or nil for the base model. An adapter named by lora_name is
-                // a namespace of its own (its chain starts from the name's seed); a bare integer
-                // id (older vLLM) names nothing a gateway can hash with, and other extra keys
-                // cannot be reproduced from token ids: both refused.
-                if *extra_keys || (lora_name.is_none() && lora_id.is_some_and(|id| id != 0)) {
-                    return Err(Refusal::Namespaced);
-                }
+                // An adapter named by lora_name is a namespace of its own (its chain starts from
+                // the name's seed); multimodal identifiers and the cache salt key their blocks.
+                let keys = namespace::block_keys(extra_keys, lora_name.as_deref(), *lora_id, hashes.len())?;
                 let Tokens::Ids(ids) = tokens else { return Err(Refusal::Tokens) };
                 let bs = self.block_size;
                 if bs == 0
@@ -244,7 +241,7 @@ impl Session {
                     None => prefixlog_engine::scheme::namespace_seed(lora_name.as_deref().unwrap_or("")),
                     Some(p) => *self.locals.get(&(lane, *p)).ok_or(Refusal::UnknownParent)?,
                 };
-                let locals = chain_from(seed, ids, bs);
+                let locals = namespace::chain_keyed(seed, ids, bs, &keys);
                 self.lanes.insert(lane);
                 if group_idx.is_some() || kv_cache_spec_kind.is_some() {
                     let meta = prefixlog_state::LaneMeta {
