@@ -230,6 +230,8 @@ class AsyncIndexClient:
         namespace: str = "",
         candidate_workers: Sequence[int] = (),
         exclude_gapped: bool = False,
+        cache_salt: str = "",
+        extra: Sequence[Tuple[int, Sequence[str]]] = (),
     ) -> MatchResult:
         """See IndexClient.match: the same arguments (`min_offsets` in next offsets, e.g. a
         previous answer's `applied` unchanged) and the same fail-open outcomes, sharded or not."""
@@ -237,6 +239,7 @@ class AsyncIndexClient:
             keyspace, tokens=tokens, hashes=hashes, namespace=namespace, top_k=top_k, lane=lane,
             intervals=intervals, min_offsets=min_offsets, allow_stale=allow_stale,
             candidate_workers=candidate_workers, exclude_gapped=exclude_gapped,
+            cache_salt=cache_salt, extra=extra,
         )
         await self._ready()
         end = time.monotonic() + (self.deadline if deadline is None else deadline)

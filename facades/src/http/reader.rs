@@ -110,7 +110,7 @@ impl Reader {
             model: req.model_name,
             group: non_empty_or(req.routing_group, DEFAULT_ROUTING_GROUP),
             scheme: SCHEME_XXH3_CHAINED,
-            prompt: Prompt::Tokens(TokenIds { ids: req.token_ids, namespace }),
+            prompt: Prompt::Tokens(TokenIds { ids: req.token_ids, namespace, ..Default::default() }),
             // Tokens, not blocks yet: the block size is the keyspace's (checked in `answer`).
             blocks,
             salted: req.cache_salt.is_some_and(|s| !s.is_empty()),
@@ -169,7 +169,7 @@ impl Reader {
         let whole_blocks = req.token_ids.len() / req.block_size.max(1) as usize;
         let skip = req.cache_salt.is_some_and(|s| !s.is_empty()) || whole_blocks == 0;
         let namespace = req.lora_name.unwrap_or_default();
-        let prompt = Prompt::Tokens(TokenIds { ids: req.token_ids, namespace });
+        let prompt = Prompt::Tokens(TokenIds { ids: req.token_ids, namespace, ..Default::default() });
         let depths = if skip { Vec::new() } else { self.depths(&ks, prompt).await? };
         let holders = self.holders_labelled(&ks, |worker, m: Meta| {
             let get = |k: &str| m.and_then(|m| m.get(k)).map(String::as_str).filter(|v| !v.is_empty());

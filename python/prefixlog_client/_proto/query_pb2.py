@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from . import records_pb2 as records__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0bquery.proto\x12\x0cprefixlog.v1\x1a\rrecords.proto\"\x1e\n\x0b\x45\x63hoMessage\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\"*\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\x12\x11\n\tnamespace\x18\x02 \x01(\t\"\x1c\n\x0b\x42lockHashes\x12\r\n\x05local\x18\x01 \x03(\x06\"\xb5\x03\n\x0cMatchRequest\x12(\n\x08keyspace\x18\x01 \x01(\x0b\x32\x16.prefixlog.v1.Keyspace\x12(\n\x06tokens\x18\x02 \x01(\x0b\x32\x16.prefixlog.v1.TokenIdsH\x00\x12+\n\x06hashes\x18\x03 \x01(\x0b\x32\x19.prefixlog.v1.BlockHashesH\x00\x12\x11\n\tintervals\x18\x04 \x01(\x08\x12\x12\n\x05top_k\x18\x05 \x01(\rH\x01\x88\x01\x01\x12\x11\n\x04lane\x18\x06 \x01(\rH\x02\x88\x01\x01\x12\x32\n\x0bmin_offsets\x18\x07 \x03(\x0b\x32\x1d.prefixlog.v1.PartitionOffset\x12\x13\n\x0b\x61llow_stale\x18\x08 \x01(\x08\x12\x12\n\nrequest_id\x18\t \x01(\x04\x12\x19\n\x11\x63\x61ndidate_workers\x18\n \x03(\x04\x12\x16\n\x0e\x65xclude_gapped\x18\x0b \x01(\x08\x12\x16\n\x0ein_band_errors\x18\x0c \x01(\x08\x12\x11\n\tunordered\x18\r \x01(\x08\x12\x12\n\ntimeout_us\x18\x0e \x01(\x04\x42\x08\n\x06promptB\x08\n\x06_top_kB\x07\n\x05_lane\"&\n\x08Interval\x12\r\n\x05start\x18\x01 \x01(\r\x12\x0b\n\x03\x65nd\x18\x02 \x01(\r\"\xae\x01\n\x0bWorkerScore\x12\x0e\n\x06worker\x18\x01 \x01(\x04\x12\x0f\n\x07\x64p_rank\x18\x02 \x01(\r\x12\x0c\n\x04lane\x18\x03 \x01(\r\x12\r\n\x05\x64\x65pth\x18\x04 \x01(\r\x12\x14\n\x0ctotal_blocks\x18\x05 \x01(\r\x12\x10\n\x08inferred\x18\x06 \x01(\x08\x12)\n\tintervals\x18\x07 \x03(\x0b\x32\x16.prefixlog.v1.Interval\x12\x0e\n\x06gapped\x18\x08 \x01(\x08\"\x8d\x02\n\rMatchResponse\x12)\n\x06scores\x18\x01 \x03(\x0b\x32\x19.prefixlog.v1.WorkerScore\x12.\n\x07\x61pplied\x18\x02 \x03(\x0b\x32\x1d.prefixlog.v1.PartitionOffset\x12\x12\n\nreplica_id\x18\x03 \x01(\t\x12\r\n\x05stale\x18\x04 \x01(\x08\x12\x14\n\x0cquery_blocks\x18\x05 \x01(\r\x12\x12\n\nrequest_id\x18\x06 \x01(\x04\x12\x12\n\npartitions\x18\x07 \x03(\r\x12\x17\n\x0fpartition_count\x18\x08 \x01(\r\x12\'\n\x05\x65rror\x18\t \x01(\x0b\x32\x18.prefixlog.v1.MatchError\"+\n\nMatchError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\r\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x11\n\x0f\x44\x65scribeRequest\"\xd4\x01\n\x10\x44\x65scribeResponse\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x17\n\x0fpartition_count\x18\x03 \x01(\r\x12\x12\n\npartitions\x18\x04 \x03(\r\x12\r\n\x05shard\x18\x05 \x01(\r\x12\x13\n\x0bshard_count\x18\x06 \x01(\r\x12\r\n\x05peers\x18\x07 \x03(\t\x12\r\n\x05ready\x18\x08 \x01(\x08\x12.\n\x07\x61pplied\x18\t \x03(\x0b\x32\x1d.prefixlog.v1.PartitionOffset\"\x14\n\x12ListWorkersRequest\"\x9a\x01\n\nWorkerInfo\x12\x0e\n\x06worker\x18\x01 \x01(\x04\x12\x11\n\tpartition\x18\x02 \x01(\r\x12\x38\n\x08metadata\x18\x03 \x03(\x0b\x32&.prefixlog.v1.WorkerInfo.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"m\n\x13ListWorkersResponse\x12)\n\x07workers\x18\x01 \x03(\x0b\x32\x18.prefixlog.v1.WorkerInfo\x12\x12\n\npartitions\x18\x02 \x03(\r\x12\x17\n\x0fpartition_count\x18\x03 \x01(\r2\xba\x02\n\x0bPrefixIndex\x12@\n\x05Match\x12\x1a.prefixlog.v1.MatchRequest\x1a\x1b.prefixlog.v1.MatchResponse\x12J\n\x0bMatchStream\x12\x1a.prefixlog.v1.MatchRequest\x1a\x1b.prefixlog.v1.MatchResponse(\x01\x30\x01\x12I\n\x08\x44\x65scribe\x12\x1d.prefixlog.v1.DescribeRequest\x1a\x1e.prefixlog.v1.DescribeResponse\x12R\n\x0bListWorkers\x12 .prefixlog.v1.ListWorkersRequest\x1a!.prefixlog.v1.ListWorkersResponse2D\n\x04\x45\x63ho\x12<\n\x04\x45\x63ho\x12\x19.prefixlog.v1.EchoMessage\x1a\x19.prefixlog.v1.EchoMessageb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0bquery.proto\x12\x0cprefixlog.v1\x1a\rrecords.proto\"\x1e\n\x0b\x45\x63hoMessage\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\"k\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12\x12\n\ncache_salt\x18\x03 \x01(\t\x12+\n\x05\x65xtra\x18\x04 \x03(\x0b\x32\x1c.prefixlog.v1.BlockExtraKeys\"/\n\x0e\x42lockExtraKeys\x12\r\n\x05\x62lock\x18\x01 \x01(\r\x12\x0e\n\x06mm_ids\x18\x02 \x03(\t\"\x1c\n\x0b\x42lockHashes\x12\r\n\x05local\x18\x01 \x03(\x06\"\xb5\x03\n\x0cMatchRequest\x12(\n\x08keyspace\x18\x01 \x01(\x0b\x32\x16.prefixlog.v1.Keyspace\x12(\n\x06tokens\x18\x02 \x01(\x0b\x32\x16.prefixlog.v1.TokenIdsH\x00\x12+\n\x06hashes\x18\x03 \x01(\x0b\x32\x19.prefixlog.v1.BlockHashesH\x00\x12\x11\n\tintervals\x18\x04 \x01(\x08\x12\x12\n\x05top_k\x18\x05 \x01(\rH\x01\x88\x01\x01\x12\x11\n\x04lane\x18\x06 \x01(\rH\x02\x88\x01\x01\x12\x32\n\x0bmin_offsets\x18\x07 \x03(\x0b\x32\x1d.prefixlog.v1.PartitionOffset\x12\x13\n\x0b\x61llow_stale\x18\x08 \x01(\x08\x12\x12\n\nrequest_id\x18\t \x01(\x04\x12\x19\n\x11\x63\x61ndidate_workers\x18\n \x03(\x04\x12\x16\n\x0e\x65xclude_gapped\x18\x0b \x01(\x08\x12\x16\n\x0ein_band_errors\x18\x0c \x01(\x08\x12\x11\n\tunordered\x18\r \x01(\x08\x12\x12\n\ntimeout_us\x18\x0e \x01(\x04\x42\x08\n\x06promptB\x08\n\x06_top_kB\x07\n\x05_lane\"&\n\x08Interval\x12\r\n\x05start\x18\x01 \x01(\r\x12\x0b\n\x03\x65nd\x18\x02 \x01(\r\"\xae\x01\n\x0bWorkerScore\x12\x0e\n\x06worker\x18\x01 \x01(\x04\x12\x0f\n\x07\x64p_rank\x18\x02 \x01(\r\x12\x0c\n\x04lane\x18\x03 \x01(\r\x12\r\n\x05\x64\x65pth\x18\x04 \x01(\r\x12\x14\n\x0ctotal_blocks\x18\x05 \x01(\r\x12\x10\n\x08inferred\x18\x06 \x01(\x08\x12)\n\tintervals\x18\x07 \x03(\x0b\x32\x16.prefixlog.v1.Interval\x12\x0e\n\x06gapped\x18\x08 \x01(\x08\"\x8d\x02\n\rMatchResponse\x12)\n\x06scores\x18\x01 \x03(\x0b\x32\x19.prefixlog.v1.WorkerScore\x12.\n\x07\x61pplied\x18\x02 \x03(\x0b\x32\x1d.prefixlog.v1.PartitionOffset\x12\x12\n\nreplica_id\x18\x03 \x01(\t\x12\r\n\x05stale\x18\x04 \x01(\x08\x12\x14\n\x0cquery_blocks\x18\x05 \x01(\r\x12\x12\n\nrequest_id\x18\x06 \x01(\x04\x12\x12\n\npartitions\x18\x07 \x03(\r\x12\x17\n\x0fpartition_count\x18\x08 \x01(\r\x12\'\n\x05\x65rror\x18\t \x01(\x0b\x32\x18.prefixlog.v1.MatchError\"+\n\nMatchError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\r\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x11\n\x0f\x44\x65scribeRequest\"\xd4\x01\n\x10\x44\x65scribeResponse\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x17\n\x0fpartition_count\x18\x03 \x01(\r\x12\x12\n\npartitions\x18\x04 \x03(\r\x12\r\n\x05shard\x18\x05 \x01(\r\x12\x13\n\x0bshard_count\x18\x06 \x01(\r\x12\r\n\x05peers\x18\x07 \x03(\t\x12\r\n\x05ready\x18\x08 \x01(\x08\x12.\n\x07\x61pplied\x18\t \x03(\x0b\x32\x1d.prefixlog.v1.PartitionOffset\"\x14\n\x12ListWorkersRequest\"\x9a\x01\n\nWorkerInfo\x12\x0e\n\x06worker\x18\x01 \x01(\x04\x12\x11\n\tpartition\x18\x02 \x01(\r\x12\x38\n\x08metadata\x18\x03 \x03(\x0b\x32&.prefixlog.v1.WorkerInfo.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"m\n\x13ListWorkersResponse\x12)\n\x07workers\x18\x01 \x03(\x0b\x32\x18.prefixlog.v1.WorkerInfo\x12\x12\n\npartitions\x18\x02 \x03(\r\x12\x17\n\x0fpartition_count\x18\x03 \x01(\r2\xba\x02\n\x0bPrefixIndex\x12@\n\x05Match\x12\x1a.prefixlog.v1.MatchRequest\x1a\x1b.prefixlog.v1.MatchResponse\x12J\n\x0bMatchStream\x12\x1a.prefixlog.v1.MatchRequest\x1a\x1b.prefixlog.v1.MatchResponse(\x01\x30\x01\x12I\n\x08\x44\x65scribe\x12\x1d.prefixlog.v1.DescribeRequest\x1a\x1e.prefixlog.v1.DescribeResponse\x12R\n\x0bListWorkers\x12 .prefixlog.v1.ListWorkersRequest\x1a!.prefixlog.v1.ListWorkersResponse2D\n\x04\x45\x63ho\x12<\n\x04\x45\x63ho\x12\x19.prefixlog.v1.EchoMessage\x1a\x19.prefixlog.v1.EchoMessageb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,33 +37,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ECHOMESSAGE']._serialized_start=44
   _globals['_ECHOMESSAGE']._serialized_end=74
   _globals['_TOKENIDS']._serialized_start=76
-  _globals['_TOKENIDS']._serialized_end=118
-  _globals['_BLOCKHASHES']._serialized_start=120
-  _globals['_BLOCKHASHES']._serialized_end=148
-  _globals['_MATCHREQUEST']._serialized_start=151
-  _globals['_MATCHREQUEST']._serialized_end=588
-  _globals['_INTERVAL']._serialized_start=590
-  _globals['_INTERVAL']._serialized_end=628
-  _globals['_WORKERSCORE']._serialized_start=631
-  _globals['_WORKERSCORE']._serialized_end=805
-  _globals['_MATCHRESPONSE']._serialized_start=808
-  _globals['_MATCHRESPONSE']._serialized_end=1077
-  _globals['_MATCHERROR']._serialized_start=1079
-  _globals['_MATCHERROR']._serialized_end=1122
-  _globals['_DESCRIBEREQUEST']._serialized_start=1124
-  _globals['_DESCRIBEREQUEST']._serialized_end=1141
-  _globals['_DESCRIBERESPONSE']._serialized_start=1144
-  _globals['_DESCRIBERESPONSE']._serialized_end=1356
-  _globals['_LISTWORKERSREQUEST']._serialized_start=1358
-  _globals['_LISTWORKERSREQUEST']._serialized_end=1378
-  _globals['_WORKERINFO']._serialized_start=1381
-  _globals['_WORKERINFO']._serialized_end=1535
-  _globals['_WORKERINFO_METADATAENTRY']._serialized_start=1488
-  _globals['_WORKERINFO_METADATAENTRY']._serialized_end=1535
-  _globals['_LISTWORKERSRESPONSE']._serialized_start=1537
-  _globals['_LISTWORKERSRESPONSE']._serialized_end=1646
-  _globals['_PREFIXINDEX']._serialized_start=1649
-  _globals['_PREFIXINDEX']._serialized_end=1963
-  _globals['_ECHO']._serialized_start=1965
-  _globals['_ECHO']._serialized_end=2033
+  _globals['_TOKENIDS']._serialized_end=183
+  _globals['_BLOCKEXTRAKEYS']._serialized_start=185
+  _globals['_BLOCKEXTRAKEYS']._serialized_end=232
+  _globals['_BLOCKHASHES']._serialized_start=234
+  _globals['_BLOCKHASHES']._serialized_end=262
+  _globals['_MATCHREQUEST']._serialized_start=265
+  _globals['_MATCHREQUEST']._serialized_end=702
+  _globals['_INTERVAL']._serialized_start=704
+  _globals['_INTERVAL']._serialized_end=742
+  _globals['_WORKERSCORE']._serialized_start=745
+  _globals['_WORKERSCORE']._serialized_end=919
+  _globals['_MATCHRESPONSE']._serialized_start=922
+  _globals['_MATCHRESPONSE']._serialized_end=1191
+  _globals['_MATCHERROR']._serialized_start=1193
+  _globals['_MATCHERROR']._serialized_end=1236
+  _globals['_DESCRIBEREQUEST']._serialized_start=1238
+  _globals['_DESCRIBEREQUEST']._serialized_end=1255
+  _globals['_DESCRIBERESPONSE']._serialized_start=1258
+  _globals['_DESCRIBERESPONSE']._serialized_end=1470
+  _globals['_LISTWORKERSREQUEST']._serialized_start=1472
+  _globals['_LISTWORKERSREQUEST']._serialized_end=1492
+  _globals['_WORKERINFO']._serialized_start=1495
+  _globals['_WORKERINFO']._serialized_end=1649
+  _globals['_WORKERINFO_METADATAENTRY']._serialized_start=1602
+  _globals['_WORKERINFO_METADATAENTRY']._serialized_end=1649
+  _globals['_LISTWORKERSRESPONSE']._serialized_start=1651
+  _globals['_LISTWORKERSRESPONSE']._serialized_end=1760
+  _globals['_PREFIXINDEX']._serialized_start=1763
+  _globals['_PREFIXINDEX']._serialized_end=2077
+  _globals['_ECHO']._serialized_start=2079
+  _globals['_ECHO']._serialized_end=2147
 # @@protoc_insertion_point(module_scope)
