@@ -15,7 +15,7 @@
 //!   past `last`: it requests the replay from `last` and compares that message's digest.)
 //!
 //! Hashing: each stored block's *local* hash is prefixlog's canonical scheme over its token
-//! ids, which chains through the parent block's local hash. The session keeps, per lane, the
+//! ids (and its extra keys: `super::namespace`), which chains through the parent block's local hash. The session keeps, per lane, the
 //! engine ext hash → local hash of every block it has seen stored and not removed, so a store
 //! whose parent is an earlier block can be hashed; when the parent's local is unknown the event
 //! is refused and counted (mis-hashing it would credit blocks at the wrong trie positions).
