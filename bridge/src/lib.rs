@@ -3,7 +3,8 @@
 //! One [`EngineBridge`] per engine stream (an endpoint of one worker's data-parallel rank):
 //! a ZeroMQ SUB socket receives 3-frame messages ([`wire`] decodes both msgpack layouts), a
 //! [`session::Session`] classifies each sequence number and translates the events (canonical
-//! local hashes from token ids), and every engine message becomes one `KvEventBatch` record
+//! local hashes from token ids and, for vLLM's `extra_keys`, the keys [`namespace`] derives),
+//! and every engine message becomes one `KvEventBatch` record
 //! published through the [`prefixlog_ingest::Publisher`], keyed by worker.
 //!
 //! - Gaps: when a replay endpoint is configured the missed messages are requested from the
@@ -33,6 +34,7 @@
 
 pub mod engines;
 pub mod metrics;
+pub mod namespace;
 pub mod naming;
 pub mod session;
 pub mod wire;

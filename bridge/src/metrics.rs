@@ -24,22 +24,27 @@ pub enum Refusal {
     Medium,
     /// A known event type with a missing or mistyped field.
     Malformed,
-    /// The engine's hash covers more than the token ids and the LoRA adapter's name (cache
-    /// salt, multimodal inputs, or an adapter given only by integer id): the same tokens are a
-    /// different cache entry, which the canonical token hash cannot tell apart, so indexing it
-    /// could credit blocks the worker does not hold. (Adapters given by name are indexed under
-    /// their own namespace.)
+    /// A LoRA adapter given only by integer id (older vLLM): no name a gateway could hash
+    /// with, and the same tokens are a different cache entry, so indexing it could credit
+    /// blocks the worker does not hold. (Adapters given by name are indexed under their own
+    /// namespace.)
     Namespaced,
+    /// `extra_keys` a gateway cannot reproduce from documented inputs: prompt-embeds hashes
+    /// (bytes), elements of an unknown shape, a list not one entry per block, or LoRA keys that
+    /// do not match the event's `lora_name`. (LoRA names, multimodal identifiers and the cache
+    /// salt are indexed: `scheme::block_hashes_with`.)
+    ExtraKeys,
 }
 
 impl Refusal {
-    pub const ALL: [Refusal; 6] = [
+    pub const ALL: [Refusal; 7] = [
         Refusal::TokenCount,
         Refusal::Tokens,
         Refusal::UnknownParent,
         Refusal::Medium,
         Refusal::Malformed,
         Refusal::Namespaced,
+        Refusal::ExtraKeys,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -50,6 +55,7 @@ impl Refusal {
             Refusal::Medium => "medium",
             Refusal::Malformed => "malformed",
             Refusal::Namespaced => "namespaced",
+            Refusal::ExtraKeys => "extra_keys",
         }
     }
 }
@@ -76,6 +82,7 @@ pub struct BridgeMetrics {
     pub refused_medium: AtomicU64,
     pub refused_malformed: AtomicU64,
     pub refused_namespaced: AtomicU64,
+    pub refused_extra_keys: AtomicU64,
     /// Sequence gaps detected.
     pub gaps: AtomicU64,
     /// Gaps that could not be filled and were published (`gap_before`).
@@ -119,6 +126,7 @@ impl Default for BridgeMetrics {
             refused_medium: z(),
             refused_malformed: z(),
             refused_namespaced: z(),
+            refused_extra_keys: z(),
             gaps: z(),
             gaps_published: z(),
             replays_ok: z(),
@@ -154,6 +162,7 @@ impl BridgeMetrics {
             Refusal::Medium => &self.refused_medium,
             Refusal::Malformed => &self.refused_malformed,
             Refusal::Namespaced => &self.refused_namespaced,
+            Refusal::ExtraKeys => &self.refused_extra_keys,
         }
     }
 
@@ -186,6 +195,7 @@ impl BridgeMetrics {
             ("refused_medium", g(&self.refused_medium)),
             ("refused_malformed", g(&self.refused_malformed)),
             ("refused_namespaced", g(&self.refused_namespaced)),
+            ("refused_extra_keys", g(&self.refused_extra_keys)),
             ("gaps", g(&self.gaps)),
             ("gaps_published", g(&self.gaps_published)),
             ("replays_ok", g(&self.replays_ok)),
@@ -213,7 +223,7 @@ type ExportedAs = (&'static str, &'static str, Option<(&'static str, &'static st
 /// `prefixlog_bridge_` and `_total`) and, for families that split one measurement, the
 /// `reason` or `outcome` label value it stands for. One measurement is one family, so
 /// `sum by (reason)` and `sum without (reason)` mean something.
-const EXPORTED: [ExportedAs; 24] = [
+const EXPORTED: [ExportedAs; 25] = [
     ("messages_received", "messages_received", None),
     ("messages_undecodable", "messages_skipped", Some(("reason", "undecodable"))),
     ("messages_duplicate", "messages_skipped", Some(("reason", "duplicate"))),
@@ -227,6 +237,7 @@ const EXPORTED: [ExportedAs; 24] = [
     ("refused_medium", "events_refused", Some(("reason", "medium"))),
     ("refused_malformed", "events_refused", Some(("reason", "malformed"))),
     ("refused_namespaced", "events_refused", Some(("reason", "namespaced"))),
+    ("refused_extra_keys", "events_refused", Some(("reason", "extra_keys"))),
     ("gaps", "gaps", None),
     ("gaps_published", "gaps_published", None),
     ("replays_ok", "replays", Some(("outcome", "ok"))),
@@ -394,7 +405,7 @@ mod tests {
         collector.add(7, "tcp://h:5557", m);
         let families = registry.gather();
         let refused = families.iter().find(|f| f.name() == "prefixlog_bridge_events_refused_total").unwrap();
-        assert_eq!(refused.get_metric().len(), 7, "one series per reason, zeros included");
+        assert_eq!(refused.get_metric().len(), 8, "one series per reason, zeros included");
         let medium = refused
             .get_metric()
             .iter()

@@ -15,12 +15,13 @@
 //!   past `last`: it requests the replay from `last` and compares that message's digest.)
 //!
 //! Hashing: each stored block's *local* hash is prefixlog's canonical scheme over its token
-//! ids, which chains through the parent block's local hash. The session keeps, per lane, the
+//! ids (and its extra keys: `super::namespace`), which chains through the parent block's local hash. The session keeps, per lane, the
 //! engine ext hash → local hash of every block it has seen stored and not removed, so a store
 //! whose parent is an earlier block can be hashed; when the parent's local is unknown the event
 //! is refused and counted (mis-hashing it would credit blocks at the wrong trie positions).
 
 use super::metrics::{BridgeMetrics, Refusal};
+use super::namespace;
 use super::wire::{Batch, Event, Tokens};
 use prefixlog_state::record::{KvOp, Tier};
 use std::collections::{BTreeSet, HashMap, VecDeque};
@@ -249,13 +250,9 @@ impl Session {
                 if tier != Tier::Gpu && matches!(tokens, Tokens::Ids(ids) if ids.is_empty()) {
                     return self.offloaded(tier, lane, *parent, hashes);
                 }
-                // vLLM sends lora_id 0 or nil for the base model. An adapter named by lora_name is
-                // a namespace of its own (its chain starts from the name's seed); a bare integer
-                // id (older vLLM) names nothing a gateway can hash with, and other extra keys
-                // cannot be reproduced from token ids: both refused.
-                if *extra_keys || (lora_name.is_none() && lora_id.is_some_and(|id| id != 0)) {
-                    return Err(Refusal::Namespaced);
-                }
+                // An adapter named by lora_name is a namespace of its own (its chain starts from
+                // the name's seed); multimodal identifiers and the cache salt key their blocks.
+                let keys = namespace::block_keys(extra_keys, lora_name.as_deref(), *lora_id, hashes.len())?;
                 let Tokens::Ids(ids) = tokens else { return Err(Refusal::Tokens) };
                 let bs = self.block_size;
                 if bs == 0
@@ -268,7 +265,7 @@ impl Session {
                     None => prefixlog_engine::scheme::namespace_seed(lora_name.as_deref().unwrap_or("")),
                     Some(p) => self.locals.get(&(lane, *p)).ok_or(Refusal::UnknownParent)?.local,
                 };
-                let locals = chain_from(seed, ids, bs);
+                let locals = namespace::chain_keyed(seed, ids, bs, &keys);
                 self.lanes.insert(lane);
                 if group_idx.is_some() || kv_cache_spec_kind.is_some() {
                     let meta = prefixlog_state::LaneMeta {

@@ -38,6 +38,31 @@ pub enum Tokens {
     Unsupported,
 }
 
+/// One element of a block's `extra_keys` tuple.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExtraKey {
+    /// A string: the LoRA name, a multimodal identifier or the cache salt.
+    Text(String),
+    /// `(identifier, offset)`: older vLLM's multimodal key.
+    TextAt(String, i64),
+    /// Raw bytes (prompt-embeds hashes), of this length.
+    Bytes(usize),
+    /// Anything else (an int, a float, a nested list of another shape, a map).
+    Other,
+}
+
+/// A BlockStored's `extra_keys` field.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum ExtraKeys {
+    /// Absent or nil.
+    #[default]
+    Absent,
+    /// One entry per block: `None` for a nil entry, else the tuple's elements.
+    Blocks(Vec<Option<Vec<ExtraKey>>>),
+    /// Present but not a list.
+    Unparsed,
+}
+
 /// One decoded KV event.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
@@ -50,10 +75,9 @@ pub enum Event {
         /// vLLM's deprecated integer LoRA id (SGLang's `lora_id`).
         lora_id: Option<i64>,
         lora_name: Option<String>,
-        /// Whether any block carries extra hash keys other than the LoRA adapter's name
-        /// (multimodal hashes, cache salt, prompt embeddings): then its engine hash covers
-        /// more than its token ids and its namespace.
-        extra_keys: bool,
+        /// vLLM's per-block extra hash keys (LoRA name, multimodal identifiers, cache salt,
+        /// prompt-embeds hashes), as sent; `session` decides what it can index.
+        extra_keys: ExtraKeys,
         group_idx: Option<u32>,
         kv_cache_spec_kind: Option<String>,
         kv_cache_spec_sliding_window: Option<u64>,
@@ -270,18 +294,7 @@ fn stored(f: StoredFields<'_>) -> Event {
         None | Some(Value::Nil) => None,
         Some(v) => Some(v.as_i64().unwrap_or(-1)),
     };
-    // vLLM puts the LoRA adapter's name in every block's extra keys. That alone is a namespace
-    // the bridge reproduces (`scheme::namespace_seed`); anything else (multimodal hashes, a
-    // cache salt, prompt embeddings) it cannot, so it counts as extra keys.
-    let only_lora_name = |k: &Value| match (k, &lora_name) {
-        (Value::Array(a), Some(name)) => a.len() == 1 && a[0].as_str() == Some(name.as_str()),
-        _ => false,
-    };
-    let extra_keys = match f.extra_keys {
-        None | Some(Value::Nil) => false,
-        Some(Value::Array(a)) => a.iter().any(|k| !k.is_nil() && !only_lora_name(k)),
-        Some(_) => true,
-    };
+    let extra_keys = extra_keys(f.extra_keys);
     let kv_cache_spec_kind = opt_str(f.kind).ok().flatten();
     let kv_cache_spec_sliding_window = opt_u64(f.window).ok().flatten();
     Event::Stored {
@@ -296,6 +309,35 @@ fn stored(f: StoredFields<'_>) -> Event {
         group_idx,
         kv_cache_spec_kind,
         kv_cache_spec_sliding_window,
+    }
+}
+
+/// Parses `extra_keys` liberally: any shape decodes, and `session` refuses what it cannot hash.
+fn extra_keys(v: Option<&Value>) -> ExtraKeys {
+    let entry = |e: &Value| match e {
+        Value::Nil => None,
+        Value::Array(keys) => Some(keys.iter().map(extra_key).collect()),
+        _ => Some(vec![ExtraKey::Other]),
+    };
+    match v {
+        None | Some(Value::Nil) => ExtraKeys::Absent,
+        Some(Value::Array(a)) => ExtraKeys::Blocks(a.iter().map(entry).collect()),
+        Some(_) => ExtraKeys::Unparsed,
+    }
+}
+
+fn extra_key(k: &Value) -> ExtraKey {
+    match k {
+        Value::String(s) => s.as_str().map_or(ExtraKey::Other, |s| ExtraKey::Text(s.to_string())),
+        Value::Binary(b) => ExtraKey::Bytes(b.len()),
+        Value::Array(a) => match a.as_slice() {
+            [Value::String(s), Value::Integer(off)] => match (s.as_str(), off.as_i64()) {
+                (Some(s), Some(off)) => ExtraKey::TextAt(s.to_string(), off),
+                _ => ExtraKey::Other,
+            },
+            _ => ExtraKey::Other,
+        },
+        _ => ExtraKey::Other,
     }
 }
 

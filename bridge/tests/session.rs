@@ -3,7 +3,7 @@
 
 use prefixlog_bridge::metrics::BridgeMetrics;
 use prefixlog_bridge::session::{chain_from, Arrival, Session};
-use prefixlog_bridge::wire::{Batch, Event, Tokens};
+use prefixlog_bridge::wire::{Batch, Event, ExtraKey, ExtraKeys, Tokens};
 use prefixlog_engine::scheme::block_hashes;
 use prefixlog_state::{KvOp, Tier};
 
@@ -22,7 +22,7 @@ fn stored(hashes: &[u64], parent: Option<u64>, tokens: Vec<u32>) -> Event {
         medium: Some("GPU".into()),
         lora_id: None,
         lora_name: None,
-        extra_keys: false,
+        extra_keys: ExtraKeys::Absent,
         group_idx: None,
         kv_cache_spec_kind: None,
         kv_cache_spec_sliding_window: None,
@@ -123,7 +123,8 @@ fn refusals_lanes_and_clears() {
     }
     let mut salted = stored(&[27], None, toks(0, 4));
     if let Event::Stored { extra_keys, .. } = &mut salted {
-        *extra_keys = true;
+        // Prompt-embeds hashes (bytes): no gateway input reproduces them.
+        *extra_keys = ExtraKeys::Blocks(vec![Some(vec![ExtraKey::Bytes(32)])]);
     }
     let events = vec![
         lora,
@@ -168,7 +169,8 @@ fn refusals_lanes_and_clears() {
         ("refused_token_count", 2),
         ("refused_malformed", 1),
         ("events_unknown_type", 1),
-        ("refused_namespaced", 2),
+        ("refused_namespaced", 1),
+        ("refused_extra_keys", 1),
         ("events_received", 12),
     ] {
         assert_eq!(m.get(name), Some(n), "{name}");

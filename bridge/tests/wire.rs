@@ -2,7 +2,9 @@
 //! `python/bridge_fixtures/publisher.py fixtures bridge/tests/fixtures`), and a property test:
 //! arbitrary bytes and arbitrary msgpack values never panic (neither decoding nor translating).
 
-use prefixlog_bridge::wire::{decode_batch, decode_message, hash_of, Event, Tokens, WireError};
+use prefixlog_bridge::wire::{
+    decode_batch, decode_message, hash_of, Event, ExtraKey, ExtraKeys, Tokens, WireError,
+};
 use rand::{Rng, RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rmpv::Value;
@@ -32,7 +34,7 @@ fn vllm_positional_layout() {
             medium: Some("GPU".into()),
             lora_id: None,
             lora_name: None,
-            extra_keys: false,
+            extra_keys: ExtraKeys::Absent,
             group_idx: None,
             kv_cache_spec_kind: None,
             kv_cache_spec_sliding_window: None,
@@ -49,7 +51,7 @@ fn vllm_positional_layout() {
             medium: Some("GPU".into()),
             lora_id: None,
             lora_name: Some("sql-lora".into()),
-            extra_keys: true,
+            extra_keys: ExtraKeys::Blocks(vec![Some(vec![ExtraKey::Text("salt".into())])]),
             group_idx: Some(1),
             kv_cache_spec_kind: Some("sliding_window".into()),
             kv_cache_spec_sliding_window: Some(128),
@@ -90,7 +92,7 @@ fn vllm_map_layout() {
             medium: Some("GPU".into()),
             lora_id: None,
             lora_name: None,
-            extra_keys: false,
+            extra_keys: ExtraKeys::Absent,
             group_idx: None,
             kv_cache_spec_kind: None,
             kv_cache_spec_sliding_window: None,

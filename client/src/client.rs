@@ -56,6 +56,11 @@ pub struct MatchQuery {
     /// Per tier, what a block held there is worth in thousandths; non-empty: answers are
     /// ordered by `weighted_score` first.
     pub tier_weights: Vec<(Tier, u32)>,
+    /// For token prompts: vLLM's `cache_salt` the request runs with ("" = none).
+    pub cache_salt: String,
+    /// For token prompts: per-block keys as (block index, multimodal identifiers), e.g. the
+    /// identifier of an image on every block its placeholder tokens overlap.
+    pub extra: Vec<(u32, Vec<String>)>,
 }
 
 impl MatchQuery {
@@ -73,6 +78,8 @@ impl MatchQuery {
             namespace: String::new(),
             tiers: vec![],
             tier_weights: vec![],
+            cache_salt: String::new(),
+            extra: vec![],
         }
     }
 
@@ -107,6 +114,20 @@ impl MatchQuery {
         self
     }
 
+    /// A token prompt run with vLLM's `cache_salt`: matched only against blocks engines
+    /// stored under the same salt (`scheme::block_hashes_with`).
+    pub fn cache_salt(mut self, salt: impl Into<String>) -> Self {
+        self.cache_salt = salt.into();
+        self
+    }
+
+    /// The multimodal identifiers of the inputs overlapping block `block` of a token prompt
+    /// (may be called once per block, or more: the identifiers are merged).
+    pub fn mm_ids(mut self, block: u32, ids: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        self.extra.push((block, ids.into_iter().map(Into::into).collect()));
+        self
+    }
+
     /// Read-your-writes: the answer reflects at least these landed records (what
     /// `prefixlog_ingest::Publisher` returned, e.g. for a placement this gateway published).
     pub fn after(mut self, landed: &[Landed]) -> Self {
@@ -130,6 +151,12 @@ impl MatchQuery {
                 Prompt::Tokens(t) => v1::match_request::Prompt::Tokens(v1::TokenIds {
                     ids: t.clone(),
                     namespace: self.namespace.clone(),
+                    cache_salt: self.cache_salt.clone(),
+                    extra: self
+                        .extra
+                        .iter()
+                        .map(|(block, ids)| v1::BlockExtraKeys { block: *block, mm_ids: ids.clone() })
+                        .collect(),
                 }),
                 Prompt::Hashes(h) => v1::match_request::Prompt::Hashes(v1::BlockHashes { local: h.clone() }),
             }),
@@ -422,5 +449,25 @@ async fn rediscover_loop(inner: Weak<Inner>) {
             }
             Err(e) => tracing::warn!(error = %e, "shard map refresh failed"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The namespace inputs reach the request's `TokenIds`, block by block.
+    #[test]
+    fn token_queries_carry_salt_and_multimodal_ids() {
+        let q = MatchQuery::new(KeyspaceId::new("m", 4, 1), Prompt::Tokens(vec![1; 8]))
+            .namespace("lora")
+            .cache_salt("tenant")
+            .mm_ids(1, ["img-a", "img-b"]);
+        let Some(v1::match_request::Prompt::Tokens(t)) = q.to_request().prompt else { panic!("tokens") };
+        assert_eq!((t.namespace.as_str(), t.cache_salt.as_str()), ("lora", "tenant"));
+        assert_eq!(
+            t.extra,
+            vec![v1::BlockExtraKeys { block: 1, mm_ids: vec!["img-a".into(), "img-b".into()] }]
+        );
     }
 }

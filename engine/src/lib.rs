@@ -49,7 +49,8 @@
 //! - [`digest`]: the hash mixing behind node identity and digests.
 //! - `store_check`: refusing stores that cannot be a chain (an ext named twice, or the parent
 //!   named among the blocks).
-//! - [`scheme`]: canonical block hashes of token ids (scheme 1: xxh3-64 chained), golden vectors.
+//! - [`scheme`]: canonical block hashes of token ids (scheme 1: xxh3-64 chained; LoRA namespace,
+//!   cache salt and per-block multimodal keys), golden vectors.
 //!
 //! Guarantees (each has tests in `tests/`):
 //! - Never overcount: a holder's depth stops at the first position it does not hold.

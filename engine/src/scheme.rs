@@ -15,6 +15,15 @@
 //! [`namespace_seed`] (xxh3-64 of the namespace's UTF-8 bytes) instead of 0 — the same idea as
 //! Dynamo's salted seed — and every later block inherits it through the chaining. The empty
 //! namespace is the plain scheme.
+//!
+//! Extra keys ([`block_hashes_with`]): engines also key a block by inputs that are not token
+//! ids — vLLM's `extra_keys` carry multimodal identifiers per block and a `cache_salt` on the
+//! first block. Such a block's hashed bytes are its token bytes followed by its *key set*: the
+//! distinct keys sorted by their UTF-8 bytes, each written as its byte length (u32 LE) and its
+//! bytes. The cache salt is a key of block 0 only (as in vLLM), so it reaches every later block
+//! through the chaining; a block without keys hashes exactly as in the plain scheme. The
+//! salt is folded as a key rather than into the seed because vLLM's tuple does not tag it: a
+//! bridge cannot tell it from a multimodal identifier of block 0, and as a key it need not.
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
@@ -71,6 +80,61 @@ pub fn block_hashes_after(parent: u64, tokens: &[u32], block_size: usize) -> Vec
     out
 }
 
+/// The namespace inputs of a prompt beyond its token ids, as a gateway names them.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Namespace<'a> {
+    /// The LoRA adapter's name ("" = base model): the chain's seed ([`namespace_seed`]).
+    pub lora: &'a str,
+    /// vLLM's `cache_salt` ("" = none): a key of block 0.
+    pub cache_salt: &'a str,
+    /// Per-block keys (e.g. multimodal identifiers) as (block index, keys). A block may be
+    /// named more than once (its keys are merged); blocks past the last full one are ignored.
+    pub extra: &'a [(usize, Vec<&'a str>)],
+}
+
+/// The local hashes of every full block of `tokens` under scheme 1 with namespace inputs
+/// (the module doc's rule). With no inputs this is [`block_hashes`].
+pub fn block_hashes_with(ns: &Namespace<'_>, tokens: &[u32], block_size: usize) -> Vec<u64> {
+    if block_size == 0 {
+        return Vec::new();
+    }
+    let blocks = tokens.len() / block_size;
+    let mut keys: std::collections::BTreeMap<usize, Vec<&str>> = Default::default();
+    for (b, ks) in ns.extra.iter().filter(|(b, _)| *b < blocks) {
+        keys.entry(*b).or_default().extend(ks.iter().copied());
+    }
+    if !ns.cache_salt.is_empty() && blocks > 0 {
+        keys.entry(0).or_default().push(ns.cache_salt);
+    }
+    let mut parent = namespace_seed(ns.lora);
+    let mut out = Vec::with_capacity(blocks);
+    for (i, block) in tokens.chunks_exact(block_size).enumerate() {
+        parent = keyed_block_hash(parent, block, keys.get(&i).map_or(&[][..], Vec::as_slice));
+        out.push(parent);
+    }
+    out
+}
+
+/// One block's local hash: its token bytes, then its key set (distinct keys sorted by bytes,
+/// each as u32-LE byte length + UTF-8 bytes), hashed with the parent's local hash as seed.
+/// No keys gives the plain scheme's hash. Bridges use it for each block of a keyed store.
+pub fn keyed_block_hash<S: AsRef<str>>(parent: u64, block: &[u32], keys: &[S]) -> u64 {
+    let mut set: Vec<&[u8]> = keys.iter().map(|k| k.as_ref().as_bytes()).collect();
+    set.sort_unstable();
+    set.dedup();
+    let extra: usize = set.iter().map(|k| 4 + k.len()).sum();
+    let mut bytes = Vec::with_capacity(block.len() * 4 + extra);
+    for t in block {
+        bytes.extend_from_slice(&t.to_le_bytes());
+    }
+    for k in set {
+        // Keys longer than u32::MAX bytes cannot come through a protobuf or msgpack message.
+        bytes.extend_from_slice(&(k.len() as u32).to_le_bytes());
+        bytes.extend_from_slice(k);
+    }
+    xxh3_64_with_seed(&bytes, parent)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -85,31 +149,81 @@ mod tests {
         }
     }
 
-    /// The golden cases: (name, tokens, block size). Shared with other languages through
-    /// `python/golden_vectors.json`; changing a hash here is a wire-incompatible change.
-    fn cases() -> Vec<(&'static str, Vec<u32>, usize, &'static str)> {
+    /// A golden case: name, tokens, block size, LoRA namespace, cache salt, per-block keys.
+    struct Case {
+        name: &'static str,
+        tokens: Vec<u32>,
+        bs: usize,
+        ns: &'static str,
+        salt: &'static str,
+        extra: Vec<(usize, Vec<&'static str>)>,
+    }
+
+    fn case(name: &'static str, tokens: Vec<u32>, bs: usize, ns: &'static str) -> Case {
+        Case { name, tokens, bs, ns, salt: "", extra: vec![] }
+    }
+
+    /// The golden cases. Shared with other languages through `python/golden_vectors.json`;
+    /// changing a hash here is a wire-incompatible change.
+    fn cases() -> Vec<Case> {
+        let ten: Vec<u32> = (1..=10).collect();
+        let img = "5f0c9bd5a7c3e1d24b8a6f0e9c7d3b1a2e4f6a8c0b2d4e6f8a1c3e5b7d9f0a2c";
         vec![
-            ("empty", vec![], 4, ""),
-            ("partial_only", vec![1, 2, 3], 4, ""),
-            ("one_block", vec![1, 2, 3, 4], 4, ""),
-            ("two_blocks_and_partial", (1..=10).collect(), 4, ""),
-            ("large_ids", vec![0, u32::MAX, 151_643, 128_000, 7, 7, 7, 7], 4, ""),
-            ("block16", (0..48).map(|i| i * 1_000 + 17).collect(), 16, ""),
-            ("lora_namespace", (1..=10).collect(), 4, "sql-adapter"),
-            ("unicode_namespace", vec![1, 2, 3, 4], 4, "адаптер-ü"),
+            case("empty", vec![], 4, ""),
+            case("partial_only", vec![1, 2, 3], 4, ""),
+            case("one_block", vec![1, 2, 3, 4], 4, ""),
+            case("two_blocks_and_partial", ten.clone(), 4, ""),
+            case("large_ids", vec![0, u32::MAX, 151_643, 128_000, 7, 7, 7, 7], 4, ""),
+            case("block16", (0..48).map(|i| i * 1_000 + 17).collect(), 16, ""),
+            case("lora_namespace", ten.clone(), 4, "sql-adapter"),
+            case("unicode_namespace", vec![1, 2, 3, 4], 4, "адаптер-ü"),
+            Case { salt: "tenant-42", ..case("cache_salt", ten.clone(), 4, "") },
+            Case { extra: vec![(1, vec![img])], ..case("mm_second_block", ten.clone(), 4, "") },
+            Case {
+                extra: vec![(0, vec!["img-b", "img-a", "img-b"]), (1, vec!["img-b"])],
+                ..case("mm_unsorted_duplicates", ten.clone(), 4, "")
+            },
+            Case {
+                salt: "tenant-42",
+                extra: vec![(0, vec![img]), (1, vec![img])],
+                ..case("lora_salt_mm", ten.clone(), 4, "sql-adapter")
+            },
+            Case { extra: vec![(2, vec![img])], ..case("mm_past_last_full_block", ten, 4, "") },
         ]
     }
 
+    fn hashes_of(c: &Case) -> Vec<u64> {
+        block_hashes_with(&Namespace { lora: c.ns, cache_salt: c.salt, extra: &c.extra }, &c.tokens, c.bs)
+    }
+
     fn golden_json() -> String {
-        let mut s = String::from("{\n  \"scheme\": 1,\n  \"description\": \"local_i = xxh3_64_with_seed(u32-LE bytes of block i, seed = local_{i-1}), seed 0 for block 0 (with a namespace: xxh3_64_with_seed(UTF-8 bytes of the namespace, 0x7072656669786e73)); trailing partial block not hashed\",\n  \"cases\": [\n");
+        let mut s = String::from("{\n  \"scheme\": 1,\n  \"description\": \"local_i = xxh3_64_with_seed(u32-LE bytes of block i ++ key set of block i, seed = local_{i-1}), seed 0 for block 0 (with a namespace: xxh3_64_with_seed(UTF-8 bytes of the namespace, 0x7072656669786e73)); key set = distinct keys (extra[i], plus cache_salt for block 0) sorted by UTF-8 bytes, each as u32-LE length ++ bytes; trailing partial block not hashed\",\n  \"cases\": [\n");
         let cs = cases();
-        for (n, (name, tokens, bs, ns)) in cs.iter().enumerate() {
-            let toks: Vec<String> = tokens.iter().map(|t| t.to_string()).collect();
-            let hs: Vec<String> =
-                block_hashes_in(ns, tokens, *bs).iter().map(|h| format!("\"{h:016x}\"")).collect();
-            let ns_field = if ns.is_empty() { String::new() } else { format!("\"namespace\": \"{ns}\", ") };
+        let q = |k: &str| format!("\"{k}\"");
+        for (n, c) in cs.iter().enumerate() {
+            let toks: Vec<String> = c.tokens.iter().map(|t| t.to_string()).collect();
+            let hs: Vec<String> = hashes_of(c).iter().map(|h| format!("\"{h:016x}\"")).collect();
+            let mut fields = String::new();
+            if !c.ns.is_empty() {
+                fields += &format!("\"namespace\": {}, ", q(c.ns));
+            }
+            if !c.salt.is_empty() {
+                fields += &format!("\"cache_salt\": {}, ", q(c.salt));
+            }
+            if !c.extra.is_empty() {
+                let e: Vec<String> = c
+                    .extra
+                    .iter()
+                    .map(|(b, ks)| {
+                        format!("[{b}, [{}]]", ks.iter().map(|k| q(k)).collect::<Vec<_>>().join(", "))
+                    })
+                    .collect();
+                fields += &format!("\"extra\": [{}], ", e.join(", "));
+            }
             s += &format!(
-                "    {{\"name\": \"{name}\", {ns_field}\"block_size\": {bs}, \"tokens\": [{}], \"hashes\": [{}]}}{}\n",
+                "    {{\"name\": \"{}\", {fields}\"block_size\": {}, \"tokens\": [{}], \"hashes\": [{}]}}{}\n",
+                c.name,
+                c.bs,
                 toks.join(", "),
                 hs.join(", "),
                 if n + 1 < cs.len() { "," } else { "" }
@@ -166,6 +280,51 @@ mod tests {
         assert_ne!(a[1], b[1], "same block after a different prefix hashes differently");
         assert_eq!(block_hashes(&[1, 2, 9, 9, 5], 2), a, "partial tail ignored");
         assert!(block_hashes(&[1, 2], 0).is_empty());
+    }
+
+    #[test]
+    fn keys_fold_into_their_block_and_its_descendants_only() {
+        let t: Vec<u32> = (1..=12).collect();
+        let plain = block_hashes(&t, 4);
+        let none = Namespace::default();
+        assert_eq!(block_hashes_with(&none, &t, 4), plain, "no inputs = the plain scheme");
+        let lora = Namespace { lora: "a", ..none };
+        assert_eq!(block_hashes_with(&lora, &t, 4), block_hashes_in("a", &t, 4), "LoRA = namespace seed");
+        let salted = block_hashes_with(&Namespace { cache_salt: "s", ..none }, &t, 4);
+        assert!((0..3).all(|i| salted[i] != plain[i]), "the salt reaches every block");
+        let extra = [(1, vec!["img"])];
+        let mm = block_hashes_with(&Namespace { extra: &extra, ..none }, &t, 4);
+        assert_eq!(mm[0], plain[0], "a block before the image is the plain block");
+        assert!(mm[1] != plain[1] && mm[2] != plain[2], "the image's block and its descendants differ");
+        // A continuation chains from its parent's local, which carries the keys already.
+        assert_eq!(block_hashes_after(mm[1], &t[8..], 4), mm[2..]);
+        assert_eq!(keyed_block_hash(plain[0], &t[4..8], &["img"]), mm[1]);
+        // The salt is block 0's key: a store of block 0 with key "s" is the salted block.
+        assert_eq!(keyed_block_hash(0, &t[..4], &["s"]), salted[0]);
+    }
+
+    #[test]
+    fn a_key_set_is_a_set_and_its_encoding_is_unambiguous() {
+        let b = [1u32, 2, 3, 4];
+        let h = |keys: &[&str]| keyed_block_hash(7, &b, keys);
+        assert_eq!(h(&["x", "y"]), h(&["y", "x", "y"]), "order and duplicates do not matter");
+        assert_ne!(h(&["ab", "c"]), h(&["a", "bc"]), "length prefixes keep keys apart");
+        assert_ne!(h(&[""]), h(&[]), "an empty key is still a key");
+        assert_eq!(h(&[]), block_hashes_after(7, &b, 4)[0], "no keys = the plain block");
+    }
+
+    /// Pinned keyed hashes (the golden file pins them too; this fails first, in Rust).
+    #[test]
+    fn pinned_keyed_vectors() {
+        let t: Vec<u32> = (1..=8).collect();
+        let hex = |v: Vec<u64>| v.iter().map(|h| format!("{h:016x}")).collect::<Vec<_>>();
+        let extra = [(0, vec!["img"])];
+        let all = Namespace { lora: "sql-adapter", cache_salt: "tenant-42", extra: &extra };
+        assert_eq!(
+            hex(block_hashes_with(&Namespace { cache_salt: "tenant-42", ..Default::default() }, &t, 4)),
+            ["907b870340abffda", "b4bb002ca2bf84a0"]
+        );
+        assert_eq!(hex(block_hashes_with(&all, &t, 4)), ["5fd47c944507580b", "b86400561a6312e1"]);
     }
 
     #[test]

@@ -65,6 +65,10 @@ async fn a_dynamo_client_sees_each_instance_match_in_tokens() {
 
     let tokens: Vec<u32> = (100..116).collect();
     let chain = scheme::block_hashes(&tokens, BLOCK as usize);
+    // The first two blocks as a vLLM engine run with cache_salt "s" stores them (the bridge
+    // indexes salted blocks): held by worker 1 beside its plain chain.
+    let salted = scheme::Namespace { cache_salt: "s", ..Default::default() };
+    let salted_chain = scheme::block_hashes_with(&salted, &tokens[..8], BLOCK as usize);
     let by_tokens = KeyspaceId::new("llama", BLOCK, 1);
     let by_hash = KeyspaceId::new("llama", BLOCK, 2);
     let hashes: [i64; 3] = [-5, 22, 33];
@@ -87,6 +91,10 @@ async fn a_dynamo_client_sees_each_instance_match_in_tokens() {
                 .unwrap(),
         );
     }
+    // Worker 1's next record in this keyspace (seq 3, after its seq 2 above: no gap).
+    landed.push(
+        p.publish_kv_events(&by_tokens, 1, 0, 1, 3, false, &stored(&salted_chain), None).await.unwrap(),
+    );
     assert!(node.status().wait_for(&token_of(&landed), Duration::from_secs(60)).await);
 
     let (code, v) = http(addr, "GET", "/health", None).await;
@@ -110,12 +118,17 @@ async fn a_dynamo_client_sees_each_instance_match_in_tokens() {
     let (code, v) = http(addr, "POST", "/query", Some(blue)).await;
     assert_eq!((code, gpu_by_instance(&v)), (200, vec![("3".into(), 16)]), "{v}");
 
-    // A LoRA's blocks are another chain, and no block is salted: zeros, listed.
-    for extra in [json!({"lora_name": "sql"}), json!({"cache_salt": "s"})] {
+    // A LoRA's blocks and another salt's are other chains: zeros, listed. Worker 1's salted
+    // blocks answer a query with the same salt only.
+    for (extra, one) in [
+        (json!({"lora_name": "sql"}), 0),
+        (json!({"cache_salt": "other"}), 0),
+        (json!({"cache_salt": "s"}), 8),
+    ] {
         let mut q = json!({"token_ids": tokens, "model_name": "llama"});
         q.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
         let (code, v) = http(addr, "POST", "/query", Some(q)).await;
-        assert_eq!((code, gpu_by_instance(&v)), (200, vec![("1".into(), 0), ("2".into(), 0)]), "{v}");
+        assert_eq!((code, gpu_by_instance(&v)), (200, vec![("1".into(), one), ("2".into(), 0)]), "{v}");
     }
 
     let (code, v) =

@@ -94,7 +94,8 @@ async fn a_mooncake_client_sees_each_instance_of_its_tenant_in_tokens() {
     let (code, v) = http(s.addr, "POST", "/query", Some(query(&tokens, 4, other))).await;
     assert_eq!((code, v), (200, json!({"acme": {}})));
 
-    // A LoRA's blocks are another chain, and no block is salted: zeros, listed; lora_id ignored.
+    // A LoRA's blocks are another chain, and no block is stored salted: zeros, listed; lora_id
+    // ignored.
     for extra in [json!({"lora_name": "sql"}), json!({"cache_salt": "s", "lora_id": 3})] {
         let (code, v) = http(s.addr, "POST", "/query", Some(query(&tokens, 4, extra))).await;
         assert_eq!((code, v), (200, json!({"default": {"2": hits(0, json!({"0": 0}))}})));

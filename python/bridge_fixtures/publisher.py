@@ -21,6 +21,7 @@ script can wait until the bridge has subscribed before sending, instead of sleep
 Usage:
   publisher.py fixtures OUT_DIR        write the decoder fixtures (msgpack payloads)
   publisher.py selfcheck               compare this script's bytes with msgspec's (if installed)
+  publisher.py serve-ns --port P      one engine storing blocks with extra_keys (see `serve_ns`)
   publisher.py serve --a P --a-replay P --b P --c P --c-replay P --d P --d-replay P --e P --e-replay P
                                        --f P --f-replay P
                                        run the end-to-end scenario (see `serve`)
@@ -278,7 +279,7 @@ def serve(a):
         stored_map([95], None, B_TOKENS[:4], medium="TAPE"),   # unknown medium: refused
         stored_map([97], None, B_TOKENS[:4], lora_name="adapter",
                    extra_keys=[["adapter"]]),          # LoRA by name: its own namespace
-        stored_map([96], None, B_TOKENS[:4], extra_keys=[["salt"]]),  # cache_salt: refused
+        stored_map([96], None, B_TOKENS[:4], extra_keys=[["salt"]]),  # cache_salt: its own chain
     ], dp_rank=1))
     eng_b.publish(batch_map([{"type": "BlockRemoved", "block_hashes": [B_HASH[1]]}], dp_rank=1),
                   send=False)  # lost, and there is no replay socket
@@ -357,6 +358,38 @@ def serve(a):
     print("engines J and K done", flush=True)
     for e in (eng_a, eng_b, eng_c, eng_d, eng_e, eng_f, eng_j, eng_k):
         e.close()
+    ctx.term()
+    print("DONE", flush=True)
+
+
+# --- blocks with extra_keys (mirrored in tests/tests/bridge_namespaces.rs) --------------------
+
+# A vLLM multimodal identifier (the image's hash, as `mm_feature.identifier`).
+MM_ID = "9a1f0c3e5b7d2f4a6c8e0b1d3f5a7c9e2b4d6f8a0c1e3b5d7f9a2c4e6b8d0f1a"
+NS_MM = toks(10000, 12)      # image over blocks 0-1, text in block 2
+NS_SALT = toks(11000, 12)    # cache_salt "tenant-42"; block 2 arrives in a later batch
+NS_LORA = toks(12000, 8)     # LoRA "sql-lora"
+NS_EMBEDS = toks(13000, 4)   # prompt embeddings: refused
+
+
+def serve_ns(a):
+    """One vLLM engine (positional layout, as vLLM's generate_block_hash_extra_keys fills
+    extra_keys: LoRA name, multimodal identifiers, cache salt on the first block only,
+    prompt-embeds digests as bytes), then a batch continuing the salted chain."""
+    import zmq
+    ctx = zmq.Context()
+    eng = Engine(ctx, a.port)
+    eng.wait_subscriber()
+    eng.publish(batch_array([
+        stored_array([101, 102, 103], None, NS_MM, extra_keys=[[MM_ID], [MM_ID], None]),
+        stored_array([111, 112], None, NS_SALT[:8], extra_keys=[["tenant-42"], None]),
+        stored_array([121, 122], None, NS_LORA, lora_name="sql-lora",
+                     extra_keys=[["sql-lora"], ["sql-lora"]]),
+        stored_array([131], None, NS_EMBEDS, extra_keys=[[bytes(range(32))]]),
+    ]))
+    eng.publish(batch_array([stored_array([113], 112, NS_SALT[8:])]))
+    eng.pump(0.5)
+    eng.close()
     ctx.term()
     print("DONE", flush=True)
 
@@ -442,6 +475,8 @@ def main():
     f = sub.add_parser("fixtures")
     f.add_argument("out")
     sub.add_parser("selfcheck")
+    n = sub.add_parser("serve-ns")
+    n.add_argument("--port", type=int, required=True)
     s = sub.add_parser("serve")
     for name in ("a", "a-replay", "b", "c", "c-replay", "d", "d-replay", "e", "e-replay", "f",
                  "f-replay", "j", "k"):
@@ -451,6 +486,8 @@ def main():
         fixtures(a.out)
     elif a.cmd == "selfcheck":
         selfcheck()
+    elif a.cmd == "serve-ns":
+        serve_ns(a)
     else:
         serve(a)
 

@@ -122,16 +122,20 @@ def match_request(
     exclude_gapped: bool = False,
     tiers: Sequence = (),
     tier_weights: Optional[Dict] = None,
+    cache_salt: str = "",
+    extra: Sequence[Tuple[int, Sequence[str]]] = (),
 ) -> query_pb2.MatchRequest:
     """The MatchRequest for one query. Exactly one prompt form: `tokens` (hashed by the replica,
-    under `namespace`) or `hashes` (canonical local hashes, namespace already applied).
+    under `namespace`, `cache_salt` and the per-block keys `extra`: (block index, [multimodal
+    identifier, ...]) pairs) or `hashes` (canonical local hashes, all of these already applied).
     `tiers`: the storage tiers that count, in preference order ("gpu", "host", "disk",
     "external"; empty: all); `tier_weights`: {tier: per mille}, answers ordered by the
     weighted score."""
     if (tokens is None) == (hashes is None):
         raise ValueError("pass exactly one of tokens= and hashes=")
-    if namespace and tokens is None:
-        raise ValueError("namespace= applies to tokens=; hashes carry it already (block_hashes(..., namespace))")
+    if (namespace or cache_salt or extra) and tokens is None:
+        raise ValueError("namespace=, cache_salt= and extra= apply to tokens=; hashes carry them already "
+                         "(block_hashes(..., namespace, cache_salt=, extra=))")
     model, block_size, scheme = keyspace
     req = query_pb2.MatchRequest(
         keyspace=records_pb2.Keyspace(model=model, block_size=block_size, hash_scheme=scheme),
@@ -144,6 +148,9 @@ def match_request(
     if tokens is not None:
         req.tokens.ids.extend(tokens)
         req.tokens.namespace = namespace
+        req.tokens.cache_salt = cache_salt
+        for block, ids in extra:
+            req.tokens.extra.add(block=block, mm_ids=list(ids))
     else:
         req.hashes.local.extend(hashes)
     if top_k is not None:

@@ -16,6 +16,14 @@ def test_token_prompt_carries_its_namespace():
     assert (req.keyspace.model, req.keyspace.block_size, req.keyspace.hash_scheme) == KS
 
 
+def test_token_prompt_carries_its_salt_and_multimodal_ids():
+    req = match_request(KS, tokens=list(range(8)), cache_salt="tenant", extra=[(1, ["img-a", "img-b"])])
+    assert req.tokens.cache_salt == "tenant"
+    assert [(e.block, list(e.mm_ids)) for e in req.tokens.extra] == [(1, ["img-a", "img-b"])]
+    plain = match_request(KS, tokens=[1, 2, 3, 4]).tokens
+    assert plain.cache_salt == "" and len(plain.extra) == 0
+
+
 def test_every_option_reaches_the_request():
     req = match_request(
         KS, hashes=[2**64 - 1, 5], top_k=3, lane=0, intervals=True, min_offsets=[(0, 41), (2, 7)],
@@ -38,8 +46,9 @@ def test_defaults_leave_optional_fields_unset():
 
 @pytest.mark.parametrize(
     "kw",
-    [{}, {"tokens": [1], "hashes": [1]}, {"hashes": [1], "namespace": "adapter"}],
-    ids=["no-prompt", "two-prompts", "namespace-with-hashes"],
+    [{}, {"tokens": [1], "hashes": [1]}, {"hashes": [1], "namespace": "adapter"},
+     {"hashes": [1], "cache_salt": "s"}, {"hashes": [1], "extra": [(0, ["img"])]}],
+    ids=["no-prompt", "two-prompts", "namespace-with-hashes", "salt-with-hashes", "extra-with-hashes"],
 )
 def test_ambiguous_prompts_are_caller_errors(kw):
     with pytest.raises(ValueError):

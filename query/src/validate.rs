@@ -84,9 +84,17 @@ fn locals(id: &KeyspaceId, prompt: Option<&Prompt>, max_blocks: usize) -> Result
             if n > max_blocks {
                 return Err(too_many(n));
             }
-            Ok(scheme::block_hashes_in(&t.namespace, &t.ids, id.block_size as usize))
+            Ok(token_locals(t, id.block_size as usize))
         }
     }
+}
+
+/// A token prompt's locals with its namespace inputs (LoRA name, cache salt, per-block keys).
+fn token_locals(t: &prefixlog_proto::v1::TokenIds, block_size: usize) -> Vec<u64> {
+    let extra: Vec<(usize, Vec<&str>)> =
+        t.extra.iter().map(|e| (e.block as usize, e.mm_ids.iter().map(String::as_str).collect())).collect();
+    let ns = scheme::Namespace { lora: &t.namespace, cache_salt: &t.cache_salt, extra: &extra };
+    scheme::block_hashes_with(&ns, &t.ids, block_size)
 }
 
 /// The token as one (partition, next offset) per partition, ascending; a partition named more
@@ -189,6 +197,43 @@ mod tests {
         assert!(ok.candidates.windows(2).all(|w| w[0] < w[1]), "sorted");
         let err = check(&request(vec![], vec![7; MAX_CANDIDATES + 1]), 10, 1).err().expect("too many");
         assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    }
+
+    /// A token prompt's cache salt and per-block multimodal identifiers are hashed with the
+    /// scheme's rule (as the bridge hashes an engine's keyed blocks); without them the same
+    /// tokens are other blocks.
+    #[test]
+    fn token_prompts_hash_their_salt_and_multimodal_keys() {
+        use prefixlog_proto::v1::{BlockExtraKeys, Keyspace, TokenIds};
+        let ids: Vec<u32> = (1..=12).collect();
+        let ask = |t: TokenIds| {
+            let req = MatchRequest {
+                keyspace: Some(Keyspace { model: "m".into(), block_size: 4, hash_scheme: 1 }),
+                prompt: Some(Prompt::Tokens(t)),
+                ..Default::default()
+            };
+            check(&req, 10, 1).unwrap().locals
+        };
+        let keyed = TokenIds {
+            ids: ids.clone(),
+            namespace: "lora".into(),
+            cache_salt: "tenant".into(),
+            extra: vec![
+                BlockExtraKeys { block: 1, mm_ids: vec!["img".into()] },
+                BlockExtraKeys { block: 2, mm_ids: vec!["img".into()] },
+                BlockExtraKeys { block: 9, mm_ids: vec!["past the prompt".into()] },
+            ],
+        };
+        let img = [(1, vec!["img"]), (2, vec!["img"])];
+        let ns = scheme::Namespace { lora: "lora", cache_salt: "tenant", extra: &img };
+        let got = ask(keyed.clone());
+        assert_eq!(got, scheme::block_hashes_with(&ns, &ids, 4));
+        let unsalted = ask(TokenIds { cache_salt: String::new(), ..keyed.clone() });
+        assert!(got.iter().zip(&unsalted).all(|(a, b)| a != b), "the salt changes every block");
+        let no_image = ask(TokenIds { extra: vec![], ..keyed });
+        assert_eq!((got[0] == no_image[0], got[1] == no_image[1]), (true, false));
+        let plain = ask(TokenIds { ids: ids.clone(), ..Default::default() });
+        assert_eq!(plain, scheme::block_hashes(&ids, 4), "plain prompts hash as before");
     }
 
     #[test]

@@ -197,7 +197,7 @@ impl Picker {
                 block_size: ks.block_size,
                 hash_scheme: ks.scheme,
             }),
-            prompt: Some(MatchPrompt::Tokens(TokenIds { ids, namespace: String::new() })),
+            prompt: Some(MatchPrompt::Tokens(TokenIds { ids, ..Default::default() })),
             candidate_workers: workers,
             lane: Some(0),
             exclude_gapped: true,

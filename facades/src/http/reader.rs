@@ -90,8 +90,6 @@ struct Ask {
     prompt: Prompt,
     /// Blocks the prompt has (0: nothing to match, the answer is all zeros).
     blocks: usize,
-    /// A salt prefixlog holds no blocks under: every count is 0 (not an error).
-    salted: bool,
 }
 
 pub struct Reader {
@@ -105,15 +103,22 @@ impl Reader {
 
     pub async fn query(&self, req: QueryRequest) -> Result<ScoreResponse, QueryError> {
         let namespace = req.lora_name.unwrap_or_default();
+        // vLLM's salt keys the prompt's first block (scheme::block_hashes_with), as the bridge
+        // indexes salted blocks.
+        let cache_salt = req.cache_salt.unwrap_or_default();
         let blocks = req.token_ids.len();
         let ask = Ask {
             model: req.model_name,
             group: non_empty_or(req.routing_group, DEFAULT_ROUTING_GROUP),
             scheme: SCHEME_XXH3_CHAINED,
-            prompt: Prompt::Tokens(TokenIds { ids: req.token_ids, namespace }),
+            prompt: Prompt::Tokens(TokenIds {
+                ids: req.token_ids,
+                namespace,
+                cache_salt,
+                ..Default::default()
+            }),
             // Tokens, not blocks yet: the block size is the keyspace's (checked in `answer`).
             blocks,
-            salted: req.cache_salt.is_some_and(|s| !s.is_empty()),
         };
         self.answer(ask).await
     }
@@ -131,7 +136,6 @@ impl Reader {
             prompt: Prompt::Hashes(BlockHashes {
                 local: req.block_hashes.iter().map(|&h| h as u64).collect(),
             }),
-            salted: false,
         };
         self.answer(ask).await
     }
@@ -143,7 +147,7 @@ impl Reader {
             Prompt::Tokens(_) => ask.blocks / ks.block_size.max(1) as usize,
             Prompt::Hashes(_) => ask.blocks,
         };
-        let skip = ask.salted || whole_blocks == 0;
+        let skip = whole_blocks == 0;
         let depths = if skip { Vec::new() } else { self.depths(&ks, ask.prompt).await? };
         let group = ask.group;
         let in_group = |_, m: Meta| {
@@ -167,9 +171,11 @@ impl Reader {
         let tenant = non_empty_or(req.tenant_id, DEFAULT_TENANT);
         let instance = req.instance_id.filter(|i| !i.is_empty());
         let whole_blocks = req.token_ids.len() / req.block_size.max(1) as usize;
-        let skip = req.cache_salt.is_some_and(|s| !s.is_empty()) || whole_blocks == 0;
+        let skip = whole_blocks == 0;
         let namespace = req.lora_name.unwrap_or_default();
-        let prompt = Prompt::Tokens(TokenIds { ids: req.token_ids, namespace });
+        let cache_salt = req.cache_salt.unwrap_or_default();
+        let prompt =
+            Prompt::Tokens(TokenIds { ids: req.token_ids, namespace, cache_salt, ..Default::default() });
         let depths = if skip { Vec::new() } else { self.depths(&ks, prompt).await? };
         let holders = self.holders_labelled(&ks, |worker, m: Meta| {
             let get = |k: &str| m.and_then(|m| m.get(k)).map(String::as_str).filter(|v| !v.is_empty());

@@ -14,12 +14,24 @@ class EchoMessage(_message.Message):
     def __init__(self, payload: _Optional[bytes] = ...) -> None: ...
 
 class TokenIds(_message.Message):
-    __slots__ = ("ids", "namespace")
+    __slots__ = ("ids", "namespace", "cache_salt", "extra")
     IDS_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
+    EXTRA_FIELD_NUMBER: _ClassVar[int]
     ids: _containers.RepeatedScalarFieldContainer[int]
     namespace: str
-    def __init__(self, ids: _Optional[_Iterable[int]] = ..., namespace: _Optional[str] = ...) -> None: ...
+    cache_salt: str
+    extra: _containers.RepeatedCompositeFieldContainer[BlockExtraKeys]
+    def __init__(self, ids: _Optional[_Iterable[int]] = ..., namespace: _Optional[str] = ..., cache_salt: _Optional[str] = ..., extra: _Optional[_Iterable[_Union[BlockExtraKeys, _Mapping]]] = ...) -> None: ...
+
+class BlockExtraKeys(_message.Message):
+    __slots__ = ("block", "mm_ids")
+    BLOCK_FIELD_NUMBER: _ClassVar[int]
+    MM_IDS_FIELD_NUMBER: _ClassVar[int]
+    block: int
+    mm_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, block: _Optional[int] = ..., mm_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class BlockHashes(_message.Message):
     __slots__ = ("local",)

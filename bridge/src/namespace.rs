@@ -1,0 +1,70 @@
+//! What a stored block's vLLM `extra_keys` become in the canonical hash.
+//!
+//! vLLM builds one tuple per block (`generate_block_hash_extra_keys`, in this order): the LoRA
+//! adapter's name (every block of a LoRA request), the multimodal identifiers of the inputs
+//! overlapping the block (strings; older versions `(identifier, offset)` pairs), the
+//! `cache_salt` (the prompt's first block only), and prompt-embeds hashes (bytes). The bridge
+//! keeps the LoRA name as the chain's namespace and every other string of a block as that
+//! block's keys (`prefixlog_engine::scheme::keyed_block_hash`). The salt needs no telling
+//! apart from an identifier: the scheme folds it in as a key of block 0, which is where vLLM
+//! puts it. What a gateway could not supply in a documented way is refused
+//! ([`Refusal::ExtraKeys`]): prompt-embeds bytes, elements of another shape, a list that is not
+//! one entry per block.
+
+use super::metrics::Refusal;
+use super::wire::{ExtraKey, ExtraKeys};
+
+/// Each block's keys (LoRA name removed), one entry per block of the event.
+pub fn block_keys(
+    extra: &ExtraKeys,
+    lora_name: Option<&str>,
+    lora_id: Option<i64>,
+    blocks: usize,
+) -> Result<Vec<Vec<String>>, Refusal> {
+    // vLLM sends lora_id 0 or nil for the base model; an adapter given only by integer id
+    // (older vLLM) names nothing a gateway can hash with.
+    if lora_name.is_none() && lora_id.is_some_and(|id| id != 0) {
+        return Err(Refusal::Namespaced);
+    }
+    let entries = match extra {
+        ExtraKeys::Absent => return Ok(vec![Vec::new(); blocks]),
+        ExtraKeys::Unparsed => return Err(Refusal::ExtraKeys),
+        ExtraKeys::Blocks(e) if e.len() != blocks => return Err(Refusal::ExtraKeys),
+        ExtraKeys::Blocks(e) => e,
+    };
+    entries.iter().map(|e| entry_keys(e.as_deref().unwrap_or_default(), lora_name)).collect()
+}
+
+/// One block's keys: its tuple without the leading LoRA name, every element an identifier.
+fn entry_keys(tuple: &[ExtraKey], lora_name: Option<&str>) -> Result<Vec<String>, Refusal> {
+    let rest = match (lora_name, tuple) {
+        (None, _) | (Some(_), []) => tuple,
+        (Some(name), [ExtraKey::Text(first), rest @ ..]) if first == name => rest,
+        // A LoRA request's tuple starts with its name; anything else is a layout we do not know.
+        (Some(_), _) => return Err(Refusal::ExtraKeys),
+    };
+    rest.iter()
+        .map(|k| match k {
+            ExtraKey::Text(s) | ExtraKey::TextAt(s, _) => Ok(s.clone()),
+            ExtraKey::Bytes(_) | ExtraKey::Other => Err(Refusal::ExtraKeys),
+        })
+        .collect()
+}
+
+/// The local hashes of a stored run of blocks continuing from `seed`, block `i` keyed by
+/// `keys[i]`. Without keys this is the plain chain (`session::chain_from`).
+pub fn chain_keyed(seed: u64, tokens: &[u32], block_size: usize, keys: &[Vec<String>]) -> Vec<u64> {
+    if keys.iter().all(Vec::is_empty) {
+        return super::session::chain_from(seed, tokens, block_size);
+    }
+    let mut parent = seed;
+    let empty = Vec::new();
+    tokens
+        .chunks_exact(block_size.max(1))
+        .enumerate()
+        .map(|(i, block)| {
+            parent = prefixlog_engine::scheme::keyed_block_hash(parent, block, keys.get(i).unwrap_or(&empty));
+            parent
+        })
+        .collect()
+}

@@ -1,0 +1,184 @@
+//! vLLM blocks with `extra_keys` (multimodal identifiers, a cache salt, a LoRA name) through the
+//! decoder and the session: they are stored, and their locals are what a query naming the same
+//! inputs hashes to (`scheme::block_hashes_with`, which the replica runs on `TokenIds`), and
+//! differ from a query that does not name them. Shapes the rule cannot reproduce are refused.
+
+use prefixlog_bridge::metrics::BridgeMetrics;
+use prefixlog_bridge::session::Session;
+use prefixlog_bridge::wire::decode_batch;
+use prefixlog_engine::scheme::{block_hashes, block_hashes_in, block_hashes_with, Namespace};
+use prefixlog_state::KvOp;
+use rmpv::Value;
+
+const BS: u32 = 4;
+/// A vLLM multimodal identifier (a hex digest of the image).
+const IMG: &str = "9a1f0c3e5b7d2f4a6c8e0b1d3f5a7c9e2b4d6f8a0c1e3b5d7f9a2c4e6b8d0f1a";
+
+fn toks(n: u32) -> Vec<u32> {
+    (100..100 + n).collect()
+}
+
+fn v<T: Into<Value>>(x: T) -> Value {
+    x.into()
+}
+
+/// A positional vLLM BlockStored: tag, hashes, parent, tokens, block size, lora_id, medium,
+/// lora_name, extra_keys, then the upstream tail (group_idx, kind, window) as nils.
+fn stored(hashes: &[u64], parent: Option<u64>, tokens: &[u32], lora: Option<&str>, extra: Value) -> Value {
+    Value::Array(vec![
+        v("BlockStored"),
+        Value::Array(hashes.iter().map(|&h| v(h)).collect()),
+        parent.map_or(Value::Nil, v),
+        Value::Array(tokens.iter().map(|&t| v(t)).collect()),
+        v(BS),
+        Value::Nil,
+        v("GPU"),
+        lora.map_or(Value::Nil, v),
+        extra,
+        Value::Nil,
+        Value::Nil,
+        Value::Nil,
+    ])
+}
+
+/// `extra_keys`: one entry per block, `None` = nil, else the tuple's elements.
+fn keys(entries: Vec<Option<Vec<Value>>>) -> Value {
+    Value::Array(entries.into_iter().map(|e| e.map_or(Value::Nil, Value::Array)).collect())
+}
+
+/// Encodes `events` as a vLLM positional batch, decodes it and runs it through a session.
+fn run(s: &mut Session, seq: u64, events: Vec<Value>, m: &BridgeMetrics) -> Vec<KvOp> {
+    let mut buf = Vec::new();
+    rmpv::encode::write_value(&mut buf, &Value::Array(vec![v(0.5), Value::Array(events), v(0)])).unwrap();
+    s.accept(seq, seq, &decode_batch(&buf).unwrap(), m).ops
+}
+
+fn locals(op: &KvOp) -> Vec<u64> {
+    match op {
+        KvOp::Stored { blocks, .. } => blocks.iter().map(|&(_, l)| l).collect(),
+        other => panic!("not a store: {other:?}"),
+    }
+}
+
+#[test]
+fn a_multimodal_block_is_keyed_by_its_identifier() {
+    let (m, mut s) = (BridgeMetrics::default(), Session::new(BS, 1));
+    let t = toks(12);
+    // The image covers blocks 1 and 2 (vLLM lists its identifier on each block it overlaps).
+    let extra = keys(vec![None, Some(vec![v(IMG)]), Some(vec![v(IMG)])]);
+    let ops = run(&mut s, 0, vec![stored(&[1, 2, 3], None, &t, None, extra)], &m);
+    assert_eq!(ops.len(), 1, "stored, not refused");
+    let got = locals(&ops[0]);
+    let named = [(1, vec![IMG]), (2, vec![IMG])];
+    let query = block_hashes_with(&Namespace { extra: &named, ..Default::default() }, &t, BS as usize);
+    assert_eq!(got, query, "a query naming the image per block matches");
+    let plain = block_hashes(&t, BS as usize);
+    assert_eq!(got[0], plain[0], "the block before the image is a plain block");
+    assert!(got[1] != plain[1] && got[2] != plain[2], "a query without the image does not match");
+    let wrong = [(1, vec!["another-image"]), (2, vec!["another-image"])];
+    let other = block_hashes_with(&Namespace { extra: &wrong, ..Default::default() }, &t, BS as usize);
+    assert_ne!(got[1], other[1], "nor one naming another image");
+    // Older vLLM's (identifier, offset) pairs key the block by the identifier alone.
+    let pair = keys(vec![None, Some(vec![Value::Array(vec![v(IMG), v(2)])]), Some(vec![v(IMG)])]);
+    let ops = run(&mut s, 1, vec![stored(&[11, 12, 13], None, &t, None, pair)], &m);
+    assert_eq!(locals(&ops[0]), query);
+}
+
+#[test]
+fn a_cache_salt_salts_the_chain_and_continuations_inherit_it() {
+    let (m, mut s) = (BridgeMetrics::default(), Session::new(BS, 1));
+    let t = toks(16);
+    // vLLM puts the salt in the first block's tuple only.
+    let first = stored(&[1, 2], None, &t[..8], None, keys(vec![Some(vec![v("tenant-42")]), None]));
+    // A later store continues from block 2: no extra keys, the salt comes through the parent.
+    let later = stored(&[3, 4], Some(2), &t[8..], None, Value::Nil);
+    let ops = run(&mut s, 0, vec![first, later], &m);
+    let got: Vec<u64> = ops.iter().flat_map(locals).collect();
+    let salted = Namespace { cache_salt: "tenant-42", ..Default::default() };
+    assert_eq!(got, block_hashes_with(&salted, &t, BS as usize), "a query naming the salt matches");
+    let plain = block_hashes(&t, BS as usize);
+    assert!(got.iter().zip(&plain).all(|(a, b)| a != b), "a query without it matches no block");
+    let other = block_hashes_with(&Namespace { cache_salt: "tenant-7", ..Default::default() }, &t, 4);
+    assert_ne!(got[0], other[0], "nor one naming another tenant's salt");
+}
+
+#[test]
+fn a_lora_name_with_an_image_and_a_salt() {
+    let (m, mut s) = (BridgeMetrics::default(), Session::new(BS, 1));
+    let t = toks(8);
+    // vLLM's order: LoRA name, multimodal identifiers, cache salt (block 0 only).
+    let extra =
+        keys(vec![Some(vec![v("sql-lora"), v(IMG), v("tenant-42")]), Some(vec![v("sql-lora"), v(IMG)])]);
+    let lora_only = keys(vec![Some(vec![v("sql-lora")]), Some(vec![v("sql-lora")])]);
+    let ops = run(
+        &mut s,
+        0,
+        vec![
+            stored(&[1, 2], None, &t, Some("sql-lora"), extra),
+            stored(&[5, 6], None, &t, Some("sql-lora"), lora_only),
+        ],
+        &m,
+    );
+    let img = [(0, vec![IMG]), (1, vec![IMG])];
+    let all = Namespace { lora: "sql-lora", cache_salt: "tenant-42", extra: &img };
+    assert_eq!(locals(&ops[0]), block_hashes_with(&all, &t, BS as usize));
+    assert_eq!(locals(&ops[1]), block_hashes_in("sql-lora", &t, BS as usize), "LoRA alone: its namespace");
+    let without_lora = Namespace { lora: "", ..all };
+    let base = block_hashes_with(&without_lora, &t, BS as usize);
+    assert!(locals(&ops[0]).iter().zip(&base).all(|(a, b)| a != b), "the base model's query does not match");
+    assert_eq!(m.get("refused_extra_keys"), Some(0));
+}
+
+#[test]
+fn keys_no_gateway_can_supply_are_refused_and_counted() {
+    let (m, mut s) = (BridgeMetrics::default(), Session::new(BS, 1));
+    let t = toks(8);
+    let embeds = Value::Binary(vec![7; 32]);
+    let events = vec![
+        // Prompt-embeds hashes (bytes).
+        stored(&[1, 2], None, &t, None, keys(vec![Some(vec![embeds]), None])),
+        // An element of unknown shape (an int).
+        stored(&[3, 4], None, &t, None, keys(vec![Some(vec![v(5)]), None])),
+        // Not one entry per block.
+        stored(&[5, 6], None, &t, None, keys(vec![Some(vec![v(IMG)])])),
+        // A LoRA request whose tuple does not start with its name.
+        stored(&[7, 8], None, &t, Some("sql-lora"), keys(vec![Some(vec![v(IMG)]), None])),
+        // Not a list at all.
+        stored(&[9, 10], None, &t, None, v("salt")),
+        // Nil entries everywhere: a plain block, stored.
+        stored(&[11, 12], None, &t, None, keys(vec![None, None])),
+    ];
+    let ops = run(&mut s, 0, events, &m);
+    assert_eq!(ops.len(), 1);
+    assert_eq!(locals(&ops[0]), block_hashes(&t, BS as usize));
+    assert_eq!(m.get("refused_extra_keys"), Some(5));
+    // A child of a refused block has no known parent: refused as such, never mis-hashed.
+    let child = stored(&[13], Some(2), &toks(12)[8..], None, Value::Nil);
+    assert!(run(&mut s, 1, vec![child], &m).is_empty());
+    assert_eq!(m.get("refused_unknown_parent"), Some(1));
+}
+
+#[test]
+fn the_map_layout_carries_extra_keys_too() {
+    let (m, mut s) = (BridgeMetrics::default(), Session::new(BS, 1));
+    let t = toks(4);
+    let ev = Value::Map(vec![
+        (v("type"), v("BlockStored")),
+        (v("block_hashes"), Value::Array(vec![v(1)])),
+        (v("parent_block_hash"), Value::Nil),
+        (v("token_ids"), Value::Array(t.iter().map(|&x| v(x)).collect())),
+        (v("block_size"), v(BS)),
+        (v("lora_id"), Value::Nil),
+        (v("medium"), v("GPU")),
+        (v("lora_name"), Value::Nil),
+        (v("extra_keys"), keys(vec![Some(vec![v(IMG), v("tenant-42")])])),
+    ]);
+    let mut buf = Vec::new();
+    let batch = Value::Map(vec![(v("ts"), v(0.5)), (v("events"), Value::Array(vec![ev]))]);
+    rmpv::encode::write_value(&mut buf, &batch).unwrap();
+    let ops = s.accept(0, 0, &decode_batch(&buf).unwrap(), &m).ops;
+    let img = [(0, vec![IMG])];
+    let want =
+        block_hashes_with(&Namespace { cache_salt: "tenant-42", extra: &img, ..Default::default() }, &t, 4);
+    assert_eq!(locals(&ops[0]), want);
+}
