@@ -51,11 +51,19 @@ fn entry_keys(tuple: &[ExtraKey], lora_name: Option<&str>) -> Result<Vec<String>
         .collect()
 }
 
+/// Canonical scheme-1 local hashes of the full blocks of `tokens`, continuing a chain whose
+/// previous block's local hash is `seed` (0 for the first block of a prompt): the scheme itself
+/// (`prefixlog_engine::scheme::block_hashes_after`), implemented once. A prompt split at a block
+/// boundary hashes the same in two parts (tested in `bridge/tests/session.rs`).
+pub fn chain_from(seed: u64, tokens: &[u32], block_size: usize) -> Vec<u64> {
+    prefixlog_engine::scheme::block_hashes_after(seed, tokens, block_size)
+}
+
 /// The local hashes of a stored run of blocks continuing from `seed`, block `i` keyed by
-/// `keys[i]`. Without keys this is the plain chain (`session::chain_from`).
+/// `keys[i]`. Without keys this is the plain chain ([`chain_from`]).
 pub fn chain_keyed(seed: u64, tokens: &[u32], block_size: usize, keys: &[Vec<String>]) -> Vec<u64> {
     if keys.iter().all(Vec::is_empty) {
-        return super::session::chain_from(seed, tokens, block_size);
+        return chain_from(seed, tokens, block_size);
     }
     let mut parent = seed;
     let empty = Vec::new();

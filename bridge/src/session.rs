@@ -54,13 +54,8 @@ struct Known {
     tiers: u8,
 }
 
-/// Canonical scheme-1 local hashes of the full blocks of `tokens`, continuing a chain whose
-/// previous block's local hash is `seed` (0 for the first block of a prompt): the scheme itself
-/// (`prefixlog_engine::scheme::block_hashes_after`), implemented once. A prompt split at a block
-/// boundary hashes the same in two parts (tested in `bridge/tests/session.rs`).
-pub fn chain_from(seed: u64, tokens: &[u32], block_size: usize) -> Vec<u64> {
-    prefixlog_engine::scheme::block_hashes_after(seed, tokens, block_size)
-}
+/// The plain chain hash, where the bridge's tests and callers have always found it.
+pub use super::namespace::chain_from;
 
 /// Digest of a message payload, to tell a duplicate from a restarted engine's message.
 pub fn payload_digest(payload: &[u8]) -> u64 {
