@@ -146,17 +146,31 @@ fn depth(a: &Applier, w: u64, q: &[u64]) -> u32 {
         .map_or(0, |m| m.depth)
 }
 
+/// Applies records to one partition at offsets 0, 1, 2, … (log time 10 + offset).
+struct Appender {
+    partition: u32,
+    next: i64,
+}
+
+impl Appender {
+    fn new(partition: u32) -> Self {
+        Self { partition, next: 0 }
+    }
+
+    fn put(&mut self, a: &mut Applier, v: Vec<u8>) -> Outcome {
+        let o = self.next;
+        self.next += 1;
+        a.apply(self.partition, o, 10 + o as u64, Some(&v)).expect("offsets in order")
+    }
+}
+
 #[test]
 fn duplicates_epochs_gaps_and_bad_records() {
     let w = 7u64;
     let p = partition_of(w, P);
     let mut a = applier();
-    let mut off = 0i64;
-    let mut put = |a: &mut Applier, v: Vec<u8>| {
-        let o = off;
-        off += 1;
-        a.apply(p, o, 10 + o as u64, Some(&v)).expect("offsets in order")
-    };
+    let mut log = Appender::new(p);
+    let mut put = |a: &mut Applier, v: Vec<u8>| log.put(a, v);
     let b1 = encode_kv_events(&ks(), w, 0, 1, 1, false, &[stored(None, &[(11, 1), (12, 2)])]);
     assert_eq!(put(&mut a, b1.clone()), Outcome::Applied);
     let d = a.partition_digest(p);
@@ -203,7 +217,7 @@ fn duplicates_epochs_gaps_and_bad_records() {
     assert_eq!(put(&mut a, encode_lifecycle(w, &Lifecycle::Removed)), Outcome::Applied);
     assert_eq!(depth(&a, w, &[4]), 0);
     assert!(a.partition(p).feeds.is_empty());
-    assert_eq!(a.partition(p).next_offset, off);
+    assert_eq!(a.partition(p).next_offset, log.next);
 }
 
 #[test]
@@ -407,12 +421,8 @@ fn tiers_are_independent_holdings_and_unknown_tiers_are_refused() {
     let w = 7u64;
     let p = partition_of(w, P);
     let mut a = applier();
-    let mut off = 0i64;
-    let mut put = |a: &mut Applier, v: Vec<u8>| {
-        let o = off;
-        off += 1;
-        a.apply(p, o, 10 + o as u64, Some(&v)).expect("offsets in order")
-    };
+    let mut log = Appender::new(p);
+    let mut put = |a: &mut Applier, v: Vec<u8>| log.put(a, v);
     let host = KvOp::Stored { tier: Tier::Host, lane: 0, parent_ext: None, blocks: vec![(11, 1), (12, 2)] };
     let ops = [stored(None, &[(11, 1), (12, 2)]), host];
     assert_eq!(put(&mut a, encode_kv_events(&ks(), w, 0, 1, 1, false, &ops)), Outcome::Applied);

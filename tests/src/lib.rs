@@ -217,3 +217,23 @@ pub fn unique_topic(prefix: &str) -> String {
 /// A loopback port that is free now, for a server another process will start on it (below
 /// the kernel's ephemeral range: see [`prefixlog_node::loopback_port`]).
 pub use prefixlog_node::loopback_port as listen_port;
+
+/// A Python for a test's helper script: `$PREFIXLOG_VENV/bin/python`, else
+/// `~/.cache/prefixlog/venv/bin/python`, else `python3`, the first one that runs `check`
+/// (Python code, e.g. `import zmq, msgpack`) successfully; `None` when none does.
+pub fn python_that_runs(check: &str) -> Option<std::path::PathBuf> {
+    use std::path::PathBuf;
+    use std::process::{Command, Stdio};
+    let venv = std::env::var_os("PREFIXLOG_VENV")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/prefixlog/venv")));
+    let candidates = venv.map(|v| v.join("bin/python")).into_iter().chain([PathBuf::from("python3")]);
+    candidates.into_iter().find(|py| {
+        Command::new(py)
+            .args(["-c", check])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    })
+}

@@ -17,7 +17,6 @@ use prefixlog_proto::v1::{
 };
 use prefixlog_tests::{kafka_backends, listen_port, replicas, unique_topic};
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 const P: u32 = 2;
@@ -26,18 +25,7 @@ const BS: u32 = 4;
 const MM_ID: &str = "9a1f0c3e5b7d2f4a6c8e0b1d3f5a7c9e2b4d6f8a0c1e3b5d7f9a2c4e6b8d0f1a";
 
 fn python() -> Option<PathBuf> {
-    let venv = std::env::var_os("PREFIXLOG_VENV")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/prefixlog/venv")));
-    let candidates = venv.map(|v| v.join("bin/python")).into_iter().chain([PathBuf::from("python3")]);
-    candidates.into_iter().find(|py| {
-        std::process::Command::new(py)
-            .args(["-c", "import zmq, msgpack"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    })
+    prefixlog_tests::python_that_runs("import zmq, msgpack")
 }
 
 fn toks(base: u32, n: u32) -> Vec<u32> {

@@ -14,7 +14,6 @@ use prefixlog_state::{KvOp, Tier};
 use prefixlog_tests::{kafka_backends, replicas, unique_topic, KafkaBackend};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -29,18 +28,7 @@ fn ks() -> KeyspaceId {
 
 /// A Python that can import kafka (kafka-python) with its lz4 and zstd codecs.
 fn python() -> Option<PathBuf> {
-    let venv = std::env::var_os("PREFIXLOG_VENV")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/prefixlog/venv")));
-    let candidates = venv.map(|v| v.join("bin/python")).into_iter().chain([PathBuf::from("python3")]);
-    candidates.into_iter().find(|py| {
-        std::process::Command::new(py)
-            .args(["-c", "import kafka.codec as c; assert c.has_lz4() and c.has_zstd()"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    })
+    prefixlog_tests::python_that_runs("import kafka.codec as c; assert c.has_lz4() and c.has_zstd()")
 }
 
 fn hex(b: &[u8]) -> String {
