@@ -67,6 +67,10 @@ pub struct Args {
     /// ratios by tier. 0: no host tier.
     #[arg(long, env = "PREFIXLOG_DEMO_HOST_CAPACITY", default_value_t = 0)]
     pub host_capacity: usize,
+    /// What a host hit is worth next to a GPU hit (0..=1): the gateways' tier weight, and the
+    /// weight the table's hit ratios use.
+    #[arg(long, env = "PREFIXLOG_DEMO_HOST_WEIGHT", default_value_t = 0.6)]
+    pub host_weight: f64,
     /// Blocks per trace id (a 512-token id at block size 64 is 8).
     #[arg(long, env = "PREFIXLOG_DEMO_STRETCH", default_value_t = 8)]
     pub stretch: usize,
@@ -130,6 +134,8 @@ struct Shared {
     capacity: usize,
     /// Workers offload to a host tier, and gateways weigh it.
     host_tier: bool,
+    /// A host block's weight, per mille.
+    host_weight: u32,
 }
 
 impl Shared {
@@ -169,14 +175,14 @@ enum Index {
 }
 
 impl Index {
-    /// The answer as `(worker, depth)` and the offsets it reflects. With `tiers`, the depth is
-    /// the tier-weighted one (GPU 1.0, host 0.6), in blocks.
-    async fn ask(&self, locals: &[u64], tiers: bool) -> (Answered, Vec<(u32, u32)>, Vec<(u32, i64)>) {
+    /// The answer as `(worker, depth)` and the offsets it reflects. With `tiers` (the host
+    /// weight), the depth is the tier-weighted one, in blocks.
+    async fn ask(&self, locals: &[u64], tiers: Option<u32>) -> (Answered, Vec<(u32, u32)>, Vec<(u32, i64)>) {
         match self {
             Index::Native { client, .. } => {
                 let mut q = MatchQuery::new(keyspace(), Prompt::Hashes(locals.to_vec()));
-                if tiers {
-                    q = q.weigh(Tier::Gpu, offload::GPU_WEIGHT).weigh(Tier::Host, offload::HOST_WEIGHT);
+                if let Some(host_weight) = tiers {
+                    q = q.weigh(Tier::Gpu, offload::GPU_WEIGHT).weigh(Tier::Host, host_weight);
                 }
                 match client.match_prompt(&q).await {
                     MatchOutcome::Scores(a) => {
@@ -185,7 +191,7 @@ impl Index {
                             .iter()
                             .map(|x| {
                                 let weighted = ((x.weighted_score + 500) / 1000) as u32;
-                                (x.worker as u32, if tiers { weighted } else { x.depth })
+                                (x.worker as u32, if tiers.is_some() { weighted } else { x.depth })
                             })
                             .collect();
                         (Answered::Scores, d, a.applied)
@@ -229,7 +235,7 @@ async fn gateway(
         chain.truncate(s.capacity);
         let locals: Vec<u64> = chain.iter().map(|b| b.1).collect();
         let t = Instant::now();
-        let (answered, depths, applied) = index.ask(&locals, s.host_tier).await;
+        let (answered, depths, applied) = index.ask(&locals, s.host_tier.then_some(s.host_weight)).await;
         let query_us = t.elapsed().as_micros() as u64;
         let local_depths = tree.depths(&locals);
         let (chosen, hit, oracle, local_choice, local) = {
@@ -238,7 +244,7 @@ async fn gateway(
             let hit = w.host.hit(&w.fleet, chosen, &chain);
             let oracle = (0..w.fleet.len() as u32)
                 .map(|x| w.host.hit(&w.fleet, x, &chain))
-                .max_by_key(|h| h.weighted())
+                .max_by_key(|h| h.weighted(s.host_weight))
                 .unwrap_or_default();
             w.load.routed(chosen);
             for op in w.host.serve(&mut w.fleet, chosen, &chain) {
@@ -254,7 +260,15 @@ async fn gateway(
         };
         tree.routed(local_choice, &locals, req.timestamp_ms + 1);
         index.place(g, chosen, &locals, &applied, &s).await;
-        let o = Outcome { blocks: chain.len() as u32, hit, oracle, local, query_us, answered };
+        let o = Outcome {
+            blocks: chain.len() as u32,
+            hit,
+            oracle,
+            local,
+            query_us,
+            answered,
+            host_weight: s.host_weight,
+        };
         s.results.lock()[i] = Some(o);
         bar.inc(1);
     }
@@ -263,6 +277,7 @@ async fn gateway(
 pub async fn run(a: Args) -> anyhow::Result<()> {
     anyhow::ensure!(a.workers > 0 && a.gateways > 0, "--workers and --gateways must be at least 1");
     anyhow::ensure!(a.speedup > 0.0, "--speedup must be positive");
+    anyhow::ensure!((0.0..=1.0).contains(&a.host_weight), "--host-weight must be within 0..=1");
     let mut trace = load_trace(&a.trace)?;
     if a.requests > 0 {
         trace.truncate(a.requests);
@@ -309,6 +324,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         stretch: a.stretch,
         capacity: a.capacity,
         host_tier: a.host_capacity > 0,
+        host_weight: (a.host_weight * 1000.0).round() as u32,
     });
     let endpoints = cluster.endpoints();
     let mut workers = Vec::new();

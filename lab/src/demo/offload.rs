@@ -17,16 +17,15 @@ pub struct TierHit {
 }
 
 impl TierHit {
-    /// The hit weighed by tier cost: GPU 1.0, host 0.6 (thousandths, as the gateways ask).
-    pub fn weighted(self) -> u64 {
-        u64::from(self.gpu) * u64::from(GPU_WEIGHT) + u64::from(self.host) * u64::from(HOST_WEIGHT)
+    /// The hit weighed by tier cost in thousandths, as the gateways ask: a GPU block 1000, a
+    /// host block `host_weight` (a host hit saves most of a prefill, but loading it back costs).
+    pub fn weighted(self, host_weight: u32) -> u64 {
+        u64::from(self.gpu) * u64::from(GPU_WEIGHT) + u64::from(self.host) * u64::from(host_weight)
     }
 }
 
-/// The gateways' tier weights (per mille): a host hit saves most of a prefill, but loading it
-/// back costs something.
+/// A GPU block's weight (per mille): the unit the others are measured in.
 pub const GPU_WEIGHT: u32 = 1000;
-pub const HOST_WEIGHT: u32 = 600;
 
 /// One worker's host LRU: ext → last-use stamp, and stamp → ext.
 #[derive(Default)]

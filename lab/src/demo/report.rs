@@ -23,9 +23,12 @@ pub struct Outcome {
     pub local: TierHit,
     pub query_us: u64,
     pub answered: Answered,
+    /// A host block's weight in this run, per mille.
+    pub host_weight: u32,
 }
 
-/// Hit ratios weighed by tier (GPU 1.0, host 0.6): with no host tier, the plain hit ratios.
+/// Hit ratios weighed by tier (GPU 1.0, host `--host-weight`): with no host tier, the plain
+/// hit ratios.
 pub struct Ratios {
     pub shared: f64,
     pub oracle: f64,
@@ -37,7 +40,7 @@ fn blocks(v: &[Outcome]) -> f64 {
 }
 
 fn weighted(v: &[Outcome], f: fn(&Outcome) -> TierHit) -> f64 {
-    v.iter().map(|o| f(o).weighted()).sum::<u64>() as f64 / 1000.0 / blocks(v)
+    v.iter().map(|o| f(o).weighted(o.host_weight)).sum::<u64>() as f64 / 1000.0 / blocks(v)
 }
 
 pub fn ratios(v: &[Outcome]) -> Ratios {
@@ -95,7 +98,12 @@ pub fn table(v: &[Outcome], s: &Summary) -> String {
         format!("{} ({} gateways, {} workers, {:.1} s)", v.len(), s.gateways, s.workers, s.seconds),
     );
     let tiered = v.iter().any(|o| o.hit.host + o.oracle.host + o.local.host > 0);
-    let weighed = if tiered { " (GPU 1.0, host 0.6)" } else { "" };
+    let host_weight = v.first().map_or(0, |o| o.host_weight);
+    let weighed = if tiered {
+        format!(" (GPU 1.0, host {:.2})", f64::from(host_weight) / 1000.0)
+    } else {
+        String::new()
+    };
     row(&format!("prefix-hit ratio{weighed}, shared index (achieved)"), format!("{:.3}", r.shared));
     row(&format!("prefix-hit ratio{weighed}, oracle (perfect knowledge)"), format!("{:.3}", r.oracle));
     row(&format!("prefix-hit ratio{weighed}, gateway-local trees"), format!("{:.3}", r.local));
@@ -156,7 +164,7 @@ fn series(v: &[Outcome], window: usize, step: usize, f: Field) -> Vec<(usize, f6
     while end <= v.len() && end > 0 {
         let w = &v[end.saturating_sub(window)..end];
         let b: u64 = w.iter().map(|o| u64::from(o.blocks)).sum();
-        let h: u64 = w.iter().map(|o| f(o).weighted()).sum();
+        let h: u64 = w.iter().map(|o| f(o).weighted(o.host_weight)).sum();
         out.push((end, h as f64 / 1000.0 / b.max(1) as f64));
         if end == v.len() {
             break;
