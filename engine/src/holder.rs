@@ -84,17 +84,38 @@ impl Holder {
 /// What a match reads of a holder, packed in one dense array beside the slots: a match that
 /// lists hundreds of holders reads a few cache lines of cards instead of one line (or two) of
 /// each holder. A copy, refreshed by [`Holders::sync_card`] at the end of every operation.
+/// The key is stored field by field so the tier fits in the padding: 24 bytes, as before tiers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Card {
-    pub key: HolderKey,
+    worker: u64,
+    dp_rank: u32,
+    lane: u32,
     pub blocks: u32,
     pub fed: bool,
     pub gapped: bool,
+    tier: Tier,
 }
+
+const _: () = assert!(std::mem::size_of::<Card>() == 24);
 
 impl Card {
     fn of(h: &Holder) -> Self {
-        Self { key: h.key, blocks: h.blocks, fed: h.fed, gapped: h.gapped }
+        let k = h.key;
+        Self {
+            worker: k.worker,
+            dp_rank: k.dp_rank,
+            lane: k.lane,
+            blocks: h.blocks,
+            fed: h.fed,
+            gapped: h.gapped,
+            tier: k.tier,
+        }
+    }
+
+    /// The holder's key.
+    #[inline]
+    pub fn key(&self) -> HolderKey {
+        HolderKey { worker: self.worker, dp_rank: self.dp_rank, lane: self.lane, tier: self.tier }
     }
 }
 
@@ -371,12 +392,7 @@ impl Holders {
             let flags = s.bytes(1)?[0];
             if flags & 1 == 0 {
                 holders.slots.push(None);
-                holders.cards.push(Card {
-                    key: HolderKey::new(0, 0, 0),
-                    blocks: 0,
-                    fed: false,
-                    gapped: false,
-                });
+                holders.cards.push(Card::of(&Holder::new(HolderKey::new(0, 0, 0), 0)));
                 continue;
             }
             if flags >> 5 != 0 {

@@ -99,7 +99,8 @@ impl Keyspace {
                 recomputed: d,
             })?;
             let card = self.holders.card(slot);
-            let synced = (card.key, card.blocks, card.fed, card.gapped) == (h.key, h.blocks, h.fed, h.gapped);
+            let synced =
+                (card.key(), card.blocks, card.fed, card.gapped) == (h.key, h.blocks, h.fed, h.gapped);
             ensure(synced, || InvariantError::HolderIndex { slot, what: "card differs from the holder" })?;
             let expected = partition_of(h.key.worker, self.cfg.partitions);
             ensure(h.group == expected, || InvariantError::HolderPartition {

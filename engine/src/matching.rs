@@ -86,17 +86,18 @@ impl Keyspace {
     /// Whether the options let `holder` be reported.
     pub(crate) fn holder_ok(&self, f: &Filter, holder: u32) -> bool {
         let h = self.holders.card(holder);
-        f.lane.is_none_or(|l| h.key.lane == l)
-            && f.tiers.is_none_or(|t| t.contains(&h.key.tier))
+        let key = h.key();
+        f.lane.is_none_or(|l| key.lane == l)
+            && f.tiers.is_none_or(|t| t.contains(&key.tier))
             && !(f.exclude_gapped && h.gapped)
-            && f.candidates.is_none_or(|c| c.binary_search(&h.key.worker).is_ok())
+            && f.candidates.is_none_or(|c| c.binary_search(&key.worker).is_ok())
     }
 
     /// A GPU-only keyspace's answer for holder `h`.
     fn result(&self, h: u32, depth: u32, intervals: Vec<(u32, u32)>) -> HolderMatch {
         let holder = self.holders.card(h);
         HolderMatch {
-            holder: holder.key,
+            holder: holder.key(),
             depth,
             total: holder.blocks,
             inferred: !holder.fed,

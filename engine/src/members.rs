@@ -38,9 +38,9 @@ impl Keyspace {
             self.trie.runs[r].members[pos].stamp = stamp;
             return 0;
         }
-        let key = self.holders.card(h).key;
+        let key = self.holders.card(h).key();
         let holders = &self.holders;
-        let at = self.trie.runs[r].members.partition_point(|m| holders.card(m.holder).key < key);
+        let at = self.trie.runs[r].members.partition_point(|m| holders.card(m.holder).key() < key);
         self.trie.runs[r].members.insert(at, Member { holder: h, stamp });
         self.trie.holders_changed(r);
         let inferred = !self.holders.at(h).fed;

@@ -203,7 +203,8 @@ impl Keyspace {
         let seen = h.last_write;
         if at.record == 0 {
             let card = self.holders.card(slot);
-            let synced = (card.key, card.blocks, card.fed, card.gapped) == (h.key, h.blocks, h.fed, h.gapped);
+            let synced =
+                (card.key(), card.blocks, card.fed, card.gapped) == (h.key, h.blocks, h.fed, h.gapped);
             ensure(synced, || InvariantError::HolderIndex { slot, what: "card differs from the holder" })?;
             let expected = partition_of(h.key.worker, self.cfg.partitions);
             ensure(h.group == expected, || InvariantError::HolderPartition {

@@ -34,9 +34,9 @@ impl Keyspace {
         let mut slots: BTreeMap<HolderKey, Vec<Holding>> = BTreeMap::new();
         for (h, acc) in self.match_full(locals, f) {
             let card = self.holders.card(h);
-            let rank = order.iter().position(|&t| t == card.key.tier).expect("the filter counts its tier");
-            slots.entry(card.key.on(Tier::Gpu)).or_default().push(Holding {
-                tier: card.key.tier,
+            let rank = order.iter().position(|&t| t == card.key().tier).expect("the filter counts its tier");
+            slots.entry(card.key().on(Tier::Gpu)).or_default().push(Holding {
+                tier: card.key().tier,
                 rank,
                 acc,
                 blocks: card.blocks,
