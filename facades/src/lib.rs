@@ -38,3 +38,10 @@ pub mod writes;
 
 /// The encoded `FileDescriptorSet` of the upstream schemas this crate serves (reflection).
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/compat_descriptor.bin"));
+
+/// The storage tiers a facade's answers count: the GPU only. These protocols have no tiers, or
+/// carry them in fields not mapped yet (docs/compat), so a block offloaded to host memory or
+/// disk is never reported to their gateways as a GPU hit.
+pub(crate) fn gpu_tier_only() -> Vec<i32> {
+    vec![prefixlog_proto::v1::StorageTier::Gpu as i32]
+}

@@ -95,6 +95,15 @@ async fn a_dynamo_client_sees_each_instance_match_in_tokens() {
     landed.push(
         p.publish_kv_events(&by_tokens, 1, 0, 1, 3, false, &stored(&salted_chain), None).await.unwrap(),
     );
+    // Worker 2 also holds the whole chain in host memory (its seq 3): the facade answers the GPU
+    // tier only, so its count stays its one GPU block.
+    let host = [KvOp::Stored {
+        tier: Tier::Host,
+        lane: 0,
+        parent_ext: None,
+        blocks: chain.iter().map(|&l| (l, l)).collect(),
+    }];
+    landed.push(p.publish_kv_events(&by_tokens, 2, 1, 1, 3, false, &host, None).await.unwrap());
     assert!(node.status().wait_for(&token_of(&landed), Duration::from_secs(60)).await);
 
     let (code, v) = http(addr, "GET", "/health", None).await;

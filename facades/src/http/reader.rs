@@ -14,7 +14,7 @@ use super::workers::{WorkerInfo, WorkersQuery};
 use super::{DEFAULT_ROUTING_GROUP, DEFAULT_TENANT, HASH_SCHEME_DYNAMO_BLOCK, META_INSTANCE};
 use super::{META_ROUTING_GROUP, META_TENANT};
 use axum::http::StatusCode;
-use prefixlog_engine::{partition_of, scheme::SCHEME_XXH3_CHAINED, KeyspaceId};
+use prefixlog_engine::{partition_of, scheme::SCHEME_XXH3_CHAINED, KeyspaceId, Tier};
 use prefixlog_proto::v1::match_request::Prompt;
 use prefixlog_proto::v1::{BlockHashes, Keyspace, MatchRequest, TokenIds};
 use prefixlog_query::QueryService;
@@ -216,6 +216,7 @@ impl Reader {
     /// The contiguous depth of every lane-0 holder of `ks` that matches `prompt`.
     async fn depths(&self, ks: &KeyspaceId, prompt: Prompt) -> Result<Vec<(Holder, u32)>, QueryError> {
         let req = MatchRequest {
+            tiers: crate::gpu_tier_only(),
             keyspace: Some(Keyspace {
                 model: ks.model.clone(),
                 block_size: ks.block_size,
@@ -270,7 +271,7 @@ impl Reader {
         let summaries = cell.read().holder_summaries();
         let held = summaries
             .into_iter()
-            .filter(|h| h.key.lane == 0 && !h.gapped)
+            .filter(|h| h.key.lane == 0 && h.key.tier == Tier::Gpu && !h.gapped)
             .map(|h| (h.key.worker, h.key.dp_rank));
         let guard = view.applier.as_ref().map(|a| a.lock());
         let count = view.info.partition_count;

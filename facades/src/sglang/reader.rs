@@ -192,6 +192,7 @@ impl Reader {
         }
         let ks = &self.keyspace;
         let req = MatchRequest {
+            tiers: crate::gpu_tier_only(),
             keyspace: Some(Keyspace {
                 model: ks.model.clone(),
                 block_size: ks.block_size,
