@@ -6,7 +6,7 @@
 //!   cargo run --release -p prefixlog-engine --example engine-bench -- --help
 
 use clap::Parser;
-use prefixlog_engine::{Engine, EngineConfig, HolderKey, KeyspaceId, MatchOptions};
+use prefixlog_engine::{Engine, EngineConfig, HolderKey, KeyspaceId, MatchOptions, Tier};
 use prefixlog_workload::{generate, load_trace, resident_holder_blocks, FleetConfig, Step};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -39,6 +39,11 @@ struct Args {
     /// --query-copy`): the reader never waits on the writer, which does every write twice.
     #[arg(long)]
     query_copy: bool,
+    /// Every store is also applied to the worker's host-tier holder, and removals only to its
+    /// GPU one (an engine that offloads everything it evicts, with room for it): matches take
+    /// the tier path, which combines each worker's tiers. Compare with a run without it.
+    #[arg(long)]
+    host_copies: bool,
 }
 
 fn pct(v: &mut [u64], p: f64) -> f64 {
@@ -47,11 +52,15 @@ fn pct(v: &mut [u64], p: f64) -> f64 {
         .map_or(f64::NAN, |&x| x as f64 / 1e3)
 }
 
-fn apply(e: &Engine, id: &KeyspaceId, step: &Step, t: u64) -> u64 {
+fn apply(e: &Engine, id: &KeyspaceId, step: &Step, t: u64, host_copies: bool) -> u64 {
     let start = Instant::now();
     match step {
         Step::Stored { worker, parent_ext, blocks } => {
-            let _ = e.store(id, HolderKey::new(u64::from(*worker), 0, 0), *parent_ext, blocks, t);
+            let key = HolderKey::new(u64::from(*worker), 0, 0);
+            let _ = e.store(id, key, *parent_ext, blocks, t);
+            if host_copies {
+                let _ = e.store(id, key.on(Tier::Host), *parent_ext, blocks, t);
+            }
         }
         Step::Removed { worker, exts } => {
             e.remove(id, HolderKey::new(u64::from(*worker), 0, 0), exts, t);
@@ -78,6 +87,7 @@ fn main() -> anyhow::Result<()> {
         trace.len(), a.copies, a.stretch, a.workers, a.capacity, steps.len(), writes, resident_holder_blocks(&steps)
     );
     let id = KeyspaceId::new("trace", 64, 1);
+    let host_copies = a.host_copies;
 
     // 1. Single-threaded replay.
     let e = Engine::new(EngineConfig::default());
@@ -89,7 +99,7 @@ fn main() -> anyhow::Result<()> {
             lat.push(q.elapsed().as_nanos() as u64);
             std::hint::black_box(r);
         } else {
-            write_ns += apply(&e, &id, s, t as u64);
+            write_ns += apply(&e, &id, s, t as u64, host_copies);
         }
     }
     let ks = e.keyspace(&id).expect("keyspace");
@@ -100,7 +110,8 @@ fn main() -> anyhow::Result<()> {
     println!("\n| run | writes (M blocks/s) | match p50 µs | match p99 µs | match max µs |");
     println!("|---|---:|---:|---:|---:|");
     println!(
-        "| single thread | {:.2} | {:.1} | {:.1} | {:.1} |",
+        "| single thread{} | {:.2} | {:.1} | {:.1} | {:.1} |",
+        if a.host_copies { ", host copies (tier path)" } else { "" },
         writes as f64 / (write_ns as f64 / 1e9) / 1e6,
         pct(&mut lat, 0.5),
         pct(&mut lat, 0.99),
@@ -170,7 +181,7 @@ fn main() -> anyhow::Result<()> {
             let start = Instant::now();
             for (t, s) in steps.iter().enumerate() {
                 if !matches!(s, Step::Match { .. }) {
-                    holds.push(apply(&e, &id, s, t as u64));
+                    holds.push(apply(&e, &id, s, t as u64, host_copies));
                 }
             }
             let el = start.elapsed();
