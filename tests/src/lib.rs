@@ -237,3 +237,35 @@ pub fn python_that_runs(check: &str) -> Option<std::path::PathBuf> {
             .is_ok_and(|s| s.success())
     })
 }
+
+/// The Python for the bridge end-to-end tests (pyzmq + msgpack). Without one the test is not
+/// run and says so, unless `PREFIXLOG_BRIDGE_E2E=required` (what `make test` sets): then it
+/// fails.
+pub fn bridge_e2e_python(test: &str) -> Option<std::path::PathBuf> {
+    let py = python_that_runs("import zmq, msgpack");
+    if py.is_none() {
+        if std::env::var("PREFIXLOG_BRIDGE_E2E").as_deref() == Ok("required") {
+            panic!("PREFIXLOG_BRIDGE_E2E=required but no python with pyzmq + msgpack was found");
+        }
+        eprintln!("[{test}] NOT RUN: pyzmq not installed (run scripts/test.sh, which installs it)");
+    }
+    py
+}
+
+/// Runs `python/bridge_fixtures/publisher.py` with `args` (the stand-in engines) to its end,
+/// within 120 s; panics naming `backend` if it fails.
+pub async fn run_bridge_publisher(py: &std::path::Path, args: &[String], backend: &str) {
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../python/bridge_fixtures/publisher.py");
+    let mut child = tokio::process::Command::new(py)
+        .arg(script)
+        .args(args)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("python publisher starts");
+    let status = tokio::time::timeout(Duration::from_secs(120), child.wait())
+        .await
+        .expect("python publisher finishes within 120 s")
+        .unwrap();
+    assert!(status.success(), "{backend}: python publisher failed: {status}");
+}

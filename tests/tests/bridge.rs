@@ -22,7 +22,6 @@ use prefixlog_proto::v1::{
     self, match_request::Prompt as PbPrompt, prefix_index_client::PrefixIndexClient, MatchRequest,
 };
 use prefixlog_tests::{kafka_backends, listen_port, replicas, unique_topic};
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 const P: u32 = 4;
@@ -32,15 +31,7 @@ fn ks() -> KeyspaceId {
     KeyspaceId::new("bridge-model", BS, 1)
 }
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
 /// A Python that can import zmq and msgpack.
-fn python() -> Option<PathBuf> {
-    prefixlog_tests::python_that_runs("import zmq, msgpack")
-}
-
 fn toks(base: u32, n: u32) -> Vec<u32> {
     (base..base + n).collect()
 }
@@ -63,13 +54,7 @@ fn probe(r: &ReplicaNode, holder: HolderKey, prompt: &[u32]) -> (u32, bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_engines_through_bridge_to_replica() {
-    let Some(py) = python() else {
-        if std::env::var("PREFIXLOG_BRIDGE_E2E").as_deref() == Ok("required") {
-            panic!("PREFIXLOG_BRIDGE_E2E=required but no python with pyzmq + msgpack was found");
-        }
-        eprintln!("[bridge e2e] NOT RUN: pyzmq not installed (run scripts/test.sh, which installs it)");
-        return;
-    };
+    let Some(py) = prefixlog_tests::bridge_e2e_python("bridge e2e") else { return };
     let mut ran = Vec::new();
     for b in kafka_backends().await {
         let topic = unique_topic("prefixlog.bridge");
@@ -156,23 +141,25 @@ async fn python_engines_through_bridge_to_replica() {
             tokio::spawn(async move { bridge::run(engines, opts, publisher, true, stop_rx, &exported).await })
         };
 
-        let mut child = tokio::process::Command::new(&py)
-            .arg(root().join("python/bridge_fixtures/publisher.py"))
-            .arg("serve")
-            .args(["--a", &pa.to_string(), "--a-replay", &pa_replay.to_string(), "--b", &pb.to_string()])
-            .args(["--c", &pc.to_string(), "--c-replay", &pc_replay.to_string()])
-            .args(["--d", &pd.to_string(), "--d-replay", &pd_replay.to_string()])
-            .args(["--e", &pe.to_string(), "--e-replay", &pe_replay.to_string()])
-            .args(["--f", &pf.to_string(), "--f-replay", &pf_replay.to_string()])
-            .args(["--j", &pj.to_string(), "--k", &pk.to_string()])
-            .kill_on_drop(true)
-            .spawn()
-            .expect("python publisher starts");
-        let status = tokio::time::timeout(Duration::from_secs(120), child.wait())
-            .await
-            .expect("python publisher finishes within 120 s")
-            .unwrap();
-        assert!(status.success(), "{}: python publisher failed: {status}", b.name);
+        let mut args = vec!["serve".to_string()];
+        for (flag, port) in [
+            ("--a", pa),
+            ("--a-replay", pa_replay),
+            ("--b", pb),
+            ("--c", pc),
+            ("--c-replay", pc_replay),
+            ("--d", pd),
+            ("--d-replay", pd_replay),
+            ("--e", pe),
+            ("--e-replay", pe_replay),
+            ("--f", pf),
+            ("--f-replay", pf_replay),
+            ("--j", pj),
+            ("--k", pk),
+        ] {
+            args.extend([flag.to_string(), port.to_string()]);
+        }
+        prefixlog_tests::run_bridge_publisher(&py, &args, b.name).await;
 
         let a_prompt = toks(1000, 20);
         let b_prompt = toks(2000, 12);

@@ -16,17 +16,12 @@ use prefixlog_proto::v1::{
     MatchRequest,
 };
 use prefixlog_tests::{kafka_backends, listen_port, replicas, unique_topic};
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 const P: u32 = 2;
 const BS: u32 = 4;
 /// Mirrors `MM_ID` in the publisher.
 const MM_ID: &str = "9a1f0c3e5b7d2f4a6c8e0b1d3f5a7c9e2b4d6f8a0c1e3b5d7f9a2c4e6b8d0f1a";
-
-fn python() -> Option<PathBuf> {
-    prefixlog_tests::python_that_runs("import zmq, msgpack")
-}
 
 fn toks(base: u32, n: u32) -> Vec<u32> {
     (base..base + n).collect()
@@ -49,14 +44,7 @@ async fn depth(client: &mut PrefixIndexClient<tonic::transport::Channel>, tokens
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn extra_keys_blocks_match_queries_naming_the_same_inputs() {
-    let Some(py) = python() else {
-        if std::env::var("PREFIXLOG_BRIDGE_E2E").as_deref() == Ok("required") {
-            panic!("PREFIXLOG_BRIDGE_E2E=required but no python with pyzmq + msgpack was found");
-        }
-        eprintln!("[bridge namespaces e2e] NOT RUN: pyzmq not installed");
-        return;
-    };
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let Some(py) = prefixlog_tests::bridge_e2e_python("bridge namespaces e2e") else { return };
     let mut ran = Vec::new();
     for b in kafka_backends().await {
         let topic = unique_topic("prefixlog.bridge-ns");
@@ -80,17 +68,8 @@ async fn extra_keys_blocks_match_queries_naming_the_same_inputs() {
             tokio::spawn(
                 async move { bridge::run(engines, opts, publisher, true, stop_rx, &exported).await },
             );
-        let mut child = tokio::process::Command::new(&py)
-            .arg(root.join("python/bridge_fixtures/publisher.py"))
-            .args(["serve-ns", "--port", &port.to_string()])
-            .kill_on_drop(true)
-            .spawn()
-            .expect("python publisher starts");
-        let status = tokio::time::timeout(Duration::from_secs(120), child.wait())
-            .await
-            .expect("python publisher finishes within 120 s")
-            .unwrap();
-        assert!(status.success(), "{}: python publisher failed: {status}", b.name);
+        let args = ["serve-ns".to_string(), "--port".to_string(), port.to_string()];
+        prefixlog_tests::run_bridge_publisher(&py, &args, b.name).await;
 
         let mut client = PrefixIndexClient::connect(r.endpoint()).await.unwrap();
         let tokens = |ids: Vec<u32>| v1::TokenIds { ids, ..Default::default() };
