@@ -177,7 +177,7 @@ impl Keyspace {
         }
     }
 
-    /// Every holder covering any position, with its depth and intervals (holder slot order).
+    /// Every holder covering any position, with its depth and intervals, in no particular order.
     pub(crate) fn match_full(&self, locals: &[u64], f: &Filter) -> Vec<(u32, Acc)> {
         let mut acc: FxHashMap<u32, Acc> = FxHashMap::default();
         let trie = &self.trie;
@@ -205,9 +205,8 @@ impl Keyspace {
             }
             (r, i) = (c, to as usize);
         }
-        let mut v: Vec<(u32, Acc)> = acc.into_iter().collect();
-        v.sort_unstable_by_key(|(h, _)| *h);
-        v
+        // Unordered: both callers order what they return (by depth and slot).
+        acc.into_iter().collect()
     }
 }
 
