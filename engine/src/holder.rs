@@ -140,6 +140,13 @@ pub struct Holders {
     /// Derived: live holders on a tier other than the GPU. While it is 0, a match takes the
     /// one-tier path (every holder is its slot's only one).
     off_gpu: u32,
+    /// Derived, per slab index: the index of the holder that stands for its slot (worker, dp
+    /// rank, lane) in a match, the slot's holder on the first tier of [`Tier::ALL`] it has. A
+    /// match that combines tiers keeps one progress entry per slot, indexed by it.
+    leaders: Vec<u32>,
+    /// Derived, at each leader's index: the slot's holder on each tier (`u32::MAX`: none), by
+    /// [`Tier::code`].
+    slot_tiers: Vec<[u32; 4]>,
 }
 
 const FIRST_KEY: HolderKey = HolderKey::range_of_worker(0).0;
@@ -170,6 +177,7 @@ impl Holders {
         self.index.insert(key, idx);
         self.by_key.insert(key, idx);
         self.off_gpu += u32::from(key.tier != Tier::Gpu);
+        self.lead(key);
         idx
     }
 
@@ -181,7 +189,38 @@ impl Holders {
         self.off_gpu -= u32::from(h.key.tier != Tier::Gpu);
         self.count_group(h.group, false);
         self.free.push(idx);
+        self.lead(h.key);
         Some(h)
+    }
+
+    /// The holder that stands for `idx`'s slot in a match (`leaders`).
+    #[inline]
+    pub fn leader(&self, idx: u32) -> u32 {
+        self.leaders[idx as usize]
+    }
+
+    /// The holder of `leader`'s slot on `tier`, if any.
+    #[inline]
+    pub fn on_tier(&self, leader: u32, tier: Tier) -> Option<u32> {
+        Some(self.slot_tiers[leader as usize][tier.code() as usize]).filter(|&i| i != u32::MAX)
+    }
+
+    /// The live holders of `key`'s slot, by tier (in [`Tier::ALL`] order).
+    fn slot_holders(&self, key: HolderKey) -> [u32; 4] {
+        Tier::ALL.map(|t| self.get(&key.on(t)).unwrap_or(u32::MAX))
+    }
+
+    /// Points every holder of `key`'s slot at the slot's leader (after one of them came or
+    /// went), and files the slot's holders at the leader.
+    fn lead(&mut self, key: HolderKey) {
+        self.leaders.resize(self.slots.len(), u32::MAX);
+        self.slot_tiers.resize(self.slots.len(), [u32::MAX; 4]);
+        let holders = self.slot_holders(key);
+        let Some(&leader) = holders.iter().find(|&&i| i != u32::MAX) else { return };
+        for &i in holders.iter().filter(|&&i| i != u32::MAX) {
+            self.leaders[i as usize] = leader;
+        }
+        self.slot_tiers[leader as usize] = holders;
     }
 
     fn count_group(&mut self, group: u32, added: bool) {
@@ -253,6 +292,10 @@ impl Holders {
     pub fn rebuild_derived(&mut self) {
         self.by_key = self.index.iter().map(|(&k, &i)| (k, i)).collect();
         self.off_gpu = self.index.keys().filter(|k| k.tier != Tier::Gpu).count() as u32;
+        self.leaders.clear();
+        self.slot_tiers.clear();
+        let keys: Vec<HolderKey> = self.by_key.keys().copied().collect();
+        keys.into_iter().for_each(|k| self.lead(k));
         self.per_group.clear();
         self.expiry.clear();
         for i in 0..self.slots.len() as u32 {
@@ -275,6 +318,19 @@ impl Holders {
         let off_gpu = self.index.keys().filter(|k| k.tier != Tier::Gpu).count() as u32;
         if off_gpu != self.off_gpu {
             return Err(format!("{off_gpu} holders off the GPU, counted {}", self.off_gpu));
+        }
+        for (&key, &i) in &self.index {
+            let holders = self.slot_holders(key);
+            let leader = holders.into_iter().find(|&i| i != u32::MAX);
+            if self.leaders.get(i as usize).copied() != leader {
+                return Err(format!(
+                    "{key}: led by {:?}, should be {leader:?}",
+                    self.leaders.get(i as usize)
+                ));
+            }
+            if leader.and_then(|l| self.slot_tiers.get(l as usize)) != Some(&holders) {
+                return Err(format!("{key}: its slot's holders are filed wrong"));
+            }
         }
         let mut per_group = vec![0u32; self.per_group.len()];
         let mut queued = 0;

@@ -9,13 +9,15 @@ use crate::keyspace::Keyspace;
 use crate::trie::{common_prefix, same_holders, ROOT};
 use crate::types::{HolderMatch, MatchOptions, Tier};
 use rustc_hash::FxHashMap;
+use smallvec::SmallVec;
 
 /// A holder's progress along the query in [`Keyspace::match_full`].
 #[derive(Default)]
 pub(crate) struct Acc {
     pub depth: u32,
-    /// Half-open, sorted, disjoint.
-    pub intervals: Vec<(u32, u32)>,
+    /// Half-open, sorted, disjoint. Inline up to two: most holders hold one stretch of a
+    /// query, and the tier path builds one per holder of every slot it reports.
+    pub intervals: SmallVec<[(u32, u32); 2]>,
 }
 
 impl Keyspace {
@@ -50,7 +52,12 @@ impl Keyspace {
         if self.holders.off_gpu() > 0 {
             // Some slot may hold blocks on several tiers: combine them (`tier_match`).
             filter.tiers = Some(order);
-            out.extend(self.match_tiers(locals, opts, &filter));
+            let held = if opts.intervals {
+                self.match_full(locals, &filter)
+            } else {
+                self.match_slots(locals, &filter)
+            };
+            out.extend(self.match_tiers(held, opts, &filter));
             sort_and_cut(out, opts);
             return;
         }
@@ -60,7 +67,7 @@ impl Keyspace {
         let gpu_weight = opts.tier_weights.map(|w| u64::from(w[Tier::Gpu.code() as usize]));
         if opts.intervals {
             out.extend(self.match_full(locals, &filter).into_iter().map(|(h, a)| {
-                let mut m = self.result(h, a.depth, a.intervals);
+                let mut m = self.result(h, a.depth, a.intervals.into_vec());
                 m.weighted = gpu_weight.map(|w| w * u64::from(a.depth));
                 m
             }));
@@ -69,7 +76,7 @@ impl Keyspace {
         }
         SCRATCH.with(|s| {
             let s = &mut *s.borrow_mut();
-            self.match_depth(locals, &filter, s);
+            self.match_depth::<false>(locals, &filter, s);
             s.sort_by_depth_then_key();
             let n = s.order.len().min(opts.top_k.unwrap_or(usize::MAX));
             out.reserve(n);
@@ -121,13 +128,19 @@ impl Keyspace {
     /// While one run is compared, the next one's record (or the edge table slot that finds
     /// it) is already being loaded, and its locals once its record is in: a query's walk is a
     /// chain of dependent loads, and these overlap them with the work on the current run.
-    fn match_depth(&self, locals: &[u64], f: &Filter, s: &mut Scratch) {
+    ///
+    /// With `BY_SLOT`, progress is kept per slot instead (indexed by the slot's leader, see
+    /// `Holders::leader`): a slot extends at a run if any of its counted tiers is a member,
+    /// which is the tier path's combined depth (`tier_match`), and `s.runs` records the run
+    /// each stage began at.
+    pub(crate) fn match_depth<const BY_SLOT: bool>(&self, locals: &[u64], f: &Filter, s: &mut Scratch) {
         if s.stage.len() < self.holders.slots.len() {
             s.stage.resize(self.holders.slots.len(), 0);
         }
         s.touched.clear();
         s.ends.clear();
         s.reached.clear();
+        s.runs.clear();
         let trie = &self.trie;
         let mut i = 0usize;
         let mut next = locals.first().and_then(|&l| trie.child(ROOT, l));
@@ -157,12 +170,13 @@ impl Keyspace {
             } else {
                 let mut extended = 0usize;
                 for m in run.members.iter() {
-                    let st = &mut s.stage[m.holder as usize];
+                    let who = if BY_SLOT { self.holders.leader(m.holder) } else { m.holder };
+                    let st = &mut s.stage[who as usize];
                     if *st == stage && (f.is_none() || self.holder_ok(f, m.holder)) {
                         *st = stage + 1;
                         extended += 1;
                         if stage == 0 {
-                            s.touched.push(m.holder);
+                            s.touched.push(who);
                         }
                     }
                 }
@@ -173,6 +187,9 @@ impl Keyspace {
             }
             s.ends.push(to as u32);
             s.reached.push(extended as u32);
+            if BY_SLOT {
+                s.runs.push(c);
+            }
             (prev, i) = (Some(run), to);
         }
     }
@@ -244,15 +261,21 @@ fn sorted_copy(c: &[u64]) -> Vec<u64> {
 
 /// Per-thread buffers of the depth-only walk.
 #[derive(Default)]
-struct Scratch {
+pub(crate) struct Scratch {
     /// Per holder slot: how many extending runs it was extended by (0 outside a query).
-    stage: Vec<u32>,
+    pub stage: Vec<u32>,
     /// Holders with depth >= 1, in the order of the first run's members: holder key order.
-    touched: Vec<u32>,
+    pub touched: Vec<u32>,
     /// The depth reached at each extending run: stage `s` means depth `ends[s - 1]`.
-    ends: Vec<u32>,
+    pub ends: Vec<u32>,
     /// How many holders each extending run extended: `reached[s - 1]` reached stage `s`.
     reached: Vec<u32>,
+    /// The run each stage began at (its members hold the stage's whole stretch: the runs
+    /// stepped into without comparing have the same holders).
+    pub runs: Vec<u32>,
+    /// Per holder slot: where its entry is in the tier path's list of holdings (`u32::MAX`
+    /// outside a query).
+    pub at: Vec<u32>,
     /// Where the next holder of each final stage goes in `order`.
     next: Vec<u32>,
     order: Vec<u32>,
@@ -313,5 +336,5 @@ impl Scratch {
 }
 
 thread_local! {
-    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
+    pub(crate) static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
 }

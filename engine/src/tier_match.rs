@@ -1,20 +1,24 @@
 //! Matching where some holders are off the GPU: a slot (worker, dp rank, lane) may hold a
 //! query's blocks on several tiers, and its answer combines them.
 //!
-//! Each tier's holder is matched on its own (intervals of the query it covers, from
-//! [`Keyspace::match_full`]); a slot's combined depth is the contiguous prefix of positions
-//! that *some* counted tier holds, and each position is credited to the first tier in the
-//! query's preference order that holds it. Never overcount: a position counts only if a
-//! holder of the slot is a member of that position's run, exactly as for one holder.
+//! A slot's combined depth is the contiguous prefix of positions that *some* counted tier
+//! holds, and each position is credited to the first tier in the query's preference order
+//! that holds it. Never overcount: a position counts only if a holder of the slot is a member
+//! of that position's run, exactly as for one holder.
 //!
-//! This path costs a walk of the whole matched chain and a map of the touched holders; the
-//! one-tier path (`matching`) keeps its early exit and is taken whenever every holder of the
-//! keyspace is on the GPU.
+//! Two stages. First the holders' intervals of the query:
+//! - depth only ([`Keyspace::match_slots`]): the one-tier walk with progress kept per slot
+//!   (`match_depth::<true>`), which keeps its early exit and its skip of runs with the same
+//!   holders; then each stage's run's members are credited with the stage's stretch, for the
+//!   slots that got that far only;
+//! - with intervals ([`Keyspace::match_full`]): every position of the chain, every holder.
+//!
+//! Then each slot's holdings are combined ([`combine`]), stretch by stretch. The one-tier path
+//! (`matching`) is taken whenever every holder of the keyspace is on the GPU.
 
 use crate::keyspace::Keyspace;
-use crate::matching::{Acc, Filter};
+use crate::matching::{Acc, Filter, SCRATCH};
 use crate::types::{HolderKey, HolderMatch, MatchOptions, Tier, TierDepth, TierRun};
-use std::collections::BTreeMap;
 
 /// One counted tier's holder of a slot, matched.
 struct Holding {
@@ -28,41 +32,92 @@ struct Holding {
 }
 
 impl Keyspace {
-    /// Every slot the query touches, its tiers combined (unsorted, uncut).
-    pub(crate) fn match_tiers(&self, locals: &[u64], opts: &MatchOptions, f: &Filter) -> Vec<HolderMatch> {
-        let order = opts.tier_order();
-        let mut slots: BTreeMap<HolderKey, Vec<Holding>> = BTreeMap::new();
-        for (h, acc) in self.match_full(locals, f) {
-            let card = self.holders.card(h);
-            let rank = order.iter().position(|&t| t == card.key().tier).expect("the filter counts its tier");
-            slots.entry(card.key().on(Tier::Gpu)).or_default().push(Holding {
-                tier: card.key().tier,
-                rank,
-                acc,
-                blocks: card.blocks,
-                fed: card.fed,
-                gapped: card.gapped,
-            });
-        }
-        let mut out = Vec::with_capacity(slots.len());
-        for (slot, mut held) in slots {
-            self.add_untouched(slot, order, f, &mut held);
-            held.sort_unstable_by_key(|h| h.rank);
-            if let Some(m) = combine(slot, &held, opts) {
-                out.push(m);
+    /// Each holder of a slot that holds a prefix of the query, with its intervals of the
+    /// slot's combined depth (in no particular order).
+    pub(crate) fn match_slots(&self, locals: &[u64], f: &Filter) -> Vec<(u32, Acc)> {
+        SCRATCH.with(|s| {
+            let s = &mut *s.borrow_mut();
+            self.match_depth::<true>(locals, f, s);
+            let mut held: Vec<(u32, Acc)> = Vec::new();
+            let mut at = std::mem::take(&mut s.at);
+            at.resize(self.holders.slots.len(), u32::MAX);
+            for (stage, &run) in s.runs.iter().enumerate() {
+                let from = if stage == 0 { 0 } else { s.ends[stage - 1] };
+                let to = s.ends[stage];
+                for m in self.trie.runs[run].members.iter() {
+                    // The slot's depth is `ends[stage of its leader - 1]`: past this stretch?
+                    if s.stage[self.holders.leader(m.holder) as usize] as usize <= stage
+                        || !self.holder_ok(f, m.holder)
+                    {
+                        continue;
+                    }
+                    let i = &mut at[m.holder as usize];
+                    if *i == u32::MAX {
+                        *i = held.len() as u32;
+                        held.push((m.holder, Acc::default()));
+                    }
+                    let a = &mut held[*i as usize].1;
+                    if a.depth == from {
+                        a.depth = to;
+                    }
+                    match a.intervals.last_mut() {
+                        Some(last) if last.1 == from => last.1 = to,
+                        _ => a.intervals.push((from, to)),
+                    }
+                }
             }
+            held.iter().for_each(|&(h, _)| at[h as usize] = u32::MAX);
+            s.touched.iter().for_each(|&l| s.stage[l as usize] = 0);
+            s.at = at;
+            held
+        })
+    }
+
+    /// Every slot of `held` (holders with their intervals of the query), its tiers combined
+    /// (unsorted, uncut).
+    pub(crate) fn match_tiers(
+        &self,
+        held: Vec<(u32, Acc)>,
+        opts: &MatchOptions,
+        f: &Filter,
+    ) -> Vec<HolderMatch> {
+        let order = opts.tier_order();
+        let mut held: Vec<(HolderKey, u32, Holding)> = held
+            .into_iter()
+            .map(|(h, acc)| {
+                let card = self.holders.card(h);
+                let tier = card.key().tier;
+                let rank = order.iter().position(|&t| t == tier).expect("the filter counts its tier");
+                let holding =
+                    Holding { tier, rank, acc, blocks: card.blocks, fed: card.fed, gapped: card.gapped };
+                (card.key().on(Tier::Gpu), self.holders.leader(h), holding)
+            })
+            .collect();
+        held.sort_unstable_by_key(|(slot, _, h)| (*slot, h.rank));
+        let mut out = Vec::new();
+        let mut slot_held = Vec::new();
+        let mut rest = held.into_iter().peekable();
+        while let Some((slot, leader, first)) = rest.next() {
+            slot_held.clear();
+            slot_held.push(first);
+            while let Some((_, _, h)) = rest.next_if(|(s, _, _)| *s == slot) {
+                slot_held.push(h);
+            }
+            self.add_untouched(leader, order, f, &mut slot_held);
+            slot_held.sort_unstable_by_key(|h| h.rank);
+            out.extend(combine(slot, &slot_held, opts));
         }
         out
     }
 
     /// The slot's other counted tiers' holders, which hold none of the query's positions: they
     /// still count in the slot's totals and are listed with depth 0.
-    fn add_untouched(&self, slot: HolderKey, order: &[Tier], f: &Filter, held: &mut Vec<Holding>) {
+    fn add_untouched(&self, leader: u32, order: &[Tier], f: &Filter, held: &mut Vec<Holding>) {
         for (rank, &tier) in order.iter().enumerate() {
+            let Some(h) = self.holders.on_tier(leader, tier) else { continue };
             if held.iter().any(|h| h.tier == tier) {
                 continue;
             }
-            let Some(h) = self.holders.get(&slot.on(tier)) else { continue };
             if !self.holder_ok(f, h) {
                 continue;
             }
@@ -98,30 +153,39 @@ fn combine(slot: HolderKey, held: &[Holding], opts: &MatchOptions) -> Option<Hol
     })
 }
 
-/// Walks positions from 0 while some holding covers them, crediting each to the first holding
-/// (in preference order) that does, and merges equal neighbours into runs.
+/// Walks positions from 0 while some holding covers them, crediting each stretch to the
+/// first holding (in preference order) that covers it, and merges equal neighbours into runs.
+/// A stretch ends where its holding's interval ends or where a preferred holding's next
+/// interval begins, so the walk steps interval by interval, not position by position.
 fn runs_by_preference(held: &[Holding]) -> Vec<TierRun> {
-    let mut next = vec![0usize; held.len()]; // per holding, its first interval not yet passed
+    // Per holding, its first interval not yet passed.
+    let mut next: smallvec::SmallVec<[usize; 4]> = smallvec::smallvec![0; held.len()];
     let mut runs: Vec<TierRun> = Vec::new();
     let mut p = 0u32;
     loop {
+        // The first holding covering `p`, and where the next preferred interval begins.
+        let mut preferred_from = u32::MAX;
         let mut found = None;
         for (j, h) in held.iter().enumerate() {
             let iv = &h.acc.intervals;
             while next[j] < iv.len() && iv[next[j]].1 <= p {
                 next[j] += 1;
             }
-            if iv.get(next[j]).is_some_and(|&(from, _)| from <= p) {
-                found = Some(h.tier);
-                break;
+            match iv.get(next[j]) {
+                Some(&(from, to)) if from <= p => {
+                    found = Some((h.tier, to.min(preferred_from)));
+                    break;
+                }
+                Some(&(from, _)) => preferred_from = preferred_from.min(from),
+                None => {}
             }
         }
-        let Some(tier) = found else { return runs };
+        let Some((tier, end)) = found else { return runs };
         match runs.last_mut() {
-            Some(r) if r.tier == tier => r.blocks += 1,
-            _ => runs.push(TierRun { tier, blocks: 1 }),
+            Some(r) if r.tier == tier => r.blocks += end - p,
+            _ => runs.push(TierRun { tier, blocks: end - p }),
         }
-        p += 1;
+        p = end;
     }
 }
 
