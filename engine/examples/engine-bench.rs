@@ -44,6 +44,12 @@ struct Args {
     /// the tier path, which combines each worker's tiers. Compare with a run without it.
     #[arg(long)]
     host_copies: bool,
+    /// Also apply the writes on this many threads, each applying the workers of its own share
+    /// (worker mod N, as partitions split them), once into one shared engine (the keyspace's
+    /// write lock between them) and once into one engine per thread (stripes, as shard replicas
+    /// have): apply scaling with cores. 1 skips it.
+    #[arg(long, default_value_t = 1)]
+    writers: usize,
 }
 
 fn pct(v: &mut [u64], p: f64) -> f64 {
@@ -157,6 +163,9 @@ fn main() -> anyhow::Result<()> {
         image.len() as f64 / (1 << 20) as f64
     );
     drop(image);
+    if a.writers > 1 {
+        parallel_writes(&steps, &id, a.writers, writes, host_copies);
+    }
     if a.skip_concurrent {
         println!(
             "checkpoint path: dump {dump_s:.2} s ({:.1} M holder-blocks/s), rebuild {rebuild_s:.2} s ({:.1} M holder-blocks/s)",
@@ -244,4 +253,51 @@ fn main() -> anyhow::Result<()> {
         heap as f64 / hb.max(1) as f64
     );
     Ok(())
+}
+
+/// The writes applied on `n` threads, each applying its share of the workers in log order:
+/// into one shared engine, and into one engine per thread. Prints M blocks/s of each.
+fn parallel_writes(steps: &Arc<Vec<Step>>, id: &KeyspaceId, n: usize, writes: u64, host_copies: bool) {
+    let run = |engines: Vec<Arc<Engine>>| {
+        let start = Instant::now();
+        let threads: Vec<_> = (0..n)
+            .map(|share| {
+                let (steps, id, e) = (steps.clone(), id.clone(), engines[share % engines.len()].clone());
+                std::thread::spawn(move || {
+                    for (t, s) in steps.iter().enumerate() {
+                        let worker = match s {
+                            Step::Stored { worker, .. } | Step::Removed { worker, .. } => *worker as usize,
+                            Step::Match { .. } => continue,
+                        };
+                        if worker % n == share {
+                            apply(&e, &id, s, t as u64, host_copies);
+                        }
+                    }
+                })
+            })
+            .collect();
+        threads.into_iter().for_each(|t| t.join().expect("writer"));
+        let secs = start.elapsed().as_secs_f64();
+        let hb: u64 = engines.iter().map(|e| e.holder_blocks()).sum();
+        (writes as f64 / secs / 1e6, hb)
+    };
+    let fresh = || Arc::new(Engine::new(EngineConfig::default()));
+    let (one, one_hb) = run(vec![fresh()]);
+    let (striped, striped_hb) = run((0..n).map(|_| fresh()).collect());
+    let (serial, serial_hb) = {
+        let e = fresh();
+        let start = Instant::now();
+        for (t, s) in steps.iter().enumerate() {
+            apply(&e, id, s, t as u64, host_copies);
+        }
+        (writes as f64 / start.elapsed().as_secs_f64() / 1e6, e.holder_blocks())
+    };
+    assert_eq!((one_hb, striped_hb), (serial_hb, serial_hb), "every layout holds the same blocks");
+    println!("\n| writes on {n} threads (wall clock, M blocks/s) | one thread | {n} threads, one engine | {n} threads, an engine each |");
+    println!("|---|---:|---:|---:|");
+    println!(
+        "| M blocks/s | {serial:.2} | {one:.2} ({:.2}×) | {striped:.2} ({:.2}×) |",
+        one / serial,
+        striped / serial
+    );
 }

@@ -9,8 +9,10 @@
 use crate::bench_env::{bench_options, BenchLog};
 use prefixlog::fleet_records::{fleet_records, keyspace, WorkloadArgs};
 use prefixlog_ingest::reader::{LogReader, Read};
-use prefixlog_node::NodeOptions;
+use prefixlog_ingest::Shard;
+use prefixlog_node::{NodeOptions, ReplicaNode};
 use prefixlog_workload::quantile::median;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 #[derive(clap::Args)]
@@ -27,6 +29,11 @@ pub struct Args {
     /// work.
     #[arg(long, env = "PREFIXLOG_BENCH_QUERY_COPY")]
     pub query_copy: bool,
+    /// Apply with this many threads: as many shard replicas side by side in this process
+    /// (`--shard i/N` each, one ingest thread and one engine each), timed until together they
+    /// have applied the whole log. 1 is one unsharded replica.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub apply_threads: u32,
 }
 
 /// One pass over the whole log.
@@ -50,16 +57,18 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     publisher.flush(Duration::from_secs(60))?;
     let publish_s = t.elapsed().as_secs_f64();
     println!(
-        "workload: {n} records, {blocks} blocks ({} keyspace), {} partitions; published in {publish_s:.2} s",
+        "workload: {n} records, {blocks} blocks ({} keyspace), {} partitions; published in {publish_s:.2} s; \
+         applied by {} replica(s) side by side",
         keyspace(),
-        a.log.partitions
+        a.log.partitions,
+        a.apply_threads
     );
 
     let mut rounds = Vec::new();
     let mut last_hb = 0;
     for _ in 0..a.rounds {
         let raw = raw_consume(&env, n, blocks, a.log.partitions)?;
-        let (apply, hb) = replica_apply(&env, n, blocks, a.query_copy).await?;
+        let (apply, hb) = replica_apply(&env, n, blocks, a.query_copy, a.apply_threads).await?;
         last_hb = hb;
         rounds.push((raw, apply));
     }
@@ -96,28 +105,46 @@ pub(crate) fn raw_consume(env: &BenchLog, n: usize, blocks: usize, partitions: u
     Ok(Pass { seconds, rate: blocks as f64 / seconds / 1e6, untimed: 0, start_s: 0.0 })
 }
 
-/// A fresh replica (no checkpoint) consumes, decodes and applies the whole log, timed from the
-/// moment it is up: its start is a fixed cost, not throughput. Records applied during the start
-/// are left out of the rate, and the blocks with them in proportion. Returns the pass and the
-/// resident holder-blocks after it.
+/// Fresh replicas (no checkpoint; `threads` shard replicas side by side, or one unsharded)
+/// consume, decode and apply the whole log, timed from the moment all are up: their start is a
+/// fixed cost, not throughput. Records applied during the start are left out of the rate, and
+/// the blocks with them in proportion. Returns the pass and the resident holder-blocks after it.
 async fn replica_apply(
     env: &BenchLog,
     n: usize,
     blocks: usize,
     query_copy: bool,
+    threads: u32,
 ) -> anyhow::Result<(Pass, u64)> {
     let t = Instant::now();
-    let node = env.node(NodeOptions { query_copy, ..bench_options() }).await?;
+    let opts = NodeOptions { query_copy, ..bench_options() };
+    // Started together, so that no replica applies much of its share while another starts.
+    let mut starting = tokio::task::JoinSet::new();
+    for index in 0..threads {
+        let spec = match threads {
+            1 => env.spec.clone(),
+            count => env.spec.clone().with_shard(Shard::Slice { index, count })?,
+        };
+        let opts = opts.clone();
+        starting.spawn(async move { ReplicaNode::start(spec, opts).await });
+    }
+    let mut nodes = Vec::new();
+    while let Some(node) = starting.join_next().await {
+        nodes.push(node??);
+    }
     let start_s = t.elapsed().as_secs_f64();
-    let applied = || node.status().records_applied.load(std::sync::atomic::Ordering::Acquire);
+    let applied =
+        || -> u64 { nodes.iter().map(|n| n.status().records_applied.load(Ordering::Acquire)).sum() };
     let untimed = applied();
     let t = Instant::now();
     while applied() < n as u64 {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let seconds = t.elapsed().as_secs_f64();
-    let hb = node.engine().holder_blocks();
-    node.kill().await;
+    let hb = nodes.iter().map(|n| n.engine().holder_blocks()).sum();
+    for node in nodes {
+        node.kill().await;
+    }
     let timed = (n as f64 - untimed as f64) / n as f64;
     Ok((Pass { seconds, rate: blocks as f64 * timed / seconds / 1e6, untimed, start_s }, hb))
 }
