@@ -157,9 +157,9 @@ pub fn answer(engine: &Engine, q: &Query) -> Result<Answer, QueryError> {
                 depth: m.depth,
                 total: m.total,
                 inferred: m.inferred,
-                intervals: m.intervals,
-                tiers: m.tiers.iter().map(|t| (t.tier.name().to_string(), t.depth, t.total)).collect(),
-                runs: m.runs.iter().map(|r| (r.tier.name().to_string(), r.blocks)).collect(),
+                intervals: m.intervals().to_vec(),
+                tiers: m.tiers().iter().map(|t| (t.tier.name().to_string(), t.depth, t.total)).collect(),
+                runs: m.runs().iter().map(|r| (r.tier.name().to_string(), r.blocks)).collect(),
                 weighted_score: m.weighted,
             })
             .collect(),

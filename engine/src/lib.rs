@@ -12,7 +12,8 @@
 //! - [`cell`]: [`KeyspaceCell`], a keyspace behind one lock, or two identical copies so that
 //!   queries never wait on a write (`serve --query-copy`).
 //! - [`keyspace`]: [`Keyspace`], the write operations (store, remove, clear, place),
-//!   capacity policy, digests.
+//!   capacity policy; `aggregates`: its digests and counts, summed over holders and carried
+//!   once per operation.
 //! - `leaving`: how holders leave: [`Keyspace::drop_worker`], [`Keyspace::expire`] (TTL), and
 //!   inferred holders forgotten once empty, each visiting only the holders it changes.
 //! - `members`: holder membership of runs (added and removed stretch by stretch), and the
@@ -64,6 +65,7 @@
 //!   operations first (whole store/placement operations, oldest first, skipping blocks that a
 //!   later operation stored again) until it is at 7/8 of the bound.
 
+mod aggregates;
 mod ahead;
 mod blocks;
 pub mod cell;
@@ -107,5 +109,5 @@ pub use rebuild::RebuildError;
 pub use scrub::{ScrubCursor, ScrubFinding, ScrubStep};
 pub use types::{
     partition_of, ApplyError, EngineConfig, HolderKey, HolderMatch, InvalidStoreReason, KeyspaceId,
-    KeyspaceStats, LogTime, MatchOptions, Tier, TierDepth, TierRun,
+    KeyspaceStats, LogTime, MatchDetail, MatchOptions, Tier, TierDepth, TierRun,
 };

@@ -7,7 +7,7 @@
 
 use crate::keyspace::Keyspace;
 use crate::trie::{common_prefix, same_holders, ROOT};
-use crate::types::{HolderMatch, MatchOptions, Tier};
+use crate::types::{HolderMatch, MatchDetail, MatchOptions, Tier};
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
@@ -67,7 +67,8 @@ impl Keyspace {
         let gpu_weight = opts.tier_weights.map(|w| u64::from(w[Tier::Gpu.code() as usize]));
         if opts.intervals {
             out.extend(self.match_full(locals, &filter).into_iter().map(|(h, a)| {
-                let mut m = self.result(h, a.depth, a.intervals.into_vec());
+                let detail = MatchDetail { intervals: a.intervals, ..Default::default() };
+                let mut m = self.result(h, a.depth).with_detail(detail);
                 m.weighted = gpu_weight.map(|w| w * u64::from(a.depth));
                 m
             }));
@@ -82,7 +83,7 @@ impl Keyspace {
             out.reserve(n);
             s.take_in_order(|i, h, depth| {
                 if i < n {
-                    let mut m = self.result(h, depth, Vec::new());
+                    let mut m = self.result(h, depth);
                     m.weighted = gpu_weight.map(|w| w * u64::from(depth));
                     out.push(m);
                 }
@@ -101,7 +102,7 @@ impl Keyspace {
     }
 
     /// A GPU-only keyspace's answer for holder `h`.
-    fn result(&self, h: u32, depth: u32, intervals: Vec<(u32, u32)>) -> HolderMatch {
+    fn result(&self, h: u32, depth: u32) -> HolderMatch {
         let holder = self.holders.card(h);
         HolderMatch {
             holder: holder.key(),
@@ -109,10 +110,8 @@ impl Keyspace {
             total: holder.blocks,
             inferred: !holder.fed,
             gapped: holder.gapped,
-            intervals,
-            tiers: Vec::new(),
-            runs: Vec::new(),
             weighted: None,
+            detail: None,
         }
     }
 

@@ -18,7 +18,8 @@
 
 use crate::keyspace::Keyspace;
 use crate::matching::{Acc, Filter, SCRATCH};
-use crate::types::{HolderKey, HolderMatch, MatchOptions, Tier, TierDepth, TierRun};
+use crate::types::{HolderKey, HolderMatch, MatchDetail, MatchOptions, Tier, TierDepth, TierRun};
+use smallvec::SmallVec;
 
 /// One counted tier's holder of a slot, matched.
 struct Holding {
@@ -132,7 +133,7 @@ impl Keyspace {
 fn combine(slot: HolderKey, held: &[Holding], opts: &MatchOptions) -> Option<HolderMatch> {
     let runs = runs_by_preference(held);
     let depth: u32 = runs.iter().map(|r| r.blocks).sum();
-    let intervals = if opts.intervals { union(held) } else { Vec::new() };
+    let intervals = if opts.intervals { union(held) } else { SmallVec::new() };
     let reported = if opts.intervals { !intervals.is_empty() } else { depth > 0 };
     if !reported {
         return None;
@@ -140,27 +141,28 @@ fn combine(slot: HolderKey, held: &[Holding], opts: &MatchOptions) -> Option<Hol
     let weighted = opts
         .tier_weights
         .map(|w| runs.iter().map(|r| u64::from(r.blocks) * u64::from(w[r.tier.code() as usize])).sum());
-    Some(HolderMatch {
+    let tiers =
+        held.iter().map(|h| TierDepth { tier: h.tier, depth: h.acc.depth, total: h.blocks }).collect();
+    let m = HolderMatch {
         holder: slot,
         depth,
         total: held.iter().map(|h| h.blocks).sum(),
         inferred: held.iter().all(|h| !h.fed),
         gapped: held.iter().any(|h| h.gapped),
-        intervals,
-        tiers: held.iter().map(|h| TierDepth { tier: h.tier, depth: h.acc.depth, total: h.blocks }).collect(),
-        runs,
         weighted,
-    })
+        detail: None,
+    };
+    Some(m.with_detail(MatchDetail { intervals, tiers, runs }))
 }
 
 /// Walks positions from 0 while some holding covers them, crediting each stretch to the
 /// first holding (in preference order) that covers it, and merges equal neighbours into runs.
 /// A stretch ends where its holding's interval ends or where a preferred holding's next
 /// interval begins, so the walk steps interval by interval, not position by position.
-fn runs_by_preference(held: &[Holding]) -> Vec<TierRun> {
+fn runs_by_preference(held: &[Holding]) -> SmallVec<[TierRun; 4]> {
     // Per holding, its first interval not yet passed.
     let mut next: smallvec::SmallVec<[usize; 4]> = smallvec::smallvec![0; held.len()];
-    let mut runs: Vec<TierRun> = Vec::new();
+    let mut runs: SmallVec<[TierRun; 4]> = SmallVec::new();
     let mut p = 0u32;
     loop {
         // The first holding covering `p`, and where the next preferred interval begins.
@@ -190,10 +192,10 @@ fn runs_by_preference(held: &[Holding]) -> Vec<TierRun> {
 }
 
 /// The positions any holding covers, as sorted disjoint half-open intervals.
-fn union(held: &[Holding]) -> Vec<(u32, u32)> {
+fn union(held: &[Holding]) -> SmallVec<[(u32, u32); 2]> {
     let mut all: Vec<(u32, u32)> = held.iter().flat_map(|h| h.acc.intervals.iter().copied()).collect();
     all.sort_unstable();
-    let mut out: Vec<(u32, u32)> = Vec::with_capacity(all.len());
+    let mut out: SmallVec<[(u32, u32); 2]> = SmallVec::new();
     for (from, to) in all {
         match out.last_mut() {
             Some(last) if from <= last.1 => last.1 = last.1.max(to),

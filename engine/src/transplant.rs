@@ -24,9 +24,9 @@ impl Keyspace {
     pub fn replace_group(&mut self, group: u32, src: &Keyspace) {
         for h in self.holders.sorted() {
             if self.holders.at(h).group == group {
-                let snap = self.snap_term(h);
+                let snap = self.snap(h);
                 self.clear_blocks(h);
-                self.settle_term(h, snap);
+                self.settle(h, snap);
                 self.holders.remove(h);
             }
         }
@@ -46,7 +46,7 @@ impl Keyspace {
                 Holder::new(dh.key, crate::partition::partition_of(dh.key.worker, self.cfg.partitions));
             (h.fed, h.gapped, h.next_stamp, h.last_time) = (dh.fed, dh.gapped, dh.next_stamp, dh.last_time);
             let hi = self.holders.insert(h);
-            let snap = self.snap_term(hi);
+            let snap = self.snap(hi);
             self.graft_members(hi, &dh.members, &blocks);
             let override_of: FxHashMap<u32, u64> = dh.overrides.iter().map(|&(e, k)| (k, e)).collect();
             for &(k, _) in &dh.members {
@@ -63,7 +63,7 @@ impl Keyspace {
                 }
                 self.push_record(hi, Record { stamp, leaf, len, time });
             }
-            self.settle_term(hi, snap);
+            self.settle(hi, snap);
         }
     }
 

@@ -1,5 +1,6 @@
 //! Identifiers, options, results and errors shared by the engine's modules.
 
+use smallvec::SmallVec;
 use std::fmt;
 
 /// Log time in milliseconds (a Kafka record timestamp). Never the wall clock.
@@ -136,6 +137,9 @@ impl MatchOptions {
 /// prefix of such positions. In a keyspace where every holder is on the GPU (the common case,
 /// and every keyspace before tiers), each slot has one holder and `tiers` and `runs` are
 /// empty: every matched block is on the GPU.
+///
+/// 64 bytes: a match writes one per worker holding a prefix (hundreds), so the parts most
+/// answers lack (intervals, tiers, runs) are behind one pointer, [`MatchDetail`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HolderMatch {
     /// The slot, with `tier` [`Tier::Gpu`] (the tiers are in `tiers` and `runs`).
@@ -150,17 +154,52 @@ pub struct HolderMatch {
     /// The holder's gapped flag: a store of it was refused for a missing parent, or its log
     /// partition had a gap, and it has not been resynchronised since.
     pub gapped: bool,
-    /// Half-open query-position intervals the holder covers (only with `intervals`).
-    pub intervals: Vec<(u32, u32)>,
-    /// Per counted tier the slot holds blocks on, in preference order: that tier's own
-    /// contiguous depth and block count. Empty when only GPU holders exist in the keyspace.
-    pub tiers: Vec<TierDepth>,
-    /// The matched prefix as runs, each on the first tier in preference order that holds its
-    /// positions; their lengths sum to `depth`. Empty when `tiers` is.
-    pub runs: Vec<TierRun>,
     /// With tier weights: the sum over `runs` of blocks × the tier's weight (thousandths); for
     /// a GPU-only answer, `depth` × the GPU's weight.
     pub weighted: Option<u64>,
+    /// Intervals, tiers and runs; `None` when all three are empty (one representation per
+    /// answer: [`HolderMatch::with_detail`]).
+    pub detail: Option<Box<MatchDetail>>,
+}
+
+const _: () = assert!(std::mem::size_of::<HolderMatch>() == 64);
+
+/// The parts of a [`HolderMatch`] only some answers have. Inline up to a size that covers
+/// most answers, so that an answer with detail costs one allocation, not one per part.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MatchDetail {
+    /// Half-open query-position intervals the slot covers (only with `intervals`).
+    pub intervals: SmallVec<[(u32, u32); 2]>,
+    /// Per counted tier the slot holds blocks on, in preference order: that tier's own
+    /// contiguous depth and block count. Empty when only GPU holders exist in the keyspace.
+    pub tiers: SmallVec<[TierDepth; 4]>,
+    /// The matched prefix as runs, each on the first tier in preference order that holds its
+    /// positions; their lengths sum to `depth`. Empty when `tiers` is.
+    pub runs: SmallVec<[TierRun; 4]>,
+}
+
+impl HolderMatch {
+    /// Sets the detail, `None` when every part is empty.
+    pub fn with_detail(mut self, detail: MatchDetail) -> Self {
+        let empty = detail.intervals.is_empty() && detail.tiers.is_empty() && detail.runs.is_empty();
+        self.detail = (!empty).then(|| Box::new(detail));
+        self
+    }
+
+    /// [`MatchDetail::intervals`] (empty without detail).
+    pub fn intervals(&self) -> &[(u32, u32)] {
+        self.detail.as_ref().map_or(&[], |d| &d.intervals)
+    }
+
+    /// [`MatchDetail::tiers`] (empty without detail).
+    pub fn tiers(&self) -> &[TierDepth] {
+        self.detail.as_ref().map_or(&[], |d| &d.tiers)
+    }
+
+    /// [`MatchDetail::runs`] (empty without detail).
+    pub fn runs(&self) -> &[TierRun] {
+        self.detail.as_ref().map_or(&[], |d| &d.runs)
+    }
 }
 
 /// One tier's part of a slot's answer.

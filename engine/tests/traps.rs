@@ -43,7 +43,7 @@ fn trap1_same_size_sets_are_not_same_members() {
     assert_eq!(depth(&k, &[1, 2], B), 1, "B holds 1 but not 2");
     // A still holds [1,2] at position 1: visible as an interval, not as depth.
     let a = full(&k, &[1, 2], A).unwrap();
-    assert_eq!((a.depth, a.total, a.intervals), (0, 1, vec![(1, 2)]));
+    assert_eq!((a.depth, a.total, a.intervals()), (0, 1, &[(1, 2)][..]));
 }
 
 #[test]
@@ -55,11 +55,11 @@ fn trap2_hole_stops_credit_while_others_keep_node_alive() {
     k.remove(A, &[ext(&[1, 2])], 2);
     assert_eq!(depth(&k, &[1, 2, 3, 4], A), 1);
     assert_eq!(depth(&k, &[1, 2, 3, 4], B), 4);
-    assert_eq!(full(&k, &[1, 2, 3, 4], A).unwrap().intervals, vec![(0, 1), (2, 4)]);
+    assert_eq!(full(&k, &[1, 2, 3, 4], A).unwrap().intervals(), [(0, 1), (2, 4)]);
     // Head eviction.
     k.remove(B, &[ext(&[1])], 3);
     assert_eq!(depth(&k, &[1, 2, 3, 4], B), 0);
-    assert_eq!(full(&k, &[1, 2, 3, 4], B).unwrap().intervals, vec![(1, 4)]);
+    assert_eq!(full(&k, &[1, 2, 3, 4], B).unwrap().intervals(), [(1, 4)]);
 }
 
 #[test]

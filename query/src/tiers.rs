@@ -57,14 +57,14 @@ pub fn worker_score(m: HolderMatch) -> WorkerScore {
         depth: m.depth,
         total_blocks: m.total,
         inferred: m.inferred,
-        intervals: m.intervals.into_iter().map(|(start, end)| Interval { start, end }).collect(),
+        intervals: m.intervals().iter().map(|&(start, end)| Interval { start, end }).collect(),
         gapped: m.gapped,
         tiers: m
-            .tiers
+            .tiers()
             .iter()
             .map(|t| TierDepth { tier: t.tier.code() as i32, depth: t.depth, total_blocks: t.total })
             .collect(),
-        runs: m.runs.iter().map(|r| TierRun { tier: r.tier.code() as i32, blocks: r.blocks }).collect(),
+        runs: m.runs().iter().map(|r| TierRun { tier: r.tier.code() as i32, blocks: r.blocks }).collect(),
         weighted_score: m.weighted.unwrap_or(0),
     }
 }

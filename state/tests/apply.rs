@@ -429,7 +429,7 @@ fn tiers_are_independent_holdings_and_unknown_tiers_are_refused() {
     let gpu_gone = [KvOp::Removed { tier: Tier::Gpu, lane: 0, exts: vec![11, 12] }];
     assert_eq!(put(&mut a, encode_kv_events(&ks(), w, 0, 1, 2, false, &gpu_gone)), Outcome::Applied);
     let m = a.engine().match_chain(&ks(), &[1, 2], &MatchOptions::default()).unwrap();
-    assert_eq!((m[0].depth, m[0].runs.len(), m[0].runs[0].tier), (2, 1, Tier::Host), "{m:?}");
+    assert_eq!((m[0].depth, m[0].runs().len(), m[0].runs()[0].tier), (2, 1, Tier::Host), "{m:?}");
     let gpu_only = MatchOptions { tiers: vec![Tier::Gpu], ..Default::default() };
     assert!(a.engine().match_chain(&ks(), &[1, 2], &gpu_only).unwrap().is_empty());
 

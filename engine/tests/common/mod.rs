@@ -12,8 +12,8 @@ pub mod shrink;
 
 use prefixlog_engine::digest::{block_term, child_path, holder_term, ROOT_PATH};
 use prefixlog_engine::{
-    partition_of, EngineConfig, HolderKey, HolderMatch, KeyspaceStats, LogTime, MatchOptions, Tier,
-    TierDepth, TierRun,
+    partition_of, EngineConfig, HolderKey, HolderMatch, KeyspaceStats, LogTime, MatchDetail, MatchOptions,
+    Tier, TierDepth, TierRun,
 };
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
@@ -333,17 +333,22 @@ impl RefModel {
             let weighted = opts.tier_weights.map(|w| {
                 runs.iter().map(|r| u64::from(r.blocks) * u64::from(w[r.tier.code() as usize])).sum()
             });
-            out.push(HolderMatch {
-                holder: slot,
-                depth,
-                total: held.iter().map(|(_, h)| h.blocks.len() as u32).sum(),
-                inferred: held.iter().all(|(_, h)| !h.fed),
-                gapped: held.iter().any(|(_, h)| h.gapped),
-                intervals: if opts.intervals { intervals } else { Vec::new() },
-                runs: if any_off_gpu { runs } else { Vec::new() },
-                tiers,
-                weighted,
-            });
+            out.push(
+                HolderMatch {
+                    holder: slot,
+                    depth,
+                    total: held.iter().map(|(_, h)| h.blocks.len() as u32).sum(),
+                    inferred: held.iter().all(|(_, h)| !h.fed),
+                    gapped: held.iter().any(|(_, h)| h.gapped),
+                    weighted,
+                    detail: None,
+                }
+                .with_detail(MatchDetail {
+                    intervals: if opts.intervals { intervals.into() } else { Default::default() },
+                    runs: if any_off_gpu { runs.into() } else { Default::default() },
+                    tiers: tiers.into(),
+                }),
+            );
         }
         out.sort_by(|a, b| {
             b.weighted.cmp(&a.weighted).then(b.depth.cmp(&a.depth)).then(a.holder.cmp(&b.holder))

@@ -173,11 +173,11 @@ mod tests {
         let locals: Vec<u64> = c.iter().map(|b| b.1).collect();
         let m = ks.match_chain(&locals, &MatchOptions::default());
         let Some(m) = m.first() else { return TierHit::default() };
-        if m.runs.is_empty() {
+        if m.runs().is_empty() {
             return TierHit { gpu: m.depth, host: 0 }; // every holder on the GPU
         }
         let mut h = TierHit::default();
-        for r in &m.runs {
+        for r in m.runs() {
             match r.tier {
                 Tier::Gpu => h.gpu += r.blocks,
                 Tier::Host => h.host += r.blocks,
