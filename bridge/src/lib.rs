@@ -27,15 +27,17 @@
 //!   subscription silent for `idle_reconnect` is re-established (a restarted engine is found
 //!   again; messages lost meanwhile are a sequence gap, handled as above).
 //!
-//! Transport: the `zeromq` crate (tokio, no libzmq). Replay uses a DEALER socket speaking the
-//! REQ envelope (an empty delimiter frame, then the 8-byte big-endian start seq) because the
-//! engine answers one request with many messages (`[seq, payload]`…, then `[-1, b""]`), which a
-//! strict REQ socket cannot receive.
+//! Transport: the `zeromq` crate (tokio, no libzmq); the replay request is in [`replay`].
+//!
+//! Modules: [`wire`] (message decoding), [`session`] (sequence policy and translation),
+//! [`namespace`] (extra keys), [`engines`] (several engine streams, feed claims), [`naming`]
+//! (worker ids and metadata), [`replay`] (asking an engine for missed messages), [`metrics`].
 
 pub mod engines;
 pub mod metrics;
 pub mod namespace;
 pub mod naming;
+pub mod replay;
 pub mod session;
 pub mod wire;
 
@@ -46,6 +48,7 @@ use prefixlog_engine::KeyspaceId;
 use prefixlog_ingest::{PublishError, Publisher};
 use prefixlog_state::record::{KvBatch, KvOp, Lifecycle};
 use prefixlog_state::Landed;
+pub use replay::{request_replay, Replayed};
 use session::{payload_digest, Arrival, Session};
 use std::future::Future;
 use std::pin::Pin;
@@ -53,7 +56,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
-use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
+use zeromq::{Socket, SocketRecv, SubSocket};
 
 /// One engine stream.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -125,47 +128,6 @@ fn now_ms() -> u64 {
 
 /// "No timeout" for `tokio::time::timeout` (a year).
 const FOREVER: Duration = Duration::from_secs(365 * 24 * 3600);
-
-/// What a replay request returned: `(seq, payload)` in the engine's order.
-pub type Replayed = Vec<(u64, Bytes)>;
-
-/// Requests messages from `start` over the engine's replay socket; reads until the end marker.
-pub async fn request_replay(endpoint: &str, start: u64, timeout: Duration) -> anyhow::Result<Replayed> {
-    let endpoint = endpoint.to_string();
-    // The socket runs in its own task: the zeromq crate panics (todo!) on some peer errors.
-    let task = tokio::spawn(async move {
-        let mut s = DealerSocket::new();
-        s.connect(&endpoint).await?;
-        let mut req = ZmqMessage::from(Bytes::new());
-        req.push_back(Bytes::copy_from_slice(&start.to_be_bytes()));
-        s.send(req).await?;
-        let mut out = Vec::new();
-        loop {
-            let frames = s.recv().await?.into_vec();
-            // Strip the REQ envelope's empty delimiter.
-            let f = match frames.first() {
-                Some(d) if d.is_empty() => &frames[1..],
-                _ => &frames[..],
-            };
-            let [seq, payload] = f else {
-                anyhow::bail!("replay answer with {} frames, expected 2", f.len());
-            };
-            if seq.as_ref() == (-1i64).to_be_bytes() {
-                return Ok(out);
-            }
-            out.push((wire::decode_seq(seq)?, payload.clone()));
-        }
-    });
-    let abort = task.abort_handle();
-    match tokio::time::timeout(timeout, task).await {
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) => anyhow::bail!("replay task failed: {e}"),
-        Err(_) => {
-            abort.abort();
-            anyhow::bail!("replay timed out after {timeout:?}")
-        }
-    }
-}
 
 /// One engine stream's bridge.
 pub struct EngineBridge {
