@@ -11,11 +11,15 @@ use prefixlog_ingest::{EmbeddedKafka, KafkaConnection, LogSpec};
 use prefixlog_node::{NodeOptions, ReplicaNode};
 use prefixlog_query::tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
 use prefixlog_query::Extensions;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tonic::transport::Channel;
 
 /// SGLang page hashes of tokens [10, 20, ..., 80] in pages of 2 (docs/compat/sglang.md).
+/// `MatchExternalKv` as `(worker_id, address) → [(tier, hashes)]`.
+type HeldByTier<'a> = BTreeMap<(&'a str, &'a str), Vec<(i32, Vec<i64>)>>;
+
 const CHAIN: [i64; 4] = [978178666101069530, -895308556211281782, -8033692805846017938, 835415944263129316];
 
 type Client = KvIndexerClient<Channel>;
@@ -126,8 +130,14 @@ async fn sgl_router_sees_what_the_bridge_wrote() {
 
     apply(&mut c, "w0", 1, vec![report(TierType::TierHbm, &CHAIN[..3])]).await.unwrap();
     apply(&mut c, "w1", 1, vec![report(TierType::TierHbm, &CHAIN[..1])]).await.unwrap();
-    // A host-tier copy and a hybrid model's report are never credited as GPU blocks.
+    // A host-tier copy counts: upstream's prefix match counts a block held on any tier.
     apply(&mut c, "w2", 1, vec![report(TierType::TierDram, &CHAIN)]).await.unwrap();
+    // A chain split over tiers: its head on HBM, its tail offloaded to SSD under a parent that
+    // stays on HBM.
+    let mut offloaded = report(TierType::TierSsd, &CHAIN[2..]);
+    offloaded.parent_block_hash = Some(CHAIN[1]);
+    apply(&mut c, "w4", 1, vec![report(TierType::TierHbm, &CHAIN[..2]), offloaded]).await.unwrap();
+    // A hybrid model's report is never credited.
     let mut hybrid = report(TierType::TierHbm, &CHAIN);
     hybrid.component_masks = vec![3; 4];
     apply(&mut c, "w3", 1, vec![hybrid]).await.unwrap();
@@ -137,12 +147,18 @@ async fn sgl_router_sees_what_the_bridge_wrote() {
     apply(&mut c, "w1", 2, vec![tail]).await.unwrap();
 
     let w = |n: &str, d: u32| (format!("http://{n}:30000"), d);
-    assert_eq!(prefix(&mut c, &CHAIN).await, (vec![w("w0", 3), w("w1", 2)], 3, 4));
+    let all_four = vec![w("w2", 4), w("w4", 4), w("w0", 3), w("w1", 2)];
+    assert_eq!(prefix(&mut c, &CHAIN).await, (all_four, 4, 4));
     // A chain filed from another first block matches nothing.
     assert_eq!(prefix(&mut c, &CHAIN[1..]).await, (vec![], 0, 3));
 
-    // Removal, then a clear of the GPU tier (the bridge clears every tier; others are skipped).
+    // Removals on two tiers, then a clear (the bridge clears every tier).
     apply(&mut c, "w0", 2, vec![action(ExternalKvActionType::ActionRevoke, &CHAIN[2..3])]).await.unwrap();
+    let ssd_revoke = ExternalKvAction {
+        tier: TierType::TierSsd as i32,
+        ..action(ExternalKvActionType::ActionRevoke, &CHAIN[3..])
+    };
+    apply(&mut c, "w4", 2, vec![ssd_revoke]).await.unwrap();
     let clear_all = vec![
         action(ExternalKvActionType::ActionClearAllAtTier, &[]),
         ExternalKvAction {
@@ -151,7 +167,7 @@ async fn sgl_router_sees_what_the_bridge_wrote() {
         },
     ];
     apply(&mut c, "w1", 3, clear_all).await.unwrap();
-    assert_eq!(prefix(&mut c, &CHAIN).await, (vec![w("w0", 2)], 2, 4));
+    assert_eq!(prefix(&mut c, &CHAIN).await, (vec![w("w2", 4), w("w4", 3), w("w0", 2)], 4, 4));
 
     // A second replica of the log, once it applied what the first had, answers the same.
     let applied = node.status().offsets();
@@ -168,20 +184,34 @@ async fn sgl_router_sees_what_the_bridge_wrote() {
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(m.matches.len(), 1, "{m:?}");
-    assert_eq!((m.matches[0].worker_id.as_str(), m.matches[0].address.as_str()), ("w0", "http://w0:30000"));
-    assert_eq!(m.matches[0].hashes_by_tier[0].hashes, CHAIN[..2].to_vec());
+    let by_worker: HeldByTier = m
+        .matches
+        .iter()
+        .map(|n| {
+            let tiers = n.hashes_by_tier.iter().map(|t| (t.tier, t.hashes.clone())).collect();
+            ((n.worker_id.as_str(), n.address.as_str()), tiers)
+        })
+        .collect();
+    let (hbm, dram, ssd) = (TierType::TierHbm as i32, TierType::TierDram as i32, TierType::TierSsd as i32);
+    let want: HeldByTier = [
+        (("w0", "http://w0:30000"), vec![(hbm, CHAIN[..2].to_vec())]),
+        (("w2", "http://w2:30000"), vec![(dram, CHAIN.to_vec())]),
+        (("w4", "http://w4:30000"), vec![(hbm, CHAIN[..2].to_vec()), (ssd, CHAIN[2..3].to_vec())]),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(by_worker, want, "{m:?}");
     let hits = c
         .get_external_kv_hit_counts(GetExternalKvHitCountsRequest { hashes: vec![CHAIN[0], CHAIN[3]] })
         .await
         .unwrap()
         .into_inner();
     let counts: Vec<(i64, u64)> = hits.entries.iter().map(|e| (e.hash, e.hit_count_total)).collect();
-    assert_eq!(counts, vec![(CHAIN[0], 1), (CHAIN[3], 0)]);
+    assert_eq!(counts, vec![(CHAIN[0], 1), (CHAIN[3], 1)]);
 
     // Fleet mode (line A): the listed workers are announced, every other one removed.
     apply(&mut c, "w1", 4, vec![report(TierType::TierHbm, &CHAIN[..1])]).await.unwrap();
-    assert_eq!(prefix(&mut c, &CHAIN).await, (vec![w("w0", 2), w("w1", 1)], 2, 4));
+    assert_eq!(prefix(&mut c, &CHAIN).await, (vec![w("w2", 4), w("w4", 3), w("w0", 2), w("w1", 1)], 4, 4));
     let expected = ConfigureExpectedWorkersRequest {
         workers: vec![ExpectedWorker {
             worker_id: "w0".into(),
@@ -229,9 +259,8 @@ async fn sgl_router_sees_what_the_bridge_wrote() {
     let problems = prefixlog_query::exposition::convention_problems(&text);
     assert!(problems.is_empty(), "{problems:#?}");
     for line in [
-        r#"prefixlog_facade_requests_total{code="OK",protocol="sglang",rpc="ApplyExternalKvBatch",shard="all"} 13"#,
+        r#"prefixlog_facade_requests_total{code="OK",protocol="sglang",rpc="ApplyExternalKvBatch",shard="all"} 15"#,
         r#"prefixlog_facade_requests_total{code="INVALID_ARGUMENT",protocol="sglang",rpc="ApplyExternalKvBatch",shard="all"} 2"#,
-        r#"prefixlog_facade_skipped_total{protocol="sglang",reason="tier_not_gpu",shard="all"} 2"#,
         r#"prefixlog_facade_skipped_total{protocol="sglang",reason="components_unsupported",shard="all"} 1"#,
         r#"prefixlog_facade_skipped_total{protocol="sglang",reason="stale_seq",shard="all"} 1"#,
     ] {

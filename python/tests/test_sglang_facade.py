@@ -104,20 +104,39 @@ def test_router_query_sees_the_bridges_batches(stubs):
     apply("py-sgl-1", 1, [pb2.ExternalKvAction(type=report, tier=hbm, hashes=chain[:1])])
     # Line B: continuing a chain names the parent of the first hash.
     apply("py-sgl-1", 2, [pb2.ExternalKvAction(type=report, tier=hbm, hashes=chain[1:2], parent_block_hash=chain[0])])
-    # A host-tier copy is never credited as a GPU one.
-    apply("py-sgl-2", 1, [pb2.ExternalKvAction(type=report, tier=dram, hashes=chain)])
+    # A host-tier (DRAM) copy counts: a prefix match counts a block held on any tier.
+    apply("py-sgl-2", 1, [pb2.ExternalKvAction(type=report, tier=dram, hashes=chain[:2])])
 
     r = kv.MatchExternalKvPrefix(pb2.MatchExternalKvPrefixRequest(hashes=chain), timeout=20)
     got = [(m.worker_address, m.matched_prefix_blocks, m.worker_id) for m in r.matches]
-    assert got == [("http://py-sgl-0:30000", 3, "py-sgl-0"), ("http://py-sgl-1:30000", 2, "py-sgl-1")]
+    assert got == [
+        ("http://py-sgl-0:30000", 3, "py-sgl-0"),
+        ("http://py-sgl-1:30000", 2, "py-sgl-1"),
+        ("http://py-sgl-2:30000", 2, "py-sgl-2"),
+    ]
     assert (r.best_prefix_blocks, r.blocks_read) == (3, 4)
     capped = kv.MatchExternalKvPrefix(pb2.MatchExternalKvPrefixRequest(hashes=chain, max_blocks=1), timeout=20)
-    assert [(m.worker_id, m.matched_prefix_blocks) for m in capped.matches] == [("py-sgl-0", 1), ("py-sgl-1", 1)]
+    assert [(m.worker_id, m.matched_prefix_blocks) for m in capped.matches] == [
+        ("py-sgl-0", 1),
+        ("py-sgl-1", 1),
+        ("py-sgl-2", 1),
+    ]
 
     revoke = pb2.ExternalKvActionType.Value("ACTION_REVOKE")
     apply("py-sgl-0", 2, [pb2.ExternalKvAction(type=revoke, tier=hbm, hashes=chain[1:2])])
+    # Revoked on DRAM: the host copy of the second block is gone.
+    apply("py-sgl-2", 2, [pb2.ExternalKvAction(type=revoke, tier=dram, hashes=chain[1:2])])
     r = kv.MatchExternalKvPrefix(pb2.MatchExternalKvPrefixRequest(hashes=chain), timeout=20)
-    assert [(m.worker_id, m.matched_prefix_blocks) for m in r.matches] == [("py-sgl-1", 2), ("py-sgl-0", 1)]
+    assert [(m.worker_id, m.matched_prefix_blocks) for m in r.matches] == [
+        ("py-sgl-1", 2),
+        ("py-sgl-0", 1),
+        ("py-sgl-2", 1),
+    ]
+    held = kv.MatchExternalKv(pb2.MatchExternalKvRequest(hashes=chain), timeout=20)
+    tiers = {m.worker_id: [(t.tier, list(t.hashes)) for t in m.hashes_by_tier] for m in held.matches}
+    assert tiers["py-sgl-2"] == [(dram, chain[:1])]
+    # The hole left by the revoke is listed as one: which hashes, not a prefix.
+    assert tiers["py-sgl-0"] == [(hbm, [chain[0], chain[2]])]
 
     with pytest.raises(grpc.RpcError) as e:
         kv.ApplyExternalKvBatch(pb2.ApplyExternalKvBatchRequest(worker_id=""), timeout=20)

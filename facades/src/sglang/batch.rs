@@ -1,20 +1,24 @@
 //! `ApplyExternalKvBatch`: validation (all or nothing, upstream's statuses) and the mapping of
 //! SGLang actions to prefixlog KV ops.
 //!
+//! Tiers map onto prefixlog's storage tiers: HBM → gpu, DRAM → host, SSD → disk.
+//!
 //! | action | op |
 //! |---|---|
-//! | REPORT at HBM, no component masks (or all 0) | `BlocksStored{lane 0, parent_ext = parent_block_hash, ext = local = hashes}` |
-//! | REVOKE at HBM | `BlocksRemoved{lane 0, ext = hashes}` |
-//! | CLEAR_ALL_AT_TIER at HBM | `AllBlocksCleared{lane 0}` |
-//! | any action at DRAM or SSD | skipped, reason `tier_not_gpu` (prefixlog has no tiers yet) |
+//! | REPORT, no component masks (or all 0) | `BlocksStored{tier, lane 0, parent_ext = parent_block_hash, ext = local = hashes}` |
+//! | REVOKE | `BlocksRemoved{tier, lane 0, ext = hashes}` |
+//! | CLEAR_ALL_AT_TIER, any tier | `AllBlocksCleared{lane 0}`: every tier of the worker |
 //! | REPORT with a non-zero component mask | skipped, reason `components_unsupported` |
 //!
-//! Skipping never overcounts: a block not stored is only ever under-matched. A REPORT with
-//! component masks (hybrid SWA/Mamba models) is skipped because crediting its FULL blocks
-//! alone would ignore the reuse rules of its other components.
+//! A clear empties every tier because a log record has no one-tier clear. Clearing more than
+//! was cleared only under-matches until the engine reports again, and the sgl bridge clears
+//! every tier at once anyway (its default `KV_INDEXER_CLEAR_TIERS`). Skipping never
+//! overcounts either: a block not stored is only ever under-matched. A REPORT with component
+//! masks (hybrid SWA/Mamba models) is skipped because crediting its FULL blocks alone would
+//! ignore the reuse rules of its other components.
 
 use super::pb::{ApplyExternalKvBatchRequest, ExternalKvAction, ExternalKvActionType, TierType};
-use super::{GPU_LANE, MAX_ACTIONS, MAX_BATCH_HASHES, MAX_WORKER_ID_BYTES};
+use super::{MAX_ACTIONS, MAX_BATCH_HASHES, MAX_WORKER_ID_BYTES, SGLANG_LANE, SGLANG_TIERS};
 use prefixlog_state::{KvOp, Tier};
 use tonic::Status;
 
@@ -99,16 +103,19 @@ fn validate_action(index: usize, a: &ExternalKvAction) -> Result<(), BatchError>
 /// Actions not applied, by reason (the `reason` label of the skipped counter).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Skipped {
-    /// At DRAM or SSD: prefixlog has no tiers yet (issue 38).
-    pub not_gpu_tier: u64,
     /// A REPORT with non-zero component masks (hybrid models).
     pub components: u64,
 }
 
 impl Skipped {
-    pub fn reasons(&self) -> [(&'static str, u64); 2] {
-        [("tier_not_gpu", self.not_gpu_tier), ("components_unsupported", self.components)]
+    pub fn reasons(&self) -> [(&'static str, u64); 1] {
+        [("components_unsupported", self.components)]
     }
+}
+
+/// The storage tier an SGLang tier code is filed on (`SGLANG_TIERS`; `validate` refuses others).
+fn tier_of(code: i32) -> Option<Tier> {
+    SGLANG_TIERS.iter().find(|(t, _)| *t as i32 == code).map(|&(_, tier)| tier)
 }
 
 /// The ops of a validated batch, in order, and what was skipped.
@@ -116,25 +123,23 @@ pub fn map_actions(actions: &[ExternalKvAction]) -> (Vec<KvOp>, Skipped) {
     let mut skipped = Skipped::default();
     let mut ops = Vec::with_capacity(actions.len());
     for a in actions {
-        if a.tier != TierType::TierHbm as i32 {
-            skipped.not_gpu_tier += 1;
-            continue;
-        }
+        // Refused by `validate`.
+        let Some(tier) = tier_of(a.tier) else { continue };
         let bits = |hs: &[i64]| hs.iter().map(|&h| h as u64).collect::<Vec<u64>>();
         match ExternalKvActionType::try_from(a.r#type) {
             Ok(ExternalKvActionType::ActionReport) if a.component_masks.iter().any(|&m| m != 0) => {
                 skipped.components += 1;
             }
             Ok(ExternalKvActionType::ActionReport) => ops.push(KvOp::Stored {
-                tier: Tier::Gpu,
-                lane: GPU_LANE,
+                tier,
+                lane: SGLANG_LANE,
                 parent_ext: a.parent_block_hash.map(|p| p as u64),
                 blocks: a.hashes.iter().map(|&h| (h as u64, h as u64)).collect(),
             }),
             Ok(ExternalKvActionType::ActionRevoke) => {
-                ops.push(KvOp::Removed { tier: Tier::Gpu, lane: GPU_LANE, exts: bits(&a.hashes) })
+                ops.push(KvOp::Removed { tier, lane: SGLANG_LANE, exts: bits(&a.hashes) })
             }
-            Ok(ExternalKvActionType::ActionClearAllAtTier) => ops.push(KvOp::Cleared { lane: GPU_LANE }),
+            Ok(ExternalKvActionType::ActionClearAllAtTier) => ops.push(KvOp::Cleared { lane: SGLANG_LANE }),
             // Refused by `validate`.
             Ok(ExternalKvActionType::ActionUnknown) | Err(_) => {}
         }
@@ -208,10 +213,9 @@ mod tests {
         assert_eq!(err, BatchError::BadPerHash { index: 1, field: "block_sizes", got: 3, hashes: 2 });
     }
 
-    /// The sgl bridge's default clears every tier; only the GPU tier's reaches the log, and a
-    /// host- or disk-tier REPORT is never credited as a GPU copy.
+    /// Each tier's actions reach the log on that tier; a clear at any tier clears them all.
     #[test]
-    fn only_the_gpu_tier_is_stored_and_the_rest_is_counted() {
+    fn tiers_map_onto_storage_tiers_and_hybrid_reports_are_counted() {
         let mut parented = action(ActionReport, TierHbm, vec![-3, 5]);
         parented.parent_block_hash = Some(-1);
         let mut hybrid = action(ActionReport, TierHbm, vec![9]);
@@ -237,11 +241,15 @@ mod tests {
                     parent_ext: Some(u64::MAX),
                     blocks: vec![((-3i64) as u64, (-3i64) as u64), (5, 5)]
                 },
+                KvOp::Stored { tier: Tier::Host, lane: 0, parent_ext: None, blocks: vec![(7, 7)] },
                 KvOp::Removed { tier: Tier::Gpu, lane: 0, exts: vec![8] },
+                KvOp::Removed { tier: Tier::Disk, lane: 0, exts: vec![7] },
+                KvOp::Cleared { lane: 0 },
+                KvOp::Cleared { lane: 0 },
                 KvOp::Cleared { lane: 0 },
             ]
         );
-        assert_eq!(skipped, Skipped { not_gpu_tier: 4, components: 1 });
+        assert_eq!(skipped, Skipped { components: 1 });
         // All-zero masks are plain FULL blocks.
         let mut zero = action(ActionReport, TierHbm, vec![1]);
         zero.component_masks = vec![0];

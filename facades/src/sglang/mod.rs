@@ -32,9 +32,14 @@ use prefixlog_engine::KeyspaceId;
 pub const PROTOCOL: &str = "sglang";
 /// The hash scheme id of SGLang page hashes (docs/compat/README.md, "Hash schemes").
 pub const HASH_SCHEME_SGLANG: u32 = 4;
-/// The lane SGLang's GPU tier (HBM) is filed under. Other tiers are not stored (issue 38):
-/// crediting a host- or disk-tier copy as a GPU one would overcount.
-pub const GPU_LANE: u32 = 0;
+/// The lane SGLang's blocks are filed under, on every tier.
+pub const SGLANG_LANE: u32 = 0;
+/// SGLang's tiers and the storage tiers they are filed on, in preference order.
+pub const SGLANG_TIERS: [(pb::TierType, prefixlog_engine::Tier); 3] = [
+    (pb::TierType::TierHbm, prefixlog_engine::Tier::Gpu),
+    (pb::TierType::TierDram, prefixlog_engine::Tier::Host),
+    (pb::TierType::TierSsd, prefixlog_engine::Tier::Disk),
+];
 /// Limits of one `ApplyExternalKvBatch` (upstream's).
 pub const MAX_ACTIONS: usize = 256;
 pub const MAX_BATCH_HASHES: usize = 16_384;

@@ -1,8 +1,10 @@
 //! The query RPCs, answered from the replica's state through `QueryService::answer` (the path
 //! of `prefixlog.v1` Match: limits, consistency, the engine's contiguous-prefix rule).
 //!
-//! Every query asks for lane 0 (the GPU tier) with `exclude_gapped` (upstream clients cannot
-//! see the gapped flag, and a gapped holder may be credited with blocks it lost). A replica
+//! Every query asks for lane 0 with `exclude_gapped` (upstream clients cannot see the gapped
+//! flag, and a gapped holder may be credited with blocks it lost), on SGLang's three tiers:
+//! a prefix match counts a block held on any of them, as upstream's does for a worker without
+//! a cache spec, and `MatchExternalKv` lists each tier's hashes. A replica
 //! that is not ready answers UNAVAILABLE (sgl-router then asks its next indexer, or routes on
 //! load); a keyspace the replica does not hold yet answers empty (NOT_FOUND would make the
 //! router fail every request with HTTP 503).
@@ -13,9 +15,11 @@ use super::pb::{
     MatchExternalKvPrefixResponse, MatchExternalKvRequest, MatchExternalKvResponse, TierHashes, TierType,
 };
 use super::writer::{META_ADDRESS, META_WORKER_ID};
-use super::{SglangConfig, GPU_LANE, MAX_HIT_COUNTED, MAX_MATCH_HASHES, MAX_PREFIX_INFLIGHT};
+use super::{
+    SglangConfig, MAX_HIT_COUNTED, MAX_MATCH_HASHES, MAX_PREFIX_INFLIGHT, SGLANG_LANE, SGLANG_TIERS,
+};
 use parking_lot::Mutex;
-use prefixlog_engine::{partition_of, KeyspaceId};
+use prefixlog_engine::{partition_of, KeyspaceId, Tier};
 use prefixlog_proto::v1::{match_request::Prompt, BlockHashes, Keyspace, MatchRequest, MatchResponse};
 use prefixlog_query::QueryService;
 use std::collections::{BTreeMap, HashMap};
@@ -66,7 +70,7 @@ impl Reader {
         if req.max_blocks > 0 {
             n = n.min(req.max_blocks as usize);
         }
-        let Some(answer) = self.ask(&req.hashes[..n], false, wait).await? else {
+        let Some(answer) = self.ask(&req.hashes[..n], &SGLANG_TIERS, false, wait).await? else {
             return Ok(MatchExternalKvPrefixResponse::default());
         };
         let mut depth: BTreeMap<u64, u32> = BTreeMap::new();
@@ -107,28 +111,39 @@ impl Reader {
         check_hash_list(&req.hashes, false)?;
         let n = req.hashes.len().min(self.query.config().max_blocks);
         let hashes = &req.hashes[..n];
-        let Some(answer) = self.ask(hashes, true, wait).await? else {
-            return Ok((MatchExternalKvResponse::default(), HitsDropped(0)));
-        };
-        let mut held: BTreeMap<u64, Vec<bool>> = BTreeMap::new();
-        for s in &answer.scores {
-            let row = held.entry(s.worker).or_insert_with(|| vec![false; n]);
-            for i in &s.intervals {
-                row[(i.start as usize).min(n)..(i.end as usize).min(n)].iter_mut().for_each(|b| *b = true);
+        // Per worker and SGLang tier, which positions it holds: one query per tier, with intervals.
+        let mut held: BTreeMap<u64, Vec<Vec<bool>>> = BTreeMap::new();
+        for t in 0..SGLANG_TIERS.len() {
+            let Some(answer) = self.ask(hashes, &SGLANG_TIERS[t..=t], true, wait).await? else {
+                return Ok((MatchExternalKvResponse::default(), HitsDropped(0)));
+            };
+            for s in &answer.scores {
+                let rows = held.entry(s.worker).or_insert_with(|| vec![vec![false; n]; SGLANG_TIERS.len()]);
+                for i in &s.intervals {
+                    let row = &mut rows[t][(i.start as usize).min(n)..(i.end as usize).min(n)];
+                    row.iter_mut().for_each(|b| *b = true);
+                }
             }
         }
-        held.retain(|_, row| row.iter().any(|&b| b));
+        held.retain(|_, rows| rows.iter().flatten().any(|&b| b));
         let names = self.names(held.keys().copied());
         let mut hit = vec![false; n];
         let matches = held
             .into_iter()
-            .map(|(w, row)| {
+            .map(|(w, rows)| {
                 let (worker_id, address) =
                     names.get(&w).cloned().unwrap_or_else(|| (w.to_string(), String::new()));
-                let mine: Vec<i64> = row.iter().zip(hashes).filter(|(b, _)| **b).map(|(_, h)| *h).collect();
-                row.iter().zip(hit.iter_mut()).for_each(|(b, h)| *h |= *b);
-                let tier = TierHashes { tier: TierType::TierHbm as i32, hashes: mine, ..Default::default() };
-                ExternalKvNodeMatch { worker_id, address, hashes_by_tier: vec![tier] }
+                let hashes_by_tier = rows
+                    .iter()
+                    .zip(SGLANG_TIERS)
+                    .filter(|(row, _)| row.iter().any(|&b| b))
+                    .map(|(row, (sgl, _))| {
+                        row.iter().zip(hit.iter_mut()).for_each(|(b, h)| *h |= *b);
+                        let mine = row.iter().zip(hashes).filter(|(b, _)| **b).map(|(_, h)| *h).collect();
+                        TierHashes { tier: sgl as i32, hashes: mine, ..Default::default() }
+                    })
+                    .collect();
+                ExternalKvNodeMatch { worker_id, address, hashes_by_tier }
             })
             .collect();
         let dropped = if req.count_as_hit {
@@ -182,6 +197,7 @@ impl Reader {
     async fn ask(
         &self,
         hashes: &[i64],
+        tiers: &[(TierType, Tier)],
         intervals: bool,
         wait: Duration,
     ) -> Result<Option<MatchResponse>, Status> {
@@ -192,7 +208,7 @@ impl Reader {
         }
         let ks = &self.keyspace;
         let req = MatchRequest {
-            tiers: crate::gpu_tier_only(),
+            tiers: tiers.iter().map(|&(_, t)| t.code() as i32).collect(),
             keyspace: Some(Keyspace {
                 model: ks.model.clone(),
                 block_size: ks.block_size,
@@ -200,7 +216,7 @@ impl Reader {
             }),
             prompt: Some(Prompt::Hashes(BlockHashes { local: hashes.iter().map(|&h| h as u64).collect() })),
             intervals,
-            lane: Some(GPU_LANE),
+            lane: Some(SGLANG_LANE),
             exclude_gapped: true,
             ..Default::default()
         };
