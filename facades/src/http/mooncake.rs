@@ -31,9 +31,9 @@ pub struct MooncakeQuery {
 }
 
 /// One instance's hits, in tokens. Upstream's media are per medium ("matched prefix tokens
-/// available on each medium"), not cumulative: prefixlog indexes the GPU tier only (issue 38),
-/// so `CPU` and `DISK` are 0 (nothing known there) rather than a copy of `GPU`, which would
-/// claim blocks in host memory or on disk that the index never saw.
+/// available on each medium"), not cumulative: this facade asks for the GPU tier only
+/// (`crate::gpu_tier_only`), so `CPU` and `DISK` are 0 rather than a copy of `GPU`, which would
+/// claim blocks in host memory or on disk that were never seen there.
 #[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
 pub struct InstanceHits {
     pub longest_matched: u64,

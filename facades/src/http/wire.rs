@@ -57,8 +57,9 @@ pub type Holder = (u64, u32);
 
 /// The score response of `holders` (each listed, with 0 unless matched) given each matched
 /// holder's contiguous depth in blocks. Depths of holders not listed are dropped (another
-/// routing group). prefixlog indexes the GPU tier only (issue 38), so `cpu` and `disk`, which
-/// upstream defines as cumulative over `gpu`, equal `gpu`: never more than what is known.
+/// routing group). This facade asks for the GPU tier only (`crate::gpu_tier_only`), so `cpu`
+/// and `disk`, which upstream defines as cumulative over `gpu`, equal `gpu`: never more than
+/// what was asked.
 pub fn score_response(holders: &[Holder], depths: &[(Holder, u32)], block_size: u32) -> ScoreResponse {
     let mut scores: BTreeMap<u64, BTreeMap<u32, u64>> = BTreeMap::new();
     for &(w, dp) in holders {
