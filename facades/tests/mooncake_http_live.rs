@@ -51,9 +51,11 @@ async fn a_mooncake_client_sees_each_instance_of_its_tenant_in_tokens() {
     let mut landed = Vec::new();
     // Worker 1 is instance "vllm-a" of tenant acme; worker 3 is of acme without an instance
     // name; worker 2 recorded nothing (tenant default, instance "2").
-    for (w, meta) in
-        [(1, vec![("tenant_id", "acme"), ("instance_id", "vllm-a")]), (3, vec![("tenant_id", "acme")])]
-    {
+    for (w, meta) in [
+        (1, vec![("tenant_id", "acme"), ("instance_id", "vllm-a")]),
+        (3, vec![("tenant_id", "acme")]),
+        (5, vec![("tenant_id", "offload")]),
+    ] {
         landed.push(p.publish_lifecycle(w, &added(&meta)).await.unwrap());
     }
     for (w, dp, ks, blocks) in [
@@ -65,6 +67,20 @@ async fn a_mooncake_client_sees_each_instance_of_its_tenant_in_tokens() {
     ] {
         landed.push(p.publish_kv_events(ks, w, dp, 1, 1, false, &stored(blocks), None).await.unwrap());
     }
+    // Worker 5 offloads: its first block on the GPU, the first three in host memory, the
+    // fourth on disk under a parent in host memory.
+    let on = |tier, parent_ext, blocks: &[u64]| KvOp::Stored {
+        tier,
+        lane: 0,
+        parent_ext,
+        blocks: blocks.iter().map(|&l| (l, l)).collect(),
+    };
+    let offloaded = [
+        on(Tier::Gpu, None, &chain4[..1]),
+        on(Tier::Host, None, &chain4[..3]),
+        on(Tier::Disk, Some(chain4[2]), &chain4[3..]),
+    ];
+    landed.push(p.publish_kv_events(&by_4, 5, 0, 1, 1, false, &offloaded, None).await.unwrap());
     assert!(s.node.status().wait_for(&token_of(&landed), Duration::from_secs(60)).await);
 
     let (code, v) =
@@ -76,6 +92,12 @@ async fn a_mooncake_client_sees_each_instance_of_its_tenant_in_tokens() {
         "3": hits(8, json!({"0": 8}))
     }});
     assert_eq!(v, acme);
+
+    // Media are each tier's own prefix; the longest match and the rank's entry span them.
+    let (code, v) =
+        http(s.addr, "POST", "/query", Some(query(&tokens, 4, json!({"tenant_id": "offload"})))).await;
+    let five = json!({"longest_matched": 16, "GPU": 4, "DP": {"0": 16}, "CPU": 12, "DISK": 0});
+    assert_eq!((code, v), (200, json!({"offload": {"5": five}})));
 
     // No tenant: the default one; a trailing partial block is not matched.
     let longer: Vec<u32> = (100..118).collect();
@@ -117,14 +139,14 @@ async fn a_mooncake_client_sees_each_instance_of_its_tenant_in_tokens() {
     assert_eq!(code, 501, "{v}");
     assert!(v["error"].as_str().unwrap().contains("seq_hashes"), "{v}");
 
-    // /workers is served in Dynamo's shape in this dialect too.
+    // /workers is served in Dynamo's shape in this dialect too (the announced workers).
     let (code, v) = http(s.addr, "GET", "/workers", None).await;
     let listed: Vec<u64> = v.as_array().unwrap().iter().map(|w| w["instance_id"].as_u64().unwrap()).collect();
-    assert_eq!((code, listed), (200, vec![1, 3]), "{v}");
+    assert_eq!((code, listed), (200, vec![1, 3, 5]), "{v}");
 
     let text = prefixlog_query::metrics::render(s.node.registry());
     for series in [
-        r#"{code="OK",protocol="mooncake-http",rpc="query",shard="all"} 7"#,
+        r#"{code="OK",protocol="mooncake-http",rpc="query",shard="all"} 8"#,
         r#"{code="NOT_FOUND",protocol="mooncake-http",rpc="query",shard="all"} 2"#,
         r#"{code="UNIMPLEMENTED",protocol="mooncake-http",rpc="query_by_hash",shard="all"} 1"#,
     ] {

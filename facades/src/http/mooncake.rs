@@ -31,9 +31,10 @@ pub struct MooncakeQuery {
 }
 
 /// One instance's hits, in tokens. Upstream's media are per medium ("matched prefix tokens
-/// available on each medium"), not cumulative: this facade asks for the GPU tier only
-/// (`crate::gpu_tier_only`), so `CPU` and `DISK` are 0 rather than a copy of `GPU`, which would
-/// claim blocks in host memory or on disk that were never seen there.
+/// available on each medium"), not cumulative: `GPU`, `CPU` and `DISK` are the prefixes held
+/// on prefixlog's gpu, host and disk tiers alone, and `longest_matched` ("longest continuous
+/// prefix hit in tokens across all tracked media and DP ranks") the prefix held on any of
+/// them, as is each `DP` rank's entry.
 #[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
 pub struct InstanceHits {
     pub longest_matched: u64,
@@ -50,25 +51,37 @@ pub struct InstanceHits {
 /// `{"<tenant>": {"<instance_id>": InstanceHits}}`.
 pub type MooncakeResponse = BTreeMap<String, BTreeMap<String, InstanceHits>>;
 
+/// A holder's matched prefix in blocks: on any of the three tiers, and on each alone.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MediaDepths {
+    pub any: u32,
+    pub gpu: u32,
+    pub host: u32,
+    pub disk: u32,
+}
+
 /// The answer for `tenant` given each listed holder's instance name and each matched holder's
-/// contiguous depth in blocks. Every listed holder appears (0 unless matched); holders of one
-/// instance (several workers naming the same `instance_id`) share its entry, per dp rank the
+/// depths in blocks. Every listed holder appears (0 unless matched); holders of one instance
+/// (several workers naming the same `instance_id`) share its entry, per dp rank and medium the
 /// best; depths of holders not listed are dropped (another tenant or instance).
 pub fn mooncake_response(
     tenant: &str,
     holders: &[(Holder, String)],
-    depths: &[(Holder, u32)],
+    depths: &[(Holder, MediaDepths)],
     block_size: u32,
 ) -> MooncakeResponse {
-    let depth_of: BTreeMap<Holder, u32> = depths.iter().copied().collect();
+    let depth_of: BTreeMap<Holder, MediaDepths> = depths.iter().copied().collect();
+    let tokens = |blocks: u32| u64::from(blocks) * u64::from(block_size);
     let mut instances: BTreeMap<String, InstanceHits> = BTreeMap::new();
     for (holder, name) in holders {
-        let tokens = u64::from(depth_of.get(holder).copied().unwrap_or(0)) * u64::from(block_size);
+        let d = depth_of.get(holder).copied().unwrap_or_default();
         let hits = instances.entry(name.clone()).or_default();
         let rank = hits.dp.entry(holder.1).or_insert(0);
-        *rank = (*rank).max(tokens);
-        hits.gpu = hits.gpu.max(tokens);
-        hits.longest_matched = hits.gpu;
+        *rank = (*rank).max(tokens(d.any));
+        hits.longest_matched = hits.longest_matched.max(tokens(d.any));
+        hits.gpu = hits.gpu.max(tokens(d.gpu));
+        hits.cpu = hits.cpu.max(tokens(d.host));
+        hits.disk = hits.disk.max(tokens(d.disk));
     }
     BTreeMap::from([(tenant.to_string(), instances)])
 }
@@ -81,7 +94,7 @@ mod tests {
     #[test]
     fn hits_are_tokens_per_instance_under_the_tenant_with_upstream_names() {
         let holders = [((1, 0), "a".to_string()), ((1, 1), "a".to_string()), ((2, 0), "7".to_string())];
-        let r = mooncake_response("t", &holders, &[((1, 0), 2), ((1, 1), 3), ((9, 0), 5)], 16);
+        let r = mooncake_response("t", &holders, &[((1, 0), gpu(2)), ((1, 1), gpu(3)), ((9, 0), gpu(5))], 16);
         assert_eq!(
             serde_json::to_value(&r).unwrap(),
             json!({"t": {
@@ -94,9 +107,25 @@ mod tests {
     #[test]
     fn workers_sharing_an_instance_name_merge_per_rank_by_the_best() {
         let holders = [((1, 0), "x".to_string()), ((2, 0), "x".to_string()), ((2, 1), "x".to_string())];
-        let r = mooncake_response("default", &holders, &[((1, 0), 1), ((2, 0), 4)], 2);
+        let r = mooncake_response("default", &holders, &[((1, 0), gpu(1)), ((2, 0), gpu(4))], 2);
         let x = &r["default"]["x"];
         assert_eq!((x.gpu, x.dp.clone()), (8, BTreeMap::from([(0, 8), (1, 0)])));
+    }
+
+    fn gpu(blocks: u32) -> MediaDepths {
+        MediaDepths { any: blocks, gpu: blocks, ..Default::default() }
+    }
+
+    /// Media are each medium's own prefix; `longest_matched` and `DP` the prefix on any.
+    #[test]
+    fn media_are_per_medium_and_the_longest_match_spans_them() {
+        let holders = [((1, 0), "a".to_string()), ((1, 1), "a".to_string())];
+        let offloaded = MediaDepths { any: 5, gpu: 1, host: 3, disk: 0 };
+        let r = mooncake_response("t", &holders, &[((1, 0), offloaded), ((1, 1), gpu(2))], 4);
+        assert_eq!(
+            serde_json::to_value(&r).unwrap(),
+            json!({"t": {"a": {"longest_matched": 20, "GPU": 8, "DP": {"0": 20, "1": 8}, "CPU": 12, "DISK": 0}}})
+        );
     }
 
     #[test]

@@ -5,10 +5,12 @@
 //! Dynamo dialect: the keyspace is the one of the request's model under the route's scheme
 //! (token ids: scheme 1, hashed by the replica with the LoRA name as namespace, as `prefixlog
 //! bridge` files an adapter's blocks; block hashes: scheme 2). Mooncake dialect: the request
-//! names the keyspace, `(model, block_size, scheme 1)`. Every query asks for lane 0 (the GPU
-//! tier) with `exclude_gapped` (a gapped holder may be credited with blocks it lost).
+//! names the keyspace, `(model, block_size, scheme 1)`. Every query asks for lane 0 with
+//! `exclude_gapped` (a gapped holder may be credited with blocks it lost): the Dynamo dialect
+//! for the GPU tier (its `cpu` and `disk` are not mapped), the Mooncake dialect for the gpu,
+//! host and disk tiers, its `GPU`, `CPU` and `DISK` media.
 
-use super::mooncake::{mooncake_response, MooncakeQuery, MooncakeResponse};
+use super::mooncake::{mooncake_response, MediaDepths, MooncakeQuery, MooncakeResponse};
 use super::wire::{score_response, Holder, QueryByHashRequest, QueryRequest, ScoreResponse};
 use super::workers::{WorkerInfo, WorkersQuery};
 use super::{DEFAULT_ROUTING_GROUP, DEFAULT_TENANT, HASH_SCHEME_DYNAMO_BLOCK, META_INSTANCE};
@@ -148,14 +150,15 @@ impl Reader {
             Prompt::Hashes(_) => ask.blocks,
         };
         let skip = whole_blocks == 0;
-        let depths = if skip { Vec::new() } else { self.depths(&ks, ask.prompt).await? };
+        let depths = if skip { Vec::new() } else { self.depths(&ks, ask.prompt, &[Tier::Gpu]).await? };
+        let depths: Vec<(Holder, u32)> = depths.into_iter().map(|(h, d)| (h, d.any)).collect();
         let group = ask.group;
         let in_group = |_, m: Meta| {
             let g = m.and_then(|m| m.get(META_ROUTING_GROUP)).map_or(DEFAULT_ROUTING_GROUP, String::as_str);
             (g == group).then_some(())
         };
         let holders: Vec<Holder> =
-            self.holders_labelled(&ks, in_group).into_iter().map(|(h, ())| h).collect();
+            self.holders_labelled(&ks, &[Tier::Gpu], in_group).into_iter().map(|(h, ())| h).collect();
         Ok(score_response(&holders, &depths, ks.block_size))
     }
 
@@ -176,8 +179,8 @@ impl Reader {
         let cache_salt = req.cache_salt.unwrap_or_default();
         let prompt =
             Prompt::Tokens(TokenIds { ids: req.token_ids, namespace, cache_salt, ..Default::default() });
-        let depths = if skip { Vec::new() } else { self.depths(&ks, prompt).await? };
-        let holders = self.holders_labelled(&ks, |worker, m: Meta| {
+        let depths = if skip { Vec::new() } else { self.depths(&ks, prompt, &MOONCAKE_MEDIA).await? };
+        let holders = self.holders_labelled(&ks, &MOONCAKE_MEDIA, |worker, m: Meta| {
             let get = |k: &str| m.and_then(|m| m.get(k)).map(String::as_str).filter(|v| !v.is_empty());
             let name = get(META_INSTANCE).map_or_else(|| worker.to_string(), str::to_string);
             let mine = get(META_TENANT).unwrap_or(DEFAULT_TENANT) == tenant
@@ -213,10 +216,16 @@ impl Reader {
         }
     }
 
-    /// The contiguous depth of every lane-0 holder of `ks` that matches `prompt`.
-    async fn depths(&self, ks: &KeyspaceId, prompt: Prompt) -> Result<Vec<(Holder, u32)>, QueryError> {
+    /// The contiguous depth of every lane-0 slot of `ks` that matches `prompt` on `tiers`: on
+    /// any of them, and on each alone.
+    async fn depths(
+        &self,
+        ks: &KeyspaceId,
+        prompt: Prompt,
+        tiers: &[Tier],
+    ) -> Result<Vec<(Holder, MediaDepths)>, QueryError> {
         let req = MatchRequest {
-            tiers: crate::gpu_tier_only(),
+            tiers: tiers.iter().map(|t| t.code() as i32).collect(),
             keyspace: Some(Keyspace {
                 model: ks.model.clone(),
                 block_size: ks.block_size,
@@ -231,7 +240,12 @@ impl Reader {
         // Validated (limits, block size) before the holders are collected: an invalid or
         // oversized query costs no walk of the keyspace's holders nor the applier lock.
         let answer = self.query.answer(req, wait).await.map_err(QueryError::Query)?;
-        Ok(answer.scores.iter().filter(|s| s.lane == 0).map(|s| ((s.worker, s.dp_rank), s.depth)).collect())
+        Ok(answer
+            .scores
+            .iter()
+            .filter(|s| s.lane == 0)
+            .map(|s| ((s.worker, s.dp_rank), media_depths(s)))
+            .collect())
     }
 
     /// The one keyspace of the model under the route's scheme.
@@ -258,21 +272,24 @@ impl Reader {
         }
     }
 
-    /// The keyspace's GPU-lane holders (not gapped) that `label` keeps, each with its label,
-    /// computed once per worker from its recorded metadata (`None` when the replica keeps no
-    /// metadata or the worker recorded none).
+    /// The keyspace's lane-0 slots with a holder (not gapped) on one of `tiers` that `label`
+    /// keeps, each with its label, computed once per worker from its recorded metadata (`None`
+    /// when the replica keeps no metadata or the worker recorded none).
     fn holders_labelled<T: Clone>(
         &self,
         ks: &KeyspaceId,
+        tiers: &[Tier],
         label: impl Fn(u64, Meta) -> Option<T>,
     ) -> Vec<(Holder, T)> {
         let view = self.query.view();
         let Some(cell) = view.engine.keyspace(ks) else { return Vec::new() };
         let summaries = cell.read().holder_summaries();
-        let held = summaries
+        let mut held: Vec<Holder> = summaries
             .into_iter()
-            .filter(|h| h.key.lane == 0 && h.key.tier == Tier::Gpu && !h.gapped)
-            .map(|h| (h.key.worker, h.key.dp_rank));
+            .filter(|h| h.key.lane == 0 && tiers.contains(&h.key.tier) && !h.gapped)
+            .map(|h| (h.key.worker, h.key.dp_rank))
+            .collect();
+        held.dedup(); // in key order: a slot's tiers are neighbours
         let guard = view.applier.as_ref().map(|a| a.lock());
         let count = view.info.partition_count;
         // One metadata lookup per worker, however many dp ranks it holds under.
@@ -289,6 +306,27 @@ impl Reader {
         }
         out
     }
+}
+
+/// Mooncake's media, `GPU`, `CPU` and `DISK`, as storage tiers.
+const MOONCAKE_MEDIA: [Tier; 3] = [Tier::Gpu, Tier::Host, Tier::Disk];
+
+/// A score's depths: on any counted tier, and on each alone (a keyspace with GPU holders only
+/// answers without per-tier depths: all of it is on the GPU).
+fn media_depths(s: &prefixlog_proto::v1::WorkerScore) -> MediaDepths {
+    let mut d = MediaDepths { any: s.depth, ..Default::default() };
+    if s.tiers.is_empty() {
+        d.gpu = s.depth;
+    }
+    for t in &s.tiers {
+        match Tier::from_code(t.tier as u32) {
+            Some(Tier::Gpu) => d.gpu = t.depth,
+            Some(Tier::Host) => d.host = t.depth,
+            Some(Tier::Disk) => d.disk = t.depth,
+            Some(Tier::External) | None => {}
+        }
+    }
+    d
 }
 
 fn non_empty_or(v: Option<String>, default: &str) -> String {
