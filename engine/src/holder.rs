@@ -141,7 +141,7 @@ pub struct Holders {
     /// one-tier path (every holder is its slot's only one).
     off_gpu: u32,
     /// Derived, per slab index: the index of the holder that stands for its slot (worker, dp
-    /// rank, lane) in a match, the slot's holder on the first tier of [`Tier::ALL`] it has. A
+    /// rank, lane) in a match, the slot's holder on the lowest [`Tier::code`] it has. A
     /// match that combines tiers keeps one progress entry per slot, indexed by it.
     leaders: Vec<u32>,
     /// Derived, at each leader's index: the slot's holder on each tier (`u32::MAX`: none), by
@@ -205,9 +205,13 @@ impl Holders {
         Some(self.slot_tiers[leader as usize][tier.code() as usize]).filter(|&i| i != u32::MAX)
     }
 
-    /// The live holders of `key`'s slot, by tier (in [`Tier::ALL`] order).
+    /// The live holders of `key`'s slot, by [`Tier::code`] (`u32::MAX`: none).
     fn slot_holders(&self, key: HolderKey) -> [u32; 4] {
-        Tier::ALL.map(|t| self.get(&key.on(t)).unwrap_or(u32::MAX))
+        let mut out = [u32::MAX; 4];
+        for t in Tier::ALL {
+            out[t.code() as usize] = self.get(&key.on(t)).unwrap_or(u32::MAX);
+        }
+        out
     }
 
     /// Points every holder of `key`'s slot at the slot's leader (after one of them came or

@@ -20,6 +20,20 @@ pub(crate) struct Acc {
     pub intervals: SmallVec<[(u32, u32); 2]>,
 }
 
+impl Acc {
+    /// The holder holds positions `from..to`, met in query order.
+    #[inline]
+    pub fn credit(&mut self, from: u32, to: u32) {
+        if self.depth == from {
+            self.depth = to;
+        }
+        match self.intervals.last_mut() {
+            Some(last) if last.1 == from => last.1 = to,
+            _ => self.intervals.push((from, to)),
+        }
+    }
+}
+
 impl Keyspace {
     /// Scores every holder against `locals` (a chain of local hashes from position 0).
     ///
@@ -164,7 +178,7 @@ impl Keyspace {
                 continue;
             }
             let stage = s.ends.len() as u32;
-            let extended = if stage == 0 && f.is_none() {
+            let extended = if !BY_SLOT && stage == 0 && f.is_none() {
                 s.credit_all(run)
             } else {
                 let mut extended = 0usize;
@@ -207,14 +221,7 @@ impl Keyspace {
                 if !f.is_none() && !self.holder_ok(f, m.holder) {
                     continue;
                 }
-                let a = acc.entry(m.holder).or_default();
-                if a.depth == from {
-                    a.depth = to;
-                }
-                match a.intervals.last_mut() {
-                    Some(last) if last.1 == from => last.1 = to,
-                    _ => a.intervals.push((from, to)),
-                }
+                acc.entry(m.holder).or_default().credit(from, to);
             }
             if k < run.len {
                 break;
@@ -261,9 +268,11 @@ fn sorted_copy(c: &[u64]) -> Vec<u64> {
 /// Per-thread buffers of the depth-only walk.
 #[derive(Default)]
 pub(crate) struct Scratch {
-    /// Per holder slot: how many extending runs it was extended by (0 outside a query).
+    /// Per holder slot: how many extending runs it was extended by (0 outside a query); with
+    /// `BY_SLOT`, indexed by each slot's leader instead.
     pub stage: Vec<u32>,
-    /// Holders with depth >= 1, in the order of the first run's members: holder key order.
+    /// Holders with depth >= 1 (with `BY_SLOT`: slot leaders), in the order of the first run's
+    /// members: holder key order.
     pub touched: Vec<u32>,
     /// The depth reached at each extending run: stage `s` means depth `ends[s - 1]`.
     pub ends: Vec<u32>,

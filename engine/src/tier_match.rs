@@ -57,14 +57,7 @@ impl Keyspace {
                         *i = held.len() as u32;
                         held.push((m.holder, Acc::default()));
                     }
-                    let a = &mut held[*i as usize].1;
-                    if a.depth == from {
-                        a.depth = to;
-                    }
-                    match a.intervals.last_mut() {
-                        Some(last) if last.1 == from => last.1 = to,
-                        _ => a.intervals.push((from, to)),
-                    }
+                    held[*i as usize].1.credit(from, to);
                 }
             }
             held.iter().for_each(|&(h, _)| at[h as usize] = u32::MAX);

@@ -162,6 +162,7 @@ pub struct HolderMatch {
     pub detail: Option<Box<MatchDetail>>,
 }
 
+#[cfg(target_pointer_width = "64")]
 const _: () = assert!(std::mem::size_of::<HolderMatch>() == 64);
 
 /// The parts of a [`HolderMatch`] only some answers have. Inline up to a size that covers

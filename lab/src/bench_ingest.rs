@@ -48,6 +48,12 @@ pub(crate) struct Pass {
 }
 
 pub async fn run(a: Args) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        a.apply_threads <= a.log.partitions,
+        "--apply-threads {} needs at least as many partitions (--partitions {}): each thread is a shard replica owning some",
+        a.apply_threads,
+        a.log.partitions
+    );
     let env = BenchLog::start(&a.log, "prefixlog.bench").await?;
     let records = fleet_records(&a.workload, 1)?;
     let blocks: usize = records.iter().map(|r| r.blocks).sum();

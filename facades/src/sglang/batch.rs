@@ -17,7 +17,7 @@
 //! masks (hybrid SWA/Mamba models) is skipped because crediting its FULL blocks alone would
 //! ignore the reuse rules of its other components.
 
-use super::pb::{ApplyExternalKvBatchRequest, ExternalKvAction, ExternalKvActionType, TierType};
+use super::pb::{ApplyExternalKvBatchRequest, ExternalKvAction, ExternalKvActionType};
 use super::{MAX_ACTIONS, MAX_BATCH_HASHES, MAX_WORKER_ID_BYTES, SGLANG_LANE, SGLANG_TIERS};
 use prefixlog_state::{KvOp, Tier};
 use tonic::Status;
@@ -76,9 +76,8 @@ pub fn validate(req: &ApplyExternalKvBatchRequest) -> Result<(), BatchError> {
 }
 
 fn validate_action(index: usize, a: &ExternalKvAction) -> Result<(), BatchError> {
-    match TierType::try_from(a.tier) {
-        Ok(TierType::TierHbm | TierType::TierDram | TierType::TierSsd) => {}
-        _ => return Err(BatchError::BadTier { index, tier: a.tier }),
+    if tier_of(a.tier).is_none() {
+        return Err(BatchError::BadTier { index, tier: a.tier });
     }
     let kind = match ExternalKvActionType::try_from(a.r#type) {
         Ok(ExternalKvActionType::ActionUnknown) | Err(_) => {
@@ -149,6 +148,7 @@ pub fn map_actions(actions: &[ExternalKvAction]) -> (Vec<KvOp>, Skipped) {
 
 #[cfg(test)]
 mod tests {
+    use super::super::pb::TierType;
     use super::*;
 
     fn action(kind: ExternalKvActionType, tier: TierType, hashes: Vec<i64>) -> ExternalKvAction {
