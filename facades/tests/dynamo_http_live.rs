@@ -192,49 +192,48 @@ async fn a_slow_body_holds_the_only_place_and_others_get_429() {
     let ext = Arc::new(ext);
     let addr = ext.addr();
     let opts = NodeOptions { ready_lag: 0, extensions: Extensions(vec![ext]), ..Default::default() };
-    let _node = ReplicaNode::start(spec, opts).await.unwrap();
+    let node = ReplicaNode::start(spec, opts).await.unwrap();
     let query = json!({"token_ids": [1, 2, 3, 4], "model_name": "m"});
-    // Ready first: a replica that is not ready answers 503 before the slow body is read, and
-    // that request would hold nothing (counted tries, not timed).
-    let mut status = 503;
-    for _ in 0..3000 {
-        status = http(addr, "POST", "/query", Some(query.clone())).await.0;
-        if status != 503 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert_eq!(status, 404, "ready: the query is answered (no such model)");
+    // Ready first, so the query that finds the place free again is answered (404, not 503).
+    assert_eq!(support::when_ready(addr, "POST", "/query", Some(query.clone())).await.0, 404);
 
+    // The slow request takes the place once the server has read its head; the gauge of places
+    // taken says when (counted tries, not timed). Nothing else is in flight: every earlier
+    // request gave its place back before its answer was written.
+    let in_flight = |n: u64| {
+        let text = prefixlog_query::metrics::render(node.registry());
+        let gauge = text.lines().find(|l| l.starts_with("prefixlog_facade_http_in_flight{"));
+        let gauge = gauge.expect("the gauge is registered");
+        assert!(gauge.contains(r#"protocol="dynamo-http""#), "{gauge}");
+        gauge.ends_with(&format!(" {n}"))
+    };
     let mut slow = tokio::net::TcpStream::connect(addr).await.unwrap();
     let head = format!("POST /query HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 1000\r\n\r\n");
     slow.write_all(head.as_bytes()).await.unwrap();
     slow.write_all(b"{\"token_ids\": [").await.unwrap();
-    // The slow request reaches the server in its own time: ask until it holds the place (a
-    // bounded number of tries, so a missing bound fails instead of hanging).
-    let mut refused = None;
-    for _ in 0..3000 {
-        let (status, body) = http(addr, "POST", "/query", Some(query.clone())).await;
-        if status == 429 {
-            refused = Some(body);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let refused = refused.expect("a query over the bound of 1 is refused with 429");
+    wait_until("the slow request holds the place", || in_flight(1)).await;
+
+    let (status, refused) = http(addr, "POST", "/query", Some(query.clone())).await;
+    assert_eq!(status, 429, "a query over the bound of 1 is refused at once: {refused}");
     assert!(refused["error"].as_str().is_some_and(|e| !e.is_empty()), "{refused}");
     assert_eq!(http(addr, "GET", "/health", None).await.0, 200, "health is not bounded");
+    assert!(in_flight(1), "refused queries and /health take no place");
 
     drop(slow);
-    let mut status = 429;
+    wait_until("the slow request's place is given back", || in_flight(0)).await;
+    let status = http(addr, "POST", "/query", Some(query.clone())).await.0;
+    assert_eq!(status, 404, "the place is free again: the query is answered (no such model)");
+}
+
+/// Asks `cond` until it holds, a bounded number of times (so a missing state fails, not hangs).
+async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
     for _ in 0..3000 {
-        status = http(addr, "POST", "/query", Some(query.clone())).await.0;
-        if status != 429 {
-            break;
+        if cond() {
+            return;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert_eq!(status, 404, "the place is free again: the query is answered (no such model)");
+    panic!("{what}: not after 3000 tries");
 }
 
 fn added(pairs: &[(&str, &str)]) -> Lifecycle {

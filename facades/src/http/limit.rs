@@ -4,7 +4,9 @@
 //!
 //! The bound is taken with `try_acquire` before the body is read: one request over it is
 //! refused at once with 429, never queued; one over its time is answered 504. Both are counted
-//! in the facade metrics under their gRPC code (RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED).
+//! in the facade metrics under their gRPC code (RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED). The
+//! places taken are the gauge `prefixlog_facade_http_in_flight{protocol}`: at the bound, the
+//! port answers 429.
 
 use super::wire::ErrorBody;
 use crate::metrics::FacadeMetrics;
@@ -12,6 +14,7 @@ use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::Response;
+use prometheus::{IntGauge, Opts, Registry};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Semaphore;
@@ -34,29 +37,57 @@ impl Default for Limits {
     }
 }
 
-/// The middleware's state: one semaphore per server.
+/// The middleware's state: one semaphore per server, and the gauge of its permits taken.
 #[derive(Clone)]
 pub struct Gate {
     permits: Arc<Semaphore>,
     timeout: Duration,
     metrics: FacadeMetrics,
+    in_flight: IntGauge,
 }
 
 impl Gate {
-    pub fn new(limits: Limits, metrics: FacadeMetrics) -> Self {
+    /// A gate of `limits` whose places taken are `in_flight` (see [`in_flight_gauge`]).
+    pub fn new(limits: Limits, metrics: FacadeMetrics, in_flight: IntGauge) -> Self {
         let permits = Arc::new(Semaphore::new(limits.max_in_flight.max(1)));
-        Self { permits, timeout: limits.request_timeout, metrics }
+        Self { permits, timeout: limits.request_timeout, metrics, in_flight }
+    }
+}
+
+/// Registers `protocol`'s gauge of requests holding a place in `r`.
+pub fn in_flight_gauge(r: &Registry, protocol: &str) -> prometheus::Result<IntGauge> {
+    let opts = Opts::new(
+        "prefixlog_facade_http_in_flight",
+        "Requests holding one of an HTTP facade's bounded places (at the bound it answers 429)",
+    )
+    .const_label("protocol", protocol);
+    let gauge = IntGauge::with_opts(opts)?;
+    r.register(Box::new(gauge.clone()))?;
+    Ok(gauge)
+}
+
+/// One place taken: counted in the gauge until dropped, with the permit it holds.
+struct Place {
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    in_flight: IntGauge,
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.in_flight.dec();
     }
 }
 
 /// `axum::middleware::from_fn_with_state(gate, limit)`.
 pub async fn limit(State(gate): State<Gate>, req: Request, next: Next) -> Response {
     let route = route_label(req.uri().path());
-    let Ok(_permit) = gate.permits.clone().try_acquire_owned() else {
+    let Ok(permit) = gate.permits.clone().try_acquire_owned() else {
         gate.metrics.request(route, tonic::Code::ResourceExhausted);
         let msg = "too many requests in flight on this indexer; retry later";
         return super::wire::json(StatusCode::TOO_MANY_REQUESTS, &ErrorBody { error: msg });
     };
+    gate.in_flight.inc();
+    let _place = Place { _permit: permit, in_flight: gate.in_flight.clone() };
     match tokio::time::timeout(gate.timeout, next.run(req)).await {
         Ok(response) => response,
         Err(_) => {
@@ -91,10 +122,17 @@ mod tests {
         Request::builder().method("POST").uri("/query").body(Body::empty()).unwrap()
     }
 
+    fn gate(limits: Limits) -> (Gate, FacadeMetrics, IntGauge) {
+        let r = Registry::new();
+        let metrics = FacadeMetrics::new(&r, "test").unwrap();
+        let in_flight = in_flight_gauge(&r, "test").unwrap();
+        (Gate::new(limits, metrics.clone(), in_flight.clone()), metrics, in_flight)
+    }
+
     #[tokio::test]
     async fn a_request_over_the_bound_is_refused_with_429_at_once() {
-        let metrics = FacadeMetrics::new(&Registry::new(), "test").unwrap();
-        let limits = Limits { max_in_flight: 1, request_timeout: Duration::from_secs(3600) };
+        let (gate, metrics, in_flight) =
+            gate(Limits { max_in_flight: 1, request_timeout: Duration::from_secs(3600) });
         let (entered_tx, entered_rx) = oneshot::channel::<()>();
         let (release_tx, release_rx) = oneshot::channel::<()>();
         let held = Arc::new(parking_lot::Mutex::new(Some((entered_tx, release_rx))));
@@ -113,10 +151,11 @@ mod tests {
                     }
                 }),
             )
-            .layer(axum::middleware::from_fn_with_state(Gate::new(limits, metrics.clone()), limit));
+            .layer(axum::middleware::from_fn_with_state(gate, limit));
 
         let first = tokio::spawn(app.clone().oneshot(post_query()));
         entered_rx.await.unwrap();
+        assert_eq!(in_flight.get(), 1, "the first request holds the only place");
         let second = app.clone().oneshot(post_query()).await.unwrap();
         assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS);
         let body = axum::body::to_bytes(second.into_body(), 1 << 16).await.unwrap();
@@ -126,20 +165,22 @@ mod tests {
 
         release_tx.send(()).unwrap();
         assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::OK);
+        assert_eq!(in_flight.get(), 0, "the place is given back");
         // The permit is back: the next request is served.
         assert_eq!(app.oneshot(post_query()).await.unwrap().status(), StatusCode::OK);
     }
 
     #[tokio::test]
     async fn a_request_over_its_time_is_answered_504() {
-        let metrics = FacadeMetrics::new(&Registry::new(), "test").unwrap();
-        let limits = Limits { max_in_flight: 4, request_timeout: Duration::from_millis(10) };
+        let (gate, metrics, in_flight) =
+            gate(Limits { max_in_flight: 4, request_timeout: Duration::from_millis(10) });
         // Never answers: only the timeout ends it (the outcome is asserted, not the time).
         let app = Router::new()
             .route("/query", post(std::future::pending::<&'static str>))
-            .layer(axum::middleware::from_fn_with_state(Gate::new(limits, metrics.clone()), limit));
+            .layer(axum::middleware::from_fn_with_state(gate, limit));
         let r = app.oneshot(post_query()).await.unwrap();
         assert_eq!(r.status(), StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(in_flight.get(), 0, "a request over its time gives its place back");
         assert_eq!(metrics.requests_of("query", tonic::Code::DeadlineExceeded), 1);
     }
 }

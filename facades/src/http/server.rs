@@ -2,7 +2,7 @@
 //! a replica. Every request to `/query`, `/query_by_hash` and `/workers` is counted by route and
 //! outcome (`prefixlog_facade_requests_total{protocol="dynamo-http"|"mooncake-http"}`).
 
-use super::limit::{limit, Gate, Limits};
+use super::limit::{in_flight_gauge, limit, Gate, Limits};
 use super::reader::{QueryError, Reader};
 use super::wire::{json, ErrorBody};
 use super::workers::WorkersQuery;
@@ -34,9 +34,8 @@ struct App {
 
 /// The routes of `dialect`: `POST /query`, `POST /query_by_hash` (Mooncake: 501, see
 /// [`QueryError::SeqHashes`]), `GET /workers` (Dynamo's shape in both), `GET /health`; all but
-/// `/health` are bounded by `limits` (requests in flight, time per request: [`super::limit`]).
-pub fn router(query: QueryService, metrics: FacadeMetrics, limits: Limits, dialect: Dialect) -> Router {
-    let gate = Gate::new(limits, metrics.clone());
+/// `/health` are bounded by `gate` (requests in flight, time per request: [`super::limit`]).
+pub fn router(query: QueryService, metrics: FacadeMetrics, gate: Gate, dialect: Dialect) -> Router {
     let app = Arc::new(App { reader: Reader::new(query), metrics });
     let routes = match dialect {
         Dialect::Dynamo => {
@@ -171,9 +170,12 @@ impl Extension for HttpIndexerExtension {
         let bind = |source| StartError::Bind { facade: FACADE, what: "HTTP", addr: self.addr, source };
         listener.set_nonblocking(true).map_err(bind)?;
         let listener = tokio::net::TcpListener::from_std(listener).map_err(bind)?;
-        let metrics = FacadeMetrics::new(ctx.registry, self.dialect.protocol())
-            .map_err(|source| StartError::Metrics { facade: FACADE, source })?;
-        let app = router(ctx.query.clone(), metrics, self.limits, self.dialect);
+        let metrics_err = |source| StartError::Metrics { facade: FACADE, source };
+        let protocol = self.dialect.protocol();
+        let metrics = FacadeMetrics::new(ctx.registry, protocol).map_err(metrics_err)?;
+        let in_flight = in_flight_gauge(ctx.registry, protocol).map_err(metrics_err)?;
+        let gate = Gate::new(self.limits, metrics.clone(), in_flight);
+        let app = router(ctx.query.clone(), metrics, gate, self.dialect);
         let task = tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, app).await {
                 tracing::error!(error = %e, "HTTP indexer facade stopped");
