@@ -36,13 +36,14 @@
 //! - `transplant`: [`Keyspace::replace_group`], moving one partition's holders in from a
 //!   rebuilt keyspace (anti-entropy repair).
 //! - `trie`: the path-compressed trie: runs of blocks with one membership list each, child and
-//!   ext lookup, splitting and merging, walking and creating chains, freeing.
+//!   ext lookup, splitting, walking and creating chains; `trie::reclaim`: freeing dead runs,
+//!   merging runs a removal left with equal members, shrinking a run's tail.
 //! - `same`: the flag a run carries when its only child has the same holders, so a match
 //!   steps into that child without comparing holder lists.
 //! - `runs`: the run records and their arena; `blocks`: per-block storage (locals, canonical
 //!   exts, run ids) and the allocator of the block ranges runs occupy.
 //! - `table`: the lookup tables: Robin Hood open addressing, hash bits stored beside indices,
-//!   parts of staggered sizes.
+//!   parts of staggered sizes; `table::image`: a table's sections in a checkpoint image.
 //! - `ahead`: growing tables and block storage ahead of the write lock, so a write holds it
 //!   only to swap the grown arrays in.
 //! - `holder`: per-holder counts, digest and operation records; the derived holder indices
