@@ -132,9 +132,10 @@ impl StreamMux {
         self.opened.load(Ordering::Relaxed)
     }
 
-    /// Queries waiting for their answer now.
+    /// Queries waiting for their answer now, counted once queued on the stream (so a caller
+    /// that sees one counted and then asks is queued behind it).
     pub fn in_flight(&self) -> usize {
-        self.in_flight.load(Ordering::Relaxed)
+        self.in_flight.load(Ordering::Acquire)
     }
 
     /// Asks `req` (its `request_id`, stream flags and `timeout_us` are set here) and waits for
@@ -151,9 +152,8 @@ impl StreamMux {
                 return Err(MuxError::Broken(why.clone()));
             }
             p.waiting.insert(id, reply);
-            self.in_flight.fetch_add(1, Ordering::Relaxed);
             // Whatever ends this call (answer, deadline, the caller dropping it) forgets the id.
-            Forget { pending: &conn.pending, id, in_flight: &self.in_flight }
+            Forget { pending: &conn.pending, id }
         };
         let sent = tokio::time::timeout_at(end, conn.tx.send((req, end))).await;
         match sent {
@@ -161,6 +161,9 @@ impl StreamMux {
             Ok(Err(_)) => return Err(self.broken(&conn, "the request side is closed")),
             Ok(Ok(())) => {}
         }
+        // Counted once queued: a query counted is ahead of every query sent after the count.
+        self.in_flight.fetch_add(1, Ordering::Release);
+        let _counted = Counted(&self.in_flight);
         match tokio::time::timeout_at(end, answer).await {
             Err(_) => Err(MuxError::Timeout),
             Ok(Err(_)) => Err(self.broken(&conn, "the reader stopped")),
@@ -217,13 +220,20 @@ fn stamped(mut req: MatchRequest, end: Instant, now: Instant) -> Option<MatchReq
 struct Forget<'a> {
     pending: &'a Mutex<Pending>,
     id: u64,
-    in_flight: &'a AtomicUsize,
 }
 
 impl Drop for Forget<'_> {
     fn drop(&mut self) {
         self.pending.lock().waiting.remove(&self.id);
-        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// One query in [`StreamMux::in_flight`] until dropped.
+struct Counted<'a>(&'a AtomicUsize);
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

@@ -109,7 +109,9 @@ async fn a_transfer_is_the_stored_export_byte_for_byte() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transfers_over_the_limit_are_refused_and_a_stalled_receiver_frees_its_slot() {
-    let s = serve(ServeLimits { checkpoint_transfers: 1, stall_timeout: Duration::from_secs(1) }).await;
+    // A stall timeout of seconds: the slot must still be held when the second request comes
+    // on a new connection, however loaded the machine.
+    let s = serve(ServeLimits { checkpoint_transfers: 1, stall_timeout: Duration::from_secs(5) }).await;
     let client = PeerClient::default();
     // A receiver that takes one message and then stops reading.
     let mut raw = client.connect(&s.addr).await.unwrap();

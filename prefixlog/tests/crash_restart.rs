@@ -79,6 +79,18 @@ fn serve(bin: &str, brokers: &str, dir: &std::path::Path, run: usize, interval: 
         .expect("spawn prefixlog serve")
 }
 
+/// Waits until run `run`'s log contains `what` (a bounded number of tries; the assertions
+/// after it say what is missing if it never comes).
+async fn logged(dir: &std::path::Path, run: usize, what: &str) {
+    for _ in 0..600 {
+        let log = std::fs::read_to_string(dir.join(format!("run-{run}.log"))).unwrap_or_default();
+        if log.contains(what) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_at_random_moments_never_loses_or_doubles_an_update() {
     let bin = env!("CARGO_BIN_EXE_prefixlog");
@@ -103,6 +115,10 @@ async fn kill_9_at_random_moments_never_loses_or_doubles_an_update() {
     let mut runs = 0;
     while !done.load(Ordering::Acquire) || runs < 4 {
         let mut child = serve(bin, &brokers, dir.path(), runs, "0s");
+        // Killed at a random moment of serving, not of starting: on a loaded machine a debug
+        // binary may take longer to start than the random delay, and a run killed before it
+        // serves would never write the checkpoints the later runs restore.
+        logged(dir.path(), runs, "replica started").await;
         x = prefixlog_engine::digest::mix64(x);
         tokio::time::sleep(Duration::from_millis(400 + x % 1200)).await;
         child.kill().unwrap(); // SIGKILL
@@ -113,14 +129,7 @@ async fn kill_9_at_random_moments_never_loses_or_doubles_an_update() {
     // One last run that catches up and checkpoints the end of the log.
     let total_published = records().len();
     let mut child = serve(bin, &brokers, dir.path(), runs, "1s");
-    let want = format!("log_records={total_published}");
-    for _ in 0..600 {
-        let log = std::fs::read_to_string(dir.path().join(format!("run-{runs}.log"))).unwrap_or_default();
-        if log.contains(&want) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    logged(dir.path(), runs, &format!("log_records={total_published}")).await;
     child.kill().unwrap();
     child.wait().unwrap();
 

@@ -53,17 +53,18 @@ def test_overloaded_and_dead_endpoints_fail_over(fake_replica, client_factory):
 
 def test_a_hung_endpoint_costs_only_its_share_of_the_deadline(fake_replica, client_factory):
     hung, healthy = fake_replica(hang=True), fake_replica()
-    c = client_factory([hung.endpoint, healthy.endpoint], deadline=1.0)
+    # A deadline of seconds: the healthy fake shares the GIL with the test on a loaded machine,
+    # and its half of the deadline must cover a new channel and an answer.
+    c = client_factory([hung.endpoint, healthy.endpoint], deadline=4.0)
     t = time.monotonic()
     r = c.match(KS, hashes=[1])
     took = time.monotonic() - t
     assert r.outcome == "scores" and r.endpoint == healthy.endpoint, r
     assert len(hung.requests) == 1
-    assert 0.4 < took < 1.0, took  # the hung one got half the deadline, the healthy one answered
-    # The endpoint that answered is asked first next time.
-    t = time.monotonic()
+    assert 1.6 < took < 4.0, took  # the hung one got half the deadline, the healthy one answered
+    # The endpoint that answered is asked first next time (the hung one is not asked again).
     assert c.match(KS, hashes=[1]).endpoint == healthy.endpoint
-    assert time.monotonic() - t < 0.4 and len(hung.requests) == 1
+    assert len(hung.requests) == 1
 
 
 def test_only_hung_endpoints_time_out(fake_replica, client_factory):

@@ -86,10 +86,10 @@ def test_applied_round_trips_unchanged(client_factory):
     chain = last_chain()
     c = client_factory([ADDR], deadline=5.0)
     r = full_chain_answer(c, chain)
-    t = time.monotonic()
+    # Answered, not held for a record that never comes: held, the replica would answer
+    # DEADLINE_EXCEEDED within the deadline and the client would fail open (no clock read).
     again = c.match(KS, hashes=chain, min_offsets=r.applied)
     assert again.outcome == "scores" and not again.stale, again
-    assert time.monotonic() - t < 1.0  # answered, not held for a record that never comes
 
 
 def test_statuses_fail_open(client_factory):

@@ -4,7 +4,6 @@ a CA, a server certificate for localhost / 127.0.0.1, a client certificate). It 
 log as the plaintext replica of test_live.
 """
 import os
-import time
 
 import grpc
 import pytest
@@ -45,10 +44,10 @@ def test_one_replicas_applied_is_a_token_for_another(client_factory):
         pytest.skip("the replica predates next-offset tokens (no Describe RPC)")
     chain = last_chain()
     plain = full_chain_answer(client_factory([PLAIN_ADDR], deadline=5.0), chain)
-    t = time.monotonic()
+    # Reached, not waited for (a replica holding it would answer DEADLINE_EXCEEDED and the
+    # client fail open): the answer is the proof, no clock read.
     r = mtls(client_factory, 5.0).match(KS, hashes=chain, min_offsets=plain.applied)
     assert r.outcome == "scores" and not r.stale and r.replica_id == "py-tls", r
-    assert time.monotonic() - t < 1.0
 
 
 def test_without_a_client_certificate_or_without_tls_it_fails_open(client_factory):

@@ -59,10 +59,13 @@ impl Readiness {
         }
     }
 
-    /// Whether the last readiness check (the health driver runs one every 50 ms) found the
-    /// replica ready.
+    /// Whether the replica is ready: the last readiness check's verdict (the health driver runs
+    /// one every 50 ms) when it was ready, else a check now. A replica refusing to answer thus
+    /// does so on its present state, not on one up to 50 ms old: with a small `ready_lag`,
+    /// a check between a write's ack and its apply would otherwise refuse the writer's next
+    /// request though the write is applied. The check is paid only on the not-ready path.
     pub fn is_ready(&self) -> bool {
-        self.last_ready.load(Ordering::Acquire)
+        self.last_ready.load(Ordering::Acquire) || self.check().0
     }
 
     /// Reports `name` in `grpc.health.v1` with the replica's readiness too (from the driver's
@@ -246,6 +249,24 @@ mod tests {
         assert!(!ready && why.contains("stopped on a bug") && why.contains("diverged"), "{why}");
         r.set_stopping();
         assert_eq!(r.check(), (false, "stopping".into()));
+    }
+
+    /// A verdict of "not ready" is not trusted from cache: a replica that has caught up since
+    /// the last check answers at once (with `ready_lag` 0, every write makes the lag 1 until
+    /// it is applied, and a check in between would otherwise refuse the writer's next request).
+    /// A cached "ready" is kept until the next check.
+    #[test]
+    fn not_ready_is_checked_again_ready_is_cached() {
+        let status = Arc::new(ReplicaStatus::new(1, &[0]));
+        status.partitions[0].watermarks_known.store(true, Ordering::Release);
+        status.partitions[0].high_watermark.store(1, Ordering::Release);
+        let r = Readiness::new(status.clone(), 0, DEFAULT_STALE_AFTER);
+        assert!(!r.check().0 && !r.is_ready(), "lag 1");
+        status.partitions[0].next_offset.store(1, Ordering::Release);
+        assert!(r.is_ready(), "caught up since the last check");
+        status.partitions[0].high_watermark.store(2, Ordering::Release);
+        assert!(r.is_ready(), "ready as of the last check, until the next one");
+        assert!(!r.check().0 && !r.is_ready());
     }
 
     /// A ready replica whose broker has not answered for longer than `stale_after` stays ready

@@ -323,8 +323,17 @@ async fn a_recreated_topic_refuses_the_restart() {
             a.kill().await;
         }
         prefixlog_ingest::delete_topic(&spec.kafka, &topic).await.unwrap();
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        b.create_topic(&topic, P).await.unwrap();
+        // The broker finishes the deletion in its own time: create again until it takes (a
+        // bounded number of tries, so a broker that never lets go fails instead of hanging).
+        let mut created = b.create_topic(&topic, P).await;
+        for _ in 0..100 {
+            if created.is_ok() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            created = b.create_topic(&topic, P).await;
+        }
+        created.unwrap_or_else(|e| panic!("{}: the topic is not created again: {e}", b.name));
         let publisher = Publisher::new(&spec).unwrap();
         let mut new_seqs = vec![0u64; WORKERS as usize];
         publish(&publisher, 9, &mut new_seqs).await;

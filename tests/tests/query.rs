@@ -467,9 +467,10 @@ async fn client_fails_over_within_one_deadline() {
             assert!(ok, "{}: replica {} never applied the records", b.name, s.id);
         }
         // Debug builds on a shared, loaded 2-core machine: a generous deadline (same mechanism
-        // as 2 ms), and 300 ms of slack on the timings below, still far less than a second wait.
-        let deadline = Duration::from_secs(1);
-        let slack = Duration::from_millis(300);
+        // as 2 ms), so the live replica's half of it covers a new channel and an answer under
+        // load, and a second of slack on the timings below, still less than a second wait.
+        let deadline = Duration::from_secs(4);
+        let slack = Duration::from_secs(1);
         let client =
             IndexClient::with_probe_interval(vec![sa.url(), sb.url()], deadline, Duration::from_millis(50))
                 .unwrap();
@@ -581,17 +582,18 @@ async fn candidates_gaps_workers_and_token_round_trip() {
             (listed.workers[0].worker, listed.workers[0].metadata.get("pod").map(String::as_str)),
             (3, Some("worker-3"))
         );
-        // a's `applied`, unchanged, as b's token: answered at once (nothing more is published).
+        // a's `applied`, unchanged, as b's token: reached (nothing more is published). A replica
+        // that read it as one record more would wait for a record that never comes and answer
+        // DEADLINE_EXCEEDED within the deadline, so an answer is the proof (no clock read).
         let mut q = req(hashes(l.clone()));
         q.min_offsets = all.applied.clone();
         let mut rq = tonic::Request::new(q);
-        rq.set_timeout(Duration::from_millis(500));
-        let t = Instant::now();
+        rq.set_timeout(Duration::from_secs(5));
         let r = PrefixIndexClient::connect(url(&rb)).await.unwrap().r#match(rq).await;
         let r = r
             .unwrap_or_else(|s| panic!("{}: b waited for a record that never comes: {s:?}", b.name))
             .into_inner();
-        assert!(!r.stale && t.elapsed() < Duration::from_millis(400), "{}", b.name);
+        assert!(!r.stale, "{}", b.name);
         assert_eq!(r.applied, all.applied, "{}", b.name);
         ran.push(b.name);
     }
