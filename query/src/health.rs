@@ -40,7 +40,8 @@ pub struct Readiness {
     /// Whether answers without a token are flagged stale; true until a check finds otherwise.
     stale: AtomicBool,
     /// The last check's verdict (false until a check says ready), for services that refuse to
-    /// answer while not ready (the protocol facades) at the cost of one atomic load.
+    /// answer while not ready (the protocol facades): one atomic load while ready
+    /// ([`Readiness::is_ready`]).
     last_ready: AtomicBool,
     /// More gRPC health service names kept at the replica's readiness (the facades' services).
     extra_services: parking_lot::Mutex<Vec<String>>,
@@ -60,12 +61,14 @@ impl Readiness {
     }
 
     /// Whether the replica is ready: the last readiness check's verdict (the health driver runs
-    /// one every 50 ms) when it was ready, else a check now. A replica refusing to answer thus
-    /// does so on its present state, not on one up to 50 ms old: with a small `ready_lag`,
-    /// a check between a write's ack and its apply would otherwise refuse the writer's next
-    /// request though the write is applied. The check is paid only on the not-ready path.
+    /// one every 50 ms) when it was ready, else the verdict on the state now. A replica refusing
+    /// to answer thus does so on its present state, not on one up to 50 ms old: with a small
+    /// `ready_lag`, a check between a write's ack and its apply would otherwise refuse the
+    /// writer's next request though the write is applied. The verdict now is paid only on the
+    /// not-ready path, and it is not stored: only [`Self::check`] (the driver's) moves the
+    /// cached verdict and the stale flag, so request threads never race it.
     pub fn is_ready(&self) -> bool {
-        self.last_ready.load(Ordering::Acquire) || self.check().0
+        self.last_ready.load(Ordering::Acquire) || self.ready().0
     }
 
     /// Reports `name` in `grpc.health.v1` with the replica's readiness too (from the driver's
@@ -77,6 +80,7 @@ impl Readiness {
     /// From now on never ready (a clean stop: health goes NOT_SERVING before ingest stops).
     pub fn set_stopping(&self) {
         self.stopping.store(true, Ordering::Release);
+        self.last_ready.store(false, Ordering::Release);
         self.stale.store(true, Ordering::Release);
     }
 
@@ -251,7 +255,7 @@ mod tests {
         assert_eq!(r.check(), (false, "stopping".into()));
     }
 
-    /// A verdict of "not ready" is not trusted from cache: a replica that has caught up since
+    /// A verdict of "not ready" is not trusted from the cache: a replica that has caught up since
     /// the last check answers at once (with `ready_lag` 0, every write makes the lag 1 until
     /// it is applied, and a check in between would otherwise refuse the writer's next request).
     /// A cached "ready" is kept until the next check.
@@ -265,8 +269,14 @@ mod tests {
         status.partitions[0].next_offset.store(1, Ordering::Release);
         assert!(r.is_ready(), "caught up since the last check");
         status.partitions[0].high_watermark.store(2, Ordering::Release);
+        assert!(!r.is_ready(), "the verdict now is not stored: the cache still says not ready");
+        status.partitions[0].next_offset.store(2, Ordering::Release);
+        assert!(r.check().0);
+        status.partitions[0].high_watermark.store(3, Ordering::Release);
         assert!(r.is_ready(), "ready as of the last check, until the next one");
         assert!(!r.check().0 && !r.is_ready());
+        r.set_stopping();
+        assert!(!r.is_ready(), "stopping: never ready, cached or not");
     }
 
     /// A ready replica whose broker has not answered for longer than `stale_after` stays ready

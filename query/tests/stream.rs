@@ -216,9 +216,7 @@ async fn a_query_past_its_deadline_times_out_and_the_stream_stays_open() {
         let m = m.clone();
         tokio::spawn(async move { m.ask(req(0, vec![1, 2], &[(0, 10)]), soon()).await })
     };
-    while m.in_flight() == 0 {
-        tokio::task::yield_now().await;
-    }
+    queued(&m, &first).await;
     let late = m.ask(req(0, vec![1], &[]), Instant::now() + Duration::from_millis(200)).await;
     assert_eq!(late, Err(MuxError::Timeout));
     status.publish(0, 10, 0);
@@ -228,6 +226,15 @@ async fn a_query_past_its_deadline_times_out_and_the_stream_stays_open() {
     let r = m.ask(req(0, vec![1, 2], &[]), soon()).await.expect("answered");
     assert_eq!(depth(&r), 2);
     assert_eq!((m.streams_opened(), m.in_flight()), (1, 0));
+}
+
+/// Waits until the query `task` asks is queued on `m`'s stream; fails if the task ended first
+/// (its send failed) instead of spinning.
+async fn queued<T>(m: &StreamMux, task: &tokio::task::JoinHandle<T>) {
+    while m.in_flight() == 0 {
+        assert!(!task.is_finished(), "the query ended before it was queued");
+        tokio::task::yield_now().await;
+    }
 }
 
 /// A server on a runtime of its own: shutting the runtime down drops every connection at once
@@ -272,9 +279,7 @@ async fn a_broken_stream_fails_pending_queries_and_the_next_query_reconnects() {
         let m = m.clone();
         tokio::spawn(async move { m.ask(req(0, vec![1], &[(0, 10)]), soon()).await })
     };
-    while m.in_flight() == 0 {
-        tokio::task::yield_now().await;
-    }
+    queued(&m, &pending).await;
     rt.shutdown_background();
     let e = pending.await.unwrap().expect_err("the stream broke");
     assert!(matches!(e, MuxError::Broken(_)) && e.is_retriable(), "{e:?}");

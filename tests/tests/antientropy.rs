@@ -146,13 +146,18 @@ async fn repair_under_ingest(backend: &KafkaBackend) {
             (token_of(&landed), seqs, round)
         })
     };
-    // Rounds published, counted: the waits below are on them, not on time.
+    // Rounds published, counted: the waits below are on them, not on time (bounded, so a
+    // feeder that stopped fails the test instead of hanging it).
     let rounds_past = |n: u64| {
         let rounds = rounds.clone();
         async move {
-            while rounds.load(Ordering::Acquire) < n {
+            for _ in 0..6000 {
+                if rounds.load(Ordering::Acquire) >= n {
+                    return;
+                }
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
+            panic!("the feeder never published round {n}");
         }
     };
     // Queries for a worker of another partition keep answering on b throughout.
@@ -180,9 +185,13 @@ async fn repair_under_ingest(backend: &KafkaBackend) {
     assert_eq!(rb.repaired, vec![q]);
     // Records go on arriving after the repair, and the other partition was answered meanwhile.
     rounds_past(rounds.load(Ordering::Acquire) + 2).await;
-    while answered.load(Ordering::Relaxed) == 0 {
+    for _ in 0..6000 {
+        if answered.load(Ordering::Relaxed) > 0 || querier.is_finished() {
+            break;
+        }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    assert!(answered.load(Ordering::Relaxed) > 0, "queries answered during the repair");
     stop.store(true, Ordering::Release);
     querier.join().unwrap();
     let (tok, mut seqs, round) = feeder.await.unwrap();

@@ -59,13 +59,25 @@ async fn halted_at(node: &ReplicaNode, offset: i64) {
     assert!(f[0].message.contains("testing: applying a record marked"), "{}", f[0].message);
 }
 
-/// The checkpoints in `dir` (read beside a running replica), each checked not to cover the record at (`FAILING`, `poison`).
-fn checkpoints_before(dir: &std::path::Path, poison: i64) -> Vec<u64> {
+/// The checkpoints in `dir` (read beside a running replica), each checked to hold the state
+/// of a moment before the failure: it does not cover the record at (`FAILING`, `poison`), nor
+/// any of the records at `later` (next offsets of records published once the failure was seen).
+/// A checkpoint the loop captured just before the failure may land after it is seen, so what
+/// a checkpoint covers tells a valid one from one of the failed state; their number does not.
+fn checkpoints_checked(dir: &std::path::Path, poison: i64, later: &[(u32, i64)]) -> Vec<u64> {
     let store = CheckpointStore::open_reader(&dir.join("checkpoints")).unwrap();
     let ids = store.ids();
     for &id in &ids {
-        let covered = store.meta(id).unwrap().offsets[FAILING as usize];
+        let offsets = store.meta(id).unwrap().offsets;
+        let covered = offsets[FAILING as usize];
         assert!(covered <= poison, "checkpoint {id} covers the failed record (next offset {covered})");
+        for &(p, next) in later {
+            let covered = offsets[p as usize];
+            assert!(
+                covered < next,
+                "checkpoint {id} was taken after the failure (partition {p} at {covered})"
+            );
+        }
     }
     ids
 }
@@ -101,9 +113,8 @@ async fn failed_apply(b: &KafkaBackend) {
     let poison =
         publisher.publish_raw(worker_for_partition(FAILING, P), marker.as_bytes(), None).await.unwrap();
     halted_at(&node, poison.offset).await;
-    let written = checkpoints_before(dir.path(), poison.offset);
     // Published once the failure is seen, so the state moves on after it and the loop comes
-    // due (a checkpoint it wrote before the failure cannot already cover these records).
+    // due; a checkpoint covering these records would be one of the failed state.
     let after = publish(&publisher, 2).await;
 
     // The other partition goes on; the failing one stays at the record.
@@ -130,12 +141,11 @@ async fn failed_apply(b: &KafkaBackend) {
     }
     let stopped = node.shutdown().await.unwrap();
     assert!(stopped.final_checkpoint.is_none(), "{}: a final checkpoint of a failed state", b.name);
-    let ids = checkpoints_before(dir.path(), poison.offset);
-    assert_eq!(ids, written, "{}: only checkpoints from before the failure", b.name);
+    let written = checkpoints_checked(dir.path(), poison.offset, &other);
 
     // Restarted: restores the newest of them, meets the record again, halts at it again. No
-    // loop here: it could write a checkpoint of the state before the record (valid, but a
-    // change this test would have to tell from one after the failure).
+    // loop here, so nothing at all is written: a checkpoint of the state before the record
+    // would be valid, but it would hide one written after the failure from the count below.
     let node = ReplicaNode::start(spec.clone(), opts(dir.path(), Duration::ZERO)).await.unwrap();
     let newest = *written.iter().max().expect("at least the one taken on demand");
     assert_eq!(node.source(), &StateSource::LocalCheckpoint(newest));
@@ -144,6 +154,6 @@ async fn failed_apply(b: &KafkaBackend) {
     assert!(!node.ready().0);
     assert_eq!(metric(&node, &failures), Some(1.0), "{}: counted once per run", b.name);
     node.shutdown().await.unwrap();
-    let ids = checkpoints_before(dir.path(), poison.offset);
-    assert_eq!(ids, written, "{}: still nothing written after the failure", b.name);
+    let ids = checkpoints_checked(dir.path(), poison.offset, &other);
+    assert_eq!(ids, written, "{}: nothing written after the failure", b.name);
 }

@@ -468,7 +468,8 @@ async fn client_fails_over_within_one_deadline() {
         }
         // Debug builds on a shared, loaded 2-core machine: a generous deadline (same mechanism
         // as 2 ms), so the live replica's half of it covers a new channel and an answer under
-        // load, and a second of slack on the timings below, still less than a second wait.
+        // load, and a second of slack on the timings below, still less than a whole second
+        // deadline spent on a hung endpoint.
         let deadline = Duration::from_secs(4);
         let slack = Duration::from_secs(1);
         let client =
@@ -529,7 +530,7 @@ async fn client_fails_over_within_one_deadline() {
 
 /// Gateway integration over gRPC: a candidate filter, gapped holders flagged and excludable,
 /// `ListWorkers` with the metadata of `WorkerAdded`, and a consistency token passed from one
-/// replica's answer to another replica unchanged answers at once (one unit: next offsets).
+/// replica's answer to another replica unchanged is reached there (one unit: next offsets).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn candidates_gaps_workers_and_token_round_trip() {
     use prefixlog_state::Lifecycle;

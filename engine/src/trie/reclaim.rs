@@ -10,7 +10,7 @@ use crate::runs::{CHILDREN, LIVE};
 impl Trie {
     /// Frees run `r` (dead, not the root): unlinks it, drops its blocks' exts, and returns its
     /// allocation to the parent run when contiguous with it, else to the allocator.
-    pub(super) fn free_run(&mut self, r: u32) {
+    fn free_run(&mut self, r: u32) {
         debug_assert!(r != ROOT && self.runs[r].dead());
         let (parent, first_local, start, len, cap) = {
             let run = &self.runs[r];
@@ -43,7 +43,7 @@ impl Trie {
     }
 
     /// Unbinds a block's ext and marks it free.
-    pub(super) fn drop_block(&mut self, b: u32) {
+    fn drop_block(&mut self, b: u32) {
         if let Some(e) = self.blocks.meta(b).ext() {
             let found = self.exts.remove(ext_hash(e), b);
             debug_assert!(found, "a bound ext is in the ext table");
@@ -84,7 +84,7 @@ impl Trie {
     /// record and a member list, and a match steps through them one by one. Block ids do not
     /// change (records, overrides and both tables refer to blocks, or to the runs kept), and
     /// answers, digests and dumps do not depend on where runs begin.
-    pub(super) fn merge_with_child(&mut self, x: u32) -> u32 {
+    fn merge_with_child(&mut self, x: u32) -> u32 {
         let xr = &self.runs[x];
         if x == ROOT || xr.children() != 1 || xr.first_child == NIL || xr.pins != 0 || xr.cap != xr.len {
             return x;
@@ -172,7 +172,7 @@ impl Trie {
     /// A run keeps some spare so that a chain evicted tail-first and stored again grows back
     /// in place, contiguous with it; kept whole, the spare of evicted long documents held
     /// 14% of the block arrays on the long peers shape.
-    pub(super) fn trim_spare(&mut self, r: u32) {
+    fn trim_spare(&mut self, r: u32) {
         let run = &mut self.runs[r];
         if run.cap - run.len > SPARE_KEPT {
             let keep = run.len + SPARE_KEPT;

@@ -228,8 +228,9 @@ impl EppExtension {
     }
 }
 
-/// Keeps the health services at the replica's readiness (checked as often as the query port's
-/// own health driver runs its checks).
+/// Keeps the health services at the replica's readiness, read every 50 ms as the query port's
+/// own health driver checks it ([`Readiness::is_ready`]: a not-ready verdict is evaluated
+/// again on each read).
 async fn report_health(
     reporter: prefixlog_query::tonic_health::server::HealthReporter,
     readiness: Arc<Readiness>,

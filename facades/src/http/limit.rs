@@ -68,12 +68,21 @@ pub fn in_flight_gauge(r: &Registry, protocol: &str) -> prometheus::Result<IntGa
 
 /// One place taken: counted in the gauge until dropped, with the permit it holds.
 struct Place {
-    _permit: tokio::sync::OwnedSemaphorePermit,
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
     in_flight: IntGauge,
 }
 
+impl Place {
+    fn take(permit: tokio::sync::OwnedSemaphorePermit, in_flight: &IntGauge) -> Self {
+        in_flight.inc();
+        Self { permit: Some(permit), in_flight: in_flight.clone() }
+    }
+}
+
 impl Drop for Place {
+    /// The permit first, then the gauge: the gauge never reads a place free that is not.
     fn drop(&mut self) {
+        drop(self.permit.take());
         self.in_flight.dec();
     }
 }
@@ -86,8 +95,7 @@ pub async fn limit(State(gate): State<Gate>, req: Request, next: Next) -> Respon
         let msg = "too many requests in flight on this indexer; retry later";
         return super::wire::json(StatusCode::TOO_MANY_REQUESTS, &ErrorBody { error: msg });
     };
-    gate.in_flight.inc();
-    let _place = Place { _permit: permit, in_flight: gate.in_flight.clone() };
+    let _place = Place::take(permit, &gate.in_flight);
     match tokio::time::timeout(gate.timeout, next.run(req)).await {
         Ok(response) => response,
         Err(_) => {
@@ -167,6 +175,39 @@ mod tests {
         assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::OK);
         assert_eq!(in_flight.get(), 0, "the place is given back");
         // The permit is back: the next request is served.
+        assert_eq!(app.oneshot(post_query()).await.unwrap().status(), StatusCode::OK);
+    }
+
+    /// A request dropped before its answer (the client went away, the connection closed) gives
+    /// its place back: the gauge reads 0 and the only place serves the next request.
+    #[tokio::test]
+    async fn a_request_dropped_midway_gives_its_place_back() {
+        let (gate, _, in_flight) =
+            gate(Limits { max_in_flight: 1, request_timeout: Duration::from_secs(3600) });
+        let (entered_tx, entered_rx) = oneshot::channel::<()>();
+        let entered = Arc::new(parking_lot::Mutex::new(Some(entered_tx)));
+        let app = Router::new()
+            .route(
+                "/query",
+                post(move || {
+                    let entered = entered.lock().take();
+                    async move {
+                        // The first request never finishes on its own; later ones pass.
+                        if let Some(entered) = entered {
+                            let _ = entered.send(());
+                            std::future::pending::<()>().await;
+                        }
+                        "ok"
+                    }
+                }),
+            )
+            .layer(axum::middleware::from_fn_with_state(gate, limit));
+        let first = tokio::spawn(app.clone().oneshot(post_query()));
+        entered_rx.await.unwrap();
+        assert_eq!(in_flight.get(), 1);
+        first.abort();
+        assert!(first.await.unwrap_err().is_cancelled());
+        assert_eq!(in_flight.get(), 0, "the dropped request's place is given back");
         assert_eq!(app.oneshot(post_query()).await.unwrap().status(), StatusCode::OK);
     }
 

@@ -36,9 +36,10 @@ pub async fn http(addr: SocketAddr, method: &str, path: &str, body: Option<Value
 }
 
 /// `request` once the replica is ready: readiness is a state, not a time, so it is asked until
-/// the answer is not 503 (bounded only by the test harness); that answer.
+/// the answer is not 503 (a bounded number of tries, so a replica that never gets ready fails
+/// the test instead of hanging it); that answer.
 pub async fn when_ready(addr: SocketAddr, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-    loop {
+    for _ in 0..2400 {
         let (code, v) = http(addr, method, path, body.clone()).await;
         if code != 503 {
             return (code, v);
@@ -46,6 +47,7 @@ pub async fn when_ready(addr: SocketAddr, method: &str, path: &str, body: Option
         assert!(v["error"].is_string(), "{v}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    panic!("{addr}: {method} {path} still answered 503 (not ready) after 2400 tries");
 }
 
 /// A replica of every partition of a fresh embedded broker serving the facade in `dialect`.
