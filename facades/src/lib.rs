@@ -39,9 +39,13 @@ pub mod writes;
 /// The encoded `FileDescriptorSet` of the upstream schemas this crate serves (reflection).
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/compat_descriptor.bin"));
 
-/// The storage tiers a facade's answers count: the GPU only. These protocols have no tiers, or
-/// carry them in fields not mapped yet (docs/compat), so a block offloaded to host memory or
-/// disk is never reported to their gateways as a GPU hit.
-pub(crate) fn gpu_tier_only() -> Vec<i32> {
-    vec![prefixlog_proto::v1::StorageTier::Gpu as i32]
+/// The storage tiers the answers of SMG, the endpoint picker and the Dynamo HTTP dialect
+/// count: the GPU only. These protocols have no tiers, or carry them in fields not mapped yet
+/// (docs/compat), so a block offloaded to host memory or disk is never reported to their
+/// gateways as a GPU hit.
+pub(crate) const GPU_ONLY: [prefixlog_engine::Tier; 1] = [prefixlog_engine::Tier::Gpu];
+
+/// `MatchRequest.tiers` counting `tiers`, in preference order.
+pub(crate) fn tier_codes(tiers: impl IntoIterator<Item = prefixlog_engine::Tier>) -> Vec<i32> {
+    tiers.into_iter().map(|t| t.code() as i32).collect()
 }

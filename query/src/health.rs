@@ -66,9 +66,10 @@ impl Readiness {
     /// `ready_lag`, a check between a write's ack and its apply would otherwise refuse the
     /// writer's next request though the write is applied. The verdict now is paid only on the
     /// not-ready path, and it is not stored: only [`Self::check`] (the driver's) moves the
-    /// cached verdict and the stale flag, so request threads never race it.
+    /// cached verdict and the stale flag, so request threads never race it. A stopping replica
+    /// is never ready, even on a check that began before the stop and stored its verdict after.
     pub fn is_ready(&self) -> bool {
-        self.last_ready.load(Ordering::Acquire) || self.ready().0
+        !self.is_stopping() && (self.last_ready.load(Ordering::Acquire) || self.ready().0)
     }
 
     /// Reports `name` in `grpc.health.v1` with the replica's readiness too (from the driver's

@@ -192,7 +192,7 @@ impl Picker {
 
     async fn ask_index(&self, ks: &KeyspaceId, ids: Vec<u32>, workers: Vec<u64>, blocks: usize) -> Answer {
         let req = MatchRequest {
-            tiers: crate::gpu_tier_only(),
+            tiers: crate::tier_codes(crate::GPU_ONLY),
             keyspace: Some(Keyspace {
                 model: ks.model.clone(),
                 block_size: ks.block_size,

@@ -137,8 +137,9 @@ mod tests {
         (Gate::new(limits, metrics.clone(), in_flight.clone()), metrics, in_flight)
     }
 
-    #[tokio::test]
-    async fn a_request_over_the_bound_is_refused_with_429_at_once() {
+    /// A router whose first request holds its place until `release` is sent (or its future is
+    /// dropped), after telling `entered`; later requests are answered at once. Bound of 1.
+    fn holding_app() -> (Router, IntGauge, FacadeMetrics, oneshot::Receiver<()>, oneshot::Sender<()>) {
         let (gate, metrics, in_flight) =
             gate(Limits { max_in_flight: 1, request_timeout: Duration::from_secs(3600) });
         let (entered_tx, entered_rx) = oneshot::channel::<()>();
@@ -150,7 +151,6 @@ mod tests {
                 post(move || {
                     let held = held.lock().take();
                     async move {
-                        // The first request holds its permit until released; later ones pass.
                         if let Some((entered, release)) = held {
                             let _ = entered.send(());
                             let _ = release.await;
@@ -160,9 +160,14 @@ mod tests {
                 }),
             )
             .layer(axum::middleware::from_fn_with_state(gate, limit));
+        (app, in_flight, metrics, entered_rx, release_tx)
+    }
 
+    #[tokio::test]
+    async fn a_request_over_the_bound_is_refused_with_429_at_once() {
+        let (app, in_flight, metrics, entered, release) = holding_app();
         let first = tokio::spawn(app.clone().oneshot(post_query()));
-        entered_rx.await.unwrap();
+        entered.await.unwrap();
         assert_eq!(in_flight.get(), 1, "the first request holds the only place");
         let second = app.clone().oneshot(post_query()).await.unwrap();
         assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS);
@@ -171,7 +176,7 @@ mod tests {
         assert!(v["error"].as_str().unwrap().contains("too many requests"), "{v}");
         assert_eq!(metrics.requests_of("query", tonic::Code::ResourceExhausted), 1);
 
-        release_tx.send(()).unwrap();
+        release.send(()).unwrap();
         assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::OK);
         assert_eq!(in_flight.get(), 0, "the place is given back");
         // The permit is back: the next request is served.
@@ -182,28 +187,9 @@ mod tests {
     /// its place back: the gauge reads 0 and the only place serves the next request.
     #[tokio::test]
     async fn a_request_dropped_midway_gives_its_place_back() {
-        let (gate, _, in_flight) =
-            gate(Limits { max_in_flight: 1, request_timeout: Duration::from_secs(3600) });
-        let (entered_tx, entered_rx) = oneshot::channel::<()>();
-        let entered = Arc::new(parking_lot::Mutex::new(Some(entered_tx)));
-        let app = Router::new()
-            .route(
-                "/query",
-                post(move || {
-                    let entered = entered.lock().take();
-                    async move {
-                        // The first request never finishes on its own; later ones pass.
-                        if let Some(entered) = entered {
-                            let _ = entered.send(());
-                            std::future::pending::<()>().await;
-                        }
-                        "ok"
-                    }
-                }),
-            )
-            .layer(axum::middleware::from_fn_with_state(gate, limit));
+        let (app, in_flight, _, entered, _release) = holding_app();
         let first = tokio::spawn(app.clone().oneshot(post_query()));
-        entered_rx.await.unwrap();
+        entered.await.unwrap();
         assert_eq!(in_flight.get(), 1);
         first.abort();
         assert!(first.await.unwrap_err().is_cancelled());

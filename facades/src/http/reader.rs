@@ -150,7 +150,7 @@ impl Reader {
             Prompt::Hashes(_) => ask.blocks,
         };
         let skip = whole_blocks == 0;
-        let depths = if skip { Vec::new() } else { self.depths(&ks, ask.prompt, &[Tier::Gpu]).await? };
+        let depths = if skip { Vec::new() } else { self.depths(&ks, ask.prompt, &crate::GPU_ONLY).await? };
         let depths: Vec<(Holder, u32)> = depths.into_iter().map(|(h, d)| (h, d.any)).collect();
         let group = ask.group;
         let in_group = |_, m: Meta| {
@@ -158,7 +158,7 @@ impl Reader {
             (g == group).then_some(())
         };
         let holders: Vec<Holder> =
-            self.holders_labelled(&ks, &[Tier::Gpu], in_group).into_iter().map(|(h, ())| h).collect();
+            self.holders_labelled(&ks, &crate::GPU_ONLY, in_group).into_iter().map(|(h, ())| h).collect();
         Ok(score_response(&holders, &depths, ks.block_size))
     }
 
@@ -225,7 +225,7 @@ impl Reader {
         tiers: &[Tier],
     ) -> Result<Vec<(Holder, MediaDepths)>, QueryError> {
         let req = MatchRequest {
-            tiers: tiers.iter().map(|t| t.code() as i32).collect(),
+            tiers: crate::tier_codes(tiers.iter().copied()),
             keyspace: Some(Keyspace {
                 model: ks.model.clone(),
                 block_size: ks.block_size,

@@ -57,7 +57,7 @@ pub type Holder = (u64, u32);
 
 /// The score response of `holders` (each listed, with 0 unless matched) given each matched
 /// holder's contiguous depth in blocks. Depths of holders not listed are dropped (another
-/// routing group). This facade asks for the GPU tier only (`crate::gpu_tier_only`), so `cpu`
+/// routing group). This dialect asks for the GPU tier only (`crate::GPU_ONLY`), so `cpu`
 /// and `disk`, which upstream defines as cumulative over `gpu`, equal `gpu`: never more than
 /// what was asked.
 pub fn score_response(holders: &[Holder], depths: &[(Holder, u32)], block_size: u32) -> ScoreResponse {

@@ -11,8 +11,9 @@
 //! | REPORT with a non-zero component mask | skipped, reason `components_unsupported` |
 //!
 //! A clear empties every tier because a log record has no one-tier clear. Clearing more than
-//! was cleared only under-matches until the engine reports again, and the sgl bridge clears
-//! every tier at once anyway (its default `KV_INDEXER_CLEAR_TIERS`). Skipping never
+//! was cleared only under-matches: the worker's other tiers count nothing until their blocks
+//! are stored again. The sgl bridge clears every tier at once anyway (its default
+//! `KV_INDEXER_CLEAR_TIERS`). Skipping never
 //! overcounts either: a block not stored is only ever under-matched. A REPORT with component
 //! masks (hybrid SWA/Mamba models) is skipped because crediting its FULL blocks alone would
 //! ignore the reuse rules of its other components.

@@ -208,7 +208,7 @@ impl Reader {
         }
         let ks = &self.keyspace;
         let req = MatchRequest {
-            tiers: tiers.iter().map(|&(_, t)| t.code() as i32).collect(),
+            tiers: crate::tier_codes(tiers.iter().map(|&(_, t)| t)),
             keyspace: Some(Keyspace {
                 model: ks.model.clone(),
                 block_size: ks.block_size,

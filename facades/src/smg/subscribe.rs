@@ -104,7 +104,7 @@ async fn ask(query: &QueryService, q: &Query) -> Result<Option<MatchResponse>, &
     // Longer than the replica's limit: cut (depths can only come out shorter).
     let n = q.content_hashes.len().min(query.config().max_blocks);
     let req = MatchRequest {
-        tiers: crate::gpu_tier_only(),
+        tiers: crate::tier_codes(crate::GPU_ONLY),
         keyspace: Some(Keyspace { model: ks.model, block_size: ks.block_size, hash_scheme: ks.scheme }),
         prompt: Some(Prompt::Hashes(BlockHashes { local: q.content_hashes[..n].to_vec() })),
         intervals: true,
