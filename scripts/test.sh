@@ -76,4 +76,10 @@ else
 fi
 echo "==> python client (venv, stubs from proto/, pytest against a live replica)"
 bash python/run_tests.sh
+# Other projects' released code (tests/upstream/pins.txt) against the bridge and the facades:
+# the engines' own publishers and hashes, the real Dynamo indexer, the peers' published schemas.
+echo "==> upstream leg (tests/upstream: released vLLM, SGLang, Dynamo, Envoy, SMG, LMCache code)"
+leg_start=$(date +%s)
+bash tests/upstream/run.sh
+echo "==> upstream leg finished in $(( $(date +%s) - leg_start ))s"
 echo "==> test suite finished in $(( $(date +%s) - start ))s"
