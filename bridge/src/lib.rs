@@ -7,10 +7,13 @@
 //! and every engine message becomes one `KvEventBatch` record
 //! published through the [`prefixlog_ingest::Publisher`], keyed by worker.
 //!
-//! - Gaps: when a replay endpoint is configured the missed messages are requested from the
-//!   engine's ROUTER socket and applied in order before the message that revealed the gap;
-//!   otherwise (or if the replay fails or does not reach back far enough) the next record is
-//!   published with `gap_before`, and replicas mark the holder gapped.
+//! - Gaps (a bridge joining a running engine included): when a replay endpoint is configured
+//!   the missed messages are requested from the engine's ROUTER socket and applied in order
+//!   before the message that revealed the gap; where replay cannot cover it (none configured,
+//!   a failed replay, a buffer that no longer reaches back), the worker's state is cleared
+//!   through the log — a new epoch — and the stream starts over at the first message it has.
+//!   A message whose events cannot all be read (undecodable, an unknown event type) does the
+//!   same. The worker is never left gapped and never credited with what may be gone.
 //! - Restarts: a sequence number that goes back starts a new epoch (replicas clear the
 //!   holder); so does, with a replay socket, a replayed copy of the last handled message that
 //!   differs from it (an engine that restarted and got past the old sequence number unseen).
@@ -91,8 +94,11 @@ pub struct BridgeOptions {
     pub start_epoch: u64,
     /// Re-subscribe after this long without a message.
     pub idle_reconnect: Duration,
-    /// Give up a replay request after this long (then publish the gap).
+    /// Give up a replay request after this long (then start the stream over).
     pub replay_timeout: Duration,
+    /// Most bytes one replay answer may bring (frames of every message together); past it the
+    /// replay fails and the stream starts over.
+    pub max_replay_bytes: usize,
     /// Log the counters this often (zero: never).
     pub log_interval: Duration,
     /// Records per engine handed to the producer and not yet acknowledged; publishing waits
@@ -114,6 +120,7 @@ impl BridgeOptions {
             start_epoch: now_ms(),
             idle_reconnect: Duration::from_secs(30),
             replay_timeout: Duration::from_secs(5),
+            max_replay_bytes: 256 << 20,
             log_interval: Duration::from_secs(60),
             publish_window: 256,
             worker_metadata: Default::default(),
@@ -136,9 +143,6 @@ pub struct EngineBridge {
     publisher: Publisher,
     metrics: Arc<BridgeMetrics>,
     session: Session,
-    /// The previous message lost an event after an all-cleared event of the same message: the
-    /// all-cleared must not resynchronise past that loss, so the next record carries the gap.
-    gap_pending: bool,
     /// Records handed to the producer, awaited in order by the acker task.
     acks: Option<mpsc::Sender<InFlight>>,
     acker: Option<tokio::task::JoinHandle<()>>,
@@ -148,6 +152,10 @@ pub struct EngineBridge {
     stream: String,
     /// The feed rank this stream holds (checked against `feeds` only when it changes).
     claimed: Option<u32>,
+    /// Re-subscribed since the last message: the engine may have restarted meanwhile, and its
+    /// new numbering may line up with ours (no gap, no sequence going back); the next message
+    /// is checked against the replay socket ([`Self::probe_restart`]).
+    resubscribed: bool,
     /// The dp rank of this stream's last decoded batch: where a message that cannot be decoded
     /// (and so names no rank) publishes its gap, the feed it would have gone to.
     last_dp: Option<u32>,
@@ -195,12 +203,12 @@ impl EngineBridge {
             publisher,
             metrics,
             session,
-            gap_pending: false,
             acks: Some(tx),
             acker: Some(acker),
             feeds: Arc::default(),
             stream,
             claimed: None,
+            resubscribed: false,
             last_dp: None,
         }
     }
@@ -263,6 +271,7 @@ impl EngineBridge {
                 first_connect = false;
             } else {
                 tracing::debug!(endpoint = %self.spec.endpoint, worker = self.spec.worker, "bridge: re-subscribing");
+                self.resubscribed = true;
             }
             loop {
                 if !self.opts.log_interval.is_zero() && last_log.elapsed() >= self.opts.log_interval {
@@ -371,45 +380,115 @@ impl EngineBridge {
             }
         };
         if let Some(from) = from {
+            self.fill_gap(from, seq).await;
+        } else if std::mem::take(&mut self.resubscribed) {
+            self.probe_restart(seq).await;
+        }
+        self.process(seq, payload).await;
+    }
+
+    /// The first message after a re-subscription arrived in order: asks the replay socket for
+    /// the last message handled and compares it, so an engine that restarted while the bridge
+    /// was away and has already numbered up to ours is still told ([`Self::replay_gap`]).
+    /// Without a replay socket such a restart is only told by a gap or a sequence going back.
+    async fn probe_restart(&mut self, seq: u64) {
+        let (Some(ep), Some(last)) = (self.spec.replay_endpoint.clone(), self.session.last_seq()) else {
+            return;
+        };
+        let epoch = self.session.epoch();
+        let items = self.replay_gap(&ep, last, seq).await;
+        if self.session.epoch() != epoch {
+            // Restarted: the new lifetime's messages before `seq` come from the replay.
             BridgeMetrics::inc(&self.metrics.gaps);
-            if let Some(ep) = self.spec.replay_endpoint.clone() {
-                // Ask from the last message already handled, not the first missing one: if the
-                // engine's copy of it differs, the engine restarted meanwhile (and has already
-                // published past our last seq, so the sequence did not go back).
-                let probe = self.session.last_seq();
-                let mut items = self.replay(&ep, probe.unwrap_or(from)).await;
-                if let (Some(l), Some((s0, p0))) = (probe, items.first()) {
-                    let seen = self.session.digest_of(l);
-                    if *s0 == l && seen.is_some() && seen != Some(payload_digest(p0)) {
-                        BridgeMetrics::inc(&self.metrics.epochs);
-                        tracing::info!(
-                            worker = self.spec.worker,
-                            seq,
-                            new_epoch = self.session.epoch() + 1,
-                            "bridge: engine restarted (replayed seq {l} differs), new epoch"
-                        );
-                        self.session.restart();
-                        items = self.replay(&ep, 0).await;
-                    }
-                }
-                for (s, p) in items {
-                    if s < self.session.expected() || s >= seq {
-                        continue;
-                    }
-                    BridgeMetrics::inc(&self.metrics.messages_received);
-                    BridgeMetrics::inc(&self.metrics.replayed_batches);
-                    let gap = s != self.session.expected();
-                    self.process(s, &p, gap).await;
-                }
+            self.apply_replayed(items, seq).await;
+            if self.session.expected() != seq {
+                self.reset(seq, "the restarted engine's replay did not reach its first message");
             }
         }
-        let gap = seq != self.session.expected();
-        self.process(seq, payload, gap).await;
+    }
+
+    /// Messages `from..seq` are missing: asks the engine's replay socket for them and processes
+    /// what it returns in order. Where replay cannot cover the gap (no replay socket, a failed
+    /// replay, a buffer that no longer reaches back, a hole in what it returns), the worker's
+    /// state is cleared through the log and the stream starts over at the first message it has
+    /// ([`Session::reset_at`]): a removal lost in the gap can never leave a block credited, and
+    /// the worker is never left gapped.
+    async fn fill_gap(&mut self, from: u64, seq: u64) {
+        BridgeMetrics::inc(&self.metrics.gaps);
+        if let Some(ep) = self.spec.replay_endpoint.clone() {
+            let items = self.replay_gap(&ep, from, seq).await;
+            self.apply_replayed(items, seq).await;
+        }
+        if self.session.expected() != seq {
+            let why = if self.spec.replay_endpoint.is_some() {
+                "the replay did not fill the gap"
+            } else {
+                "no replay endpoint to fill the gap"
+            };
+            self.reset(seq, why);
+        }
+    }
+
+    /// Processes the replayed messages the session expects, up to (not including) `seq`; a hole
+    /// in them starts the stream over at the message after it.
+    async fn apply_replayed(&mut self, items: Replayed, seq: u64) {
+        for (s, p) in items {
+            if s < self.session.expected() || s >= seq {
+                continue;
+            }
+            if s != self.session.expected() {
+                self.reset(s, "the replay does not reach back to the gap's start");
+            }
+            BridgeMetrics::inc(&self.metrics.messages_received);
+            BridgeMetrics::inc(&self.metrics.replayed_batches);
+            self.process(s, &p).await;
+        }
+    }
+
+    /// Asks for the gap from the last message already handled, not the first missing one: if
+    /// the engine's copy of it differs, the engine restarted meanwhile (and has already published
+    /// past our last seq, so the sequence did not go back): a new epoch, replayed from 0.
+    async fn replay_gap(&mut self, endpoint: &str, from: u64, seq: u64) -> Replayed {
+        let probe = self.session.last_seq();
+        let mut items = self.replay(endpoint, probe.unwrap_or(from)).await;
+        if let (Some(l), Some((s0, p0))) = (probe, items.first()) {
+            let seen = self.session.digest_of(l);
+            if *s0 == l && seen.is_some() && seen != Some(payload_digest(p0)) {
+                BridgeMetrics::inc(&self.metrics.epochs);
+                tracing::info!(
+                    worker = self.spec.worker,
+                    seq,
+                    new_epoch = self.session.epoch() + 1,
+                    "bridge: engine restarted (replayed seq {l} differs), new epoch"
+                );
+                self.session.restart();
+                items = self.replay(endpoint, 0).await;
+            }
+        }
+        items
+    }
+
+    /// Starts the stream over at message `seq` in a new epoch (see [`Self::fill_gap`]).
+    fn reset(&mut self, seq: u64, why: &str) {
+        BridgeMetrics::inc(&self.metrics.resets_gap);
+        tracing::warn!(
+            worker = self.spec.worker,
+            expected = self.session.expected(),
+            seq,
+            new_epoch = self.session.epoch() + 1,
+            "bridge: {why}; clearing the worker's state through the log (new epoch) and starting over at seq {seq}"
+        );
+        self.session.reset_at(seq);
     }
 
     /// One replay request; a failure is counted and logged, and gives nothing.
     async fn replay(&self, endpoint: &str, start: u64) -> Replayed {
-        match request_replay(endpoint, start, self.opts.replay_timeout).await {
+        let limits = replay::ReplayLimits {
+            timeout: self.opts.replay_timeout,
+            max_bytes: self.opts.max_replay_bytes,
+            topic: self.spec.topic.as_bytes().to_vec(),
+        };
+        match request_replay(endpoint, start, &limits).await {
             Ok(items) => {
                 BridgeMetrics::inc(&self.metrics.replays_ok);
                 items
@@ -422,35 +501,40 @@ impl EngineBridge {
         }
     }
 
-    /// Decodes, translates and publishes message `seq` (the next one of the session).
-    async fn process(&mut self, seq: u64, payload: &[u8], gap_before: bool) {
+    /// Decodes, translates and publishes message `seq` (the next one of the session). A message
+    /// whose events could not all be read (undecodable, an unknown event type, a malformed event:
+    /// any of them may have been a removal) starts a new epoch and is published as its first,
+    /// empty record, which clears the worker's feed on every replica.
+    async fn process(&mut self, seq: u64, payload: &[u8]) {
         let m = self.metrics.clone();
+        let digest = payload_digest(payload);
         let (batch, undecodable) = match wire::decode_batch(payload) {
             Ok(b) => (b, false),
             Err(e) => {
-                // Published as an empty record flagged `gap_before`: its events are lost, and
-                // any of them may have been a removal.
                 BridgeMetrics::inc(&m.messages_undecodable);
                 tracing::warn!(
                     worker = self.spec.worker,
                     seq,
                     reason = e.as_str(),
-                    "bridge: undecodable payload (published as a gap)"
+                    "bridge: undecodable payload"
                 );
-                (wire::Batch { ts: 0.0, dp_rank: None, events: Vec::new(), ignored_fields: 0 }, true)
+                (wire::Batch::default(), true)
             }
         };
-        let accepted = self.session.accept(seq, payload_digest(payload), &batch, &m);
-        let lost = undecodable || accepted.lost;
-        let ops = accepted.ops;
-        let gap_before = gap_before || lost || std::mem::take(&mut self.gap_pending);
-        if lost && ops.iter().any(|o| matches!(o, KvOp::Cleared { .. })) {
-            self.gap_pending = true;
-        }
-        if gap_before {
-            BridgeMetrics::inc(&m.gaps_published);
-            tracing::warn!(worker = self.spec.worker, seq, "bridge: publishing a sequence gap");
-        }
+        let accepted = self.session.accept(seq, digest, &batch, &m);
+        let ops = if undecodable || accepted.lost {
+            BridgeMetrics::inc(&m.resets_lost);
+            tracing::warn!(
+                worker = self.spec.worker,
+                seq,
+                new_epoch = self.session.epoch() + 1,
+                "bridge: a message's events could not all be read (any might have been a removal); clearing the worker's state through the log (new epoch) and starting over"
+            );
+            self.session.reset_after(seq, digest);
+            Vec::new()
+        } else {
+            accepted.ops
+        };
         let blocks: usize = ops
             .iter()
             .map(|o| match o {
@@ -506,20 +590,13 @@ impl EngineBridge {
             return;
         }
         let lanes = self.session.take_pending_lanes();
-        self.publish(dp, seq, gap_before, &ops, lanes).await;
+        self.publish(dp, seq, &ops, lanes).await;
     }
 
     /// Hands the record to the producer now (records enter the partition queue in seq order)
     /// and queues its acknowledgement for the acker; waits only when `publish_window` records
     /// are unacknowledged.
-    async fn publish(
-        &self,
-        dp: u32,
-        seq: u64,
-        gap_before: bool,
-        ops: &[KvOp],
-        lanes: Vec<prefixlog_state::LaneMeta>,
-    ) {
+    async fn publish(&self, dp: u32, seq: u64, ops: &[KvOp], lanes: Vec<prefixlog_state::LaneMeta>) {
         let (p, ks, worker, epoch, owned) = (
             self.publisher.clone(),
             self.opts.keyspace.clone(),
@@ -531,7 +608,9 @@ impl EngineBridge {
         // clock would move the partition's log time for every worker on it.
         let mut ack: Pending = Box::pin(async move {
             let (events, lanes) = (&owned[..], &lanes[..]);
-            let batch = KvBatch { keyspace: &ks, worker, dp_rank: dp, epoch, seq, gap_before, events, lanes };
+            // `gap_before` stays false: a gap is filled by replay or starts a new epoch.
+            let batch =
+                KvBatch { keyspace: &ks, worker, dp_rank: dp, epoch, seq, gap_before: false, events, lanes };
             p.publish_kv_batch(&batch, None).await
         });
         // The first poll runs `FutureProducer::send` up to the enqueue (synchronous), so the

@@ -34,10 +34,22 @@ pub enum Refusal {
     /// do not match the event's `lora_name`. (LoRA names, multimodal identifiers and the cache
     /// salt are indexed: `scheme::block_hashes_with`.)
     ExtraKeys,
+    /// `lookahead_token_ids` that are not one token list per block, all as long (a gateway asks
+    /// with one lookahead count).
+    Lookahead,
+    /// A top-level `cache_salt` (SGLang) that is not a string, or differs from the salt its
+    /// parent block was stored under.
+    Salt,
+    /// Blocks that are not the worker's own primary copy: vLLM's `locality` other than `LOCAL`
+    /// (a remote store relative to the publisher) or an `ownership` (a secondary offloading
+    /// tier). Their removals are skipped too (counted here): the bridge never credited them.
+    Residency,
+    /// A field this bridge does not know, with a value: it may change what the block is.
+    UnknownField,
 }
 
 impl Refusal {
-    pub const ALL: [Refusal; 7] = [
+    pub const ALL: [Refusal; 11] = [
         Refusal::TokenCount,
         Refusal::Tokens,
         Refusal::UnknownParent,
@@ -45,6 +57,10 @@ impl Refusal {
         Refusal::Malformed,
         Refusal::Namespaced,
         Refusal::ExtraKeys,
+        Refusal::Lookahead,
+        Refusal::Salt,
+        Refusal::Residency,
+        Refusal::UnknownField,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -56,6 +72,10 @@ impl Refusal {
             Refusal::Malformed => "malformed",
             Refusal::Namespaced => "namespaced",
             Refusal::ExtraKeys => "extra_keys",
+            Refusal::Lookahead => "lookahead",
+            Refusal::Salt => "cache_salt",
+            Refusal::Residency => "residency",
+            Refusal::UnknownField => "unknown_field",
         }
     }
 }
@@ -83,10 +103,18 @@ pub struct BridgeMetrics {
     pub refused_malformed: AtomicU64,
     pub refused_namespaced: AtomicU64,
     pub refused_extra_keys: AtomicU64,
+    pub refused_lookahead: AtomicU64,
+    pub refused_salt: AtomicU64,
+    pub refused_residency: AtomicU64,
+    pub refused_unknown_field: AtomicU64,
     /// Sequence gaps detected.
     pub gaps: AtomicU64,
-    /// Gaps that could not be filled and were published (`gap_before`).
-    pub gaps_published: AtomicU64,
+    /// Gaps replay could not fill (no replay socket, a failed replay, a buffer that does not
+    /// reach back): the worker's state was cleared through the log (a new epoch).
+    pub resets_gap: AtomicU64,
+    /// Messages whose events could not all be read (undecodable, an unknown event type, a
+    /// malformed event — any might have been a removal): the worker's state was cleared.
+    pub resets_lost: AtomicU64,
     /// Replay requests answered (end marker received).
     pub replays_ok: AtomicU64,
     /// Replay requests that failed or timed out.
@@ -127,8 +155,13 @@ impl Default for BridgeMetrics {
             refused_malformed: z(),
             refused_namespaced: z(),
             refused_extra_keys: z(),
+            refused_lookahead: z(),
+            refused_salt: z(),
+            refused_residency: z(),
+            refused_unknown_field: z(),
             gaps: z(),
-            gaps_published: z(),
+            resets_gap: z(),
+            resets_lost: z(),
             replays_ok: z(),
             replays_failed: z(),
             replayed_batches: z(),
@@ -163,6 +196,10 @@ impl BridgeMetrics {
             Refusal::Malformed => &self.refused_malformed,
             Refusal::Namespaced => &self.refused_namespaced,
             Refusal::ExtraKeys => &self.refused_extra_keys,
+            Refusal::Lookahead => &self.refused_lookahead,
+            Refusal::Salt => &self.refused_salt,
+            Refusal::Residency => &self.refused_residency,
+            Refusal::UnknownField => &self.refused_unknown_field,
         }
     }
 
@@ -196,8 +233,13 @@ impl BridgeMetrics {
             ("refused_malformed", g(&self.refused_malformed)),
             ("refused_namespaced", g(&self.refused_namespaced)),
             ("refused_extra_keys", g(&self.refused_extra_keys)),
+            ("refused_lookahead", g(&self.refused_lookahead)),
+            ("refused_salt", g(&self.refused_salt)),
+            ("refused_residency", g(&self.refused_residency)),
+            ("refused_unknown_field", g(&self.refused_unknown_field)),
             ("gaps", g(&self.gaps)),
-            ("gaps_published", g(&self.gaps_published)),
+            ("resets_gap", g(&self.resets_gap)),
+            ("resets_lost", g(&self.resets_lost)),
             ("replays_ok", g(&self.replays_ok)),
             ("replays_failed", g(&self.replays_failed)),
             ("replayed_batches", g(&self.replayed_batches)),
@@ -223,7 +265,7 @@ type ExportedAs = (&'static str, &'static str, Option<(&'static str, &'static st
 /// `prefixlog_bridge_` and `_total`) and, for families that split one measurement, the
 /// `reason` or `outcome` label value it stands for. One measurement is one family, so
 /// `sum by (reason)` and `sum without (reason)` mean something.
-const EXPORTED: [ExportedAs; 25] = [
+const EXPORTED: [ExportedAs; 30] = [
     ("messages_received", "messages_received", None),
     ("messages_undecodable", "messages_skipped", Some(("reason", "undecodable"))),
     ("messages_duplicate", "messages_skipped", Some(("reason", "duplicate"))),
@@ -238,8 +280,13 @@ const EXPORTED: [ExportedAs; 25] = [
     ("refused_malformed", "events_refused", Some(("reason", "malformed"))),
     ("refused_namespaced", "events_refused", Some(("reason", "namespaced"))),
     ("refused_extra_keys", "events_refused", Some(("reason", "extra_keys"))),
+    ("refused_lookahead", "events_refused", Some(("reason", "lookahead"))),
+    ("refused_salt", "events_refused", Some(("reason", "cache_salt"))),
+    ("refused_residency", "events_refused", Some(("reason", "residency"))),
+    ("refused_unknown_field", "events_refused", Some(("reason", "unknown_field"))),
     ("gaps", "gaps", None),
-    ("gaps_published", "gaps_published", None),
+    ("resets_gap", "resets", Some(("reason", "gap"))),
+    ("resets_lost", "resets", Some(("reason", "lost"))),
     ("replays_ok", "replays", Some(("outcome", "ok"))),
     ("replays_failed", "replays", Some(("outcome", "failed"))),
     ("replayed_batches", "replayed_batches", None),
@@ -264,9 +311,15 @@ fn help(family: &str) -> &'static str {
         "events_refused" => {
             "Events not indexed, by reason (unknown_type: an event type this build does not know)"
         }
-        "fields_ignored" => "Unknown batch and event fields ignored",
+        "fields_ignored" => {
+            "Unknown batch and event fields (a stored event with one is refused as unknown_field)"
+        }
         "gaps" => "Sequence gaps detected in the engine's stream",
-        "gaps_published" => "Records published with gap_before (replicas mark the holder gapped)",
+        "resets" => {
+            "Times the worker's state was cleared through the log (a new epoch) and the stream \
+             started over, by reason: gap (replay could not fill a sequence gap) or lost (a \
+             message whose events could not all be read)"
+        }
         "replays" => "Replay requests to the engine's replay socket, by outcome",
         "replayed_batches" => "Messages recovered through replay",
         "epochs" => "New epochs started (engine restarts)",
@@ -405,7 +458,7 @@ mod tests {
         collector.add(7, "tcp://h:5557", m);
         let families = registry.gather();
         let refused = families.iter().find(|f| f.name() == "prefixlog_bridge_events_refused_total").unwrap();
-        assert_eq!(refused.get_metric().len(), 8, "one series per reason, zeros included");
+        assert_eq!(refused.get_metric().len(), 12, "one series per reason, zeros included");
         let medium = refused
             .get_metric()
             .iter()
@@ -415,5 +468,7 @@ mod tests {
         let batches = families.iter().find(|f| f.name() == "prefixlog_bridge_batches_total").unwrap();
         assert_eq!(batches.get_metric().len(), 3);
         assert_eq!(families.len(), 15, "{:?}", families.iter().map(|f| f.name()).collect::<Vec<_>>());
+        let resets = families.iter().find(|f| f.name() == "prefixlog_bridge_resets_total").unwrap();
+        assert_eq!(resets.get_metric().len(), 2, "gap and lost");
     }
 }

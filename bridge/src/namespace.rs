@@ -1,18 +1,21 @@
-//! What a stored block's vLLM `extra_keys` become in the canonical hash.
+//! What a stored block's vLLM `extra_keys` (and lookahead tokens) become in the canonical hash.
 //!
 //! vLLM builds one tuple per block (`generate_block_hash_extra_keys`, in this order): the LoRA
-//! adapter's name (every block of a LoRA request), the multimodal identifiers of the inputs
-//! overlapping the block (strings; older versions `(identifier, offset)` pairs), the
-//! `cache_salt` (the prompt's first block only), and prompt-embeds hashes (bytes). The bridge
-//! keeps the LoRA name as the chain's namespace and every other string of a block as that
-//! block's keys (`prefixlog_engine::scheme::keyed_block_hash`). The salt needs no telling
-//! apart from an identifier: the scheme folds it in as a key of block 0, which is where vLLM
-//! puts it. What a gateway could not supply in a documented way is refused
-//! ([`Refusal::ExtraKeys`]): prompt-embeds bytes, elements of another shape, a list that is not
-//! one entry per block.
+//! adapter's name (every block of a LoRA request), the multimodal inputs overlapping the block
+//! (vLLM 0.34: `(identifier, offset)` pairs, the offset of the input's placeholder from the
+//! block's first token; some older versions: bare identifier strings), the `cache_salt` (the
+//! prompt's first block only), and prompt-embeds hashes (bytes). The bridge keeps the LoRA name
+//! as the chain's namespace and every other element as one of the block's keys
+//! (`prefixlog_engine::scheme::BlockKey`): a string as text, a pair as `MmAt` (identifier *and*
+//! offset: the same image at two offsets is two blocks, as vLLM hashes it). The salt needs no
+//! telling apart from an identifier: the scheme folds it in as a key of block 0, which is where
+//! vLLM puts it. A block's `lookahead_token_ids` become its `Lookahead` key. What a gateway
+//! could not supply in a documented way is refused ([`Refusal::ExtraKeys`]): prompt-embeds
+//! bytes, elements of another shape, a list that is not one entry per block.
 
 use super::metrics::Refusal;
-use super::wire::{ExtraKey, ExtraKeys};
+use super::wire::{ExtraKey, ExtraKeys, Lookahead};
+use prefixlog_engine::scheme::OwnedBlockKey;
 
 /// Each block's keys (LoRA name removed), one entry per block of the event.
 pub fn block_keys(
@@ -20,7 +23,7 @@ pub fn block_keys(
     lora_name: Option<&str>,
     lora_id: Option<i64>,
     blocks: usize,
-) -> Result<Vec<Vec<String>>, Refusal> {
+) -> Result<Vec<Vec<OwnedBlockKey>>, Refusal> {
     // vLLM sends lora_id 0 or nil for the base model; an adapter given only by integer id
     // (older vLLM) names nothing a gateway can hash with.
     if lora_name.is_none() && lora_id.is_some_and(|id| id != 0) {
@@ -35,8 +38,26 @@ pub fn block_keys(
     entries.iter().map(|e| entry_keys(e.as_deref().unwrap_or_default(), lora_name)).collect()
 }
 
+/// Adds each block's lookahead tokens to its keys. Every block must name tokens, all as many
+/// (a gateway asks with one lookahead count); anything else is refused.
+pub fn add_lookahead(keys: &mut [Vec<OwnedBlockKey>], lookahead: &Lookahead) -> Result<(), Refusal> {
+    let lists = match lookahead {
+        Lookahead::Absent => return Ok(()),
+        Lookahead::Unparsed => return Err(Refusal::Lookahead),
+        Lookahead::Blocks(l) => l,
+    };
+    let Some(first) = lists.first() else { return Err(Refusal::Lookahead) };
+    if lists.len() != keys.len() || first.is_empty() || lists.iter().any(|l| l.len() != first.len()) {
+        return Err(Refusal::Lookahead);
+    }
+    for (k, l) in keys.iter_mut().zip(lists) {
+        k.push(OwnedBlockKey::Lookahead(l.clone()));
+    }
+    Ok(())
+}
+
 /// One block's keys: its tuple without the leading LoRA name, every element an identifier.
-fn entry_keys(tuple: &[ExtraKey], lora_name: Option<&str>) -> Result<Vec<String>, Refusal> {
+fn entry_keys(tuple: &[ExtraKey], lora_name: Option<&str>) -> Result<Vec<OwnedBlockKey>, Refusal> {
     let rest = match (lora_name, tuple) {
         (None, _) | (Some(_), []) => tuple,
         (Some(name), [ExtraKey::Text(first), rest @ ..]) if first == name => rest,
@@ -45,7 +66,8 @@ fn entry_keys(tuple: &[ExtraKey], lora_name: Option<&str>) -> Result<Vec<String>
     };
     rest.iter()
         .map(|k| match k {
-            ExtraKey::Text(s) | ExtraKey::TextAt(s, _) => Ok(s.clone()),
+            ExtraKey::Text(s) => Ok(OwnedBlockKey::Text(s.clone())),
+            ExtraKey::TextAt(s, offset) => Ok(OwnedBlockKey::MmAt { id: s.clone(), offset: *offset }),
             ExtraKey::Bytes(_) | ExtraKey::Other => Err(Refusal::ExtraKeys),
         })
         .collect()
@@ -61,17 +83,18 @@ pub fn chain_from(seed: u64, tokens: &[u32], block_size: usize) -> Vec<u64> {
 
 /// The local hashes of a stored run of blocks continuing from `seed`, block `i` keyed by
 /// `keys[i]`. Without keys this is the plain chain ([`chain_from`]).
-pub fn chain_keyed(seed: u64, tokens: &[u32], block_size: usize, keys: &[Vec<String>]) -> Vec<u64> {
+pub fn chain_keyed(seed: u64, tokens: &[u32], block_size: usize, keys: &[Vec<OwnedBlockKey>]) -> Vec<u64> {
     if keys.iter().all(Vec::is_empty) {
         return chain_from(seed, tokens, block_size);
     }
     let mut parent = seed;
-    let empty = Vec::new();
     tokens
         .chunks_exact(block_size.max(1))
         .enumerate()
         .map(|(i, block)| {
-            parent = prefixlog_engine::scheme::keyed_block_hash(parent, block, keys.get(i).unwrap_or(&empty));
+            let block_keys: Vec<_> =
+                keys.get(i).map_or(&[][..], Vec::as_slice).iter().map(OwnedBlockKey::as_key).collect();
+            parent = prefixlog_engine::scheme::keyed_block_hash(parent, block, &block_keys);
             parent
         })
         .collect()

@@ -22,7 +22,8 @@
 
 use super::metrics::{BridgeMetrics, Refusal};
 use super::namespace;
-use super::wire::{Batch, Event, Tokens};
+use super::wire::{Batch, Event, Salt, Tokens};
+use prefixlog_engine::scheme::OwnedBlockKey;
 use prefixlog_state::record::{KvOp, Tier};
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
@@ -52,10 +53,16 @@ struct Known {
     parent: Option<u64>,
     /// Bit `tier.code()` set while the block is held on that tier.
     tiers: u8,
+    /// Digest of the top-level `cache_salt` (SGLang) the block was stored under, 0 for none
+    /// (a child store must name its parent's salt).
+    salt: u64,
 }
 
 /// The plain chain hash, where the bridge's tests and callers have always found it.
 pub use super::namespace::chain_from;
+
+/// Most unknown field names a stream logs by name (each once).
+const MAX_FIELDS_LOGGED: usize = 64;
 
 /// Digest of a message payload, to tell a duplicate from a restarted engine's message.
 pub fn payload_digest(payload: &[u8]) -> u64 {
@@ -91,6 +98,8 @@ pub struct Session {
     /// Lane metadata announced this epoch, and changes not yet published.
     lane_meta: std::collections::BTreeMap<u32, prefixlog_state::LaneMeta>,
     pending_lanes: Vec<prefixlog_state::LaneMeta>,
+    /// Unknown field names already logged (once each per stream, bounded).
+    fields_logged: BTreeSet<String>,
 }
 
 impl Session {
@@ -109,6 +118,7 @@ impl Session {
             lanes: BTreeSet::new(),
             lane_meta: Default::default(),
             pending_lanes: Vec::new(),
+            fields_logged: BTreeSet::new(),
         }
     }
 
@@ -156,6 +166,24 @@ impl Session {
         }
     }
 
+    /// Starts a new epoch whose first message is `seq`: what the stream did before can no
+    /// longer be proven (a gap replay could not fill, events that could not be read), so every
+    /// replica clears the worker's feed on the epoch's first record and the stream starts over.
+    pub fn reset_at(&mut self, seq: u64) {
+        self.restart();
+        self.last = seq.checked_sub(1);
+    }
+
+    /// Starts a new epoch in which message `seq` (payload `digest`) is already handled: a
+    /// message whose events could not all be read is published as the new epoch's first,
+    /// empty record, which clears the worker's feed on every replica.
+    pub fn reset_after(&mut self, seq: u64, digest: u64) {
+        self.restart();
+        self.last = Some(seq);
+        self.recent.push_back((seq, digest));
+        self.recent_by_seq.insert(seq, digest);
+    }
+
     /// Starts a new epoch: forgets the sequence, the tracked blocks and the lanes.
     pub fn restart(&mut self) {
         self.epoch += 1;
@@ -191,6 +219,7 @@ impl Session {
         }
         BridgeMetrics::add(&m.events_received, batch.events.len() as u64);
         BridgeMetrics::add(&m.fields_ignored, batch.ignored_fields);
+        self.log_unknown_fields(seq, &batch.ignored_names);
         let mut ops = Vec::with_capacity(batch.events.len());
         for e in &batch.events {
             if let Event::Cleared = e {
@@ -224,6 +253,20 @@ impl Session {
         Accepted { ops, lost }
     }
 
+    /// Logs each unknown field name the first time this stream sees it (at most
+    /// [`MAX_FIELDS_LOGGED`] names; every occurrence is counted in `fields_ignored`).
+    fn log_unknown_fields(&mut self, seq: u64, names: &[String]) {
+        for n in names {
+            if self.fields_logged.len() < MAX_FIELDS_LOGGED && self.fields_logged.insert(n.clone()) {
+                tracing::warn!(
+                    seq,
+                    field = %n,
+                    "bridge: the engine sends a field this bridge does not know (stores carrying it are refused as unknown_field; logged once per field)"
+                );
+            }
+        }
+    }
+
     fn translate(&mut self, e: &Event) -> Result<Option<KvOp>, Refusal> {
         match e {
             Event::Stored {
@@ -238,16 +281,38 @@ impl Session {
                 extra_keys,
                 kv_cache_spec_kind,
                 kv_cache_spec_sliding_window,
+                lookahead,
+                cache_salt,
+                residency,
+                mm_infos,
+                unknown,
                 ..
             } => {
+                if !unknown.is_empty() {
+                    return Err(Refusal::UnknownField);
+                }
+                if !residency.is_own() {
+                    return Err(Refusal::Residency);
+                }
                 let tier = tier_of_medium(medium.as_deref()).ok_or(Refusal::Medium)?;
                 let lane = group_idx.unwrap_or(0);
                 if tier != Tier::Gpu && matches!(tokens, Tokens::Ids(ids) if ids.is_empty()) {
                     return self.offloaded(tier, lane, *parent, hashes);
                 }
+                if *mm_infos {
+                    return Err(Refusal::ExtraKeys);
+                }
                 // An adapter named by lora_name is a namespace of its own (its chain starts from
-                // the name's seed); multimodal identifiers and the cache salt key their blocks.
-                let keys = namespace::block_keys(extra_keys, lora_name.as_deref(), *lora_id, hashes.len())?;
+                // the name's seed); multimodal inputs, the cache salt and lookahead tokens key
+                // their blocks.
+                let mut keys =
+                    namespace::block_keys(extra_keys, lora_name.as_deref(), *lora_id, hashes.len())?;
+                namespace::add_lookahead(&mut keys, lookahead)?;
+                let salt = match cache_salt {
+                    Salt::Absent => 0,
+                    Salt::Text(s) => xxh3_64_with_seed(s.as_bytes(), 0) | 1,
+                    Salt::Unparsed => return Err(Refusal::Salt),
+                };
                 let Tokens::Ids(ids) = tokens else { return Err(Refusal::Tokens) };
                 let bs = self.block_size;
                 if bs == 0
@@ -256,9 +321,24 @@ impl Session {
                 {
                     return Err(Refusal::TokenCount);
                 }
-                let seed = match parent {
-                    None => prefixlog_engine::scheme::namespace_seed(lora_name.as_deref().unwrap_or("")),
-                    Some(p) => self.locals.get(&(lane, *p)).ok_or(Refusal::UnknownParent)?.local,
+                let (seed, salt) = match parent {
+                    None => {
+                        // SGLang's salt names the whole tree under the root: a key of the
+                        // prompt's first block, as vLLM (and a gateway's query) puts it.
+                        if let (Salt::Text(s), Some(first)) = (cache_salt, keys.first_mut()) {
+                            first.push(OwnedBlockKey::Text(s.clone()));
+                        }
+                        (prefixlog_engine::scheme::namespace_seed(lora_name.as_deref().unwrap_or("")), salt)
+                    }
+                    Some(p) => {
+                        let known = self.locals.get(&(lane, *p)).ok_or(Refusal::UnknownParent)?;
+                        // A child's salt is its parent's: its local chains from the parent's,
+                        // which carries it. A store naming another salt is not that chain.
+                        if salt != 0 && salt != known.salt {
+                            return Err(Refusal::Salt);
+                        }
+                        (known.local, known.salt)
+                    }
                 };
                 let locals = namespace::chain_keyed(seed, ids, bs, &keys);
                 self.lanes.insert(lane);
@@ -277,8 +357,9 @@ impl Session {
                 }
                 let parents = std::iter::once(*parent).chain(hashes.iter().map(|&h| Some(h)));
                 for ((&ext, &local), parent) in hashes.iter().zip(&locals).zip(parents) {
-                    let known = self.locals.entry((lane, ext)).or_insert(Known { local, parent, tiers: 0 });
-                    (known.local, known.parent) = (local, parent);
+                    let known =
+                        self.locals.entry((lane, ext)).or_insert(Known { local, parent, tiers: 0, salt });
+                    (known.local, known.parent, known.salt) = (local, parent, salt);
                     known.tiers |= 1 << tier.code();
                 }
                 Ok(Some(KvOp::Stored {
@@ -288,7 +369,11 @@ impl Session {
                     blocks: hashes.iter().copied().zip(locals).collect(),
                 }))
             }
-            Event::Removed { hashes, medium, group_idx } => {
+            Event::Removed { hashes, medium, group_idx, residency } => {
+                if !residency.is_own() {
+                    // A remote or secondary copy's removal: the bridge never credited its store.
+                    return Err(Refusal::Residency);
+                }
                 let tier = tier_of_medium(medium.as_deref()).ok_or(Refusal::Medium)?;
                 let lane = group_idx.unwrap_or(0);
                 self.lanes.insert(lane);

@@ -63,8 +63,10 @@ pub enum ExtraKeys {
     Unparsed,
 }
 
-/// One decoded KV event.
+/// One decoded KV event. Stores dominate real batches, so the other variants' unused room costs
+/// little in a batch's short-lived `Vec`, and boxing would allocate once more per store.
 #[derive(Clone, Debug, PartialEq)]
+#[allow(clippy::large_enum_variant)]
 pub enum Event {
     Stored {
         hashes: Vec<u64>,
@@ -81,11 +83,24 @@ pub enum Event {
         group_idx: Option<u32>,
         kv_cache_spec_kind: Option<String>,
         kv_cache_spec_sliding_window: Option<u64>,
+        /// vLLM's `lookahead_token_ids`: per block, the tokens after it its hash covers.
+        lookahead: Lookahead,
+        /// SGLang's top-level `cache_salt` (every block of the store is under it).
+        cache_salt: Salt,
+        /// Where the blocks are (`locality`, `ownership`): see [`Residency`].
+        residency: Residency,
+        /// Dynamo's positional `block_mm_infos` was present and not empty: multimodal data
+        /// that keys the blocks in a way this bridge does not read.
+        mm_infos: bool,
+        /// Fields this decoder does not know that carry a value (names; positional ones as
+        /// `BlockStored[i]`): any of them may change what the block is, so the store is refused.
+        unknown: Vec<String>,
     },
     Removed {
         hashes: Vec<u64>,
         medium: Option<String>,
         group_idx: Option<u32>,
+        residency: Residency,
     },
     Cleared,
     /// An event type this build does not know (ignored, counted).
@@ -94,8 +109,43 @@ pub enum Event {
     Malformed(&'static str),
 }
 
+/// A BlockStored's `lookahead_token_ids`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Lookahead {
+    #[default]
+    Absent,
+    /// One token list per block.
+    Blocks(Vec<Vec<u32>>),
+    /// Present but not a list of token lists (or tokens not u32).
+    Unparsed,
+}
+
+/// A BlockStored's top-level `cache_salt` (SGLang).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Salt {
+    #[default]
+    Absent,
+    Text(String),
+    Unparsed,
+}
+
+/// vLLM's `locality` (`LOCAL`/`REMOTE` relative to the publisher) and `ownership` (the secondary
+/// offloading tier that generated the event) of a store or removal.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Residency {
+    pub locality: Option<String>,
+    pub ownership: Option<String>,
+}
+
+impl Residency {
+    /// The publisher's own primary copy: no locality or `LOCAL`, no secondary owner.
+    pub fn is_own(&self) -> bool {
+        self.ownership.is_none() && self.locality.as_deref().is_none_or(|l| l.eq_ignore_ascii_case("local"))
+    }
+}
+
 /// A decoded `KVEventBatch`.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Batch {
     pub ts: f64,
     pub dp_rank: Option<u32>,
@@ -103,6 +153,8 @@ pub struct Batch {
     /// Fields (map keys or positional elements) this decoder does not know, summed over the
     /// batch and its events.
     pub ignored_fields: u64,
+    /// Their names (positional ones as `Tag[i]`), in the order met, each once per batch.
+    pub ignored_names: Vec<String>,
 }
 
 /// A whole ZeroMQ message.
@@ -155,6 +207,10 @@ pub fn decode_message<F: AsRef<[u8]>>(frames: &[F]) -> Result<Message, WireError
 
 /// Nesting limit passed to rmpv (it counts about two per level).
 pub const MAX_DEPTH: usize = 64;
+/// Most distinct unknown-field names a batch reports (the rest are only counted).
+pub const MAX_NAMES: usize = 16;
+/// Longest unknown-field name reported (names come from the peer).
+const MAX_NAME_BYTES: usize = 64;
 
 /// Decodes a msgpack `KVEventBatch` payload (either layout).
 pub fn decode_batch(payload: &[u8]) -> Result<Batch, WireError> {
@@ -163,12 +219,17 @@ pub fn decode_batch(payload: &[u8]) -> Result<Batch, WireError> {
     // per level. The default limit (1024) overflows a 2 MiB thread stack in debug builds.
     let v = rmpv::decode::read_value_with_max_depth(&mut rd, MAX_DEPTH).map_err(|_| WireError::Msgpack)?;
     let mut ignored = u64::from(!rd.is_empty());
+    let mut names = Vec::new();
+    if ignored > 0 {
+        names.push("trailing bytes".to_string());
+    }
     let (ts, events, dp) = match &v {
         Value::Array(a) => {
             if a.len() < 2 {
                 return Err(WireError::NotABatch);
             }
             ignored += a.len().saturating_sub(3) as u64;
+            names.extend((3..a.len()).map(|i| format!("EventBatch[{i}]")));
             (&a[0], &a[1], a.get(2))
         }
         Value::Map(m) => {
@@ -177,8 +238,12 @@ pub fn decode_batch(payload: &[u8]) -> Result<Batch, WireError> {
                 match k.as_str() {
                     Some("ts") => ts = Some(val),
                     Some("events") => events = Some(val),
-                    Some("data_parallel_rank") => dp = Some(val),
-                    _ => ignored += 1,
+                    // vLLM's name, and SGLang's (its batch is positional in every release read).
+                    Some("data_parallel_rank" | "attn_dp_rank") => dp = Some(val),
+                    other => {
+                        ignored += 1;
+                        names.push(other.map_or_else(|| "EventBatch{non-string key}".into(), str::to_string));
+                    }
                 }
             }
             (ts.unwrap_or(&Value::Nil), events.ok_or(WireError::NotABatch)?, dp)
@@ -196,10 +261,15 @@ pub fn decode_batch(payload: &[u8]) -> Result<Batch, WireError> {
     let mut out = Vec::with_capacity(events.len());
     for e in events {
         let (ev, ign) = decode_event(e);
-        ignored += ign;
+        ignored += ign.len() as u64;
+        for n in ign {
+            if names.len() < MAX_NAMES && !names.contains(&n) {
+                names.push(n);
+            }
+        }
         out.push(ev);
     }
-    Ok(Batch { ts, dp_rank, events: out, ignored_fields: ignored })
+    Ok(Batch { ts, dp_rank, events: out, ignored_fields: ignored, ignored_names: names })
 }
 
 fn as_u32(v: &Value) -> Option<u32> {
@@ -279,9 +349,16 @@ struct StoredFields<'a> {
     group_idx: Option<&'a Value>,
     kind: Option<&'a Value>,
     window: Option<&'a Value>,
+    lookahead: Option<&'a Value>,
+    cache_salt: Option<&'a Value>,
+    locality: Option<&'a Value>,
+    ownership: Option<&'a Value>,
+    mm_infos: Option<&'a Value>,
+    /// Unknown fields with a value.
+    unknown: Vec<String>,
 }
 
-fn stored(f: StoredFields<'_>) -> Event {
+fn stored(mut f: StoredFields<'_>) -> Event {
     let Some(hashes) = hashes(f.block_hashes) else { return Event::Malformed("block_hashes") };
     let Ok(parent) = parent(f.parent) else { return Event::Malformed("parent_block_hash") };
     let Some(tokens) = tokens(f.token_ids) else { return Event::Malformed("token_ids") };
@@ -297,6 +374,29 @@ fn stored(f: StoredFields<'_>) -> Event {
     let extra_keys = extra_keys(f.extra_keys);
     let kv_cache_spec_kind = opt_str(f.kind).ok().flatten();
     let kv_cache_spec_sliding_window = opt_u64(f.window).ok().flatten();
+    let lookahead = lookahead(f.lookahead);
+    let cache_salt = match f.cache_salt {
+        None | Some(Value::Nil) => Salt::Absent,
+        Some(Value::String(s)) => match s.as_str() {
+            Some("") => Salt::Absent,
+            Some(s) => Salt::Text(s.to_string()),
+            None => Salt::Unparsed,
+        },
+        Some(_) => Salt::Unparsed,
+    };
+    let residency = match residency(f.locality, f.ownership) {
+        Ok(r) => r,
+        Err(field) => {
+            // A locality or owner we cannot read: where the blocks are is unknown.
+            f.unknown.push(field.to_string());
+            Residency::default()
+        }
+    };
+    let mm_infos = match f.mm_infos {
+        None | Some(Value::Nil) => false,
+        Some(Value::Array(a)) => a.iter().any(|x| !x.is_nil()),
+        Some(_) => true,
+    };
     Event::Stored {
         hashes,
         parent,
@@ -309,7 +409,37 @@ fn stored(f: StoredFields<'_>) -> Event {
         group_idx,
         kv_cache_spec_kind,
         kv_cache_spec_sliding_window,
+        lookahead,
+        cache_salt,
+        residency,
+        mm_infos,
+        unknown: f.unknown,
     }
+}
+
+fn lookahead(v: Option<&Value>) -> Lookahead {
+    match v {
+        None | Some(Value::Nil) => Lookahead::Absent,
+        Some(Value::Array(blocks)) => {
+            let lists: Option<Vec<Vec<u32>>> = blocks
+                .iter()
+                .map(|b| match b {
+                    Value::Array(t) => t.iter().map(as_u32).collect(),
+                    _ => None,
+                })
+                .collect();
+            lists.map_or(Lookahead::Unparsed, Lookahead::Blocks)
+        }
+        Some(_) => Lookahead::Unparsed,
+    }
+}
+
+/// `locality` and `ownership`: strings or nil; `Err` names the field of another type.
+fn residency(locality: Option<&Value>, ownership: Option<&Value>) -> Result<Residency, &'static str> {
+    Ok(Residency {
+        locality: opt_str(locality).map_err(|()| "locality")?,
+        ownership: opt_str(ownership).map_err(|()| "ownership")?,
+    })
 }
 
 /// Parses `extra_keys` liberally: any shape decodes, and `session` refuses what it cannot hash.
@@ -341,33 +471,58 @@ fn extra_key(k: &Value) -> ExtraKey {
     }
 }
 
-fn removed(h: Option<&Value>, medium: Option<&Value>, group: Option<&Value>) -> Event {
+fn removed(
+    h: Option<&Value>,
+    medium: Option<&Value>,
+    group: Option<&Value>,
+    locality: Option<&Value>,
+    ownership: Option<&Value>,
+) -> Event {
     let Some(hashes) = hashes(h) else { return Event::Malformed("block_hashes") };
     let Ok(medium) = opt_str(medium) else { return Event::Malformed("medium") };
     let Ok(group_idx) = opt_u32(group) else { return Event::Malformed("group_idx") };
-    Event::Removed { hashes, medium, group_idx }
+    let Ok(residency) = residency(locality, ownership) else { return Event::Malformed("locality") };
+    Event::Removed { hashes, medium, group_idx, residency }
 }
 
-/// Decodes one event; returns it and the number of fields ignored.
-fn decode_event(v: &Value) -> (Event, u64) {
+/// Decodes one event; returns it and the names of the fields ignored.
+fn decode_event(v: &Value) -> (Event, Vec<String>) {
     match v {
         Value::Array(a) => decode_positional(a),
         Value::Map(m) => decode_map(m),
-        _ => (Event::Malformed("event"), 0),
+        _ => (Event::Malformed("event"), Vec::new()),
     }
 }
 
-fn decode_positional(a: &[Value]) -> (Event, u64) {
-    let Some(tag) = a.first().and_then(Value::as_str) else { return (Event::Malformed("tag"), 0) };
+/// A peer-supplied field name, bounded for logs and labels.
+fn field_name(k: &Value) -> String {
+    let name = k.as_str().unwrap_or("(non-string key)");
+    let mut end = name.len().min(MAX_NAME_BYTES);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    name[..end].to_string()
+}
+
+fn decode_positional(a: &[Value]) -> (Event, Vec<String>) {
+    let Some(tag) = a.first().and_then(Value::as_str) else { return (Event::Malformed("tag"), Vec::new()) };
+    // Elements past the known ones; a nil one is a default and says nothing.
+    let extra = |tag: &str, known: usize| -> Vec<String> {
+        (known..a.len()).filter(|&i| !a[i].is_nil()).map(|i| format!("{tag}[{i}]")).collect()
+    };
     match tag {
         "BlockStored" => {
             // Which tail layout (see the module doc): upstream vLLM `group_idx, kind, window`
-            // at 9..=11, or Dynamo's `block_mm_infos, group_idx, kind, window` at 9..=12.
+            // at 9..=11 (then, in its field order, `locality, ownership, session_id,
+            // lookahead_token_ids` at 12..=15), or Dynamo's `block_mm_infos, group_idx, kind,
+            // window` at 9..=12.
             let dynamo_tail = matches!(
                 (a.get(9), a.get(10)),
                 (Some(Value::Array(_)), _) | (Some(Value::Nil), Some(Value::Integer(_)))
             );
-            let (g, known) = if dynamo_tail { (10, 13) } else { (9, 12) };
+            let (g, known) = if dynamo_tail { (10, 13) } else { (9, 16) };
+            let upstream = |i: usize| if dynamo_tail { None } else { a.get(i) };
+            let unknown = extra("BlockStored", known);
             let f = StoredFields {
                 block_hashes: a.get(1),
                 parent: a.get(2),
@@ -380,24 +535,41 @@ fn decode_positional(a: &[Value]) -> (Event, u64) {
                 group_idx: a.get(g),
                 kind: a.get(g + 1),
                 window: a.get(g + 2),
+                locality: upstream(12),
+                ownership: upstream(13),
+                lookahead: upstream(15),
+                cache_salt: None,
+                mm_infos: if dynamo_tail { a.get(9) } else { None },
+                unknown: unknown.clone(),
             };
-            (stored(f), a.len().saturating_sub(known) as u64)
+            (stored(f), unknown)
         }
-        "BlockRemoved" => (removed(a.get(1), a.get(2), a.get(3)), a.len().saturating_sub(4) as u64),
-        "AllBlocksCleared" => (Event::Cleared, a.len().saturating_sub(1) as u64),
-        other => (Event::Unknown(other.to_string()), 0),
+        "BlockRemoved" => {
+            // vLLM: medium, group_idx, locality, ownership.
+            let ev = removed(a.get(1), a.get(2), a.get(3), a.get(4), a.get(5));
+            (ev, extra("BlockRemoved", 6))
+        }
+        "AllBlocksCleared" => (Event::Cleared, extra("AllBlocksCleared", 1)),
+        other => (Event::Unknown(other.to_string()), Vec::new()),
     }
 }
 
-fn decode_map(m: &[(Value, Value)]) -> (Event, u64) {
+fn decode_map(m: &[(Value, Value)]) -> (Event, Vec<String>) {
     let get = |k: &str| m.iter().find(|(key, _)| key.as_str() == Some(k)).map(|(_, v)| v);
-    let Some(tag) = get("type").and_then(Value::as_str) else { return (Event::Malformed("type"), 0) };
-    let count_unknown = |known: &[&str]| {
-        m.iter().filter(|(k, _)| !k.as_str().is_some_and(|k| k == "type" || known.contains(&k))).count()
-            as u64
+    let Some(tag) = get("type").and_then(Value::as_str) else {
+        return (Event::Malformed("type"), Vec::new());
+    };
+    // Keys this decoder does not know, with a value (msgspec's omit_defaults leaves defaults out;
+    // a nil one says nothing).
+    let unknown = |known: &[&str]| -> Vec<String> {
+        m.iter()
+            .filter(|(k, v)| !v.is_nil() && !k.as_str().is_some_and(|k| k == "type" || known.contains(&k)))
+            .map(|(k, _)| field_name(k))
+            .collect()
     };
     match tag {
         "BlockStored" => {
+            let unknown = unknown(&STORED_FIELDS);
             let f = StoredFields {
                 block_hashes: get("block_hashes"),
                 parent: get("parent_block_hash"),
@@ -410,28 +582,43 @@ fn decode_map(m: &[(Value, Value)]) -> (Event, u64) {
                 group_idx: get("group_idx"),
                 kind: get("kv_cache_spec_kind"),
                 window: get("kv_cache_spec_sliding_window"),
+                lookahead: get("lookahead_token_ids"),
+                cache_salt: get("cache_salt"),
+                locality: get("locality"),
+                ownership: get("ownership"),
+                mm_infos: get("block_mm_infos"),
+                unknown: unknown.clone(),
             };
-            let known = [
-                "block_hashes",
-                "parent_block_hash",
-                "token_ids",
-                "block_size",
-                "lora_id",
-                "medium",
-                "lora_name",
-                "extra_keys",
-                "block_mm_infos",
-                "group_idx",
-                "kv_cache_spec_kind",
-                "kv_cache_spec_sliding_window",
-            ];
-            (stored(f), count_unknown(&known))
+            (stored(f), unknown)
         }
         "BlockRemoved" => (
-            removed(get("block_hashes"), get("medium"), get("group_idx")),
-            count_unknown(&["block_hashes", "medium", "group_idx"]),
+            removed(get("block_hashes"), get("medium"), get("group_idx"), get("locality"), get("ownership")),
+            unknown(&["block_hashes", "medium", "group_idx", "locality", "ownership"]),
         ),
-        "AllBlocksCleared" => (Event::Cleared, count_unknown(&[])),
-        other => (Event::Unknown(other.to_string()), 0),
+        "AllBlocksCleared" => (Event::Cleared, unknown(&[])),
+        other => (Event::Unknown(other.to_string()), Vec::new()),
     }
 }
+
+/// Every BlockStored field this decoder reads, by the name vLLM (0.34), SGLang (0.5.23) or
+/// Dynamo gives it. `session_id` (vLLM and SGLang: attribution only; "the hash does not depend
+/// on it") is known and has no effect.
+const STORED_FIELDS: [&str; 17] = [
+    "block_hashes",
+    "parent_block_hash",
+    "token_ids",
+    "block_size",
+    "lora_id",
+    "medium",
+    "lora_name",
+    "extra_keys",
+    "block_mm_infos",
+    "group_idx",
+    "kv_cache_spec_kind",
+    "kv_cache_spec_sliding_window",
+    "locality",
+    "ownership",
+    "session_id",
+    "lookahead_token_ids",
+    "cache_salt",
+];

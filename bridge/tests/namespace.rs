@@ -78,10 +78,31 @@ fn a_multimodal_block_is_keyed_by_its_identifier() {
     let wrong = [(1, vec!["another-image"]), (2, vec!["another-image"])];
     let other = block_hashes_with(&Namespace { extra: &wrong, ..Default::default() }, &t, BS as usize);
     assert_ne!(got[1], other[1], "nor one naming another image");
-    // Older vLLM's (identifier, offset) pairs key the block by the identifier alone.
-    let pair = keys(vec![None, Some(vec![Value::Array(vec![v(IMG), v(2)])]), Some(vec![v(IMG)])]);
-    let ops = run(&mut s, 1, vec![stored(&[11, 12, 13], None, &t, None, pair)], &m);
-    assert_eq!(locals(&ops[0]), query);
+}
+
+/// vLLM 0.34 keys a multimodal block by (identifier, offset of the input's placeholder from the
+/// block's start): the same image at two offsets is two different blocks. A query placing the
+/// input (`mm_inputs`: identifier, offset in the prompt, length) matches exactly those blocks.
+#[test]
+fn a_multimodal_block_is_keyed_by_identifier_and_offset() {
+    let (m, mut s) = (BridgeMetrics::default(), Session::new(BS, 1));
+    let t = toks(12);
+    let pair = |off: i64| Value::Array(vec![v(IMG), Value::from(off)]);
+    // The image's placeholder is tokens 6..11: block 1 (4..8) at offset 2, block 2 (8..12) at -2.
+    let extra = keys(vec![None, Some(vec![pair(2)]), Some(vec![pair(-2)])]);
+    let ops = run(&mut s, 0, vec![stored(&[1, 2, 3], None, &t, None, extra)], &m);
+    let got = locals(&ops[0]);
+    let placed = |offset| {
+        let mm = [prefixlog_engine::scheme::MmInput { id: IMG, offset, length: 5 }];
+        block_hashes_with(&Namespace { mm_inputs: &mm, ..Default::default() }, &t, BS as usize)
+    };
+    assert_eq!(got, placed(6), "a query placing the image where the engine had it matches");
+    let elsewhere = placed(7);
+    assert_eq!(elsewhere[0], got[0], "block 0 has no image either way");
+    assert_ne!(elsewhere[1], got[1], "the same image one token later is another block");
+    let by_id = [(1, vec![IMG]), (2, vec![IMG])];
+    let id_only = block_hashes_with(&Namespace { extra: &by_id, ..Default::default() }, &t, BS as usize);
+    assert_ne!(id_only[1], got[1], "the identifier without its offset is not the block vLLM hashed");
 }
 
 #[test]
@@ -120,7 +141,7 @@ fn a_lora_name_with_an_image_and_a_salt() {
         &m,
     );
     let img = [(0, vec![IMG]), (1, vec![IMG])];
-    let all = Namespace { lora: "sql-lora", cache_salt: "tenant-42", extra: &img };
+    let all = Namespace { lora: "sql-lora", cache_salt: "tenant-42", extra: &img, ..Default::default() };
     assert_eq!(locals(&ops[0]), block_hashes_with(&all, &t, BS as usize));
     assert_eq!(locals(&ops[1]), block_hashes_in("sql-lora", &t, BS as usize), "LoRA alone: its namespace");
     let without_lora = Namespace { lora: "", ..all };
@@ -181,4 +202,119 @@ fn the_map_layout_carries_extra_keys_too() {
     let want =
         block_hashes_with(&Namespace { cache_salt: "tenant-42", extra: &img, ..Default::default() }, &t, 4);
     assert_eq!(locals(&ops[0]), want);
+}
+
+/// A map-layout BlockStored (vLLM >= 0.34, SGLang: tagged structs, defaults omitted) with the
+/// given extra fields.
+fn stored_map(hashes: &[u64], parent: Option<u64>, tokens: &[u32], extra: Vec<(&str, Value)>) -> Value {
+    let mut m = vec![
+        (v("type"), v("BlockStored")),
+        (v("block_hashes"), Value::Array(hashes.iter().map(|&h| v(h)).collect())),
+        (v("parent_block_hash"), parent.map_or(Value::Nil, v)),
+        (v("token_ids"), Value::Array(tokens.iter().map(|&t| v(t)).collect())),
+        (v("block_size"), v(BS)),
+        (v("lora_id"), Value::Nil),
+        (v("medium"), v("GPU")),
+        (v("lora_name"), Value::Nil),
+    ];
+    m.extend(extra.into_iter().map(|(k, x)| (v(k), x)));
+    Value::Map(m)
+}
+
+fn token_lists(lists: &[&[u32]]) -> Value {
+    Value::Array(lists.iter().map(|l| Value::Array(l.iter().map(|&t| v(t)).collect())).collect())
+}
+
+/// vLLM's hash lookahead: block i's identity covers the first token(s) of block i+1, so a
+/// query diverging there matches one block fewer, exactly as the engine's own hashes do.
+#[test]
+fn lookahead_tokens_are_part_of_a_blocks_identity() {
+    let (m, mut s) = (BridgeMetrics::default(), Session::new(BS, 1));
+    let t = toks(13); // 3 blocks, each followed by one more token
+    let la = token_lists(&[&t[4..5], &t[8..9], &t[12..13]]);
+    let ops =
+        run(&mut s, 0, vec![stored_map(&[1, 2, 3], None, &t[..12], vec![("lookahead_token_ids", la)])], &m);
+    let got = locals(&ops[0]);
+    let with_la = |tokens: &[u32]| {
+        block_hashes_with(&Namespace { lookahead: 1, ..Default::default() }, tokens, BS as usize)
+    };
+    assert_eq!(got, with_la(&t), "a query with lookahead 1 and the same tokens matches every block");
+    let mut diverged = t.clone();
+    diverged[8] = 7; // the first token of block 2: block 1's lookahead
+    let q = with_la(&diverged);
+    assert_eq!((q[0] == got[0], q[1] == got[1]), (true, false), "the divergence costs block 1");
+    assert_ne!(block_hashes(&t, BS as usize)[0], got[0], "a query without lookahead matches nothing");
+    // Lookahead lists that are not one per block, all as long, are refused.
+    for bad in [token_lists(&[&t[4..5]]), token_lists(&[&t[4..5], &t[8..10], &t[12..13]]), v("x")] {
+        let ops = run(
+            &mut s,
+            1,
+            vec![stored_map(&[9, 10, 11], None, &t[..12], vec![("lookahead_token_ids", bad)])],
+            &m,
+        );
+        assert!(ops.is_empty());
+    }
+    assert_eq!(m.get("refused_lookahead"), Some(3));
+}
+
+/// SGLang's top-level `cache_salt` names every block of a store (its radix tree is per salt):
+/// the root store is salted like a gateway's salted query, a child under it continues the
+/// chain, a child claiming another salt is refused.
+#[test]
+fn sglang_cache_salt_names_the_whole_chain() {
+    let (m, mut s) = (BridgeMetrics::default(), Session::new(BS, 1));
+    let t = toks(12);
+    let salt = |x: &str| vec![("cache_salt", v(x))];
+    let ops = run(&mut s, 0, vec![stored_map(&[1], None, &t[..4], salt("tenant-42"))], &m);
+    let ops2 = run(&mut s, 1, vec![stored_map(&[2, 3], Some(1), &t[4..], salt("tenant-42"))], &m);
+    let mut got = locals(&ops[0]);
+    got.extend(locals(&ops2[0]));
+    let query =
+        block_hashes_with(&Namespace { cache_salt: "tenant-42", ..Default::default() }, &t, BS as usize);
+    assert_eq!(got, query, "a salted query matches the salted chain");
+    assert!(
+        got.iter().zip(block_hashes(&t, BS as usize)).all(|(a, b)| *a != b),
+        "an unsalted one matches nothing"
+    );
+    assert!(run(&mut s, 2, vec![stored_map(&[4], Some(1), &t[4..8], salt("tenant-7"))], &m).is_empty());
+    assert!(run(&mut s, 3, vec![stored_map(&[5], None, &t[..4], vec![("cache_salt", v(5))])], &m).is_empty());
+    assert_eq!(m.get("refused_salt"), Some(2));
+}
+
+/// vLLM's `locality` / `ownership`: a remote store or a secondary tier's copy is not the
+/// worker's own block: refused, and so is its removal (the primary copy stays credited).
+/// `session_id` is attribution only. A field the bridge does not know refuses the store.
+#[test]
+fn residency_session_and_unknown_fields() {
+    let (m, mut s) = (BridgeMetrics::default(), Session::new(BS, 1));
+    let t = toks(8);
+    let own = run(
+        &mut s,
+        0,
+        vec![stored_map(&[1], None, &t[..4], vec![("locality", v("LOCAL")), ("session_id", v("s1"))])],
+        &m,
+    );
+    assert_eq!(locals(&own[0]), block_hashes(&t[..4], BS as usize), "LOCAL and a session id: indexed");
+    let remote = stored_map(&[2], Some(1), &t[4..], vec![("locality", v("REMOTE"))]);
+    let owned = stored_map(&[2], Some(1), &t[4..], vec![("ownership", v("kvcr")), ("medium", v("CPU"))]);
+    let unknown = stored_map(&[2], Some(1), &t[4..], vec![("new_hash_input", v(3))]);
+    let harmless = stored_map(&[2], Some(1), &t[4..], vec![("new_field_at_default", Value::Nil)]);
+    assert!(run(&mut s, 1, vec![remote, owned, unknown], &m).is_empty());
+    assert_eq!((m.get("refused_residency"), m.get("refused_unknown_field")), (Some(2), Some(1)));
+    assert_eq!(run(&mut s, 2, vec![harmless], &m).len(), 1, "a field left at nil says nothing");
+    let removal = |extra: Vec<(&str, Value)>| {
+        let mut e = vec![
+            (v("type"), v("BlockRemoved")),
+            (v("block_hashes"), Value::Array(vec![v(1u64)])),
+            (v("medium"), v("GPU")),
+        ];
+        e.extend(extra.into_iter().map(|(k, x)| (v(k), x)));
+        Value::Map(e)
+    };
+    assert!(
+        run(&mut s, 3, vec![removal(vec![("locality", v("REMOTE"))])], &m).is_empty(),
+        "not ours to remove"
+    );
+    assert_eq!(m.get("refused_residency"), Some(3));
+    assert_eq!(run(&mut s, 4, vec![removal(vec![("locality", v("LOCAL"))])], &m).len(), 1);
 }

@@ -3,7 +3,7 @@
 
 use prefixlog_bridge::metrics::BridgeMetrics;
 use prefixlog_bridge::session::{chain_from, Arrival, Session};
-use prefixlog_bridge::wire::{Batch, Event, ExtraKey, ExtraKeys, Tokens};
+use prefixlog_bridge::wire::{Batch, Event, ExtraKey, ExtraKeys, Lookahead, Residency, Salt, Tokens};
 use prefixlog_engine::scheme::block_hashes;
 use prefixlog_state::{KvOp, Tier};
 
@@ -26,11 +26,16 @@ fn stored(hashes: &[u64], parent: Option<u64>, tokens: Vec<u32>) -> Event {
         group_idx: None,
         kv_cache_spec_kind: None,
         kv_cache_spec_sliding_window: None,
+        lookahead: Lookahead::Absent,
+        cache_salt: Salt::Absent,
+        residency: Residency::default(),
+        mm_infos: false,
+        unknown: vec![],
     }
 }
 
 fn batch(events: Vec<Event>) -> Batch {
-    Batch { ts: 0.0, dp_rank: None, events, ignored_fields: 0 }
+    Batch { events, ..Default::default() }
 }
 
 #[test]
@@ -78,7 +83,17 @@ fn stores_chain_through_known_parents_and_refuse_unknown_ones() {
     assert_eq!(m.get("refused_unknown_parent"), Some(1));
     // Removal forgets the block: its children can no longer be hashed.
     let ops = s
-        .accept(3, 4, &batch(vec![Event::Removed { hashes: vec![13], medium: None, group_idx: None }]), &m)
+        .accept(
+            3,
+            4,
+            &batch(vec![Event::Removed {
+                hashes: vec![13],
+                medium: None,
+                group_idx: None,
+                residency: Residency::default(),
+            }]),
+            &m,
+        )
         .ops;
     assert_eq!(ops, vec![KvOp::Removed { tier: Tier::Gpu, lane: 0, exts: vec![13] }]);
     assert!(s.accept(4, 5, &batch(vec![stored(&[14], Some(13), t[12..16].to_vec())]), &m).ops.is_empty());
@@ -187,7 +202,7 @@ fn on(medium: &str, mut e: Event) -> Event {
 }
 
 fn removed(hashes: &[u64]) -> Event {
-    Event::Removed { hashes: hashes.to_vec(), medium: None, group_idx: None }
+    Event::Removed { hashes: hashes.to_vec(), medium: None, group_idx: None, residency: Residency::default() }
 }
 
 /// Every medium vLLM and SGLang report is indexed on its tier; vLLM's lazy CPU offload (a

@@ -3,7 +3,8 @@
 //! arbitrary bytes and arbitrary msgpack values never panic (neither decoding nor translating).
 
 use prefixlog_bridge::wire::{
-    decode_batch, decode_message, hash_of, Event, ExtraKey, ExtraKeys, Tokens, WireError,
+    decode_batch, decode_message, hash_of, Event, ExtraKey, ExtraKeys, Lookahead, Residency, Salt, Tokens,
+    WireError,
 };
 use rand::{Rng, RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -38,6 +39,11 @@ fn vllm_positional_layout() {
             group_idx: None,
             kv_cache_spec_kind: None,
             kv_cache_spec_sliding_window: None,
+            lookahead: Lookahead::Absent,
+            cache_salt: Salt::Absent,
+            residency: Residency::default(),
+            mm_infos: false,
+            unknown: vec![],
         }
     );
     // Upstream tail (group_idx, kind, window) plus one element this build does not know.
@@ -55,15 +61,26 @@ fn vllm_positional_layout() {
             group_idx: Some(1),
             kv_cache_spec_kind: Some("sliding_window".into()),
             kv_cache_spec_sliding_window: Some(128),
+            lookahead: Lookahead::Absent,
+            cache_salt: Salt::Absent,
+            residency: Residency::default(),
+            mm_infos: false,
+            unknown: vec!["BlockStored[16]".into()],
         }
     );
     assert_eq!(b.events[2], Event::Unknown("FutureEvent".into()));
     assert_eq!(
         b.events[3],
-        Event::Removed { hashes: vec![13], medium: Some("GPU".into()), group_idx: Some(1) }
+        Event::Removed {
+            hashes: vec![13],
+            medium: Some("GPU".into()),
+            group_idx: Some(1),
+            residency: Residency::default()
+        }
     );
     assert_eq!(b.events[4], Event::Cleared);
     assert_eq!(b.ignored_fields, 1, "the trailing \"future\" element");
+    assert_eq!(b.ignored_names, ["BlockStored[16]"]);
 }
 
 #[test]
@@ -96,6 +113,11 @@ fn vllm_map_layout() {
             group_idx: None,
             kv_cache_spec_kind: None,
             kv_cache_spec_sliding_window: None,
+            lookahead: Lookahead::Absent,
+            cache_salt: Salt::Absent,
+            residency: Residency::default(),
+            mm_infos: false,
+            unknown: vec!["future_key".into()],
         }
     );
     let Event::Stored { group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window, .. } = &b.events[1]
@@ -106,10 +128,19 @@ fn vllm_map_layout() {
         (*group_idx, kv_cache_spec_kind.as_deref(), *kv_cache_spec_sliding_window),
         (Some(1), Some("sliding_window"), Some(128))
     );
-    assert_eq!(b.events[2], Event::Removed { hashes: vec![21], medium: Some("CPU".into()), group_idx: None });
+    assert_eq!(
+        b.events[2],
+        Event::Removed {
+            hashes: vec![21],
+            medium: Some("CPU".into()),
+            group_idx: None,
+            residency: Residency::default()
+        }
+    );
     assert_eq!(b.events[3], Event::Cleared);
     assert_eq!(b.events[4], Event::Unknown("SomethingNew".into()));
     assert_eq!(b.ignored_fields, 2, "future_batch_key and future_key");
+    assert_eq!(b.ignored_names, ["future_batch_key", "future_key"]);
 }
 
 #[test]
@@ -122,7 +153,15 @@ fn sglang_short_layout_signed_hashes() {
     assert_eq!(*parent, Some((-31i64) as u64));
     assert_eq!(tokens, &Tokens::Ids(toks(3004, 4)));
     assert_eq!(*medium, None);
-    assert_eq!(b.events[2], Event::Removed { hashes: vec![(-32i64) as u64], medium: None, group_idx: None });
+    assert_eq!(
+        b.events[2],
+        Event::Removed {
+            hashes: vec![(-32i64) as u64],
+            medium: None,
+            group_idx: None,
+            residency: Residency::default()
+        }
+    );
 }
 
 #[test]

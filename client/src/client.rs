@@ -61,6 +61,11 @@ pub struct MatchQuery {
     /// For token prompts: per-block keys as (block index, multimodal identifiers), e.g. the
     /// identifier of an image on every block its placeholder tokens overlap.
     pub extra: Vec<(u32, Vec<String>)>,
+    /// For token prompts: the multimodal inputs as (identifier, offset, length) of their
+    /// placeholder tokens in the prompt (vLLM >= 0.34 keys blocks by identifier and offset).
+    pub mm_inputs: Vec<(String, u64, u64)>,
+    /// For token prompts: vLLM's hash lookahead (tokens after each block its hash covers).
+    pub lookahead: u32,
 }
 
 impl MatchQuery {
@@ -80,6 +85,8 @@ impl MatchQuery {
             tier_weights: vec![],
             cache_salt: String::new(),
             extra: vec![],
+            mm_inputs: vec![],
+            lookahead: 0,
         }
     }
 
@@ -128,6 +135,19 @@ impl MatchQuery {
         self
     }
 
+    /// A multimodal input of a token prompt: its identifier and where its placeholder tokens sit
+    /// (`offset`, `length`); the replica keys every block they overlap, as vLLM >= 0.34 does.
+    pub fn mm_input(mut self, id: impl Into<String>, offset: u64, length: u64) -> Self {
+        self.mm_inputs.push((id.into(), offset, length));
+        self
+    }
+
+    /// vLLM's hash lookahead of the engines (`num_hash_lookahead_tokens`, speculative decoding).
+    pub fn lookahead(mut self, tokens: u32) -> Self {
+        self.lookahead = tokens;
+        self
+    }
+
     /// Read-your-writes: the answer reflects at least these landed records (what
     /// `prefixlog_ingest::Publisher` returned, e.g. for a placement this gateway published).
     pub fn after(mut self, landed: &[Landed]) -> Self {
@@ -157,6 +177,16 @@ impl MatchQuery {
                         .iter()
                         .map(|(block, ids)| v1::BlockExtraKeys { block: *block, mm_ids: ids.clone() })
                         .collect(),
+                    mm_inputs: self
+                        .mm_inputs
+                        .iter()
+                        .map(|(id, offset, length)| v1::MultimodalInput {
+                            id: id.clone(),
+                            offset: *offset,
+                            length: *length,
+                        })
+                        .collect(),
+                    lookahead: self.lookahead,
                 }),
                 Prompt::Hashes(h) => v1::match_request::Prompt::Hashes(v1::BlockHashes { local: h.clone() }),
             }),
@@ -462,8 +492,12 @@ mod tests {
         let q = MatchQuery::new(KeyspaceId::new("m", 4, 1), Prompt::Tokens(vec![1; 8]))
             .namespace("lora")
             .cache_salt("tenant")
-            .mm_ids(1, ["img-a", "img-b"]);
+            .mm_ids(1, ["img-a", "img-b"])
+            .mm_input("img-c", 3, 7)
+            .lookahead(1);
         let Some(v1::match_request::Prompt::Tokens(t)) = q.to_request().prompt else { panic!("tokens") };
+        assert_eq!(t.mm_inputs, vec![v1::MultimodalInput { id: "img-c".into(), offset: 3, length: 7 }]);
+        assert_eq!(t.lookahead, 1);
         assert_eq!((t.namespace.as_str(), t.cache_salt.as_str()), ("lora", "tenant"));
         assert_eq!(
             t.extra,

@@ -74,9 +74,14 @@ pub struct Args {
     /// Re-subscribe to an engine silent for this long (finds a restarted engine again).
     #[arg(long, env = "PREFIXLOG_BRIDGE_IDLE_RECONNECT", default_value = "30s", value_parser = humantime::parse_duration)]
     pub idle_reconnect: Duration,
-    /// Give up a replay request after this long and publish the gap.
+    /// Give up a replay request after this long; the gap is then closed by clearing the
+    /// worker's state through the log (a new epoch) and starting over.
     #[arg(long, env = "PREFIXLOG_BRIDGE_REPLAY_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
     pub replay_timeout: Duration,
+    /// Most bytes one replay answer may bring (every message's frames together); past it the
+    /// replay fails and the stream starts over. vLLM buffers 10,000 batches by default.
+    #[arg(long, env = "PREFIXLOG_BRIDGE_MAX_REPLAY_BYTES", default_value_t = 256 << 20)]
+    pub max_replay_bytes: usize,
     /// Log each engine's counters this often (0s: never).
     #[arg(long, env = "PREFIXLOG_BRIDGE_METRICS_INTERVAL", default_value = "60s", value_parser = humantime::parse_duration)]
     pub metrics_interval: Duration,
@@ -196,6 +201,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     let mut opts = BridgeOptions::new(KeyspaceId::new(a.model.clone(), a.block_size, a.hash_scheme));
     opts.idle_reconnect = a.idle_reconnect;
     opts.replay_timeout = a.replay_timeout;
+    opts.max_replay_bytes = a.max_replay_bytes;
     opts.log_interval = a.metrics_interval;
     opts.serving_urls = serving_urls;
     if let Some(pod) = &a.pod_name {

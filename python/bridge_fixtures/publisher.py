@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """A stand-in for vLLM's / SGLang's KV-event publisher, for prefixlog's bridge tests.
 
-Sends exactly what the engines send (see shared/notes/kv-events.md, vLLM's
+Sends exactly what the engines send (vLLM 0.34's and SGLang 0.5.23's `ZmqEventPublisher`,
 `vllm/distributed/kv_events.py`): 3-frame messages [topic, seq (8-byte big-endian, from 0,
 +1 per batch), msgpack(KVEventBatch)], and answers replay requests on a ROUTER socket
-([client_id, b"", start_seq] -> [client_id, b"", seq, payload]... then the end marker
-[client_id, b"", (-1).to_bytes(8, "big", signed=True), b""]), keeping the last batches in a
-ring buffer as `ZmqEventPublisher` does.
+([client_id, b"", start_seq] -> [client_id, b"", topic, seq, payload]... then the end marker
+[client_id, b"", b"", (-1).to_bytes(8, "big", signed=True), b""]), keeping the last batches in
+a ring buffer as `ZmqEventPublisher` does. The upstream leg (tests/upstream) drives the bridge
+with the engines' own publishers from their released wheels; this stand-in keeps the Rust
+end-to-end test free of them.
 
 msgspec (vLLM's encoder) and msgpack-python produce the same bytes for these values: ints in
 their shortest form (u64 above 2**63, i64 for SGLang's signed hashes), floats as float64,
@@ -23,7 +25,7 @@ Usage:
   publisher.py selfcheck               compare this script's bytes with msgspec's (if installed)
   publisher.py serve-ns --port P      one engine storing blocks with extra_keys (see `serve_ns`)
   publisher.py serve --a P --a-replay P --b P --c P --c-replay P --d P --d-replay P --e P --e-replay P
-                                       --f P --f-replay P
+                                       --f P --f-replay P --j P --k P --l P
                                        run the end-to-end scenario (see `serve`)
 Token ids and hashes here are mirrored in tests/tests/bridge.rs and bridge/tests/wire.rs.
 """
@@ -108,6 +110,8 @@ J_TOKENS = toks(9000, 8)             # worker 7, first of two streams without a 
 J_HASH = [91, 92]
 K_TOKENS = toks(9500, 4)             # worker 7 again, second stream: its feed is taken
 K_HASH = [93]
+L_TOKENS = toks(9700, 20)            # worker 8, dp rank 1: resets, never gapped
+L_HASH = [101, 102, 103, 104, 105]
 
 
 def fixtures(out):
@@ -120,7 +124,8 @@ def fixtures(out):
         "vllm_array.msgpack": batch_array([
             stored_array(A_HASH[:2], None, A_TOKENS[:8]),
             stored_array([A_HASH[2]], A_HASH[1], A_TOKENS[8:12], lora_name="sql-lora",
-                         extra_keys=[["salt"]], tail=[1, "sliding_window", 128, "future"]),
+                         extra_keys=[["salt"]],
+                         tail=[1, "sliding_window", 128, None, None, None, None, "future"]),
             ["FutureEvent", 1, 2],
             ["BlockRemoved", [A_HASH[2]], "GPU", 1],
             ["AllBlocksCleared"],
@@ -222,8 +227,8 @@ class Engine:
         start_seq = int.from_bytes(start_seq_bytes, "big")
         for seq, buf in self.buffer:
             if seq >= start_seq:
-                self.replay.send_multipart((client_id, b"", seq.to_bytes(8, "big"), buf))
-        self.replay.send_multipart((client_id, b"", END_SEQ, b""))
+                self.replay.send_multipart((client_id, b"", self.topic, seq.to_bytes(8, "big"), buf))
+        self.replay.send_multipart((client_id, b"", b"", END_SEQ, b""))
         self.replays += 1
 
     def publish(self, payload, send=True):
@@ -242,14 +247,16 @@ class Engine:
 def serve(a):
     """Three engines, one after the other:
     A (worker 1, vLLM positional, replay): seq 2 is lost and recovered over the replay socket.
-    B (worker 2 dp 1, map layout, no replay socket; the bridge is pointed at a dead one): an
-      unknown event type (published as a gap), seq 2 lost for good (holder gapped); refused
-      events (token count, unknown medium, cache salt), a LoRA store, a host-tier (CPU) store
-      and a lane-1 store (group_idx 1).
+    B (worker 2 dp 1, map layout): refused events (token count, unknown medium, an unknown
+      field), a LoRA store, a cache-salt store, a host-tier (CPU) store and a lane-1 store
+      (group_idx 1).
+    L (worker 8 dp 1, map layout, no replay socket): an unknown event type, a lost batch and an
+      undecodable message each clear the worker and start over (never gapped).
     C (worker 3, SGLang short positional, signed hashes): stores, removes, then the engine
       restarts (new sockets, seq from 0) and stores a different chain.
     D (worker 4): the bridge joins after seq 0-4; replay from 0 recovers them (not gapped).
-    E (worker 5): the same with a 2-batch ring buffer: seq 0-2 are gone (gapped).
+    E (worker 5): the same with a 2-batch ring buffer: seq 0-2 are gone: cleared, started over at
+      seq 3.
     F (worker 6): restarts and publishes past its old last seq before the bridge re-subscribes.
     J, K (worker 7, no dp rank): two streams for one feed; the second one's batch is refused.
     """
@@ -259,7 +266,7 @@ def serve(a):
     eng_a.wait_subscriber()
     eng_a.publish(batch_array([stored_array(A_HASH[:2], None, A_TOKENS[:8])]))
     eng_a.publish(batch_array([stored_array([A_HASH[2]], A_HASH[1], A_TOKENS[8:12],
-                                            tail=[None, "full_attention", None, "future"])]))
+                                            tail=[None, "full_attention", None])]))
     eng_a.publish(batch_array([stored_array([A_HASH[3]], A_HASH[2], A_TOKENS[12:16])]), send=False)
     eng_a.publish(batch_array([stored_array([A_HASH[4]], A_HASH[3], A_TOKENS[16:20])]))
     eng_a.pump_until(lambda: eng_a.replays >= 1)  # answer the replay request
@@ -267,11 +274,8 @@ def serve(a):
 
     eng_b = Engine(ctx, a.b)
     eng_b.wait_subscriber()
-    # An event type the bridge does not know: it could have been a removal, so the bridge
-    # publishes this batch as a gap (B is gapped anyway by the batch lost below).
-    eng_b.publish(batch_map([stored_map(B_HASH[:2], None, B_TOKENS[:8], future_key=1),
-                             {"type": "FutureEvent", "x": 1}], dp_rank=1))
     eng_b.publish(batch_map([
+        stored_map(B_HASH[:2], None, B_TOKENS[:8]),
         stored_map([B_HASH[2]], None, B_TOKENS[:4], group_idx=1,
                    kv_cache_spec_kind="sliding_window", kv_cache_spec_sliding_window=128),
         stored_map([99], None, B_TOKENS[:6]),                  # 6 tokens: refused
@@ -280,14 +284,29 @@ def serve(a):
         stored_map([97], None, B_TOKENS[:4], lora_name="adapter",
                    extra_keys=[["adapter"]]),          # LoRA by name: its own namespace
         stored_map([96], None, B_TOKENS[:4], extra_keys=[["salt"]]),  # cache_salt: its own chain
+        stored_map([94], None, B_TOKENS[:4], future_key=1),  # a field the bridge does not know: refused
     ], dp_rank=1))
-    eng_b.publish(batch_map([{"type": "BlockRemoved", "block_hashes": [B_HASH[1]]}], dp_rank=1),
-                  send=False)  # lost, and there is no replay socket
     eng_b.publish(batch_map([stored_map([B_HASH[3]], B_HASH[1], B_TOKENS[8:12])], dp_rank=1))
-    # Not msgpack: published as a gap, to B's feed (dp rank 1 from its last batch), not rank 0.
-    eng_b.publish(b"\xc1 not msgpack")
     eng_b.pump(0.5)
     print("engine B done", flush=True)
+
+    # L (worker 8, dp 1, no replay socket): every event it cannot prove clears the worker and
+    # starts over, never leaving it gapped: an unknown event type (could have been a removal),
+    # a lost batch, an undecodable message. Only the store after the last of them is held.
+    eng_l = Engine(ctx, a.l)
+    eng_l.wait_subscriber()
+    eng_l.publish(batch_map([stored_map([L_HASH[0]], None, L_TOKENS[0:4])], dp_rank=1))
+    eng_l.publish(batch_map([stored_map([L_HASH[1]], None, L_TOKENS[4:8]),
+                             {"type": "FutureEvent", "x": 1}], dp_rank=1))
+    eng_l.publish(batch_map([stored_map([L_HASH[2]], None, L_TOKENS[8:12])], dp_rank=1))
+    eng_l.publish(batch_map([{"type": "BlockRemoved", "block_hashes": [L_HASH[2]]}], dp_rank=1),
+                  send=False)  # lost, and there is no replay socket
+    eng_l.publish(batch_map([stored_map([L_HASH[3]], None, L_TOKENS[12:16])], dp_rank=1))
+    # Not msgpack: names no rank; its reset goes to L's feed (dp 1 from its last batch).
+    eng_l.publish(b"\xc1 not msgpack")
+    eng_l.publish(batch_map([stored_map([L_HASH[4]], None, L_TOKENS[16:20])], dp_rank=1))
+    eng_l.pump(0.5)
+    print("engine L done", flush=True)
 
     eng_c = Engine(ctx, a.c, a.c_replay)
     eng_c.wait_subscriber()
@@ -317,8 +336,8 @@ def serve(a):
     eng_d.pump_until(lambda: eng_d.replays >= 1)
     print(f"engine D done (replays answered: {eng_d.replays})", flush=True)
     # E: the same, but the ring buffer keeps only 2 batches: when the replay request comes (after
-    # live seq 4) it holds seq 3-4, so seq 0-2 stay missing and the holder is gapped. Each batch
-    # stores one root block.
+    # live seq 4) it holds seq 3-4, so seq 0-2 cannot be recovered: the worker is cleared and
+    # starts over at seq 3. Each batch stores one root block.
     eng_e = Engine(ctx, a.e, a.e_replay, buffer_steps=2)
     for i in range(4):
         eng_e.publish(batch_array([stored_array([E_HASH[i]], None, E_TOKENS[4 * i:4 * i + 4])]), send=False)
@@ -356,7 +375,7 @@ def serve(a):
     eng_k.publish(batch_array([stored_array(K_HASH, None, K_TOKENS)]))
     eng_k.pump(0.5)
     print("engines J and K done", flush=True)
-    for e in (eng_a, eng_b, eng_c, eng_d, eng_e, eng_f, eng_j, eng_k):
+    for e in (eng_a, eng_b, eng_l, eng_c, eng_d, eng_e, eng_f, eng_j, eng_k):
         e.close()
     ctx.term()
     print("DONE", flush=True)
@@ -479,7 +498,7 @@ def main():
     n.add_argument("--port", type=int, required=True)
     s = sub.add_parser("serve")
     for name in ("a", "a-replay", "b", "c", "c-replay", "d", "d-replay", "e", "e-replay", "f",
-                 "f-replay", "j", "k"):
+                 "f-replay", "j", "k", "l"):
         s.add_argument(f"--{name}", type=int, required=True)
     a = p.parse_args()
     if a.cmd == "fixtures":

@@ -124,18 +124,22 @@ def match_request(
     tier_weights: Optional[Dict] = None,
     cache_salt: str = "",
     extra: Sequence[Tuple[int, Sequence[str]]] = (),
+    mm_inputs: Sequence[Tuple[str, int, int]] = (),
+    lookahead: int = 0,
 ) -> query_pb2.MatchRequest:
     """The MatchRequest for one query. Exactly one prompt form: `tokens` (hashed by the replica,
     under `namespace`, `cache_salt` and the per-block keys `extra`: (block index, [multimodal
-    identifier, ...]) pairs) or `hashes` (canonical local hashes, all of these already applied).
+    identifier, ...]) pairs, the placed multimodal inputs `mm_inputs`: (identifier, offset, length),
+    and vLLM's hash `lookahead`) or `hashes` (canonical local hashes, all of these already applied).
     `tiers`: the storage tiers that count, in preference order ("gpu", "host", "disk",
     "external"; empty: all); `tier_weights`: {tier: per mille}, answers ordered by the
     weighted score."""
     if (tokens is None) == (hashes is None):
         raise ValueError("pass exactly one of tokens= and hashes=")
-    if (namespace or cache_salt or extra) and tokens is None:
-        raise ValueError("namespace=, cache_salt= and extra= apply to tokens=; hashes carry them already "
-                         "(block_hashes(..., namespace, cache_salt=, extra=))")
+    if (namespace or cache_salt or extra or mm_inputs or lookahead) and tokens is None:
+        raise ValueError("namespace=, cache_salt=, extra=, mm_inputs= and lookahead= apply to tokens=; "
+                         "hashes carry them already (block_hashes(..., namespace, cache_salt=, extra=, "
+                         "mm_inputs=, lookahead=))")
     model, block_size, scheme = keyspace
     req = query_pb2.MatchRequest(
         keyspace=records_pb2.Keyspace(model=model, block_size=block_size, hash_scheme=scheme),
@@ -151,6 +155,9 @@ def match_request(
         req.tokens.cache_salt = cache_salt
         for block, ids in extra:
             req.tokens.extra.add(block=block, mm_ids=list(ids))
+        for ident, offset, length in mm_inputs:
+            req.tokens.mm_inputs.add(id=ident, offset=offset, length=length)
+        req.tokens.lookahead = lookahead
     else:
         req.hashes.local.extend(hashes)
     if top_k is not None:

@@ -234,6 +234,8 @@ class AsyncIndexClient:
         tier_weights: Optional[Dict] = None,
         cache_salt: str = "",
         extra: Sequence[Tuple[int, Sequence[str]]] = (),
+        mm_inputs: Sequence[Tuple[str, int, int]] = (),
+        lookahead: int = 0,
     ) -> MatchResult:
         """See IndexClient.match: the same arguments (`min_offsets` in next offsets, e.g. a
         previous answer's `applied` unchanged) and the same fail-open outcomes, sharded or not."""
@@ -242,7 +244,7 @@ class AsyncIndexClient:
             intervals=intervals, min_offsets=min_offsets, allow_stale=allow_stale,
             candidate_workers=candidate_workers, exclude_gapped=exclude_gapped,
             tiers=tiers, tier_weights=tier_weights,
-            cache_salt=cache_salt, extra=extra,
+            cache_salt=cache_salt, extra=extra, mm_inputs=mm_inputs, lookahead=lookahead,
         )
         await self._ready()
         end = time.monotonic() + (self.deadline if deadline is None else deadline)

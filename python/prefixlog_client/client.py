@@ -286,13 +286,18 @@ class IndexClient:
         tier_weights: Optional[Dict] = None,
         cache_salt: str = "",
         extra: Sequence[Tuple[int, Sequence[str]]] = (),
+        mm_inputs: Sequence[Tuple[str, int, int]] = (),
+        lookahead: int = 0,
     ) -> MatchResult:
         """Which workers hold the longest prefix of the prompt in `keyspace` (model, block
         size, hash scheme). The prompt is `tokens` (token ids, hashed by the replica under
         `namespace`, e.g. a LoRA adapter's name, "" for the base model) or `hashes` (local block
         hashes from block_hashes(), which carry the namespace already). A token prompt run with
         vLLM's `cache_salt`, or with multimodal inputs, names them too: `cache_salt`, and `extra`
-        as (block index, [identifier, ...]) for every block an input's tokens overlap.
+        as (block index, [identifier, ...]) for every block an input's tokens overlap (older
+        vLLM), or, for vLLM >= 0.34 which keys blocks by each input's offset too, `mm_inputs` as
+        (identifier, offset, length) of each input's placeholder tokens in the prompt. A vLLM
+        run with a hash lookahead (speculative decoding) names it: `lookahead`.
 
         `min_offsets`: consistency token in next offsets (prefixlog_client.tokens) -- answer
         only once every record below each offset is applied; pass a previous answer's `applied`
@@ -314,7 +319,7 @@ class IndexClient:
             intervals=intervals, min_offsets=min_offsets, allow_stale=allow_stale,
             candidate_workers=candidate_workers, exclude_gapped=exclude_gapped,
             tiers=tiers, tier_weights=tier_weights,
-            cache_salt=cache_salt, extra=extra,
+            cache_salt=cache_salt, extra=extra, mm_inputs=mm_inputs, lookahead=lookahead,
         )
         end = time.monotonic() + (self.deadline if deadline is None else deadline)
         smap = self._map

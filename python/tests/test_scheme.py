@@ -14,11 +14,13 @@ def test_golden_vectors():
     assert len(g["cases"]) >= 5
     for c in g["cases"]:
         hs = block_hashes(c["tokens"], c["block_size"], c.get("namespace", ""),
-                          cache_salt=c.get("cache_salt", ""), extra=c.get("extra"))
+                          cache_salt=c.get("cache_salt", ""), extra=c.get("extra"),
+                          mm_inputs=c.get("mm_inputs"), lookahead=c.get("lookahead", 0))
         got = ["%016x" % h for h in hs]
         assert got == c["hashes"], c["name"]
     names = {c["name"] for c in g["cases"]}
-    assert {"cache_salt", "mm_second_block", "lora_salt_mm"} <= names, "the keyed cases are pinned"
+    assert {"cache_salt", "mm_second_block", "lora_salt_mm", "mm_input_at_offset_2", "lookahead_1",
+            "lookahead_2_salt_mm_in_window"} <= names, "the keyed cases are pinned"
 
 
 def test_partial_tail_and_chaining():

@@ -13,6 +13,11 @@ const NOT_FOUND_MAX_BYTES: usize = 1000;
 /// Most `candidate_workers` a request may name: far more than any fleet a gateway routes to,
 /// and small enough that copying and sorting them stays cheap next to the match.
 pub const MAX_CANDIDATES: usize = 65_536;
+/// Largest `TokenIds.lookahead`: vLLM's lookahead is a drafter's few tokens; a bound keeps the
+/// per-block key proportional to the block.
+pub const MAX_LOOKAHEAD: u32 = 1024;
+/// Most `TokenIds.mm_inputs` a request may name (each costs a key per block it overlaps).
+pub const MAX_MM_INPUTS: usize = 4096;
 
 /// A validated request.
 pub struct Checked {
@@ -80,7 +85,19 @@ fn locals(id: &KeyspaceId, prompt: Option<&Prompt>, max_blocks: usize) -> Result
                     scheme::SCHEME_XXH3_CHAINED
                 )));
             }
-            let n = t.ids.len() / id.block_size as usize;
+            if t.lookahead > MAX_LOOKAHEAD {
+                return Err(Status::invalid_argument(format!(
+                    "lookahead {} is over this replica's limit of {MAX_LOOKAHEAD} tokens",
+                    t.lookahead
+                )));
+            }
+            if t.mm_inputs.len() > MAX_MM_INPUTS {
+                return Err(Status::invalid_argument(format!(
+                    "{} mm_inputs; at most {MAX_MM_INPUTS}",
+                    t.mm_inputs.len()
+                )));
+            }
+            let n = scheme::hashable_blocks(t.ids.len(), id.block_size as usize, t.lookahead as usize);
             if n > max_blocks {
                 return Err(too_many(n));
             }
@@ -89,11 +106,23 @@ fn locals(id: &KeyspaceId, prompt: Option<&Prompt>, max_blocks: usize) -> Result
     }
 }
 
-/// A token prompt's locals with its namespace inputs (LoRA name, cache salt, per-block keys).
+/// A token prompt's locals with its namespace inputs (LoRA name, cache salt, per-block keys,
+/// placed multimodal inputs, lookahead).
 fn token_locals(t: &prefixlog_proto::v1::TokenIds, block_size: usize) -> Vec<u64> {
     let extra: Vec<(usize, Vec<&str>)> =
         t.extra.iter().map(|e| (e.block as usize, e.mm_ids.iter().map(String::as_str).collect())).collect();
-    let ns = scheme::Namespace { lora: &t.namespace, cache_salt: &t.cache_salt, extra: &extra };
+    let mm: Vec<scheme::MmInput<'_>> = t
+        .mm_inputs
+        .iter()
+        .map(|m| scheme::MmInput { id: &m.id, offset: m.offset, length: m.length })
+        .collect();
+    let ns = scheme::Namespace {
+        lora: &t.namespace,
+        cache_salt: &t.cache_salt,
+        extra: &extra,
+        mm_inputs: &mm,
+        lookahead: t.lookahead as usize,
+    };
     scheme::block_hashes_with(&ns, &t.ids, block_size)
 }
 
@@ -223,9 +252,10 @@ mod tests {
                 BlockExtraKeys { block: 2, mm_ids: vec!["img".into()] },
                 BlockExtraKeys { block: 9, mm_ids: vec!["past the prompt".into()] },
             ],
+            ..Default::default()
         };
         let img = [(1, vec!["img"]), (2, vec!["img"])];
-        let ns = scheme::Namespace { lora: "lora", cache_salt: "tenant", extra: &img };
+        let ns = scheme::Namespace { lora: "lora", cache_salt: "tenant", extra: &img, ..Default::default() };
         let got = ask(keyed.clone());
         assert_eq!(got, scheme::block_hashes_with(&ns, &ids, 4));
         let unsalted = ask(TokenIds { cache_salt: String::new(), ..keyed.clone() });
@@ -234,6 +264,16 @@ mod tests {
         assert_eq!((got[0] == no_image[0], got[1] == no_image[1]), (true, false));
         let plain = ask(TokenIds { ids: ids.clone(), ..Default::default() });
         assert_eq!(plain, scheme::block_hashes(&ids, 4), "plain prompts hash as before");
+        // Placed inputs and lookahead reach the scheme as given.
+        let placed = TokenIds {
+            ids: ids.clone(),
+            mm_inputs: vec![prefixlog_proto::v1::MultimodalInput { id: "img".into(), offset: 2, length: 5 }],
+            lookahead: 1,
+            ..Default::default()
+        };
+        let mm = [scheme::MmInput { id: "img", offset: 2, length: 5 }];
+        let ns = scheme::Namespace { mm_inputs: &mm, lookahead: 1, ..Default::default() };
+        assert_eq!(ask(placed), scheme::block_hashes_with(&ns, &ids, 4));
     }
 
     #[test]

@@ -1,12 +1,14 @@
 //! The engine bridge end to end: a Python stand-in for vLLM / SGLang (pyzmq + msgpack,
 //! `python/bridge_fixtures/publisher.py`) → `prefixlog_bridge` → Kafka (every available
 //! backend) → a replica → `match_chain`. Covers both msgpack layouts, a gap answered over the
-//! replay socket (complete, not gapped), a gap whose replay fails (holder gapped), refused events,
-//! a cache-group lane, an engine restart (old blocks cleared), and a bridge joining running
-//! engines (replay from 0 recovers everything; a too-short replay buffer leaves it gapped), an
-//! engine restart the sequence numbers do not show (told through the replay socket), an
-//! undecodable message (its gap goes to the stream's own dp rank), and two streams of one worker
-//! without dp ranks meeting in one feed (the second one's batch is not published).
+//! replay socket (complete, not gapped), losses that cannot be recovered (an unknown event
+//! type, a gap without replay, an undecodable message: each clears the worker through a new
+//! epoch and starts over, never gapped), refused events (an unknown field among them), a
+//! cache-group lane, an engine restart (old blocks cleared), a bridge joining running engines
+//! (replay from 0 recovers everything; a too-short replay buffer starts over where it reaches),
+//! an engine restart the sequence numbers do not show (told through the replay socket), an
+//! undecodable message (its reset goes to the stream's own dp rank), and two streams of one
+//! worker without dp ranks meeting in one feed (the second one's batch is not published).
 //!
 //! Needs a Python with pyzmq and msgpack: `$PREFIXLOG_VENV/bin/python`, else
 //! `~/.cache/prefixlog/venv/bin/python`, else `python3`. Without one the test prints
@@ -62,8 +64,8 @@ async fn python_engines_through_bridge_to_replica() {
         let spec = replicas::spec(&b.brokers, &topic, P);
         let r = replicas::replica(&spec, "bridge").await;
         let publisher = Publisher::new(&spec).unwrap();
-        let [pa, pa_replay, pb, pc, pc_replay, dead, pd, pd_replay, pe, pe_replay, pf, pf_replay, pj, pk] =
-            [(); 14].map(|_| listen_port());
+        let [pa, pa_replay, pb, pc, pc_replay, dead, pd, pd_replay, pe, pe_replay, pf, pf_replay, pj, pk, pl] =
+            [(); 15].map(|_| listen_port());
         let ep = |p: u16| format!("tcp://127.0.0.1:{p}");
         let engines = vec![
             EngineSpec {
@@ -124,6 +126,14 @@ async fn python_engines_through_bridge_to_replica() {
                 dp_rank: None,
                 topic: String::new(),
             },
+            // L: no replay socket; every loss clears the worker and starts over.
+            EngineSpec {
+                endpoint: ep(pl),
+                replay_endpoint: None,
+                worker: 8,
+                dp_rank: None,
+                topic: String::new(),
+            },
         ];
         let mut opts = BridgeOptions::new(ks());
         // Generous, CI is a loaded 2-core machine: a stalled publisher must not look idle (a
@@ -156,6 +166,7 @@ async fn python_engines_through_bridge_to_replica() {
             ("--f-replay", pf_replay),
             ("--j", pj),
             ("--k", pk),
+            ("--l", pl),
         ] {
             args.extend([flag.to_string(), port.to_string()]);
         }
@@ -167,24 +178,31 @@ async fn python_engines_through_bridge_to_replica() {
         let want = [
             // A: seq 2 lost live, recovered over the replay socket: whole chain, not gapped.
             (HolderKey::new(1, 0, 0), a_prompt.clone(), (5, false)),
-            // B (dp 1 from the map batches): seq 2 lost without replay: 3 blocks, gapped; the
-            // group_idx 1 store is lane 1 (gapped too: the gap concerns the whole feed).
-            (HolderKey::new(2, 1, 0), b_prompt.clone(), (3, true)),
-            (HolderKey::new(2, 1, 1), b_prompt[..4].to_vec(), (1, true)),
+            // B (dp 1 from the map batches): its chain of 3, and the group_idx 1 store on lane 1.
+            (HolderKey::new(2, 1, 0), b_prompt.clone(), (3, false)),
+            (HolderKey::new(2, 1, 1), b_prompt[..4].to_vec(), (1, false)),
             // C: restarted: the old chain is cleared by the new epoch, the new one is held.
             (HolderKey::new(3, 0, 0), c_old.clone(), (0, false)),
             (HolderKey::new(3, 0, 0), c_new.clone(), (2, false)),
             // D: joined after seq 0-4, all recovered by replay from 0.
             (HolderKey::new(4, 0, 0), toks(5000, 24), (6, false)),
             // E: when the replay was asked, the 2-batch ring buffer held seq 3-4 (4 had just been
-            // published): seq 0-2 are missing, 3 recovered, 4 live; gapped.
-            (HolderKey::new(5, 0, 0), toks(6000, 4), (0, true)),
-            (HolderKey::new(5, 0, 0), toks(6008, 4), (0, true)),
-            (HolderKey::new(5, 0, 0), toks(6012, 4), (1, true)),
-            (HolderKey::new(5, 0, 0), toks(6016, 4), (1, true)),
+            // published): seq 0-2 cannot be recovered, so the worker started over at seq 3 (a new
+            // epoch): 3 replayed, 4 live; not gapped.
+            (HolderKey::new(5, 0, 0), toks(6000, 4), (0, false)),
+            (HolderKey::new(5, 0, 0), toks(6008, 4), (0, false)),
+            (HolderKey::new(5, 0, 0), toks(6012, 4), (1, false)),
+            (HolderKey::new(5, 0, 0), toks(6016, 4), (1, false)),
             // F: restarted past its old last seq: told by the replayed copy; old chain cleared.
             (HolderKey::new(6, 0, 0), toks(7000, 8), (0, false)),
             (HolderKey::new(6, 0, 0), toks(8000, 20), (5, false)),
+            // L: an unknown event type, a lost batch, an undecodable message: each cleared the
+            // worker (its removal may be among them); only the store after the last is held.
+            (HolderKey::new(8, 1, 0), toks(9700, 4), (0, false)),
+            (HolderKey::new(8, 1, 0), toks(9704, 4), (0, false)),
+            (HolderKey::new(8, 1, 0), toks(9708, 4), (0, false)),
+            (HolderKey::new(8, 1, 0), toks(9712, 4), (0, false)),
+            (HolderKey::new(8, 1, 0), toks(9716, 4), (1, false)),
         ];
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
@@ -204,11 +222,11 @@ async fn python_engines_through_bridge_to_replica() {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         assert_eq!(probe(&r, HolderKey::new(7, 0, 0), &k_prompt), (0, false), "{}: K", b.name);
-        // B's undecodable message went to B's feed (dp 1), not to a feed of dp rank 0.
+        // L's undecodable message went to L's feed (dp 1), not to a feed of dp rank 0.
         {
             let a = r.applier().lock();
-            let feeds = &a.partition(prefixlog_engine::partition_of(2, P)).feeds;
-            assert!(!feeds.keys().any(|k| k.worker == 2 && k.dp_rank == 0), "{}: a (2, 0) feed", b.name);
+            let feeds = &a.partition(prefixlog_engine::partition_of(8, P)).feeds;
+            assert!(!feeds.keys().any(|k| k.worker == 8 && k.dp_rank == 0), "{}: a (8, 0) feed", b.name);
         }
         // The same scores through the replica's gRPC query service, prompts as token ids.
         let mut client = PrefixIndexClient::connect(r.endpoint()).await.unwrap();
@@ -283,47 +301,52 @@ async fn python_engines_through_bridge_to_replica() {
             metrics.iter().find(|(s, _)| s.worker == w).and_then(|(_, m)| m.get(name)).unwrap_or(0)
         };
         assert_eq!(
-            (get(1, "gaps"), get(1, "replays_ok"), get(1, "replayed_batches"), get(1, "gaps_published")),
+            (get(1, "gaps"), get(1, "replays_ok"), get(1, "replayed_batches"), get(1, "resets_gap")),
             (1, 1, 1, 0),
             "{}: A",
             b.name
         );
-        assert_eq!(get(1, "fields_ignored"), 1, "{}: the extra tail element", b.name);
-        // B: the unknown event type, the lost batch and the undecodable message are each
-        // published as a gap.
-        assert_eq!(get(2, "events_unknown_type"), 1, "{}", b.name);
+        assert_eq!(get(1, "fields_ignored"), 0, "{}: A sends only known fields", b.name);
+        // B: refusals, and its one unknown field (the store carrying it refused).
         assert_eq!(
             (
-                get(2, "gaps"),
-                get(2, "replays_failed"),
-                get(2, "gaps_published"),
-                get(2, "messages_undecodable")
+                get(2, "refused_token_count"),
+                get(2, "refused_medium"),
+                get(2, "refused_unknown_field"),
+                get(2, "fields_ignored")
             ),
-            (1, 1, 3, 1),
+            (1, 1, 1, 1),
             "{}: B",
             b.name
         );
+        assert_eq!((get(2, "gaps"), get(2, "resets_gap"), get(2, "resets_lost")), (0, 0, 0), "{}: B", b.name);
+        // L: the unknown event type and the undecodable message (lost), the gap without replay.
         assert_eq!(
-            (get(2, "refused_token_count"), get(2, "refused_medium"), get(2, "refused_namespaced")),
-            (1, 1, 0),
-            "{}",
+            (
+                get(8, "events_unknown_type"),
+                get(8, "messages_undecodable"),
+                get(8, "gaps"),
+                get(8, "resets_lost"),
+                get(8, "resets_gap")
+            ),
+            (1, 1, 1, 2, 1),
+            "{}: L",
             b.name
         );
-        assert!(get(2, "fields_ignored") >= 1, "{}", b.name);
         assert_eq!(get(3, "epochs"), 1, "{}: C restarted once", b.name);
         assert_eq!(
-            (get(4, "gaps"), get(4, "replayed_batches"), get(4, "gaps_published")),
+            (get(4, "gaps"), get(4, "replayed_batches"), get(4, "resets_gap")),
             (1, 5, 0),
             "{}: D",
             b.name
         );
         assert_eq!(
-            (get(5, "gaps"), get(5, "replayed_batches"), get(5, "gaps_published")),
+            (get(5, "gaps"), get(5, "replayed_batches"), get(5, "resets_gap")),
             (1, 1, 1),
             "{}: E",
             b.name
         );
-        assert_eq!(get(3, "gaps_published"), 0, "{}", b.name);
+        assert_eq!(get(3, "resets_gap"), 0, "{}", b.name);
         assert_eq!(get(3, "events_published"), 6, "{}: 3 stores + 1 removal, then 2 stores", b.name);
         assert_eq!(
             (
@@ -331,7 +354,7 @@ async fn python_engines_through_bridge_to_replica() {
                 get(6, "gaps"),
                 get(6, "replays_ok"),
                 get(6, "replayed_batches"),
-                get(6, "gaps_published")
+                get(6, "resets_gap")
             ),
             (1, 1, 2, 4, 0),
             "{}: F",

@@ -97,9 +97,16 @@ class StubModule(types.ModuleType):
 
     __path__: list[str] = []  # a package, so `import stub.sub` works too
 
+    _real: set[str] = set()
+
     def __getattr__(self, name):
         if name.startswith("__") and name.endswith("__"):
             raise AttributeError(name)
+        if f"{self.__name__}.{name}" in self._real:
+            # `from pkg import submodule` of a module loaded for real.
+            import importlib
+
+            return importlib.import_module(f"{self.__name__}.{name}")
         if name == "init_logger":
             import logging
 
@@ -147,6 +154,7 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def create_module(self, spec):
         module = StubModule(spec.name)
         module.__path__ = []
+        module._real = self.real
         return module
 
     def exec_module(self, module):

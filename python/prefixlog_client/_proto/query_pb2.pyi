@@ -14,16 +14,30 @@ class EchoMessage(_message.Message):
     def __init__(self, payload: _Optional[bytes] = ...) -> None: ...
 
 class TokenIds(_message.Message):
-    __slots__ = ("ids", "namespace", "cache_salt", "extra")
+    __slots__ = ("ids", "namespace", "cache_salt", "extra", "mm_inputs", "lookahead")
     IDS_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     EXTRA_FIELD_NUMBER: _ClassVar[int]
+    MM_INPUTS_FIELD_NUMBER: _ClassVar[int]
+    LOOKAHEAD_FIELD_NUMBER: _ClassVar[int]
     ids: _containers.RepeatedScalarFieldContainer[int]
     namespace: str
     cache_salt: str
     extra: _containers.RepeatedCompositeFieldContainer[BlockExtraKeys]
-    def __init__(self, ids: _Optional[_Iterable[int]] = ..., namespace: _Optional[str] = ..., cache_salt: _Optional[str] = ..., extra: _Optional[_Iterable[_Union[BlockExtraKeys, _Mapping]]] = ...) -> None: ...
+    mm_inputs: _containers.RepeatedCompositeFieldContainer[MultimodalInput]
+    lookahead: int
+    def __init__(self, ids: _Optional[_Iterable[int]] = ..., namespace: _Optional[str] = ..., cache_salt: _Optional[str] = ..., extra: _Optional[_Iterable[_Union[BlockExtraKeys, _Mapping]]] = ..., mm_inputs: _Optional[_Iterable[_Union[MultimodalInput, _Mapping]]] = ..., lookahead: _Optional[int] = ...) -> None: ...
+
+class MultimodalInput(_message.Message):
+    __slots__ = ("id", "offset", "length")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    offset: int
+    length: int
+    def __init__(self, id: _Optional[str] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
 
 class BlockExtraKeys(_message.Message):
     __slots__ = ("block", "mm_ids")
