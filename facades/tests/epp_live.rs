@@ -194,7 +194,7 @@ impl Envoy {
         else {
             panic!("the headers are answered first, without a destination")
         };
-        self.send(Msg::RequestBody(HttpBody { body: body.to_vec(), end_of_stream: true }), None).await;
+        self.send(Msg::RequestBody(body_chunk(body, true)), None).await;
         let r = self.rx.message().await.unwrap().unwrap();
         let Some(Reply::RequestBody(b)) = r.response else { panic!("the body answer: {r:?}") };
         destination(b.response, r.dynamic_metadata)
@@ -240,8 +240,7 @@ impl Envoy {
         self.send(Msg::RequestHeaders(http), hint.map(subset)).await;
         let chunks: Vec<&[u8]> = body.chunks(chunk).collect();
         for (i, c) in chunks.iter().enumerate() {
-            let b = HttpBody { body: c.to_vec(), end_of_stream: i + 1 == chunks.len() };
-            self.send(Msg::RequestBody(b), None).await;
+            self.send(Msg::RequestBody(body_chunk(c, i + 1 == chunks.len())), None).await;
         }
         self.outcome().await
     }
@@ -298,8 +297,8 @@ impl Envoy {
         self.send(Msg::ResponseHeaders(HttpHeaders::default()), None).await;
         assert!(matches!(self.next().await, Reply::ResponseHeaders(_)));
         let (a, b) = body.split_at(body.len() / 2);
-        self.send(Msg::ResponseBody(HttpBody { body: a.to_vec(), end_of_stream: false }), None).await;
-        self.send(Msg::ResponseBody(HttpBody { body: b.to_vec(), end_of_stream: true }), None).await;
+        self.send(Msg::ResponseBody(body_chunk(a, false)), None).await;
+        self.send(Msg::ResponseBody(body_chunk(b, true)), None).await;
         let mut out = Vec::new();
         loop {
             let Reply::ResponseBody(r) = self.next().await else { panic!("a response body chunk") };
@@ -314,6 +313,11 @@ impl Envoy {
             }
         }
     }
+}
+
+/// A body chunk as Envoy sends it in full-duplex or buffered mode.
+fn body_chunk(body: &[u8], end_of_stream: bool) -> HttpBody {
+    HttpBody { body: body.to_vec(), end_of_stream, ..Default::default() }
 }
 
 fn subset(endpoints: &[&str]) -> Metadata {
@@ -473,11 +477,56 @@ async fn a_stalled_request_is_ended() {
         start_with("prefixlog.epp.stall", 0, 4, Duration::from_millis(50)).await;
     let mut envoy = Envoy::open(&ext).await;
     envoy.send(Msg::RequestHeaders(HttpHeaders::default()), None).await;
-    envoy
-        .send(Msg::RequestBody(HttpBody { body: b"{\"model\":".to_vec(), end_of_stream: false }), None)
-        .await;
+    envoy.send(Msg::RequestBody(body_chunk(b"{\"model\":", false)), None).await;
     let status = envoy.rx.message().await.expect_err("the stream ends with an error");
     assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status}");
+}
+
+/// The GRPC body send mode (gRPC messages one by one) is not served: announced on the first
+/// message, or seen in a body's GRPC-only fields (request or response path), the stream ends
+/// with UNIMPLEMENTED, so the data plane applies its failure mode; each is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_grpc_body_mode_is_refused() {
+    let (_kafka, spec, node, ext) = start("prefixlog.epp.grpc", 0, 8).await;
+    publish(&spec, &node, &[(1, "llama")], &[]).await;
+    wait_ready(&ext).await;
+    let refused = |what: &str, r: Result<Option<ProcessingResponse>, tonic::Status>| {
+        let status = r.expect_err("the stream ends with an error status");
+        assert_eq!(status.code(), tonic::Code::Unimplemented, "{what}: {status}");
+        assert!(status.message().contains("GRPC"), "{what}: {status}");
+    };
+    let (full_duplex, grpc) = (4, 5);
+    for (request_body_mode, response_body_mode) in [(grpc, full_duplex), (full_duplex, grpc)] {
+        let mut envoy = Envoy::open(&ext).await;
+        let mode = ProtocolConfiguration { request_body_mode, response_body_mode, ..Default::default() };
+        let first = ProcessingRequest {
+            request: Some(Msg::RequestHeaders(HttpHeaders::default())),
+            protocol_config: Some(mode),
+            ..Default::default()
+        };
+        envoy.tx.send(first).await.unwrap();
+        refused("announced", envoy.rx.message().await);
+    }
+    let compressed = HttpBody { body: vec![0; 5], grpc_message_compressed: true, ..Default::default() };
+    let half_close =
+        HttpBody { end_of_stream: true, end_of_stream_without_message: true, ..Default::default() };
+    for body in [compressed.clone(), half_close] {
+        let mut envoy = Envoy::open(&ext).await;
+        envoy.send(Msg::RequestHeaders(HttpHeaders::default()), None).await;
+        envoy.send(Msg::RequestBody(body), None).await;
+        refused("request body", envoy.rx.message().await);
+    }
+    // Routed first (full duplex): a framed response body ends the stream as well.
+    let mut envoy = Envoy::open(&ext).await;
+    assert_eq!(routed_to(&envoy.request(&completion("llama", "w1", 0), 64, None).await), endpoint(1));
+    envoy.send(Msg::ResponseHeaders(HttpHeaders::default()), None).await;
+    assert!(matches!(envoy.next().await, Reply::ResponseHeaders(_)));
+    envoy.send(Msg::ResponseBody(compressed), None).await;
+    refused("response body", envoy.rx.message().await);
+
+    let text = prefixlog_query::metrics::render(node.registry());
+    let unimplemented = r#"code="UNIMPLEMENTED",protocol="gie-epp",rpc="Process",shard="all"} 5"#;
+    assert!(text.contains(unimplemented), "{text}");
 }
 
 /// Two replicas of one log behind their pickers route alike, and a record on the log is routed

@@ -7,6 +7,11 @@
 //! headers are answered at once, the one body message with the destination. On the response
 //! path everything is passed on unchanged; the request's place in its endpoint's load is given
 //! back when the response ends (or, dropping the [`Exchange`], when the stream does).
+//!
+//! The GRPC body send mode (gRPC messages one by one, announced in `protocol_config`, or seen
+//! in a body's `end_of_stream_without_message` / `grpc_message_compressed`) is not served: the
+//! picker reads OpenAI JSON, and its chunked echo would split messages. Such a stream ends with
+//! UNIMPLEMENTED ([`StreamError`]), and the data plane applies its failure mode.
 
 use super::endpoints::subset_hint;
 use super::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
@@ -19,6 +24,7 @@ use super::replies;
 use super::BodyMode;
 use crate::metrics::FacadeMetrics;
 use std::net::SocketAddr;
+use tonic::Status;
 
 /// What to do after one message.
 #[derive(Debug)]
@@ -27,6 +33,40 @@ pub enum Step {
     Reply(Vec<ProcessingResponse>),
     /// Send this immediate response and end the stream.
     Done(ProcessingResponse),
+    /// End the stream with this status (the data plane applies its failure mode).
+    Close(Status),
+}
+
+/// Why a stream is not served at all.
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError {
+    #[error(
+        "the {0} body send mode GRPC is not supported by this endpoint picker \
+         (configure FULL_DUPLEX_STREAMED or BUFFERED)"
+    )]
+    GrpcBodyMode(&'static str),
+    #[error(
+        "a {0} body message carries gRPC message framing (end_of_stream_without_message or \
+         grpc_message_compressed), used only by the GRPC body send mode, which this endpoint \
+         picker does not support"
+    )]
+    GrpcFraming(&'static str),
+}
+
+impl StreamError {
+    pub fn status(&self) -> Status {
+        Status::unimplemented(self.to_string())
+    }
+}
+
+/// The GRPC body mode's framing on a body message, which the picker cannot pass on as chunks.
+fn grpc_framing(m: &Option<Msg>) -> Result<(), StreamError> {
+    let framed = |b: &HttpBody| b.end_of_stream_without_message || b.grpc_message_compressed;
+    match m {
+        Some(Msg::RequestBody(b)) if framed(b) => Err(StreamError::GrpcFraming("request")),
+        Some(Msg::ResponseBody(b)) if framed(b) => Err(StreamError::GrpcFraming("response")),
+        _ => Ok(()),
+    }
 }
 
 /// Where the request is.
@@ -78,8 +118,9 @@ impl Exchange {
     }
 
     pub async fn on(&mut self, m: ProcessingRequest) -> Step {
-        if std::mem::take(&mut self.first) {
-            self.configure(&m);
+        let configured = if std::mem::take(&mut self.first) { self.configure(&m) } else { Ok(()) };
+        if let Err(e) = configured.and_then(|()| grpc_framing(&m.request)) {
+            return self.close(e);
         }
         if let Some(h) = subset_hint(m.metadata_context.as_ref()) {
             self.hint = Some(h);
@@ -102,14 +143,22 @@ impl Exchange {
     }
 
     /// The body modes Envoy announces on the first message (newer Envoys), over the default.
-    fn configure(&mut self, m: &ProcessingRequest) {
-        let Some(pc) = &m.protocol_config else { return };
+    fn configure(&mut self, m: &ProcessingRequest) -> Result<(), StreamError> {
+        let Some(pc) = &m.protocol_config else { return Ok(()) };
+        let grpc = BodySendMode::Grpc as i32;
+        if pc.request_body_mode == grpc {
+            return Err(StreamError::GrpcBodyMode("request"));
+        }
+        if pc.response_body_mode == grpc {
+            return Err(StreamError::GrpcBodyMode("response"));
+        }
         match BodySendMode::try_from(pc.request_body_mode) {
             Ok(BodySendMode::FullDuplexStreamed) => self.mode = BodyMode::FullDuplex,
             Ok(BodySendMode::Buffered | BodySendMode::BufferedPartial) => self.mode = BodyMode::Buffered,
             _ => {}
         }
         self.response_streamed = pc.response_body_mode == BodySendMode::FullDuplexStreamed as i32;
+        Ok(())
     }
 
     async fn request_headers(&mut self, h: HttpHeaders) -> Step {
@@ -195,6 +244,13 @@ impl Exchange {
         self.phase = Phase::Routed;
         self.metrics.request("Pick", tonic::Code::Ok);
         Ok(e)
+    }
+
+    /// A stream the picker does not serve: counted, ended with the error's status.
+    fn close(&mut self, e: StreamError) -> Step {
+        self.metrics.request("Process", tonic::Code::Unimplemented);
+        tracing::debug!(error = %e, routed = ?self.routed_to(), "endpoint picker: stream not served");
+        Step::Close(e.status())
     }
 
     fn refuse(&mut self, e: PickError) -> Step {

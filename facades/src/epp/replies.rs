@@ -88,9 +88,11 @@ pub fn streamed(body: &[u8], end: bool, request: bool) -> Vec<ProcessingResponse
         .into_iter()
         .enumerate()
         .map(|(i, c)| {
+            // The GRPC body mode's fields stay unset: the picker does not serve that mode.
             let mutation = body_mutation::Mutation::StreamedResponse(StreamedBodyResponse {
                 body: c.to_vec(),
                 end_of_stream: end && i == last,
+                ..Default::default()
             });
             let common = CommonResponse {
                 body_mutation: Some(BodyMutation { mutation: Some(mutation) }),
@@ -162,6 +164,53 @@ mod tests {
         assert_eq!(r, vec![(MAX_CHUNK_BYTES, false), (MAX_CHUNK_BYTES, false), (5, true)]);
         assert_eq!(streamed(&[], true, true).iter().map(chunk).collect::<Vec<_>>(), vec![(0, true)]);
         assert_eq!(streamed(&[1], false, true).iter().map(chunk).collect::<Vec<_>>(), vec![(1, false)]);
+    }
+
+    /// The top-level field numbers of `r` as encoded, in wire order.
+    fn wire_fields(r: &ProcessingResponse) -> Vec<u32> {
+        use prost::encoding::{decode_key, skip_field, DecodeContext};
+        let bytes = prost::Message::encode_to_vec(r);
+        let mut buf = bytes.as_slice();
+        let mut fields = Vec::new();
+        while !buf.is_empty() {
+            let (tag, wire_type) = decode_key(&mut buf).unwrap();
+            skip_field(wire_type, tag, &mut buf, DecodeContext::default()).unwrap();
+            fields.push(tag);
+        }
+        fields
+    }
+
+    /// ProcessingResponse field 11 is `request_drain` (a bool) in the pinned Envoy API and
+    /// `streamed_immediate_response` (a message) in later Envoy; 12 and 13 are later still. No
+    /// reply carries any of them, so every Envoy version decodes the picker's replies alike; nor
+    /// the GRPC body mode's chunk fields.
+    #[test]
+    fn replies_stay_within_fields_every_envoy_version_reads_alike() {
+        let e: SocketAddr = "10.0.0.1:8000".parse().unwrap();
+        let mut all = vec![
+            headers_routed(e, Some(3)),
+            body_routed(e),
+            headers_continue(),
+            response_headers(),
+            response_body_unchanged(),
+            trailers(true),
+            trailers(false),
+            immediate(503, "no eligible endpoint"),
+        ];
+        all.extend(streamed(&[7; 10], true, true));
+        all.extend(streamed(&[], true, false));
+        for r in &all {
+            let fields = wire_fields(r);
+            assert!(!fields.is_empty() && fields.iter().all(|f| (1..=10).contains(f)), "{fields:?}: {r:?}");
+        }
+        for r in &all[all.len() - 2..] {
+            let (Some(Response::RequestBody(b)) | Some(Response::ResponseBody(b))) = &r.response else {
+                panic!("{r:?}")
+            };
+            let m = b.response.as_ref().unwrap().body_mutation.as_ref().unwrap();
+            let Some(body_mutation::Mutation::StreamedResponse(s)) = &m.mutation else { panic!("{m:?}") };
+            assert!(!s.end_of_stream_without_message && !s.grpc_message_compressed, "{s:?}");
+        }
     }
 
     #[test]

@@ -133,6 +133,10 @@ async fn exchange(mut ex: Exchange, mut inbound: Streaming<ProcessingRequest>, t
                 let _ = tx.send(Ok(r)).await;
                 return;
             }
+            Step::Close(status) => {
+                let _ = tx.send(Err(status)).await;
+                return;
+            }
         }
     }
 }
