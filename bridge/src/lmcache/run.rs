@@ -52,7 +52,9 @@ pub async fn run(
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "earliest");
     let consumer: StreamConsumer = cfg.create().map_err(err)?;
-    let partitions = wait_for_partitions(&consumer, &source, &mut stop).await?;
+    let Some(partitions) = wait_for_partitions(&consumer, &source, &mut stop).await? else {
+        return Ok(translator);
+    };
     let (mut starts, mut ends) = (Vec::new(), Vec::new());
     for p in 0..partitions as i32 {
         let (low, high) = consumer.fetch_watermarks(&source.topic, p, Duration::from_secs(10)).map_err(err)?;
@@ -132,19 +134,20 @@ fn merge_newest(into: &mut BTreeMap<String, u64>, from: BTreeMap<String, u64>) {
     }
 }
 
-/// The topic's partition count, once it exists (LMCache's producer may create it later).
+/// The topic's partition count, once it exists (LMCache's producer may create it later);
+/// `None` when stopped first.
 async fn wait_for_partitions(
     consumer: &StreamConsumer,
     source: &Source,
     stop: &mut watch::Receiver<bool>,
-) -> Result<u32, RunError> {
+) -> Result<Option<u32>, RunError> {
     let start = std::time::Instant::now();
     let mut warned = false;
     loop {
         let md = consumer.fetch_metadata(Some(&source.topic), Duration::from_secs(5));
         let n = md.as_ref().ok().and_then(|md| md.topics().first().map(|t| t.partitions().len() as u32));
         match n {
-            Some(n) if n > 0 => return Ok(n),
+            Some(n) if n > 0 => return Ok(Some(n)),
             _ if start.elapsed() >= source.wait_for_topic => {
                 return Err(RunError::NoTopic { topic: source.topic.clone(), waited: source.wait_for_topic })
             }
@@ -154,7 +157,7 @@ async fn wait_for_partitions(
                     warned = true;
                 }
                 tokio::select! {
-                    _ = stop.changed() => return Ok(0),
+                    _ = stop.changed() => return Ok(None),
                     _ = tokio::time::sleep(Duration::from_millis(500)) => {}
                 }
             }
