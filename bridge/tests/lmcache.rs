@@ -4,12 +4,12 @@
 
 use prefixlog_bridge::lmcache::chunks::lmcache_chunk_hashes;
 use prefixlog_bridge::lmcache::{is_current, newest_incarnations, Config, LmMetrics, Output, Translator};
-use std::collections::BTreeMap;
 use prefixlog_engine::scheme::{block_hashes_with, Namespace, SCHEME_XXH3_CHAINED};
 use prefixlog_engine::{HolderMatch, KeyspaceId, MatchOptions, Tier};
 use prefixlog_state::record::{encode_lifecycle, KvBatch, KvOp, Lifecycle};
 use prefixlog_state::{Applier, Outcome, StateSettings};
 use serde_json::{json, Value};
+use std::collections::BTreeMap;
 
 const CS: usize = 4;
 const MODEL: &str = "llama";
@@ -39,7 +39,15 @@ fn entries(tokens: &[u32], range: std::ops::Range<usize>, world: i64, rank: i64,
         .collect()
 }
 
-fn record(instance: &str, incarnation: u64, seq: u64, event: &str, tier: &str, backend: &str, entries: Vec<Value>) -> Vec<u8> {
+fn record(
+    instance: &str,
+    incarnation: u64,
+    seq: u64,
+    event: &str,
+    tier: &str,
+    backend: &str,
+    entries: Vec<Value>,
+) -> Vec<u8> {
     json!({"batches": [{"instance_id": instance, "incarnation": incarnation, "seq": seq, "event_type": event,
                         "tier": tier, "backend": backend, "entries": entries, "shared": false, "ts": 1.0,
                         "capacity_bytes": 0, "capacity_revision": 0}]})
@@ -50,6 +58,9 @@ fn record(instance: &str, incarnation: u64, seq: u64, event: &str, tier: &str, b
 fn ks() -> KeyspaceId {
     KeyspaceId::new(MODEL, CS as u32, SCHEME_XXH3_CHAINED)
 }
+
+/// (depth, (tier, depth) of each tier matching from position 0, gapped).
+type Held = (u32, Vec<(Tier, u32)>, bool);
 
 /// A bridge and a one-partition replica behind it.
 struct Rig {
@@ -65,7 +76,12 @@ impl Rig {
     }
 
     fn with(cfg: Config) -> Self {
-        Self { t: Translator::new(cfg, LmMetrics::default()), applier: Applier::new(1, StateSettings::default()), offset: 0, outcomes: Vec::new() }
+        Self {
+            t: Translator::new(cfg, LmMetrics::default()),
+            applier: Applier::new(1, StateSettings::default()),
+            offset: 0,
+            outcomes: Vec::new(),
+        }
     }
 
     fn offer(&mut self, value: &[u8]) -> Vec<Output> {
@@ -81,7 +97,16 @@ impl Rig {
             self.put(&encode_lifecycle(*worker, &Lifecycle::Added { metadata: metadata.clone() }));
         }
         for r in &o.records {
-            let b = KvBatch { keyspace: &r.keyspace, worker: r.worker, dp_rank: 0, epoch: r.epoch, seq: r.seq, gap_before: r.gap_before, events: &r.ops, lanes: &[] };
+            let b = KvBatch {
+                keyspace: &r.keyspace,
+                worker: r.worker,
+                dp_rank: 0,
+                epoch: r.epoch,
+                seq: r.seq,
+                gap_before: r.gap_before,
+                events: &r.ops,
+                lanes: &[],
+            };
             self.put(&b.encode());
         }
     }
@@ -97,14 +122,12 @@ impl Rig {
         self.applier.engine().match_chain(&ks(), &locals, &MatchOptions::default()).unwrap_or_default()
     }
 
-    /// (depth, (tier, depth) of each tier matching from position 0, gapped) of `instance`'s
-    /// worker.
-    fn of(&self, instance: &str, tokens: &[u32], salt: &str) -> Option<(u32, Vec<(Tier, u32)>, bool)> {
+    /// What `instance`'s worker holds of `tokens`.
+    fn of(&self, instance: &str, tokens: &[u32], salt: &str) -> Option<Held> {
         let w = prefixlog_bridge::worker_id_of_pod(instance);
-        self.scores(tokens, salt)
-            .into_iter()
-            .find(|m| m.holder.worker == w)
-            .map(|m| (m.depth, m.tiers().iter().filter(|t| t.depth > 0).map(|t| (t.tier, t.depth)).collect(), m.gapped))
+        self.scores(tokens, salt).into_iter().find(|m| m.holder.worker == w).map(|m| {
+            (m.depth, m.tiers().iter().filter(|t| t.depth > 0).map(|t| (t.tier, t.depth)).collect(), m.gapped)
+        })
     }
 
     fn refused(&self, reason: &str) -> u64 {
@@ -209,7 +232,8 @@ fn chunks_whose_hash_cannot_be_reproduced_are_refused() {
     r.offer(&record("a", 1, 2, "store", "l1", "dram", e));
     r.offer(&record("a", 1, 3, "store", "l1", "dram", entries(&p, 1..2, 1, 0, "")));
     // Shared pools are no one instance's.
-    let shared = String::from_utf8(record("a", 1, 4, "store", "l2", "s3", entries(&p, 0..1, 1, 0, ""))).unwrap();
+    let shared =
+        String::from_utf8(record("a", 1, 4, "store", "l2", "s3", entries(&p, 0..1, 1, 0, ""))).unwrap();
     r.offer(shared.replace("\"shared\":false", "\"shared\":true").as_bytes());
     assert_eq!(r.of("a", &p, ""), None);
     for reason in ["hash_mismatch", "no_tokens", "unknown_parent", "shared"] {
@@ -258,7 +282,11 @@ fn the_translation_is_a_function_of_the_stream() {
     let applied = r.outcomes.len();
     again.iter().filter(|o| is_current(o, &newest)).for_each(|o| r.apply(o));
     let kv = |o: &&Outcome| !matches!(o, Outcome::Applied);
-    assert!(r.outcomes[applied..].iter().filter(kv).all(|o| *o == Outcome::Duplicate), "{:?}", &r.outcomes[applied..]);
+    assert!(
+        r.outcomes[applied..].iter().filter(kv).all(|o| *o == Outcome::Duplicate),
+        "{:?}",
+        &r.outcomes[applied..]
+    );
     assert_eq!(r.outcomes[applied..].iter().filter(|o| **o == Outcome::Duplicate).count(), 2);
     // Unfiltered, a's records of incarnation 100 would reach a feed at epoch 101: stale, and
     // the instance marked gapped.

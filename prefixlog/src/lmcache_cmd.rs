@@ -85,8 +85,11 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     let publisher = Publisher::connect(&spec).await?;
     let lm_brokers = a.lmcache_brokers.clone().unwrap_or(brokers);
     let conn = KafkaConnection::new(lm_brokers).with_properties(spec.kafka.properties.clone());
-    let source =
-        Source { config: conn.client_config(ClientRole::Probe), topic: a.lmcache_topic.clone(), wait_for_topic: a.wait_for_topic };
+    let source = Source {
+        config: conn.client_config(ClientRole::Probe),
+        topic: a.lmcache_topic.clone(),
+        wait_for_topic: a.wait_for_topic,
+    };
     let metrics = LmMetrics::default();
     let registry = prometheus::Registry::new();
     metrics.register(&registry)?;
@@ -128,11 +131,15 @@ mod tests {
 
     #[test]
     fn instances_name_workers_once() {
-        let c = Cli::try_parse_from(["x", "--lmcache-topic", "t", "--instance", "a=5", "--instance", "b=c=6"]).unwrap();
+        let c =
+            Cli::try_parse_from(["x", "--lmcache-topic", "t", "--instance", "a=5", "--instance", "b=c=6"])
+                .unwrap();
         let cfg = config(&c.a).unwrap();
         assert_eq!(cfg.workers, BTreeMap::from([("a".into(), 5), ("b=c".into(), 6)]));
         assert_eq!(cfg.chunk_size, 256);
-        let twice = Cli::try_parse_from(["x", "--lmcache-topic", "t", "--instance", "a=5", "--instance", "a=6"]).unwrap();
+        let twice =
+            Cli::try_parse_from(["x", "--lmcache-topic", "t", "--instance", "a=5", "--instance", "a=6"])
+                .unwrap();
         assert!(config(&twice.a).unwrap_err().to_string().contains("two workers"));
         for bad in ["a", "=5", "a=x"] {
             assert!(parse_instance(bad).is_err(), "{bad}");

@@ -11,8 +11,8 @@
 mod audit_cmd;
 mod bridge_cmd;
 mod checkpoints_cmd;
-mod lmcache_cmd;
 mod epp_args;
+mod lmcache_cmd;
 mod serve;
 
 use clap::{Parser, Subcommand};

@@ -212,8 +212,12 @@ impl ChunkTable {
         if s.tokens.len() != cs as usize {
             return Err(Refusal::TokenCount);
         }
-        let tokens: Vec<u32> =
-            s.tokens.iter().map(|&t| u32::try_from(t)).collect::<Result<_, _>>().map_err(|_| Refusal::Tokens)?;
+        let tokens: Vec<u32> = s
+            .tokens
+            .iter()
+            .map(|&t| u32::try_from(t))
+            .collect::<Result<_, _>>()
+            .map_err(|_| Refusal::Tokens)?;
         if s.offset < 0 {
             return Err(Refusal::NoOffset);
         }
@@ -237,7 +241,15 @@ impl ChunkTable {
             let parent_local = self.chunks[&Key { ns: s.ns, hash: p }].local;
             (Some(p), keyed_block_hash::<&str>(parent_local, &tokens, &[]))
         };
-        Ok(Chunk { offset, world: s.world, local, ext: ext_of(hash, &ns.salt), parent, places: Vec::new(), credited: 0 })
+        Ok(Chunk {
+            offset,
+            world: s.world,
+            local,
+            ext: ext_of(hash, &ns.salt),
+            parent,
+            places: Vec::new(),
+            credited: 0,
+        })
     }
 
     /// The chunk one position earlier whose hash, chained with `be`, is `hash`.
@@ -269,7 +281,14 @@ impl ChunkTable {
 
     /// A delete of one rank of a chunk on a placement; `false` if the bridge never admitted
     /// the chunk (nothing of it is credited).
-    pub fn delete(&mut self, ns: u32, hash: &[u8], rank: u32, place: Place, out: &mut Vec<(u32, KvOp)>) -> bool {
+    pub fn delete(
+        &mut self,
+        ns: u32,
+        hash: &[u8],
+        rank: u32,
+        place: Place,
+        out: &mut Vec<(u32, KvOp)>,
+    ) -> bool {
         let Ok(hash) = Hash::try_from(hash) else { return false };
         let key = Key { ns, hash };
         let Some(c) = self.chunks.get_mut(&key) else { return false };

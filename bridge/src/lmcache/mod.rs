@@ -31,4 +31,6 @@ pub mod translate;
 pub mod wire;
 
 pub use metrics::{LmMetrics, Refusal};
-pub use translate::{is_current, newest_incarnations, tier_of, Config, FeedRecord, Output, Translator, META_LMCACHE_INSTANCE};
+pub use translate::{
+    is_current, newest_incarnations, tier_of, Config, FeedRecord, Output, Translator, META_LMCACHE_INSTANCE,
+};

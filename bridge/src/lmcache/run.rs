@@ -9,13 +9,13 @@
 
 use super::metrics::LmMetrics;
 use super::translate::{is_current, newest_incarnations, Output, Translator};
-use std::collections::BTreeMap;
 use prefixlog_ingest::Publisher;
 use prefixlog_state::record::{KvBatch, Lifecycle};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
+use std::collections::BTreeMap;
 use std::time::Duration;
 use tokio::sync::watch;
 
@@ -57,7 +57,8 @@ pub async fn run(
     };
     let (mut starts, mut ends) = (Vec::new(), Vec::new());
     for p in 0..partitions as i32 {
-        let (low, high) = consumer.fetch_watermarks(&source.topic, p, Duration::from_secs(10)).map_err(err)?;
+        let (low, high) =
+            consumer.fetch_watermarks(&source.topic, p, Duration::from_secs(10)).map_err(err)?;
         starts.push(low);
         ends.push(high);
     }

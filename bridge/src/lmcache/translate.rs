@@ -45,7 +45,13 @@ pub struct Config {
 
 impl Config {
     pub fn new(chunk_size: u32) -> Self {
-        Self { chunk_size, max_chunks: 1 << 20, parent_candidates: 64, carry_over: 8192, workers: BTreeMap::new() }
+        Self {
+            chunk_size,
+            max_chunks: 1 << 20,
+            parent_candidates: 64,
+            carry_over: 8192,
+            workers: BTreeMap::new(),
+        }
     }
 }
 
@@ -102,7 +108,8 @@ impl Translator {
     /// (LMCache's consumer drops it too): its batches' seqs become a gap.
     pub fn offer_record(&mut self, value: &[u8]) -> Result<Vec<Output>, wire::WireError> {
         LmMetrics::inc(&self.metrics.records, "read");
-        let batches = wire::decode(value).inspect_err(|_| LmMetrics::inc(&self.metrics.records, "undecodable"))?;
+        let batches =
+            wire::decode(value).inspect_err(|_| LmMetrics::inc(&self.metrics.records, "undecodable"))?;
         Ok(batches.iter().filter_map(|b| self.offer_batch(b)).collect())
     }
 
@@ -115,7 +122,12 @@ impl Translator {
                 LmMetrics::inc(&m.batches, "too_many_instances");
                 return None;
             }
-            let worker = self.cfg.workers.get(&b.instance_id).copied().unwrap_or_else(|| crate::worker_id_of_pod(&b.instance_id));
+            let worker = self
+                .cfg
+                .workers
+                .get(&b.instance_id)
+                .copied()
+                .unwrap_or_else(|| crate::worker_id_of_pod(&b.instance_id));
             let limits = Limits {
                 chunk_size: self.cfg.chunk_size,
                 max_chunks: self.cfg.max_chunks,
@@ -149,7 +161,12 @@ impl Translator {
 
 impl Output {
     fn announcing(b: &Batch, a: (u64, BTreeMap<String, String>)) -> Self {
-        Output { instance: b.instance_id.clone(), incarnation: b.incarnation as u64, announce: Some(a), records: Vec::new() }
+        Output {
+            instance: b.instance_id.clone(),
+            incarnation: b.incarnation as u64,
+            announce: Some(a),
+            records: Vec::new(),
+        }
     }
 }
 
@@ -269,7 +286,15 @@ impl Instance {
                     self.table.delete(ns, &hash, rank, place, ops);
                     return Ok(());
                 }
-                let s = Stored { ns, hash: &hash, world, rank, place, tokens: &e.token_ids, offset: e.token_offset };
+                let s = Stored {
+                    ns,
+                    hash: &hash,
+                    world,
+                    rank,
+                    place,
+                    tokens: &e.token_ids,
+                    offset: e.token_offset,
+                };
                 self.table.store(&s, ops)
             }
         }

@@ -153,7 +153,9 @@ fn validate_key(k: &Key) -> Result<(), String> {
     if k.object_group_id < 0 {
         return Err("object_group_id must be >= 0".into());
     }
-    if k.cache_salt.chars().any(|c| matches!(c, '@' | '/' | '\\' | '\0')) || k.cache_salt.chars().count() > 128 {
+    if k.cache_salt.chars().any(|c| matches!(c, '@' | '/' | '\\' | '\0'))
+        || k.cache_salt.chars().count() > 128
+    {
         return Err(format!("cache_salt {:?} is not a valid salt", k.cache_salt));
     }
     Ok(())
@@ -163,7 +165,7 @@ fn validate_key(k: &Key) -> Result<(), String> {
 /// it is not hex.
 pub fn chunk_hash(hex: &str) -> Option<Vec<u8>> {
     let hex: Vec<u8> = hex.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
-    if hex.len() % 2 != 0 {
+    if !hex.len().is_multiple_of(2) {
         return None;
     }
     let digit = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
