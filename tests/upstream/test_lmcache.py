@@ -108,25 +108,33 @@ def expect(client, tokens, want, what):
     wait_for(what, lambda: depths(client, tokens) == want, timeout=60)
 
 
-def test_lmcache_sink_stores_and_removals_answer_on_the_lmcache_tiers(processes):
-    replica = Replica("replica")
-    processes.append(replica)
-    # The topic is created by LMCache's producer on its first record (the embedded broker
-    # creates topics on use; it answers no admin requests); the bridge waits for it.
+def start_bridge(replica: Replica, name: str) -> tuple[Process, int]:
     admin_port = free_port()
     args = ["lmcache-bridge", "--brokers", replica.brokers, "--partitions", str(replica.partitions),
             "--lmcache-topic", TOPIC, "--chunk-size", str(CHUNK), "--admin-addr", f"127.0.0.1:{admin_port}",
             "--wait-for-topic", "60s"]
     for instance, worker in WORKERS.items():
         args += ["--instance", f"{instance}={worker}"]
-    bridge = Process("lmcache-bridge", args)
+    return Process(name, args), admin_port
+
+
+def scrape(port: int, name: str, **labels) -> float:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        return metric(r.read().decode(), name, **labels)
+
+
+def test_lmcache_sink_stores_and_removals_answer_on_the_lmcache_tiers(processes):
+    replica = Replica("replica")
+    processes.append(replica)
+    # The topic is created by LMCache's producer on its first record (the embedded broker
+    # creates topics on use; it answers no admin requests); the bridge waits for it.
+    bridge, admin_port = start_bridge(replica, "lmcache-bridge")
     processes.append(bridge)
 
     def bridge_metric(name, **labels):
-        import urllib.request
-
-        with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/metrics", timeout=5) as r:
-            return metric(r.read().decode(), name, **labels)
+        return scrape(admin_port, name, **labels)
 
     p = prompt(1000, 4)
     q = p[: 2 * CHUNK] + prompt(5000, 1)
@@ -173,6 +181,24 @@ def test_lmcache_sink_stores_and_removals_answer_on_the_lmcache_tiers(processes)
         wait_for("the stale batch dropped", lambda: bridge_metric("prefixlog_lmcache_bridge_batches_total", outcome="stale") >= 1)
         assert depths(client, prompt(7000, 1)) == {}
 
-    assert bridge_metric("prefixlog_lmcache_bridge_entries_refused_total") == 0
-    assert metric(replica.metrics(), "prefixlog_records_skipped_total") == 0
-    bridge.stop()
+        assert bridge_metric("prefixlog_lmcache_bridge_entries_refused_total") == 0
+        assert metric(replica.metrics(), "prefixlog_records_skipped_total") == 0
+        answers = {name: depths(client, t) for name, t in (("p", p), ("q", q), ("r", r))}
+
+        # The bridge restarts: it reads the topic from its start again and republishes each
+        # instance's newest incarnation under the same (epoch, seq). The replica drops them as
+        # duplicates; nothing reaches it under an older epoch (which would mark mp-a gapped).
+        read = bridge_metric("prefixlog_lmcache_bridge_records_total", outcome="read")
+        bridge.stop()
+        again, again_port = start_bridge(replica, "lmcache-bridge-again")
+        processes.append(again)
+        wait_for("the restarted bridge read the topic",
+                 lambda: scrape(again_port, "prefixlog_lmcache_bridge_records_total", outcome="read") >= read)
+        wait_for("its records applied as duplicates",
+                 lambda: metric(replica.metrics(), "prefixlog_records_skipped_total", reason="duplicate") > 0)
+        replica_metrics = replica.metrics()
+        assert metric(replica_metrics, "prefixlog_records_skipped_total", reason="stale_epoch") == 0
+        assert metric(replica_metrics, "prefixlog_records_skipped_total") == metric(
+            replica_metrics, "prefixlog_records_skipped_total", reason="duplicate")
+        assert {name: depths(client, t) for name, t in (("p", p), ("q", q), ("r", r))} == answers
+        assert not any(s.gapped for t in (p, q, r) for s in client.match(KEYSPACE, tokens=t).scores)
