@@ -235,8 +235,12 @@ fn chunks_whose_hash_cannot_be_reproduced_are_refused() {
     let shared =
         String::from_utf8(record("a", 1, 4, "store", "l2", "s3", entries(&p, 0..1, 1, 0, ""))).unwrap();
     r.offer(shared.replace("\"shared\":false", "\"shared\":true").as_bytes());
+    // A hash of another algorithm (Python's builtin hash: 8 bytes) cannot be verified.
+    let mut e = entries(&p, 0..1, 1, 0, "");
+    e[0]["key"]["chunk_hash_hex"] = json!("00112233445566ff");
+    r.offer(&record("a", 1, 5, "store", "l1", "dram", e));
     assert_eq!(r.of("a", &p, ""), None);
-    for reason in ["hash_mismatch", "no_tokens", "unknown_parent", "shared"] {
+    for reason in ["hash_mismatch", "no_tokens", "unknown_parent", "shared", "hash_length"] {
         assert_eq!(r.refused(reason), 1, "{reason}");
     }
 }
@@ -293,4 +297,24 @@ fn the_translation_is_a_function_of_the_stream() {
     again.iter().for_each(|o| r.apply(o));
     assert!(r.outcomes.contains(&Outcome::StaleEpoch));
     assert!(r.of("a", &p, "").unwrap().2, "gapped by the stale epoch");
+}
+
+#[test]
+fn what_a_restart_carries_over_is_bounded_and_gds_is_the_disk_tier() {
+    let mut cfg = Config::new(CS as u32);
+    cfg.carry_over = 1;
+    let mut r = Rig::with(cfg);
+    let (p, q) = (prompt(10, 2), prompt(500, 1));
+    r.offer(&record("a", 100, 1, "store", "l2", "valkey", entries(&p, 0..2, 1, 0, "")));
+    r.offer(&record("a", 100, 2, "store", "l1", "gds", entries(&q, 0..1, 1, 0, "")));
+    assert_eq!(r.of("a", &q, "").unwrap().1, vec![(Tier::Disk, 1)]);
+    r.offer(&record("a", 101, 1, "config", "l1", "dram", vec![]));
+    // One chunk carried over (the first, parents first); the second lost its credit.
+    assert_eq!(r.of("a", &p, ""), Some((1, vec![(Tier::External, 1)], false)));
+    assert_eq!(r.of("a", &q, ""), None);
+    let m = r.t.metrics();
+    assert_eq!(
+        (LmMetrics::get(&m.chunks, "carried_over"), LmMetrics::get(&m.chunks, "carry_over_dropped")),
+        (1, 1)
+    );
 }
