@@ -67,6 +67,10 @@ pub async fn run(
         tpl.add_partition_offset(&source.topic, p as i32, Offset::Beginning).map_err(err)?;
     }
     let newest = catch_up(&consumer, &tpl, &starts, &ends, &mut stop).await.map_err(err)?;
+    for (p, _) in starts.iter().enumerate().filter(|(_, &s)| s > 0) {
+        tracing::warn!(topic = %source.topic, partition = p, start = starts[p], "lmcache bridge: the topic no longer starts at offset 0: its instances' records are published with gap_before until the first one after start (replicas mark them gapped until a gap clear or a restart of the instance)");
+    }
+    let mut marks = std::collections::BTreeSet::new();
     consumer.assign(&tpl).map_err(err)?;
     tracing::info!(topic = %source.topic, partitions, instances = newest.len(), "lmcache bridge: reading from the start");
     loop {
@@ -78,8 +82,9 @@ pub async fn run(
                     let at = (m.partition(), m.offset());
                     let before_start = ends.get(at.0 as usize).is_some_and(|&end| at.1 < end);
                     drop(m);
-                    let filter = if before_start { Some(&newest) } else { None };
-                    handle(&mut translator, &publisher, &value, at, filter).await;
+                    let truncated = starts.get(at.0 as usize).is_some_and(|&s| s > 0);
+                    let ctx = Ctx { newest: before_start.then_some(&newest), truncated, marks: &mut marks };
+                    handle(&mut translator, &publisher, &value, at, ctx).await;
                 }
                 Err(e) => {
                     tracing::warn!(topic = %source.topic, error = %e, "lmcache bridge: consumer error");
@@ -167,19 +172,31 @@ async fn wait_for_partitions(
 }
 
 /// Translates one LMCache record and publishes what it asks for, in order.
-/// `newest`: while catching up, only records of these incarnations (and later) are published.
-async fn handle(
-    t: &mut Translator,
-    publisher: &Publisher,
-    value: &[u8],
-    at: (i32, i64),
-    newest: Option<&BTreeMap<String, u64>>,
-) {
+/// How one record is published.
+struct Ctx<'a> {
+    /// While catching up: only records of these incarnations (and later) are published.
+    newest: Option<&'a BTreeMap<String, u64>>,
+    /// The record's partition no longer starts at offset 0: the bridge's state of its
+    /// instances may lack chunks an earlier bridge published (a delete of one would publish
+    /// nothing), so their records are flagged `gap_before` through the catch-up and the first
+    /// record after it (`marks`: instances still to flag).
+    truncated: bool,
+    marks: &'a mut std::collections::BTreeSet<String>,
+}
+
+async fn handle(t: &mut Translator, publisher: &Publisher, value: &[u8], at: (i32, i64), ctx: Ctx<'_>) {
     match t.offer_record(value) {
         Ok(outputs) => {
             for mut o in outputs {
-                if newest.is_some_and(|n| !is_current(&o, n)) {
+                if ctx.newest.is_some_and(|n| !is_current(&o, n)) {
                     o.records.clear();
+                }
+                let catching_up = ctx.newest.is_some();
+                if ctx.truncated && (catching_up || ctx.marks.remove(&o.instance)) {
+                    o.records.iter_mut().for_each(|r| r.gap_before = true);
+                    if catching_up {
+                        ctx.marks.insert(o.instance.clone());
+                    }
                 }
                 publish(t.metrics(), publisher, o).await;
             }
