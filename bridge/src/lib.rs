@@ -34,9 +34,11 @@
 //!
 //! Modules: [`wire`] (message decoding), [`session`] (sequence policy and translation),
 //! [`namespace`] (extra keys), [`engines`] (several engine streams, feed claims), [`naming`]
-//! (worker ids and metadata), [`replay`] (asking an engine for missed messages), [`metrics`].
+//! (worker ids and metadata), [`replay`] (asking an engine for missed messages), [`metrics`];
+//! [`lmcache`] is the LMCache bridge (LMCache's Kafka cache-event stream → records).
 
 pub mod engines;
+pub mod lmcache;
 pub mod metrics;
 pub mod namespace;
 pub mod naming;

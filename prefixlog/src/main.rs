@@ -3,6 +3,7 @@
 //!
 //! - `serve`: run an index replica (embedded broker when no `--brokers`).
 //! - `bridge`: vLLM / SGLang KV events over ZeroMQ → the log (one process, several engines).
+//! - `lmcache-bridge`: LMCache's Kafka cache-event stream → the log (each instance's chunks).
 //! - `audit`: the index state at a past time or offsets, explain a placement, diff, verify.
 //! - `checkpoints`: list, show and verify a replica's RocksDB checkpoints.
 //! - `publish-trace`: publish the trace workload's KV events to a log (load for a deployment).
@@ -11,6 +12,7 @@ mod audit_cmd;
 mod bridge_cmd;
 mod checkpoints_cmd;
 mod epp_args;
+mod lmcache_cmd;
 mod serve;
 
 use clap::{Parser, Subcommand};
@@ -41,6 +43,9 @@ enum Cmd {
     Serve(Box<serve::Args>),
     /// Bridge vLLM / SGLang KV events (ZeroMQ) into the log: one process, one or more engines.
     Bridge(bridge_cmd::Args),
+    /// Bridge LMCache's Kafka cache-event stream (KafkaCacheEventSink) into the log: each
+    /// instance's chunks on its worker's host / disk / external tiers.
+    LmcacheBridge(lmcache_cmd::Args),
     /// Reconstruct past index state from checkpoints + log replay; explain routing decisions.
     Audit(audit_cmd::Args),
     /// Inspect a replica's checkpoints: list, show, verify.
@@ -61,6 +66,7 @@ fn main() -> anyhow::Result<()> {
     let result = match cli.cmd {
         Cmd::Serve(a) => rt.block_on(serve::run(*a)),
         Cmd::Bridge(a) => rt.block_on(bridge_cmd::run(a)),
+        Cmd::LmcacheBridge(a) => rt.block_on(lmcache_cmd::run(a)),
         Cmd::Audit(a) => audit_cmd::run(a),
         Cmd::Checkpoints(a) => checkpoints_cmd::run(a),
         Cmd::PublishTrace(a) => rt.block_on(publish_trace::run(a)),
