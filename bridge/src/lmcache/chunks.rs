@@ -22,7 +22,7 @@
 
 use super::metrics::Refusal;
 use super::wire::LmTier;
-use prefixlog_engine::scheme::keyed_block_hash;
+use prefixlog_engine::scheme::{keyed_block_hash, BlockKey};
 use prefixlog_engine::Tier;
 use prefixlog_state::record::KvOp;
 use std::collections::{BTreeMap, VecDeque};
@@ -234,12 +234,13 @@ impl ChunkTable {
             if lmcache_hash(&none_hash(), &be) != *hash {
                 return Err(Refusal::HashMismatch);
             }
-            let keys: &[&str] = if ns.salt.is_empty() { &[] } else { &[ns.salt.as_str()] };
+            let salt = [BlockKey::Text(ns.salt.as_str())];
+            let keys: &[BlockKey<'_>] = if ns.salt.is_empty() { &[] } else { &salt };
             (None, keyed_block_hash(0, &tokens, keys))
         } else {
             let p = self.find_parent(s.ns, offset - cs, &be, hash).ok_or(Refusal::UnknownParent)?;
             let parent_local = self.chunks[&Key { ns: s.ns, hash: p }].local;
-            (Some(p), keyed_block_hash::<&str>(parent_local, &tokens, &[]))
+            (Some(p), keyed_block_hash(parent_local, &tokens, &[]))
         };
         Ok(Chunk {
             offset,
