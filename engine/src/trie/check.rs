@@ -1,9 +1,9 @@
 //! Structural invariants of the trie, for [`crate::Keyspace::check_invariants`].
 
-use crate::blocks::{ANCHOR, CHUNK_BITS, FREE, ROOT_BLOCK};
+use crate::check::invariants::{ensure as check, InvariantError};
 use crate::digest::child_path;
-use crate::invariants::{ensure as check, InvariantError};
-use crate::table::NodeTable;
+use crate::trie::blocks::{ANCHOR, CHUNK_BITS, FREE, ROOT_BLOCK};
+use crate::trie::table::NodeTable;
 use crate::trie::{edge_hash, ext_hash, Trie, MAX_RUN, NIL, ROOT};
 
 use InvariantError::{Block, Edge, Ext, FreeList, Link};

@@ -20,14 +20,19 @@
 //! Operation records end at run ends: a record's leaf is always the last block of its run,
 //! and `pins` counts the records ending there (a pinned run is never freed).
 
-use crate::blocks::{Blocks, ANCHOR, CHUNK, ROOT_BLOCK};
-use crate::digest::{block_term, child_path, fold_mul, ROOT_PATH};
-pub use crate::runs::{Member, Members, Run, Runs};
-use crate::runs::{CHILDREN, LIVE};
-pub(crate) use crate::same::same_holders;
-use crate::table::NodeTable;
-
+pub(crate) mod blocks;
+mod check;
+pub(crate) mod grow_ahead;
 mod reclaim;
+pub(crate) mod runs;
+mod same_holders;
+pub(crate) mod table;
+
+use crate::digest::{block_term, child_path, fold_mul, ROOT_PATH};
+use blocks::{Blocks, ANCHOR, CHUNK, ROOT_BLOCK};
+pub use runs::{Member, Members, Run, Runs};
+use runs::{CHILDREN, LIVE};
+use table::NodeTable;
 
 /// The root's run: its one (virtual) block is [`ROOT_BLOCK`], the parent of top-level runs.
 pub const ROOT: u32 = 0;
@@ -195,10 +200,10 @@ impl Trie {
     pub fn prefetch_child(&self, r: u32, next: Option<u64>) {
         let run = &self.runs[r];
         if run.first_child != NIL {
-            crate::table::prefetch_ptr(&self.runs[run.first_child]);
+            crate::trie::table::prefetch_ptr(&self.runs[run.first_child]);
             let locals = self.blocks.locals(run.first_child_start, 1).as_ptr();
-            crate::table::prefetch_ptr(locals);
-            crate::table::prefetch_ptr(locals.wrapping_add(8));
+            crate::trie::table::prefetch_ptr(locals);
+            crate::trie::table::prefetch_ptr(locals.wrapping_add(8));
         }
         if let Some(local) = next.filter(|_| run.children() > 1) {
             self.edges.prefetch(edge_hash(run.last(), local));
@@ -209,7 +214,7 @@ impl Trie {
     #[inline]
     pub fn prefetch_locals(&self, r: u32) {
         let run = &self.runs[r];
-        crate::table::prefetch_ptr(self.blocks.locals(run.start, 1).as_ptr());
+        crate::trie::table::prefetch_ptr(self.blocks.locals(run.start, 1).as_ptr());
     }
 
     /// The path hash of the block at offset `off` of run `r`: from the nearest anchor or

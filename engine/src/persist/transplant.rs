@@ -7,10 +7,10 @@
 //! records and ext resolution: the result digests, answers and evolves as if it had been
 //! applied here.
 
-use crate::blocks::ROOT_BLOCK;
-use crate::dump::KeyspaceDump;
-use crate::holder::{Holder, Record};
+use crate::keyspace::holders::{Holder, Record};
 use crate::keyspace::Keyspace;
+use crate::persist::dump::KeyspaceDump;
+use crate::trie::blocks::ROOT_BLOCK;
 use rustc_hash::FxHashMap;
 
 impl Keyspace {

@@ -3,7 +3,7 @@
 //! thing that disagrees. For tests (the differential test runs it after every step) and
 //! audits; it costs a full pass over the state.
 
-use crate::holder::{Holder, Record};
+use crate::keyspace::holders::{Holder, Record};
 use crate::keyspace::Keyspace;
 use crate::partition::partition_of;
 use crate::trie::{Segment, ROOT};

@@ -4,13 +4,19 @@
 //! notion of time is the log time passed in. Membership and operation records live in
 //! `members.rs`, matching in `matching.rs`, enumeration in `dump.rs`, rebuild in `rebuild.rs`.
 
-use crate::blocks::ROOT_BLOCK;
-use crate::holder::{Holder, Holders, Record};
-use crate::store_check::check_store;
+mod aggregates;
+mod departures;
+pub(crate) mod holders;
+mod members;
+pub(crate) mod store_check;
+
+use crate::trie::blocks::ROOT_BLOCK;
 use crate::trie::{ext_hash, Segment, Stretch, Trie};
 use crate::types::{
     partition_of, ApplyError, EngineConfig, HolderKey, InvalidStoreReason, KeyspaceId, KeyspaceStats, LogTime,
 };
+use holders::{Holder, Holders, Record};
+use store_check::check_store;
 
 /// What a placement did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -5,8 +5,10 @@
 //! of the node at `i` *and* its depth is already `i`. A holder that holds later blocks but
 //! misses an earlier one (an evicted head or a hole in the middle) stops at the hole.
 
+mod tiers;
+
 use crate::keyspace::Keyspace;
-use crate::trie::{common_prefix, same_holders, ROOT};
+use crate::trie::{common_prefix, ROOT};
 use crate::types::{HolderMatch, MatchDetail, MatchOptions, Tier};
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
@@ -170,7 +172,7 @@ impl Keyspace {
             }
             // `prev` is the run this one hangs off: its flag says so when this is its only
             // child; a run with several children compares the lists.
-            if prev.is_some_and(|p| p.same_as_child() || same_holders(p, run)) {
+            if prev.is_some_and(|p| p.same_as_child() || p.same_holders(run)) {
                 // Held by exactly the holders of the run before (a chain its holders stored
                 // in several operations): whoever extended there extends here too.
                 *s.ends.last_mut().expect("the run before extended someone") = to as u32;

@@ -27,8 +27,8 @@
 //! written during every pass's visit is the one thing a scrub may not reach. Each check is true
 //! of any state between two writes, so concurrent writes never make a consistent keyspace fail.
 
-use crate::holder::Holder;
-use crate::invariants::{ensure, InvariantError};
+use crate::check::invariants::{ensure, InvariantError};
+use crate::keyspace::holders::Holder;
 use crate::keyspace::Keyspace;
 use crate::partition::partition_of;
 use crate::trie::Segment;
@@ -337,7 +337,7 @@ impl Keyspace {
         let h = self.holders.get(key)?;
         let r = (1..self.trie.runs.slots()).find(|&r| {
             let run = &self.trie.runs[r];
-            run.live() && run.parent == crate::blocks::ROOT_BLOCK && run.member(h).is_none()
+            run.live() && run.parent == crate::trie::blocks::ROOT_BLOCK && run.member(h).is_none()
         })?;
         let holders = &self.holders;
         let at = self.trie.runs[r].members.partition_point(|m| holders.at(m.holder).key < *key);

@@ -74,6 +74,13 @@ impl Run {
         self.members.iter().any(|m| m.holder == holder && m.stamp == stamp)
     }
 
+    /// Whether `other` has the same holders (stamps aside). Member lists are sorted by key.
+    #[inline]
+    pub fn same_holders(&self, other: &Run) -> bool {
+        self.members.len() == other.members.len()
+            && self.members.iter().zip(other.members.iter()).all(|(x, y)| x.holder == y.holder)
+    }
+
     /// Unheld, childless and unpinned: nothing keeps it.
     #[inline]
     pub fn dead(&self) -> bool {

@@ -10,7 +10,7 @@
 //! A run's members are kept sorted by holder key, so a match lists holders in key order
 //! without sorting them (see `matching.rs`).
 
-use crate::holder::Record;
+use crate::keyspace::holders::Record;
 use crate::keyspace::Keyspace;
 use crate::trie::{Member, Segment};
 
@@ -267,7 +267,7 @@ impl Keyspace {
         // Runs the holder left may now be one run with a neighbour. By block, not by run id:
         // a merge frees one of the two ids.
         for &(_, first, _) in &win {
-            if self.trie.blocks.meta(first).run() != crate::blocks::FREE {
+            if self.trie.blocks.meta(first).run() != crate::trie::blocks::FREE {
                 self.trie.merge_around(self.trie.run_of(first));
             }
         }
