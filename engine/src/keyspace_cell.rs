@@ -110,9 +110,9 @@ impl KeyspaceCell {
     }
 
     /// [`Self::write`] for a store chunk. With one copy, what the write will need to grow is
-    /// built first under the upgradable read lock, while queries read on (`crate::trie::grow_ahead`),
-    /// and the write lock only swaps it in. With two copies queries do not read the copy being
-    /// written, so it grows in place.
+    /// built first under the upgradable read lock, while queries read on
+    /// (`crate::trie::grow_ahead`), and the write lock only swaps it in. With two copies queries
+    /// do not read the copy being written, so it grows in place.
     pub fn write_grown_ahead<R: PartialEq + Debug>(&self, mut write: impl FnMut(&mut Keyspace) -> R) -> R {
         if self.is_paired() {
             return self.write(write);

@@ -42,7 +42,8 @@
 //!   that queries never wait on a write (`serve --query-copy`).
 //! - [`engine`]: [`Engine`], all keyspaces of a replica, each in a [`KeyspaceCell`].
 //!
-//! A folder's files import its `mod.rs` and what lies below the folder, never a folder above.
+//! Imports only point down: a folder's files use each other and the folders below it, never a
+//! folder above, and no files import each other in a circle.
 //!
 //! Guarantees (each has tests in `tests/`):
 //! - Never overcount: a holder's depth stops at the first position it does not hold.
@@ -69,7 +70,6 @@ pub mod scheme;
 mod trie;
 pub mod types;
 
-pub use check::invariants::InvariantError;
 pub use check::scrub::{ScrubCursor, ScrubFinding, ScrubStep};
 pub use engine::{Engine, SharedKeyspace};
 pub use keyspace::{HolderSummary, Keyspace, PlaceOutcome};
@@ -83,6 +83,6 @@ pub mod testing {
     pub use crate::trie::set_max_run_for_test;
 }
 pub use types::{
-    partition_of, ApplyError, EngineConfig, HolderKey, HolderMatch, InvalidStoreReason, KeyspaceId,
-    KeyspaceStats, LogTime, MatchDetail, MatchOptions, Tier, TierDepth, TierRun,
+    partition_of, ApplyError, EngineConfig, HolderKey, HolderMatch, InvalidStoreReason, InvariantError,
+    KeyspaceId, KeyspaceStats, LogTime, MatchDetail, MatchOptions, Tier, TierDepth, TierRun,
 };

@@ -8,7 +8,7 @@
 //! covers part of a run (a store over a shared prefix, a removal of one block) splits it.
 //!
 //! A run's members are kept sorted by holder key, so a match lists holders in key order
-//! without sorting them (see `matching.rs`).
+//! without sorting them (see `crate::matching`).
 
 use crate::keyspace::holders::Record;
 use crate::keyspace::Keyspace;
@@ -110,7 +110,7 @@ impl Keyspace {
     }
 
     /// Takes the holder off one block it holds (see [`Self::remove_stretch`]).
-    #[cfg(feature = "testing")]
+    #[cfg(any(test, feature = "testing"))]
     pub(crate) fn remove_block(&mut self, h: u32, b: u32) {
         self.remove_stretch(h, b, 1);
     }

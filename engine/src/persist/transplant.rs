@@ -114,4 +114,34 @@ impl Keyspace {
             i += count as usize;
         }
     }
+
+    /// Takes every member whose holder slot is empty off its run, releasing runs that nothing
+    /// keeps any more. A consistent keyspace has none; after a holder with a member no record
+    /// justified is removed (records are how a holder's blocks are found), that member would
+    /// otherwise stay behind and be credited to whichever holder takes the slot next. One pass
+    /// over the runs. Returns how many members it took off.
+    fn drop_dangling_members(&mut self) -> usize {
+        let mut emptied = Vec::new();
+        let mut dropped = 0;
+        for r in 1..self.trie.runs.slots() {
+            let slots = &self.holders.slots;
+            let run = &mut self.trie.runs[r];
+            if !run.live() {
+                continue;
+            }
+            let before = run.members.len();
+            run.members.retain(|m| slots.get(m.holder as usize).is_some_and(Option::is_some));
+            if run.members.len() != before {
+                dropped += before - run.members.len();
+                self.trie.holders_changed(r);
+                emptied.push(r);
+            }
+        }
+        for r in emptied {
+            if self.trie.runs[r].live() {
+                self.trie.release(r);
+            }
+        }
+        dropped
+    }
 }
