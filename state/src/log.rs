@@ -10,7 +10,8 @@
 //! [`HoleCause`] once a second read explains it) and the fate of dead-letter copies of refused
 //! records ([`DeadLetterCounts`]).
 
-use crate::{Applier, StateSettings};
+use crate::apply::Applier;
+use crate::settings::StateSettings;
 use parking_lot::Mutex;
 use prefixlog_engine::LogTime;
 use std::collections::BTreeMap;
@@ -125,7 +126,7 @@ pub trait LiveState: Send + Sync {
 }
 
 /// The boxed future of [`LogAppend::append`].
-pub type Appending<'a> = Pin<Box<dyn Future<Output = Result<crate::Landed, LogError>> + Send + 'a>>;
+pub type Appending<'a> = Pin<Box<dyn Future<Output = Result<prefixlog_ids::Landed, LogError>> + Send + 'a>>;
 
 /// Appending encoded records to the log, keyed by worker (the protocol facades write through
 /// it; `prefixlog_ingest::Publisher` over Kafka).
