@@ -20,6 +20,15 @@ for crate in ids proto state engine workload checkpoint query peer audit facades
     echo "error: prefixlog-$crate depends on rdkafka or zeromq" >&2; exit 1
   fi
 done
+# The deterministic core holds no async runtime or metrics (a running replica's status is the
+# query side's), and the query side does not depend on the gateway client (tests join them).
+echo "==> prefixlog-state depends on no tokio or prometheus, prefixlog-query not on prefixlog-client"
+if cargo tree -e normal --depth 1 -p prefixlog-state | grep -qE '(tokio|prometheus) v'; then
+  echo "error: prefixlog-state depends on tokio or prometheus" >&2; exit 1
+fi
+if cargo tree -e normal,dev --depth 1 -p prefixlog-query | grep -q 'prefixlog-client v'; then
+  echo "error: prefixlog-query depends on prefixlog-client" >&2; exit 1
+fi
 echo "==> Prometheus alert rules (promtool check rules)"
 PROMTOOL="$(bash scripts/promtool.sh)"
 "$PROMTOOL" check rules deploy/prometheus/alerts.yml

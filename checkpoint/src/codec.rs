@@ -1,6 +1,6 @@
 //! The checkpoint encoding of metas and partition state: a hand-laid little-endian layout.
-//! (Keyspaces are stored as engine images, `prefixlog_engine::image`, which the engine
-//! writes and reads itself.)
+//! (Keyspaces are stored as engine images, `prefixlog_engine::persist::image`, which the
+//! engine writes and reads itself.)
 //!
 //! Why not serde + a codec: the values are a few fixed-width fields and short lists, which
 //! this writes with no per-item framing. Every read is bounds-checked: a truncated or corrupt

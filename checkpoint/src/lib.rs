@@ -24,8 +24,8 @@
 //! - [`error`]: [`StoreError`] with the damaged [`Part`] and the [`Damage`].
 //! - `pages`: fresh buffers mapped in one call before a bulk write (capture, restore read).
 //! - [`codec`]: the hand-laid encoding of metas and partition states (keyspaces are engine
-//!   images: `prefixlog_engine::image`); [`dump_codec`]: format-2 keyspace values (columnar
-//!   dumps), still restored after an upgrade.
+//!   images: `prefixlog_engine::persist::image`); [`dump_codec`]: format-2 keyspace values
+//!   (columnar dumps), still restored after an upgrade.
 
 pub mod capture;
 pub mod checkpoint;

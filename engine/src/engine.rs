@@ -2,12 +2,12 @@
 //!
 //! Locking: one `parking_lot::RwLock` per keyspace copy. With one copy (the default) a write
 //! holds the write lock for at most `max_blocks_per_lock` blocks, after growing what those need
-//! under the upgradable read lock (`crate::ahead`: queries read on meanwhile), and releases it
-//! with `unlock_fair`, which hands the lock to queued readers (a plain unlock lets a busy writer
-//! re-acquire before a parked reader wakes, measured as 60 µs median waits during catch-up).
-//! With [`Engine::keep_query_copies`] each keyspace has two copies and queries never wait on a
-//! write (`crate::cell`); growth then happens in place, in the copy queries are not reading.
-//! Queries of different keyspaces never contend. The keyspace map itself is only write-locked
+//! under the upgradable read lock (`crate::trie::grow_ahead`: queries read on meanwhile), and
+//! releases it with `unlock_fair`, which hands the lock to queued readers (a plain unlock lets a
+//! busy writer re-acquire before a parked reader wakes, measured as 60 µs median waits during
+//! catch-up). With [`Engine::keep_query_copies`] each keyspace has two copies and queries never
+//! wait on a write ([`crate::keyspace_cell`]); growth then happens in place, in the copy queries
+//! are not reading. Queries of different keyspaces never contend. The keyspace map itself is only write-locked
 //! when a keyspace is created, installed or freed.
 //!
 //! A keyspace exists exactly while it has holders: writes that create no holder (removals and
@@ -16,9 +16,9 @@
 //! whether a keyspace exists is a function of the holders, whatever order partitions' records
 //! are applied in. A query of a freed keyspace finds none, as for one never written.
 
-use crate::cell::KeyspaceCell;
+use crate::keyspace::store_check::check_store;
 use crate::keyspace::{Keyspace, PlaceOutcome};
-use crate::store_check::check_store;
+use crate::keyspace_cell::KeyspaceCell;
 use crate::types::{
     ApplyError, EngineConfig, HolderKey, HolderMatch, KeyspaceId, LogTime, MatchOptions, Tier,
 };
@@ -49,7 +49,7 @@ impl Engine {
     }
 
     /// From now on every keyspace keeps two copies, so queries never wait on a write, at twice
-    /// the engine's memory and write work (`crate::cell`). Not a state setting: the copies are
+    /// the engine's memory and write work (`crate::keyspace_cell`). Not a state setting: the copies are
     /// identical, and answers, digests and checkpoints do not change. Call it before the
     /// engine is shared: keyspaces handed out earlier keep their single copy.
     pub fn keep_query_copies(&self) {
@@ -292,14 +292,7 @@ impl Engine {
 
     /// Digest of the whole engine.
     pub fn digest(&self) -> u64 {
-        let mut d = 0u64;
-        for (id, ks) in self.keyspaces.read().iter() {
-            let kd = ks.read().digest();
-            if kd != 0 {
-                d = crate::digest::mix64(d ^ keyspace_salt(id)).wrapping_add(kd);
-            }
-        }
-        d
+        combine(self.keyspaces.read().iter().map(|(id, ks)| (id, ks.read().digest())))
     }
 
     /// Resident (holder, block) pairs over all keyspaces.

@@ -287,3 +287,69 @@ impl KeyspaceStats {
         }
     }
 }
+
+/// What broke. Run, block and holder numbers are internal indices.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum InvariantError {
+    /// A run's pin count is not the number of operation records ending at its last block.
+    #[error("run {run}: {pins} pins, but {records} records end there")]
+    Pins { run: u32, pins: u32, records: u32 },
+    /// A holder's block count is not the number of blocks it is a member of.
+    #[error("{holder}: counts {counted} blocks, is a member of {members}")]
+    HolderBlocks { holder: HolderKey, counted: u32, members: u32 },
+    /// A holder's digest is not the sum of its blocks' terms.
+    #[error("{holder}: digest {stored:#x}, its blocks sum to {recomputed:#x}")]
+    HolderDigest { holder: HolderKey, stored: u64, recomputed: u64 },
+    /// A keyspace-level aggregate (`keyspace digest`, `partition N digest`, `holder_blocks`)
+    /// is not the sum over its holders.
+    #[error("{what}: stored {stored:#x}, recomputed {recomputed:#x}")]
+    Aggregate { what: String, stored: u64, recomputed: u64 },
+    /// A holder is filed under another partition than its worker maps to.
+    #[error("{holder}: filed in partition {group}, belongs in {expected}")]
+    HolderPartition { holder: HolderKey, group: u32, expected: u32 },
+    /// The holder index and the holder slots disagree.
+    #[error("holder slot {slot}: {what}")]
+    HolderIndex { slot: u32, what: &'static str },
+    /// A derived holder index (key order, holders per partition, the expiry queue) disagrees
+    /// with the holders.
+    #[error("derived holder index: {0}")]
+    DerivedIndex(String),
+    /// A run's place in the trie: parent, child count, first child, length, paths, lookup.
+    #[error("run {run}: {what}")]
+    Link { run: u32, what: &'static str },
+    /// Block storage: a block's run, a free mark, an allocation overlap or leak.
+    #[error("block {block}: {what}")]
+    Block { block: u32, what: &'static str },
+    /// The ext table: a bound ext that does not resolve to its block, or a stale entry.
+    #[error("block {block}: {what}")]
+    Ext { block: u32, what: &'static str },
+    /// The edge table holds an entry that is not a live run's non-first child link.
+    #[error("run {run}: {what}")]
+    Edge { run: u32, what: &'static str },
+    /// The free list of run ids and run liveness disagree.
+    #[error("run {run}: {what}")]
+    FreeList { run: u32, what: &'static str },
+    /// A run's membership list: a dead holder, a holder listed twice, or not in key order
+    /// (matching lists holders in member order).
+    #[error("run {run}, holder slot {holder}: {what}")]
+    Member { run: u32, holder: u32, what: &'static str },
+    /// A holder's operation records: stamp order, stamp range, leaf, window.
+    #[error("{holder}, record stamp {stamp}: {what}")]
+    Record { holder: HolderKey, stamp: u32, what: &'static str },
+    /// Some block of the holder is not inside the window of the record whose stamp it carries
+    /// (every block belongs to exactly one record), or a window covers part of such a run.
+    #[error("{holder}: {owned} of {blocks} blocks lie in the window of the record that stamped them")]
+    Ownership { holder: HolderKey, owned: u32, blocks: u32 },
+    /// `overrides` and `override_of` are not inverse maps of live, held blocks.
+    #[error("{holder}, ext {ext:#x}: {what}")]
+    Override { holder: HolderKey, ext: u64, what: &'static str },
+}
+
+/// `Ok` if `ok`, else the error `err` builds.
+pub(crate) fn ensure(ok: bool, err: impl FnOnce() -> InvariantError) -> Result<(), InvariantError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(err())
+    }
+}

@@ -22,7 +22,7 @@ use crate::log_spec::LogSpec;
 use crate::reader::{Found, LogReader, Read};
 use prefixlog_state::log::LogProbe;
 use prefixlog_state::partition_state::record_mark;
-use prefixlog_state::status::{HoleCause, LogHole};
+use prefixlog_state::{HoleCause, LogHole};
 use rdkafka::error::KafkaError;
 use std::collections::BTreeMap;
 use std::fmt;

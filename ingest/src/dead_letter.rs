@@ -12,7 +12,7 @@
 //! (decimal), `prefixlog-reason` ([`prefixlog_state::BadReason`]'s name).
 
 use crate::log_spec::{ClientRole, KafkaConnection};
-use prefixlog_state::status::DeadLetterCounts;
+use prefixlog_state::DeadLetterCounts;
 use rdkafka::client::ClientContext;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};

@@ -5,9 +5,9 @@
 
 use crate::bench_env::{bench_options, BenchLog};
 use prefixlog::fleet_records::{fleet_records, keyspace, WorkloadArgs};
+use prefixlog_client::{IndexClient, MatchOutcome, MatchQuery, Prompt};
 use prefixlog_ingest::Shard;
 use prefixlog_node::ReplicaNode;
-use prefixlog_query::{IndexClient, MatchOutcome, MatchQuery, Prompt};
 use prefixlog_workload::quantile::quantile_us as pct;
 use prefixlog_workload::{generate, load_trace, FleetConfig, Step};
 use std::time::{Duration, Instant};

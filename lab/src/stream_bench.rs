@@ -10,9 +10,9 @@
 //! includes the idle replica's own background threads, small and alike in both runs.
 
 use crate::client_thread::ClientThread;
+use prefixlog_client::StreamMux;
 use prefixlog_proto::v1::{prefix_index_client::PrefixIndexClient, MatchRequest};
 use prefixlog_query::tonic::transport::Endpoint;
-use prefixlog_query::StreamMux;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

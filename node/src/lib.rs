@@ -13,7 +13,7 @@
 //!   applies them in offset order (a panic applying one record halts that partition), and
 //!   partition replacement for repair and recovery.
 //! - [`watermarks`]: the watermark thread beside it: lag, rewinds, the topic's partition count,
-//!   broker contact (written to `state::ReplicaStatus`).
+//!   broker contact (written to `prefixlog_query::ReplicaStatus`).
 //! - [`options`]: [`NodeOptions`]: ports, data dir, checkpoint policy, peers, gap and
 //!   settings-change choices, shutdown grace (nothing that changes applied state).
 //! - [`startup`]: choose the starting state (local checkpoint, peer bootstrap, log start) and

@@ -14,8 +14,9 @@ use prefixlog_peer::{
     AntiEntropy, AntiEntropyStats, PeerService, RepairContext, RoundReport, ScrubStats, Scrubber, ServeLimits,
 };
 use prefixlog_query::admin::AdminPort;
+use prefixlog_query::ReplicaStatus;
 use prefixlog_query::{RunningServer, ServerConfig};
-use prefixlog_state::{Applier, LogIdentity, ReplicaStatus};
+use prefixlog_state::{Applier, LogIdentity};
 use prometheus::Registry;
 use std::net::SocketAddr;
 use std::sync::Arc;

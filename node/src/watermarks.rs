@@ -11,7 +11,7 @@
 //! measures from (staleness of answers during an outage).
 
 use prefixlog_ingest::probe::{topic_partitions, ProbeError};
-use prefixlog_state::status::ReplicaStatus;
+use prefixlog_query::ReplicaStatus;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -12,11 +12,11 @@
 //! checkpoint. The bridge's own exposition is checked against the real binary by
 //! prefixlog/tests/bridge_metrics.rs.
 
+use prefixlog_client::{IndexClient, MatchOutcome, MatchQuery, Prompt};
 use prefixlog_engine::KeyspaceId;
 use prefixlog_ingest::{EmbeddedKafka, KafkaConnection, LogSpec, Publisher};
 use prefixlog_node::{CheckpointPolicy, NodeOptions, ReplicaNode};
 use prefixlog_query::exposition::{convention_problems, parse, promtool_check};
-use prefixlog_query::{IndexClient, MatchOutcome, MatchQuery, Prompt};
 use prefixlog_state::{token_of, KvOp, Tier};
 use std::collections::BTreeSet;
 use std::time::Duration;

@@ -18,7 +18,7 @@
 //! replica that is not ready). The flag is kept in an atomic, refreshed by every readiness
 //! check (the health driver runs one every 50 ms), so the query path pays one atomic load.
 
-use prefixlog_state::ReplicaStatus;
+use crate::status::ReplicaStatus;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,10 +1,13 @@
-//! prefixlog's query side: the gRPC service replicas run. The client gateways use is its own
-//! crate, `prefixlog-client` (no server or librdkafka); its items are re-exported here.
+//! prefixlog's query side: the gRPC service replicas run, and what a running replica reports
+//! of itself ([`ReplicaStatus`]). The client gateways use is its own crate, `prefixlog-client`
+//! (no server or librdkafka), which this one does not depend on: gateways, tests and
+//! benchmarks import it directly.
 //!
-//! A query's path: gateway → [`IndexClient`] (endpoint choice, deadline, fail-open) →
-//! gRPC → [`service::QueryService`] (validation, canonical hashing, read-your-writes wait) →
-//! `prefixlog_engine::Engine` (read lock of one keyspace). Writes never take this path: they
-//! go through Kafka (`prefixlog_ingest::Publisher`, whose `Landed` feeds [`MatchQuery::after`]).
+//! A query's path: gateway → `prefixlog_client::IndexClient` (endpoint choice, deadline,
+//! fail-open) → gRPC → [`service::QueryService`] (validation, canonical hashing,
+//! read-your-writes wait) → `prefixlog_engine::Engine` (read lock of one keyspace). Writes never
+//! take this path: they go through Kafka (`prefixlog_ingest::Publisher`, whose `Landed` feeds
+//! `prefixlog_client::MatchQuery::after`).
 //!
 //! Module map:
 //! - [`service`]: [`service::QueryService`] (Match, Describe, ListWorkers answered),
@@ -26,7 +29,10 @@
 //!   `promtool check metrics`), for the tests of the replica's and the bridge's exposition.
 //! - [`metrics`]: query latency, outcomes and matched depth; progress, continuity and state size
 //!   collected at scrape time, into the replica's registry.
-//! - re-exported from `prefixlog-client`: [`IndexClient`] and its query types, [`StreamMux`].
+//! - [`status`]: [`ReplicaStatus`], a running replica's progress and health (offsets, lag,
+//!   discontinuities, apply failures, log holes, broker contact, read-your-writes waits).
+//!   Written by the replica's ingest and watermark threads (`prefixlog-node`), read by the
+//!   query path and at scrape time; never part of applied state.
 
 pub mod admin;
 pub mod exposition;
@@ -36,16 +42,15 @@ pub mod health;
 pub mod metrics;
 pub mod server;
 pub mod service;
+pub mod status;
 pub mod stream;
 pub mod tiers;
 pub mod validate;
 
 pub use extension::{Extension, ExtensionContext, ExtensionError, Extensions};
-pub use prefixlog_client::{
-    Answer, DiscoveryError, IndexClient, MatchOutcome, MatchQuery, MuxError, Prompt, StreamMux, Unavailable,
-};
 pub use server::{start, RunningServer, Served, ServerConfig, ServerError, TlsFiles};
 pub use service::{default_replica_id, QueryConfig, QueryService, ReplicaInfo};
+pub use status::ReplicaStatus;
 
 /// Re-exported so tests, benchmarks and gateways use the exact versions this crate was built
 /// with (health checks, raw gRPC calls).

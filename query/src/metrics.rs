@@ -9,9 +9,10 @@
 //! [`render`] serve the bridge's registry too.
 
 use crate::health::Readiness;
+use crate::status::ReplicaStatus;
 use parking_lot::{Mutex, RwLock};
 use prefixlog_engine::{Engine, KeyspaceId};
-use prefixlog_state::{Applier, HoleCause, ReplicaStatus};
+use prefixlog_state::{Applier, HoleCause};
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{

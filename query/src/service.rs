@@ -11,6 +11,7 @@
 
 use crate::health::Readiness;
 use crate::metrics::QueryMetrics;
+use crate::status::ReplicaStatus;
 use crate::validate::{check, clip, unknown_keyspace};
 use parking_lot::Mutex;
 use prefixlog_engine::{Engine, Keyspace, MatchOptions};
@@ -18,7 +19,7 @@ use prefixlog_proto::v1::{
     DescribeResponse, ListWorkersResponse, MatchRequest, MatchResponse, PartitionOffset, WorkerInfo,
     WorkerScore,
 };
-use prefixlog_state::{Applier, ReplicaStatus};
+use prefixlog_state::Applier;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;

@@ -1,5 +1,7 @@
 //! The deterministic core: what a record is and how the log is applied, with no Kafka, no
-//! clock and no I/O. State is a pure function of the records applied and the state settings.
+//! clock, no async runtime, no metrics and no I/O. State is a pure function of the records
+//! applied and the state settings. (A running replica's progress and health, which needs all of
+//! those, is the serving side's: `prefixlog_query::ReplicaStatus`.)
 //!
 //! A record's path through this crate: bytes from the log → [`record::decode`] (validate, or
 //! refuse with a [`BadReason`]) → [`Applier`] (feed policy per holder, limits, offsets) →
@@ -20,10 +22,8 @@
 //! - [`apply`]: the deterministic [`Applier`].
 //! - [`log`]: the log as the layers above the Kafka edge see it: [`LogSource`] (probe, apply up
 //!   to a target), [`LiveState`] (a running replica's applier, partition swaps) and [`LogAppend`]
-//!   (appending records).
-//! - [`status`]: [`ReplicaStatus`], what a running replica reports of its progress and health
-//!   (offsets, lag, discontinuities, apply failures, log holes, broker contact, read-your-writes
-//!   waits). Written by the Kafka edge, read by the query path; never part of applied state.
+//!   (appending records); and what reading it runs into: [`LogHole`] and its [`HoleCause`],
+//!   [`DeadLetterCounts`].
 //! - `testing` (feature `testing`, tests only): make applying chosen records panic.
 //! - `memory_log` (feature `testing`, tests only): an in-memory log and replica for the layers
 //!   above the Kafka edge.
@@ -37,16 +37,17 @@ pub mod memory_log;
 pub mod partition_state;
 pub mod record;
 pub mod settings;
-pub mod status;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
 pub use apply::{Applier, ApplyFailure, NotNext, Outcome};
 pub use identity::{check_compatible, Incompatible, LogIdentity};
-pub use log::{ApplyLogOptions, LiveState, LogAppend, LogError, LogProbe, LogSource, Until, Watermarks};
+pub use log::{
+    ApplyLogOptions, DeadLetterCounts, HoleCause, LiveState, LogAppend, LogError, LogHole, LogProbe,
+    LogSource, Until, Watermarks,
+};
 pub use partition_state::{DigestPoint, PartitionState};
 /// In `prefixlog-ids` so the gateway client can take them without this crate.
 pub use prefixlog_ids::{token_of, Landed, Tier};
 pub use record::{BadReason, KvBatch, KvOp, LaneMeta, Lifecycle, Op};
 pub use settings::StateSettings;
-pub use status::{DeadLetterCounts, HoleCause, LogHole, ReplicaStatus};

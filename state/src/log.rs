@@ -4,13 +4,20 @@
 //! into a running replica through [`LiveState`], so neither links a Kafka client:
 //! `prefixlog_ingest::LogSpec` and `prefixlog_node::IngestThread` implement them over Kafka, and
 //! tests can implement them in memory.
+//!
+//! Also what reading the log can run into, as plain data the Kafka edge reports and the serving
+//! side keeps (its `ReplicaStatus`): a hole in a partition's offsets ([`LogHole`], with its
+//! [`HoleCause`] once a second read explains it) and the fate of dead-letter copies of refused
+//! records ([`DeadLetterCounts`]).
 
-use crate::{Applier, StateSettings};
+use crate::apply::Applier;
+use crate::settings::StateSettings;
 use parking_lot::Mutex;
 use prefixlog_engine::LogTime;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -119,7 +126,7 @@ pub trait LiveState: Send + Sync {
 }
 
 /// The boxed future of [`LogAppend::append`].
-pub type Appending<'a> = Pin<Box<dyn Future<Output = Result<crate::Landed, LogError>> + Send + 'a>>;
+pub type Appending<'a> = Pin<Box<dyn Future<Output = Result<prefixlog_ids::Landed, LogError>> + Send + 'a>>;
 
 /// Appending encoded records to the log, keyed by worker (the protocol facades write through
 /// it; `prefixlog_ingest::Publisher` over Kafka).
@@ -128,4 +135,77 @@ pub trait LogAppend: Send + Sync {
     /// with where it landed (its consistency token is that offset + 1), or fails without
     /// having been acknowledged.
     fn append(&self, worker: u64, record: Vec<u8>) -> Appending<'_>;
+}
+
+/// Why the log skips a partition's offsets `start..end` inside its retained range (a
+/// [`LogHole`]), as far as a second read of them can tell.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HoleCause {
+    /// A read that includes uncommitted records finds records there: they belong to aborted
+    /// transactions (a read_committed reader skips them). A transactional producer writes to
+    /// the topic.
+    AbortedRecords,
+    /// No reader gets a record there: offsets taken by records no consumer is given —
+    /// transaction markers (control records) of a transactional producer (or compaction).
+    NoRecords,
+    /// The second read did not get that far (broker unreachable, timeout).
+    Unexplained,
+}
+
+impl HoleCause {
+    pub const ALL: [HoleCause; 3] = [HoleCause::AbortedRecords, HoleCause::NoRecords, HoleCause::Unexplained];
+
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HoleCause::AbortedRecords => "aborted_records",
+            HoleCause::NoRecords => "no_records",
+            HoleCause::Unexplained => "unexplained",
+        }
+    }
+
+    /// Its place in [`Self::ALL`]: an index for counts kept per cause.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Offsets `start..end` of a partition that the log skips: the reader expected `start` and
+/// the next record it was given is at `end`. Permanent (a log never changes below its end): a
+/// state that ends before `end` meets the same hole again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LogHole {
+    pub partition: u32,
+    pub start: i64,
+    pub end: i64,
+    /// `None` until the second read has run.
+    pub cause: Option<HoleCause>,
+}
+
+impl std::fmt::Display for LogHole {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (p, s, e) = (self.partition, self.start, self.end);
+        write!(f, "partition {p} skips offsets {s}..{e} inside the log: ")?;
+        f.write_str(match self.cause {
+            Some(HoleCause::AbortedRecords) => {
+                "records of aborted transactions are there (a transactional producer writes to the topic)"
+            }
+            Some(HoleCause::NoRecords) => {
+                "no consumer is given a record there: transaction markers of a transactional producer \
+                 (or compaction)"
+            }
+            Some(HoleCause::Unexplained) => "a second read to explain it did not get there",
+            None => "being explained",
+        })
+    }
+}
+
+/// What became of the dead-letter copies of refused records, per replica (the replica's `/metrics` reads them at scrape time;
+/// nothing here is global, so two replicas in one process count apart).
+#[derive(Debug, Default)]
+pub struct DeadLetterCounts {
+    /// Delivered to the dead-letter topic.
+    pub copied: AtomicU64,
+    /// Dropped: the producer queue was full, or the broker did not take it.
+    pub failed: AtomicU64,
 }

@@ -3,6 +3,7 @@
 //! token, a documented status for every bad input, health and readiness, the admin port, and
 //! client failover when a replica dies.
 
+use prefixlog_client::{IndexClient, MatchOutcome, MatchQuery, Prompt, Unavailable};
 use prefixlog_engine::scheme::block_hashes;
 use prefixlog_engine::{Engine, EngineConfig, HolderKey, KeyspaceId};
 use prefixlog_ingest::Publisher;
@@ -14,10 +15,8 @@ use prefixlog_query::tonic::{self, Code};
 use prefixlog_query::tonic_health::pb::{
     health_check_response::ServingStatus, health_client::HealthClient, HealthCheckRequest,
 };
-use prefixlog_query::{
-    IndexClient, MatchOutcome, MatchQuery, Prompt, QueryConfig, ServerConfig, Unavailable,
-};
-use prefixlog_state::{token_of, KvOp, Landed, ReplicaStatus, Tier};
+use prefixlog_query::{QueryConfig, ReplicaStatus, ServerConfig};
+use prefixlog_state::{token_of, KvOp, Landed, Tier};
 use prefixlog_tests::http::http_get;
 use prefixlog_tests::{kafka_backends, replicas, unique_topic, KafkaBackend};
 use std::sync::Arc;

@@ -9,10 +9,10 @@
 //!   replica retired): answers are partial and flagged (the missing partitions named), never
 //!   errors, and the workers they do score are scored exactly.
 
+use prefixlog_client::{IndexClient, MatchOutcome, MatchQuery, Prompt};
 use prefixlog_engine::KeyspaceId;
 use prefixlog_ingest::{KafkaConnection, LogSpec, Publisher, Shard};
 use prefixlog_node::{CheckpointPolicy, NodeOptions, ReplicaNode};
-use prefixlog_query::{IndexClient, MatchOutcome, MatchQuery, Prompt};
 use prefixlog_state::record::encode_kv_events;
 use prefixlog_state::{token_of, KvOp, Landed, Tier};
 use prefixlog_tests::{kafka_backends, unique_topic, KafkaBackend};

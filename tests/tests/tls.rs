@@ -91,19 +91,19 @@ async fn mtls_requires_a_client_certificate_from_the_ca() {
     let ch = channel(port, Some(with_cert.clone())).await.unwrap();
     assert_eq!(depth(ch).await.unwrap(), 2);
     // The gateway client over mTLS.
-    let client = prefixlog_query::IndexClient::with_tls(
+    let client = prefixlog_client::IndexClient::with_tls(
         vec![format!("https://localhost:{port}")],
         // Generous: a TLS handshake in a debug build on a loaded 2-core CI machine.
         std::time::Duration::from_secs(30),
         with_cert,
     )
     .unwrap();
-    let q = prefixlog_query::MatchQuery::new(
+    let q = prefixlog_client::MatchQuery::new(
         KeyspaceId::new("m", 4, 1),
-        prefixlog_query::Prompt::Hashes(vec![11, 22, 33]),
+        prefixlog_client::Prompt::Hashes(vec![11, 22, 33]),
     );
     match client.match_prompt(&q).await {
-        prefixlog_query::MatchOutcome::Scores(a) => {
+        prefixlog_client::MatchOutcome::Scores(a) => {
             assert_eq!(a.scores.iter().find(|s| s.worker == 7).map(|s| s.depth), Some(2))
         }
         other => panic!("gateway client over mTLS: {other:?}"),

@@ -5,7 +5,7 @@
 
 use super::{edge_hash, ext_hash, max_run, Trie, NIL, PREFETCH_AHEAD, ROOT, SPARE_KEPT};
 use crate::digest::{block_term, parent_path};
-use crate::runs::{CHILDREN, LIVE};
+use crate::trie::runs::{CHILDREN, LIVE};
 
 impl Trie {
     /// Frees run `r` (dead, not the root): unlinks it, drops its blocks' exts, and returns its
@@ -30,7 +30,8 @@ impl Trie {
             self.drop_block(b);
         }
         let p = &mut self.runs[pr];
-        let same_chunk = p.start >> crate::blocks::CHUNK_BITS == start >> crate::blocks::CHUNK_BITS;
+        let same_chunk =
+            p.start >> crate::trie::blocks::CHUNK_BITS == start >> crate::trie::blocks::CHUNK_BITS;
         if pr != ROOT && p.start + p.cap == start && same_chunk {
             p.cap += cap;
             self.trim_spare(pr);
@@ -93,7 +94,8 @@ impl Trie {
         let yr = &self.runs[y];
         let mergeable = yr.start == xr.start + xr.len
             && xr.len + yr.len <= max_run()
-            && xr.start >> crate::blocks::CHUNK_BITS == (yr.start + yr.cap - 1) >> crate::blocks::CHUNK_BITS
+            && xr.start >> crate::trie::blocks::CHUNK_BITS
+                == (yr.start + yr.cap - 1) >> crate::trie::blocks::CHUNK_BITS
             && xr.members == yr.members;
         if !mergeable {
             return x;

@@ -17,7 +17,7 @@
 //! (`matching`) is taken whenever every holder of the keyspace is on the GPU.
 
 use crate::keyspace::Keyspace;
-use crate::matching::{Acc, Filter, SCRATCH};
+use crate::matching::walk::{Acc, Filter, SCRATCH};
 use crate::types::{HolderKey, HolderMatch, MatchDetail, MatchOptions, Tier, TierDepth, TierRun};
 use smallvec::SmallVec;
 

@@ -27,11 +27,11 @@
 //! written during every pass's visit is the one thing a scrub may not reach. Each check is true
 //! of any state between two writes, so concurrent writes never make a consistent keyspace fail.
 
-use crate::holder::Holder;
-use crate::invariants::{ensure, InvariantError};
+use crate::check::invariants::check_override_maps;
 use crate::keyspace::Keyspace;
 use crate::partition::partition_of;
 use crate::trie::Segment;
+use crate::types::{ensure, HolderKey, InvariantError};
 
 /// Where a scrub of one keyspace stands: a phase, the next run id or holder slot in it, and
 /// how far into that holder's records.
@@ -167,14 +167,9 @@ impl Keyspace {
         trie.check_run(r, None)?;
         let mut work = 1 + u64::from(run.len);
         let mut window: Vec<Segment> = Vec::new();
-        let mut prev: Option<&Holder> = None;
-        for m in run.members.iter() {
+        for (k, m) in run.members.iter().enumerate() {
             let member = |what| InvariantError::Member { run: r, holder: m.holder, what };
-            let holder = self.holders.slots.get(m.holder as usize).and_then(Option::as_ref);
-            let Some(holder) = holder else { return Err(member("member holder slot is empty")) };
-            let sorted = prev.is_none_or(|p| p.key < holder.key);
-            ensure(sorted, || member("members not in strictly increasing holder key order"))?;
-            prev = Some(holder);
+            let holder = self.check_member(r, k)?;
             let rec =
                 holder.records.binary_search_by_key(&m.stamp, |x| x.stamp).ok().map(|i| holder.records[i]);
             let Some(rec) = rec else { return Err(member("no record of the holder has the member's stamp")) };
@@ -202,16 +197,7 @@ impl Keyspace {
         let Some(h) = self.holders.slots[slot as usize].as_ref() else { return Ok((1, true)) };
         let seen = h.last_write;
         if at.record == 0 {
-            let card = self.holders.card(slot);
-            let synced =
-                (card.key(), card.blocks, card.fed, card.gapped) == (h.key, h.blocks, h.fed, h.gapped);
-            ensure(synced, || InvariantError::HolderIndex { slot, what: "card differs from the holder" })?;
-            let expected = partition_of(h.key.worker, self.cfg.partitions);
-            ensure(h.group == expected, || InvariantError::HolderPartition {
-                holder: h.key,
-                group: h.group,
-                expected,
-            })?;
+            self.check_card(slot, h)?;
             at.seen = seen;
         } else if at.seen != seen {
             return Ok((1, true));
@@ -252,15 +238,14 @@ impl Keyspace {
         if (at.overrides as usize) < h.overrides.len() {
             return Ok((work, false));
         }
-        let err = |what| InvariantError::Override { holder: h.key, ext: 0, what };
-        ensure(h.overrides.len() == h.override_of.len(), || err("maps differ in size"))?;
+        check_override_maps(h)?;
         Ok((work, true))
     }
 
     /// The finding for `error`, with the partitions it concerns.
     fn finding(&self, error: InvariantError) -> ScrubFinding {
         let n = self.cfg.partitions;
-        let of_key = |k: &crate::types::HolderKey| vec![partition_of(k.worker, n)];
+        let of_key = |k: &HolderKey| vec![partition_of(k.worker, n)];
         let partitions = match &error {
             InvariantError::HolderBlocks { holder, .. }
             | InvariantError::HolderDigest { holder, .. }
@@ -288,62 +273,5 @@ impl Keyspace {
             _ => Vec::new(),
         };
         ScrubFinding { partitions, error }
-    }
-
-    /// Whether any holder of partition `p` is in this keyspace.
-    pub fn has_partition(&self, p: u32) -> bool {
-        self.holders.slots.iter().flatten().any(|h| h.group == p)
-    }
-
-    /// Repair support ([`Keyspace::replace_group`]): takes every member whose holder slot is
-    /// empty off its run, releasing runs that nothing keeps any more. A consistent keyspace
-    /// has none; after a holder with a member no record justified is removed (records are
-    /// how a holder's blocks are found), that member would otherwise stay behind and be
-    /// credited to whichever holder takes the slot next. One pass over the runs.
-    pub(crate) fn drop_dangling_members(&mut self) -> usize {
-        let mut emptied = Vec::new();
-        let mut dropped = 0;
-        for r in 1..self.trie.runs.slots() {
-            let slots = &self.holders.slots;
-            let run = &mut self.trie.runs[r];
-            if !run.live() {
-                continue;
-            }
-            let before = run.members.len();
-            run.members.retain(|m| slots.get(m.holder as usize).is_some_and(Option::is_some));
-            if run.members.len() != before {
-                dropped += before - run.members.len();
-                self.trie.holders_changed(r);
-                emptied.push(r);
-            }
-        }
-        for r in emptied {
-            if self.trie.runs[r].live() {
-                self.trie.release(r);
-            }
-        }
-        dropped
-    }
-}
-
-#[cfg(any(test, feature = "testing"))]
-impl Keyspace {
-    /// Test-only fault hook: makes the holder a member of a top-level run it does not hold,
-    /// with a stamp no record has, and changes nothing else — as memory corruption of a
-    /// membership list would. Digests (kept beside the trie) still agree with every peer's,
-    /// but queries now credit the holder with that run's blocks: an overcount only a scrub
-    /// finds. Returns the run's locals (a query that shows it), if such a run exists.
-    pub fn corrupt_membership_for_test(&mut self, key: &crate::types::HolderKey) -> Option<Vec<u64>> {
-        let h = self.holders.get(key)?;
-        let r = (1..self.trie.runs.slots()).find(|&r| {
-            let run = &self.trie.runs[r];
-            run.live() && run.parent == crate::blocks::ROOT_BLOCK && run.member(h).is_none()
-        })?;
-        let holders = &self.holders;
-        let at = self.trie.runs[r].members.partition_point(|m| holders.at(m.holder).key < *key);
-        self.trie.runs[r].members.insert(at, crate::trie::Member { holder: h, stamp: 0 });
-        self.trie.holders_changed(r);
-        let run = &self.trie.runs[r];
-        Some(self.trie.blocks.locals(run.start, run.len).to_vec())
     }
 }

@@ -1,6 +1,8 @@
 //! [`ReplicaStatus`]: a running replica's progress and health, written by its ingest and
-//! watermark threads and read without locks on the query path (offsets, lag, continuity,
-//! read-your-writes waits) and at scrape time (metrics).
+//! watermark threads (`prefixlog-node`) and read without locks on the query path (offsets, lag,
+//! continuity, read-your-writes waits) and at scrape time (metrics). It is the serving side's:
+//! it keeps wall-clock time, wakes waiters through a tokio `watch` and times applies in a
+//! Prometheus histogram, none of which the deterministic core (`prefixlog-state`) may hold.
 //!
 //! Besides progress it holds what makes a replica unable to prove its state: a discontinuous or
 //! rewound partition, a record whose apply failed ([`ApplyFailure`]), a hole in the log
@@ -8,83 +10,11 @@
 //! count the broker reports other than the one the replica was started for, and how long ago
 //! the broker last answered.
 
-use crate::apply::ApplyFailure;
 use parking_lot::Mutex;
+use prefixlog_state::{ApplyFailure, DeadLetterCounts, HoleCause, LogHole};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
-
-/// What became of the dead-letter copies of refused records, per replica (the replica's `/metrics` reads them at scrape time;
-/// nothing here is global, so two replicas in one process count apart).
-#[derive(Debug, Default)]
-pub struct DeadLetterCounts {
-    /// Delivered to the dead-letter topic.
-    pub copied: AtomicU64,
-    /// Dropped: the producer queue was full, or the broker did not take it.
-    pub failed: AtomicU64,
-}
-
-/// Why the log skips a partition's offsets `start..end` inside its retained range (a
-/// [`LogHole`]), as far as a second read of them can tell.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HoleCause {
-    /// A read that includes uncommitted records finds records there: they belong to aborted
-    /// transactions (a read_committed reader skips them). A transactional producer writes to
-    /// the topic.
-    AbortedRecords,
-    /// No reader gets a record there: offsets taken by records no consumer is given —
-    /// transaction markers (control records) of a transactional producer (or compaction).
-    NoRecords,
-    /// The second read did not get that far (broker unreachable, timeout).
-    Unexplained,
-}
-
-impl HoleCause {
-    pub const ALL: [HoleCause; 3] = [HoleCause::AbortedRecords, HoleCause::NoRecords, HoleCause::Unexplained];
-
-    /// The metric label.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            HoleCause::AbortedRecords => "aborted_records",
-            HoleCause::NoRecords => "no_records",
-            HoleCause::Unexplained => "unexplained",
-        }
-    }
-
-    fn index(self) -> usize {
-        self as usize
-    }
-}
-
-/// Offsets `start..end` of a partition that the log skips: the reader expected `start` and
-/// the next record it was given is at `end`. Permanent (a log never changes below its end): a
-/// state that ends before `end` meets the same hole again.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LogHole {
-    pub partition: u32,
-    pub start: i64,
-    pub end: i64,
-    /// `None` until the second read has run.
-    pub cause: Option<HoleCause>,
-}
-
-impl std::fmt::Display for LogHole {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let (p, s, e) = (self.partition, self.start, self.end);
-        write!(f, "partition {p} skips offsets {s}..{e} inside the log: ")?;
-        f.write_str(match self.cause {
-            Some(HoleCause::AbortedRecords) => {
-                "records of aborted transactions are there (a transactional producer writes to the topic)"
-            }
-            Some(HoleCause::NoRecords) => {
-                "no consumer is given a record there: transaction markers of a transactional producer \
-                 (or compaction)"
-            }
-            Some(HoleCause::Unexplained) => "a second read to explain it did not get there",
-            None => "being explained",
-        })
-    }
-}
 
 /// Live progress of one partition.
 #[derive(Default)]

@@ -7,12 +7,12 @@
 //! numbering is known up front, the ext table is built from the dump alone, on the other core,
 //! while this one lays out blocks and runs.
 
-use crate::blocks::CHUNK;
 use crate::digest::{block_term, child_path, ROOT_PATH};
-use crate::dump::KeyspaceDump;
-use crate::holder::{Holder, Record};
+use crate::keyspace::holders::{Holder, Record};
 use crate::keyspace::Keyspace;
-use crate::table::NodeTable;
+use crate::persist::dump::KeyspaceDump;
+use crate::trie::blocks::CHUNK;
+use crate::trie::table::NodeTable;
 use crate::trie::{ext_hash, max_run, Member, Members};
 use crate::types::{partition_of, EngineConfig, HolderKey};
 

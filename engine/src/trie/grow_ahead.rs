@@ -6,8 +6,8 @@
 //! moves. What is grown, and when, depends only on the writes applied, never on timing, so
 //! replicas fed the same log still hold identical state.
 
-use crate::blocks::SpareChunk;
-use crate::table::{GrownPart, Slot};
+use crate::trie::blocks::SpareChunk;
+use crate::trie::table::{GrownPart, Slot};
 use crate::trie::Trie;
 
 /// Built by [`Trie::grow_ahead`] for [`Trie::install`].

@@ -1,13 +1,17 @@
-//! Longest-prefix matching: walk the query's chain down the trie and credit each holder only
-//! for positions it holds, contiguously from position 0.
+//! The walks of a match down the trie, run by run: the query's locals compared with a run's
+//! as one slice, the run's members credited once for the whole stretch.
 //!
 //! Never overcount: a holder's depth only advances at position `i` if the holder is a member
-//! of the node at `i` *and* its depth is already `i`. A holder that holds later blocks but
+//! of the run at `i` *and* its depth is already `i`. A holder that holds later blocks but
 //! misses an earlier one (an evicted head or a hole in the middle) stops at the hole.
+//!
+//! Two walks: depth only, with early exit and per-thread scratch ([`Keyspace::match_depth`];
+//! per holder, or per slot for the tier path), and every position with intervals
+//! ([`Keyspace::match_full`]). Both honour the query's holder filters ([`Filter`]).
 
 use crate::keyspace::Keyspace;
-use crate::trie::{common_prefix, same_holders, ROOT};
-use crate::types::{HolderMatch, MatchDetail, MatchOptions, Tier};
+use crate::trie::{common_prefix, Run, ROOT};
+use crate::types::Tier;
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
@@ -34,77 +38,24 @@ impl Acc {
     }
 }
 
+/// The holder filters of [`MatchOptions`], with the candidate list sorted.
+pub(crate) struct Filter<'a> {
+    pub lane: Option<u32>,
+    pub candidates: Option<&'a [u64]>,
+    pub exclude_gapped: bool,
+    /// The counted tiers (only set where holders off the GPU exist).
+    pub tiers: Option<&'a [Tier]>,
+}
+
+impl Filter<'_> {
+    /// No filter: the hot loop skips the holder lookup.
+    #[inline]
+    fn is_none(&self) -> bool {
+        self.lane.is_none() && self.candidates.is_none() && !self.exclude_gapped && self.tiers.is_none()
+    }
+}
+
 impl Keyspace {
-    /// Scores every holder against `locals` (a chain of local hashes from position 0).
-    ///
-    /// Without `opts.intervals`, only holders with depth ≥ 1 are returned and the walk stops
-    /// at the first position no holder still covers contiguously. With it, every holder that
-    /// covers any position is returned with its intervals. Results are sorted by depth
-    /// (descending), then holder key, and cut to `opts.top_k`.
-    pub fn match_chain(&self, locals: &[u64], opts: &MatchOptions) -> Vec<HolderMatch> {
-        let mut out = Vec::new();
-        self.match_chain_into(locals, opts, &mut out);
-        out
-    }
-
-    /// [`Self::match_chain`] into a caller's buffer (cleared first), so a caller answering
-    /// many queries reuses one allocation: a match that lists hundreds of holders otherwise
-    /// spends a noticeable part of its time allocating and freeing the result.
-    pub fn match_chain_into(&self, locals: &[u64], opts: &MatchOptions, out: &mut Vec<HolderMatch>) {
-        out.clear();
-        let sorted;
-        let candidates = match opts.candidates.as_deref() {
-            Some(c) if !c.is_sorted() => {
-                sorted = sorted_copy(c);
-                Some(&sorted[..])
-            }
-            c => c,
-        };
-        let order = opts.tier_order();
-        let mut filter =
-            Filter { lane: opts.lane, candidates, exclude_gapped: opts.exclude_gapped, tiers: None };
-        if self.holders.off_gpu() > 0 {
-            // Some slot may hold blocks on several tiers: combine them (`tier_match`).
-            filter.tiers = Some(order);
-            let held = if opts.intervals {
-                self.match_full(locals, &filter)
-            } else {
-                self.match_slots(locals, &filter)
-            };
-            out.extend(self.match_tiers(held, opts, &filter));
-            sort_and_cut(out, opts);
-            return;
-        }
-        if !order.contains(&Tier::Gpu) {
-            return; // every holder is on the GPU, which does not count
-        }
-        let gpu_weight = opts.tier_weights.map(|w| u64::from(w[Tier::Gpu.code() as usize]));
-        if opts.intervals {
-            out.extend(self.match_full(locals, &filter).into_iter().map(|(h, a)| {
-                let detail = MatchDetail { intervals: a.intervals, ..Default::default() };
-                let mut m = self.result(h, a.depth).with_detail(detail);
-                m.weighted = gpu_weight.map(|w| w * u64::from(a.depth));
-                m
-            }));
-            sort_and_cut(out, opts);
-            return;
-        }
-        SCRATCH.with(|s| {
-            let s = &mut *s.borrow_mut();
-            self.match_depth::<false>(locals, &filter, s);
-            s.sort_by_depth_then_key();
-            let n = s.order.len().min(opts.top_k.unwrap_or(usize::MAX));
-            out.reserve(n);
-            s.take_in_order(|i, h, depth| {
-                if i < n {
-                    let mut m = self.result(h, depth);
-                    m.weighted = gpu_weight.map(|w| w * u64::from(depth));
-                    out.push(m);
-                }
-            });
-        })
-    }
-
     /// Whether the options let `holder` be reported.
     pub(crate) fn holder_ok(&self, f: &Filter, holder: u32) -> bool {
         let h = self.holders.card(holder);
@@ -113,20 +64,6 @@ impl Keyspace {
             && f.tiers.is_none_or(|t| t.contains(&key.tier))
             && !(f.exclude_gapped && h.gapped)
             && f.candidates.is_none_or(|c| c.binary_search(&key.worker).is_ok())
-    }
-
-    /// A GPU-only keyspace's answer for holder `h`.
-    fn result(&self, h: u32, depth: u32) -> HolderMatch {
-        let holder = self.holders.card(h);
-        HolderMatch {
-            holder: holder.key(),
-            depth,
-            total: holder.blocks,
-            inferred: !holder.fed,
-            gapped: holder.gapped,
-            weighted: None,
-            detail: None,
-        }
     }
 
     /// Depth only, with early exit. The walk goes run by run: the query's locals are compared
@@ -144,7 +81,7 @@ impl Keyspace {
     ///
     /// With `BY_SLOT`, progress is kept per slot instead (indexed by the slot's leader, see
     /// `Holders::leader`): a slot extends at a run if any of its counted tiers is a member,
-    /// which is the tier path's combined depth (`tier_match`), and `s.runs` records the run
+    /// which is the tier path's combined depth (`super::tiers`), and `s.runs` records the run
     /// each stage began at.
     pub(crate) fn match_depth<const BY_SLOT: bool>(&self, locals: &[u64], f: &Filter, s: &mut Scratch) {
         if s.stage.len() < self.holders.slots.len() {
@@ -157,7 +94,7 @@ impl Keyspace {
         let trie = &self.trie;
         let mut i = 0usize;
         let mut next = locals.first().and_then(|&l| trie.child(ROOT, l));
-        let mut prev: Option<&crate::trie::Run> = None;
+        let mut prev: Option<&Run> = None;
         while let Some(c) = next {
             let run = &trie.runs[c];
             trie.prefetch_child(c, locals.get(i + run.len as usize).copied());
@@ -170,7 +107,7 @@ impl Keyspace {
             }
             // `prev` is the run this one hangs off: its flag says so when this is its only
             // child; a run with several children compares the lists.
-            if prev.is_some_and(|p| p.same_as_child() || same_holders(p, run)) {
+            if prev.is_some_and(|p| p.same_as_child() || p.same_holders(run)) {
                 // Held by exactly the holders of the run before (a chain its holders stored
                 // in several operations): whoever extended there extends here too.
                 *s.ends.last_mut().expect("the run before extended someone") = to as u32;
@@ -233,38 +170,6 @@ impl Keyspace {
     }
 }
 
-/// Orders results by weighted score (with weights), then depth (descending), then slot, and
-/// keeps the `top_k` best.
-fn sort_and_cut(out: &mut Vec<HolderMatch>, opts: &MatchOptions) {
-    out.sort_unstable_by(|a, b| {
-        b.weighted.cmp(&a.weighted).then(b.depth.cmp(&a.depth)).then(a.holder.cmp(&b.holder))
-    });
-    out.truncate(opts.top_k.unwrap_or(usize::MAX));
-}
-
-/// The holder filters of [`MatchOptions`], with the candidate list sorted.
-pub(crate) struct Filter<'a> {
-    lane: Option<u32>,
-    candidates: Option<&'a [u64]>,
-    exclude_gapped: bool,
-    /// The counted tiers (only set where holders off the GPU exist).
-    tiers: Option<&'a [Tier]>,
-}
-
-impl Filter<'_> {
-    /// No filter: the hot loop skips the holder lookup.
-    #[inline]
-    fn is_none(&self) -> bool {
-        self.lane.is_none() && self.candidates.is_none() && !self.exclude_gapped && self.tiers.is_none()
-    }
-}
-
-fn sorted_copy(c: &[u64]) -> Vec<u64> {
-    let mut v = c.to_vec();
-    v.sort_unstable();
-    v
-}
-
 /// Per-thread buffers of the depth-only walk.
 #[derive(Default)]
 pub(crate) struct Scratch {
@@ -286,13 +191,13 @@ pub(crate) struct Scratch {
     pub at: Vec<u32>,
     /// Where the next holder of each final stage goes in `order`.
     next: Vec<u32>,
-    order: Vec<u32>,
+    pub order: Vec<u32>,
 }
 
 impl Scratch {
     /// The first run without a filter: every stage is still 0, so every member (members are
     /// distinct) extends to stage 1, with no per-member test. Returns how many.
-    fn credit_all(&mut self, run: &crate::trie::Run) -> usize {
+    fn credit_all(&mut self, run: &Run) -> usize {
         for m in run.members.iter() {
             self.stage[m.holder as usize] = 1;
         }
@@ -302,7 +207,7 @@ impl Scratch {
 
     /// Calls `f(i, holder, depth)` for the touched holders in `order`, resetting each one's
     /// stage for the next query in the same pass (one walk over them instead of two).
-    fn take_in_order(&mut self, mut f: impl FnMut(usize, u32, u32)) {
+    pub(super) fn take_in_order(&mut self, mut f: impl FnMut(usize, u32, u32)) {
         for (i, &h) in self.order.iter().enumerate() {
             let stage = std::mem::take(&mut self.stage[h as usize]);
             f(i, h, self.ends[stage as usize - 1]);
@@ -315,7 +220,7 @@ impl Scratch {
     /// stage, so one stable pass places them: final stage `s` holds `reached[s-1] - reached[s]`
     /// holders. Most holders usually stop at the first run; they are placed with a register
     /// counter, without the memory increment chain a counting sort has on its busiest bucket.
-    fn sort_by_depth_then_key(&mut self) {
+    pub(super) fn sort_by_depth_then_key(&mut self) {
         self.order.clear();
         let top = self.reached.len();
         if top == 0 {

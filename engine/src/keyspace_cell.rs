@@ -9,8 +9,8 @@
 //! same order, so they stay identical (writes are deterministic); the cost is twice the
 //! engine's memory and twice its write work, paid by the ingest thread, not by queries.
 
-use crate::ahead::{GrownAhead, Replaced};
 use crate::keyspace::Keyspace;
+use crate::trie::grow_ahead::{GrownAhead, Replaced};
 use crate::types::KeyspaceStats;
 use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockUpgradableReadGuard, RwLockWriteGuard};
 use std::fmt::Debug;
@@ -110,9 +110,9 @@ impl KeyspaceCell {
     }
 
     /// [`Self::write`] for a store chunk. With one copy, what the write will need to grow is
-    /// built first under the upgradable read lock, while queries read on (`crate::ahead`),
-    /// and the write lock only swaps it in. With two copies queries do not read the copy being
-    /// written, so it grows in place.
+    /// built first under the upgradable read lock, while queries read on
+    /// (`crate::trie::grow_ahead`), and the write lock only swaps it in. With two copies queries
+    /// do not read the copy being written, so it grows in place.
     pub fn write_grown_ahead<R: PartialEq + Debug>(&self, mut write: impl FnMut(&mut Keyspace) -> R) -> R {
         if self.is_paired() {
             return self.write(write);

@@ -14,14 +14,14 @@
 
 use std::io;
 
-use crate::blocks::{Blocks, CHUNK_BITS};
-use crate::holder::Holders;
 pub use crate::image_format::ImageError;
 use crate::image_format::{put_u32, put_u64, tag, ImageReader, ImageWriter, SectionChecks};
+use crate::keyspace::holders::Holders;
 use crate::keyspace::Keyspace;
 use crate::partition::partition_of;
-use crate::runs::Runs;
-use crate::table::NodeTable;
+use crate::trie::blocks::{Blocks, CHUNK_BITS};
+use crate::trie::runs::Runs;
+use crate::trie::table::NodeTable;
 use crate::trie::{Trie, NIL, ROOT};
 use crate::types::{EngineConfig, KeyspaceId, KeyspaceStats};
 

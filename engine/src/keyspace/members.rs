@@ -8,9 +8,9 @@
 //! covers part of a run (a store over a shared prefix, a removal of one block) splits it.
 //!
 //! A run's members are kept sorted by holder key, so a match lists holders in key order
-//! without sorting them (see `matching.rs`).
+//! without sorting them (see `crate::matching`).
 
-use crate::holder::Record;
+use crate::keyspace::holders::Record;
 use crate::keyspace::Keyspace;
 use crate::trie::{Member, Segment};
 
@@ -110,7 +110,7 @@ impl Keyspace {
     }
 
     /// Takes the holder off one block it holds (see [`Self::remove_stretch`]).
-    #[cfg(feature = "testing")]
+    #[cfg(any(test, feature = "testing"))]
     pub(crate) fn remove_block(&mut self, h: u32, b: u32) {
         self.remove_stretch(h, b, 1);
     }
@@ -267,7 +267,7 @@ impl Keyspace {
         // Runs the holder left may now be one run with a neighbour. By block, not by run id:
         // a merge frees one of the two ids.
         for &(_, first, _) in &win {
-            if self.trie.blocks.meta(first).run() != crate::blocks::FREE {
+            if self.trie.blocks.meta(first).run() != crate::trie::blocks::FREE {
                 self.trie.merge_around(self.trie.run_of(first));
             }
         }

@@ -1,10 +1,11 @@
-//! Structural invariants of the trie, for [`crate::Keyspace::check_invariants`].
+//! Structural invariants of the trie, for [`crate::Keyspace::check_invariants`] (the whole
+//! structure) and the scrubber (one run at a time).
 
-use crate::blocks::{ANCHOR, CHUNK_BITS, FREE, ROOT_BLOCK};
 use crate::digest::child_path;
-use crate::invariants::{ensure as check, InvariantError};
-use crate::table::NodeTable;
+use crate::trie::blocks::{ANCHOR, CHUNK_BITS, FREE, ROOT_BLOCK};
+use crate::trie::table::NodeTable;
 use crate::trie::{edge_hash, ext_hash, Trie, MAX_RUN, NIL, ROOT};
+use crate::types::{ensure as check, InvariantError};
 
 use InvariantError::{Block, Edge, Ext, FreeList, Link};
 

@@ -3,78 +3,12 @@
 //! thing that disagrees. For tests (the differential test runs it after every step) and
 //! audits; it costs a full pass over the state.
 
-use crate::holder::{Holder, Record};
+use crate::keyspace::holders::{Holder, Record};
 use crate::keyspace::Keyspace;
 use crate::partition::partition_of;
 use crate::trie::{Segment, ROOT};
-use crate::types::HolderKey;
+use crate::types::{ensure, InvariantError};
 use rustc_hash::FxHashMap;
-
-/// What broke. Run, block and holder numbers are internal indices.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum InvariantError {
-    /// A run's pin count is not the number of operation records ending at its last block.
-    #[error("run {run}: {pins} pins, but {records} records end there")]
-    Pins { run: u32, pins: u32, records: u32 },
-    /// A holder's block count is not the number of blocks it is a member of.
-    #[error("{holder}: counts {counted} blocks, is a member of {members}")]
-    HolderBlocks { holder: HolderKey, counted: u32, members: u32 },
-    /// A holder's digest is not the sum of its blocks' terms.
-    #[error("{holder}: digest {stored:#x}, its blocks sum to {recomputed:#x}")]
-    HolderDigest { holder: HolderKey, stored: u64, recomputed: u64 },
-    /// A keyspace-level aggregate (`keyspace digest`, `partition N digest`, `holder_blocks`)
-    /// is not the sum over its holders.
-    #[error("{what}: stored {stored:#x}, recomputed {recomputed:#x}")]
-    Aggregate { what: String, stored: u64, recomputed: u64 },
-    /// A holder is filed under another partition than its worker maps to.
-    #[error("{holder}: filed in partition {group}, belongs in {expected}")]
-    HolderPartition { holder: HolderKey, group: u32, expected: u32 },
-    /// The holder index and the holder slots disagree.
-    #[error("holder slot {slot}: {what}")]
-    HolderIndex { slot: u32, what: &'static str },
-    /// A derived holder index (key order, holders per partition, the expiry queue) disagrees
-    /// with the holders.
-    #[error("derived holder index: {0}")]
-    DerivedIndex(String),
-    /// A run's place in the trie: parent, child count, first child, length, paths, lookup.
-    #[error("run {run}: {what}")]
-    Link { run: u32, what: &'static str },
-    /// Block storage: a block's run, a free mark, an allocation overlap or leak.
-    #[error("block {block}: {what}")]
-    Block { block: u32, what: &'static str },
-    /// The ext table: a bound ext that does not resolve to its block, or a stale entry.
-    #[error("block {block}: {what}")]
-    Ext { block: u32, what: &'static str },
-    /// The edge table holds an entry that is not a live run's non-first child link.
-    #[error("run {run}: {what}")]
-    Edge { run: u32, what: &'static str },
-    /// The free list of run ids and run liveness disagree.
-    #[error("run {run}: {what}")]
-    FreeList { run: u32, what: &'static str },
-    /// A run's membership list: a dead holder, a holder listed twice, or not in key order
-    /// (matching lists holders in member order).
-    #[error("run {run}, holder slot {holder}: {what}")]
-    Member { run: u32, holder: u32, what: &'static str },
-    /// A holder's operation records: stamp order, stamp range, leaf, window.
-    #[error("{holder}, record stamp {stamp}: {what}")]
-    Record { holder: HolderKey, stamp: u32, what: &'static str },
-    /// Some block of the holder is not inside the window of the record whose stamp it carries
-    /// (every block belongs to exactly one record), or a window covers part of such a run.
-    #[error("{holder}: {owned} of {blocks} blocks lie in the window of the record that stamped them")]
-    Ownership { holder: HolderKey, owned: u32, blocks: u32 },
-    /// `overrides` and `override_of` are not inverse maps of live, held blocks.
-    #[error("{holder}, ext {ext:#x}: {what}")]
-    Override { holder: HolderKey, ext: u64, what: &'static str },
-}
-
-/// `Ok` if `ok`, else the error `err` builds.
-pub(crate) fn ensure(ok: bool, err: impl FnOnce() -> InvariantError) -> Result<(), InvariantError> {
-    if ok {
-        Ok(())
-    } else {
-        Err(err())
-    }
-}
 
 impl Keyspace {
     /// Recomputes every hand-maintained quantity and compares. `Ok` on a consistent state;
@@ -98,16 +32,7 @@ impl Keyspace {
                 stored: h.digest,
                 recomputed: d,
             })?;
-            let card = self.holders.card(slot);
-            let synced =
-                (card.key(), card.blocks, card.fed, card.gapped) == (h.key, h.blocks, h.fed, h.gapped);
-            ensure(synced, || InvariantError::HolderIndex { slot, what: "card differs from the holder" })?;
-            let expected = partition_of(h.key.worker, self.cfg.partitions);
-            ensure(h.group == expected, || InvariantError::HolderPartition {
-                holder: h.key,
-                group: h.group,
-                expected,
-            })?;
+            self.check_card(slot, h)?;
             self.check_records(slot, h)?;
             self.check_overrides(slot, h)?;
         }
@@ -133,6 +58,35 @@ impl Keyspace {
         self.holders.check_derived().map_err(InvariantError::DerivedIndex)
     }
 
+    /// The holder in `slot` against its card (the copy a match reads) and its partition (the
+    /// one its worker maps to). The one check of a holder's card, for the full check and the
+    /// scrub alike.
+    pub(crate) fn check_card(&self, slot: u32, h: &Holder) -> Result<(), InvariantError> {
+        let card = self.holders.card(slot);
+        let synced = (card.key(), card.blocks, card.fed, card.gapped) == (h.key, h.blocks, h.fed, h.gapped);
+        ensure(synced, || InvariantError::HolderIndex { slot, what: "card differs from the holder" })?;
+        let expected = partition_of(h.key.worker, self.cfg.partitions);
+        ensure(h.group == expected, || InvariantError::HolderPartition {
+            holder: h.key,
+            group: h.group,
+            expected,
+        })
+    }
+
+    /// Member `k` of live run `r`: a live holder, after the member before it in key order (the
+    /// members before it are checked already). Returns the holder.
+    pub(crate) fn check_member(&self, r: u32, k: usize) -> Result<&Holder, InvariantError> {
+        let run = &self.trie.runs[r];
+        let m = run.members[k];
+        let member = |what| InvariantError::Member { run: r, holder: m.holder, what };
+        let holder = self.holders.slots.get(m.holder as usize).and_then(Option::as_ref);
+        let Some(holder) = holder else { return Err(member("member holder slot is empty")) };
+        let before = k.checked_sub(1).map(|j| self.holders.slots[run.members[j].holder as usize].as_ref());
+        let sorted = before.is_none_or(|p| p.is_some_and(|p| p.key < holder.key));
+        ensure(sorted, || member("members not in strictly increasing holder key order"))?;
+        Ok(holder)
+    }
+
     /// Per holder slot: blocks held and the sum of their digest terms, from the runs.
     fn member_totals(&self) -> Result<FxHashMap<u32, (u32, u64)>, InvariantError> {
         let mut totals: FxHashMap<u32, (u32, u64)> = FxHashMap::default();
@@ -143,19 +97,7 @@ impl Keyspace {
                 continue;
             }
             for (k, m) in run.members.iter().enumerate() {
-                let holder = self.holders.slots.get(m.holder as usize).and_then(Option::as_ref);
-                let Some(holder) = holder else {
-                    return Err(InvariantError::Member {
-                        run: r,
-                        holder: m.holder,
-                        what: "member holder slot is empty",
-                    });
-                };
-                let before =
-                    k.checked_sub(1).map(|j| self.holders.slots[run.members[j].holder as usize].as_ref());
-                let sorted = before.is_none_or(|p| p.is_some_and(|p| p.key < holder.key));
-                let what = "members not in strictly increasing holder key order";
-                ensure(sorted, || InvariantError::Member { run: r, holder: m.holder, what })?;
+                let holder = self.check_member(r, k)?;
                 let t = totals.entry(m.holder).or_insert((0, 0));
                 t.0 += run.len;
                 t.1 = t.1.wrapping_add(trie.terms(r, 0, run.len, !holder.fed));
@@ -212,8 +154,7 @@ impl Keyspace {
     }
 
     fn check_overrides(&self, slot: u32, h: &Holder) -> Result<(), InvariantError> {
-        let err = |what| InvariantError::Override { holder: h.key, ext: 0, what };
-        ensure(h.overrides.len() == h.override_of.len(), || err("maps differ in size"))?;
+        check_override_maps(h)?;
         for (&ext, &b) in &h.overrides {
             self.check_override(slot, h, ext, b)?;
         }
@@ -273,4 +214,11 @@ impl Keyspace {
         }
         agg("holder_blocks".into(), self.holder_blocks(), blocks)
     }
+}
+
+/// A holder's two override maps are the same size (each entry is checked against the other
+/// map by [`Keyspace::check_override`]).
+pub(crate) fn check_override_maps(h: &Holder) -> Result<(), InvariantError> {
+    let err = |what| InvariantError::Override { holder: h.key, ext: 0, what };
+    ensure(h.overrides.len() == h.override_of.len(), || err("maps differ in size"))
 }

@@ -1,167 +1,22 @@
-//! One keyspace: the trie, its holders, and every write operation.
+//! The write operations of a keyspace: store, remove, clear, place, and the capacity bound.
 //!
-//! Writes are deterministic functions of their arguments and the current state; the only
-//! notion of time is the log time passed in. Membership and operation records live in
-//! `members.rs`, matching in `matching.rs`, enumeration in `dump.rs`, rebuild in `rebuild.rs`.
+//! Each is a deterministic function of its arguments and the current state (the only notion of
+//! time is the log time passed in), and each visits only the holder it writes: it snaps the
+//! holder's aggregate term first and settles the change once at the end (`aggregates`), and
+//! does the membership work through `members`. A holder over its capacity loses its oldest
+//! operations' blocks, down to 7/8 of the bound.
 
-use crate::blocks::ROOT_BLOCK;
-use crate::holder::{Holder, Holders, Record};
-use crate::store_check::check_store;
-use crate::trie::{ext_hash, Segment, Stretch, Trie};
-use crate::types::{
-    partition_of, ApplyError, EngineConfig, HolderKey, InvalidStoreReason, KeyspaceId, KeyspaceStats, LogTime,
-};
-
-/// What a placement did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PlaceOutcome {
-    /// Recorded as inferred state; `added` blocks were new.
-    Placed { added: u32 },
-    /// The holder has an event feed, whose truth placements never override.
-    IgnoredFed,
-}
-
-/// Digest and counters of one holder.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct HolderSummary {
-    pub key: HolderKey,
-    pub blocks: u32,
-    pub digest: u64,
-    pub fed: bool,
-    pub gapped: bool,
-    pub last_time: LogTime,
-}
-
-/// A fresh [`Keyspace::instance`].
-fn next_instance() -> u64 {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-}
+use super::holders::{Holder, Record};
+use super::store_check::check_store;
+use super::{Keyspace, PlaceOutcome};
+use crate::trie::blocks::ROOT_BLOCK;
+use crate::trie::ext_hash;
+use crate::types::{partition_of, ApplyError, HolderKey, InvalidStoreReason, LogTime, Tier};
 
 /// How many blocks ahead a write prefetches ext-table slots.
 const PREFETCH_AHEAD: usize = 12;
 
-#[derive(Clone)]
-pub struct Keyspace {
-    pub(crate) id: KeyspaceId,
-    pub(crate) cfg: EngineConfig,
-    pub(crate) trie: Trie,
-    pub(crate) holders: Holders,
-    pub(crate) stats: KeyspaceStats,
-    /// Sum of every holder's digest term (`digest::holder_term`), kept by `aggregates`.
-    pub(crate) digest: u64,
-    /// The same per partition group.
-    pub(crate) group_digests: Vec<u64>,
-    pub(crate) holder_blocks: u64,
-    /// Scratch: record windows, walked paths, a store's locals, [`check_store`]'s set.
-    pub(crate) window: Vec<Segment>,
-    stretches: Vec<Stretch>,
-    locals: Vec<u64>,
-    ext_scratch: Vec<u64>,
-    /// The ext hashes of a removal.
-    hash_scratch: Vec<u64>,
-    /// Holders visited by `drop_worker` and `expire` (not state: a measure of their work).
-    pub(crate) visited: u64,
-    /// Which keyspace this is to a scrub spanning steps: new for every keyspace made (a rebuild
-    /// or an image read makes a new one), kept by a clone (the two copies of a paired cell).
-    pub(crate) instance: u64,
-    /// Operations settled so far (see `Holder::last_write`). Not state.
-    pub(crate) write_seq: u64,
-}
-
 impl Keyspace {
-    pub fn new(id: KeyspaceId, cfg: EngineConfig) -> Self {
-        let groups = cfg.partitions.max(1) as usize;
-        Self {
-            id,
-            cfg,
-            trie: Trie::new(),
-            holders: Holders::default(),
-            stats: KeyspaceStats::default(),
-            digest: 0,
-            group_digests: vec![0; groups],
-            holder_blocks: 0,
-            window: Vec::new(),
-            stretches: Vec::new(),
-            locals: Vec::new(),
-            ext_scratch: Vec::new(),
-            hash_scratch: Vec::new(),
-            visited: 0,
-            instance: next_instance(),
-            write_seq: 0,
-        }
-    }
-
-    pub fn id(&self) -> &KeyspaceId {
-        &self.id
-    }
-
-    pub fn stats(&self) -> &KeyspaceStats {
-        &self.stats
-    }
-
-    pub fn holder_count(&self) -> usize {
-        self.holders.len()
-    }
-
-    /// Holders `drop_worker` and `expire` have visited since this copy was made: their work,
-    /// which must follow what they change, not the size of the keyspace. Not applied state.
-    pub fn holders_visited(&self) -> u64 {
-        self.visited
-    }
-
-    /// Holders whose worker lives in log partition `p` (under `EngineConfig::partitions`).
-    pub fn holders_in_partition(&self, p: u32) -> u32 {
-        self.holders.in_group(p)
-    }
-
-    /// Block positions in the trie (each held by one or more holders, or an unheld ancestor
-    /// or record end of held ones).
-    pub fn node_count(&self) -> usize {
-        self.trie.live_blocks()
-    }
-
-    pub fn heap_bytes(&self) -> usize {
-        self.trie.heap_bytes()
-    }
-
-    pub fn holder(&self, key: &HolderKey) -> Option<HolderSummary> {
-        self.holders.get(key).map(|i| self.summary(i))
-    }
-
-    /// Every holder, in key order.
-    pub fn holder_summaries(&self) -> Vec<HolderSummary> {
-        self.holders.sorted().into_iter().map(|i| self.summary(i)).collect()
-    }
-
-    fn summary(&self, i: u32) -> HolderSummary {
-        let h = self.holders.at(i);
-        HolderSummary {
-            key: h.key,
-            blocks: h.blocks,
-            digest: h.digest,
-            fed: h.fed,
-            gapped: h.gapped,
-            last_time: h.last_time,
-        }
-    }
-
-    /// Every chain of locals (root to block) the holder holds, sorted. For audits and tests.
-    pub fn holder_chains(&self, key: &HolderKey) -> Vec<Vec<u64>> {
-        let Some(h) = self.holders.get(key) else { return Vec::new() };
-        let mut out = Vec::new();
-        for r in 1..self.trie.runs.slots() {
-            let run = &self.trie.runs[r];
-            if run.live() && run.member(h).is_some() {
-                out.extend((run.start..run.start + run.len).map(|b| self.trie.chain_to(b)));
-            }
-        }
-        out.sort();
-        out
-    }
-
-    // ---- writes -------------------------------------------------------------------------
-
     /// Extends the holder's chain ending at `parent_ext` (or the root) with `blocks`, given as
     /// `(ext, local)`. Re-storing held blocks is idempotent apart from refreshing their age.
     /// A store that names an ext twice or names its parent among its blocks is refused whole
@@ -420,8 +275,6 @@ impl Keyspace {
         PlaceOutcome::Placed { added }
     }
 
-    // ---- internals ----------------------------------------------------------------------
-
     fn holder_or_insert(&mut self, key: HolderKey) -> u32 {
         match self.holders.get(&key) {
             Some(i) => i,
@@ -482,10 +335,10 @@ impl Keyspace {
     /// parent may be held on any tier of the worker (each tier's positions count on their own
     /// in a match). Placements (inferred holders) name no exts, so they are never a parent.
     fn resolve_in_slot(&self, key: HolderKey, ext: u64) -> Option<u32> {
-        if self.holders.off_gpu() == 0 && key.tier == crate::types::Tier::Gpu {
+        if self.holders.off_gpu() == 0 && key.tier == Tier::Gpu {
             return None; // no other tier holds anything
         }
-        crate::types::Tier::ALL
+        Tier::ALL
             .into_iter()
             .filter(|&t| t != key.tier)
             .filter_map(|t| self.holders.get(&key.on(t)))
@@ -520,22 +373,5 @@ impl Keyspace {
             }
         }
         self.maybe_compact(h);
-    }
-
-    /// Test-only fault hook: silently drops one block of a holder, as memory corruption or a
-    /// bug would, so anti-entropy has a divergence to find. Returns whether a block was dropped.
-    #[cfg(any(test, feature = "testing"))]
-    pub fn corrupt_for_test(&mut self, key: &HolderKey) -> bool {
-        let Some(h) = self.holders.get(key) else { return false };
-        let held = (1..self.trie.runs.slots()).find(|&r| {
-            let run = &self.trie.runs[r];
-            run.live() && run.member(h).is_some()
-        });
-        let Some(r) = held else { return false };
-        let snap = self.snap(h);
-        let b = self.trie.runs[r].start;
-        self.remove_block(h, b);
-        self.settle(h, snap);
-        true
     }
 }

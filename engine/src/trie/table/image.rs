@@ -102,7 +102,7 @@ impl NodeTable {
 mod tests {
     use super::*;
     use crate::image_format::SectionChecks;
-    use crate::table::slot;
+    use crate::trie::table::slot;
 
     /// An image whose part has no free slot is refused: a lookup of a missing key would probe
     /// it forever (a full 2-slot part passed the load check before, which allows one entry

@@ -15,21 +15,14 @@
 //! `check_structure` recomputes every flag, so a missed refresh fails the invariant checks
 //! that the differential and trap tests run after every step.
 
-use crate::runs::{Run, SAME};
+use crate::trie::runs::SAME;
 use crate::trie::{Trie, NIL, ROOT};
-
-/// Whether two runs have the same holders (stamps aside). Member lists are sorted by key.
-#[inline]
-pub(crate) fn same_holders(a: &Run, b: &Run) -> bool {
-    a.members.len() == b.members.len()
-        && a.members.iter().zip(b.members.iter()).all(|(x, y)| x.holder == y.holder)
-}
 
 impl Trie {
     /// What run `r`'s flag should be.
     pub(crate) fn same_as_child(&self, r: u32) -> bool {
         let run = &self.runs[r];
-        run.children() == 1 && run.first_child != NIL && same_holders(run, &self.runs[run.first_child])
+        run.children() == 1 && run.first_child != NIL && run.same_holders(&self.runs[run.first_child])
     }
 
     /// Recomputes run `r`'s flag, after its children or its only child changed.

@@ -1,17 +1,18 @@
 //! `MatchStream` over real gRPC against an in-process server (no Kafka: the replica's progress
 //! is driven by hand, so a consistency token is reached exactly when a test says so): in-band
 //! errors, the original contract without them, unordered answers around a query waiting for
-//! its token, the per-stream in-flight bound, and the client's multiplexer.
+//! its token, the per-stream in-flight bound, and the gateway client's multiplexer and
+//! streaming mode (`prefixlog-client`, which the query crate does not depend on: so the server
+//! and the client meet here).
 
+use prefixlog_client::{MuxError, StreamMux};
 use prefixlog_engine::{Engine, EngineConfig, HolderKey, KeyspaceId};
 use prefixlog_proto::v1::{
     match_request::Prompt, prefix_index_client::PrefixIndexClient, BlockHashes, Keyspace, MatchRequest,
     MatchResponse, PartitionOffset,
 };
 use prefixlog_query::tonic::{transport::Channel, Code, Streaming};
-use prefixlog_query::{MuxError, StreamMux};
-use prefixlog_query::{QueryConfig, RunningServer, Served, ServerConfig};
-use prefixlog_state::ReplicaStatus;
+use prefixlog_query::{QueryConfig, ReplicaStatus, RunningServer, Served, ServerConfig};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -69,7 +70,11 @@ fn in_band(r: MatchRequest) -> MatchRequest {
 async fn open(addr: SocketAddr) -> (mpsc::Sender<MatchRequest>, Streaming<MatchResponse>) {
     let mut c = PrefixIndexClient::connect(format!("http://{addr}")).await.unwrap();
     let (tx, rx) = mpsc::channel(64);
-    let s = c.match_stream(tokio_stream::wrappers::ReceiverStream::new(rx)).await.unwrap().into_inner();
+    let s = c
+        .match_stream(prefixlog_query::tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
     (tx, s)
 }
 
@@ -308,7 +313,7 @@ async fn a_query_s_own_timeout_bounds_its_token_wait() {
 /// `IndexClient::streaming(true)`: the same outcomes as unary calls, over one stream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_index_client_streams_when_asked() {
-    use prefixlog_query::{IndexClient, MatchOutcome, MatchQuery, Prompt, Unavailable};
+    use prefixlog_client::{IndexClient, MatchOutcome, MatchQuery, Prompt, Unavailable};
     let (srv, _) = server(any_port(), cfg(32, Duration::from_secs(1))).await;
     let c = IndexClient::new(vec![format!("http://{}", srv.grpc_addr)], Duration::from_secs(5))
         .unwrap()

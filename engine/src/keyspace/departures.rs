@@ -1,6 +1,6 @@
 //! How holders leave a keyspace: their worker's departure ([`Keyspace::drop_worker`]), placement
 //! expiry ([`Keyspace::expire`]), and inferred holders forgotten once they hold nothing. Each
-//! visits only the holders it changes, found through the derived indices of `holder.rs` (a
+//! visits only the holders it changes, found through the derived indices of `holders` (a
 //! worker's key range, the expiry queue), never every holder of the keyspace.
 
 use crate::keyspace::Keyspace;

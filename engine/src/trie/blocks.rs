@@ -130,10 +130,10 @@ fn same_chunk(a: u32, b: u32) -> bool {
     a >> CHUNK_BITS == b >> CHUNK_BITS
 }
 
-/// A new chunk is allocated ahead ([`crate::ahead`]) once fewer than this many blocks are left
-/// above `top`: filling a new chunk's metadata faults in 1.5 MiB of pages, a few hundred µs that
-/// a write should not spend holding its keyspace's lock. A partial first chunk is grown ahead
-/// once less than a quarter of it is left.
+/// A new chunk is allocated ahead ([`crate::trie::grow_ahead`]) once fewer than this many blocks
+/// are left above `top`: filling a new chunk's metadata faults in 1.5 MiB of pages, a few
+/// hundred µs that a write should not spend holding its keyspace's lock. A partial first chunk
+/// is grown ahead once less than a quarter of it is left.
 const CHUNK_AHEAD_ROOM: usize = CHUNK / 8;
 
 /// Block storage built outside the write lock, for [`Blocks::add_chunk`].

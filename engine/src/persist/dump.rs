@@ -4,9 +4,9 @@
 //! the operation records and stamps that decide future capacity eviction and TTL expiry —
 //! so a rebuilt keyspace answers, digests and evolves exactly like the original.
 
-use crate::blocks::ROOT_BLOCK;
-use crate::holder::Holder;
+use crate::keyspace::holders::Holder;
 use crate::keyspace::Keyspace;
+use crate::trie::blocks::ROOT_BLOCK;
 use crate::trie::ROOT;
 use crate::types::{partition_of, HolderKey, KeyspaceId, KeyspaceStats, LogTime};
 

@@ -7,10 +7,10 @@
 //! records and ext resolution: the result digests, answers and evolves as if it had been
 //! applied here.
 
-use crate::blocks::ROOT_BLOCK;
-use crate::dump::KeyspaceDump;
-use crate::holder::{Holder, Record};
+use crate::keyspace::holders::{Holder, Record};
 use crate::keyspace::Keyspace;
+use crate::persist::dump::KeyspaceDump;
+use crate::trie::blocks::ROOT_BLOCK;
 use rustc_hash::FxHashMap;
 
 impl Keyspace {
@@ -113,5 +113,35 @@ impl Keyspace {
             self.add_member_stretch(h, first, count, stamp, None);
             i += count as usize;
         }
+    }
+
+    /// Takes every member whose holder slot is empty off its run, releasing runs that nothing
+    /// keeps any more. A consistent keyspace has none; after a holder with a member no record
+    /// justified is removed (records are how a holder's blocks are found), that member would
+    /// otherwise stay behind and be credited to whichever holder takes the slot next. One pass
+    /// over the runs. Returns how many members it took off.
+    fn drop_dangling_members(&mut self) -> usize {
+        let mut emptied = Vec::new();
+        let mut dropped = 0;
+        for r in 1..self.trie.runs.slots() {
+            let slots = &self.holders.slots;
+            let run = &mut self.trie.runs[r];
+            if !run.live() {
+                continue;
+            }
+            let before = run.members.len();
+            run.members.retain(|m| slots.get(m.holder as usize).is_some_and(Option::is_some));
+            if run.members.len() != before {
+                dropped += before - run.members.len();
+                self.trie.holders_changed(r);
+                emptied.push(r);
+            }
+        }
+        for r in emptied {
+            if self.trie.runs[r].live() {
+                self.trie.release(r);
+            }
+        }
+        dropped
     }
 }

@@ -1,5 +1,5 @@
 //! Runs: the trie's nodes, each a chain of consecutive block positions with one membership
-//! list (see `trie.rs`), stored in fixed chunks with a free list of ids.
+//! list (see `crate::trie`), stored in fixed chunks with a free list of ids.
 
 use crate::image_format::{put_u32, put_u64, tag, ImageError, ImageReader, ImageWriter};
 use smallvec::SmallVec;
@@ -37,7 +37,7 @@ pub struct Run {
 }
 
 pub(crate) const CHILDREN: u32 = (1 << 30) - 1;
-/// One child, with the same holders (see `same.rs`). Derived: never written to an image.
+/// One child, with the same holders (see `same_holders`). Derived: never written to an image.
 pub(crate) const SAME: u32 = 1 << 30;
 pub(crate) const LIVE: u32 = 1 << 31;
 
@@ -52,7 +52,7 @@ impl Run {
         self.bits & CHILDREN
     }
 
-    /// The run has one child, with the same holders (see `same.rs`).
+    /// The run has one child, with the same holders (see `same_holders`).
     #[inline]
     pub fn same_as_child(&self) -> bool {
         self.bits & SAME != 0
@@ -72,6 +72,13 @@ impl Run {
     #[inline]
     pub fn has(&self, holder: u32, stamp: u32) -> bool {
         self.members.iter().any(|m| m.holder == holder && m.stamp == stamp)
+    }
+
+    /// Whether `other` has the same holders (stamps aside). Member lists are sorted by key.
+    #[inline]
+    pub fn same_holders(&self, other: &Run) -> bool {
+        self.members.len() == other.members.len()
+            && self.members.iter().zip(other.members.iter()).all(|(x, y)| x.holder == y.holder)
     }
 
     /// Unheld, childless and unpinned: nothing keeps it.
