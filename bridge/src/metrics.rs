@@ -15,7 +15,8 @@ use std::sync::Arc;
 pub enum Refusal {
     /// Token count is not `hashes × keyspace block size` (or the event's block size differs).
     TokenCount,
-    /// Token ids not representable as u32 (bigram pairs, negative, too large).
+    /// Token ids not representable as u32 (negative, too large, lists other than overlapping
+    /// bigram pairs).
     Tokens,
     /// The parent's local hash is unknown to the bridge (stored before it started, or lost in a
     /// gap): the blocks cannot be hashed canonically.

@@ -9,7 +9,8 @@
 //! (`prefixlog_engine::scheme::BlockKey`): a string as text, a pair as `MmAt` (identifier *and*
 //! offset: the same image at two offsets is two blocks, as vLLM hashes it). The salt needs no
 //! telling apart from an identifier: the scheme folds it in as a key of block 0, which is where
-//! vLLM puts it. A block's `lookahead_token_ids` become its `Lookahead` key. What a gateway
+//! vLLM puts it. A block's `lookahead_token_ids` become its `Lookahead` key, and so does the
+//! token after an SGLang EAGLE page (its bigram keys cover it: [`add_bigram_lookahead`]). What a gateway
 //! could not supply in a documented way is refused ([`Refusal::ExtraKeys`]): prompt-embeds
 //! bytes, elements of another shape, a list that is not one entry per block.
 
@@ -54,6 +55,34 @@ pub fn add_lookahead(keys: &mut [Vec<OwnedBlockKey>], lookahead: &Lookahead) -> 
         k.push(OwnedBlockKey::Lookahead(l.clone()));
     }
     Ok(())
+}
+
+/// SGLang's EAGLE pages (`RadixKey.is_bigram`: position `j` is the pair (token `j`, token
+/// `j + 1`)): the token ids are the pairs' first ids. `None` unless the pairs overlap as SGLang's
+/// bigram view does (pair `j`'s second id is pair `j + 1`'s first).
+pub fn unpair(pairs: &[[u32; 2]]) -> Option<Vec<u32>> {
+    if pairs.windows(2).any(|w| w[0][1] != w[1][0]) {
+        return None;
+    }
+    Some(pairs.iter().map(|p| p[0]).collect())
+}
+
+/// An EAGLE page also covers the token after it (its last pair's second id): SGLang hits it only
+/// when that token matches too, which is vLLM's hash lookahead of one token, so it becomes the
+/// block's `Lookahead` key and a gateway asks with `lookahead = 1`. `pairs` must tile the blocks
+/// of `keys` (checked by the caller); a store naming lookahead tokens as well is refused.
+pub fn add_bigram_lookahead(
+    keys: &mut [Vec<OwnedBlockKey>],
+    pairs: &[[u32; 2]],
+    block_size: usize,
+    explicit: &Lookahead,
+) -> Result<(), Refusal> {
+    if !matches!(explicit, Lookahead::Absent) {
+        return Err(Refusal::Lookahead);
+    }
+    let next: Vec<Vec<u32>> =
+        pairs.chunks_exact(block_size.max(1)).map(|page| vec![page[page.len() - 1][1]]).collect();
+    add_lookahead(keys, &Lookahead::Blocks(next))
 }
 
 /// One block's keys: its tuple without the leading LoRA name, every element an identifier.

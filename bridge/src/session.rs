@@ -313,13 +313,20 @@ impl Session {
                     Salt::Text(s) => xxh3_64_with_seed(s.as_bytes(), 0) | 1,
                     Salt::Unparsed => return Err(Refusal::Salt),
                 };
-                let Tokens::Ids(ids) = tokens else { return Err(Refusal::Tokens) };
+                let ids = match tokens {
+                    Tokens::Ids(ids) => std::borrow::Cow::Borrowed(&ids[..]),
+                    Tokens::Bigrams(pairs) => namespace::unpair(pairs).ok_or(Refusal::Tokens)?.into(),
+                    Tokens::Unsupported => return Err(Refusal::Tokens),
+                };
                 let bs = self.block_size;
                 if bs == 0
                     || block_size.is_some_and(|b| b != bs as u64)
                     || ids.len() != hashes.len().saturating_mul(bs)
                 {
                     return Err(Refusal::TokenCount);
+                }
+                if let Tokens::Bigrams(pairs) = tokens {
+                    namespace::add_bigram_lookahead(&mut keys, pairs, bs, lookahead)?;
                 }
                 let (seed, salt) = match parent {
                     None => {
@@ -340,7 +347,7 @@ impl Session {
                         (known.local, known.salt)
                     }
                 };
-                let locals = namespace::chain_keyed(seed, ids, bs, &keys);
+                let locals = namespace::chain_keyed(seed, &ids, bs, &keys);
                 self.lanes.insert(lane);
                 if group_idx.is_some() || kv_cache_spec_kind.is_some() {
                     let meta = prefixlog_state::LaneMeta {
@@ -438,6 +445,7 @@ fn brief(e: &Event) -> String {
             hashes.len(),
             match tokens {
                 Tokens::Ids(t) => t.len().to_string(),
+                Tokens::Bigrams(p) => format!("{} bigram", p.len()),
                 Tokens::Unsupported => "unsupported".into(),
             }
         ),

@@ -34,7 +34,10 @@ use rmpv::Value;
 pub enum Tokens {
     /// Plain token ids, each fitting u32.
     Ids(Vec<u32>),
-    /// Not representable: bigram pairs (EAGLE), negative or > u32 ids, non-integers.
+    /// SGLang with EAGLE speculative decoding (`RadixKey.is_bigram`): position `j` is the pair
+    /// (token `j`, token `j + 1`), so a page also covers the token after it.
+    Bigrams(Vec<[u32; 2]>),
+    /// Not representable: negative or > u32 ids, non-integers, lists other than pairs.
     Unsupported,
 }
 
@@ -328,11 +331,14 @@ fn parent(v: Option<&Value>) -> Result<Option<u64>, ()> {
 
 fn tokens(v: Option<&Value>) -> Option<Tokens> {
     let Value::Array(a) = v? else { return None };
-    let ids: Option<Vec<u32>> = a.iter().map(as_u32).collect();
-    Some(match ids {
-        Some(ids) => Tokens::Ids(ids),
-        None => Tokens::Unsupported,
-    })
+    if let Some(ids) = a.iter().map(as_u32).collect::<Option<Vec<u32>>>() {
+        return Some(Tokens::Ids(ids));
+    }
+    let pair = |x: &Value| match x {
+        Value::Array(p) if p.len() == 2 => Some([as_u32(&p[0])?, as_u32(&p[1])?]),
+        _ => None,
+    };
+    Some(a.iter().map(pair).collect::<Option<Vec<_>>>().map_or(Tokens::Unsupported, Tokens::Bigrams))
 }
 
 /// The fields of a BlockStored event by name, from either layout.

@@ -257,6 +257,59 @@ fn lookahead_tokens_are_part_of_a_blocks_identity() {
     assert_eq!(m.get("refused_lookahead"), Some(3));
 }
 
+/// SGLang's EAGLE `token_ids` of `tokens`: every overlapping pair.
+fn pairs(tokens: &[u32]) -> Value {
+    Value::Array(tokens.windows(2).map(|w| Value::Array(vec![v(w[0]), v(w[1])])).collect())
+}
+
+/// A map-layout BlockStored whose `token_ids` are `tokens` as given (any shape).
+fn stored_raw(hashes: &[u64], parent: Option<u64>, tokens: Value, extra: Vec<(&str, Value)>) -> Value {
+    let Value::Map(mut m) = stored_map(hashes, parent, &[], extra) else { unreachable!() };
+    for (k, x) in &mut m {
+        if k.as_str() == Some("token_ids") {
+            *x = tokens.clone();
+        }
+    }
+    Value::Map(m)
+}
+
+/// SGLang with EAGLE (bigram radix keys) publishes each page as pairs (token j, token j + 1):
+/// the page covers the token after it, so it is indexed as a block with one lookahead token, and
+/// a query asking with lookahead 1 matches exactly the pages SGLang would hit. A child stored
+/// under a page in the middle of a run (a split) continues the chain.
+#[test]
+fn sglang_eagle_pages_are_blocks_with_one_lookahead_token() {
+    let (m, mut s) = (BridgeMetrics::default(), Session::new(BS, 1));
+    let t = toks(13); // 12 bigrams: 3 pages
+    let ops = run(&mut s, 0, vec![stored_raw(&[1, 2, 3], None, pairs(&t), vec![])], &m);
+    let got = locals(&ops[0]);
+    let la = |tokens: &[u32]| {
+        block_hashes_with(&Namespace { lookahead: 1, ..Default::default() }, tokens, BS as usize)
+    };
+    assert_eq!(got, la(&t), "a query with lookahead 1 and the same tokens matches every page");
+    assert_eq!(la(&t[..12]).len(), 2, "the last page needs the token after it");
+    // A branch after page 1 (SGLang split the run): pairs from token 8 on.
+    let mut branch = t[..9].to_vec();
+    branch.extend([7, 8, 9, 10]);
+    let ops = run(&mut s, 1, vec![stored_raw(&[4], Some(2), pairs(&branch[8..]), vec![])], &m);
+    assert_eq!(locals(&ops[0]), la(&branch)[2..].to_vec(), "the branch continues page 1's chain");
+    let mut diverged = t.clone();
+    diverged[8] = 7; // page 1's next token
+    let q = la(&diverged);
+    assert_eq!((q[0] == got[0], q[1] == got[1]), (true, false), "the divergence costs page 1");
+    // Pairs that do not overlap, or a bigram store naming lookahead tokens as well: refused.
+    let mut broken: Vec<Value> = match pairs(&t[..5]) {
+        Value::Array(a) => a,
+        _ => unreachable!(),
+    };
+    broken[2] = Value::Array(vec![v(1u32), v(2u32)]);
+    let both =
+        stored_raw(&[6], None, pairs(&t[..5]), vec![("lookahead_token_ids", token_lists(&[&t[4..5]]))]);
+    assert!(run(&mut s, 2, vec![stored_raw(&[5], None, Value::Array(broken), vec![])], &m).is_empty());
+    assert!(run(&mut s, 3, vec![both], &m).is_empty());
+    assert_eq!((m.get("refused_tokens"), m.get("refused_lookahead")), (Some(1), Some(1)));
+}
+
 /// SGLang's top-level `cache_salt` names every block of a store (its radix tree is per salt):
 /// the root store is salted like a gateway's salted query, a child under it continues the
 /// chain, a child claiming another salt is refused.

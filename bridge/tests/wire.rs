@@ -198,9 +198,24 @@ fn malformed_and_odd_tokens_are_reported_per_event() {
         decode_batch(&buf).unwrap().events.remove(0)
     };
     let a = |xs: Vec<Value>| Value::Array(xs);
-    let bigram = a(vec![a(vec![1.into(), 2.into()]), a(vec![3.into(), 4.into()])]);
-    let e = ev(a(vec!["BlockStored".into(), a(vec![1.into()]), Value::Nil, bigram, 2.into(), Value::Nil]));
-    assert!(matches!(e, Event::Stored { tokens: Tokens::Unsupported, .. }), "{e:?}");
+    let store = |tokens: Value| {
+        ev(a(vec!["BlockStored".into(), a(vec![1.into()]), Value::Nil, tokens, 2.into(), Value::Nil]))
+    };
+    // SGLang's EAGLE pages: pairs of ids (whether they overlap is the session's concern).
+    let e = store(a(vec![a(vec![1.into(), 2.into()]), a(vec![3.into(), 4.into()])]));
+    assert!(
+        matches!(e, Event::Stored { tokens: Tokens::Bigrams(ref p), .. } if p == &[[1, 2], [3, 4]]),
+        "{e:?}"
+    );
+    for odd in [
+        a(vec![a(vec![1.into(), 2.into(), 3.into()])]),
+        a(vec![a(vec![1.into(), (-2).into()])]),
+        a(vec![1.into(), a(vec![1.into(), 2.into()])]),
+        a(vec![(-1).into()]),
+    ] {
+        let e = store(odd);
+        assert!(matches!(e, Event::Stored { tokens: Tokens::Unsupported, .. }), "{e:?}");
+    }
     let e = ev(a(vec!["BlockStored".into(), "not a list".into()]));
     assert_eq!(e, Event::Malformed("block_hashes"));
     let e = ev(a(vec!["BlockStored".into(), a(vec![]), "bad parent".into(), a(vec![])]));
