@@ -34,10 +34,15 @@ pub enum Refusal {
     /// do not match the event's `lora_name`. (LoRA names, multimodal identifiers and the cache
     /// salt are indexed: `scheme::block_hashes_with`.)
     ExtraKeys,
+    /// Block keys the keyspace's hash scheme cannot carry: under scheme 2 (Dynamo's
+    /// position-free hash) any key besides the LoRA name (multimodal identifiers, the cache
+    /// salt, prompt-embeds digests). Hashing the tokens alone would credit the block to
+    /// prompts without those inputs.
+    SchemeKeys,
 }
 
 impl Refusal {
-    pub const ALL: [Refusal; 7] = [
+    pub const ALL: [Refusal; 8] = [
         Refusal::TokenCount,
         Refusal::Tokens,
         Refusal::UnknownParent,
@@ -45,6 +50,7 @@ impl Refusal {
         Refusal::Malformed,
         Refusal::Namespaced,
         Refusal::ExtraKeys,
+        Refusal::SchemeKeys,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -56,6 +62,7 @@ impl Refusal {
             Refusal::Malformed => "malformed",
             Refusal::Namespaced => "namespaced",
             Refusal::ExtraKeys => "extra_keys",
+            Refusal::SchemeKeys => "scheme_keys",
         }
     }
 }
@@ -83,6 +90,7 @@ pub struct BridgeMetrics {
     pub refused_malformed: AtomicU64,
     pub refused_namespaced: AtomicU64,
     pub refused_extra_keys: AtomicU64,
+    pub refused_scheme_keys: AtomicU64,
     /// Sequence gaps detected.
     pub gaps: AtomicU64,
     /// Gaps that could not be filled and were published (`gap_before`).
@@ -127,6 +135,7 @@ impl Default for BridgeMetrics {
             refused_malformed: z(),
             refused_namespaced: z(),
             refused_extra_keys: z(),
+            refused_scheme_keys: z(),
             gaps: z(),
             gaps_published: z(),
             replays_ok: z(),
@@ -163,6 +172,7 @@ impl BridgeMetrics {
             Refusal::Malformed => &self.refused_malformed,
             Refusal::Namespaced => &self.refused_namespaced,
             Refusal::ExtraKeys => &self.refused_extra_keys,
+            Refusal::SchemeKeys => &self.refused_scheme_keys,
         }
     }
 
@@ -196,6 +206,7 @@ impl BridgeMetrics {
             ("refused_malformed", g(&self.refused_malformed)),
             ("refused_namespaced", g(&self.refused_namespaced)),
             ("refused_extra_keys", g(&self.refused_extra_keys)),
+            ("refused_scheme_keys", g(&self.refused_scheme_keys)),
             ("gaps", g(&self.gaps)),
             ("gaps_published", g(&self.gaps_published)),
             ("replays_ok", g(&self.replays_ok)),
@@ -223,7 +234,7 @@ type ExportedAs = (&'static str, &'static str, Option<(&'static str, &'static st
 /// `prefixlog_bridge_` and `_total`) and, for families that split one measurement, the
 /// `reason` or `outcome` label value it stands for. One measurement is one family, so
 /// `sum by (reason)` and `sum without (reason)` mean something.
-const EXPORTED: [ExportedAs; 25] = [
+const EXPORTED: [ExportedAs; 26] = [
     ("messages_received", "messages_received", None),
     ("messages_undecodable", "messages_skipped", Some(("reason", "undecodable"))),
     ("messages_duplicate", "messages_skipped", Some(("reason", "duplicate"))),
@@ -238,6 +249,7 @@ const EXPORTED: [ExportedAs; 25] = [
     ("refused_malformed", "events_refused", Some(("reason", "malformed"))),
     ("refused_namespaced", "events_refused", Some(("reason", "namespaced"))),
     ("refused_extra_keys", "events_refused", Some(("reason", "extra_keys"))),
+    ("refused_scheme_keys", "events_refused", Some(("reason", "scheme_keys"))),
     ("gaps", "gaps", None),
     ("gaps_published", "gaps_published", None),
     ("replays_ok", "replays", Some(("outcome", "ok"))),
@@ -290,6 +302,11 @@ pub struct BridgeCollector {
 impl BridgeCollector {
     pub fn add(&self, worker: u64, endpoint: &str, m: Arc<BridgeMetrics>) {
         self.streams.lock().push((worker, endpoint.to_string(), m));
+    }
+
+    /// Stops exporting a stream that ended (a replica's `/register` subscriptions come and go).
+    pub fn remove(&self, worker: u64, endpoint: &str) {
+        self.streams.lock().retain(|(w, e, _)| !(*w == worker && e == endpoint));
     }
 
     /// Registers it in `registry` (shared: the bridge keeps adding to it).
@@ -405,7 +422,7 @@ mod tests {
         collector.add(7, "tcp://h:5557", m);
         let families = registry.gather();
         let refused = families.iter().find(|f| f.name() == "prefixlog_bridge_events_refused_total").unwrap();
-        assert_eq!(refused.get_metric().len(), 8, "one series per reason, zeros included");
+        assert_eq!(refused.get_metric().len(), 9, "one series per reason, zeros included");
         let medium = refused
             .get_metric()
             .iter()

@@ -61,7 +61,10 @@ pub struct Served {
 pub async fn serve(topic: &str, partitions: u32, dialect: Dialect) -> Served {
     let kafka = EmbeddedKafka::start(topic, partitions).unwrap();
     let spec = LogSpec::new(KafkaConnection::new(kafka.bootstrap_servers()), topic, partitions);
-    let ext = HttpIndexerExtension::bind("127.0.0.1:0".parse().unwrap()).unwrap().with_dialect(dialect);
+    let mut ext = HttpIndexerExtension::bind("127.0.0.1:0".parse().unwrap()).unwrap().with_dialect(dialect);
+    if dialect == Dialect::Dynamo {
+        ext = ext.with_publisher(prefixlog_ingest::Publisher::new(&spec).unwrap());
+    }
     let addr = ext.addr();
     let opts = NodeOptions {
         replica_id: "a".into(),
