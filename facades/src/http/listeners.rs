@@ -27,8 +27,9 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-/// How long a stopping subscription may take to flush its records before it is aborted.
-const STOP_WAIT: Duration = Duration::from_secs(10);
+/// How long a stopping subscription may take to flush its records before it is aborted (well
+/// within the 10 s a request may take: `/unregister` stops subscriptions before it writes).
+const STOP_WAIT: Duration = Duration::from_secs(3);
 
 /// A subscription's state, as `/workers` reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]

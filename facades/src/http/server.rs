@@ -8,9 +8,10 @@
 //! `/query_by_hash` take bodies up to 8 MiB, the other routes up to axum's default 2 MiB.
 
 use super::limit::{in_flight_gauge, limit, Gate, Limits};
-use super::listeners::Listeners;
+use super::listeners::{Listeners, Live};
 use super::reader::{QueryError, Reader};
 use super::register::{RegisterError, Registrar};
+use super::registration::Registration;
 use super::wire::UnregisterRequest;
 use super::wire::{json, ok, ErrorBody, PeerRequest, QueryByHashRequest, QueryRequest, RegisterRequest};
 use super::workers::{WorkerInfo, WorkersQuery};
@@ -266,12 +267,18 @@ impl App {
         json(StatusCode::NOT_IMPLEMENTED, &ErrorBody { error: msg })
     }
 
-    /// `GET /workers`: every announced worker of every partition passing the filters, by id.
+    /// `GET /workers`: every announced worker of every partition passing the filters, by id. A
+    /// rank this replica is the registrar of and does not subscribe to yet is `pending`.
     fn workers(&self, q: &WorkersQuery) -> Vec<WorkerInfo> {
         let listeners = self.registrar.as_ref().map(|r| r.listeners());
         let mut out = Vec::new();
         self.reader.each_worker(|w, meta| {
-            out.extend(q.entry(w, meta, |dp| listeners.and_then(|l| l.live(w, dp))));
+            let mine = listeners
+                .is_some_and(|l| Registration::from_meta(meta).is_some_and(|r| r.registrar == l.replica()));
+            let pending = || Live { status: "pending", last_error: None };
+            out.extend(
+                q.entry(w, meta, |dp| listeners.and_then(|l| l.live(w, dp)).or_else(|| mine.then(pending))),
+            );
         });
         out.sort_by_key(|w| w.instance_id);
         out

@@ -5,8 +5,8 @@
 //!
 //! - A worker registered through `/register` ([`super::registration`]) is listed as upstream
 //!   lists it: its ranks' endpoints and listeners, each listener's status the subscription's
-//!   on the replica that runs it ([`super::listeners`]), `active` on the others (the log says
-//!   it is registered; only its registrar knows more).
+//!   on the replica that runs it ([`super::listeners`]; `pending` there until it runs),
+//!   `active` on the others (the log says it is registered; only its registrar knows more).
 //! - A worker `prefixlog bridge` announced (it recorded `kv_events_endpoint`) is listed with
 //!   one endpoint and one `active` listener per engine, in `--engine` order.
 //! - Any other worker (written to the log by another publisher) is listed with source `log`
