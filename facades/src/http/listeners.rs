@@ -10,6 +10,9 @@
 //! its feed has seen (the applied state's, and any this replica used), so whatever an earlier
 //! subscription left is cleared by the first batch of the new one, never mixed with it.
 //!
+//! A subscription whose feed shows a newer epoch than its own is restarted above it (another
+//! writer's: a registration accepted at the same moment by another replica and replaced since).
+//!
 //! A subscription's `status` is upstream's listener status: `active` while it runs, `failed`
 //! (with `last_error`) if it stopped on an error.
 
@@ -50,6 +53,17 @@ struct Task {
     stop: watch::Sender<bool>,
     handle: JoinHandle<()>,
     live: Arc<Mutex<Live>>,
+    /// The epoch it started with; its session moves one epoch up per engine restart, which its
+    /// metrics count.
+    epoch: u64,
+    metrics: Arc<prefixlog_bridge::metrics::BridgeMetrics>,
+}
+
+impl Task {
+    /// The epoch its records carry now.
+    fn epoch_now(&self) -> u64 {
+        self.epoch + self.metrics.epochs.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 /// The subscriptions of one replica.
@@ -86,11 +100,7 @@ impl Listeners {
     /// An epoch for `feed` above the applied state's and any this replica used (and at least
     /// the time in ms, as `prefixlog bridge` starts its epochs, so both order the same way).
     pub fn next_epoch(&self, feed: &FeedKey) -> u64 {
-        let view = self.query.view();
-        let applied = view.applier.as_ref().and_then(|a| {
-            let p = partition_of(feed.worker, view.info.partition_count);
-            a.lock().partition(p).feeds.get(feed).map(|f| f.epoch)
-        });
+        let applied = self.applied_epoch(feed);
         let mut epochs = self.epochs.lock();
         let used = epochs.get(feed).copied();
         let now = std::time::SystemTime::now()
@@ -98,19 +108,41 @@ impl Listeners {
             .map_or(0, |d| d.as_millis() as u64);
         let next = [applied.map(|e| e + 1), used.map(|e| e + 1), Some(now)].into_iter().flatten().max();
         let next = next.unwrap_or(now);
+        // Bounded: an epoch the applied state has reached is remembered there.
+        epochs.retain(|f, e| self.applied_epoch(f) < Some(*e));
         epochs.insert(feed.clone(), next);
         next
+    }
+
+    /// The epoch of `feed` in the applied state, if it has one.
+    fn applied_epoch(&self, feed: &FeedKey) -> Option<u64> {
+        let view = self.query.view();
+        let p = partition_of(feed.worker, view.info.partition_count);
+        view.applier.as_ref().and_then(|a| a.lock().partition(p).feeds.get(feed).map(|f| f.epoch))
     }
 
     /// Makes what runs what the log says: a subscription for every rank of every registration
     /// whose registrar is this replica, none other. Call with the registrar's lock held (a
     /// registration being written must not be started or stopped halfway).
+    ///
+    /// A subscription whose feed carries a newer epoch than its own (another writer's: a
+    /// registration of this instance accepted at the same moment by another replica, replaced
+    /// since, whose clock was ahead) is restarted above it: its records would otherwise be
+    /// skipped as stale, and the feed stay gapped.
     pub async fn reconcile(&self) {
         let wanted = self.wanted();
-        let stale: Vec<(u64, u32)> = {
-            let tasks = self.tasks.lock();
-            tasks.iter().filter(|(k, t)| wanted.get(k) != Some(&t.wanted)).map(|(k, _)| *k).collect()
-        };
+        // Copied out first: the applier's lock is never taken under the tasks' (`/workers`
+        // takes them the other way round).
+        let running: Vec<((u64, u32), Wanted, u64)> =
+            self.tasks.lock().iter().map(|(k, t)| (*k, t.wanted.clone(), t.epoch_now())).collect();
+        let stale: Vec<(u64, u32)> = running
+            .into_iter()
+            .filter(|((w, dp), want, epoch)| {
+                let feed = FeedKey { keyspace: want.keyspace.clone(), worker: *w, dp_rank: *dp };
+                wanted.get(&(*w, *dp)) != Some(want) || self.applied_epoch(&feed) > Some(*epoch)
+            })
+            .map(|(k, _, _)| k)
+            .collect();
         for (w, dp) in stale {
             self.stop(w, dp).await;
         }
@@ -143,7 +175,8 @@ impl Listeners {
     fn start(&self, worker: u64, dp: u32, wanted: Wanted) {
         let feed = FeedKey { keyspace: wanted.keyspace.clone(), worker, dp_rank: dp };
         let mut opts = BridgeOptions::new(wanted.keyspace.clone());
-        opts.start_epoch = self.next_epoch(&feed);
+        let epoch = self.next_epoch(&feed);
+        opts.start_epoch = epoch;
         let spec = EngineSpec {
             endpoint: wanted.rank.endpoint.clone(),
             replay_endpoint: wanted.rank.replay.clone(),
@@ -152,7 +185,8 @@ impl Listeners {
             topic: String::new(),
         };
         let bridge = EngineBridge::new(spec, opts, self.publisher.clone());
-        self.collector.add(worker, &wanted.rank.endpoint, bridge.metrics());
+        let metrics = bridge.metrics();
+        self.collector.add(worker, &wanted.rank.endpoint, metrics.clone());
         let live = Arc::new(Mutex::new(Live { status: "active", last_error: None }));
         let (stop, stopped) = watch::channel(false);
         let state = live.clone();
@@ -163,7 +197,7 @@ impl Listeners {
             }
         });
         tracing::info!(worker, dp_rank = dp, endpoint = %wanted.rank.endpoint, "dynamo /register: subscribed");
-        self.tasks.lock().insert((worker, dp), Task { wanted, stop, handle, live });
+        self.tasks.lock().insert((worker, dp), Task { wanted, stop, handle, live, epoch, metrics });
     }
 
     /// Stops the subscription to `(worker, dp)` (if any) and waits until its records are
