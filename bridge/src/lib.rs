@@ -34,8 +34,9 @@
 //!
 //! Modules: [`wire`] (message decoding), [`session`] (sequence policy and translation),
 //! [`namespace`] (extra keys), [`engines`] (several engine streams, feed claims), [`naming`]
-//! (worker ids and metadata), [`replay`] (asking an engine for missed messages), [`metrics`];
-//! [`lmcache`] is the LMCache bridge (LMCache's Kafka cache-event stream → records).
+//! (worker ids and metadata), [`replay`] (asking an engine for missed messages), [`scheme`]
+//! (hash schemes), [`metrics`]; [`lmcache`] is the LMCache bridge (LMCache's Kafka cache-event
+//! stream → records).
 
 pub mod engines;
 pub mod lmcache;
@@ -43,6 +44,7 @@ pub mod metrics;
 pub mod namespace;
 pub mod naming;
 pub mod replay;
+pub mod scheme;
 pub mod session;
 pub mod wire;
 
@@ -194,7 +196,8 @@ async fn acker(mut rx: mpsc::Receiver<InFlight>, m: Arc<BridgeMetrics>, worker: 
 impl EngineBridge {
     /// Must be called inside a tokio runtime (it starts the acknowledgement task).
     pub fn new(spec: EngineSpec, opts: BridgeOptions, publisher: Publisher) -> Self {
-        let session = Session::new(opts.keyspace.block_size, opts.start_epoch);
+        let session =
+            Session::new(opts.keyspace.block_size, opts.start_epoch).with_scheme(opts.keyspace.scheme);
         let metrics = Arc::new(BridgeMetrics::default());
         let (tx, rx) = mpsc::channel(opts.publish_window.max(1));
         let acker = tokio::spawn(acker(rx, metrics.clone(), spec.worker));

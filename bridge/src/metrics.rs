@@ -47,10 +47,15 @@ pub enum Refusal {
     Residency,
     /// A field this bridge does not know, with a value: it may change what the block is.
     UnknownField,
+    /// Block keys the keyspace's hash scheme cannot carry: under scheme 2 (Dynamo's
+    /// position-free hash) any key besides the LoRA name (multimodal identifiers, the cache
+    /// salt, prompt-embeds digests). Hashing the tokens alone would credit the block to
+    /// prompts without those inputs.
+    SchemeKeys,
 }
 
 impl Refusal {
-    pub const ALL: [Refusal; 11] = [
+    pub const ALL: [Refusal; 12] = [
         Refusal::TokenCount,
         Refusal::Tokens,
         Refusal::UnknownParent,
@@ -62,6 +67,7 @@ impl Refusal {
         Refusal::Salt,
         Refusal::Residency,
         Refusal::UnknownField,
+        Refusal::SchemeKeys,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -77,6 +83,7 @@ impl Refusal {
             Refusal::Salt => "cache_salt",
             Refusal::Residency => "residency",
             Refusal::UnknownField => "unknown_field",
+            Refusal::SchemeKeys => "scheme_keys",
         }
     }
 }
@@ -108,6 +115,7 @@ pub struct BridgeMetrics {
     pub refused_salt: AtomicU64,
     pub refused_residency: AtomicU64,
     pub refused_unknown_field: AtomicU64,
+    pub refused_scheme_keys: AtomicU64,
     /// Sequence gaps detected.
     pub gaps: AtomicU64,
     /// Gaps replay could not fill (no replay socket, a failed replay, a buffer that does not
@@ -160,6 +168,7 @@ impl Default for BridgeMetrics {
             refused_salt: z(),
             refused_residency: z(),
             refused_unknown_field: z(),
+            refused_scheme_keys: z(),
             gaps: z(),
             resets_gap: z(),
             resets_lost: z(),
@@ -201,6 +210,7 @@ impl BridgeMetrics {
             Refusal::Salt => &self.refused_salt,
             Refusal::Residency => &self.refused_residency,
             Refusal::UnknownField => &self.refused_unknown_field,
+            Refusal::SchemeKeys => &self.refused_scheme_keys,
         }
     }
 
@@ -238,6 +248,7 @@ impl BridgeMetrics {
             ("refused_salt", g(&self.refused_salt)),
             ("refused_residency", g(&self.refused_residency)),
             ("refused_unknown_field", g(&self.refused_unknown_field)),
+            ("refused_scheme_keys", g(&self.refused_scheme_keys)),
             ("gaps", g(&self.gaps)),
             ("resets_gap", g(&self.resets_gap)),
             ("resets_lost", g(&self.resets_lost)),
@@ -266,7 +277,7 @@ type ExportedAs = (&'static str, &'static str, Option<(&'static str, &'static st
 /// `prefixlog_bridge_` and `_total`) and, for families that split one measurement, the
 /// `reason` or `outcome` label value it stands for. One measurement is one family, so
 /// `sum by (reason)` and `sum without (reason)` mean something.
-const EXPORTED: [ExportedAs; 30] = [
+const EXPORTED: [ExportedAs; 31] = [
     ("messages_received", "messages_received", None),
     ("messages_undecodable", "messages_skipped", Some(("reason", "undecodable"))),
     ("messages_duplicate", "messages_skipped", Some(("reason", "duplicate"))),
@@ -285,6 +296,7 @@ const EXPORTED: [ExportedAs; 30] = [
     ("refused_salt", "events_refused", Some(("reason", "cache_salt"))),
     ("refused_residency", "events_refused", Some(("reason", "residency"))),
     ("refused_unknown_field", "events_refused", Some(("reason", "unknown_field"))),
+    ("refused_scheme_keys", "events_refused", Some(("reason", "scheme_keys"))),
     ("gaps", "gaps", None),
     ("resets_gap", "resets", Some(("reason", "gap"))),
     ("resets_lost", "resets", Some(("reason", "lost"))),
@@ -344,6 +356,11 @@ pub struct BridgeCollector {
 impl BridgeCollector {
     pub fn add(&self, worker: u64, endpoint: &str, m: Arc<BridgeMetrics>) {
         self.streams.lock().push((worker, endpoint.to_string(), m));
+    }
+
+    /// Stops exporting a stream that ended (a replica's `/register` subscriptions come and go).
+    pub fn remove(&self, worker: u64, endpoint: &str) {
+        self.streams.lock().retain(|(w, e, _)| !(*w == worker && e == endpoint));
     }
 
     /// Registers it in `registry` (shared: the bridge keeps adding to it).
@@ -459,7 +476,7 @@ mod tests {
         collector.add(7, "tcp://h:5557", m);
         let families = registry.gather();
         let refused = families.iter().find(|f| f.name() == "prefixlog_bridge_events_refused_total").unwrap();
-        assert_eq!(refused.get_metric().len(), 12, "one series per reason, zeros included");
+        assert_eq!(refused.get_metric().len(), 13, "one series per reason, zeros included");
         let medium = refused
             .get_metric()
             .iter()

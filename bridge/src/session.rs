@@ -14,8 +14,8 @@
 //! - (With a replay socket, `super::EngineBridge` also catches a restarted engine that is already
 //!   past `last`: it requests the replay from `last` and compares that message's digest.)
 //!
-//! Hashing: each stored block's *local* hash is prefixlog's canonical scheme over its token
-//! ids (and its extra keys: `super::namespace`), which chains through the parent block's local hash. The session keeps, per lane, the
+//! Hashing: each stored block's *local* hash is the keyspace's scheme (`super::scheme`) over its
+//! token ids (scheme 1 also over its extra keys: `super::namespace`), which for scheme 1 chains through the parent block's local hash. The session keeps, per lane, the
 //! engine ext hash → local hash of every block it has seen stored and not removed, so a store
 //! whose parent is an earlier block can be hashed; when the parent's local is unknown the event
 //! is refused and counted (mis-hashing it would credit blocks at the wrong trie positions).
@@ -85,6 +85,8 @@ pub enum Arrival {
 #[derive(Debug)]
 pub struct Session {
     block_size: usize,
+    /// The keyspace's hash scheme (`super::scheme`): 1 unless [`Session::with_scheme`].
+    scheme: u32,
     epoch: u64,
     last: Option<u64>,
     /// The last `window` (seq, payload digest) pairs handled, for duplicate detection.
@@ -108,6 +110,7 @@ impl Session {
     pub fn new(block_size: u32, epoch: u64) -> Self {
         Self {
             block_size: block_size as usize,
+            scheme: prefixlog_engine::scheme::SCHEME_XXH3_CHAINED,
             epoch,
             last: None,
             recent: VecDeque::new(),
@@ -120,6 +123,12 @@ impl Session {
             pending_lanes: Vec::new(),
             fields_logged: BTreeSet::new(),
         }
+    }
+
+    /// Hashes stored blocks under `scheme` ([`super::scheme::locals_for`]).
+    pub fn with_scheme(mut self, scheme: u32) -> Self {
+        self.scheme = scheme;
+        self
     }
 
     /// Bounds the ext → local table (blocks whose removals were lost would otherwise stay);
@@ -347,7 +356,8 @@ impl Session {
                         (known.local, known.salt)
                     }
                 };
-                let locals = namespace::chain_keyed(seed, &ids, bs, &keys);
+                let locals =
+                    super::scheme::locals_for(self.scheme, seed, &ids, bs, &keys, lora_name.as_deref())?;
                 self.lanes.insert(lane);
                 if group_idx.is_some() || kv_cache_spec_kind.is_some() {
                     let meta = prefixlog_state::LaneMeta {

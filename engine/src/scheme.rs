@@ -243,6 +243,47 @@ pub fn keyed_block_hash(parent: u64, block: &[u32], keys: &[BlockKey<'_>]) -> u6
     xxh3_64_with_seed(&bytes, parent)
 }
 
+/// Scheme id 2: Dynamo's position-free block hash, the `LocalBlockHash` of its KV router
+/// (`compute_block_hash_for_seq` in ai-dynamo's `dynamo-kv-router`, Apache-2.0; the values
+/// are checked against ai-dynamo-runtime 1.6.1 in `tests/upstream/test_dynamo_http.py`):
+/// xxh3-64 of each full block's u32-LE token bytes, seeded with [`dynamo_seed`], the same for
+/// every block. A block's position is its path in the trie, not part of its hash.
+pub const SCHEME_DYNAMO_BLOCK: u32 = 2;
+
+/// Dynamo's base seed (`XXH3_SEED`), the seed of the base model without a cache namespace.
+pub const DYNAMO_SEED: u64 = 1337;
+
+/// Dynamo's seed for a LoRA adapter and a cache namespace (its request `cache_salt`):
+/// [`DYNAMO_SEED`], plus (wrapping) xxh3-64 of the adapter name with seed 0, plus (wrapping)
+/// xxh3-64 of the namespace with seed 1. An empty name or namespace counts as absent.
+pub fn dynamo_seed(lora: &str, namespace: &str) -> u64 {
+    let mut seed = DYNAMO_SEED;
+    if !lora.is_empty() {
+        seed = seed.wrapping_add(xxh3_64_with_seed(lora.as_bytes(), 0));
+    }
+    if !namespace.is_empty() {
+        seed = seed.wrapping_add(xxh3_64_with_seed(namespace.as_bytes(), 1));
+    }
+    seed
+}
+
+/// The scheme-2 local hashes of every full block of `tokens` under `seed` ([`dynamo_seed`]).
+/// A trailing partial block is not hashed; `block_size` 0 gives none.
+pub fn dynamo_block_hashes(seed: u64, tokens: &[u32], block_size: usize) -> Vec<u64> {
+    if block_size == 0 {
+        return Vec::new();
+    }
+    let mut bytes = Vec::with_capacity(block_size.min(tokens.len()) * 4);
+    tokens
+        .chunks_exact(block_size)
+        .map(|block| {
+            bytes.clear();
+            block.iter().for_each(|t| bytes.extend_from_slice(&t.to_le_bytes()));
+            xxh3_64_with_seed(&bytes, seed)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -255,6 +296,20 @@ mod tests {
         for block_size in [u32::MAX as usize, usize::MAX / 2, usize::MAX] {
             assert!(block_hashes_after(0, &[1, 2, 3], block_size).is_empty());
         }
+    }
+
+    /// Values computed by ai-dynamo-runtime 1.6.1 (`dynamo.llm.compute_block_hash_for_seq`,
+    /// tokens 1..=8, block size 4, with `lora_name` and `cache_namespace` as named).
+    #[test]
+    fn dynamo_block_hashes_are_dynamos() {
+        let t: Vec<u32> = (1..=8).collect();
+        let h = |lora, ns| dynamo_block_hashes(dynamo_seed(lora, ns), &t, 4);
+        assert_eq!(h("", ""), vec![14643705804678351452, 16777012769546811212]);
+        assert_eq!(h("a", ""), vec![17680866786467819158, 10751596618610180438]);
+        assert_eq!(h("", "s"), vec![5728354201622468629, 3103195633695993164]);
+        assert_eq!(h("a", "s")[0], 8794082693489998562);
+        assert_eq!(dynamo_block_hashes(DYNAMO_SEED, &t[..7], 4).len(), 1, "a partial block is not hashed");
+        assert!(dynamo_block_hashes(DYNAMO_SEED, &t, 0).is_empty());
     }
 
     /// A golden case: name, tokens, block size, LoRA namespace, cache salt, per-block keys.

@@ -14,9 +14,10 @@
 //!   queries and the sgl `kv-indexer-bridge` writes to); docs/compat/sglang.md.
 //! - [`smg`]: SMG's `radix_index.RadixIndex` (what SMG's gateway `--kv-indexer-url` and its
 //!   `radix-index-bridge` speak); docs/compat/smg.md.
-//! - [`http`]: the query side of Dynamo's standalone KV indexer HTTP API (`/query`,
-//!   `/query_by_hash`, `/workers`, `/health`), or of Mooncake conductor's (`--http-dialect
-//!   mooncake`), on a port of its own; docs/compat/dynamo-mooncake-http.md.
+//! - [`http`]: Dynamo's standalone KV indexer HTTP API (`/query`, `/query_by_hash`,
+//!   `/workers`, `/register`, `/dump`, ...: the replica subscribes to registered engines
+//!   itself), or the query side of Mooncake conductor's (`--http-dialect mooncake`), on a port
+//!   of its own; docs/compat/dynamo-mooncake-http.md.
 //! - [`start`]: [`start::StartError`], why a facade did not start, and the check every facade
 //!   makes first (the replica owns every partition).
 //! - [`writes`]: what the writing facades share: catching up with a worker's partition before
@@ -39,10 +40,10 @@ pub mod writes;
 /// The encoded `FileDescriptorSet` of the upstream schemas this crate serves (reflection).
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/compat_descriptor.bin"));
 
-/// The storage tiers the answers of SMG, the endpoint picker and the Dynamo HTTP dialect
-/// count: the GPU only. These protocols have no tiers, or carry them in fields not mapped yet
-/// (docs/compat), so a block offloaded to host memory or disk is never reported to their
-/// gateways as a GPU hit.
+/// The storage tiers the answers of SMG and the endpoint picker count: the GPU only. These
+/// protocols have no tiers (docs/compat), so a block offloaded to host memory or disk is never
+/// reported to their gateways as a GPU hit. (The HTTP dialects map the tiers onto their own
+/// fields: `http::dynamo`, `http::reader`.)
 pub(crate) const GPU_ONLY: [prefixlog_engine::Tier; 1] = [prefixlog_engine::Tier::Gpu];
 
 /// `MatchRequest.tiers` counting `tiers`, in preference order.

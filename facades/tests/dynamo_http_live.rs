@@ -1,12 +1,14 @@
-//! The Dynamo HTTP indexer facade end to end: embedded Kafka, a replica serving `/query` and
-//! `/query_by_hash` on its own port, and a plain HTTP/1.1 client written from the documented
-//! JSON (docs/compat/dynamo-mooncake-http.md), not from this crate's types. Two workers'
-//! blocks published on the log are answered per instance and dp rank, in tokens; `/workers`
-//! lists the workers the bridge announced, from their metadata.
+//! The Dynamo HTTP indexer facade end to end: embedded Kafka, a replica serving Dynamo's routes
+//! on its own port, and a plain HTTP/1.1 client written from the documented JSON
+//! (docs/compat/dynamo-mooncake-http.md), not from this crate's types. Workers' blocks published
+//! on the log are answered per instance and dp rank in tokens, as upstream's indexer answers
+//! (its differential test against ai-dynamo-runtime is `tests/upstream/test_dynamo_http.py`);
+//! `/workers` lists the workers the bridge announced, from their metadata.
 
 mod support;
 
-use prefixlog_engine::{scheme, KeyspaceId};
+use prefixlog_engine::scheme::{self, dynamo_block_hashes, dynamo_seed, DYNAMO_SEED};
+use prefixlog_engine::KeyspaceId;
 use prefixlog_facades::http::limit::Limits;
 use prefixlog_facades::http::HttpIndexerExtension;
 use prefixlog_facades::sglang::{SglangConfig, SglangExtension};
@@ -24,141 +26,144 @@ use tokio::io::AsyncWriteExt;
 
 const BLOCK: u32 = 4;
 
-/// `instance → gpu tokens` of a score response, checking the documented invariants on the way.
-fn gpu_by_instance(v: &Value) -> Vec<(String, u64)> {
-    let instances = v["instances"].as_object().unwrap_or_else(|| panic!("no instances: {v}"));
-    let mut out = Vec::new();
-    for (id, i) in instances {
-        let gpu = i["gpu"].as_u64().unwrap();
-        let dp_max = i["dp"].as_object().unwrap().values().map(|t| t.as_u64().unwrap()).max().unwrap();
-        assert_eq!(dp_max, gpu, "gpu is the best rank: {v}");
-        assert_eq!(v["scores"][id], i["dp"], "scores carry the dp map: {v}");
-        assert!(gpu <= i["cpu"].as_u64().unwrap() && i["cpu"].as_u64() <= i["disk"].as_u64(), "{v}");
-        assert_eq!(i["longest_matched"].as_u64(), i["disk"].as_u64(), "{v}");
-        out.push((id.clone(), gpu));
-    }
-    out
+fn stored_on(tier: Tier, locals: &[u64]) -> Vec<KvOp> {
+    vec![KvOp::Stored { tier, lane: 0, parent_ext: None, blocks: locals.iter().map(|&l| (l, l)).collect() }]
 }
 
 fn stored(locals: &[u64]) -> Vec<KvOp> {
-    vec![KvOp::Stored {
-        tier: Tier::Gpu,
-        lane: 0,
-        parent_ext: None,
-        blocks: locals.iter().map(|&l| (l, l)).collect(),
-    }]
+    stored_on(Tier::Gpu, locals)
+}
+
+fn added(pairs: &[(&str, &str)]) -> Lifecycle {
+    Lifecycle::Added { metadata: pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect() }
+}
+
+/// Dynamo's i64 block hashes of `tokens` (what `/query_by_hash` carries).
+fn signed(h: &[u64]) -> Vec<i64> {
+    h.iter().map(|&h| h as i64).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dynamo_client_sees_each_instance_match_in_tokens() {
-    let kafka = EmbeddedKafka::start("prefixlog.dynamo", 2).unwrap();
-    let spec = LogSpec::new(KafkaConnection::new(kafka.bootstrap_servers()), "prefixlog.dynamo", 2);
-    let ext = Arc::new(HttpIndexerExtension::bind("127.0.0.1:0".parse().unwrap()).unwrap());
-    let addr = ext.addr();
-    let opts = NodeOptions {
-        replica_id: "a".into(),
-        ready_lag: 0,
-        extensions: Extensions(vec![ext]),
-        ..Default::default()
-    };
-    let node = ReplicaNode::start(spec.clone(), opts).await.unwrap();
-
+    let s = support::serve("prefixlog.dynamo", 2, Default::default()).await;
+    let (p, addr) = (Publisher::new(&s.spec).unwrap(), s.addr);
     let tokens: Vec<u32> = (100..116).collect();
+    let dynamo = dynamo_block_hashes(DYNAMO_SEED, &tokens, BLOCK as usize);
+    let lora = dynamo_block_hashes(dynamo_seed("sql", ""), &tokens, BLOCK as usize);
     let chain = scheme::block_hashes(&tokens, BLOCK as usize);
-    // The first two blocks as a vLLM engine run with cache_salt "s" stores them (the bridge
-    // indexes salted blocks): held by worker 1 beside its plain chain.
-    let salted = scheme::Namespace { cache_salt: "s", ..Default::default() };
-    let salted_chain = scheme::block_hashes_with(&salted, &tokens[..8], BLOCK as usize);
-    let by_tokens = KeyspaceId::new("llama", BLOCK, 1);
     let by_hash = KeyspaceId::new("llama", BLOCK, 2);
-    let hashes: [i64; 3] = [-5, 22, 33];
-    let locals: Vec<u64> = hashes.iter().map(|&h| h as u64).collect();
-    let p = Publisher::new(&spec).unwrap();
+    let by_chain = KeyspaceId::new("llama", BLOCK, 1);
     let mut landed = Vec::new();
-    // Worker 3 is in another routing group, with everything.
-    let meta = [("routing_group".to_string(), "blue".to_string())].into_iter().collect();
-    landed.push(p.publish_lifecycle(3, &Lifecycle::Added { metadata: meta }).await.unwrap());
-    for (w, dp, ks, blocks) in [
-        (1, 0, &by_tokens, &chain[..3]),
-        (2, 1, &by_tokens, &chain[..1]),
-        (3, 0, &by_tokens, &chain[..]),
-        (1, 0, &by_hash, &locals[..2]),
-        (2, 1, &by_hash, &locals[..]),
-    ] {
-        landed.push(
-            p.publish_kv_events(ks, w, dp, 1, 1 + ks.scheme as u64, false, &stored(blocks), None)
-                .await
-                .unwrap(),
-        );
+    let llama = [("model", "llama"), ("block_size", "4")];
+    for (w, group) in [(1, None), (2, None), (3, Some("blue")), (4, None)] {
+        let mut meta = llama.to_vec();
+        meta.extend(group.map(|g| ("routing_group", g)));
+        landed.push(p.publish_lifecycle(w, &added(&meta)).await.unwrap());
     }
-    // Worker 1's next record in this keyspace (seq 3, after its seq 2 above: no gap).
-    landed.push(
-        p.publish_kv_events(&by_tokens, 1, 0, 1, 3, false, &stored(&salted_chain), None).await.unwrap(),
-    );
-    // Worker 2 also holds the whole chain in host memory (its seq 3): the facade answers the GPU
-    // tier only, so its count stays its one GPU block.
-    let host = [KvOp::Stored {
-        tier: Tier::Host,
-        lane: 0,
-        parent_ext: None,
-        blocks: chain.iter().map(|&l| (l, l)).collect(),
-    }];
-    landed.push(p.publish_kv_events(&by_tokens, 2, 1, 1, 3, false, &host, None).await.unwrap());
-    assert!(node.status().wait_for(&token_of(&landed), Duration::from_secs(60)).await);
+    for (w, dp, ks, seq, ops) in [
+        // Worker 1: three blocks on the GPU in Dynamo's scheme, the fourth in host memory, and a
+        // LoRA adapter's first block.
+        (1, 0, &by_hash, 1, stored(&dynamo[..3])),
+        (1, 0, &by_hash, 2, stored_on(Tier::Host, &dynamo[..4])),
+        (1, 0, &by_hash, 3, stored(&lora[..1])),
+        // Worker 2 (rank 1): one block in prefixlog's chain (a bridge of the default scheme).
+        (2, 1, &by_chain, 1, stored(&chain[..1])),
+        // Worker 3 is in another routing group, with everything; worker 4 holds other blocks.
+        (3, 0, &by_hash, 1, stored(&dynamo)),
+        (4, 0, &by_hash, 1, stored(&[77])),
+    ] {
+        landed.push(p.publish_kv_events(ks, w, dp, 1, seq, false, &ops, None).await.unwrap());
+    }
+    assert!(s.node.status().wait_for(&token_of(&landed), Duration::from_secs(60)).await);
 
-    let (code, v) = http(addr, "GET", "/health", None).await;
-    assert_eq!((code, &v), (200, &json!({"status": "ok"})));
-    // Readiness is a state, not a time: wait for it (bounded only by the test harness).
     let query = json!({"token_ids": (100..118).collect::<Vec<u32>>(), "model_name": "llama"});
-    let v = loop {
-        let (code, v) = http(addr, "POST", "/query", Some(query.clone())).await;
-        if code != 503 {
-            assert_eq!(code, 200, "{v}");
-            break v;
-        }
-        assert!(v["error"].is_string(), "{v}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    assert_eq!(gpu_by_instance(&v), vec![("1".into(), 12), ("2".into(), 4)], "{v}");
-    assert_eq!(v["instances"]["2"]["dp"], json!({"1": 4}), "{v}");
-    assert_eq!(v["frequencies"], json!([]));
-
-    let blue = json!({"token_ids": tokens, "model_name": "llama", "routing_group": "blue"});
-    let (code, v) = http(addr, "POST", "/query", Some(blue)).await;
-    assert_eq!((code, gpu_by_instance(&v)), (200, vec![("3".into(), 16)]), "{v}");
-
-    // A LoRA's blocks and another salt's are other chains: zeros, listed. Worker 1's salted
-    // blocks answer a query with the same salt only.
-    for (extra, one) in [
-        (json!({"lora_name": "sql"}), 0),
-        (json!({"cache_salt": "other"}), 0),
-        (json!({"cache_salt": "s"}), 8),
-    ] {
-        let mut q = json!({"token_ids": tokens, "model_name": "llama"});
-        q.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
-        let (code, v) = http(addr, "POST", "/query", Some(q)).await;
-        assert_eq!((code, gpu_by_instance(&v)), (200, vec![("1".into(), one), ("2".into(), 0)]), "{v}");
-    }
-
-    let (code, v) =
-        http(addr, "POST", "/query_by_hash", Some(json!({"block_hashes": hashes, "model_name": "llama"})))
-            .await;
-    assert_eq!((code, gpu_by_instance(&v)), (200, vec![("1".into(), 8), ("2".into(), 12)]), "{v}");
-
-    let (code, v) = http(addr, "POST", "/query", Some(json!({"token_ids": [1], "model_name": "gpt"}))).await;
-    assert_eq!(code, 404, "{v}");
-    assert!(
-        v["error"].as_str().unwrap().starts_with("no indexer for model=gpt routing_group=default"),
-        "{v}"
+    let (code, v) = support::when_ready(addr, "POST", "/query", Some(query.clone())).await;
+    // Upstream lists the instances that match something, in tokens; worker 4 matches nothing.
+    assert_eq!(
+        (code, &v),
+        (
+            200,
+            &json!({
+                "scores": {"1": {"0": 12}, "2": {"1": 4}},
+                "frequencies": [],
+                "instances": {
+                    "1": {"longest_matched": 16, "gpu": 12, "dp": {"0": 12}, "cpu": 16, "disk": 16},
+                    "2": {"longest_matched": 4, "gpu": 4, "dp": {"1": 4}, "cpu": 4, "disk": 4}
+                }
+            })
+        )
     );
-    let salted = json!({"block_hashes": [1], "model_name": "llama", "cache_salt": "s"});
-    assert_eq!(http(addr, "POST", "/query_by_hash", Some(salted)).await.0, 400);
-    assert_eq!(http(addr, "POST", "/query", Some(json!({"model_name": "llama"}))).await.0, 400);
+    let (_, v) = http(
+        addr,
+        "POST",
+        "/query",
+        Some(json!({"token_ids": tokens, "model_name": "llama", "lora_name": "sql"})),
+    )
+    .await;
+    assert_eq!(v["scores"], json!({"1": {"0": 4}}), "the adapter's own blocks only: {v}");
+    let blue = json!({"token_ids": tokens, "model_name": "llama", "routing_group": "blue"});
+    assert_eq!(http(addr, "POST", "/query", Some(blue)).await.1["scores"], json!({"3": {"0": 16}}));
+    // Dynamo's own hashes: the scheme-2 keyspace only (worker 2's chain is prefixlog's).
+    let (_, v) = http(
+        addr,
+        "POST",
+        "/query_by_hash",
+        Some(json!({"block_hashes": signed(&dynamo), "model_name": "llama"})),
+    )
+    .await;
+    assert_eq!(v["scores"], json!({"1": {"0": 12}}), "{v}");
+    assert_eq!(v["instances"]["1"]["cpu"], 16, "{v}");
+    // A prompt far over prefixlog.v1's 8,192-block limit: upstream answers it, so does the facade.
+    let mut long = tokens.clone();
+    long.extend(std::iter::repeat_n(5, 100_000));
+    let (code, v) =
+        http(addr, "POST", "/query", Some(json!({"token_ids": long, "model_name": "llama"}))).await;
+    assert_eq!((code, &v["scores"]), (200, &json!({"1": {"0": 12}, "2": {"1": 4}})), "{v}");
+    // Less than a block: nothing to match, an empty answer.
+    let (_, v) = http(addr, "POST", "/query", Some(json!({"token_ids": [1], "model_name": "llama"}))).await;
+    assert_eq!(v, json!({"scores": {}, "frequencies": [], "instances": {}}));
 
-    let text = prefixlog_query::metrics::render(node.registry());
+    // No worker of the model in the group: upstream's 404, with its words.
+    for (model, group) in [("gpt", "default"), ("llama", "x"), ("llama", "")] {
+        let q = json!({"token_ids": tokens, "model_name": model, "routing_group": group});
+        let (code, v) = http(addr, "POST", "/query", Some(q)).await;
+        let msg = format!("no indexer for model={model} routing_group={group}");
+        assert_eq!((code, v), (404, json!({"error": msg})));
+    }
+    let salted = json!({"block_hashes": [1], "model_name": "llama", "cache_salt": "s"});
+    let (code, v) = http(addr, "POST", "/query_by_hash", Some(salted)).await;
+    assert_eq!(code, 400);
+    assert!(v["error"].as_str().unwrap().starts_with("cache_salt is not accepted by /query_by_hash"), "{v}");
+    bodies_are_read_as_upstream_reads_them(addr).await;
+
+    let text = prefixlog_query::metrics::render(s.node.registry());
     let ok = r#"prefixlog_facade_requests_total{code="OK",protocol="dynamo-http",rpc="query_by_hash",shard="all"} 1"#;
     assert!(text.contains(ok), "{text}");
-    assert!(text.contains(r#"code="NOT_FOUND",protocol="dynamo-http",rpc="query",shard="all"} 1"#), "{text}");
+    assert!(text.contains(r#"code="NOT_FOUND",protocol="dynamo-http",rpc="query",shard="all"} 3"#), "{text}");
+}
+
+/// axum's `Json` extractor, as upstream's: 415 without a JSON content type, 400 for what is not
+/// JSON, 422 for JSON of another shape (its text names the field), `/health` an empty 200.
+async fn bodies_are_read_as_upstream_reads_them(addr: std::net::SocketAddr) {
+    let q = br#"{"token_ids": [1], "model_name": "llama"}"#;
+    let (code, ctype, body) = support::raw(addr, "POST /query HTTP/1.1", q).await;
+    assert_eq!(
+        (code, ctype.as_str(), body.as_str()),
+        (415, "text/plain; charset=utf-8", "Expected request with `Content-Type: application/json`")
+    );
+    let json_head = "POST /query HTTP/1.1\r\nContent-Type: application/json";
+    let (code, _, body) = support::raw(addr, json_head, b"{").await;
+    assert_eq!(
+        (code, body.as_str()),
+        (400, "Failed to parse the request body as JSON: EOF while parsing an object at line 1 column 1")
+    );
+    let (code, _, body) = support::raw(addr, json_head, br#"{"token_ids": [-1], "model_name": "m"}"#).await;
+    let want = "Failed to deserialize the JSON body into the target type: token_ids[0]: invalid value: integer `-1`, expected u32 at line 1 column 17";
+    assert_eq!((code, body.as_str()), (422, want));
+    let (code, _, body) = support::raw(addr, json_head, b"[]").await;
+    assert_eq!((code, body.as_str()), (422, "Failed to deserialize the JSON body into the target type: invalid length 0, expected struct QueryRequest with 6 elements at line 1 column 2"));
+    let (code, ctype, body) = support::raw(addr, "GET /health HTTP/1.1", b"").await;
+    assert_eq!((code, ctype.as_str(), body.as_str()), (200, "", ""));
 }
 
 /// A body over the upstream limit is refused before it is parsed; the facade runs next to the
@@ -208,7 +213,9 @@ async fn a_slow_body_holds_the_only_place_and_others_get_429() {
         gauge.ends_with(&format!(" {n}"))
     };
     let mut slow = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let head = format!("POST /query HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 1000\r\n\r\n");
+    let head = format!(
+        "POST /query HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+    );
     slow.write_all(head.as_bytes()).await.unwrap();
     slow.write_all(b"{\"token_ids\": [").await.unwrap();
     wait_until("the slow request holds the place", || in_flight(1)).await;
@@ -234,10 +241,6 @@ async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     panic!("{what}: not after 3000 tries");
-}
-
-fn added(pairs: &[(&str, &str)]) -> Lifecycle {
-    Lifecycle::Added { metadata: pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect() }
 }
 
 /// The ids of a `/workers` answer, checking that every entry has upstream's fields.
@@ -288,7 +291,11 @@ async fn workers_lists_bridge_announced_workers_by_model_and_group() {
         json!({
             "instance_id": 10, "source": "zmq", "status": "active", "model_name": "llama",
             "routing_group": "default", "block_size": 4,
-            "endpoints": {"0": "tcp://a:5557", "1": "tcp://a:5558"}, "listeners": {}
+            "endpoints": {"0": "tcp://a:5557", "1": "tcp://a:5558"},
+            "listeners": {
+                "0": {"endpoint": "tcp://a:5557", "status": "active"},
+                "1": {"endpoint": "tcp://a:5558", "status": "active"}
+            }
         }),
         "{v}"
     );
@@ -300,12 +307,14 @@ async fn workers_lists_bridge_announced_workers_by_model_and_group() {
         ("?routing_group=default", vec![10, 12, 13]),
         ("?model_name=gpt&routing_group=blue", vec![]),
         ("?model_name=mistral", vec![]),
+        // A filter given is compared as given, even empty (upstream).
+        ("?model_name=", vec![]),
     ] {
         let (code, v) = http(s.addr, "GET", &format!("/workers{query}"), None).await;
         assert_eq!((code, ids(&v)), (200, want), "{query}: {v}");
     }
     let text = prefixlog_query::metrics::render(s.node.registry());
     let ok =
-        r#"prefixlog_facade_requests_total{code="OK",protocol="dynamo-http",rpc="workers",shard="all"} 6"#;
+        r#"prefixlog_facade_requests_total{code="OK",protocol="dynamo-http",rpc="workers",shard="all"} 7"#;
     assert!(text.contains(ok), "{text}");
 }

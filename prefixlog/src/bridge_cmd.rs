@@ -65,7 +65,10 @@ pub struct Args {
     /// Tokens per block; stored events whose token count does not tile it are refused.
     #[arg(long, env = "PREFIXLOG_BRIDGE_BLOCK_SIZE")]
     pub block_size: u32,
-    /// Canonical hash scheme of the keyspace.
+    /// Hash scheme of the keyspace: 1, prefixlog's chained XXH3 (the default); 2, Dynamo's
+    /// position-free block hash (what `python -m dynamo.indexer` and the HTTP facade's
+    /// `/query_by_hash` use; stores with multimodal or cache-salt keys are then refused,
+    /// counted as `scheme_keys`).
     #[arg(long, env = "PREFIXLOG_BRIDGE_HASH_SCHEME", default_value_t = scheme::SCHEME_XXH3_CHAINED)]
     pub hash_scheme: u32,
     /// Publish worker-removed for every worker on a clean shutdown (Ctrl-C / SIGTERM).
@@ -194,7 +197,11 @@ pub fn engines(a: &Args) -> anyhow::Result<(Vec<EngineSpec>, BTreeMap<u64, Strin
 
 pub async fn run(a: Args) -> anyhow::Result<()> {
     let (engines, serving_urls) = engines(&a)?;
-    anyhow::ensure!(scheme::is_known(a.hash_scheme), "unknown hash scheme {}", a.hash_scheme);
+    anyhow::ensure!(
+        bridge::scheme::is_supported(a.hash_scheme),
+        "hash scheme {} is not one the bridge hashes stored blocks in (1: prefixlog's chain, 2: Dynamo's block hash)",
+        a.hash_scheme
+    );
     anyhow::ensure!(a.block_size > 0, "--block-size must be positive");
     let brokers = a.kafka.require_brokers("bridge")?;
     let publisher = Publisher::connect(&a.kafka.spec(&brokers)?).await?;

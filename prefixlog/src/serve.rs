@@ -146,11 +146,13 @@ pub struct SglArgs {
     /// policy.
     #[arg(long, env = "PREFIXLOG_SMG_RADIX_INDEX")]
     pub smg_radix_index: bool,
-    /// Serve the query side of Dynamo's standalone KV indexer HTTP API (`POST /query`,
-    /// `POST /query_by_hash`, `GET /workers`, `GET /health`) on this address, e.g. 0.0.0.0:8090
-    /// (docs/compat/dynamo-mooncake-http.md). Plain HTTP without authentication, even when the
-    /// query port runs mTLS: it only reads, but bind it to a private address or put it behind a
-    /// proxy.
+    /// Serve Dynamo's standalone KV indexer HTTP API (`python -m dynamo.indexer`: `/query`,
+    /// `/query_by_hash`, `/workers`, `/register`, `/unregister`, `/dump`, ...) on this address,
+    /// e.g. 0.0.0.0:8090 (docs/compat/dynamo-mooncake-http.md). `/register` makes this replica
+    /// subscribe to the engine and write its events to the log (run it with a stable
+    /// --replica-id: the registrations it accepted are its own to feed, also after a restart).
+    /// Plain HTTP without authentication, even when the query port runs mTLS: bind it to a
+    /// private address or put it behind a proxy that authenticates.
     #[arg(long, env = "PREFIXLOG_HTTP_INDEXER_ADDR")]
     pub http_indexer_addr: Option<std::net::SocketAddr>,
     /// The JSON the --http-indexer-addr port speaks, fixed at start (never guessed per
@@ -179,8 +181,12 @@ impl SglArgs {
             exts.0.push(Arc::new(prefixlog_facades::smg::SmgExtension::new(log.clone())));
         }
         if let Some(addr) = self.http_indexer_addr {
-            let http =
+            let mut http =
                 prefixlog_facades::http::HttpIndexerExtension::bind(addr)?.with_dialect(self.http_dialect);
+            if self.http_dialect == prefixlog_facades::http::Dialect::Dynamo {
+                // `/register`: the replica subscribes to engines and writes their events itself.
+                http = http.with_publisher(prefixlog_ingest::Publisher::new(spec)?);
+            }
             exts.0.push(Arc::new(http));
         }
         Ok(exts)

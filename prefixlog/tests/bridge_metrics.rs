@@ -53,7 +53,8 @@ async fn the_bridge_exposition_follows_conventions() {
     let bridge: Vec<&String> = fams.keys().filter(|n| n.starts_with("prefixlog_bridge_")).collect();
     assert_eq!(bridge.len(), 15, "{bridge:#?}");
     for (family, label, values) in [
-        ("prefixlog_bridge_events_refused_total", "reason", 8),
+        ("prefixlog_bridge_events_refused_total", "reason", 13),
+        ("prefixlog_bridge_resets_total", "reason", 2),
         ("prefixlog_bridge_messages_skipped_total", "reason", 2),
         ("prefixlog_bridge_replays_total", "outcome", 2),
         ("prefixlog_bridge_batches_total", "outcome", 3),

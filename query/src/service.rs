@@ -113,6 +113,20 @@ impl QueryService {
         &self.cfg
     }
 
+    /// The same service (replica, metrics, stream bound) with another prompt limit, for a
+    /// facade whose upstream accepts longer prompts than `prefixlog.v1` does (the Dynamo HTTP
+    /// facade: whatever fits in its 8 MiB body). The limit bounds the hashing of a prompt;
+    /// the engine's walk stops at the first block no holder holds.
+    pub fn with_max_blocks(&self, max_blocks: usize) -> Self {
+        let cfg = QueryConfig { max_blocks, ..(*self.cfg).clone() };
+        Self {
+            view: self.view.clone(),
+            cfg: Arc::new(cfg),
+            streams: self.streams.clone(),
+            metrics: self.metrics.clone(),
+        }
+    }
+
     /// The replica this service answers from (for the services hosted next to it).
     pub fn view(&self) -> &ReplicaView {
         &self.view

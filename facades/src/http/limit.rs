@@ -112,6 +112,10 @@ fn route_label(path: &str) -> &'static str {
         "/query" => "query",
         "/query_by_hash" => "query_by_hash",
         "/workers" => "workers",
+        "/register" => "register",
+        "/unregister" => "unregister",
+        "/dump" => "dump",
+        "/register_peer" | "/deregister_peer" | "/peers" => "peers",
         _ => "other",
     }
 }

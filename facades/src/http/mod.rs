@@ -1,26 +1,40 @@
 //! The HTTP indexer API of Dynamo's standalone KV indexer (`python -m dynamo.indexer`) or, behind
 //! a flag, of Mooncake's conductor indexer, served on a port of its own
-//! (docs/compat/dynamo-mooncake-http.md, "Served by prefixlog").
+//! (docs/compat/dynamo-mooncake-http.md, "Served by prefixlog"). The dialect is chosen when the
+//! server starts ([`Dialect`]), never guessed per request: the two disagree on field names and
+//! shapes.
 //!
-//! The query side only: `POST /query`, `POST /query_by_hash`, `GET /workers`, `GET /health`,
-//! what a router asks. Writes go through `prefixlog bridge`, so `/register`, `/unregister`,
-//! `/dump` and peers are not served. The dialect is chosen when the server starts
-//! ([`Dialect`]), never guessed per request: the two disagree on field names and shapes.
+//! The Dynamo dialect answers every route of upstream's server as upstream does (checked
+//! request for request against ai-dynamo-runtime 1.6.1 by `tests/upstream/test_dynamo_http.py`):
+//! `/query`, `/query_by_hash`, `/workers`, `/register`, `/unregister`, `/dump`, the peer routes,
+//! `/reopen_logs` and `/health`, with upstream's status codes, bodies and body rejections
+//! (axum's `Json` extractor, as upstream's). The Mooncake dialect serves `/query`, `/workers`
+//! and `/health`, and answers 501 to `/query_by_hash`.
 //!
 //! - [`wire`]: Dynamo's JSON bodies, field for field from its server (Apache-2.0), and the
 //!   mapping of per-holder depths to its score response (pure).
+//! - [`dynamo`]: Dynamo's `/query` and `/query_by_hash`: the indexer a `(model, routing
+//!   group)` names, its keyspaces, the match and its tiers.
+//! - [`registration`], [`register`], [`listeners`]: `/register` and `/unregister` written to
+//!   the log, and the engine subscriptions the registrar replica runs for them.
+//! - [`workers`]: `GET /workers` in Dynamo's shape, from the workers' recorded metadata.
+//! - [`dump`]: `GET /dump`, the index as Dynamo's router events.
 //! - [`mooncake`]: Mooncake's `/query` JSON, field for field from its design doc (Apache-2.0),
 //!   and the mapping of per-holder depths to its per-tenant, per-instance answer (pure).
-//! - [`workers`]: `GET /workers` in Dynamo's shape, from the workers' recorded metadata.
-//! - [`reader`]: keyspace resolution, worker filtering (routing group, tenant, instance) and the
-//!   query through `QueryService::answer`; its typed errors carry their HTTP status.
+//! - [`reader`]: readiness, typed errors with their HTTP status, the match through
+//!   `QueryService::answer`, Mooncake's `/query`.
 //! - [`limit`]: the bounds on requests in flight (429 over it) and time per request (504).
-//! - [`server`]: the axum router (body limit, bounds, metrics) and [`HttpIndexerExtension`],
+//! - [`server`]: the axum router (body limits, bounds, metrics) and [`HttpIndexerExtension`],
 //!   which serves it on its own port for the lifetime of a replica.
 
+pub mod dump;
+pub mod dynamo;
 pub mod limit;
+pub mod listeners;
 pub mod mooncake;
 pub mod reader;
+pub mod register;
+pub mod registration;
 pub mod server;
 pub mod wire;
 pub mod workers;
@@ -31,11 +45,15 @@ pub use server::HttpIndexerExtension;
 pub const PROTOCOL: &str = "dynamo-http";
 /// The `protocol` label of this facade's metrics in the Mooncake dialect.
 pub const PROTOCOL_MOONCAKE: &str = "mooncake-http";
-/// Largest request body (upstream's limit on `/query`): larger ones are 413 before parsing.
+/// Largest request body of `/query` and `/query_by_hash` (upstream's limit on both): larger
+/// ones are 413 before parsing. Upstream's other routes take axum's default, 2 MiB.
 pub const MAX_BODY_BYTES: usize = 8 << 20;
+/// Most blocks a prompt may have: every token or hash of a body costs at least two bytes of
+/// JSON, so nothing upstream accepts is refused for its length.
+pub const MAX_PROMPT_BLOCKS: usize = MAX_BODY_BYTES / 2;
 /// The keyspace scheme `/query_by_hash` answers from: Dynamo's position-free XXH3 block hashes
 /// (seed 1337), the same hash as SMG's `content_hash` (docs/compat/README.md, "Hash schemes").
-pub const HASH_SCHEME_DYNAMO_BLOCK: u32 = 2;
+pub const HASH_SCHEME_DYNAMO_BLOCK: u32 = prefixlog_engine::scheme::SCHEME_DYNAMO_BLOCK;
 /// Workers without a `routing_group` metadata entry are in Dynamo's default group.
 pub const DEFAULT_ROUTING_GROUP: &str = "default";
 /// The worker metadata key a worker's routing group is read from.

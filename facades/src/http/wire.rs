@@ -1,35 +1,91 @@
 //! Dynamo's standalone-indexer JSON, written field for field from its axum server
-//! (github.com/ai-dynamo/dynamo, Apache-2.0; docs/compat/dynamo-mooncake-http.md), and the
+//! (github.com/ai-dynamo/dynamo, `lib/kv-router/src/services/indexer/server.rs`, Apache-2.0;
+//! checked against ai-dynamo-runtime 1.6.1 by `tests/upstream/test_dynamo_http.py`), and the
 //! mapping of the replica's per-holder depths onto its score response.
+//!
+//! The request structs keep upstream's field order, defaults and struct names: axum's `Json`
+//! extractor words a rejected body after them (`missing field`, `invalid type` with the path,
+//! `expected struct QueryRequest with 6 elements`), so a client sees the same 422 text.
 
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-/// `POST /query`. Unknown fields (`tenant_id`, ...) are ignored, as upstream ignores them.
+/// Upstream's `default_routing_group` (also the default of `tenant_id`).
+fn default_group() -> String {
+    super::DEFAULT_ROUTING_GROUP.to_string()
+}
+
+/// `POST /query`. Unknown fields are ignored, as upstream ignores them; `tenant_id` is read
+/// (a non-string is refused as upstream refuses it) and not used.
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 pub struct QueryRequest {
     pub token_ids: Vec<u32>,
     pub model_name: String,
-    #[serde(default)]
-    pub routing_group: Option<String>,
+    #[serde(default = "default_group")]
+    pub routing_group: String,
+    #[serde(default = "default_group")]
+    pub tenant_id: String,
     #[serde(default)]
     pub lora_name: Option<String>,
+    /// Dynamo's cache namespace: part of the seed of every block's hash.
     #[serde(default)]
     pub cache_salt: Option<String>,
 }
 
 /// `POST /query_by_hash`: position-free block hashes, already computed (i64 on the wire).
-#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 pub struct QueryByHashRequest {
     pub block_hashes: Vec<i64>,
     pub model_name: String,
-    #[serde(default)]
-    pub routing_group: Option<String>,
+    #[serde(default = "default_group")]
+    pub routing_group: String,
+    #[serde(default = "default_group")]
+    pub tenant_id: String,
     /// Must be absent or null: hashes already computed cannot be salted (upstream: 400).
     #[serde(default)]
-    pub cache_salt: Option<serde_json::Value>,
+    pub cache_salt: Option<String>,
+}
+
+/// `POST /register`: subscribe to an engine's KV-event stream (one dp rank of an instance).
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+pub struct RegisterRequest {
+    pub instance_id: u64,
+    pub endpoint: String,
+    pub model_name: String,
+    #[serde(default = "default_group")]
+    pub routing_group: String,
+    #[serde(default = "default_group")]
+    pub tenant_id: String,
+    pub block_size: u32,
+    #[serde(default)]
+    pub dp_rank: Option<u32>,
+    #[serde(default)]
+    pub replay_endpoint: Option<String>,
+    /// Mooncake RFC #1403's `additionalsalt`: accepted and not used, as upstream.
+    #[serde(default, alias = "additionalsalt", rename = "additional_salt")]
+    pub additional_salt: Option<String>,
+}
+
+/// `POST /unregister`: without `routing_group` the instance is removed whatever its group (and
+/// `dp_rank` is not read); with it, one rank when `dp_rank` is given, else every rank.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+pub struct UnregisterRequest {
+    pub instance_id: u64,
+    pub model_name: String,
+    #[serde(default)]
+    pub routing_group: Option<String>,
+    #[serde(default)]
+    pub tenant_id: Option<String>,
+    #[serde(default)]
+    pub dp_rank: Option<u32>,
+}
+
+/// `POST /register_peer`, `POST /deregister_peer`.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+pub struct PeerRequest {
+    pub url: String,
 }
 
 /// One instance's counts in tokens (Mooncake RFC #1403 alignment on Dynamo's side).
@@ -45,39 +101,51 @@ pub struct InstanceCounts {
 /// The answer of `/query` and `/query_by_hash`. Map keys are decimal strings on the wire.
 #[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
 pub struct ScoreResponse {
-    /// Device tier, instance → dp rank → tokens (upstream's legacy field).
+    /// Device tier, instance → dp rank → tokens, matched ranks only (upstream's legacy field).
     pub scores: BTreeMap<u64, BTreeMap<u32, u64>>,
-    /// Upstream's `OverlapScores.frequencies`: prefixlog has no equivalent, always empty.
+    /// Upstream's `OverlapScores.frequencies`, which its standalone indexer leaves empty.
     pub frequencies: Vec<u64>,
     pub instances: BTreeMap<u64, InstanceCounts>,
 }
 
-/// A holder the answer lists: `(worker, dp_rank)` of the keyspace's GPU lane.
+/// A holder the answer lists: `(worker, dp_rank)` of the keyspace's lane 0.
 pub type Holder = (u64, u32);
 
-/// The score response of `holders` (each listed, with 0 unless matched) given each matched
-/// holder's contiguous depth in blocks. Depths of holders not listed are dropped (another
-/// routing group). This dialect asks for the GPU tier only (`crate::GPU_ONLY`), so `cpu`
-/// and `disk`, which upstream defines as cumulative over `gpu`, equal `gpu`: never more than
-/// what was asked.
-pub fn score_response(holders: &[Holder], depths: &[(Holder, u32)], block_size: u32) -> ScoreResponse {
-    let mut scores: BTreeMap<u64, BTreeMap<u32, u64>> = BTreeMap::new();
-    for &(w, dp) in holders {
-        scores.entry(w).or_default().insert(dp, 0);
+/// One holder's matched prefix, in blocks: on the GPU; on the GPU or in host memory; on any
+/// tier (GPU, host, disk, external). Upstream's `gpu`, `cpu` and `disk` (cumulative).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TierDepths {
+    pub gpu: u32,
+    pub cpu: u32,
+    pub disk: u32,
+}
+
+impl TierDepths {
+    /// The larger of each depth (the same holder matched in two keyspaces of the indexer).
+    pub fn max(self, o: Self) -> Self {
+        Self { gpu: self.gpu.max(o.gpu), cpu: self.cpu.max(o.cpu), disk: self.disk.max(o.disk) }
     }
-    for &((w, dp), depth) in depths {
-        if let Some(t) = scores.get_mut(&w).and_then(|m| m.get_mut(&dp)) {
-            *t = (*t).max(u64::from(depth) * u64::from(block_size));
+}
+
+/// The score response of the matched holders, as upstream builds it: a holder matching
+/// nothing on any tier is not listed; `scores` lists the ranks with a GPU match; an instance's
+/// `dp` lists every listed rank's GPU tokens, `gpu`, `cpu` and `disk` are the best rank's, and
+/// `longest_matched` the largest of the three.
+pub fn score_response(depths: &[(Holder, TierDepths)], block_size: u32) -> ScoreResponse {
+    let tokens = |blocks: u32| u64::from(blocks) * u64::from(block_size);
+    let mut r = ScoreResponse::default();
+    for &((w, dp), d) in depths.iter().filter(|(_, d)| d.disk.max(d.cpu).max(d.gpu) > 0) {
+        if d.gpu > 0 {
+            r.scores.entry(w).or_default().insert(dp, tokens(d.gpu));
         }
+        let i = r.instances.entry(w).or_default();
+        i.dp.insert(dp, tokens(d.gpu));
+        i.gpu = i.gpu.max(tokens(d.gpu));
+        i.cpu = i.cpu.max(tokens(d.cpu));
+        i.disk = i.disk.max(tokens(d.disk));
+        i.longest_matched = i.gpu.max(i.cpu).max(i.disk);
     }
-    let instances = scores
-        .iter()
-        .map(|(&w, dp)| {
-            let gpu = dp.values().copied().max().unwrap_or(0);
-            (w, InstanceCounts { longest_matched: gpu, gpu, dp: dp.clone(), cpu: gpu, disk: gpu })
-        })
-        .collect();
-    ScoreResponse { scores, frequencies: Vec::new(), instances }
+    r
 }
 
 /// Upstream's error body: `{"error": "..."}`.
@@ -94,54 +162,81 @@ pub(super) fn json<T: Serialize>(status: StatusCode, body: &T) -> Response {
     }
 }
 
+/// `{"status": "ok"}` with `status`, upstream's answer to a write that succeeded.
+pub(super) fn ok(status: StatusCode) -> Response {
+    json(status, &serde_json::json!({"status": "ok"}))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
 
+    fn d(gpu: u32, cpu: u32, disk: u32) -> TierDepths {
+        TierDepths { gpu, cpu, disk }
+    }
+
     #[test]
-    fn counts_are_tokens_per_rank_and_unmatched_holders_are_zeros() {
-        let holders = [(1, 0), (1, 1), (2, 1)];
-        let r = score_response(&holders, &[((1, 0), 3), ((1, 1), 2)], 16);
+    fn counts_are_tokens_per_rank_and_unmatched_holders_are_left_out() {
+        let depths = [((1, 0), d(3, 3, 3)), ((1, 1), d(2, 2, 2)), ((2, 1), d(0, 0, 0))];
+        assert_eq!(
+            serde_json::to_value(score_response(&depths, 16)).unwrap(),
+            json!({
+                "scores": {"1": {"0": 48, "1": 32}},
+                "frequencies": [],
+                "instances": {
+                    "1": {"longest_matched": 48, "gpu": 48, "dp": {"0": 48, "1": 32}, "cpu": 48, "disk": 48}
+                }
+            })
+        );
+    }
+
+    /// A rank matching only off the GPU is an instance (with 0 GPU tokens) but no score, as
+    /// upstream's instances take every worker any tier matched and its scores the device's.
+    #[test]
+    fn lower_tiers_are_cumulative_and_list_the_instance_without_a_score() {
+        let r = score_response(&[((7, 0), d(1, 3, 4)), ((8, 2), d(0, 2, 2))], 4);
         assert_eq!(
             serde_json::to_value(&r).unwrap(),
             json!({
-                "scores": {"1": {"0": 48, "1": 32}, "2": {"1": 0}},
+                "scores": {"7": {"0": 4}},
                 "frequencies": [],
                 "instances": {
-                    "1": {"longest_matched": 48, "gpu": 48, "dp": {"0": 48, "1": 32}, "cpu": 48, "disk": 48},
-                    "2": {"longest_matched": 0, "gpu": 0, "dp": {"1": 0}, "cpu": 0, "disk": 0}
+                    "7": {"longest_matched": 16, "gpu": 4, "dp": {"0": 4}, "cpu": 12, "disk": 16},
+                    "8": {"longest_matched": 8, "gpu": 0, "dp": {"2": 0}, "cpu": 8, "disk": 8}
                 }
             })
         );
     }
 
     #[test]
-    fn depths_of_holders_not_listed_are_dropped() {
-        let r = score_response(&[(2, 0)], &[((1, 0), 5), ((2, 1), 5)], 4);
-        assert_eq!(r.instances.keys().copied().collect::<Vec<_>>(), vec![2]);
-        assert_eq!(r.instances[&2].gpu, 0);
-    }
-
-    #[test]
-    fn nothing_held_is_empty_maps() {
-        let v = serde_json::to_value(score_response(&[], &[], 16)).unwrap();
+    fn nothing_matched_is_empty_maps() {
+        let v = serde_json::to_value(score_response(&[], 16)).unwrap();
         assert_eq!(v, json!({"scores": {}, "frequencies": [], "instances": {}}));
     }
 
     #[test]
-    fn requests_read_upstream_field_names_and_ignore_tenant() {
+    fn requests_read_upstream_fields_and_defaults() {
         let q: QueryRequest = serde_json::from_value(json!({
-            "token_ids": [1, 2, 3], "model_name": "m", "lora_name": "a", "tenant_id": "t"
+            "token_ids": [1, 2, 3], "model_name": "m", "lora_name": "a", "extra": 1
         }))
         .unwrap();
-        assert_eq!(q.token_ids, vec![1, 2, 3]);
-        assert_eq!((q.lora_name.as_deref(), q.routing_group, q.cache_salt), (Some("a"), None, None));
+        assert_eq!((q.routing_group.as_str(), q.tenant_id.as_str()), ("default", "default"));
+        assert_eq!((q.lora_name.as_deref(), q.cache_salt), (Some("a"), None));
         let h: QueryByHashRequest =
             serde_json::from_value(json!({"block_hashes": [-1, 7], "model_name": "m", "cache_salt": null}))
                 .unwrap();
-        assert_eq!(h.block_hashes, vec![-1, 7]);
-        assert_eq!(h.cache_salt, None, "null is absent");
-        assert!(serde_json::from_value::<QueryRequest>(json!({"model_name": "m"})).is_err());
+        assert_eq!((h.block_hashes, h.cache_salt), (vec![-1, 7], None), "null is absent");
+        let r: RegisterRequest = serde_json::from_value(json!({
+            "instance_id": 3, "endpoint": "tcp://h:1", "model_name": "m", "block_size": 16,
+            "additionalsalt": "s"
+        }))
+        .unwrap();
+        assert_eq!((r.dp_rank, r.additional_salt.as_deref()), (None, Some("s")));
+        // Upstream refuses a null group (a String with a default), and names the path.
+        let e = serde_json::from_value::<QueryRequest>(
+            json!({"token_ids": [], "model_name": "m", "routing_group": null}),
+        );
+        assert!(e.unwrap_err().to_string().contains("expected a string"));
     }
 }

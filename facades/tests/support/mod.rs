@@ -35,6 +35,26 @@ pub async fn http(addr: SocketAddr, method: &str, path: &str, body: Option<Value
     (status, serde_json::from_str(payload).unwrap_or(Value::String(payload.into())))
 }
 
+/// One raw HTTP/1.1 request (`head` without the final blank line, `body` as is) on a fresh
+/// connection: (status, content type, body text).
+pub async fn raw(addr: SocketAddr, head: &str, body: &[u8]) -> (u16, String, String) {
+    let head =
+        format!("{head}\r\nHost: {addr}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    s.write_all(head.as_bytes()).await.unwrap();
+    let _ = s.write_all(body).await;
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).await.unwrap();
+    let text = String::from_utf8(out).expect("utf-8 response");
+    let (head, payload) = text.split_once("\r\n\r\n").expect("a header block");
+    let status = head.split(' ').nth(1).and_then(|c| c.parse().ok()).expect("a status line");
+    let ctype = head
+        .lines()
+        .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-type: ").map(str::to_string))
+        .unwrap_or_default();
+    (status, ctype, payload.to_string())
+}
+
 /// `request` once the replica is ready: readiness is a state, not a time, so it is asked until
 /// the answer is not 503 (a bounded number of tries, so a replica that never gets ready fails
 /// the test instead of hanging it); that answer.
@@ -61,14 +81,23 @@ pub struct Served {
 pub async fn serve(topic: &str, partitions: u32, dialect: Dialect) -> Served {
     let kafka = EmbeddedKafka::start(topic, partitions).unwrap();
     let spec = LogSpec::new(KafkaConnection::new(kafka.bootstrap_servers()), topic, partitions);
-    let ext = HttpIndexerExtension::bind("127.0.0.1:0".parse().unwrap()).unwrap().with_dialect(dialect);
+    let (node, addr) = replica(&spec, "a", dialect).await;
+    Served { spec, node, addr, _kafka: kafka }
+}
+
+/// A replica `id` of every partition of `spec` serving the facade in `dialect` (Dynamo's with
+/// a producer: `/register` is served).
+pub async fn replica(spec: &LogSpec, id: &str, dialect: Dialect) -> (ReplicaNode, SocketAddr) {
+    let mut ext = HttpIndexerExtension::bind("127.0.0.1:0".parse().unwrap()).unwrap().with_dialect(dialect);
+    if dialect == Dialect::Dynamo {
+        ext = ext.with_publisher(prefixlog_ingest::Publisher::new(spec).unwrap());
+    }
     let addr = ext.addr();
     let opts = NodeOptions {
-        replica_id: "a".into(),
+        replica_id: id.into(),
         ready_lag: 0,
         extensions: Extensions(vec![Arc::new(ext)]),
         ..Default::default()
     };
-    let node = ReplicaNode::start(spec.clone(), opts).await.unwrap();
-    Served { spec, node, addr, _kafka: kafka }
+    (ReplicaNode::start(spec.clone(), opts).await.unwrap(), addr)
 }
