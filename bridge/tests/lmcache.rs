@@ -318,3 +318,31 @@ fn what_a_restart_carries_over_is_bounded_and_gds_is_the_disk_tier() {
         (1, 1)
     );
 }
+
+/// A bridge restarted on a topic that no longer starts where an earlier run read: what it
+/// rebuilt may lack chunks the earlier run credited (a delete of one would publish nothing).
+/// `start_over` makes the instance's next batch clear it through the log, so it is exact again
+/// and never left gapped.
+#[test]
+fn starting_over_clears_what_an_earlier_run_may_have_credited() {
+    let (p, q) = (prompt(10, 3), prompt(900, 1));
+    // The earlier run credited chunks 0..3 (seq 1) and q (seq 2); retention deleted seq 1 since.
+    let mut earlier = Rig::new();
+    earlier.offer(&record("a", 100, 1, "store", "l1", "dram", entries(&p, 0..3, 1, 0, "")));
+    let seq2 = record("a", 100, 2, "store", "l1", "dram", entries(&q, 0..1, 1, 0, ""));
+    earlier.offer(&seq2);
+    let mut r = Rig { t: Translator::new(Config::new(CS as u32), LmMetrics::default()), ..earlier };
+    // The restarted bridge reads the topic from seq 2: its translation (a gap, to this fresh
+    // bridge) is a duplicate to the replica, so its clear changes nothing there.
+    r.offer(&seq2);
+    assert_eq!(r.outcomes.last(), Some(&Outcome::Duplicate));
+    assert_eq!(r.of("a", &p, "").unwrap().0, 3, "still credited");
+    // Caught up: the next batch, a live delete of chunk 2 it never saw stored, starts over.
+    r.t.start_over("a");
+    let out = r.offer(&record("a", 100, 3, "delete", "l1", "dram", entries(&p, 2..3, 1, 0, "")));
+    assert_eq!(out[0].records[0].ops.first(), Some(&KvOp::Cleared { lane: 0 }));
+    assert_eq!(r.of("a", &p, ""), None, "the earlier run's chunks are cleared");
+    assert_eq!(r.outcomes.last(), Some(&Outcome::Applied));
+    r.offer(&record("a", 100, 4, "store", "l1", "dram", entries(&q, 0..1, 1, 0, "")));
+    assert_eq!(r.of("a", &q, ""), Some((1, vec![(Tier::Host, 1)], false)), "exact again, not gapped");
+}

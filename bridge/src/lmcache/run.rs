@@ -68,7 +68,7 @@ pub async fn run(
     }
     let newest = catch_up(&consumer, &tpl, &starts, &ends, &mut stop).await.map_err(err)?;
     for (p, _) in starts.iter().enumerate().filter(|(_, &s)| s > 0) {
-        tracing::warn!(topic = %source.topic, partition = p, start = starts[p], "lmcache bridge: the topic no longer starts at offset 0: its instances' records are published with gap_before until the first one after start (replicas mark them gapped until a gap clear or a restart of the instance)");
+        tracing::warn!(topic = %source.topic, partition = p, start = starts[p], "lmcache bridge: the topic no longer starts at offset 0: each of its instances is cleared through the log on its first batch after the catch-up and starts over (an earlier run may have credited chunks this one never read)");
     }
     let mut marks = std::collections::BTreeSet::new();
     consumer.assign(&tpl).map_err(err)?;
@@ -178,25 +178,30 @@ struct Ctx<'a> {
     newest: Option<&'a BTreeMap<String, u64>>,
     /// The record's partition no longer starts at offset 0: the bridge's state of its
     /// instances may lack chunks an earlier bridge published (a delete of one would publish
-    /// nothing), so their records are flagged `gap_before` through the catch-up and the first
-    /// record after it (`marks`: instances still to flag).
+    /// nothing), so each instance met during the catch-up starts over on its first batch after
+    /// it (`marks`: instances met; [`Translator::start_over`]).
     truncated: bool,
-    marks: &'a mut std::collections::BTreeSet<String>,
+    marks: &'a mut std::collections::BTreeSet<(i32, String)>,
 }
 
 async fn handle(t: &mut Translator, publisher: &Publisher, value: &[u8], at: (i32, i64), ctx: Ctx<'_>) {
+    if ctx.newest.is_none() {
+        // This partition is caught up: every instance met in its catch-up starts over on its
+        // next batch (an instance's batches are all in one partition, keyed by its id).
+        let met: Vec<(i32, String)> = ctx.marks.iter().filter(|(p, _)| *p == at.0).cloned().collect();
+        for m in met {
+            t.start_over(&m.1);
+            ctx.marks.remove(&m);
+        }
+    }
     match t.offer_record(value) {
         Ok(outputs) => {
             for mut o in outputs {
                 if ctx.newest.is_some_and(|n| !is_current(&o, n)) {
                     o.records.clear();
                 }
-                let catching_up = ctx.newest.is_some();
-                if ctx.truncated && (catching_up || ctx.marks.remove(&o.instance)) {
-                    o.records.iter_mut().for_each(|r| r.gap_before = true);
-                    if catching_up {
-                        ctx.marks.insert(o.instance.clone());
-                    }
+                if ctx.truncated && ctx.newest.is_some() {
+                    ctx.marks.insert((at.0, o.instance.clone()));
                 }
                 publish(t.metrics(), publisher, o).await;
             }

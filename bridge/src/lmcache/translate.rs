@@ -87,6 +87,8 @@ struct Instance {
     cursor: Option<Cursor>,
     table: ChunkTable,
     feeds: Vec<Feed>,
+    /// The next admitted batch is translated as a gap (see [`Translator::start_over`]).
+    start_over: bool,
 }
 
 pub struct Translator {
@@ -137,12 +139,19 @@ impl Translator {
             announce = Some((worker, meta));
             self.instances.insert(
                 b.instance_id.clone(),
-                Instance { worker, cursor: None, table: ChunkTable::new(limits), feeds: Vec::new() },
+                Instance {
+                    worker,
+                    cursor: None,
+                    table: ChunkTable::new(limits),
+                    feeds: Vec::new(),
+                    start_over: false,
+                },
             );
         }
         let inst = self.instances.get_mut(&b.instance_id).expect("inserted");
         let (incarnation, seq) = (b.incarnation as u64, b.seq as u64);
         let admit = match gate::offer(&mut inst.cursor, incarnation, seq) {
+            Verdict::Admit(a) if std::mem::take(&mut inst.start_over) => Admit { gap: true, ..a },
             Verdict::Admit(a) => a,
             Verdict::Duplicate => {
                 LmMetrics::inc(&m.batches, "duplicate");
@@ -156,6 +165,18 @@ impl Translator {
         LmMetrics::inc(&m.batches, "admitted");
         let records = inst.translate(b, admit, &self.cfg, &m);
         Some(Output { instance: b.instance_id.clone(), incarnation, announce, records })
+    }
+}
+
+impl Translator {
+    /// Makes the instance's next admitted batch clear every feed of the instance before its own
+    /// events, as a gap does: what the bridge knows of it may lack chunks an earlier run
+    /// credited (the topic no longer starts where that run read), so a later delete of one would
+    /// publish nothing. Cleared, the instance is exact again and never left gapped.
+    pub fn start_over(&mut self, instance: &str) {
+        if let Some(inst) = self.instances.get_mut(instance) {
+            inst.start_over = true;
+        }
     }
 }
 
