@@ -9,15 +9,19 @@ echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 echo "==> cargo clippy (workspace, all targets, -D warnings)"
 cargo clippy --workspace --all-targets -- -D warnings
+# ZeroMQ is the bridge's own ZMTP client (bridge/src/zmtp/): linking ZeroMQ means depending on
+# prefixlog-bridge (or on a ZeroMQ crate, which nothing should).
 echo "==> the gateway client links no Kafka, ZeroMQ or RocksDB (cargo tree -p prefixlog-client)"
-if cargo tree -p prefixlog-client | grep -qE 'rdkafka|zeromq|zmq|rocksdb'; then echo "error: prefixlog-client depends on rdkafka, zeromq or rocksdb" >&2; exit 1; fi
+if cargo tree -p prefixlog-client | grep -qE 'rdkafka|prefixlog-bridge|zeromq|zmq|rocksdb'; then
+  echo "error: prefixlog-client depends on rdkafka, the bridge (ZeroMQ) or rocksdb" >&2; exit 1
+fi
 # Only the Kafka edge (ingest), the bridge (ZeroMQ), node and the binary may link Kafka or
 # ZeroMQ; the layers above the deterministic core reach the log through prefixlog_state::log.
 echo "==> only ingest, bridge, node and the binary link Kafka or ZeroMQ (cargo tree -e normal)"
 for crate in ids proto state engine workload checkpoint query peer audit facades client; do
   deps="$(cargo tree -e normal -p "prefixlog-$crate")"  # fails the run if the crate is gone
-  if grep -qE 'rdkafka|zeromq' <<<"$deps"; then
-    echo "error: prefixlog-$crate depends on rdkafka or zeromq" >&2; exit 1
+  if grep -qE 'rdkafka|prefixlog-bridge|zeromq|zmq' <<<"$deps"; then
+    echo "error: prefixlog-$crate depends on rdkafka or ZeroMQ (prefixlog-bridge)" >&2; exit 1
   fi
 done
 # The deterministic core holds no async runtime or metrics (a running replica's status is the

@@ -26,17 +26,19 @@
 //!   names the worker for gateways ([`worker_metadata`]): its serving URL
 //!   ([`META_SERVING_URL`]), pod ([`META_POD`]) and the ZeroMQ endpoints it is fed from
 //!   ([`META_KV_EVENTS`]), returned by `ListWorkers`.
-//! - Reconnects: the pure-Rust `zeromq` crate's SUB socket does not report a lost peer, so a
-//!   subscription silent for `idle_reconnect` is re-established (a restarted engine is found
-//!   again; messages lost meanwhile are a sequence gap, handled as above).
+//! - Transport: this crate's own bounded ZMTP 3.x client ([`zmtp`]: SUB for the events, DEALER
+//!   for replay; no libzmq). No frame header makes it reserve more than `max_frame_bytes`; a
+//!   peer over a cap, breaking the protocol or not answering heartbeats loses its connection,
+//!   counted by why, and the stream reconnects with back-off ([`subscribe`]); messages lost
+//!   meanwhile are a sequence gap, handled as above. A subscription silent for
+//!   `idle_reconnect` is also re-established (a fallback: heartbeats find a dead peer first).
 //!
-//! Transport: the `zeromq` crate (tokio, no libzmq); the replay request is in [`replay`].
-//!
-//! Modules: [`wire`] (message decoding), [`session`] (sequence policy and translation),
-//! [`namespace`] (extra keys), [`engines`] (several engine streams, feed claims), [`naming`]
-//! (worker ids and metadata), [`replay`] (asking an engine for missed messages), [`scheme`]
-//! (hash schemes), [`metrics`]; [`lmcache`] is the LMCache bridge (LMCache's Kafka cache-event
-//! stream → records).
+//! Modules: [`zmtp`] (the transport), [`subscribe`] (the stream's connection), [`wire`]
+//! (message decoding), [`session`] (sequence policy and translation), [`namespace`] (extra
+//! keys), [`engines`] (several engine streams, feed claims), [`naming`] (worker ids and
+//! metadata), [`replay`] (asking an engine for missed messages), [`scheme`] (hash schemes),
+//! [`metrics`]; [`lmcache`] is the LMCache bridge (LMCache's Kafka cache-event stream →
+//! records).
 
 pub mod engines;
 pub mod lmcache;
@@ -46,7 +48,9 @@ pub mod naming;
 pub mod replay;
 pub mod scheme;
 pub mod session;
+pub mod subscribe;
 pub mod wire;
+pub mod zmtp;
 
 use bytes::Bytes;
 use metrics::BridgeMetrics;
@@ -63,7 +67,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
-use zeromq::{Socket, SocketRecv, SubSocket};
 
 /// One engine stream.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -103,6 +106,14 @@ pub struct BridgeOptions {
     /// Most bytes one replay answer may bring (frames of every message together); past it the
     /// replay fails and the stream starts over.
     pub max_replay_bytes: usize,
+    /// Most bytes of one ZeroMQ frame (a message: this plus [`zmtp::codec::MESSAGE_ROOM`]);
+    /// a peer declaring more loses its connection before anything is reserved.
+    pub max_frame_bytes: usize,
+    /// Send a heartbeat (ZMTP 3.1 PING) after this long without traffic (zero: never).
+    pub heartbeat_interval: Duration,
+    /// Drop a connection with no traffic this long after a heartbeat; also bounds connecting,
+    /// the handshake and each write.
+    pub heartbeat_timeout: Duration,
     /// Log the counters this often (zero: never).
     pub log_interval: Duration,
     /// Records per engine handed to the producer and not yet acknowledged; publishing waits
@@ -125,6 +136,9 @@ impl BridgeOptions {
             idle_reconnect: Duration::from_secs(30),
             replay_timeout: Duration::from_secs(5),
             max_replay_bytes: 256 << 20,
+            max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
+            heartbeat_interval: Duration::from_secs(5),
+            heartbeat_timeout: Duration::from_secs(15),
             log_interval: Duration::from_secs(60),
             publish_window: 256,
             worker_metadata: Default::default(),
@@ -137,8 +151,10 @@ fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
-/// "No timeout" for `tokio::time::timeout` (a year).
-const FOREVER: Duration = Duration::from_secs(365 * 24 * 3600);
+/// The default frame cap: 64 MiB, some 30 times the largest batch a vLLM or SGLang step
+/// publishes (a step stores at most its scheduled tokens, ~5 bytes each in msgpack, plus a
+/// hash per block: a 64k-token step with a 100k-block eviction is about 2 MiB).
+pub const DEFAULT_MAX_FRAME_BYTES: usize = 64 << 20;
 
 /// One engine stream's bridge.
 pub struct EngineBridge {
@@ -241,94 +257,6 @@ impl EngineBridge {
             a.await?;
         }
         r
-    }
-
-    async fn subscribe_loop(&mut self, mut stop: watch::Receiver<bool>) -> anyhow::Result<()> {
-        let mut last_log = Instant::now();
-        let mut first_connect = true;
-        let mut failures: u32 = 0;
-        'connect: loop {
-            let (tx, mut rx) = mpsc::channel::<Vec<Bytes>>(1024);
-            let endpoint = self.spec.endpoint.clone();
-            let topic = self.spec.topic.clone();
-            // The subscriber runs in its own task (see `request_replay`); frames come over a
-            // channel, and a closed channel means the subscription is gone.
-            let sub = tokio::spawn(async move {
-                let mut s = SubSocket::new();
-                s.connect(&endpoint).await?;
-                s.subscribe(&topic).await?;
-                // An empty frame list tells the loop the subscription is live.
-                if tx.send(Vec::new()).await.is_err() {
-                    return Ok(());
-                }
-                loop {
-                    let m = s.recv().await?;
-                    if tx.send(m.into_vec()).await.is_err() {
-                        return Ok::<(), anyhow::Error>(());
-                    }
-                }
-            });
-            let abort = sub.abort_handle();
-            let mut sub = Some(sub);
-            let mut connected = false;
-            if first_connect {
-                tracing::info!(endpoint = %self.spec.endpoint, worker = self.spec.worker, "bridge: subscribing");
-                first_connect = false;
-            } else {
-                tracing::debug!(endpoint = %self.spec.endpoint, worker = self.spec.worker, "bridge: re-subscribing");
-                self.resubscribed = true;
-            }
-            loop {
-                if !self.opts.log_interval.is_zero() && last_log.elapsed() >= self.opts.log_interval {
-                    last_log = Instant::now();
-                    self.log_metrics();
-                }
-                tokio::select! {
-                    _ = stop.changed() => {
-                        abort.abort();
-                        return Ok(());
-                    }
-                    // Idle only counts once connected: connecting retries on its own.
-                    r = tokio::time::timeout(if connected { self.opts.idle_reconnect } else { FOREVER }, rx.recv()) => match r {
-                        Ok(Some(frames)) if frames.is_empty() => {
-                            connected = true;
-                            failures = 0;
-                            tracing::debug!(endpoint = %self.spec.endpoint, "bridge: subscribed");
-                        }
-                        Ok(Some(frames)) => self.handle(frames).await,
-                        Ok(None) => {
-                            let why = match sub.take() {
-                                Some(h) => match h.await {
-                                    Ok(Ok(())) => "ended".to_string(),
-                                    Ok(Err(e)) => e.to_string(),
-                                    Err(e) => e.to_string(),
-                                },
-                                None => "ended".to_string(),
-                            };
-                            // Back off 0.2 s, 0.4 s, … up to 6.4 s while failures repeat.
-                            let wait = Duration::from_millis(200 << failures.min(5));
-                            failures += 1;
-                            if failures.is_power_of_two() {
-                                tracing::warn!(endpoint = %self.spec.endpoint, error = %why, failures, "bridge: subscriber failed, reconnecting");
-                            }
-                            abort.abort();
-                            BridgeMetrics::inc(&self.metrics.reconnects);
-                            tokio::select! {
-                                _ = stop.changed() => return Ok(()),
-                                _ = tokio::time::sleep(wait) => {}
-                            }
-                            continue 'connect;
-                        }
-                        Err(_) => {
-                            tracing::debug!(endpoint = %self.spec.endpoint, "bridge: idle, re-subscribing");
-                            abort.abort();
-                            BridgeMetrics::inc(&self.metrics.reconnects);
-                            continue 'connect;
-                        }
-                    }
-                }
-            }
-        }
     }
 
     fn log_metrics(&self) {
@@ -491,6 +419,7 @@ impl EngineBridge {
         let limits = replay::ReplayLimits {
             timeout: self.opts.replay_timeout,
             max_bytes: self.opts.max_replay_bytes,
+            max_frame_bytes: self.opts.max_frame_bytes,
             topic: self.spec.topic.as_bytes().to_vec(),
         };
         match request_replay(endpoint, start, &limits).await {
@@ -499,7 +428,12 @@ impl EngineBridge {
                 items
             }
             Err(e) => {
-                BridgeMetrics::inc(&self.metrics.replays_failed);
+                let outcome = if e.is_oversized() {
+                    &self.metrics.replays_oversized
+                } else {
+                    &self.metrics.replays_failed
+                };
+                BridgeMetrics::inc(outcome);
                 tracing::warn!(worker = self.spec.worker, start, error = %e, "bridge: replay failed");
                 Vec::new()
             }
@@ -650,8 +584,7 @@ pub async fn run(
     engines::check_engines(&engines)?;
     for e in &engines {
         for ep in std::iter::once(&e.endpoint).chain(&e.replay_endpoint) {
-            ep.parse::<zeromq::Endpoint>()
-                .map_err(|err| anyhow::anyhow!("worker {}: endpoint {ep:?}: {err}", e.worker))?;
+            ep.parse::<zmtp::Endpoint>().map_err(|err| anyhow::anyhow!("worker {}: {err}", e.worker))?;
         }
     }
     let mut workers: Vec<u64> = engines.iter().map(|e| e.worker).collect();

@@ -10,6 +10,8 @@ use prometheus::proto::{LabelPair, MetricFamily};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
+pub use crate::zmtp::Ending;
+
 /// Why a decoded event was not published.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Refusal {
@@ -96,6 +98,9 @@ pub struct BridgeMetrics {
     pub messages_undecodable: AtomicU64,
     /// Messages skipped as duplicates (same seq and payload already handled).
     pub messages_duplicate: AtomicU64,
+    /// Messages over `--max-frame-bytes` (a frame, the message, or more frames than a message
+    /// may have): the connection was dropped before anything was reserved for it.
+    pub messages_oversized: AtomicU64,
     /// Events inside decoded batches.
     pub events_received: AtomicU64,
     /// Events translated and published.
@@ -128,12 +133,19 @@ pub struct BridgeMetrics {
     pub replays_ok: AtomicU64,
     /// Replay requests that failed or timed out.
     pub replays_failed: AtomicU64,
+    /// Replay requests whose answer went over `--max-replay-bytes` or a frame cap.
+    pub replays_oversized: AtomicU64,
     /// Batches recovered through replay.
     pub replayed_batches: AtomicU64,
     /// New epochs started (engine restarts).
     pub epochs: AtomicU64,
     /// Subscriber reconnects (idle or error).
     pub reconnects: AtomicU64,
+    /// Subscriber connections that ended, by why ([`Ending`]).
+    pub disconnects_oversized: AtomicU64,
+    pub disconnects_protocol: AtomicU64,
+    pub disconnects_timeout: AtomicU64,
+    pub disconnects_closed: AtomicU64,
     /// Records published.
     pub batches_published: AtomicU64,
     /// Records carrying more blocks than replicas accept by default (they will skip them).
@@ -153,6 +165,7 @@ impl Default for BridgeMetrics {
             messages_received: z(),
             messages_undecodable: z(),
             messages_duplicate: z(),
+            messages_oversized: z(),
             events_received: z(),
             events_published: z(),
             events_unknown_type: z(),
@@ -174,9 +187,14 @@ impl Default for BridgeMetrics {
             resets_lost: z(),
             replays_ok: z(),
             replays_failed: z(),
+            replays_oversized: z(),
             replayed_batches: z(),
             epochs: z(),
             reconnects: z(),
+            disconnects_oversized: z(),
+            disconnects_protocol: z(),
+            disconnects_timeout: z(),
+            disconnects_closed: z(),
             batches_published: z(),
             batches_oversized: z(),
             batches_feed_taken: z(),
@@ -214,6 +232,16 @@ impl BridgeMetrics {
         }
     }
 
+    /// Counts a subscriber connection that ended.
+    pub fn disconnected(&self, why: Ending) {
+        Self::inc(match why {
+            Ending::Oversized => &self.disconnects_oversized,
+            Ending::Protocol => &self.disconnects_protocol,
+            Ending::Timeout => &self.disconnects_timeout,
+            Ending::Closed => &self.disconnects_closed,
+        });
+    }
+
     pub fn add(c: &AtomicU64, n: u64) {
         c.fetch_add(n, Relaxed);
     }
@@ -233,6 +261,7 @@ impl BridgeMetrics {
             ("messages_received", g(&self.messages_received)),
             ("messages_undecodable", g(&self.messages_undecodable)),
             ("messages_duplicate", g(&self.messages_duplicate)),
+            ("messages_oversized", g(&self.messages_oversized)),
             ("events_received", g(&self.events_received)),
             ("events_published", g(&self.events_published)),
             ("events_unknown_type", g(&self.events_unknown_type)),
@@ -254,9 +283,14 @@ impl BridgeMetrics {
             ("resets_lost", g(&self.resets_lost)),
             ("replays_ok", g(&self.replays_ok)),
             ("replays_failed", g(&self.replays_failed)),
+            ("replays_oversized", g(&self.replays_oversized)),
             ("replayed_batches", g(&self.replayed_batches)),
             ("epochs", g(&self.epochs)),
             ("reconnects", g(&self.reconnects)),
+            ("disconnects_oversized", g(&self.disconnects_oversized)),
+            ("disconnects_protocol", g(&self.disconnects_protocol)),
+            ("disconnects_timeout", g(&self.disconnects_timeout)),
+            ("disconnects_closed", g(&self.disconnects_closed)),
             ("batches_published", g(&self.batches_published)),
             ("batches_oversized", g(&self.batches_oversized)),
             ("batches_feed_taken", g(&self.batches_feed_taken)),
@@ -277,10 +311,11 @@ type ExportedAs = (&'static str, &'static str, Option<(&'static str, &'static st
 /// `prefixlog_bridge_` and `_total`) and, for families that split one measurement, the
 /// `reason` or `outcome` label value it stands for. One measurement is one family, so
 /// `sum by (reason)` and `sum without (reason)` mean something.
-const EXPORTED: [ExportedAs; 31] = [
+const EXPORTED: [ExportedAs; 37] = [
     ("messages_received", "messages_received", None),
     ("messages_undecodable", "messages_skipped", Some(("reason", "undecodable"))),
     ("messages_duplicate", "messages_skipped", Some(("reason", "duplicate"))),
+    ("messages_oversized", "messages_skipped", Some(("reason", "oversized"))),
     ("events_received", "events_received", None),
     ("events_published", "events_published", None),
     ("events_unknown_type", "events_refused", Some(("reason", "unknown_type"))),
@@ -302,9 +337,14 @@ const EXPORTED: [ExportedAs; 31] = [
     ("resets_lost", "resets", Some(("reason", "lost"))),
     ("replays_ok", "replays", Some(("outcome", "ok"))),
     ("replays_failed", "replays", Some(("outcome", "failed"))),
+    ("replays_oversized", "replays", Some(("outcome", "oversized"))),
     ("replayed_batches", "replayed_batches", None),
     ("epochs", "epochs", None),
     ("reconnects", "reconnects", None),
+    ("disconnects_oversized", "disconnects", Some(("reason", "oversized"))),
+    ("disconnects_protocol", "disconnects", Some(("reason", "protocol"))),
+    ("disconnects_timeout", "disconnects", Some(("reason", "timeout"))),
+    ("disconnects_closed", "disconnects", Some(("reason", "closed"))),
     ("batches_published", "batches", Some(("outcome", "published"))),
     ("batches_oversized", "batches_oversized", None),
     ("batches_feed_taken", "batches", Some(("outcome", "feed_taken"))),
@@ -316,8 +356,9 @@ fn help(family: &str) -> &'static str {
     match family {
         "messages_received" => "ZeroMQ messages received from the engine (live and replayed)",
         "messages_skipped" => {
-            "Messages not translated, by reason: undecodable (bad frames or payload; a payload's \
-             loss is published as a gap) or duplicate"
+            "Messages not translated, by reason: undecodable (bad frames or payload; the worker \
+             is cleared and starts over), duplicate, or oversized (over --max-frame-bytes: the \
+             connection is dropped before anything is reserved, and the loss is a sequence gap)"
         }
         "events_received" => "Events inside decoded batches",
         "events_published" => "Events translated and acknowledged by the broker",
@@ -333,10 +374,19 @@ fn help(family: &str) -> &'static str {
              started over, by reason: gap (replay could not fill a sequence gap) or lost (a \
              message whose events could not all be read)"
         }
-        "replays" => "Replay requests to the engine's replay socket, by outcome",
+        "replays" => {
+            "Replay requests to the engine's replay socket, by outcome (oversized: the answer \
+             went over --max-replay-bytes or a frame over --max-frame-bytes)"
+        }
         "replayed_batches" => "Messages recovered through replay",
         "epochs" => "New epochs started (engine restarts)",
         "reconnects" => "Re-subscriptions to the engine (idle or failed subscriber)",
+        "disconnects" => {
+            "Subscriber connections that ended, by reason: oversized (a frame, message or command \
+             over its cap), protocol (the peer broke ZMTP or refused the handshake), timeout \
+             (connect, handshake, a write, or no traffic after a heartbeat), closed (by the peer, \
+             refused, or a socket error)"
+        }
         "batches" => {
             "Records by outcome: published (acknowledged), publish_failed, feed_taken (another \
              stream of this bridge writes the feed; not published)"
@@ -361,6 +411,11 @@ impl BridgeCollector {
     /// Stops exporting a stream that ended (a replica's `/register` subscriptions come and go).
     pub fn remove(&self, worker: u64, endpoint: &str) {
         self.streams.lock().retain(|(w, e, _)| !(*w == worker && e == endpoint));
+    }
+
+    /// The metrics of `worker`'s streams added so far (all its engines', summed by the caller).
+    pub fn of_worker(&self, worker: u64) -> Vec<Arc<BridgeMetrics>> {
+        self.streams.lock().iter().filter(|(w, _, _)| *w == worker).map(|(_, _, m)| m.clone()).collect()
     }
 
     /// Registers it in `registry` (shared: the bridge keeps adding to it).
@@ -473,6 +528,7 @@ mod tests {
         let m = Arc::new(BridgeMetrics::default());
         BridgeMetrics::add(&m.refused_medium, 3);
         BridgeMetrics::inc(&m.publish_errors);
+        m.disconnected(Ending::Timeout);
         collector.add(7, "tcp://h:5557", m);
         let families = registry.gather();
         let refused = families.iter().find(|f| f.name() == "prefixlog_bridge_events_refused_total").unwrap();
@@ -485,8 +541,16 @@ mod tests {
         assert_eq!(medium.get_counter().value(), 3.0);
         let batches = families.iter().find(|f| f.name() == "prefixlog_bridge_batches_total").unwrap();
         assert_eq!(batches.get_metric().len(), 3);
-        assert_eq!(families.len(), 15, "{:?}", families.iter().map(|f| f.name()).collect::<Vec<_>>());
+        assert_eq!(families.len(), 16, "{:?}", families.iter().map(|f| f.name()).collect::<Vec<_>>());
+        let disconnects = families.iter().find(|f| f.name() == "prefixlog_bridge_disconnects_total").unwrap();
+        assert_eq!(disconnects.get_metric().len(), Ending::ALL.len(), "one series per ending");
         let resets = families.iter().find(|f| f.name() == "prefixlog_bridge_resets_total").unwrap();
         assert_eq!(resets.get_metric().len(), 2, "gap and lost");
+        let timeout = disconnects
+            .get_metric()
+            .iter()
+            .find(|m| m.get_label().iter().any(|l| l.name() == "reason" && l.value() == "timeout"))
+            .unwrap();
+        assert_eq!(timeout.get_counter().value(), 1.0);
     }
 }

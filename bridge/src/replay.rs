@@ -9,13 +9,15 @@
 //! topic: both shapes are read. Messages whose topic does not start with the stream's
 //! subscription prefix are left out, as the live subscription would.
 //!
-//! Bounded: the answer is read for at most `timeout` and at most `max_bytes` of frames; past
-//! either the replay fails (the caller then starts the stream over).
+//! Bounded: the answer is read for at most `timeout`, each frame within `max_frame_bytes`, and
+//! all of it within `max_bytes`: each message may declare at most what is left of that budget,
+//! checked before anything is reserved for it ([`zmtp::Connection::set_limits`]); past a cap
+//! or the time the replay fails (the caller then starts the stream over).
 
 use crate::wire;
+use crate::zmtp::{self, Endpoint, SocketType, ZmtpError};
 use bytes::Bytes;
 use std::time::Duration;
-use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
 /// What a replay request returned: `(seq, payload)` in the engine's order.
 pub type Replayed = Vec<(u64, Bytes)>;
@@ -29,6 +31,8 @@ pub struct ReplayLimits {
     pub timeout: Duration,
     /// Most bytes of frames the answer may bring.
     pub max_bytes: usize,
+    /// Most bytes of one frame (a message: this plus [`zmtp::codec::MESSAGE_ROOM`]).
+    pub max_frame_bytes: usize,
     /// Only messages whose topic starts with this are kept (the live subscription's prefix).
     pub topic: Vec<u8>,
 }
@@ -37,7 +41,7 @@ pub struct ReplayLimits {
 #[derive(Debug, thiserror::Error)]
 pub enum ReplayError {
     #[error("replay socket: {0}")]
-    Socket(#[from] zeromq::ZmqError),
+    Socket(#[from] ZmtpError),
     #[error(
         "replay answer with {0} frames after the delimiter, expected [topic, seq, payload] or [seq, payload]"
     )]
@@ -48,8 +52,13 @@ pub enum ReplayError {
     TooLarge(usize),
     #[error("replay timed out after {0:?}")]
     Timeout(Duration),
-    #[error("replay task failed: {0}")]
-    Task(String),
+}
+
+impl ReplayError {
+    /// Over the answer's byte budget or a frame cap.
+    pub fn is_oversized(&self) -> bool {
+        matches!(self, ReplayError::TooLarge(_) | ReplayError::Socket(ZmtpError::Oversized(_)))
+    }
 }
 
 /// One message of a replay answer.
@@ -84,39 +93,38 @@ pub async fn request_replay(
     start: u64,
     limits: &ReplayLimits,
 ) -> Result<Replayed, ReplayError> {
-    let endpoint = endpoint.to_string();
-    let (max_bytes, prefix) = (limits.max_bytes, limits.topic.clone());
-    // The socket runs in its own task: the zeromq crate panics (todo!) on some peer errors.
-    let task = tokio::spawn(async move {
-        let mut s = DealerSocket::new();
-        s.connect(&endpoint).await?;
-        let mut req = ZmqMessage::from(Bytes::new());
-        req.push_back(Bytes::copy_from_slice(&start.to_be_bytes()));
-        s.send(req).await?;
-        let (mut out, mut bytes) = (Vec::new(), 0usize);
-        loop {
-            let frames = s.recv().await?.into_vec();
-            bytes = bytes.saturating_add(frames.iter().map(Bytes::len).sum());
-            if bytes > max_bytes {
-                return Err(ReplayError::TooLarge(max_bytes));
+    let endpoint: Endpoint = endpoint.parse()?;
+    match tokio::time::timeout(limits.timeout, replay(&endpoint, start, limits)).await {
+        Ok(r) => r,
+        Err(_) => Err(ReplayError::Timeout(limits.timeout)),
+    }
+}
+
+async fn replay(endpoint: &Endpoint, start: u64, limits: &ReplayLimits) -> Result<Replayed, ReplayError> {
+    let mut opts = zmtp::Options::new(limits.max_frame_bytes);
+    // One request, bounded by `limits.timeout` as a whole: no heartbeats.
+    (opts.heartbeat, opts.timeout) = (None, limits.timeout);
+    let per_message = opts.limits.max_message;
+    let mut conn = zmtp::connect(endpoint, SocketType::Dealer, &opts).await?;
+    conn.send(&[b"", &start.to_be_bytes()]).await?;
+    let (mut out, mut left) = (Vec::new(), limits.max_bytes);
+    loop {
+        // The next message may declare what is left of the budget, no more.
+        conn.set_limits(zmtp::Limits { max_message: per_message.min(left), ..opts.limits });
+        let frames = match conn.recv().await {
+            Err(ZmtpError::Oversized(o)) if o.what == "message bytes" && left < per_message => {
+                return Err(ReplayError::TooLarge(limits.max_bytes))
             }
-            match parse_frames(&frames)? {
-                ReplayFrame::End => return Ok(out),
-                ReplayFrame::Message { topic, seq, payload } => {
-                    if topic.starts_with(&prefix) {
-                        out.push((seq, payload));
-                    }
+            r => r?,
+        };
+        left = left.saturating_sub(frames.iter().map(Bytes::len).sum());
+        match parse_frames(&frames)? {
+            ReplayFrame::End => return Ok(out),
+            ReplayFrame::Message { topic, seq, payload } => {
+                if topic.starts_with(&limits.topic) {
+                    out.push((seq, payload));
                 }
             }
-        }
-    });
-    let abort = task.abort_handle();
-    match tokio::time::timeout(limits.timeout, task).await {
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) => Err(ReplayError::Task(e.to_string())),
-        Err(_) => {
-            abort.abort();
-            Err(ReplayError::Timeout(limits.timeout))
         }
     }
 }

@@ -117,7 +117,7 @@ def test_the_gateway_routes_bridge_fed_workers_by_their_serving_url(procs):
         text = urllib.request.urlopen(admin + "/metrics", timeout=5).read().decode()
         published += metric(text, "prefixlog_bridge_events_published_total")
         assert metric(text, "prefixlog_bridge_events_refused_total") == 0, text
-        assert metric(text, "prefixlog_bridge_gaps_published_total") == 0, text
+        assert metric(text, "prefixlog_bridge_resets_total") == 0, text
         assert metric(text, "prefixlog_bridge_batches_total", outcome="publish_failed") == 0, text
         assert metric(text, "prefixlog_build_info") == 1, text
     assert published >= REQUESTS, published

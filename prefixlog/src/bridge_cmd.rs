@@ -74,9 +74,17 @@ pub struct Args {
     /// Publish worker-removed for every worker on a clean shutdown (Ctrl-C / SIGTERM).
     #[arg(long, env = "PREFIXLOG_BRIDGE_REMOVE_ON_EXIT")]
     pub remove_on_exit: bool,
-    /// Re-subscribe to an engine silent for this long (finds a restarted engine again).
+    /// Re-subscribe to an engine that sent no message for this long (a fallback: a closed
+    /// connection or unanswered heartbeats find a lost engine first).
     #[arg(long, env = "PREFIXLOG_BRIDGE_IDLE_RECONNECT", default_value = "30s", value_parser = humantime::parse_duration)]
     pub idle_reconnect: Duration,
+    /// Send a ZMTP heartbeat (PING) to an engine after this long without traffic (0s: never).
+    #[arg(long, env = "PREFIXLOG_BRIDGE_HEARTBEAT_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub heartbeat_interval: Duration,
+    /// Drop and re-establish a connection with no traffic this long after a heartbeat; also
+    /// bounds connecting, the handshake and each write.
+    #[arg(long, env = "PREFIXLOG_BRIDGE_HEARTBEAT_TIMEOUT", default_value = "15s", value_parser = humantime::parse_duration)]
+    pub heartbeat_timeout: Duration,
     /// Give up a replay request after this long; the gap is then closed by clearing the
     /// worker's state through the log (a new epoch) and starting over.
     #[arg(long, env = "PREFIXLOG_BRIDGE_REPLAY_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
@@ -85,6 +93,12 @@ pub struct Args {
     /// replay fails and the stream starts over. vLLM buffers 10,000 batches by default.
     #[arg(long, env = "PREFIXLOG_BRIDGE_MAX_REPLAY_BYTES", default_value_t = 256 << 20)]
     pub max_replay_bytes: usize,
+    /// Most bytes of one ZeroMQ frame an engine may declare (a message: this plus 64 KiB for its
+    /// other frames). Over it the connection is dropped before anything is reserved, counted
+    /// (messages_skipped{reason="oversized"}) and re-established; the lost message is a sequence
+    /// gap. The default is some 30 times the largest batch a vLLM or SGLang step publishes.
+    #[arg(long, env = "PREFIXLOG_BRIDGE_MAX_FRAME_BYTES", default_value_t = bridge::DEFAULT_MAX_FRAME_BYTES, value_parser = parse_frame_cap)]
+    pub max_frame_bytes: usize,
     /// Log each engine's counters this often (0s: never).
     #[arg(long, env = "PREFIXLOG_BRIDGE_METRICS_INTERVAL", default_value = "60s", value_parser = humantime::parse_duration)]
     pub metrics_interval: Duration,
@@ -117,6 +131,15 @@ pub fn parse_serving_url(s: &str) -> Result<String, String> {
         return Err(format!("serving URL {s:?} has no host (an unexpanded $(VAR)?)"));
     }
     Ok(s.to_string())
+}
+
+/// A frame cap: at least 1 KiB (a sequence frame and a small batch), at most 1 GiB.
+pub fn parse_frame_cap(s: &str) -> Result<usize, String> {
+    let n: usize = s.trim().parse().map_err(|e| format!("{s:?}: {e}"))?;
+    if !(1 << 10..=1 << 30).contains(&n) {
+        return Err(format!("{n}: expected 1024 to 1073741824 bytes"));
+    }
+    Ok(n)
 }
 
 /// Parses `endpoint=URL[,worker=ID][,replay=URL][,dp=RANK][,topic=PREFIX][,url=URL]`.
@@ -203,12 +226,16 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         a.hash_scheme
     );
     anyhow::ensure!(a.block_size > 0, "--block-size must be positive");
+    anyhow::ensure!(!a.heartbeat_timeout.is_zero(), "--heartbeat-timeout must be positive");
     let brokers = a.kafka.require_brokers("bridge")?;
     let publisher = Publisher::connect(&a.kafka.spec(&brokers)?).await?;
     let mut opts = BridgeOptions::new(KeyspaceId::new(a.model.clone(), a.block_size, a.hash_scheme));
     opts.idle_reconnect = a.idle_reconnect;
     opts.replay_timeout = a.replay_timeout;
     opts.max_replay_bytes = a.max_replay_bytes;
+    opts.max_frame_bytes = a.max_frame_bytes;
+    opts.heartbeat_interval = a.heartbeat_interval;
+    opts.heartbeat_timeout = a.heartbeat_timeout;
     opts.log_interval = a.metrics_interval;
     opts.serving_urls = serving_urls;
     if let Some(pod) = &a.pod_name {
@@ -321,6 +348,33 @@ mod tests {
         assert!(engines(&no_worker.a).is_err());
         let none = Cli::try_parse_from(["x", "--model", "m", "--block-size", "4"]).unwrap();
         assert!(engines(&none.a).is_err());
+    }
+
+    #[test]
+    fn the_transport_bounds_parse_with_their_defaults() {
+        let base = ["x", "--endpoint", "tcp://h:1", "--worker-id", "1", "--model", "m", "--block-size", "4"];
+        let c = Cli::try_parse_from(base).unwrap();
+        assert_eq!(c.a.max_frame_bytes, 64 << 20);
+        assert_eq!(
+            (c.a.heartbeat_interval, c.a.heartbeat_timeout),
+            (Duration::from_secs(5), Duration::from_secs(15))
+        );
+        let c = Cli::try_parse_from(base.iter().copied().chain([
+            "--max-frame-bytes",
+            "1048576",
+            "--heartbeat-interval",
+            "0s",
+            "--heartbeat-timeout",
+            "2s",
+        ]))
+        .unwrap();
+        assert_eq!((c.a.max_frame_bytes, c.a.heartbeat_interval.is_zero()), (1 << 20, true));
+        for bad in ["1023", "1073741825", "-1", "64MiB"] {
+            assert!(
+                Cli::try_parse_from(base.iter().copied().chain(["--max-frame-bytes", bad])).is_err(),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

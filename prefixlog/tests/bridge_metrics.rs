@@ -51,13 +51,15 @@ async fn the_bridge_exposition_follows_conventions() {
     assert!(problems.is_empty(), "{problems:#?}\n{text}");
     let fams = parse(&text);
     let bridge: Vec<&String> = fams.keys().filter(|n| n.starts_with("prefixlog_bridge_")).collect();
-    assert_eq!(bridge.len(), 15, "{bridge:#?}");
+    assert_eq!(bridge.len(), 16, "{bridge:#?}");
     for (family, label, values) in [
         ("prefixlog_bridge_events_refused_total", "reason", 13),
         ("prefixlog_bridge_resets_total", "reason", 2),
-        ("prefixlog_bridge_messages_skipped_total", "reason", 2),
-        ("prefixlog_bridge_replays_total", "outcome", 2),
+        ("prefixlog_bridge_messages_skipped_total", "reason", 3),
+        ("prefixlog_bridge_replays_total", "outcome", 3),
         ("prefixlog_bridge_batches_total", "outcome", 3),
+        ("prefixlog_bridge_disconnects_total", "reason", 4),
+        ("prefixlog_bridge_resets_total", "reason", 2),
     ] {
         let f = &fams[family];
         let seen: std::collections::BTreeSet<&str> =

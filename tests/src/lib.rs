@@ -15,7 +15,8 @@
 //! within milliseconds. Tests run their body once per backend and print which ran.
 //!
 //! Module map: [`http`] (a GET against an admin port, metric samples), [`replicas`] (replicas
-//! started the one way), [`raw_produce`] (hand-built record batches: transaction markers).
+//! started the one way), [`raw_produce`] (hand-built record batches: transaction markers),
+//! [`zmtp_pub`] (a stand-in engine publisher in Rust).
 //! [`secured::SecuredKafka`] is a broker as production runs it (SASL/SCRAM over TLS, tansu behind
 //! a TLS terminator) for the tests of each component's secured connection.
 
@@ -24,6 +25,7 @@ pub mod http;
 pub mod raw_produce;
 pub mod replicas;
 pub mod secured;
+pub mod zmtp_pub;
 
 use prefixlog_ingest::EmbeddedKafka;
 use rdkafka::config::ClientConfig;

@@ -104,12 +104,11 @@ async fn audit_replays_over_sasl_ssl() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bridge_publishes_over_sasl_ssl() {
     use prefixlog_bridge::{self as bridge, BridgeOptions, EngineSpec};
-    use zeromq::{Socket, SocketSend};
     let Some((_kafka, spec)) = secured_log("bridge_publishes_over_sasl_ssl").await else { return };
     let replica = replicas::replica(&spec, "secured-c").await;
     // A stand-in engine: vLLM's [topic, seq, payload] messages, one stored block of 4 tokens.
-    let mut engine = zeromq::PubSocket::new();
-    let endpoint = engine.bind("tcp://127.0.0.1:0").await.unwrap().to_string();
+    let engine = prefixlog_tests::zmtp_pub::StandInPub::bind().await.unwrap();
+    let endpoint = engine.endpoint().to_string();
     let payload =
         std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../bridge/tests/fixtures/dynamo_tail.msgpack"))
             .unwrap();
@@ -136,10 +135,7 @@ async fn bridge_publishes_over_sasl_ssl() {
     // until the block is in the replica (repeats of one seq are duplicates to the bridge).
     let mut stored = false;
     for _ in 0..600 {
-        let mut m = zeromq::ZmqMessage::from(bytes::Bytes::new());
-        m.push_back(bytes::Bytes::copy_from_slice(&0u64.to_be_bytes()));
-        m.push_back(bytes::Bytes::from(payload.clone()));
-        engine.send(m).await.unwrap();
+        engine.send(&[b"", &0u64.to_be_bytes(), &payload]).await;
         if replica.engine().holder_blocks() > 0 {
             stored = true;
             break;
