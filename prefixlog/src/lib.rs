@@ -8,7 +8,10 @@
 //! - [`process`]: how a process starts and ends ([`process::start`], [`process::finish`]): log
 //!   format and filter, `--query-cpus` pinning before the runtime exists, waiting for Kafka
 //!   clients closing in the background.
+//! - [`engine_feeds`]: the engine feeds the Dynamo HTTP facade's `/register` runs (the bridge's
+//!   engine stream).
 
+pub mod engine_feeds;
 pub mod fleet_records;
 pub mod kafka_args;
 pub mod process;

@@ -185,7 +185,8 @@ impl SglArgs {
                 prefixlog_facades::http::HttpIndexerExtension::bind(addr)?.with_dialect(self.http_dialect);
             if self.http_dialect == prefixlog_facades::http::Dialect::Dynamo {
                 // `/register`: the replica subscribes to engines and writes their events itself.
-                http = http.with_publisher(prefixlog_ingest::Publisher::new(spec)?);
+                let publisher = prefixlog_ingest::Publisher::new(spec)?;
+                http = http.with_feeds(Arc::new(prefixlog::engine_feeds::BridgeFeeds::new(publisher)));
             }
             exts.0.push(Arc::new(http));
         }

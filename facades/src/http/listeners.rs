@@ -1,6 +1,7 @@
-//! The engine subscriptions a replica runs for the registrations it accepted: one
-//! `prefixlog_bridge::EngineBridge` per registered (instance, dp rank) whose registrar is this
-//! replica, publishing the engine's KV events to the log under Dynamo's hash scheme.
+//! The engine subscriptions a replica runs for the registrations it accepted: one feed (run by
+//! the replica's [`EngineFeeds`], the bridge's engine stream in `prefixlog serve`) per registered
+//! (instance, dp rank) whose registrar is this replica, publishing the engine's KV events to the
+//! log under Dynamo's hash scheme.
 //!
 //! One writer per feed: a registration names its registrar (its replica id) in the log, and
 //! only that replica subscribes; every replica applies the same records, so they agree on who
@@ -16,14 +17,13 @@
 //! A subscription's `status` is upstream's listener status: `active` while it runs, `failed`
 //! (with `last_error`) if it stopped on an error.
 
+use super::feeds::{EngineFeeds, FeedStart};
 use super::registration::{Rank, Registration};
 use parking_lot::Mutex;
-use prefixlog_bridge::metrics::BridgeCollector;
-use prefixlog_bridge::{BridgeOptions, EngineBridge, EngineSpec};
 use prefixlog_engine::{partition_of, KeyspaceId};
-use prefixlog_ingest::Publisher;
 use prefixlog_query::QueryService;
 use prefixlog_state::partition_state::FeedKey;
+use prefixlog_state::LogAppend;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -53,16 +53,16 @@ struct Task {
     stop: watch::Sender<bool>,
     handle: JoinHandle<()>,
     live: Arc<Mutex<Live>>,
-    /// The epoch it started with; its session moves one epoch up per engine restart, which its
-    /// metrics count.
+    /// The epoch it started with; its session moves one epoch up per engine restart, which
+    /// `epochs_moved` counts.
     epoch: u64,
-    metrics: Arc<prefixlog_bridge::metrics::BridgeMetrics>,
+    epochs_moved: Arc<dyn Fn() -> u64 + Send + Sync>,
 }
 
 impl Task {
     /// The epoch its records carry now.
     fn epoch_now(&self) -> u64 {
-        self.epoch + self.metrics.epochs.load(std::sync::atomic::Ordering::Relaxed)
+        self.epoch + (self.epochs_moved)()
     }
 }
 
@@ -70,17 +70,18 @@ impl Task {
 pub struct Listeners {
     replica: String,
     query: QueryService,
-    publisher: Publisher,
-    collector: Arc<BridgeCollector>,
+    feeds: Arc<dyn EngineFeeds>,
+    log: Arc<dyn LogAppend>,
     tasks: Mutex<BTreeMap<(u64, u32), Task>>,
     /// The last epoch this replica used per feed.
     epochs: Mutex<BTreeMap<FeedKey, u64>>,
 }
 
 impl Listeners {
-    pub fn new(query: QueryService, publisher: Publisher, collector: Arc<BridgeCollector>) -> Self {
+    pub fn new(query: QueryService, feeds: Arc<dyn EngineFeeds>) -> Self {
         let replica = query.view().info.replica_id.clone();
-        Self { replica, query, publisher, collector, tasks: Mutex::default(), epochs: Mutex::default() }
+        let log = feeds.log();
+        Self { replica, query, feeds, log, tasks: Mutex::default(), epochs: Mutex::default() }
     }
 
     /// This replica's id: the registrar of the registrations it accepts.
@@ -88,8 +89,9 @@ impl Listeners {
         &self.replica
     }
 
-    pub fn publisher(&self) -> &Publisher {
-        &self.publisher
+    /// Where registrations are written.
+    pub fn log(&self) -> &dyn LogAppend {
+        &*self.log
     }
 
     /// The state of the subscription to `(worker, dp)`, if this replica runs one.
@@ -174,30 +176,29 @@ impl Listeners {
 
     fn start(&self, worker: u64, dp: u32, wanted: Wanted) {
         let feed = FeedKey { keyspace: wanted.keyspace.clone(), worker, dp_rank: dp };
-        let mut opts = BridgeOptions::new(wanted.keyspace.clone());
         let epoch = self.next_epoch(&feed);
-        opts.start_epoch = epoch;
-        let spec = EngineSpec {
+        let start = FeedStart {
+            keyspace: wanted.keyspace.clone(),
+            worker,
+            dp_rank: dp,
             endpoint: wanted.rank.endpoint.clone(),
             replay_endpoint: wanted.rank.replay.clone(),
-            worker,
-            dp_rank: Some(dp),
-            topic: String::new(),
+            start_epoch: epoch,
         };
-        let bridge = EngineBridge::new(spec, opts, self.publisher.clone());
-        let metrics = bridge.metrics();
-        self.collector.add(worker, &wanted.rank.endpoint, metrics.clone());
-        let live = Arc::new(Mutex::new(Live { status: "active", last_error: None }));
         let (stop, stopped) = watch::channel(false);
+        let started = self.feeds.start(start, stopped);
+        let live = Arc::new(Mutex::new(Live { status: "active", last_error: None }));
         let state = live.clone();
+        let run = started.run;
         let handle = tokio::spawn(async move {
-            if let Err(e) = bridge.run(stopped).await {
+            if let Err(e) = run.await {
                 tracing::error!(worker, dp_rank = dp, error = %e, "dynamo /register subscription failed");
-                *state.lock() = Live { status: "failed", last_error: Some(e.to_string()) };
+                *state.lock() = Live { status: "failed", last_error: Some(e) };
             }
         });
         tracing::info!(worker, dp_rank = dp, endpoint = %wanted.rank.endpoint, "dynamo /register: subscribed");
-        self.tasks.lock().insert((worker, dp), Task { wanted, stop, handle, live, epoch, metrics });
+        let task = Task { wanted, stop, handle, live, epoch, epochs_moved: started.epochs_moved };
+        self.tasks.lock().insert((worker, dp), task);
     }
 
     /// Stops the subscription to `(worker, dp)` (if any) and waits until its records are
@@ -214,7 +215,7 @@ impl Listeners {
                 "dynamo /register: subscription aborted after {STOP_WAIT:?}"
             );
         }
-        self.collector.remove(worker, &task.wanted.rank.endpoint);
+        self.feeds.ended(worker, &task.wanted.rank.endpoint);
         tracing::info!(worker, dp_rank = dp, "dynamo /register: unsubscribed");
     }
 

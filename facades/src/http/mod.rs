@@ -16,7 +16,9 @@
 //! - [`dynamo`]: Dynamo's `/query` and `/query_by_hash`: the indexer a `(model, routing
 //!   group)` names, its keyspaces, the match and its tiers.
 //! - [`registration`], [`register`], [`listeners`]: `/register` and `/unregister` written to
-//!   the log, and the engine subscriptions the registrar replica runs for them.
+//!   the log, and the engine subscriptions the registrar replica runs for them, through
+//!   [`feeds`]: the [`feeds::EngineFeeds`] the binary gives (the bridge's engine stream), so
+//!   this crate links neither ZeroMQ nor Kafka.
 //! - [`workers`]: `GET /workers` in Dynamo's shape, from the workers' recorded metadata.
 //! - [`dump`]: `GET /dump`, the index as Dynamo's router events.
 //! - [`mooncake`]: Mooncake's `/query` JSON, field for field from its design doc (Apache-2.0),
@@ -29,6 +31,7 @@
 
 pub mod dump;
 pub mod dynamo;
+pub mod feeds;
 pub mod limit;
 pub mod listeners;
 pub mod mooncake;

@@ -24,7 +24,7 @@ use axum::http::StatusCode;
 use prefixlog_engine::partition_of;
 use prefixlog_query::QueryService;
 use prefixlog_state::partition_state::FeedKey;
-use prefixlog_state::record::{KvBatch, KvOp, Lifecycle};
+use prefixlog_state::record::{encode_lifecycle, KvBatch, KvOp, Lifecycle};
 use prefixlog_state::settings::METADATA_ENTRY_BYTES;
 use prefixlog_state::{token_of, Landed};
 use std::collections::BTreeMap;
@@ -250,8 +250,12 @@ impl Registrar {
     }
 
     async fn publish(&self, worker: u64, change: &Lifecycle) -> Result<Landed, RegisterError> {
-        let p = self.listeners.publisher();
-        p.publish_lifecycle(worker, change).await.map_err(|e| RegisterError::Unavailable(e.to_string()))
+        let record = encode_lifecycle(worker, change);
+        self.listeners
+            .log()
+            .append(worker, record)
+            .await
+            .map_err(|e| RegisterError::Unavailable(e.to_string()))
     }
 
     /// A batch of a new epoch for the rank's feed, clearing its lanes (upstream removes an
@@ -271,8 +275,12 @@ impl Registrar {
             events: &events,
             lanes: &[],
         };
-        let p = self.listeners.publisher();
-        p.publish_kv_batch(&batch, None).await.map_err(|e| RegisterError::Unavailable(e.to_string()))
+        let record = batch.encode();
+        self.listeners
+            .log()
+            .append(worker, record)
+            .await
+            .map_err(|e| RegisterError::Unavailable(e.to_string()))
     }
 
     async fn applied(&self, landed: &[Landed]) -> Result<(), RegisterError> {

@@ -7,6 +7,7 @@
 //! one that is not JSON 400, one of the wrong shape 422, each with axum's text; `/query` and
 //! `/query_by_hash` take bodies up to 8 MiB, the other routes up to axum's default 2 MiB.
 
+use super::feeds::EngineFeeds;
 use super::limit::{in_flight_gauge, limit, Gate, Limits};
 use super::listeners::{Listeners, Live};
 use super::reader::{QueryError, Reader};
@@ -26,8 +27,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{middleware, Json, Router};
 use parking_lot::Mutex;
-use prefixlog_bridge::metrics::BridgeCollector;
-use prefixlog_ingest::Publisher;
 use prefixlog_query::extension::{Extension, ExtensionContext, ExtensionError};
 use prefixlog_query::QueryService;
 use serde::Serialize;
@@ -293,7 +292,7 @@ pub struct HttpIndexerExtension {
     addr: SocketAddr,
     limits: Limits,
     dialect: Dialect,
-    publisher: Option<Publisher>,
+    feeds: Option<Arc<dyn EngineFeeds>>,
     listener: Mutex<Option<TcpListener>>,
     tasks: Mutex<Vec<AbortHandle>>,
     listeners: Mutex<Option<Arc<Listeners>>>,
@@ -310,7 +309,7 @@ impl HttpIndexerExtension {
             addr,
             limits: Limits::default(),
             dialect: Dialect::default(),
-            publisher: None,
+            feeds: None,
             listener: Mutex::new(Some(listener)),
             tasks: Mutex::default(),
             listeners: Mutex::default(),
@@ -329,10 +328,10 @@ impl HttpIndexerExtension {
         self
     }
 
-    /// Serves `/register` and `/unregister` (Dynamo dialect): registrations and the engines'
-    /// events are written to the log with `publisher`.
-    pub fn with_publisher(mut self, publisher: Publisher) -> Self {
-        self.publisher = Some(publisher);
+    /// Serves `/register` and `/unregister` (Dynamo dialect): registrations are written to the
+    /// log, and the registered engines' events are published, by `feeds`.
+    pub fn with_feeds(mut self, feeds: Arc<dyn EngineFeeds>) -> Self {
+        self.feeds = Some(feeds);
         self
     }
 
@@ -344,10 +343,11 @@ impl HttpIndexerExtension {
     /// The registrar of the Dynamo dialect, and the loop that keeps its subscriptions what
     /// the log says (started here).
     fn registrar(&self, ctx: &ExtensionContext<'_>) -> Result<Option<Arc<Registrar>>, StartError> {
-        let (Dialect::Dynamo, Some(publisher)) = (self.dialect, &self.publisher) else { return Ok(None) };
-        let collector = Arc::new(BridgeCollector::default());
-        collector.register(ctx.registry).map_err(|source| StartError::Metrics { facade: FACADE, source })?;
-        let listeners = Arc::new(Listeners::new(ctx.query.clone(), publisher.clone(), collector));
+        let (Dialect::Dynamo, Some(feeds)) = (self.dialect, &self.feeds) else { return Ok(None) };
+        feeds
+            .register_metrics(ctx.registry)
+            .map_err(|source| StartError::Metrics { facade: FACADE, source })?;
+        let listeners = Arc::new(Listeners::new(ctx.query.clone(), feeds.clone()));
         let registrar = Arc::new(Registrar::new(ctx.query.clone(), listeners.clone()));
         let r = registrar.clone();
         let task = tokio::spawn(async move {

@@ -5,6 +5,11 @@
 // Each test binary uses its own part of this module.
 #![allow(dead_code)]
 
+// The engine feeds `prefixlog serve` gives the Dynamo facade (the bridge's engine stream): the
+// binary's own source, so `/register` is tested as it runs.
+#[path = "../../../prefixlog/src/engine_feeds.rs"]
+mod engine_feeds;
+
 use prefixlog_facades::http::{Dialect, HttpIndexerExtension};
 use prefixlog_ingest::{EmbeddedKafka, KafkaConnection, LogSpec};
 use prefixlog_node::{NodeOptions, ReplicaNode};
@@ -90,7 +95,8 @@ pub async fn serve(topic: &str, partitions: u32, dialect: Dialect) -> Served {
 pub async fn replica(spec: &LogSpec, id: &str, dialect: Dialect) -> (ReplicaNode, SocketAddr) {
     let mut ext = HttpIndexerExtension::bind("127.0.0.1:0".parse().unwrap()).unwrap().with_dialect(dialect);
     if dialect == Dialect::Dynamo {
-        ext = ext.with_publisher(prefixlog_ingest::Publisher::new(spec).unwrap());
+        let publisher = prefixlog_ingest::Publisher::new(spec).unwrap();
+        ext = ext.with_feeds(Arc::new(engine_feeds::BridgeFeeds::new(publisher)));
     }
     let addr = ext.addr();
     let opts = NodeOptions {
