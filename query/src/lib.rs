@@ -16,6 +16,7 @@
 //!   and [`stream`].
 //! - [`stream`]: `MatchStream` served: bounded concurrency per stream, in-band errors and
 //!   unordered answers for the requests that opt in.
+//! - [`error`]: [`QueryError`], why a query was refused, and its one conversion to a gRPC status.
 //! - [`validate`]: request validation and bounded error messages.
 //! - [`tiers`]: a request's storage tier order and weights, and an answer's per-tier parts.
 //! - [`server`]: starts the gRPC port (service + Echo + health + reflection) and admin port;
@@ -35,6 +36,7 @@
 //!   query path and at scrape time; never part of applied state.
 
 pub mod admin;
+pub mod error;
 pub mod exposition;
 pub mod extension;
 pub mod grpc;
@@ -47,6 +49,7 @@ pub mod stream;
 pub mod tiers;
 pub mod validate;
 
+pub use error::QueryError;
 pub use extension::{Extension, ExtensionContext, ExtensionError, Extensions};
 pub use server::{start, RunningServer, Served, ServerConfig, ServerError, TlsFiles};
 pub use service::{default_replica_id, QueryConfig, QueryService, ReplicaInfo};

@@ -9,6 +9,7 @@
 //! `Describe` and `ListWorkers` say what the replica serves (its shard) and which workers its
 //! partitions announced.
 
+use crate::error::QueryError;
 use crate::health::Readiness;
 use crate::metrics::QueryMetrics;
 use crate::status::ReplicaStatus;
@@ -145,11 +146,11 @@ impl QueryService {
     pub async fn answer(&self, req: MatchRequest, wait: Duration) -> Result<MatchResponse, Status> {
         let start = Instant::now();
         let r = self.answer_inner(req, wait).await;
-        self.metrics.observe(start.elapsed(), r.as_ref().err().map(|s| s.code()));
-        r
+        self.metrics.observe(start.elapsed(), r.as_ref().err().map(QueryError::code));
+        r.map_err(Status::from)
     }
 
-    async fn answer_inner(&self, req: MatchRequest, wait: Duration) -> Result<MatchResponse, Status> {
+    async fn answer_inner(&self, req: MatchRequest, wait: Duration) -> Result<MatchResponse, QueryError> {
         let info = &self.view.info;
         let c = check(&req, self.cfg.max_blocks, info.partition_count)?;
         let status = &self.view.status;
@@ -161,7 +162,7 @@ impl QueryService {
         let mut stale = c.token.is_empty() && self.view.readiness.answers_stale();
         if !c.token.is_empty() {
             let reached = match self.token_unprovable(&c.token) {
-                Some(why) if !req.allow_stale => return Err(Status::unavailable(why)),
+                Some(why) if !req.allow_stale => return Err(QueryError::Unavailable(why)),
                 Some(_) => false,
                 None => status.wait_for(&c.token, wait).await,
             };
@@ -300,9 +301,9 @@ impl QueryService {
     }
 
     /// A place for one more `MatchStream` call, or RESOURCE_EXHAUSTED at the limit.
-    pub(crate) fn stream_permit(&self) -> Result<tokio::sync::OwnedSemaphorePermit, Status> {
+    pub(crate) fn stream_permit(&self) -> Result<tokio::sync::OwnedSemaphorePermit, QueryError> {
         self.streams.clone().try_acquire_owned().map_err(|_| {
-            Status::resource_exhausted(format!(
+            QueryError::ResourceExhausted(format!(
                 "too many concurrent MatchStream calls (limit {})",
                 self.cfg.max_concurrent_streams
             ))
@@ -320,7 +321,7 @@ const UNREACHED_SHOWN: usize = 8;
 
 /// DEADLINE_EXCEEDED for a token not reached in time, naming the owned partitions still
 /// behind (a few of them: the message travels in gRPC metadata, 8 KiB soft limit).
-fn token_not_reached(token: &[(u32, i64)], applied: &[(u32, i64)], wait: Duration) -> Status {
+fn token_not_reached(token: &[(u32, i64)], applied: &[(u32, i64)], wait: Duration) -> QueryError {
     let behind: Vec<String> = token
         .iter()
         .filter_map(|&(p, want)| {
@@ -329,7 +330,7 @@ fn token_not_reached(token: &[(u32, i64)], applied: &[(u32, i64)], wait: Duratio
         })
         .collect();
     let more = behind.len().saturating_sub(UNREACHED_SHOWN);
-    Status::deadline_exceeded(format!(
+    QueryError::TokenNotReached(format!(
         "consistency token not reached within {wait:?} (next offsets): {}{}",
         behind[..behind.len().min(UNREACHED_SHOWN)].join(", "),
         if more > 0 { format!(", and {more} more partitions") } else { String::new() }
@@ -462,7 +463,7 @@ mod tests {
     fn deadline_exceeded_names_a_few_partitions_behind() {
         let token: Vec<(u32, i64)> = (0..300).map(|p| (p, 50)).collect();
         let applied: Vec<(u32, i64)> = (0..300).map(|p| (p, if p == 7 { 60 } else { 1 })).collect();
-        let s = token_not_reached(&token, &applied, Duration::from_millis(5));
+        let s = Status::from(token_not_reached(&token, &applied, Duration::from_millis(5)));
         assert_eq!(s.code(), tonic::Code::DeadlineExceeded);
         assert!(s.message().contains("partition 0 at 1, wanted 50"), "{}", s.message());
         assert!(!s.message().contains("partition 7 "), "{}", s.message());

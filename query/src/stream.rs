@@ -11,6 +11,7 @@
 //!   earlier request of the stream has been answered (the original request order), so a
 //!   request waiting for its consistency token holds up the answers behind it, not their work.
 
+use crate::error::QueryError;
 use crate::service::QueryService;
 use futures_util::stream::FuturesUnordered;
 use prefixlog_proto::v1::{MatchError, MatchRequest, MatchResponse};
@@ -102,7 +103,11 @@ async fn work(svc: &QueryService, item: Result<MatchRequest, Status>, seq: u64, 
         Ok(req) => req,
         // Same contract as unary calls (see `server::oversize_is_resource_exhausted`).
         Err(s) if s.code() == tonic::Code::OutOfRange => {
-            return Done { seq, ordered: true, out: Err(Status::resource_exhausted(s.message())) }
+            return Done {
+                seq,
+                ordered: true,
+                out: Err(QueryError::ResourceExhausted(s.message().into()).into()),
+            }
         }
         Err(s) => return Done { seq, ordered: true, out: Err(s) },
     };

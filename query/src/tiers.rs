@@ -1,21 +1,21 @@
 //! Storage tiers on the query path: a request's tier order and weights checked and turned into
 //! the engine's options, and an engine answer into a `WorkerScore` with its per-tier parts.
 
+use crate::error::QueryError;
 use prefixlog_engine::{HolderMatch, Tier};
 use prefixlog_proto::v1::{Interval, MatchRequest, TierDepth, TierRun, WorkerScore};
-use tonic::Status;
 
 /// The highest weight: a block on that tier is worth one whole block.
 const MAX_PER_MILLE: u32 = 1000;
 
 /// The request's tier order (empty: every tier) and weights, or INVALID_ARGUMENT naming what
 /// is wrong: a code outside `StorageTier`, a tier named twice, a weight above 1000.
-pub fn tier_options(req: &MatchRequest) -> Result<(Vec<Tier>, Option<[u32; 4]>), Status> {
+pub fn tier_options(req: &MatchRequest) -> Result<(Vec<Tier>, Option<[u32; 4]>), QueryError> {
     let mut order = Vec::with_capacity(req.tiers.len());
     for &code in &req.tiers {
         let tier = known(code, "tiers")?;
         if order.contains(&tier) {
-            return Err(Status::invalid_argument(format!("tiers names {tier} twice")));
+            return Err(QueryError::invalid(format!("tiers names {tier} twice")));
         }
         order.push(tier);
     }
@@ -28,10 +28,10 @@ pub fn tier_options(req: &MatchRequest) -> Result<(Vec<Tier>, Option<[u32; 4]>),
         let tier = known(w.tier, "tier_weights")?;
         let i = tier.code() as usize;
         if std::mem::replace(&mut seen[i], true) {
-            return Err(Status::invalid_argument(format!("tier_weights names {tier} twice")));
+            return Err(QueryError::invalid(format!("tier_weights names {tier} twice")));
         }
         if w.per_mille > MAX_PER_MILLE {
-            return Err(Status::invalid_argument(format!(
+            return Err(QueryError::invalid(format!(
                 "tier_weights: {tier} weighs {} per mille; at most {MAX_PER_MILLE}",
                 w.per_mille
             )));
@@ -41,11 +41,11 @@ pub fn tier_options(req: &MatchRequest) -> Result<(Vec<Tier>, Option<[u32; 4]>),
     Ok((order, Some(weights)))
 }
 
-fn known(code: i32, field: &str) -> Result<Tier, Status> {
+fn known(code: i32, field: &str) -> Result<Tier, QueryError> {
     u32::try_from(code)
         .ok()
         .and_then(Tier::from_code)
-        .ok_or_else(|| Status::invalid_argument(format!("{field}: unknown storage tier {code}")))
+        .ok_or_else(|| QueryError::invalid(format!("{field}: unknown storage tier {code}")))
 }
 
 /// An engine answer on the wire.

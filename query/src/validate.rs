@@ -1,15 +1,13 @@
 //! Request validation: every field is checked before the engine is touched, so a gateway gets
 //! a precise status instead of a silently empty answer.
 
+use crate::error::QueryError;
 use prefixlog_engine::{scheme, KeyspaceId};
 use prefixlog_proto::v1::{match_request::Prompt, MatchRequest, PartitionOffset};
-use tonic::Status;
 
 /// How many known keyspaces a NOT_FOUND message names at most: the message travels in gRPC
 /// metadata (8 KiB soft limit), and a replica may hold hundreds of keyspaces.
 const KNOWN_KEYSPACES_SHOWN: usize = 5;
-/// Longest NOT_FOUND message, in bytes (model names are client-controlled).
-const NOT_FOUND_MAX_BYTES: usize = 1000;
 /// Most `candidate_workers` a request may name: far more than any fleet a gateway routes to,
 /// and small enough that copying and sorting them stays cheap next to the match.
 pub const MAX_CANDIDATES: usize = 65_536;
@@ -30,25 +28,23 @@ pub struct Checked {
     pub candidates: Vec<u64>,
 }
 
-pub fn check(req: &MatchRequest, max_blocks: usize, partition_count: u32) -> Result<Checked, Status> {
-    let ks = req.keyspace.as_ref().ok_or_else(|| Status::invalid_argument("keyspace is required"))?;
+pub fn check(req: &MatchRequest, max_blocks: usize, partition_count: u32) -> Result<Checked, QueryError> {
+    let ks = req.keyspace.as_ref().ok_or_else(|| QueryError::invalid("keyspace is required"))?;
     if ks.block_size == 0 {
-        return Err(Status::invalid_argument("keyspace.block_size must be > 0"));
+        return Err(QueryError::invalid("keyspace.block_size must be > 0"));
     }
     if ks.model.is_empty() {
-        return Err(Status::invalid_argument("keyspace.model must not be empty"));
+        return Err(QueryError::invalid("keyspace.model must not be empty"));
     }
     let keyspace = KeyspaceId::new(ks.model.clone(), ks.block_size, ks.hash_scheme);
     let locals = locals(&keyspace, req.prompt.as_ref(), max_blocks)?;
     let top_k = match req.top_k {
-        Some(0) => {
-            return Err(Status::invalid_argument("top_k must be at least 1 (omit it for every worker)"))
-        }
+        Some(0) => return Err(QueryError::invalid("top_k must be at least 1 (omit it for every worker)")),
         k => k.map(|k| k as usize),
     };
     let token = token(&req.min_offsets, partition_count)?;
     if req.candidate_workers.len() > MAX_CANDIDATES {
-        return Err(Status::invalid_argument(format!(
+        return Err(QueryError::invalid(format!(
             "{} candidate_workers; at most {MAX_CANDIDATES}",
             req.candidate_workers.len()
         )));
@@ -62,23 +58,23 @@ pub fn check(req: &MatchRequest, max_blocks: usize, partition_count: u32) -> Res
 
 /// The prompt's local hashes. Token ids are hashed with the keyspace's scheme; a prompt
 /// shorter than one block is valid and matches nothing (engines cache full blocks only).
-fn locals(id: &KeyspaceId, prompt: Option<&Prompt>, max_blocks: usize) -> Result<Vec<u64>, Status> {
+fn locals(id: &KeyspaceId, prompt: Option<&Prompt>, max_blocks: usize) -> Result<Vec<u64>, QueryError> {
     let too_many = |n: usize| {
-        Status::invalid_argument(format!("prompt has {n} blocks; this replica's limit is {max_blocks}"))
+        QueryError::invalid(format!("prompt has {n} blocks; this replica's limit is {max_blocks}"))
     };
     match prompt {
-        None => Err(Status::invalid_argument("empty prompt: set tokens or hashes")),
+        None => Err(QueryError::invalid("empty prompt: set tokens or hashes")),
         Some(Prompt::Hashes(h)) if h.local.is_empty() => {
-            Err(Status::invalid_argument("empty prompt: no block hashes"))
+            Err(QueryError::invalid("empty prompt: no block hashes"))
         }
         Some(Prompt::Hashes(h)) if h.local.len() > max_blocks => Err(too_many(h.local.len())),
         Some(Prompt::Hashes(h)) => Ok(h.local.clone()),
         Some(Prompt::Tokens(t)) => {
             if t.ids.is_empty() {
-                return Err(Status::invalid_argument("empty prompt: no token ids"));
+                return Err(QueryError::invalid("empty prompt: no token ids"));
             }
             if !scheme::is_known(id.scheme) {
-                return Err(Status::invalid_argument(format!(
+                return Err(QueryError::invalid(format!(
                     "unknown hash scheme {} for token ids (this replica hashes scheme {}); \
                      send precomputed block hashes instead",
                     id.scheme,
@@ -86,13 +82,13 @@ fn locals(id: &KeyspaceId, prompt: Option<&Prompt>, max_blocks: usize) -> Result
                 )));
             }
             if t.lookahead > MAX_LOOKAHEAD {
-                return Err(Status::invalid_argument(format!(
+                return Err(QueryError::invalid(format!(
                     "lookahead {} is over this replica's limit of {MAX_LOOKAHEAD} tokens",
                     t.lookahead
                 )));
             }
             if t.mm_inputs.len() > MAX_MM_INPUTS {
-                return Err(Status::invalid_argument(format!(
+                return Err(QueryError::invalid(format!(
                     "{} mm_inputs; at most {MAX_MM_INPUTS}",
                     t.mm_inputs.len()
                 )));
@@ -130,11 +126,11 @@ fn token_locals(t: &prefixlog_proto::v1::TokenIds, block_size: usize) -> Vec<u64
 /// than once (a token built from several publishes, or merged from two) keeps its largest
 /// offset. One linear pass: the wait re-checks the token on every applied record, so its
 /// length is bounded by the log's partitions, whatever the request's.
-fn token(offs: &[PartitionOffset], partitions: u32) -> Result<Vec<(u32, i64)>, Status> {
+fn token(offs: &[PartitionOffset], partitions: u32) -> Result<Vec<(u32, i64)>, QueryError> {
     let mut largest: Vec<Option<i64>> = Vec::new();
     for o in offs {
         if o.partition >= partitions {
-            return Err(Status::invalid_argument(format!(
+            return Err(QueryError::invalid(format!(
                 "consistency token names partition {} but the log has {partitions}",
                 o.partition
             )));
@@ -162,7 +158,7 @@ pub fn clip(s: &str, max: usize) -> String {
 
 /// NOT_FOUND for an unknown keyspace, naming a few known ones, under 1 KiB whatever the names
 /// (model names are client-controlled, and a replica may hold hundreds of keyspaces).
-pub fn unknown_keyspace(id: &KeyspaceId, known: &[KeyspaceId]) -> Status {
+pub fn unknown_keyspace(id: &KeyspaceId, known: &[KeyspaceId]) -> QueryError {
     let shown: Vec<String> =
         known.iter().take(KNOWN_KEYSPACES_SHOWN).map(|k| clip(&k.to_string(), 120)).collect();
     let more = known.len().saturating_sub(shown.len());
@@ -174,7 +170,7 @@ pub fn unknown_keyspace(id: &KeyspaceId, known: &[KeyspaceId]) -> Status {
         if more > 0 { format!(", {more} not shown") } else { String::new() },
         shown.join(", "),
     );
-    Status::not_found(clip(&msg, NOT_FOUND_MAX_BYTES))
+    QueryError::UnknownKeyspace(msg)
 }
 
 #[cfg(test)]
@@ -185,10 +181,10 @@ mod tests {
     fn not_found_stays_small_with_many_and_long_keyspaces() {
         let known: Vec<KeyspaceId> =
             (0..400).map(|i| KeyspaceId::new(format!("model-{i}-{}", "x".repeat(300)), 16, 1)).collect();
-        let s = unknown_keyspace(&KeyspaceId::new("y".repeat(5000), 16, 1), &known);
+        let s = tonic::Status::from(unknown_keyspace(&KeyspaceId::new("y".repeat(5000), 16, 1), &known));
         assert_eq!(s.code(), tonic::Code::NotFound);
-        assert!(s.message().len() <= NOT_FOUND_MAX_BYTES, "{}", s.message().len());
-        let s = unknown_keyspace(&KeyspaceId::new("m", 16, 1), &known[..7]);
+        assert!(s.message().len() <= 1000, "{}", s.message().len());
+        let s = tonic::Status::from(unknown_keyspace(&KeyspaceId::new("m", 16, 1), &known[..7]));
         assert!(s.message().contains("7 known, 2 not shown"), "{}", s.message());
     }
 

@@ -1,0 +1,88 @@
+//! Why a query was refused, as one typed error, and its single conversion to the wire
+//! ([`tonic::Status`]); the metrics' code label is the same code. Facades that answer in their
+//! own protocol map the status the service returns (or match on [`QueryError::code`]).
+
+use crate::validate::clip;
+use tonic::{Code, Status};
+
+/// Longest NOT_FOUND message, in bytes (model names are client-controlled).
+const NOT_FOUND_MAX_BYTES: usize = 1000;
+
+/// A refused or failed query.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QueryError {
+    /// A field of the request is missing or out of range (the message names it).
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// The request names a keyspace this replica does not hold (the message names a few it does).
+    #[error("{0}")]
+    UnknownKeyspace(String),
+    /// The replica cannot vouch for the caller's consistency token (why: a gap, a partition it
+    /// does not serve yet, ...).
+    #[error("{0}")]
+    Unavailable(String),
+    /// The consistency token was not reached within the wait.
+    #[error("{0}")]
+    TokenNotReached(String),
+    /// A limit on concurrent streams or message sizes.
+    #[error("{0}")]
+    ResourceExhausted(String),
+}
+
+impl QueryError {
+    /// The gRPC code it is answered with (and the metrics' `code` label).
+    pub fn code(&self) -> Code {
+        match self {
+            Self::InvalidArgument(_) => Code::InvalidArgument,
+            Self::UnknownKeyspace(_) => Code::NotFound,
+            Self::Unavailable(_) => Code::Unavailable,
+            Self::TokenNotReached(_) => Code::DeadlineExceeded,
+            Self::ResourceExhausted(_) => Code::ResourceExhausted,
+        }
+    }
+
+    pub(crate) fn invalid(msg: impl Into<String>) -> Self {
+        Self::InvalidArgument(msg.into())
+    }
+}
+
+impl From<QueryError> for Status {
+    fn from(e: QueryError) -> Self {
+        let code = e.code();
+        let msg = match e {
+            QueryError::UnknownKeyspace(m) => clip(&m, NOT_FOUND_MAX_BYTES),
+            QueryError::InvalidArgument(m)
+            | QueryError::Unavailable(m)
+            | QueryError::TokenNotReached(m)
+            | QueryError::ResourceExhausted(m) => m,
+        };
+        Status::new(code, msg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_error_keeps_its_code_and_message_on_the_wire() {
+        let cases = [
+            (QueryError::invalid("top_k"), Code::InvalidArgument),
+            (QueryError::UnknownKeyspace("no keyspace".into()), Code::NotFound),
+            (QueryError::Unavailable("gap".into()), Code::Unavailable),
+            (QueryError::TokenNotReached("late".into()), Code::DeadlineExceeded),
+            (QueryError::ResourceExhausted("streams".into()), Code::ResourceExhausted),
+        ];
+        for (e, code) in cases {
+            let msg = e.to_string();
+            let s = Status::from(e);
+            assert_eq!((s.code(), s.message()), (code, msg.as_str()));
+        }
+    }
+
+    #[test]
+    fn a_long_not_found_message_is_clipped() {
+        let s = Status::from(QueryError::UnknownKeyspace("x".repeat(5000)));
+        assert!(s.message().len() <= NOT_FOUND_MAX_BYTES && s.message().ends_with("..."));
+    }
+}
