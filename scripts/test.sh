@@ -33,6 +33,14 @@ fi
 if cargo tree -e normal,dev --depth 1 -p prefixlog-query | grep -q 'prefixlog-client v'; then
   echo "error: prefixlog-query depends on prefixlog-client" >&2; exit 1
 fi
+# Each facade is a cargo feature; only the endpoint picker (`epp`) tokenizes.
+echo "==> prefixlog-facades without epp links no tokenizers; each facade builds alone"
+if cargo tree -e normal -p prefixlog-facades --no-default-features --features sglang,smg,http | grep -q 'tokenizers v'; then
+  echo "error: prefixlog-facades links tokenizers without the epp feature" >&2; exit 1
+fi
+for feature in sglang smg http epp; do
+  cargo clippy -q -p prefixlog-facades --no-default-features --features "$feature" -- -D warnings
+done
 echo "==> Prometheus alert rules (promtool check rules)"
 PROMTOOL="$(bash scripts/promtool.sh)"
 "$PROMTOOL" check rules deploy/prometheus/alerts.yml

@@ -27,12 +27,19 @@
 //! - [`names`]: upstream worker names (strings) → prefixlog worker ids, per protocol seed.
 //! - [`metrics`]: [`metrics::FacadeMetrics`], every facade's counters labelled `protocol`.
 //! - [`FILE_DESCRIPTOR_SET`]: the upstream schemas, encoded, for gRPC server reflection.
+//!
+//! Cargo features `sglang`, `smg`, `http` and `epp` (all on by default) each bring one
+//! protocol; only `epp` brings `tokenizers`.
 
+#[cfg(feature = "epp")]
 pub mod epp;
+#[cfg(feature = "http")]
 pub mod http;
 pub mod metrics;
 pub mod names;
+#[cfg(feature = "sglang")]
 pub mod sglang;
+#[cfg(feature = "smg")]
 pub mod smg;
 pub mod start;
 pub mod writes;
@@ -44,6 +51,7 @@ pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "
 /// protocols have no tiers (docs/compat), so a block offloaded to host memory or disk is never
 /// reported to their gateways as a GPU hit. (The HTTP dialects map the tiers onto their own
 /// fields: `http::dynamo`, `http::reader`.)
+#[cfg(any(feature = "smg", feature = "epp"))]
 pub(crate) const GPU_ONLY: [prefixlog_engine::Tier; 1] = [prefixlog_engine::Tier::Gpu];
 
 /// `MatchRequest.tiers` counting `tiers`, in preference order.
