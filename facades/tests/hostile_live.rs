@@ -34,7 +34,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio_stream::wrappers::ReceiverStream;
 
-const HEADER_TIMEOUT: Duration = prefixlog_facades::http::conn::DEFAULT_HEADER_TIMEOUT;
+const HEADER_TIMEOUT: Duration = prefixlog_query::listen::DEFAULT_HEADER_TIMEOUT;
 const BODY_TIMEOUT: Duration = prefixlog_facades::http::limit::DEFAULT_BODY_TIMEOUT;
 /// Slack for a loaded CI machine on top of a server-side deadline.
 const MARGIN: Duration = Duration::from_secs(3);

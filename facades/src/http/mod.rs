@@ -25,11 +25,9 @@
 //!   `QueryService::answer`, Mooncake's `/query`.
 //! - [`limit`]: the bounds on bodies (time 408, bytes at once 503, read before a place is
 //!   taken), requests in flight (429 over it) and time per request (504).
-//! - [`conn`]: the accept loop: header and idle timeout, connections in all and per peer.
 //! - [`server`]: the axum router (body limits, bounds, metrics) and [`HttpIndexerExtension`],
-//!   which serves it on its own port for the lifetime of a replica.
+//!   which serves it on its own port under `prefixlog_query::listen`'s connection bounds for the lifetime of a replica.
 
-pub mod conn;
 pub mod dump;
 pub mod dynamo;
 pub mod limit;

@@ -1,5 +1,6 @@
 //! The HTTP server (axum, HTTP/1) and the extension that runs it on a port of its own next to
-//! a replica, under the connection bounds of [`super::conn`]. Every request but `/health` is bounded ([`super::limit`]) and counted by route
+//! a replica, under the connection bounds of `prefixlog_query::listen` (refusals counted as
+//! `prefixlog_facade_skipped_total{reason="connections_total"|"connections_per_peer"}`). Every request but `/health` is bounded ([`super::limit`]) and counted by route
 //! and outcome (`prefixlog_facade_requests_total{protocol="dynamo-http"|"mooncake-http"}`).
 //!
 //! Dynamo's routes read their bodies with axum's `Json` extractor and query strings with its
@@ -7,7 +8,6 @@
 //! one that is not JSON 400, one of the wrong shape 422, each with axum's text; `/query` and
 //! `/query_by_hash` take bodies up to 8 MiB, the other routes up to axum's default 2 MiB.
 
-use super::conn::ConnLimits;
 use super::limit::{in_flight_gauge, limit, BodyLimits, Gate, Limits};
 use super::listeners::{Listeners, Live};
 use super::reader::{QueryError, Reader};
@@ -30,6 +30,7 @@ use parking_lot::Mutex;
 use prefixlog_bridge::metrics::BridgeCollector;
 use prefixlog_ingest::Publisher;
 use prefixlog_query::extension::{Extension, ExtensionContext, ExtensionError};
+use prefixlog_query::listen::{ConnLimits, OnRefused};
 use prefixlog_query::QueryService;
 use serde::Serialize;
 use std::net::{SocketAddr, TcpListener};
@@ -400,7 +401,14 @@ impl Extension for HttpIndexerExtension {
         let gate = Gate::new(self.limits, metrics.clone(), in_flight).with_bodies(self.bodies);
         let registrar = self.registrar(ctx)?;
         let app = router(ctx.query.clone(), metrics.clone(), gate, self.dialect, registrar);
-        let task = tokio::spawn(super::conn::serve(listener, app, self.connections, metrics));
+        let refused: OnRefused = Arc::new(move |why| metrics.skipped(why.reason(), 1));
+        let task = tokio::spawn(prefixlog_query::listen::serve(
+            listener,
+            app,
+            self.connections,
+            "http-indexer",
+            refused,
+        ));
         self.tasks.lock().push(task.abort_handle());
         Ok(())
     }

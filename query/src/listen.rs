@@ -1,20 +1,20 @@
-//! Connection discipline of the HTTP port: its own accept loop over hyper's HTTP/1 server
-//! (axum's `serve` sets no timeouts), so that half-sent requests and idle connections are
-//! closed and no one address holds every connection.
+//! Connection discipline of the HTTP/1 ports (the admin port, the HTTP indexer facade): an
+//! accept loop of their own over hyper's HTTP/1 server (axum's `serve` sets no timeouts), so
+//! that half-sent requests and idle connections are closed and no one address holds every
+//! connection.
 //!
 //! - A connection must deliver a request's whole header within [`ConnLimits::header_timeout`],
 //!   counted from when the server starts waiting for it: the first request of a connection, and
 //!   every later one on a kept-alive connection (so the same bound closes idle connections).
 //! - At most [`ConnLimits::max_connections`] connections are open, at most
 //!   [`ConnLimits::max_connections_per_peer`] from one IP address; one over either is closed at
-//!   once, unanswered, and counted (`prefixlog_facade_skipped_total{reason="connections_total"|
-//!   "connections_per_peer"}`).
+//!   once, unanswered, and reported to the server's `on_refused` ([`Refused::reason`]:
+//!   `connections_total`, `connections_per_peer`).
 //! - A connection's read buffer is at most [`READ_BUFFER_BYTES`] (headers larger than it are
 //!   refused by hyper with 431).
 //!
-//! Bodies are bounded by the router's middleware ([`super::limit`]), not here.
+//! Bodies are bounded by each router (the HTTP facade's middleware), not here.
 
-use crate::metrics::FacadeMetrics;
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
@@ -62,7 +62,8 @@ pub enum Refused {
 }
 
 impl Refused {
-    fn reason(self) -> &'static str {
+    /// The counter label of the refusal.
+    pub fn reason(self) -> &'static str {
         match self {
             Self::Total => "connections_total",
             Self::PerPeer => "connections_per_peer",
@@ -129,14 +130,24 @@ impl Connections {
     }
 }
 
-/// Serves `app` on `listener` under `limits` until the task is aborted.
-pub async fn serve(listener: TcpListener, app: Router, limits: ConnLimits, metrics: FacadeMetrics) {
+/// Told of every connection closed at once.
+pub type OnRefused = Arc<dyn Fn(Refused) + Send + Sync>;
+
+/// Serves `app` on `listener` under `limits` until the task is aborted; `name` names the
+/// server in logs.
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    limits: ConnLimits,
+    name: &'static str,
+    on_refused: OnRefused,
+) {
     let connections = Connections::new(limits);
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
             Err(e) => {
-                tracing::warn!(error = %e, "HTTP indexer facade: accept failed");
+                tracing::warn!(error = %e, server = name, "accept failed");
                 tokio::time::sleep(ACCEPT_BACKOFF).await;
                 continue;
             }
@@ -144,7 +155,7 @@ pub async fn serve(listener: TcpListener, app: Router, limits: ConnLimits, metri
         let slot = match connections.admit(peer.ip()) {
             Ok(slot) => slot,
             Err(why) => {
-                metrics.skipped(why.reason(), 1);
+                on_refused(why);
                 continue;
             }
         };
@@ -158,7 +169,7 @@ pub async fn serve(listener: TcpListener, app: Router, limits: ConnLimits, metri
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
             if let Err(e) = conn {
-                tracing::debug!(error = %e, %peer, "HTTP indexer facade: connection closed");
+                tracing::debug!(error = %e, %peer, server = name, "connection closed");
             }
             drop(slot);
         });
