@@ -1,7 +1,8 @@
 //! Connection discipline of the HTTP/1 ports (the admin port, the HTTP indexer facade): an
 //! accept loop of their own over hyper's HTTP/1 server (axum's `serve` sets no timeouts), so
 //! that half-sent requests and idle connections are closed and no one address holds every
-//! connection.
+//! connection. The gRPC query port takes its connections through [`admitted`]: the same caps
+//! (its HTTP/2 bounds are set on its server: `crate::server`).
 //!
 //! - A connection must deliver a request's whole header within [`ConnLimits::header_timeout`],
 //!   counted from when the server starts waiting for it: the first request of a connection, and
@@ -21,9 +22,14 @@ use hyper_util::service::TowerToHyperService;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
+use tokio_stream::Stream;
+use tonic::transport::server::{Connected, TcpConnectInfo};
 
 /// Time a client has to send a request's header (and how long a kept-alive connection may idle).
 pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(5);
@@ -176,6 +182,90 @@ pub async fn serve(
     }
 }
 
+/// A TCP connection admitted by [`Connections`]: its place is given back when it closes.
+/// What the gRPC ports serve (tonic's `serve_with_incoming`), TLS or not.
+pub struct Admitted {
+    stream: tokio::net::TcpStream,
+    _slot: Slot,
+}
+
+impl AsyncRead for Admitted {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Admitted {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+    }
+}
+
+impl Connected for Admitted {
+    type ConnectInfo = TcpConnectInfo;
+
+    fn connect_info(&self) -> TcpConnectInfo {
+        self.stream.connect_info()
+    }
+}
+
+/// The connections of `listener` that `limits` admit, with `TCP_NODELAY`; the others are
+/// closed at once and reported to `on_refused`. Never ends, never yields an error (a failed
+/// accept is logged and retried).
+pub fn admitted(
+    listener: TcpListener,
+    limits: ConnLimits,
+    name: &'static str,
+    on_refused: OnRefused,
+) -> impl Stream<Item = std::io::Result<Admitted>> + Send + 'static {
+    let connections = Connections::new(limits);
+    futures_util::stream::unfold((listener, connections, on_refused), move |state| async move {
+        let (listener, connections, on_refused) = state;
+        loop {
+            let (stream, peer) = match listener.accept().await {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    tracing::warn!(error = %e, server = name, "accept failed");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    continue;
+                }
+            };
+            match connections.admit(peer.ip()) {
+                Ok(slot) => {
+                    let _ = stream.set_nodelay(true);
+                    let next = Ok(Admitted { stream, _slot: slot });
+                    return Some((next, (listener, connections, on_refused)));
+                }
+                Err(why) => on_refused(why),
+            }
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -207,5 +297,30 @@ mod tests {
         assert_eq!(c.admit("10.0.0.9".parse().unwrap()).err(), Some(Refused::Total));
         drop(slots);
         assert!(c.admit("10.0.0.9".parse().unwrap()).is_ok());
+    }
+
+    /// Through [`admitted`]: the second connection from one address over a cap of 1 is closed
+    /// at once and reported; the first stays served.
+    #[tokio::test]
+    async fn a_connection_over_the_per_peer_cap_is_closed_at_once() {
+        use futures_util::StreamExt;
+        use tokio::io::AsyncReadExt;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let refused = Arc::new(Mutex::new(Vec::new()));
+        let seen = refused.clone();
+        let on_refused: OnRefused = Arc::new(move |why| seen.lock().push(why));
+        let mut incoming = Box::pin(admitted(listener, limits(10, 1), "test", on_refused));
+        let _first = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let held = incoming.next().await.unwrap().unwrap();
+        let mut second = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let pending = tokio::spawn(async move { incoming.next().await.map(|r| r.is_ok()) });
+        let mut buf = [0u8; 1];
+        let n = tokio::time::timeout(Duration::from_secs(5), second.read(&mut buf)).await.unwrap();
+        assert!(matches!(n, Ok(0) | Err(_)), "the second connection is closed unanswered");
+        assert_eq!(*refused.lock(), vec![Refused::PerPeer]);
+        assert!(!pending.is_finished(), "nothing more is admitted");
+        pending.abort();
+        drop(held);
     }
 }

@@ -28,7 +28,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;
 use tonic::codegen::http;
-use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 
 /// Streams one connection of the query port may have open at once.
@@ -45,6 +44,14 @@ pub const H2_CONNECTION_WINDOW: u32 = 16 << 20;
 /// smallest messages (about 20 bytes a DATA frame, each charged 256 less its size) cannot
 /// exhaust the connection's budget of small frames on its own (512 KiB / 20 × 236 ≈ 6 MiB).
 pub const H2_STREAM_WINDOW: u32 = 512 << 10;
+
+/// Connections the query port keeps open at once, in all and per peer address (one more is
+/// closed at once). Gateways and publishers hold a few long-lived connections each.
+pub const QUERY_PORT_CONNECTIONS: crate::listen::ConnLimits = crate::listen::ConnLimits {
+    header_timeout: crate::listen::DEFAULT_HEADER_TIMEOUT,
+    max_connections: 4096,
+    max_connections_per_peer: 256,
+};
 
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
@@ -294,7 +301,10 @@ pub async fn start(cfg: ServerConfig, served: Served) -> Result<RunningServer, S
     let listener = tokio::net::TcpListener::bind(cfg.grpc_addr).await.map_err(bind)?;
     let grpc_addr = listener.local_addr().map_err(bind)?;
     // Nagle would add up to 40 ms to small responses on some stacks; queries are latency-bound.
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let refused: crate::listen::OnRefused = Arc::new(|why| {
+        tracing::debug!(reason = why.reason(), "query port: connection refused");
+    });
+    let incoming = crate::listen::admitted(listener, QUERY_PORT_CONNECTIONS, "query", refused);
     let mut builder = tonic::transport::Server::builder();
     if let Some(tls) = &cfg.tls {
         builder = builder.tls_config(tls.server_config()?)?;
