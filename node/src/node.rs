@@ -164,7 +164,14 @@ impl ReplicaNode {
             })?);
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
             self.peer_stop = Some(stop);
-            let mut builder = tonic::transport::Server::builder();
+            use prefixlog_query::server::{
+                H2_KEEPALIVE_INTERVAL, H2_KEEPALIVE_TIMEOUT, H2_MAX_CONCURRENT_STREAMS,
+            };
+            // The query port's HTTP/2 bounds: streams per connection, dead peers found by keepalive.
+            let mut builder = tonic::transport::Server::builder()
+                .max_concurrent_streams(H2_MAX_CONCURRENT_STREAMS)
+                .http2_keepalive_interval(Some(H2_KEEPALIVE_INTERVAL))
+                .http2_keepalive_timeout(Some(H2_KEEPALIVE_TIMEOUT));
             if let Some(tls) = &self.opts.peer_tls {
                 builder = builder.tls_config(tls.server()).map_err(NodeError::PeerTls)?;
             }

@@ -8,6 +8,9 @@
 //! that takes minutes is visible (`/metrics` has the start-up phase, `/readyz` says what it is
 //! doing, `/healthz` answers the startup probe); once it serves, the port's readiness is switched
 //! to the replica's ([`AdminPort::serve_readiness`]). The bridge uses the same port.
+//!
+//! Connections are bounded by [`crate::listen`] with its defaults (a header within 5 s, idle
+//! connections closed after 5 s, 1,024 connections, 256 per peer address).
 
 use crate::health::Readiness;
 use axum::http::StatusCode;
@@ -93,11 +96,10 @@ impl AdminPort {
         let addr = listener.local_addr()?;
         let readiness: Switch = Arc::new(RwLock::new(readiness));
         let app = switched_router(registry, readiness.clone());
-        let task = tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, app).await {
-                tracing::error!(error = %e, "admin HTTP server stopped");
-            }
-        });
+        let limits = crate::listen::ConnLimits::default();
+        let refused: crate::listen::OnRefused =
+            Arc::new(|why| tracing::debug!(reason = why.reason(), "admin port: connection refused"));
+        let task = tokio::spawn(crate::listen::serve(listener, app, limits, "admin", refused));
         Ok(Self { addr, readiness, task })
     }
 

@@ -24,6 +24,8 @@
 //! - [`extension`]: [`extension::Extension`], services other crates host on the query port
 //!   (the protocol facades), built from the same [`service::QueryService`] and registry.
 //! - [`health`]: [`health::Readiness`] (caught up = lag ≤ threshold) driving `grpc.health.v1`.
+//! - [`listen`]: the HTTP/1 ports' accept loop: header and idle timeout, connections in all
+//!   and per peer address capped.
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz` over HTTP/1; [`admin::AdminPort`] binds it
 //!   before the replica serves (start-up progress), and serves the bridge too.
 //! - [`exposition`]: checks of a `/metrics` text against Prometheus' naming conventions (and
@@ -41,6 +43,7 @@ pub mod exposition;
 pub mod extension;
 pub mod grpc;
 pub mod health;
+pub mod listen;
 pub mod metrics;
 pub mod server;
 pub mod service;

@@ -3,6 +3,13 @@
 //! The gRPC server carries `PrefixIndex`, the `Echo` benchmark baseline, `grpc.health.v1`
 //! (driven by [`Readiness`]) and server reflection (v1 and v1alpha, so `grpcurl` works without
 //! `.proto` files), optionally over TLS or mutual TLS.
+//!
+//! The port's HTTP/2 connections are bounded ([`H2_MAX_CONCURRENT_STREAMS`] streams each,
+//! keepalive pings every [`H2_KEEPALIVE_INTERVAL`], a connection that does not answer one within
+//! [`H2_KEEPALIVE_TIMEOUT`] closed) and get windows large enough for the stream protocols' own
+//! bursts ([`H2_CONNECTION_WINDOW`], [`H2_STREAM_WINDOW`]): h2 closes a connection with
+//! ENHANCE_YOUR_CALM when more small DATA frames wait unread than half its connection window
+//! pays for, so a small window loses a fast publisher's connection during a pause of its reader.
 
 use crate::admin::AdminPort;
 use crate::extension::{ExtensionContext, Extensions};
@@ -21,8 +28,30 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;
 use tonic::codegen::http;
-use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
+
+/// Streams one connection of the query port may have open at once.
+pub const H2_MAX_CONCURRENT_STREAMS: u32 = 1024;
+/// Idle connections are pinged this often…
+pub const H2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+/// …and closed when a ping is not answered within this.
+pub const H2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+/// HTTP/2 connection window (bytes a client may send unread on one connection). h2's budget
+/// of small DATA frames waiting unread is half of it: 8 MiB, about 40,000 frames of an SMG
+/// update's size, which a publisher does not reach while its stream is being read.
+pub const H2_CONNECTION_WINDOW: u32 = 16 << 20;
+/// HTTP/2 stream window (bytes unread on one stream). Small enough that one stream of the
+/// smallest messages (about 20 bytes a DATA frame, each charged 256 less its size) cannot
+/// exhaust the connection's budget of small frames on its own (512 KiB / 20 × 236 ≈ 6 MiB).
+pub const H2_STREAM_WINDOW: u32 = 512 << 10;
+
+/// Connections the query port keeps open at once, in all and per peer address (one more is
+/// closed at once). Gateways and publishers hold a few long-lived connections each.
+pub const QUERY_PORT_CONNECTIONS: crate::listen::ConnLimits = crate::listen::ConnLimits {
+    header_timeout: crate::listen::DEFAULT_HEADER_TIMEOUT,
+    max_connections: 4096,
+    max_connections_per_peer: 256,
+};
 
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
@@ -272,13 +301,21 @@ pub async fn start(cfg: ServerConfig, served: Served) -> Result<RunningServer, S
     let listener = tokio::net::TcpListener::bind(cfg.grpc_addr).await.map_err(bind)?;
     let grpc_addr = listener.local_addr().map_err(bind)?;
     // Nagle would add up to 40 ms to small responses on some stacks; queries are latency-bound.
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let refused: crate::listen::OnRefused = Arc::new(|why| {
+        tracing::debug!(reason = why.reason(), "query port: connection refused");
+    });
+    let incoming = crate::listen::admitted(listener, QUERY_PORT_CONNECTIONS, "query", refused);
     let mut builder = tonic::transport::Server::builder();
     if let Some(tls) = &cfg.tls {
         builder = builder.tls_config(tls.server_config()?)?;
     }
     let router = builder
         .tcp_nodelay(true)
+        .max_concurrent_streams(H2_MAX_CONCURRENT_STREAMS)
+        .http2_keepalive_interval(Some(H2_KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(H2_KEEPALIVE_TIMEOUT))
+        .initial_connection_window_size(H2_CONNECTION_WINDOW)
+        .initial_stream_window_size(H2_STREAM_WINDOW)
         .layer(tower::util::MapResponseLayer::new(oversize_is_resource_exhausted))
         .add_routes(routes.routes());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

@@ -87,6 +87,8 @@ pub struct Exchange {
     first: bool,
     phase: Phase,
     body: Vec<u8>,
+    /// The body's bytes taken from the picker's shared budget, given back with the exchange.
+    body_bytes: Option<tokio::sync::OwnedSemaphorePermit>,
     hint: Option<Vec<SocketAddr>>,
     lease: Option<Lease>,
 }
@@ -101,6 +103,7 @@ impl Exchange {
             first: true,
             phase: Phase::Request,
             body: Vec::new(),
+            body_bytes: None,
             hint: None,
             lease: None,
         }
@@ -185,6 +188,9 @@ impl Exchange {
         if self.body.len() + b.body.len() > max {
             return self.refuse(PickError::TooLarge(max));
         }
+        if let Err(e) = self.take_body_bytes(b.body.len()) {
+            return self.refuse(e);
+        }
         self.body.extend_from_slice(&b.body);
         // Buffered (also partial) mode sends the body in one message and waits for its answer.
         if b.end_of_stream || self.mode == BodyMode::Buffered {
@@ -251,6 +257,18 @@ impl Exchange {
         self.metrics.request("Process", tonic::Code::Unimplemented);
         tracing::debug!(error = %e, routed = ?self.routed_to(), "endpoint picker: stream not served");
         Step::Close(e.status())
+    }
+
+    /// `n` more bytes of the shared body budget, held until the exchange ends.
+    fn take_body_bytes(&mut self, n: usize) -> Result<(), PickError> {
+        let busy = || PickError::Busy(super::MAX_BUFFERED_BODY_BYTES);
+        let n = u32::try_from(n).map_err(|_| busy())?;
+        let permit = self.picker.body_bytes.clone().try_acquire_many_owned(n).map_err(|_| busy())?;
+        match &mut self.body_bytes {
+            Some(held) => held.merge(permit),
+            None => self.body_bytes = Some(permit),
+        }
+        Ok(())
     }
 
     fn refuse(&mut self, e: PickError) -> Step {

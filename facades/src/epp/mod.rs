@@ -107,6 +107,10 @@ pub struct Limits {
 }
 
 pub const DEFAULT_MAX_BODY_BYTES: usize = 4 << 20;
+/// Request bodies' bytes the picker holds at once, across its streams; a body that would pass
+/// it is answered 503 (counted RESOURCE_EXHAUSTED) instead of buffered. Without it the bound
+/// was `max_streams × max_body_bytes` (4 GiB by default).
+pub const MAX_BUFFERED_BODY_BYTES: usize = 256 << 20;
 pub const DEFAULT_MAX_STREAMS: usize = 1024;
 pub const DEFAULT_MESSAGE_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DEFAULT_INDEX_TIMEOUT: Duration = Duration::from_millis(100);

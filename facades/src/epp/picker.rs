@@ -33,6 +33,8 @@ pub enum PickError {
     UnknownModel { model: String, served: String },
     #[error("the request body is larger than {0} bytes")]
     TooLarge(usize),
+    #[error("the endpoint picker holds {0} bytes of request bodies already; retry later")]
+    Busy(usize),
     #[error("no eligible endpoint: {0}")]
     NoEndpoint(&'static str),
 }
@@ -44,6 +46,7 @@ impl PickError {
             Self::Body(_) => 400,
             Self::UnknownModel { .. } => 404,
             Self::TooLarge(_) => 413,
+            Self::Busy(_) => 503,
             Self::NoEndpoint(_) => 503,
         }
     }
@@ -53,7 +56,7 @@ impl PickError {
         match self {
             Self::Body(_) => tonic::Code::InvalidArgument,
             Self::UnknownModel { .. } => tonic::Code::NotFound,
-            Self::TooLarge(_) => tonic::Code::ResourceExhausted,
+            Self::TooLarge(_) | Self::Busy(_) => tonic::Code::ResourceExhausted,
             Self::NoEndpoint(_) => tonic::Code::Unavailable,
         }
     }
@@ -94,6 +97,8 @@ pub struct Picker {
     pub weights: Weights,
     pub limits: Limits,
     pub metrics: PickMetrics,
+    /// One permit per body byte held by any stream ([`super::MAX_BUFFERED_BODY_BYTES`]).
+    pub body_bytes: std::sync::Arc<tokio::sync::Semaphore>,
 }
 
 /// The index's view of one prompt, per worker.

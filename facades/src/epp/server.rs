@@ -193,6 +193,7 @@ impl EppExtension {
 
     fn spawn_servers(&self, svc: EppService, readiness: Arc<Readiness>) -> Result<(), StartError> {
         let (l, h) = self.listeners.lock().take().ok_or(StartError::AlreadyServed { facade: FACADE })?;
+        let max_streams = svc.picker.limits.max_streams;
         let tokio_listener = |l: TcpListener, what, addr| {
             tokio::net::TcpListener::from_std(l).map_err(|source| StartError::Bind {
                 facade: FACADE,
@@ -207,7 +208,13 @@ impl EppExtension {
         let mut tasks = self.tasks.lock();
         tasks.push(
             tokio::spawn(async move {
+                use prefixlog_query::server::{H2_KEEPALIVE_INTERVAL, H2_KEEPALIVE_TIMEOUT};
+                // Envoy opens one stream per HTTP request in flight: the picker's own cap
+                // (`max_streams`) bounds them; keepalive finds dead data planes.
                 let r = tonic::transport::Server::builder()
+                    .max_concurrent_streams(u32::try_from(max_streams).unwrap_or(u32::MAX))
+                    .http2_keepalive_interval(Some(H2_KEEPALIVE_INTERVAL))
+                    .http2_keepalive_timeout(Some(H2_KEEPALIVE_TIMEOUT))
                     .add_service(svc.into_server())
                     .serve_with_incoming(l)
                     .await;
@@ -274,6 +281,7 @@ impl Extension for EppExtension {
             weights: self.cfg.weights,
             limits: self.cfg.limits,
             metrics: picks.clone(),
+            body_bytes: Arc::new(Semaphore::new(super::MAX_BUFFERED_BODY_BYTES)),
         };
         let streams = Arc::new(Semaphore::new(self.cfg.limits.max_streams.max(1)));
         let svc = EppService { picker, metrics, streams, body_mode: self.cfg.body_mode };

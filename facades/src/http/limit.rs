@@ -1,28 +1,56 @@
 //! Bounds on the work the HTTP port accepts: requests in flight (each may buffer a body of up
-//! to `MAX_BODY_BYTES`) and the time one request may take, body included. Without them many or
-//! slow clients grow memory without bound.
+//! to `MAX_BODY_BYTES`), the time a body may take to arrive, the bytes of bodies being received
+//! at once, and the time one request may take. Without them many or slow clients grow memory
+//! without bound, or hold every place.
 //!
-//! The bound is taken with `try_acquire` before the body is read: one request over it is
-//! refused at once with 429, never queued; one over its time is answered 504. Both are counted
-//! in the facade metrics under their gRPC code (RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED). The
-//! places taken are the gauge `prefixlog_facade_http_in_flight{protocol}`: at the bound, the
-//! port answers 429.
+//! A request's body is read in full first, within [`BodyLimits::timeout`] (408 past it) and
+//! within a byte budget shared by every request being received ([`BodyLimits::budget_bytes`]:
+//! 503 past it); only then is a place taken, with `try_acquire`: one over the bound is refused
+//! at once with 429, never queued. A slow body therefore never holds a place a complete
+//! request could use. One over its time (from its place) is answered 504. All are counted in
+//! the facade metrics under their gRPC code (DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED). The places
+//! taken are the gauge `prefixlog_facade_http_in_flight{protocol}`: at the bound, the port
+//! answers 429.
+//!
+//! Bodies are read up to `MAX_BODY_BYTES` and one byte more: the routes' own body limits (and
+//! their 413 answers, axum's) apply to what is passed on.
 
 use super::wire::ErrorBody;
+use super::MAX_BODY_BYTES;
 use crate::metrics::FacadeMetrics;
+use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::Response;
+use futures_util::StreamExt;
 use prometheus::{IntGauge, Opts, Registry};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Requests in flight per server by default.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 64;
 /// Time one request may take by default, its body included.
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Time a request's body may take to arrive by default (from its header).
+pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Bytes of bodies being received or held at once by default (64 bodies of 8 MiB).
+pub const DEFAULT_BODY_BUDGET_BYTES: usize = 512 << 20;
+
+/// The bounds on bodies of one server.
+#[derive(Clone, Copy, Debug)]
+pub struct BodyLimits {
+    pub timeout: Duration,
+    pub budget_bytes: usize,
+}
+
+impl Default for BodyLimits {
+    fn default() -> Self {
+        Self { timeout: DEFAULT_BODY_TIMEOUT, budget_bytes: DEFAULT_BODY_BUDGET_BYTES }
+    }
+}
 
 /// The bounds of one server.
 #[derive(Clone, Copy, Debug)]
@@ -42,6 +70,9 @@ impl Default for Limits {
 pub struct Gate {
     permits: Arc<Semaphore>,
     timeout: Duration,
+    /// One permit per body byte received and not yet answered.
+    body_bytes: Arc<Semaphore>,
+    body_timeout: Duration,
     metrics: FacadeMetrics,
     in_flight: IntGauge,
 }
@@ -50,7 +81,23 @@ impl Gate {
     /// A gate of `limits` whose places taken are `in_flight` (see [`in_flight_gauge`]).
     pub fn new(limits: Limits, metrics: FacadeMetrics, in_flight: IntGauge) -> Self {
         let permits = Arc::new(Semaphore::new(limits.max_in_flight.max(1)));
-        Self { permits, timeout: limits.request_timeout, metrics, in_flight }
+        let bodies = BodyLimits::default();
+        let body_bytes = Arc::new(Semaphore::new(bodies.budget_bytes));
+        Self {
+            permits,
+            timeout: limits.request_timeout,
+            body_bytes,
+            body_timeout: bodies.timeout,
+            metrics,
+            in_flight,
+        }
+    }
+
+    /// Other body bounds than the defaults (10 s, 512 MiB).
+    pub fn with_bodies(mut self, bodies: BodyLimits) -> Self {
+        self.body_bytes = Arc::new(Semaphore::new(bodies.budget_bytes.min(Semaphore::MAX_PERMITS)));
+        self.body_timeout = bodies.timeout;
+        self
     }
 }
 
@@ -87,9 +134,68 @@ impl Drop for Place {
     }
 }
 
+/// Why a body was not read.
+#[derive(Debug, thiserror::Error)]
+enum BodyError {
+    #[error("request body not received within {0:?}")]
+    Slow(Duration),
+    #[error("too many request bytes being received on this indexer; retry later")]
+    Budget,
+    #[error("request body not read: {0}")]
+    Read(String),
+}
+
+impl BodyError {
+    fn answer(&self, gate: &Gate, route: &str) -> Response {
+        let (status, code) = match self {
+            Self::Slow(_) => (StatusCode::REQUEST_TIMEOUT, tonic::Code::DeadlineExceeded),
+            Self::Budget => (StatusCode::SERVICE_UNAVAILABLE, tonic::Code::ResourceExhausted),
+            Self::Read(_) => (StatusCode::BAD_REQUEST, tonic::Code::InvalidArgument),
+        };
+        gate.metrics.request(route, code);
+        let mut r = super::wire::json(status, &ErrorBody { error: &self.to_string() });
+        // The rest of the body is not read: the connection cannot carry another request.
+        r.headers_mut().insert(axum::http::header::CONNECTION, axum::http::HeaderValue::from_static("close"));
+        r
+    }
+}
+
+/// Reads `body` up to `MAX_BODY_BYTES + 1` bytes, each byte taken from the shared budget (the
+/// permits are held until the answer).
+async fn read_body(gate: &Gate, body: Body) -> Result<(Bytes, Option<OwnedSemaphorePermit>), BodyError> {
+    let mut stream = body.into_data_stream();
+    let mut held: Option<OwnedSemaphorePermit> = None;
+    let mut bytes = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| BodyError::Read(e.to_string()))?;
+        let n = u32::try_from(chunk.len()).map_err(|_| BodyError::Budget)?;
+        let permit = gate.body_bytes.clone().try_acquire_many_owned(n).map_err(|_| BodyError::Budget)?;
+        match &mut held {
+            Some(h) => h.merge(permit),
+            None => held = Some(permit),
+        }
+        bytes.extend_from_slice(&chunk);
+        if bytes.len() > MAX_BODY_BYTES {
+            break;
+        }
+    }
+    Ok((Bytes::from(bytes), held))
+}
+
 /// `axum::middleware::from_fn_with_state(gate, limit)`.
 pub async fn limit(State(gate): State<Gate>, req: Request, next: Next) -> Response {
     let route = route_label(req.uri().path());
+    let (parts, body) = req.into_parts();
+    let (req, _bytes) = if declared_len(&parts) > Some(MAX_BODY_BYTES as u64) {
+        // Refused by the route's body limit at once, unread.
+        (Request::from_parts(parts, body), None)
+    } else {
+        let read = tokio::time::timeout(gate.body_timeout, read_body(&gate, body)).await;
+        match read.unwrap_or(Err(BodyError::Slow(gate.body_timeout))) {
+            Ok((body, bytes)) => (Request::from_parts(parts, Body::from(body)), bytes),
+            Err(e) => return e.answer(&gate, route),
+        }
+    };
     let Ok(permit) = gate.permits.clone().try_acquire_owned() else {
         gate.metrics.request(route, tonic::Code::ResourceExhausted);
         let msg = "too many requests in flight on this indexer; retry later";
@@ -104,6 +210,12 @@ pub async fn limit(State(gate): State<Gate>, req: Request, next: Next) -> Respon
             super::wire::json(StatusCode::GATEWAY_TIMEOUT, &ErrorBody { error: &msg })
         }
     }
+}
+
+/// The body length the request's `Content-Length` declares, if any.
+fn declared_len(parts: &axum::http::request::Parts) -> Option<u64> {
+    let v = parts.headers.get(axum::http::header::CONTENT_LENGTH)?;
+    v.to_str().ok()?.parse().ok()
 }
 
 /// The `rpc` label of a path (a fixed set, so clients cannot grow the label's values).
@@ -213,5 +325,54 @@ mod tests {
         assert_eq!(r.status(), StatusCode::GATEWAY_TIMEOUT);
         assert_eq!(in_flight.get(), 0, "a request over its time gives its place back");
         assert_eq!(metrics.requests_of("query", tonic::Code::DeadlineExceeded), 1);
+    }
+
+    /// A body still arriving holds no place: with one place, a complete request is answered
+    /// while another's body trickles; the trickling one is answered 408 at its deadline.
+    #[tokio::test]
+    async fn a_slow_body_holds_no_place_and_is_answered_408() {
+        let (gate, metrics, in_flight) =
+            gate(Limits { max_in_flight: 1, request_timeout: Duration::from_secs(3600) });
+        let bodies = BodyLimits { timeout: Duration::from_millis(300), ..BodyLimits::default() };
+        let app = Router::new()
+            .route("/query", post(|body: Bytes| async move { format!("{}", body.len()) }))
+            .layer(axum::middleware::from_fn_with_state(gate.with_bodies(bodies), limit));
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(1);
+        tx.send(Ok(Bytes::from_static(b"{"))).await.unwrap();
+        let slow = Request::builder()
+            .method("POST")
+            .uri("/query")
+            .body(Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx)))
+            .unwrap();
+        let slow = tokio::spawn(app.clone().oneshot(slow));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(in_flight.get(), 0, "a body being received takes no place");
+        let full = Request::builder().method("POST").uri("/query").body(Body::from("abc")).unwrap();
+        let r = app.clone().oneshot(full).await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(&axum::body::to_bytes(r.into_body(), 64).await.unwrap()[..], b"3");
+        let r = slow.await.unwrap().unwrap();
+        assert_eq!(r.status(), StatusCode::REQUEST_TIMEOUT);
+        assert_eq!(metrics.requests_of("query", tonic::Code::DeadlineExceeded), 1);
+        drop(tx);
+    }
+
+    #[tokio::test]
+    async fn bodies_over_the_shared_byte_budget_are_answered_503() {
+        let (gate, metrics, _) = gate(Limits::default());
+        let bodies = BodyLimits { budget_bytes: 4, ..BodyLimits::default() };
+        let app = Router::new()
+            .route("/query", post(|body: Bytes| async move { format!("{}", body.len()) }))
+            .layer(axum::middleware::from_fn_with_state(gate.with_bodies(bodies), limit));
+        let req =
+            |b: &'static str| Request::builder().method("POST").uri("/query").body(Body::from(b)).unwrap();
+        assert_eq!(app.clone().oneshot(req("abcd")).await.unwrap().status(), StatusCode::OK);
+        assert_eq!(
+            app.clone().oneshot(req("abcde")).await.unwrap().status(),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        assert_eq!(metrics.requests_of("query", tonic::Code::ResourceExhausted), 1);
+        // The first body's bytes were given back with its answer.
+        assert_eq!(app.oneshot(req("abcd")).await.unwrap().status(), StatusCode::OK);
     }
 }

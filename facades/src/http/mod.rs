@@ -25,9 +25,10 @@
 //!   and the mapping of per-holder depths to its per-tenant, per-instance answer (pure).
 //! - [`reader`]: readiness, typed errors with their HTTP status, the match through
 //!   `QueryService::answer`, Mooncake's `/query`.
-//! - [`limit`]: the bounds on requests in flight (429 over it) and time per request (504).
+//! - [`limit`]: the bounds on bodies (time 408, bytes at once 503, read before a place is
+//!   taken), requests in flight (429 over it) and time per request (504).
 //! - [`server`]: the axum router (body limits, bounds, metrics) and [`HttpIndexerExtension`],
-//!   which serves it on its own port for the lifetime of a replica.
+//!   which serves it on its own port under `prefixlog_query::listen`'s connection bounds for the lifetime of a replica.
 
 pub mod dump;
 pub mod dynamo;

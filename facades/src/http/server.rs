@@ -1,5 +1,6 @@
 //! The HTTP server (axum, HTTP/1) and the extension that runs it on a port of its own next to
-//! a replica. Every request but `/health` is bounded ([`super::limit`]) and counted by route
+//! a replica, under the connection bounds of `prefixlog_query::listen` (refusals counted as
+//! `prefixlog_facade_skipped_total{reason="connections_total"|"connections_per_peer"}`). Every request but `/health` is bounded ([`super::limit`]) and counted by route
 //! and outcome (`prefixlog_facade_requests_total{protocol="dynamo-http"|"mooncake-http"}`).
 //!
 //! Dynamo's routes read their bodies with axum's `Json` extractor and query strings with its
@@ -8,7 +9,7 @@
 //! `/query_by_hash` take bodies up to 8 MiB, the other routes up to axum's default 2 MiB.
 
 use super::feeds::EngineFeeds;
-use super::limit::{in_flight_gauge, limit, Gate, Limits};
+use super::limit::{in_flight_gauge, limit, BodyLimits, Gate, Limits};
 use super::listeners::{Listeners, Live};
 use super::reader::{QueryError, Reader};
 use super::register::{RegisterError, Registrar};
@@ -28,6 +29,7 @@ use axum::routing::{get, post};
 use axum::{middleware, Json, Router};
 use parking_lot::Mutex;
 use prefixlog_query::extension::{Extension, ExtensionContext, ExtensionError};
+use prefixlog_query::listen::{ConnLimits, OnRefused};
 use prefixlog_query::QueryService;
 use serde::Serialize;
 use std::net::{SocketAddr, TcpListener};
@@ -77,7 +79,7 @@ pub fn router(
         Dialect::Mooncake => get(|| async { json(StatusCode::OK, &serde_json::json!({"status": "ok"})) }),
     };
     routes
-        // Outermost: a permit is taken before the body is read.
+        // Outermost: the body is read (bounded), then a place is taken.
         .layer(middleware::from_fn_with_state(gate, limit))
         .route("/health", health)
         .with_state(app)
@@ -291,6 +293,8 @@ impl App {
 pub struct HttpIndexerExtension {
     addr: SocketAddr,
     limits: Limits,
+    bodies: BodyLimits,
+    connections: ConnLimits,
     dialect: Dialect,
     feeds: Option<Arc<dyn EngineFeeds>>,
     listener: Mutex<Option<TcpListener>>,
@@ -308,6 +312,8 @@ impl HttpIndexerExtension {
         Ok(Self {
             addr,
             limits: Limits::default(),
+            bodies: BodyLimits::default(),
+            connections: ConnLimits::default(),
             dialect: Dialect::default(),
             feeds: None,
             listener: Mutex::new(Some(listener)),
@@ -319,6 +325,19 @@ impl HttpIndexerExtension {
     /// Other bounds than the defaults (64 requests in flight, 10 s per request).
     pub fn with_limits(mut self, limits: Limits) -> Self {
         self.limits = limits;
+        self
+    }
+
+    /// Other body bounds than the defaults (10 s per body, 512 MiB of bodies at once).
+    pub fn with_bodies(mut self, bodies: BodyLimits) -> Self {
+        self.bodies = bodies;
+        self
+    }
+
+    /// Other connection bounds than the defaults (5 s to send a header, 1,024 connections,
+    /// 256 per peer address).
+    pub fn with_connections(mut self, connections: ConnLimits) -> Self {
+        self.connections = connections;
         self
     }
 
@@ -379,14 +398,17 @@ impl Extension for HttpIndexerExtension {
         let protocol = self.dialect.protocol();
         let metrics = FacadeMetrics::new(ctx.registry, protocol).map_err(metrics_err)?;
         let in_flight = in_flight_gauge(ctx.registry, protocol).map_err(metrics_err)?;
-        let gate = Gate::new(self.limits, metrics.clone(), in_flight);
+        let gate = Gate::new(self.limits, metrics.clone(), in_flight).with_bodies(self.bodies);
         let registrar = self.registrar(ctx)?;
-        let app = router(ctx.query.clone(), metrics, gate, self.dialect, registrar);
-        let task = tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, app).await {
-                tracing::error!(error = %e, "HTTP indexer facade stopped");
-            }
-        });
+        let app = router(ctx.query.clone(), metrics.clone(), gate, self.dialect, registrar);
+        let refused: OnRefused = Arc::new(move |why| metrics.skipped(why.reason(), 1));
+        let task = tokio::spawn(prefixlog_query::listen::serve(
+            listener,
+            app,
+            self.connections,
+            "http-indexer",
+            refused,
+        ));
         self.tasks.lock().push(task.abort_handle());
         Ok(())
     }

@@ -53,5 +53,19 @@ pub const MAX_QUERIES_IN_FLIGHT: usize = 64;
 /// Answers (acks, matches) buffered for a slow reader; past it they are dropped and counted,
 /// as upstream drops them (both are advisory, and late answers are dropped by the gateway).
 pub const OUT_BUFFER: usize = 1_024;
-/// Largest message decoded.
+/// Largest message decoded; a larger one ends its stream with RESOURCE_EXHAUSTED.
 pub const MAX_MESSAGE_BYTES: usize = 8 << 20;
+/// `Publish` and `Subscribe` streams open at once on a replica; one more is refused with
+/// RESOURCE_EXHAUSTED (counted, reason `streams_full`). Idle streams count: one that never
+/// sends holds its place until its client or connection goes (keepalive finds dead ones).
+pub const MAX_STREAMS: usize = 256;
+
+/// A status read from a client stream, in the codes this facade promises: tonic reads a
+/// message over [`MAX_MESSAGE_BYTES`] as OUT_OF_RANGE, the gRPC convention says
+/// RESOURCE_EXHAUSTED.
+pub fn inbound_status(s: tonic::Status) -> tonic::Status {
+    if s.code() == tonic::Code::OutOfRange && s.message().contains("message length too large") {
+        return tonic::Status::resource_exhausted(s.message().to_string());
+    }
+    s
+}

@@ -3,7 +3,10 @@
 //! Updates of different holders are written concurrently (a gateway's placements name many
 //! workers), at most [`MAX_UPDATES_IN_FLIGHT`] per stream; updates of one holder are applied in
 //! stream order (each takes the holder's lock, in turn, before the next update is read: the
-//! epoch and sequence gate needs the previous update's outcome). An ack is sent once the log
+//! epoch and sequence gate needs the previous update's outcome); the lock is queued for before
+//! the next update is read, and awaited by the update's own task, so a busy holder does not stop
+//! the stream being read (h2 closes a connection whose small frames wait unread past its
+//! budget). An ack is sent once the log
 //! took the update's records and this replica applied them (bounded by the query port's
 //! default wait; past it the ack goes out anyway: the log has the records), so a query sent
 //! after the ack sees the update. Acks are advisory upstream: when the publisher does not read
@@ -18,11 +21,14 @@ use super::OUT_BUFFER;
 use crate::metrics::FacadeMetrics;
 use futures_util::stream::FuturesOrdered;
 use prefixlog_state::token_of;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::mpsc::Sender;
+use tokio::sync::OwnedSemaphorePermit;
 use tokio::task::JoinHandle;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Status, Streaming};
@@ -34,9 +40,16 @@ pub const MAX_UPDATES_IN_FLIGHT: usize = 256;
 pub type AckStream = Pin<Box<dyn Stream<Item = Result<PublishAck, Status>> + Send>>;
 
 /// Serves one `Publish` call on a task of its own.
-pub fn serve(writer: Arc<Writer>, metrics: FacadeMetrics, inbound: Streaming<Update>) -> AckStream {
+/// `place` (one of the facade's stream places) is held until the stream ends.
+pub fn serve(
+    writer: Arc<Writer>,
+    metrics: FacadeMetrics,
+    inbound: Streaming<Update>,
+    place: OwnedSemaphorePermit,
+) -> AckStream {
     let (tx, rx) = tokio::sync::mpsc::channel(OUT_BUFFER);
     tokio::spawn(async move {
+        let _place = place;
         let code = match run(&writer, &metrics, inbound, &tx).await {
             Ok(()) => tonic::Code::Ok,
             Err(s) => {
@@ -79,16 +92,33 @@ async fn run(
                     reading = false;
                     continue;
                 };
-                let u = u?;
+                let u = u.map_err(super::inbound_status)?;
                 update::validate(&u).map_err(|e| WriteError::from(e).status())?;
                 let (worker, lock) = writer.lock(&u.holder).map_err(|e| e.status())?;
-                let guard = lock.await;
+                let guard = queued(lock).await;
                 let (writer, metrics) = (writer.clone(), metrics.clone());
-                running.push_back(tokio::spawn(async move { write(&writer, &metrics, u, worker, guard, wait).await }));
+                running.push_back(tokio::spawn(async move {
+                    let guard = guard.await;
+                    write(&writer, &metrics, u, worker, guard, wait).await
+                }));
             }
         }
     }
     Ok(())
+}
+
+/// `lock` polled once, so that it has its place in the holder's queue (tokio's mutex is fair:
+/// places are kept in the order they were first polled); the rest of the wait, to be awaited
+/// elsewhere.
+async fn queued(lock: impl Future<Output = Locked> + Send + 'static) -> impl Future<Output = Locked> + Send {
+    let mut lock = Box::pin(lock);
+    let first = std::future::poll_fn(|cx| Poll::Ready(lock.as_mut().poll(cx))).await;
+    async move {
+        match first {
+            Poll::Ready(guard) => guard,
+            Poll::Pending => lock.await,
+        }
+    }
 }
 
 /// One update, written and applied here (bounded by `wait`); its ack.

@@ -7,7 +7,7 @@ use super::publish::{self, AckStream};
 use super::state::{self, Filter};
 use super::subscribe::{self, MatchOut};
 use super::writer::Writer;
-use super::{MAX_MESSAGE_BYTES, PROTOCOL, SERVICE_NAME};
+use super::{MAX_MESSAGE_BYTES, MAX_STREAMS, PROTOCOL, SERVICE_NAME};
 use crate::metrics::FacadeMetrics;
 use crate::start::{every_partition, StartError};
 use prefixlog_query::extension::{Extension, ExtensionContext, ExtensionError};
@@ -15,6 +15,7 @@ use prefixlog_query::QueryService;
 use prefixlog_state::LogAppend;
 use std::pin::Pin;
 use std::sync::Arc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_stream::Stream;
 use tonic::service::RoutesBuilder;
 use tonic::{Request, Response, Status, Streaming};
@@ -28,11 +29,30 @@ pub struct SmgService {
     writer: Arc<Writer>,
     query: QueryService,
     metrics: FacadeMetrics,
+    /// One permit per open `Publish` or `Subscribe` stream ([`MAX_STREAMS`]).
+    streams: Arc<Semaphore>,
 }
 
 impl SmgService {
     pub fn new(log: Arc<dyn LogAppend>, query: QueryService, metrics: FacadeMetrics) -> Self {
-        Self { writer: Arc::new(Writer::new(log, query.clone())), query, metrics }
+        let streams = Arc::new(Semaphore::new(MAX_STREAMS));
+        Self { writer: Arc::new(Writer::new(log, query.clone())), query, metrics, streams }
+    }
+
+    /// A place for one more stream of `rpc`, or RESOURCE_EXHAUSTED (counted).
+    fn stream_place(&self, rpc: &str) -> Result<OwnedSemaphorePermit, Status> {
+        self.streams.clone().try_acquire_owned().map_err(|_| {
+            self.metrics.skipped("streams_full", 1);
+            self.metrics.request(rpc, tonic::Code::ResourceExhausted);
+            Status::resource_exhausted(format!(
+                "{MAX_STREAMS} Publish and Subscribe streams are open on this replica; retry later"
+            ))
+        })
+    }
+
+    /// `Publish` and `Subscribe` streams open now.
+    pub fn open_streams(&self) -> usize {
+        MAX_STREAMS - self.streams.available_permits()
     }
 
     pub fn into_server(self) -> RadixIndexServer<Self> {
@@ -81,11 +101,23 @@ impl RadixIndex for SmgService {
     type PullHoldersStream = UpdateStream;
 
     async fn publish(&self, request: Request<Streaming<Update>>) -> Result<Response<AckStream>, Status> {
-        Ok(Response::new(publish::serve(self.writer.clone(), self.metrics.clone(), request.into_inner())))
+        let place = self.stream_place("Publish")?;
+        Ok(Response::new(publish::serve(
+            self.writer.clone(),
+            self.metrics.clone(),
+            request.into_inner(),
+            place,
+        )))
     }
 
     async fn subscribe(&self, request: Request<Streaming<Query>>) -> Result<Response<MatchOut>, Status> {
-        Ok(Response::new(subscribe::serve(self.query.clone(), self.metrics.clone(), request.into_inner())))
+        let place = self.stream_place("Subscribe")?;
+        Ok(Response::new(subscribe::serve(
+            self.query.clone(),
+            self.metrics.clone(),
+            request.into_inner(),
+            place,
+        )))
     }
 
     async fn pull(&self, _: Request<PullRequest>) -> Result<Response<UpdateStream>, Status> {

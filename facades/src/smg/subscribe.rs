@@ -27,7 +27,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::mpsc::Sender;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Status, Streaming};
 
@@ -36,16 +36,23 @@ pub type MatchOut = Pin<Box<dyn Stream<Item = Result<Match, Status>> + Send>>;
 type Tx = Sender<Result<Match, Status>>;
 
 /// Serves one `Subscribe` call on a task of its own.
-pub fn serve(query: QueryService, metrics: FacadeMetrics, mut inbound: Streaming<Query>) -> MatchOut {
+/// `place` (one of the facade's stream places) is held until the stream ends.
+pub fn serve(
+    query: QueryService,
+    metrics: FacadeMetrics,
+    mut inbound: Streaming<Query>,
+    place: OwnedSemaphorePermit,
+) -> MatchOut {
     let (tx, rx) = tokio::sync::mpsc::channel(OUT_BUFFER);
     tokio::spawn(async move {
+        let _place = place;
         let inflight = Arc::new(Semaphore::new(MAX_QUERIES_IN_FLIGHT));
         let mut code = tonic::Code::Ok;
         while let Some(q) = inbound.next().await {
             let q = match q {
                 Ok(q) => q,
                 Err(s) => {
-                    code = s.code();
+                    code = super::inbound_status(s).code();
                     break;
                 }
             };
