@@ -16,8 +16,9 @@
 //!   within 30 s.
 //! - A fast publisher: one `Publish` stream written as fast as flow control lets the client,
 //!   each update in a DATA frame of its own (with HTTP/2's default windows this drill loses
-//!   the connection to h2's ENHANCE_YOUR_CALM), for [`PUBLISH_FOR`] (CI-sized: the drill runs 60 s at 40k updates/s in a release
-//!   build), keeps its connection and gets one ack per update (0 lost).
+//!   the connection to h2's ENHANCE_YOUR_CALM), for [`PUBLISH_FOR`] (CI-sized: the issue's
+//!   drill runs 60 s at 40k updates/s in a release build), keeps its connection and gets one
+//!   ack per update (0 lost).
 
 use prefixlog_engine::scheme::{dynamo_block_hashes, DYNAMO_SEED};
 use prefixlog_engine::KeyspaceId;
