@@ -156,6 +156,10 @@ pub enum Op {
         holder: HolderKey,
         locals: Vec<u64>,
         answered_at: Vec<(u32, i64)>,
+        /// The gateway that published it (audits only; not applied).
+        gateway: String,
+        /// The routing policy it names, empty when none (audits only; not applied).
+        policy: String,
     },
     Lifecycle {
         worker: u64,
@@ -256,6 +260,8 @@ pub fn decode(
                 holder: HolderKey::new(p.worker, p.dp_rank, p.lane),
                 locals: p.local,
                 answered_at: p.answered_at.iter().map(|o| (o.partition, o.offset)).collect(),
+                gateway: p.gateway,
+                policy: p.policy,
             }
         }
         pb::record::Kind::Lifecycle(l) => Op::Lifecycle {
@@ -364,13 +370,25 @@ impl KvBatch<'_> {
     }
 }
 
-/// Encodes a placement.
+/// Encodes a placement (no policy name).
 pub fn encode_placement(
     keyspace: &KeyspaceId,
     holder: HolderKey,
     locals: &[u64],
     answered_at: &[(u32, i64)],
     gateway: &str,
+) -> Vec<u8> {
+    encode_placement_with_policy(keyspace, holder, locals, answered_at, gateway, "")
+}
+
+/// Encodes a placement naming the routing policy that chose it (audits group by it).
+pub fn encode_placement_with_policy(
+    keyspace: &KeyspaceId,
+    holder: HolderKey,
+    locals: &[u64],
+    answered_at: &[(u32, i64)],
+    gateway: &str,
+    policy: &str,
 ) -> Vec<u8> {
     wrap(pb::record::Kind::Placement(pb::Placement {
         worker: holder.worker,
@@ -383,6 +401,7 @@ pub fn encode_placement(
             .map(|&(partition, offset)| pb::PartitionOffset { partition, offset })
             .collect(),
         gateway: gateway.to_string(),
+        policy: policy.to_string(),
     }))
 }
 
