@@ -115,3 +115,46 @@ fn aggregates_and_summary_line() {
     );
     assert!(table(&r).ends_with(&format!("{line}\n")));
 }
+
+/// `--follow`: placements appended while the job runs show up in its counters, scraped as the
+/// text exposition.
+#[test]
+fn follow_exports_counters() {
+    use prefixlog_audit::loss_follow::{follow, LossCounters};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
+    let log = std::sync::Arc::new(log());
+    let counters = LossCounters::default();
+    let registry = prometheus::Registry::new();
+    counters.register(&registry).unwrap();
+    let stop = AtomicBool::new(false);
+    let scrape = || {
+        use prometheus::Encoder;
+        let mut buf = Vec::new();
+        prometheus::TextEncoder::new().encode(&registry.gather(), &mut buf).unwrap();
+        String::from_utf8(buf).unwrap()
+    };
+    let wait_for = |line: &str| {
+        let t = Instant::now();
+        while !scrape().contains(line) {
+            assert!(t.elapsed() < Duration::from_secs(10), "never scraped {line:?}:\n{}", scrape());
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    std::thread::scope(|s| {
+        let job = s.spawn(|| {
+            let start = Point::Offsets(vec![(0, 0)]);
+            follow(None, &*log, &start, &counters, &stop, Duration::from_millis(2))
+        });
+        wait_for(r#"prefixlog_audit_loss_lost_tokens_total{gateway="gw-b",policy="(none)"} 48"#);
+        wait_for(r#"prefixlog_audit_loss_decisions_total{gateway="gw-a",policy="shared-index"} 2"#);
+        wait_for(r#"prefixlog_audit_loss_lost_blocks_total{gateway="gw-b",policy="round-robin"} 1"#);
+        // Appended while following: [7,8,9] routed to worker 2, which holds none of it (worker 5
+        // on the host tier and worker 6 by the placement at offset 9 hold all three).
+        log.push(2, 63_000, place(2, &[7, 8, 9], &[], "gw-b", "round-robin"));
+        wait_for(r#"prefixlog_audit_loss_lost_blocks_total{gateway="gw-b",policy="round-robin"} 4"#);
+        wait_for(r#"prefixlog_audit_loss_decisions_total{gateway="gw-b",policy="round-robin"} 2"#);
+        stop.store(true, Ordering::Relaxed);
+        assert!(job.join().unwrap().is_ok());
+    });
+}

@@ -1,6 +1,7 @@
 //! `prefixlog audit`: what the index said at any past point, and why a gateway routed as it did.
 
 use prefixlog::kafka_args::{KafkaArgs, SettingsArgs};
+use prefixlog_audit::loss_follow::{follow, LossCounters};
 use prefixlog_audit::loss_report::{json_lines, table};
 use prefixlog_audit::queries::{answer, holder_blocks, worker_blocks, Query};
 use prefixlog_audit::{judge_range, reconstruct, LossOptions, Point};
@@ -8,8 +9,11 @@ use prefixlog_checkpoint::CheckpointStore;
 use prefixlog_engine::{HolderKey, KeyspaceId};
 use prefixlog_ingest::reader::{LogReader, Read};
 use prefixlog_ingest::{LogSpec, Shard};
+use prefixlog_query::admin::{AdminPort, AlwaysReady};
 use prefixlog_state::record::{decode, Op};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -100,8 +104,18 @@ pub enum Cmd {
         #[arg(long, default_value_t = 60)]
         bucket_secs: u64,
         /// JSON lines (one per decision, one per aggregate row, a summary) instead of the table.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "follow")]
         json: bool,
+        /// Run continuously: judge placements as they are appended and export the totals as
+        /// Prometheus counters on --admin-addr (`/metrics`), until SIGTERM or Ctrl-C.
+        #[arg(long, conflicts_with_all = ["to", "to_offsets"])]
+        follow: bool,
+        /// With --follow: the admin HTTP address (`/metrics`, `/healthz`).
+        #[arg(long, env = "PREFIXLOG_AUDIT_ADMIN_ADDR", default_value = "127.0.0.1:9155")]
+        admin_addr: std::net::SocketAddr,
+        /// With --follow: how often to look for new records.
+        #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+        poll: std::time::Duration,
     },
 }
 
@@ -140,7 +154,7 @@ fn load_queries(p: &PathBuf) -> anyhow::Result<Vec<Query>> {
         .map_err(|e| anyhow::anyhow!("{}: not a JSON array of queries: {e}", p.display()))
 }
 
-pub fn run(a: Args) -> anyhow::Result<()> {
+pub fn run(a: Args, rt: &tokio::runtime::Handle) -> anyhow::Result<()> {
     let brokers = a.kafka.require_brokers("audit")?;
     let log = a.kafka.spec(&brokers)?.with_settings(a.settings.settings()).with_shard(a.shard.clone())?;
     let store = match &a.data_dir {
@@ -158,9 +172,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         Ok(r)
     };
     match a.cmd {
-        Cmd::Loss { from, to, from_offsets, to_offsets, bucket_secs, json } => {
+        Cmd::Loss { from, to, from_offsets, to_offsets, bucket_secs, json, follow, admin_addr, poll } => {
             let start = Point::Offsets(log.owned().iter().map(|&p| (p, 0)).collect());
             let from = range_point(from, from_offsets, start)?;
+            if follow {
+                return follow_loss(store.as_ref(), &log, &from, admin_addr, poll, rt);
+            }
             let to = range_point(to, to_offsets, Point::Offsets(vec![]))?;
             let opts = LossOptions { bucket_ms: bucket_secs.max(1) * 1000, keep_decisions: json };
             let r = judge_range(store.as_ref(), &log, &from, &to, &opts)?;
@@ -289,6 +306,34 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             }
         }
     }
+    Ok(())
+}
+
+/// `audit loss --follow`: the judge as a continuous job, its counters on an admin port.
+fn follow_loss(
+    store: Option<&CheckpointStore>,
+    log: &LogSpec,
+    from: &Point,
+    admin_addr: std::net::SocketAddr,
+    poll: std::time::Duration,
+    rt: &tokio::runtime::Handle,
+) -> anyhow::Result<()> {
+    let counters = LossCounters::default();
+    let registry = prometheus::Registry::new();
+    counters.register(&registry)?;
+    let ready = Arc::new(AlwaysReady("audit loss following"));
+    let admin = rt
+        .block_on(AdminPort::bind(admin_addr, registry, ready))
+        .map_err(|e| anyhow::anyhow!("binding --admin-addr {admin_addr}: {e}"))?;
+    eprintln!("audit loss --follow: counters on http://{}/metrics", admin.addr());
+    let stop = Arc::new(AtomicBool::new(false));
+    let on_signal = stop.clone();
+    rt.spawn(async move {
+        crate::bridge_cmd::shutdown_signal().await;
+        on_signal.store(true, Ordering::Relaxed);
+    });
+    let replayed = follow(store, log, from, &counters, &stop, poll)?;
+    eprintln!("audit loss --follow: stopped after {replayed} records");
     Ok(())
 }
 
