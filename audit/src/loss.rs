@@ -32,6 +32,9 @@ pub struct Decision {
     pub worker: u64,
     pub dp_rank: u32,
     pub prompt_blocks: u32,
+    /// The prompt's last local hash (chained: it names the whole prefix), 0 for an empty one;
+    /// lets a caller pair a decision with its own record of the request.
+    pub prompt_tail: u64,
     pub block_size: u32,
     /// Contiguous prefix blocks the chosen worker held.
     pub chosen_blocks: u32,
@@ -213,6 +216,7 @@ pub fn judge_record(
         worker: holder.worker,
         dp_rank: holder.dp_rank,
         prompt_blocks: locals.len() as u32,
+        prompt_tail: locals.last().copied().unwrap_or(0),
         block_size: keyspace.block_size,
         chosen_blocks,
         best_blocks,
