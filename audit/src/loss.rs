@@ -12,7 +12,7 @@
 use crate::reconstruct::{advance_observed, reconstruct, AuditError, Point};
 use prefixlog_checkpoint::CheckpointStore;
 use prefixlog_engine::{HolderMatch, KeyspaceId, MatchOptions, Tier};
-use prefixlog_state::record::{decode, Op};
+use prefixlog_state::record::{decode, is_placement, Op};
 use prefixlog_state::{Applier, LogSource};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -183,6 +183,9 @@ pub fn judge_record(
     log_time: u64,
     value: Option<&[u8]>,
 ) -> Option<Decision> {
+    if !value.is_some_and(is_placement) {
+        return None;
+    }
     let Ok(Op::Placement { keyspace, holder, locals, answered_at, gateway, policy }) =
         decode(value, partition, partitions, usize::MAX)
     else {

@@ -91,6 +91,17 @@ fn every_placement_is_judged_exactly() {
     assert_eq!(d[3].policy, "");
 }
 
+/// Only placements are picked out for judging, without decoding the others.
+#[test]
+fn placements_are_recognised_undecoded() {
+    use prefixlog_state::record::is_placement;
+    assert!(is_placement(&place(3, &[1, 2], &[(0, 4)], "g", "p")));
+    assert!(is_placement(&encode_placement(&ks(), HolderKey::new(1, 0, 0), &[], &[], "")));
+    assert!(!is_placement(&store(1, Tier::Gpu, &[1, 2, 3])));
+    assert!(!is_placement(&encode_lifecycle(4, &Lifecycle::Removed)));
+    assert!(!is_placement(b"\xff\xff"));
+}
+
 #[test]
 fn aggregates_and_summary_line() {
     let r = judged();

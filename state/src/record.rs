@@ -188,6 +188,29 @@ fn keyspace(k: Option<&pb::Keyspace>) -> Result<KeyspaceId, BadReason> {
     }
 }
 
+/// Whether a record value is a placement, without decoding it (its top-level fields walked,
+/// their bodies skipped): audits that judge placements pass over KV event batches at the cost
+/// of a few varints. A `true` still needs [`decode`] to be valid.
+pub fn is_placement(value: &[u8]) -> bool {
+    use prost::encoding::{decode_key, decode_varint, WireType};
+    const PLACEMENT_FIELD: u32 = 11;
+    let mut buf = value;
+    while !buf.is_empty() {
+        let Ok((field, wire)) = decode_key(&mut buf) else { return false };
+        if field == PLACEMENT_FIELD {
+            return true;
+        }
+        let Ok(v) = decode_varint(&mut buf) else { return false };
+        if wire == WireType::LengthDelimited {
+            let Some(rest) = usize::try_from(v).ok().and_then(|n| buf.get(n..)) else { return false };
+            buf = rest;
+        } else if wire != WireType::Varint {
+            return false;
+        }
+    }
+    false
+}
+
 /// Decodes and validates a record value read from `partition` (of `partitions`).
 pub fn decode(
     value: Option<&[u8]>,
