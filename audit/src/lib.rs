@@ -15,10 +15,19 @@
 //! - [`reconstruct`]: choose the checkpoint, replay to the point, [`Reconstructed`] state.
 //! - [`queries`]: JSON queries in and answers out, summaries.
 //! - [`verify`]: replay a range and check every retained checkpoint in it is reproduced.
+//! - [`loss`]: routing-loss attribution: every placement in a range judged against the index
+//!   just before it, in one replay; [`loss_report`]: its table and JSON lines;
+//!   [`loss_follow`]: the same as a continuous job exporting Prometheus counters.
 
+pub mod loss;
+pub mod loss_follow;
+pub mod loss_report;
 pub mod queries;
 pub mod reconstruct;
 pub mod verify;
 
-pub use reconstruct::{advance, reconstruct, reconstruct_at, AuditError, Point, Reconstructed};
+pub use loss::{judge_range, Decision, LossOptions, LossReport, LossTotals};
+pub use reconstruct::{
+    advance, advance_observed, reconstruct, reconstruct_at, AuditError, Point, Reconstructed,
+};
 pub use verify::{verify, VerifyReport};

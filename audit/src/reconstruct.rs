@@ -3,7 +3,8 @@
 use indicatif::{ProgressBar, ProgressStyle};
 use prefixlog_checkpoint::{restore_for, CheckpointMeta, CheckpointStore, RestoreError};
 use prefixlog_state::{
-    check_compatible, Applier, ApplyLogOptions, LogError, LogIdentity, LogProbe, LogSource, Until,
+    check_compatible, Applier, ApplyLogOptions, BeforeApply, LogError, LogIdentity, LogProbe, LogSource,
+    Until,
 };
 use std::collections::BTreeMap;
 
@@ -190,7 +191,7 @@ pub fn reconstruct_at(
     // A checkpoint base must be of this very log: the replay starts at the record before each
     // offset and checks it is the one the checkpoint applied (`LogSource::apply`).
     let restored_secs = started.elapsed().as_secs_f64();
-    let replayed = advance_on(&mut applier, log, probe, point, progress)?;
+    let replayed = advance_on(&mut applier, log, probe, point, progress, None)?;
     tracing::info!(
         checkpoint,
         restored_secs,
@@ -209,7 +210,18 @@ pub fn advance(
     point: &Point,
     progress: bool,
 ) -> Result<u64, AuditError> {
-    advance_on(applier, log, &log.probe()?, point, progress)
+    advance_on(applier, log, &log.probe()?, point, progress, None)
+}
+
+/// [`advance`] calling `before_apply` with the state just before each record (audits that
+/// judge records in the same pass as the replay).
+pub fn advance_observed(
+    applier: &mut Applier,
+    log: &dyn LogSource,
+    point: &Point,
+    before_apply: &mut BeforeApply<'_>,
+) -> Result<u64, AuditError> {
+    advance_on(applier, log, &log.probe()?, point, false, Some(before_apply))
 }
 
 /// [`advance`] on the log's range as `probe` says (probed just before by the caller).
@@ -219,6 +231,7 @@ fn advance_on(
     probe: &LogProbe,
     point: &Point,
     progress: bool,
+    before_apply: Option<&mut BeforeApply<'_>>,
 ) -> Result<u64, AuditError> {
     let until = match point {
         Point::Time(t) => Until::Time(*t),
@@ -238,8 +251,12 @@ fn advance_on(
         bar.set_length(total);
         bar.set_position(done);
     };
-    let opts =
-        ApplyLogOptions { progress: Some(&mut report), probe: Some(probe), ..ApplyLogOptions::default() };
+    let opts = ApplyLogOptions {
+        progress: Some(&mut report),
+        probe: Some(probe),
+        before_apply: before_apply.map(|f| f as &mut BeforeApply<'_>),
+        ..ApplyLogOptions::default()
+    };
     let n = log.apply(applier, &until, opts)?;
     bar.finish_and_clear();
     Ok(n)

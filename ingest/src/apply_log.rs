@@ -139,6 +139,9 @@ pub fn apply_log(
                     reader.halt(p)?;
                     continue;
                 }
+                if let Some(f) = opts.before_apply.as_mut() {
+                    f(applier, p, offset, r.timestamp_ms(), r.payload());
+                }
                 applier.apply(p, offset, r.timestamp_ms(), r.payload())?;
                 applied += 1;
                 if offset + 1 >= end {

@@ -1,14 +1,19 @@
 //! `prefixlog audit`: what the index said at any past point, and why a gateway routed as it did.
 
 use prefixlog::kafka_args::{KafkaArgs, SettingsArgs};
+use prefixlog_audit::loss_follow::{follow, LossCounters};
+use prefixlog_audit::loss_report::{json_lines, table};
 use prefixlog_audit::queries::{answer, holder_blocks, worker_blocks, Query};
-use prefixlog_audit::{reconstruct, Point};
+use prefixlog_audit::{judge_range, reconstruct, LossOptions, Point};
 use prefixlog_checkpoint::CheckpointStore;
 use prefixlog_engine::{HolderKey, KeyspaceId};
 use prefixlog_ingest::reader::{LogReader, Read};
 use prefixlog_ingest::{LogSpec, Shard};
+use prefixlog_query::admin::{AdminPort, AlwaysReady};
 use prefixlog_state::record::{decode, Op};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -79,6 +84,48 @@ pub enum Cmd {
         #[arg(long, env = "PREFIXLOG_AUDIT_TO")]
         to: Option<String>,
     },
+    /// Judge every placement in a range against the index just before it (one replay): what
+    /// the chosen worker held, the best any worker held, per tier, and the blocks and tokens
+    /// lost; aggregated by gateway, keyspace, policy, worker and time bucket.
+    Loss {
+        /// Start, as log time (RFC 3339 or ms; default: the log start).
+        #[arg(long, env = "PREFIXLOG_AUDIT_FROM", conflicts_with = "from_offsets")]
+        from: Option<String>,
+        /// End, as log time (default: the log's end now).
+        #[arg(long, env = "PREFIXLOG_AUDIT_TO", conflicts_with = "to_offsets")]
+        to: Option<String>,
+        /// Start as next offsets per partition: `0:120,1:98,...`.
+        #[arg(long)]
+        from_offsets: Option<String>,
+        /// End as next offsets per partition (partitions not named: to their end).
+        #[arg(long)]
+        to_offsets: Option<String>,
+        /// Width of a time bucket, in seconds of log time.
+        #[arg(long, default_value_t = 60)]
+        bucket_secs: u64,
+        /// JSON lines (one per decision, one per aggregate row, a summary) instead of the table.
+        #[arg(long, conflicts_with = "follow")]
+        json: bool,
+        /// Run continuously: judge placements as they are appended and export the totals as
+        /// Prometheus counters on --admin-addr (`/metrics`), until SIGTERM or Ctrl-C.
+        #[arg(long, conflicts_with_all = ["to", "to_offsets"])]
+        follow: bool,
+        /// With --follow: the admin HTTP address (`/metrics`, `/healthz`).
+        #[arg(long, env = "PREFIXLOG_AUDIT_ADMIN_ADDR", default_value = "127.0.0.1:9155")]
+        admin_addr: std::net::SocketAddr,
+        /// With --follow: how often to look for new records.
+        #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+        poll: std::time::Duration,
+    },
+}
+
+/// A range end: offsets, log time, or `default`.
+fn range_point(time: Option<String>, offsets: Option<String>, default: Point) -> anyhow::Result<Point> {
+    Ok(match (time, offsets) {
+        (Some(t), _) => Point::Time(parse_time(&t)?),
+        (_, Some(o)) => Point::Offsets(parse_offsets(&o)?),
+        _ => default,
+    })
 }
 
 pub fn parse_time(s: &str) -> anyhow::Result<u64> {
@@ -107,7 +154,7 @@ fn load_queries(p: &PathBuf) -> anyhow::Result<Vec<Query>> {
         .map_err(|e| anyhow::anyhow!("{}: not a JSON array of queries: {e}", p.display()))
 }
 
-pub fn run(a: Args) -> anyhow::Result<()> {
+pub fn run(a: Args, rt: &tokio::runtime::Handle) -> anyhow::Result<()> {
     let brokers = a.kafka.require_brokers("audit")?;
     let log = a.kafka.spec(&brokers)?.with_settings(a.settings.settings()).with_shard(a.shard.clone())?;
     let store = match &a.data_dir {
@@ -125,6 +172,25 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         Ok(r)
     };
     match a.cmd {
+        Cmd::Loss { from, to, from_offsets, to_offsets, bucket_secs, json, follow, admin_addr, poll } => {
+            let start = Point::Offsets(log.owned().iter().map(|&p| (p, 0)).collect());
+            let from = range_point(from, from_offsets, start)?;
+            if follow {
+                return follow_loss(store.as_ref(), &log, &from, admin_addr, poll, rt);
+            }
+            let to = range_point(to, to_offsets, Point::Offsets(vec![]))?;
+            let opts = LossOptions { bucket_ms: bucket_secs.max(1) * 1000, keep_decisions: json };
+            let r = judge_range(store.as_ref(), &log, &from, &to, &opts)?;
+            if json {
+                json_lines(&r).iter().for_each(|l| println!("{l}"));
+            } else {
+                print!("{}", table(&r));
+            }
+            eprintln!(
+                "judged {} placements over {} records in {:.2} s",
+                r.total.decisions, r.replayed, r.secs
+            );
+        }
         Cmd::At { time, offsets, queries, summary, holder } => {
             let point = match (time, offsets) {
                 (Some(t), _) => Point::Time(parse_time(&t)?),
@@ -163,7 +229,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             let value = read_record(&log, p, o)?;
             let op = decode(value.as_deref(), p, log.partitions, usize::MAX)
                 .map_err(|r| anyhow::anyhow!("record {p}:{o} is a bad record ({r})"))?;
-            let Op::Placement { keyspace, holder, locals, answered_at } = op else {
+            let Op::Placement { keyspace, holder, locals, answered_at, .. } = op else {
                 anyhow::bail!("record {p}:{o} is not a placement");
             };
             anyhow::ensure!(
@@ -240,6 +306,34 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             }
         }
     }
+    Ok(())
+}
+
+/// `audit loss --follow`: the judge as a continuous job, its counters on an admin port.
+fn follow_loss(
+    store: Option<&CheckpointStore>,
+    log: &LogSpec,
+    from: &Point,
+    admin_addr: std::net::SocketAddr,
+    poll: std::time::Duration,
+    rt: &tokio::runtime::Handle,
+) -> anyhow::Result<()> {
+    let counters = LossCounters::default();
+    let registry = prometheus::Registry::new();
+    counters.register(&registry)?;
+    let ready = Arc::new(AlwaysReady("audit loss following"));
+    let admin = rt
+        .block_on(AdminPort::bind(admin_addr, registry, ready))
+        .map_err(|e| anyhow::anyhow!("binding --admin-addr {admin_addr}: {e}"))?;
+    eprintln!("audit loss --follow: counters on http://{}/metrics", admin.addr());
+    let stop = Arc::new(AtomicBool::new(false));
+    let on_signal = stop.clone();
+    rt.spawn(async move {
+        crate::bridge_cmd::shutdown_signal().await;
+        on_signal.store(true, Ordering::Relaxed);
+    });
+    let replayed = follow(store, log, from, &counters, &stop, poll)?;
+    eprintln!("audit loss --follow: stopped after {replayed} records");
     Ok(())
 }
 

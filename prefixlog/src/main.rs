@@ -67,7 +67,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::Serve(a) => rt.block_on(serve::run(*a)),
         Cmd::Bridge(a) => rt.block_on(bridge_cmd::run(a)),
         Cmd::LmcacheBridge(a) => rt.block_on(lmcache_cmd::run(a)),
-        Cmd::Audit(a) => audit_cmd::run(a),
+        Cmd::Audit(a) => audit_cmd::run(a, rt.handle()),
         Cmd::Checkpoints(a) => checkpoints_cmd::run(a),
         Cmd::PublishTrace(a) => rt.block_on(publish_trace::run(a)),
     };

@@ -43,8 +43,8 @@ pub mod testing;
 pub use apply::{Applier, ApplyFailure, NotNext, Outcome};
 pub use identity::{check_compatible, Incompatible, LogIdentity};
 pub use log::{
-    ApplyLogOptions, DeadLetterCounts, HoleCause, LiveState, LogAppend, LogError, LogHole, LogProbe,
-    LogSource, Until, Watermarks,
+    ApplyLogOptions, BeforeApply, DeadLetterCounts, HoleCause, LiveState, LogAppend, LogError, LogHole,
+    LogProbe, LogSource, Until, Watermarks,
 };
 pub use partition_state::{DigestPoint, PartitionState};
 /// In `prefixlog-ids` so the gateway client can take them without this crate.

@@ -74,11 +74,18 @@ pub struct ApplyLogOptions<'a> {
     /// The log's range as the caller has just probed it (one round trip per partition saved);
     /// probed when `None`.
     pub probe: Option<&'a LogProbe>,
+    /// Called with the state just before each record is applied, and that record (partition,
+    /// offset, log time, value): audits judge placements against the index they met
+    /// (`prefixlog audit loss`) in the same pass as the replay.
+    pub before_apply: Option<&'a mut BeforeApply<'a>>,
 }
+
+/// The observer of [`ApplyLogOptions::before_apply`].
+pub type BeforeApply<'a> = dyn FnMut(&Applier, u32, i64, LogTime, Option<&[u8]>) + 'a;
 
 impl Default for ApplyLogOptions<'_> {
     fn default() -> Self {
-        Self { idle_timeout: Duration::from_secs(30), progress: None, probe: None }
+        Self { idle_timeout: Duration::from_secs(30), progress: None, probe: None, before_apply: None }
     }
 }
 

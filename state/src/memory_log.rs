@@ -5,7 +5,8 @@
 //! broker.
 
 use crate::log::{
-    Appending, ApplyLogOptions, LiveState, LogError, LogProbe, LogSource, Replacing, Until, Watermarks,
+    Appending, ApplyLogOptions, BeforeApply, LiveState, LogError, LogProbe, LogSource, Replacing, Until,
+    Watermarks,
 };
 use crate::{Applier, Landed, LogAppend, NotNext, StateSettings};
 use parking_lot::Mutex;
@@ -92,7 +93,12 @@ impl MemoryLog {
         Ok(out)
     }
 
-    fn apply_all(&self, applier: &mut Applier, until: &Until) -> Result<u64, MemoryLogError> {
+    fn apply_all(
+        &self,
+        applier: &mut Applier,
+        until: &Until,
+        mut before_apply: Option<&mut BeforeApply<'_>>,
+    ) -> Result<u64, MemoryLogError> {
         let targets = self.targets(applier, until)?;
         let log = self.log.lock();
         let mut applied = 0;
@@ -106,6 +112,9 @@ impl MemoryLog {
                 let (log_time, record) = &part.records[(offset - part.low) as usize];
                 if matches!(until, Until::Time(t) if log_time > t) {
                     break;
+                }
+                if let Some(f) = before_apply.as_mut() {
+                    f(applier, partition, offset, *log_time, Some(record));
                 }
                 applier.apply(partition, offset, *log_time, Some(record))?;
                 applied += 1;
@@ -143,8 +152,13 @@ impl LogSource for MemoryLog {
         Ok(LogProbe { cluster_id: "memory".into(), partitions: self.partitions, watermarks })
     }
 
-    fn apply(&self, applier: &mut Applier, until: &Until, _: ApplyLogOptions<'_>) -> Result<u64, LogError> {
-        self.apply_all(applier, until).map_err(LogError::new)
+    fn apply(
+        &self,
+        applier: &mut Applier,
+        until: &Until,
+        opts: ApplyLogOptions<'_>,
+    ) -> Result<u64, LogError> {
+        self.apply_all(applier, until, opts.before_apply).map_err(LogError::new)
     }
 }
 

@@ -156,6 +156,10 @@ pub enum Op {
         holder: HolderKey,
         locals: Vec<u64>,
         answered_at: Vec<(u32, i64)>,
+        /// The gateway that published it (audits only; not applied).
+        gateway: String,
+        /// The routing policy it names, empty when none (audits only; not applied).
+        policy: String,
     },
     Lifecycle {
         worker: u64,
@@ -182,6 +186,29 @@ fn keyspace(k: Option<&pb::Keyspace>) -> Result<KeyspaceId, BadReason> {
         }
         _ => Err(BadReason::InvalidKeyspace),
     }
+}
+
+/// Whether a record value is a placement, without decoding it (its top-level fields walked,
+/// their bodies skipped): audits that judge placements pass over KV event batches at the cost
+/// of a few varints. A `true` still needs [`decode`] to be valid.
+pub fn is_placement(value: &[u8]) -> bool {
+    use prost::encoding::{decode_key, decode_varint, WireType};
+    const PLACEMENT_FIELD: u32 = 11;
+    let mut buf = value;
+    while !buf.is_empty() {
+        let Ok((field, wire)) = decode_key(&mut buf) else { return false };
+        if field == PLACEMENT_FIELD {
+            return true;
+        }
+        let Ok(v) = decode_varint(&mut buf) else { return false };
+        if wire == WireType::LengthDelimited {
+            let Some(rest) = usize::try_from(v).ok().and_then(|n| buf.get(n..)) else { return false };
+            buf = rest;
+        } else if wire != WireType::Varint {
+            return false;
+        }
+    }
+    false
 }
 
 /// Decodes and validates a record value read from `partition` (of `partitions`).
@@ -256,6 +283,8 @@ pub fn decode(
                 holder: HolderKey::new(p.worker, p.dp_rank, p.lane),
                 locals: p.local,
                 answered_at: p.answered_at.iter().map(|o| (o.partition, o.offset)).collect(),
+                gateway: p.gateway,
+                policy: p.policy,
             }
         }
         pb::record::Kind::Lifecycle(l) => Op::Lifecycle {
@@ -364,13 +393,25 @@ impl KvBatch<'_> {
     }
 }
 
-/// Encodes a placement.
+/// Encodes a placement (no policy name).
 pub fn encode_placement(
     keyspace: &KeyspaceId,
     holder: HolderKey,
     locals: &[u64],
     answered_at: &[(u32, i64)],
     gateway: &str,
+) -> Vec<u8> {
+    encode_placement_with_policy(keyspace, holder, locals, answered_at, gateway, "")
+}
+
+/// Encodes a placement naming the routing policy that chose it (audits group by it).
+pub fn encode_placement_with_policy(
+    keyspace: &KeyspaceId,
+    holder: HolderKey,
+    locals: &[u64],
+    answered_at: &[(u32, i64)],
+    gateway: &str,
+    policy: &str,
 ) -> Vec<u8> {
     wrap(pb::record::Kind::Placement(pb::Placement {
         worker: holder.worker,
@@ -383,6 +424,7 @@ pub fn encode_placement(
             .map(|&(partition, offset)| pb::PartitionOffset { partition, offset })
             .collect(),
         gateway: gateway.to_string(),
+        policy: policy.to_string(),
     }))
 }
 

@@ -13,10 +13,14 @@
 //! own prefix tree fed only with its own decisions, and routes a shadow fleet (same workers,
 //! same requests, no Kafka) by it — what the fleet would get if gateways only had local trees.
 //!
+//! After the run (`prefixlog.v1` gateways), `audit loss` judges the placements in the log and
+//! is compared with the live oracle, decision by decision ([`audit_loss`]).
+//!
 //! `--gateway-protocol smg`: the replicas host SMG's `radix_index.RadixIndex` facade, and the
 //! fleet speaks it instead of `prefixlog.v1` ([`smg`]): workers publish their KV events and
 //! gateways ask and place through it, scored the same way.
 
+mod audit_loss;
 mod cluster;
 mod offload;
 pub mod policy;
@@ -268,6 +272,8 @@ async fn gateway(
             query_us,
             answered,
             host_weight: s.host_weight,
+            chosen,
+            prompt_tail: locals.last().copied().unwrap_or(0),
         };
         s.results.lock()[i] = Some(o);
         bar.inc(1);
@@ -437,6 +443,12 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         caught_up,
     };
     println!("\n{}", report::table(&outcomes, &summary));
+    if !over_smg {
+        let spec = cluster.spec.clone();
+        let (o, partitions) = (outcomes.clone(), a.partitions);
+        let cmp = tokio::task::spawn_blocking(move || audit_loss::compare(&spec, partitions, &o)).await??;
+        println!("{}", cmp.line());
+    }
     std::fs::write(&a.plot, report::svg(&outcomes))?;
     println!("hit ratio over time written to {}", a.plot.display());
     // Clients first (the gateways' and workers' publisher clones went with their tasks), then

@@ -25,6 +25,17 @@ pub struct Outcome {
     pub answered: Answered,
     /// A host block's weight in this run, per mille.
     pub host_weight: u32,
+    /// The worker the shared index's choice went to, and the prompt's last local hash: what
+    /// pairs the request with its placement in the log (`audit loss`).
+    pub chosen: u32,
+    pub prompt_tail: u64,
+}
+
+impl Outcome {
+    /// Whether the chosen worker held less than the best one (perfect knowledge).
+    pub fn lossy(&self) -> bool {
+        self.hit.weighted(self.host_weight) < self.oracle.weighted(self.host_weight)
+    }
 }
 
 /// Hit ratios weighed by tier (GPU 1.0, host `--host-weight`): with no host tier, the plain
