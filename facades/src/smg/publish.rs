@@ -9,13 +9,16 @@
 //! after the ack sees the update. Acks are advisory upstream: when the publisher does not read
 //! them they are dropped (counted, reason `ack_dropped`), never holding up the updates behind
 //! them. A refused update ends the stream with its status, as upstream ends it on an
-//! unsupported hash scheme; updates read before it may still be applied.
+//! unsupported hash scheme; updates read before it may still be applied. An update naming a
+//! holder outside the writer's token names ([`crate::writers`]) is refused so, with
+//! PERMISSION_DENIED (counted, reason `writer_not_allowed`), before anything of it is written.
 
 use super::pb::{PublishAck, Update};
 use super::update;
 use super::writer::{Locked, WriteError, Writer, Written};
 use super::OUT_BUFFER;
 use crate::metrics::FacadeMetrics;
+use crate::writers::Grant;
 use futures_util::stream::FuturesOrdered;
 use prefixlog_state::token_of;
 use std::pin::Pin;
@@ -34,10 +37,15 @@ pub const MAX_UPDATES_IN_FLIGHT: usize = 256;
 pub type AckStream = Pin<Box<dyn Stream<Item = Result<PublishAck, Status>> + Send>>;
 
 /// Serves one `Publish` call on a task of its own.
-pub fn serve(writer: Arc<Writer>, metrics: FacadeMetrics, inbound: Streaming<Update>) -> AckStream {
+pub fn serve(
+    writer: Arc<Writer>,
+    metrics: FacadeMetrics,
+    grant: Grant,
+    inbound: Streaming<Update>,
+) -> AckStream {
     let (tx, rx) = tokio::sync::mpsc::channel(OUT_BUFFER);
     tokio::spawn(async move {
-        let code = match run(&writer, &metrics, inbound, &tx).await {
+        let code = match run(&writer, &metrics, &grant, inbound, &tx).await {
             Ok(()) => tonic::Code::Ok,
             Err(s) => {
                 let code = s.code();
@@ -56,6 +64,7 @@ type Running = FuturesOrdered<JoinHandle<Result<PublishAck, Status>>>;
 async fn run(
     writer: &Arc<Writer>,
     metrics: &FacadeMetrics,
+    grant: &Grant,
     mut inbound: Streaming<Update>,
     tx: &Sender<Result<PublishAck, Status>>,
 ) -> Result<(), Status> {
@@ -80,7 +89,11 @@ async fn run(
                     continue;
                 };
                 let u = u?;
-                update::validate(&u).map_err(|e| WriteError::from(e).status())?;
+                update::validate(&u).map_err(|e| refused(metrics, e.into()))?;
+                grant.check(&u.holder).map_err(|e| {
+                    metrics.skipped(e.reason(), 1);
+                    e.status()
+                })?;
                 let (worker, lock) = writer.lock(&u.holder).map_err(|e| e.status())?;
                 let guard = lock.await;
                 let (writer, metrics) = (writer.clone(), metrics.clone());
@@ -110,8 +123,11 @@ async fn write(
 }
 
 fn refused(metrics: &FacadeMetrics, e: WriteError) -> Status {
-    if matches!(e, WriteError::Collision { .. }) {
-        metrics.skipped("holder_collision", 1);
+    match e {
+        WriteError::Collision { .. } => metrics.skipped("holder_collision", 1),
+        WriteError::EpochJump { .. } => metrics.skipped("epoch_jump", 1),
+        WriteError::Update(update::UpdateError::BadName(_)) => metrics.skipped("bad_name", 1),
+        _ => {}
     }
     e.status()
 }

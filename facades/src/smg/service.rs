@@ -10,6 +10,7 @@ use super::writer::Writer;
 use super::{MAX_MESSAGE_BYTES, PROTOCOL, SERVICE_NAME};
 use crate::metrics::FacadeMetrics;
 use crate::start::{every_partition, StartError};
+use crate::writers::{WriteRules, WriterPolicy};
 use prefixlog_query::extension::{Extension, ExtensionContext, ExtensionError};
 use prefixlog_query::QueryService;
 use prefixlog_state::LogAppend;
@@ -28,11 +29,23 @@ pub struct SmgService {
     writer: Arc<Writer>,
     query: QueryService,
     metrics: FacadeMetrics,
+    writers: WriterPolicy,
 }
 
 impl SmgService {
     pub fn new(log: Arc<dyn LogAppend>, query: QueryService, metrics: FacadeMetrics) -> Self {
-        Self { writer: Arc::new(Writer::new(log, query.clone())), query, metrics }
+        Self::with_rules(log, query, metrics, WriteRules::default())
+    }
+
+    /// The service writing under `rules` (who may write which holders, the epoch step).
+    pub fn with_rules(
+        log: Arc<dyn LogAppend>,
+        query: QueryService,
+        metrics: FacadeMetrics,
+        rules: WriteRules,
+    ) -> Self {
+        let writer = Arc::new(Writer::with_max_epoch_step(log, query.clone(), rules.max_epoch_step));
+        Self { writer, query, metrics, writers: rules.writers }
     }
 
     pub fn into_server(self) -> RadixIndexServer<Self> {
@@ -81,7 +94,13 @@ impl RadixIndex for SmgService {
     type PullHoldersStream = UpdateStream;
 
     async fn publish(&self, request: Request<Streaming<Update>>) -> Result<Response<AckStream>, Status> {
-        Ok(Response::new(publish::serve(self.writer.clone(), self.metrics.clone(), request.into_inner())))
+        let grant = self.writers.grant(request.metadata()).map_err(|e| {
+            self.metrics.skipped(e.reason(), 1);
+            self.metrics.request("Publish", e.status().code());
+            e.status()
+        })?;
+        let inbound = request.into_inner();
+        Ok(Response::new(publish::serve(self.writer.clone(), self.metrics.clone(), grant, inbound)))
     }
 
     async fn subscribe(&self, request: Request<Streaming<Query>>) -> Result<Response<MatchOut>, Status> {
@@ -119,13 +138,20 @@ const FACADE: &str = "the SMG facade (--smg-radix-index)";
 /// Hosts [`SmgService`] on the query port (`prefixlog serve --smg-radix-index`).
 pub struct SmgExtension {
     log: Arc<dyn LogAppend>,
+    rules: WriteRules,
 }
 
 impl SmgExtension {
     /// The extension appending its writes to `log` (over Kafka: a
-    /// `prefixlog_ingest::Publisher` of its own).
+    /// `prefixlog_ingest::Publisher` of its own), open to every writer.
     pub fn new(log: Arc<dyn LogAppend>) -> Self {
-        Self { log }
+        Self { log, rules: WriteRules::default() }
+    }
+
+    /// The extension writing under `rules` (`serve --writer-tokens`, `--max-epoch-step`).
+    pub fn with_rules(mut self, rules: WriteRules) -> Self {
+        self.rules = rules;
+        self
     }
 }
 
@@ -142,7 +168,7 @@ impl Extension for SmgExtension {
         every_partition(ctx, FACADE)?;
         let metrics = FacadeMetrics::new(ctx.registry, PROTOCOL)
             .map_err(|source| StartError::Metrics { facade: FACADE, source })?;
-        let svc = SmgService::new(self.log.clone(), ctx.query.clone(), metrics);
+        let svc = SmgService::with_rules(self.log.clone(), ctx.query.clone(), metrics, self.rules.clone());
         routes.add_service(svc.into_server());
         Ok(())
     }

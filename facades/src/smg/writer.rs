@@ -61,6 +61,10 @@ pub enum WriteError {
     NotReady,
     #[error("this replica has not applied partition {partition} up to its high watermark {high} within {wait:?}: the holder's state is not known yet")]
     NotCaughtUp { partition: u32, high: i64, wait: Duration },
+    #[error(
+        "epoch {epoch} is more than {max_step} above the holder's epoch {known}: refused (--max-epoch-step)"
+    )]
+    EpochJump { epoch: u64, known: u64, max_step: u64 },
     #[error("this facade already writes for {MAX_HOLDERS} holders; a new one is refused")]
     HolderTableFull,
     #[error("appending to the log: {0}")]
@@ -74,7 +78,7 @@ impl WriteError {
         match self {
             Self::Update(e) => e.status(),
             Self::MetadataTooLarge { .. } => Status::invalid_argument(self.to_string()),
-            Self::Collision { .. } => Status::failed_precondition(self.to_string()),
+            Self::Collision { .. } | Self::EpochJump { .. } => Status::failed_precondition(self.to_string()),
             Self::HolderTableFull => Status::resource_exhausted(self.to_string()),
             Self::NotReady | Self::NotCaughtUp { .. } | Self::Publish(_) => {
                 Status::unavailable(self.to_string())
@@ -116,12 +120,18 @@ pub enum Gate {
     Duplicate,
     /// Applied; `bump`: a higher epoch than the known one (older state is cleared first).
     Apply { bump: bool },
+    /// More than the maximum step above the known epoch: refused.
+    TooFar { known: u64 },
 }
 
-/// The gate of an update with events at `(epoch, seq)` on `feed`.
-pub fn gate(feed: &FeedState, epoch: u64, seq: u64) -> Gate {
+/// The gate of an update with events at `(epoch, seq)` on `feed`, epochs rising at most
+/// `max_step` at once (a new holder's epoch must leave `max_step` of room below `u64::MAX`, so
+/// none starts where nobody can supersede it).
+pub fn gate(feed: &FeedState, max_step: u64, epoch: u64, seq: u64) -> Gate {
     match feed.epoch {
         Some(e) if epoch < e => Gate::Stale,
+        Some(e) if epoch - e > max_step => Gate::TooFar { known: e },
+        None if epoch > u64::MAX - max_step => Gate::TooFar { known: 0 },
         Some(e) if epoch > e => Gate::Apply { bump: true },
         Some(_) if seq > 0 && feed.last_seq.is_some_and(|l| seq <= l) => Gate::Duplicate,
         _ => Gate::Apply { bump: false },
@@ -143,11 +153,17 @@ pub struct Writer {
     log: Arc<dyn LogAppend>,
     query: QueryService,
     holders: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<Option<HolderState>>>>>,
+    max_epoch_step: u64,
 }
 
 impl Writer {
     pub fn new(log: Arc<dyn LogAppend>, query: QueryService) -> Self {
-        Self { log, query, holders: Mutex::default() }
+        Self::with_max_epoch_step(log, query, crate::writers::DEFAULT_MAX_EPOCH_STEP)
+    }
+
+    /// A writer refusing epoch steps above `max_epoch_step` ([`gate`]).
+    pub fn with_max_epoch_step(log: Arc<dyn LogAppend>, query: QueryService, max_epoch_step: u64) -> Self {
+        Self { log, query, holders: Mutex::default(), max_epoch_step }
     }
 
     pub(crate) fn query(&self) -> &QueryService {
@@ -232,7 +248,10 @@ impl Writer {
     ) -> Result<(), WriteError> {
         let st = guard.as_mut().expect("loaded");
         let mut feed = self.feed(worker, st, ks);
-        let bump = match gate(&feed, u.epoch, u.seq) {
+        let bump = match gate(&feed, self.max_epoch_step, u.epoch, u.seq) {
+            Gate::TooFar { known } => {
+                return Err(WriteError::EpochJump { epoch: u.epoch, known, max_step: self.max_epoch_step })
+            }
             Gate::Stale => {
                 out.stale_epoch = true;
                 return Ok(());
@@ -485,19 +504,29 @@ mod tests {
     use super::super::pb::Added;
     use super::*;
 
+    const STEP: u64 = 100;
+
     #[test]
     fn the_gate_follows_upstreams_epoch_and_seq_rules() {
         let known = FeedState { epoch: Some(3), last_seq: Some(10), fed: true };
-        assert_eq!(gate(&known, 2, 11), Gate::Stale, "lower epoch dropped");
-        assert_eq!(gate(&known, 2, 0), Gate::Stale);
-        assert_eq!(gate(&known, 4, 1), Gate::Apply { bump: true }, "higher epoch clears");
-        assert_eq!(gate(&known, 3, 10), Gate::Duplicate);
-        assert_eq!(gate(&known, 3, 9), Gate::Duplicate);
-        assert_eq!(gate(&known, 3, 11), Gate::Apply { bump: false });
-        assert_eq!(gate(&known, 3, 0), Gate::Apply { bump: false }, "seq 0 is idempotent, never a duplicate");
+        assert_eq!(gate(&known, STEP, 2, 11), Gate::Stale, "lower epoch dropped");
+        assert_eq!(gate(&known, STEP, 2, 0), Gate::Stale);
+        assert_eq!(gate(&known, STEP, 4, 1), Gate::Apply { bump: true }, "higher epoch clears");
+        assert_eq!(gate(&known, STEP, 3, 10), Gate::Duplicate);
+        assert_eq!(gate(&known, STEP, 3, 9), Gate::Duplicate);
+        assert_eq!(gate(&known, STEP, 3, 11), Gate::Apply { bump: false });
+        assert_eq!(
+            gate(&known, STEP, 3, 0),
+            Gate::Apply { bump: false },
+            "seq 0 is idempotent, never a duplicate"
+        );
         let unknown = FeedState::default();
-        assert_eq!(gate(&unknown, 1, 5), Gate::Apply { bump: false }, "a new holder takes the epoch");
-        assert_eq!(gate(&unknown, 0, 0), Gate::Apply { bump: false });
+        assert_eq!(gate(&unknown, STEP, 1, 5), Gate::Apply { bump: false }, "a new holder takes the epoch");
+        assert_eq!(gate(&unknown, STEP, 0, 0), Gate::Apply { bump: false });
+        assert_eq!(gate(&known, STEP, 3 + STEP, 1), Gate::Apply { bump: true }, "the largest step");
+        assert_eq!(gate(&known, STEP, 4 + STEP, 1), Gate::TooFar { known: 3 });
+        assert_eq!(gate(&known, STEP, u64::MAX, 1), Gate::TooFar { known: 3 }, "no jump to the end");
+        assert_eq!(gate(&unknown, STEP, u64::MAX, 1), Gate::TooFar { known: 0 }, "no start at the end");
     }
 
     #[test]
