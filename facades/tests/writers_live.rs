@@ -2,8 +2,11 @@
 //! `radix_index.RadixIndex` under a writer token file. A client without a token, or with
 //! another writer's token, cannot erase, drop or overwrite a holder it does not own; epoch
 //! jumps past the maximum step and names with bidi overrides are refused; every refusal is
-//! counted by reason; the owner's holder stays indexed throughout.
+//! counted by reason; the owner's holder stays indexed throughout. On the SGLang facade, one
+//! writer's empty `ConfigureExpectedWorkers` removes its own workers, never another's.
 
+use prefixlog_facades::sglang::pb as sgl;
+use prefixlog_facades::sglang::{SglangConfig, SglangExtension};
 use prefixlog_facades::smg::pb::radix_index_client::RadixIndexClient;
 use prefixlog_facades::smg::pb::*;
 use prefixlog_facades::smg::state::content_hash;
@@ -83,11 +86,14 @@ async fn holders(c: &mut RadixIndexClient<Channel>) -> Vec<(String, u32)> {
 
 async fn replica(spec: &LogSpec) -> ReplicaNode {
     let rules = WriteRules { writers: WriterPolicy::parse(TOKENS).unwrap(), max_epoch_step: STEP };
-    let ext = SmgExtension::new(Arc::new(prefixlog_ingest::Publisher::new(spec).unwrap())).with_rules(rules);
+    let log = Arc::new(prefixlog_ingest::Publisher::new(spec).unwrap());
+    let smg = SmgExtension::new(log.clone()).with_rules(rules.clone());
+    let cfg = SglangConfig { model: "qwen".into(), block_size: 2 };
+    let sglang = SglangExtension::new(cfg, log).with_rules(rules);
     let opts = NodeOptions {
         replica_id: "a".into(),
         ready_lag: 0,
-        extensions: Extensions(vec![Arc::new(ext)]),
+        extensions: Extensions(vec![Arc::new(smg), Arc::new(sglang)]),
         ..NodeOptions::default()
     };
     ReplicaNode::start(spec.clone(), opts).await.unwrap()
@@ -161,5 +167,83 @@ async fn only_a_holders_writer_can_erase_or_overwrite_it() {
     let mut held = holders(&mut c).await;
     held.sort();
     assert_eq!(held, vec![("bridge-b-0".to_string(), 3), ("w-a".to_string(), 3)]);
+    node.shutdown().await.unwrap();
+}
+
+type SglClient = sgl::kv_indexer_client::KvIndexerClient<Channel>;
+
+/// SGLang page hashes (any values: the facade files them as given).
+const PAGES: [i64; 2] = [11, 12];
+
+fn with_token<T>(m: T, token: Option<&str>) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(m);
+    r.set_timeout(Duration::from_secs(20));
+    if let Some(t) = token {
+        r.metadata_mut().insert("authorization", format!("Bearer {t}").parse().unwrap());
+    }
+    r
+}
+
+async fn report(
+    c: &mut SglClient,
+    token: &str,
+    worker: &str,
+    seq: u64,
+    pages: usize,
+) -> Result<(), tonic::Status> {
+    let action = sgl::ExternalKvAction {
+        r#type: sgl::ExternalKvActionType::ActionReport as i32,
+        tier: sgl::TierType::TierHbm as i32,
+        hashes: PAGES[..pages].to_vec(),
+        ..Default::default()
+    };
+    let batch = sgl::ApplyExternalKvBatchRequest {
+        worker_id: worker.into(),
+        seq,
+        actions: vec![action],
+        worker_address: format!("http://{worker}:30000"),
+        ..Default::default()
+    };
+    c.apply_external_kv_batch(with_token(batch, Some(token))).await.map(|_| ())
+}
+
+/// (worker_address, matched pages), best first.
+async fn matched(c: &mut SglClient) -> Vec<(String, u32)> {
+    let q = sgl::MatchExternalKvPrefixRequest { hashes: PAGES.to_vec(), max_blocks: 0 };
+    let r = c.match_external_kv_prefix(with_token(q, None)).await.unwrap().into_inner();
+    r.matches.into_iter().map(|m| (m.worker_address, m.matched_prefix_blocks)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_writers_empty_fleet_keeps_the_other_writers_workers() {
+    let kafka = EmbeddedKafka::start("prefixlog.writers.sgl", 2).unwrap();
+    let spec = LogSpec::new(KafkaConnection::new(kafka.bootstrap_servers()), "prefixlog.writers.sgl", 2);
+    let node = replica(&spec).await;
+    let mut c = SglClient::connect(node.endpoint()).await.unwrap();
+    for _ in 0..200 {
+        match report(&mut c, "t-a", "w-a", 1, 2).await {
+            Ok(()) => break,
+            Err(s) if s.code() == Code::Unavailable => tokio::time::sleep(Duration::from_millis(50)).await,
+            Err(s) => panic!("first batch: {s:?}"),
+        }
+    }
+    report(&mut c, "t-b", "w-b", 1, 1).await.unwrap();
+    let (a, b) = (("http://w-a:30000".to_string(), 2), ("http://w-b:30000".to_string(), 1));
+    assert_eq!(matched(&mut c).await, vec![a.clone(), b]);
+
+    let empty = || sgl::ConfigureExpectedWorkersRequest { workers: vec![] };
+    let none = c.configure_expected_workers(with_token(empty(), None)).await.unwrap_err();
+    assert_eq!(none.code(), Code::Unauthenticated, "{none:?}");
+    // Another writer's batch for w-a, or a fleet listing it, is refused.
+    assert_eq!(report(&mut c, "t-b", "w-a", 2, 1).await.unwrap_err().code(), Code::PermissionDenied);
+    let w_a = sgl::ExpectedWorker { worker_id: "w-a".into(), ..Default::default() };
+    let listing = sgl::ConfigureExpectedWorkersRequest { workers: vec![w_a] };
+    let s = c.configure_expected_workers(with_token(listing, Some("t-b"))).await.unwrap_err();
+    assert_eq!(s.code(), Code::PermissionDenied, "{s:?}");
+    // t-b's empty fleet removes w-b only.
+    let r = c.configure_expected_workers(with_token(empty(), Some("t-b"))).await.unwrap().into_inner();
+    assert_eq!(r.total_workers, 0);
+    assert_eq!(matched(&mut c).await, vec![a]);
+    assert_eq!(skipped(&node, "writer_not_allowed"), 2);
     node.shutdown().await.unwrap();
 }
