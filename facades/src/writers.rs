@@ -13,7 +13,9 @@
 //! Without a token file the facade is [`WriterPolicy::Open`]: every client may write every name
 //! (the binary allows that only behind mutual TLS or with `--allow-unauthenticated-writes`).
 
-use std::collections::HashMap;
+use parking_lot::Mutex;
+use prefixlog_engine::KeyspaceId;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 use tonic::metadata::MetadataMap;
@@ -52,20 +54,74 @@ impl NamePattern {
     }
 }
 
+/// Most holders / workers and keyspaces one token's writer may have written in this facade
+/// process (`serve --writer-max-holders`, `--writer-max-keyspaces`): below the log's shared
+/// per-partition limits, one writer cannot fill them for the others.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WriterQuota {
+    pub holders: usize,
+    pub keyspaces: usize,
+}
+
+impl Default for WriterQuota {
+    fn default() -> Self {
+        Self { holders: 1_024, keyspaces: 16 }
+    }
+}
+
+/// What one token's writer has written (its quota's use).
+#[derive(Debug, Default)]
+struct Usage {
+    holders: HashSet<u64>,
+    keyspaces: HashSet<KeyspaceId>,
+}
+
+/// One token: its names and its use of its quota.
+#[derive(Debug)]
+pub struct TokenWriter {
+    names: Box<[NamePattern]>,
+    usage: Mutex<Usage>,
+}
+
 /// What one client may write.
 #[derive(Clone, Debug)]
 pub enum Grant {
-    /// No token file: every name.
+    /// No token file: every name, no quota.
     Anyone,
-    /// The names of the client's token.
-    Names(Arc<[NamePattern]>),
+    /// The names and quota of the client's token.
+    Token(Arc<TokenWriter>, WriterQuota),
 }
 
 impl Grant {
     pub fn allows(&self, name: &str) -> bool {
         match self {
             Self::Anyone => true,
-            Self::Names(p) => p.iter().any(|p| p.matches(name)),
+            Self::Token(t, _) => t.names.iter().any(|p| p.matches(name)),
+        }
+    }
+
+    /// Takes `holder` (a worker id) and `keyspace` into the writer's quota, unless one of them
+    /// is new and the quota is full: then RESOURCE_EXHAUSTED, nothing taken.
+    pub fn admit(&self, holder: u64, keyspace: &KeyspaceId) -> Result<(), WriterDenied> {
+        let Self::Token(t, quota) = self else { return Ok(()) };
+        let mut u = t.usage.lock();
+        let new_holder = !u.holders.contains(&holder);
+        let new_keyspace = !u.keyspaces.contains(keyspace);
+        if new_holder && u.holders.len() >= quota.holders {
+            return Err(WriterDenied::HolderQuota(quota.holders));
+        }
+        if new_keyspace && u.keyspaces.len() >= quota.keyspaces {
+            return Err(WriterDenied::KeyspaceQuota(quota.keyspaces));
+        }
+        u.holders.insert(holder);
+        u.keyspaces.insert(keyspace.clone());
+        Ok(())
+    }
+
+    /// Gives a removed holder's place in the quota back.
+    pub fn release(&self, holder: u64) {
+        if let Self::Token(t, _) = self {
+            t.usage.lock().holders.remove(&holder);
         }
     }
 
@@ -88,6 +144,14 @@ pub enum WriterDenied {
     UnknownToken,
     #[error("this writer may not write {0:?} (not among its token's names)")]
     NotYours(String),
+    #[error(
+        "this writer already writes {0} holders (its quota, --writer-max-holders); a new one is refused"
+    )]
+    HolderQuota(usize),
+    #[error(
+        "this writer already writes {0} keyspaces (its quota, --writer-max-keyspaces); a new one is refused"
+    )]
+    KeyspaceQuota(usize),
 }
 
 impl WriterDenied {
@@ -97,6 +161,8 @@ impl WriterDenied {
             Self::NoToken => "writer_no_token",
             Self::UnknownToken => "writer_unknown_token",
             Self::NotYours(_) => "writer_not_allowed",
+            Self::HolderQuota(_) => "writer_quota_holders",
+            Self::KeyspaceQuota(_) => "writer_quota_keyspaces",
         }
     }
 
@@ -104,6 +170,7 @@ impl WriterDenied {
         match self {
             Self::NoToken | Self::UnknownToken => Status::unauthenticated(self.to_string()),
             Self::NotYours(_) => Status::permission_denied(self.to_string()),
+            Self::HolderQuota(_) | Self::KeyspaceQuota(_) => Status::resource_exhausted(self.to_string()),
         }
     }
 }
@@ -139,7 +206,7 @@ pub enum WriteSurfaceError {
 pub enum WriterPolicy {
     #[default]
     Open,
-    Tokens(Arc<HashMap<String, Arc<[NamePattern]>>>),
+    Tokens(Arc<HashMap<String, Arc<TokenWriter>>>, WriterQuota),
 }
 
 impl WriterPolicy {
@@ -156,29 +223,38 @@ impl WriterPolicy {
             let line = line.split('#').next().unwrap_or("").trim();
             let mut words = line.split_whitespace();
             let Some(token) = words.next() else { continue };
-            let names: Arc<[NamePattern]> = words.map(NamePattern::parse).collect();
+            let names: Box<[NamePattern]> = words.map(NamePattern::parse).collect();
             if names.is_empty() {
                 return Err(TokenFileError::NoNames { line: i + 1 });
             }
-            if tokens.insert(token.to_string(), names).is_some() {
+            let writer = Arc::new(TokenWriter { names, usage: Mutex::default() });
+            if tokens.insert(token.to_string(), writer).is_some() {
                 return Err(TokenFileError::Duplicate { line: i + 1 });
             }
         }
         if tokens.is_empty() {
             return Err(TokenFileError::Empty);
         }
-        Ok(Self::Tokens(Arc::new(tokens)))
+        Ok(Self::Tokens(Arc::new(tokens), WriterQuota::default()))
+    }
+
+    /// The policy with each token's writer held to `quota` (no effect when open).
+    pub fn with_quota(self, quota: WriterQuota) -> Self {
+        match self {
+            Self::Tokens(t, _) => Self::Tokens(t, quota),
+            open => open,
+        }
     }
 
     /// What the client of a call with `metadata` may write.
     pub fn grant(&self, metadata: &MetadataMap) -> Result<Grant, WriterDenied> {
-        let Self::Tokens(tokens) = self else { return Ok(Grant::Anyone) };
+        let Self::Tokens(tokens, quota) = self else { return Ok(Grant::Anyone) };
         let token = metadata
             .get("authorization")
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .ok_or(WriterDenied::NoToken)?;
-        tokens.get(token.trim()).map(|n| Grant::Names(n.clone())).ok_or(WriterDenied::UnknownToken)
+        tokens.get(token.trim()).map(|t| Grant::Token(t.clone(), *quota)).ok_or(WriterDenied::UnknownToken)
     }
 }
 
@@ -236,6 +312,25 @@ mod tests {
         assert_eq!(p.grant(&MetadataMap::new()).unwrap_err(), WriterDenied::NoToken);
         assert_eq!(p.grant(&with_token("t-x")).unwrap_err().status().code(), tonic::Code::Unauthenticated);
         assert!(WriterPolicy::Open.grant(&MetadataMap::new()).unwrap().allows("x"));
+    }
+
+    #[test]
+    fn a_full_quota_refuses_new_holders_and_keyspaces_only() {
+        let quota = WriterQuota { holders: 2, keyspaces: 1 };
+        let p = WriterPolicy::parse("t-a *\nt-b *\n").unwrap().with_quota(quota);
+        let (a, b) = (p.grant(&with_token("t-a")).unwrap(), p.grant(&with_token("t-b")).unwrap());
+        let (k1, k2) = (KeyspaceId::new("m1", 4, 1), KeyspaceId::new("m2", 4, 1));
+        a.admit(1, &k1).unwrap();
+        a.admit(2, &k1).unwrap();
+        a.admit(2, &k1).unwrap();
+        assert_eq!(a.admit(3, &k1), Err(WriterDenied::HolderQuota(2)));
+        assert_eq!(a.admit(1, &k2), Err(WriterDenied::KeyspaceQuota(1)));
+        assert_eq!(a.admit(3, &k1).unwrap_err().status().code(), tonic::Code::ResourceExhausted);
+        b.admit(3, &k2).expect("another writer's quota is its own");
+        a.release(2);
+        a.admit(3, &k1).expect("a removed holder's place is free again");
+        let again = p.grant(&with_token("t-a")).unwrap();
+        assert_eq!(again.admit(4, &k1), Err(WriterDenied::HolderQuota(2)), "per token, not per call");
     }
 
     #[test]

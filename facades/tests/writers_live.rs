@@ -11,7 +11,7 @@ use prefixlog_facades::smg::pb::radix_index_client::RadixIndexClient;
 use prefixlog_facades::smg::pb::*;
 use prefixlog_facades::smg::state::content_hash;
 use prefixlog_facades::smg::SmgExtension;
-use prefixlog_facades::writers::{WriteRules, WriterPolicy};
+use prefixlog_facades::writers::{WriteRules, WriterPolicy, WriterQuota};
 use prefixlog_ingest::{EmbeddedKafka, KafkaConnection, LogSpec};
 use prefixlog_node::{NodeOptions, ReplicaNode};
 use prefixlog_query::Extensions;
@@ -37,6 +37,21 @@ fn stored() -> Event {
     let blocks =
         chain().into_iter().zip(0xe0..).map(|(c, s)| Block { seq_hash: s, content_hash: c }).collect();
     Event { kind: Some(event::Kind::Stored(Stored { parent_seq_hash: None, blocks })) }
+}
+
+/// The chain's query in `model`'s keyspace: the holders it answers, with their matched blocks.
+async fn holders_of(c: &mut RadixIndexClient<Channel>, model: &str) -> Vec<(String, u32)> {
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    let mut matches = c.subscribe(ReceiverStream::new(rx)).await.unwrap().into_inner();
+    let ks = Keyspace { model: model.into(), ..keyspace() };
+    tx.send(Query { query_id: 1, keyspace: Some(ks), content_hashes: chain() }).await.unwrap();
+    let m = matches.message().await.unwrap().expect("an answer");
+    m.scores.into_iter().map(|s| (s.holder, s.matched_blocks)).collect()
+}
+
+fn update_in(model: &str, holder: &str, epoch: u64, seq: u64) -> Update {
+    let ks = Keyspace { model: model.into(), ..keyspace() };
+    Update { keyspace: Some(ks), ..update(holder, epoch, seq, vec![stored()]) }
 }
 
 fn update(holder: &str, epoch: u64, seq: u64, events: Vec<Event>) -> Update {
@@ -85,7 +100,12 @@ async fn holders(c: &mut RadixIndexClient<Channel>) -> Vec<(String, u32)> {
 }
 
 async fn replica(spec: &LogSpec) -> ReplicaNode {
-    let rules = WriteRules { writers: WriterPolicy::parse(TOKENS).unwrap(), max_epoch_step: STEP };
+    replica_with_quota(spec, WriterQuota::default()).await
+}
+
+async fn replica_with_quota(spec: &LogSpec, quota: WriterQuota) -> ReplicaNode {
+    let writers = WriterPolicy::parse(TOKENS).unwrap().with_quota(quota);
+    let rules = WriteRules { writers, max_epoch_step: STEP };
     let log = Arc::new(prefixlog_ingest::Publisher::new(spec).unwrap());
     let smg = SmgExtension::new(log.clone()).with_rules(rules.clone());
     let cfg = SglangConfig { model: "qwen".into(), block_size: 2 };
@@ -245,5 +265,42 @@ async fn one_writers_empty_fleet_keeps_the_other_writers_workers() {
     assert_eq!(r.total_workers, 0);
     assert_eq!(matched(&mut c).await, vec![a]);
     assert_eq!(skipped(&node, "writer_not_allowed"), 2);
+    node.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_that_fills_its_quota_leaves_room_for_another() {
+    let kafka = EmbeddedKafka::start("prefixlog.writers.quota", 2).unwrap();
+    // The log's shared limit: two keyspaces per partition. Each writer's quota: one model, two
+    // holders; without it writer a's second model would take the last place.
+    let settings =
+        prefixlog_state::settings::StateSettings { max_keyspaces_per_partition: 2, ..Default::default() };
+    let spec = LogSpec::new(KafkaConnection::new(kafka.bootstrap_servers()), "prefixlog.writers.quota", 2)
+        .with_settings(settings);
+    let node = replica_with_quota(&spec, WriterQuota { holders: 2, keyspaces: 1 }).await;
+    let mut c = RadixIndexClient::connect(node.endpoint()).await.unwrap();
+
+    first_publish(&mut c, update_in("m-a", "w-a", 1, 1)).await;
+    // t-a may write only w-a: its quota of holders is tested with t-b's prefix names below.
+    let s = publish_once(&mut c, "t-a", update_in("m-a2", "w-a", 1, 2)).await.unwrap_err();
+    assert_eq!(s.code(), Code::ResourceExhausted, "a second model past the quota: {s:?}");
+    for (i, holder) in ["bridge-b-0", "bridge-b-1"].iter().enumerate() {
+        publish_once(&mut c, "t-b", update_in("m-b", holder, 1, 1 + i as u64)).await.unwrap();
+    }
+    let s = publish_once(&mut c, "t-b", update_in("m-b", "bridge-b-2", 1, 1)).await.unwrap_err();
+    assert_eq!(s.code(), Code::ResourceExhausted, "a third holder past the quota: {s:?}");
+    assert_eq!((skipped(&node, "writer_quota_keyspaces"), skipped(&node, "writer_quota_holders")), (1, 1));
+
+    // Both writers' models and holders are indexed; a dropped holder frees its place.
+    assert_eq!(holders_of(&mut c, "m-a").await, vec![("w-a".to_string(), 3)]);
+    let mut b = holders_of(&mut c, "m-b").await;
+    b.sort();
+    assert_eq!(b, vec![("bridge-b-0".to_string(), 3), ("bridge-b-1".to_string(), 3)]);
+    let drop = Update { dropped: true, ..update("bridge-b-0", 1, 0, vec![]) };
+    publish_once(&mut c, "t-b", drop).await.unwrap();
+    publish_once(&mut c, "t-b", update_in("m-b", "bridge-b-2", 1, 1)).await.unwrap();
+    let mut b = holders_of(&mut c, "m-b").await;
+    b.sort();
+    assert_eq!(b, vec![("bridge-b-1".to_string(), 3), ("bridge-b-2".to_string(), 3)]);
     node.shutdown().await.unwrap();
 }

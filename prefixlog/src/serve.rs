@@ -163,6 +163,15 @@ pub struct SglArgs {
     #[arg(long, env = "PREFIXLOG_MAX_EPOCH_STEP", default_value_t = prefixlog_facades::writers::DEFAULT_MAX_EPOCH_STEP,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub max_epoch_step: u64,
+    /// Most holders / workers one --writer-tokens token may write through this replica's
+    /// facades (RESOURCE_EXHAUSTED past it, reason `writer_quota_holders`; a removed one frees
+    /// its place); keep it below the log's --max-workers-per-partition.
+    #[arg(long, env = "PREFIXLOG_WRITER_MAX_HOLDERS", default_value_t = 1_024, value_parser = clap::value_parser!(u64).range(1..))]
+    pub writer_max_holders: u64,
+    /// Most keyspaces (models) one --writer-tokens token may write (reason
+    /// `writer_quota_keyspaces`); keep it below --max-keyspaces-per-partition.
+    #[arg(long, env = "PREFIXLOG_WRITER_MAX_KEYSPACES", default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..))]
+    pub writer_max_keyspaces: u64,
     /// Serve Dynamo's standalone KV indexer HTTP API (`python -m dynamo.indexer`: `/query`,
     /// `/query_by_hash`, `/workers`, `/register`, `/unregister`, `/dump`, ...) on this address,
     /// e.g. 0.0.0.0:8090 (docs/compat/dynamo-mooncake-http.md). `/register` makes this replica
@@ -190,8 +199,12 @@ impl SglArgs {
         client_ca: bool,
     ) -> Result<prefixlog_facades::writers::WriteRules, prefixlog_facades::writers::WriteSurfaceError> {
         use prefixlog_facades::writers::{WriteRules, WriterPolicy};
+        let quota = prefixlog_facades::writers::WriterQuota {
+            holders: self.writer_max_holders as usize,
+            keyspaces: self.writer_max_keyspaces as usize,
+        };
         let writers = match &self.writer_tokens {
-            Some(path) => WriterPolicy::load(path)?,
+            Some(path) => WriterPolicy::load(path)?.with_quota(quota),
             None => WriterPolicy::Open,
         };
         let facades =

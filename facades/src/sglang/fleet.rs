@@ -36,6 +36,7 @@ pub async fn configure(
     for e in &req.workers {
         check_worker_id(&e.worker_id)?;
         grant.check(&e.worker_id)?;
+        grant.admit(worker_id(SGLANG_SEED, &e.worker_id), w.keyspace())?;
         check_metadata_size(&desired_metadata(None, &as_batch(e)))?;
     }
     if req.workers.len() > MAX_EXPECTED_WORKERS {
@@ -57,6 +58,7 @@ pub async fn configure(
     for name in names.into_iter().filter(|n| grant.allows(n)) {
         let (worker, guard) = w.lock_worker(&name, wait).await?;
         landed.push(w.remove(worker, guard).await?);
+        grant.release(worker);
     }
     let status = &w.query().view().status;
     if !landed.is_empty() && !status.wait_for(&token_of(&landed), wait).await {

@@ -127,7 +127,9 @@ impl KvIndexer for SglangService {
             Err(s) => return self.counted("ApplyExternalKvBatch", Err(s)),
         };
         let req = request.into_inner();
-        if let Err(e) = grant.check(&req.worker_id) {
+        let worker = crate::names::worker_id(crate::names::SGLANG_SEED, &req.worker_id);
+        let admitted = grant.check(&req.worker_id).and_then(|()| grant.admit(worker, self.writer.keyspace()));
+        if let Err(e) = admitted {
             return self.counted("ApplyExternalKvBatch", Err(self.refused(e.into())));
         }
         let r = match self.writer.write(&req, wait).await {

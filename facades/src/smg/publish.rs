@@ -89,12 +89,8 @@ async fn run(
                     continue;
                 };
                 let u = u?;
-                update::validate(&u).map_err(|e| refused(metrics, e.into()))?;
-                grant.check(&u.holder).map_err(|e| {
-                    metrics.skipped(e.reason(), 1);
-                    e.status()
-                })?;
-                let (worker, lock) = writer.lock(&u.holder).map_err(|e| e.status())?;
+                let ks = update::validate(&u).map_err(|e| refused(metrics, e.into()))?;
+                let (worker, lock) = admit(grant, metrics, writer, &u, &ks)?;
                 let guard = lock.await;
                 let (writer, metrics) = (writer.clone(), metrics.clone());
                 running.push_back(tokio::spawn(async move { write(&writer, &metrics, u, worker, guard, wait).await }));
@@ -102,6 +98,29 @@ async fn run(
         }
     }
     Ok(())
+}
+
+/// Checks the update's holder against the writer's names and quota (a drop alone gives the
+/// holder's place back); the holder's id and lock.
+fn admit(
+    grant: &Grant,
+    metrics: &FacadeMetrics,
+    writer: &Writer,
+    u: &Update,
+    ks: &prefixlog_engine::KeyspaceId,
+) -> Result<(u64, impl std::future::Future<Output = Locked> + Send + 'static), Status> {
+    let denied = |e: crate::writers::WriterDenied| {
+        metrics.skipped(e.reason(), 1);
+        e.status()
+    };
+    grant.check(&u.holder).map_err(denied)?;
+    let (worker, lock) = writer.lock(&u.holder).map_err(|e| e.status())?;
+    if u.dropped && u.events.is_empty() && u.added.is_none() {
+        grant.release(worker);
+    } else {
+        grant.admit(worker, ks).map_err(denied)?;
+    }
+    Ok((worker, lock))
 }
 
 /// One update, written and applied here (bounded by `wait`); its ack.
