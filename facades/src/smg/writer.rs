@@ -344,6 +344,9 @@ impl Writer {
         let slot = {
             let mut holders = self.holders.lock();
             if holders.len() >= MAX_HOLDERS && !holders.contains_key(&worker) {
+                evict_removed(&mut holders);
+            }
+            if holders.len() >= MAX_HOLDERS && !holders.contains_key(&worker) {
                 return Err(WriteError::HolderTableFull);
             }
             holders.entry(worker).or_default().clone()
@@ -389,7 +392,8 @@ impl Writer {
     }
 
     /// `WorkerRemoved`: the holder's metadata, feeds and blocks go (every keyspace). Its epochs
-    /// are kept here, so a later lower epoch is still dropped.
+    /// are kept here, so a later lower epoch is still dropped, until the table is full
+    /// ([`evict_removed`]).
     async fn remove(&self, worker: u64, guard: &mut Locked) -> Result<Landed, WriteError> {
         let landed = self.log.append(worker, encode_lifecycle(worker, &Lifecycle::Removed)).await?;
         if let Some(st) = guard.as_mut() {
@@ -491,6 +495,19 @@ pub fn to_hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
+/// A holder's slot in the table.
+type Slot = Arc<tokio::sync::Mutex<Option<HolderState>>>;
+
+/// Frees the table of holders that are removed (or were never announced) and that nobody
+/// waits for: run when the table is full, so removed holders leave it rather than fill it.
+/// Their epochs are forgotten only then (a later update reads the replica's state again).
+fn evict_removed(holders: &mut HashMap<u64, Slot>) {
+    holders.retain(|_, slot| {
+        Arc::strong_count(slot) > 1
+            || slot.try_lock().map_or(true, |st| st.as_ref().is_some_and(|s| s.metadata.is_some()))
+    });
+}
+
 /// The bytes of [`to_hex`] (None: not hex).
 pub fn from_hex(s: &str) -> Option<Vec<u8>> {
     if !s.len().is_multiple_of(2) {
@@ -505,6 +522,30 @@ mod tests {
     use super::*;
 
     const STEP: u64 = 100;
+
+    #[test]
+    fn a_full_table_lets_removed_holders_go_only() {
+        let holder = |announced: bool| {
+            let metadata = announced.then(BTreeMap::new);
+            Arc::new(tokio::sync::Mutex::new(Some(HolderState {
+                name: "h".into(),
+                metadata,
+                feeds: HashMap::new(),
+            })))
+        };
+        let waited_for = holder(false);
+        let mut table: HashMap<u64, Slot> = HashMap::from([
+            (1, holder(true)),
+            (2, holder(false)),
+            (3, Arc::new(tokio::sync::Mutex::new(None))),
+            (4, waited_for.clone()),
+        ]);
+        evict_removed(&mut table);
+        let mut left: Vec<u64> = table.keys().copied().collect();
+        left.sort();
+        assert_eq!(left, vec![1, 4], "announced, or someone waits for it");
+        drop(waited_for);
+    }
 
     #[test]
     fn the_gate_follows_upstreams_epoch_and_seq_rules() {
