@@ -49,7 +49,7 @@ free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0
 GRPC_PORT=$(free_port); ADMIN_PORT=$(free_port)
 LOG=$(mktemp /tmp/prefixlog-pytest.XXXXXX.log)
 "$BIN" serve --partitions 4 --tick-interval 0 --ready-lag 0 --replica-id py-test \
-  --sgl-model sgl-test --sgl-block-size 2 --grpc-addr "127.0.0.1:$GRPC_PORT" --admin-addr "127.0.0.1:$ADMIN_PORT" >"$LOG" 2>&1 &
+  --sgl-model sgl-test --sgl-block-size 2 --allow-unauthenticated-writes --grpc-addr "127.0.0.1:$GRPC_PORT" --admin-addr "127.0.0.1:$ADMIN_PORT" >"$LOG" 2>&1 &
 SERVER=$!
 TLS_SERVER=""
 SHARD_SERVERS=""

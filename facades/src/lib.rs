@@ -22,6 +22,8 @@
 //!   makes first (the replica owns every partition).
 //! - [`writes`]: what the writing facades share: catching up with a worker's partition before
 //!   continuing its feed, its recorded metadata and name collisions.
+//! - [`writers`]: writer identity (bearer tokens → the names a client may write), the epoch
+//!   step bound and the name check of every write surface.
 //! - [`epp`]: a Gateway API Inference Extension endpoint picker (Envoy `ext_proc`) on ports of
 //!   its own; docs/compat/gie-epp.md.
 //! - [`names`]: upstream worker names (strings) → prefixlog worker ids, per protocol seed.
@@ -42,6 +44,7 @@ pub mod sglang;
 #[cfg(feature = "smg")]
 pub mod smg;
 pub mod start;
+pub mod writers;
 pub mod writes;
 
 /// The encoded `FileDescriptorSet` of the upstream schemas this crate serves (reflection).

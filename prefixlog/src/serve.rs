@@ -130,8 +130,8 @@ pub struct SglArgs {
     /// (hash scheme 4, SGLang page hashes): `sgl-router --kv-indexer-endpoint` and the sgl
     /// `kv-indexer-bridge` can point at the query port. Needs --sgl-block-size. The query port
     /// then accepts log writes and fleet-wide removals (`ConfigureExpectedWorkers` with an
-    /// empty list removes every SGLang worker): run it behind mutual TLS (--tls-client-ca) or a
-    /// network policy.
+    /// empty list removes every SGLang worker the client may write): bind writers to their
+    /// names with --writer-tokens, or run it behind mutual TLS (--tls-client-ca).
     #[arg(long, env = "PREFIXLOG_SGL_MODEL", requires = "sgl_block_size")]
     pub sgl_model: Option<String>,
     /// Tokens per page of the SGLang workers (the keyspace's block size).
@@ -142,10 +142,36 @@ pub struct SglArgs {
     /// its `radix-index-bridge` (`--index`) publish and query through it. Keyspaces come from the
     /// requests (model, symbol kind, block size; wire hash scheme 1 only); holders are
     /// workers named `smg.holder`. Needs a replica of every partition (no --shard). The query
-    /// port then accepts log writes: run it behind mutual TLS (--tls-client-ca) or a network
-    /// policy.
+    /// port then accepts log writes: bind writers to their holders with --writer-tokens, or run
+    /// it behind mutual TLS (--tls-client-ca).
     #[arg(long, env = "PREFIXLOG_SMG_RADIX_INDEX")]
     pub smg_radix_index: bool,
+    /// The writer tokens of the write facades (--sgl-model, --smg-radix-index): one writer a
+    /// line, `TOKEN NAME-PATTERN...` (a name, `prefix*`, or `*`; `#` starts a comment). A write
+    /// needs `authorization: Bearer TOKEN` and may name only its token's holders / workers
+    /// (else UNAUTHENTICATED / PERMISSION_DENIED, counted in prefixlog_facade_skipped_total).
+    #[arg(long, env = "PREFIXLOG_WRITER_TOKENS")]
+    pub writer_tokens: Option<PathBuf>,
+    /// Start the write facades on a query port without client authentication (no
+    /// --writer-tokens, no --tls-client-ca): any client that reaches the port may then erase
+    /// or overwrite any holder. Without it such a start is refused.
+    #[arg(long, env = "PREFIXLOG_ALLOW_UNAUTHENTICATED_WRITES")]
+    pub allow_unauthenticated_writes: bool,
+    /// The largest epoch increase one SMG update may make (a larger one is refused,
+    /// FAILED_PRECONDITION, reason `epoch_jump`), so no update moves a holder to an epoch
+    /// nobody can supersede.
+    #[arg(long, env = "PREFIXLOG_MAX_EPOCH_STEP", default_value_t = prefixlog_facades::writers::DEFAULT_MAX_EPOCH_STEP,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_epoch_step: u64,
+    /// Most holders / workers one --writer-tokens token may write through this replica's
+    /// facades (RESOURCE_EXHAUSTED past it, reason `writer_quota_holders`; a removed one frees
+    /// its place); keep it below the log's --max-workers-per-partition.
+    #[arg(long, env = "PREFIXLOG_WRITER_MAX_HOLDERS", default_value_t = 1_024, value_parser = clap::value_parser!(u64).range(1..))]
+    pub writer_max_holders: u64,
+    /// Most keyspaces (models) one --writer-tokens token may write (reason
+    /// `writer_quota_keyspaces`); keep it below --max-keyspaces-per-partition.
+    #[arg(long, env = "PREFIXLOG_WRITER_MAX_KEYSPACES", default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..))]
+    pub writer_max_keyspaces: u64,
     /// Serve Dynamo's standalone KV indexer HTTP API (`python -m dynamo.indexer`: `/query`,
     /// `/query_by_hash`, `/workers`, `/register`, `/unregister`, `/dump`, ...) on this address,
     /// e.g. 0.0.0.0:8090 (docs/compat/dynamo-mooncake-http.md). `/register` makes this replica
@@ -166,19 +192,60 @@ pub struct SglArgs {
 }
 
 impl SglArgs {
-    fn extensions(&self, spec: &prefixlog_ingest::LogSpec) -> anyhow::Result<prefixlog_query::Extensions> {
+    /// The write facades' rules; refuses a start without client authentication unless
+    /// allowed (then warns, once). `client_ca`: the query port asks for client certificates.
+    fn write_rules(
+        &self,
+        client_ca: bool,
+    ) -> Result<prefixlog_facades::writers::WriteRules, prefixlog_facades::writers::WriteSurfaceError> {
+        use prefixlog_facades::writers::{WriteRules, WriterPolicy};
+        let quota = prefixlog_facades::writers::WriterQuota {
+            holders: self.writer_max_holders as usize,
+            keyspaces: self.writer_max_keyspaces as usize,
+        };
+        let writers = match &self.writer_tokens {
+            Some(path) => WriterPolicy::load(path)?.with_quota(quota),
+            None => WriterPolicy::Open,
+        };
+        let facades =
+            [(self.sgl_model.is_some(), "--sgl-model"), (self.smg_radix_index, "--smg-radix-index")]
+                .iter()
+                .filter(|(on, _)| *on)
+                .map(|(_, f)| *f)
+                .collect::<Vec<_>>()
+                .join(" and ");
+        if !facades.is_empty() && self.writer_tokens.is_none() && !client_ca {
+            if !self.allow_unauthenticated_writes {
+                return Err(prefixlog_facades::writers::WriteSurfaceError::Unauthenticated { facades });
+            }
+            tracing::warn!(
+                %facades,
+                "--allow-unauthenticated-writes: the query port accepts log writes from any client"
+            );
+        }
+        Ok(WriteRules { writers, max_epoch_step: self.max_epoch_step })
+    }
+
+    fn extensions(
+        &self,
+        spec: &prefixlog_ingest::LogSpec,
+        client_ca: bool,
+    ) -> anyhow::Result<prefixlog_query::Extensions> {
         use std::sync::Arc;
         let mut exts = prefixlog_query::Extensions::default();
+        let rules = self.write_rules(client_ca)?;
         // The facades that write share one producer of their own.
         let writes = self.sgl_model.is_some() || self.smg_radix_index;
         let log: Option<Arc<dyn prefixlog_state::LogAppend>> =
             if writes { Some(Arc::new(prefixlog_ingest::Publisher::new(spec)?)) } else { None };
         if let (Some(model), Some(block_size), Some(log)) = (&self.sgl_model, self.sgl_block_size, &log) {
             let cfg = prefixlog_facades::sglang::SglangConfig { model: model.clone(), block_size };
-            exts.0.push(Arc::new(prefixlog_facades::sglang::SglangExtension::new(cfg, log.clone())));
+            let ext =
+                prefixlog_facades::sglang::SglangExtension::new(cfg, log.clone()).with_rules(rules.clone());
+            exts.0.push(Arc::new(ext));
         }
         if let (true, Some(log)) = (self.smg_radix_index, &log) {
-            exts.0.push(Arc::new(prefixlog_facades::smg::SmgExtension::new(log.clone())));
+            exts.0.push(Arc::new(prefixlog_facades::smg::SmgExtension::new(log.clone()).with_rules(rules)));
         }
         if let Some(addr) = self.http_indexer_addr {
             let mut http =
@@ -331,7 +398,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
              bind it to a private address or put it behind a proxy"
         );
     }
-    let mut extensions = a.sgl.extensions(&spec)?;
+    let mut extensions = a.sgl.extensions(&spec, a.query.tls_client_ca.is_some())?;
     if let Some(epp) = a.epp.extension()? {
         extensions.0.push(std::sync::Arc::new(epp));
     }
@@ -391,5 +458,29 @@ mod tests {
         assert!(Cli::try_parse_from([&addr[..], &["--http-dialect", "sglang"]].concat()).is_err());
         assert!(Cli::try_parse_from(["x", "--http-dialect", "mooncake"]).is_err(), "without a port");
         assert!(Cli::try_parse_from(["x"]).is_ok(), "the default needs no port");
+    }
+
+    #[test]
+    fn write_facades_need_client_authentication_or_the_explicit_flag() {
+        let smg = Cli::try_parse_from(["x", "--smg-radix-index"]).unwrap().a;
+        let err = smg.write_rules(false).unwrap_err().to_string();
+        assert!(err.contains("--smg-radix-index") && err.contains("--allow-unauthenticated-writes"), "{err}");
+        assert!(smg.write_rules(true).is_ok(), "mutual TLS authenticates");
+        let allowed =
+            Cli::try_parse_from(["x", "--smg-radix-index", "--allow-unauthenticated-writes"]).unwrap().a;
+        assert!(allowed.write_rules(false).is_ok());
+        let dir = std::env::temp_dir().join(format!("writer-tokens-{}", std::process::id()));
+        std::fs::write(&dir, "t-a gw-a\n").unwrap();
+        let tokens =
+            Cli::try_parse_from(["x", "--smg-radix-index", "--writer-tokens", dir.to_str().unwrap()])
+                .unwrap()
+                .a;
+        assert!(tokens.write_rules(false).is_ok(), "tokens authenticate");
+        std::fs::write(&dir, "t-a\n").unwrap();
+        assert!(tokens.write_rules(false).is_err(), "a bad token file is refused");
+        std::fs::remove_file(&dir).unwrap();
+        let reads = Cli::try_parse_from(["x"]).unwrap().a;
+        assert!(reads.write_rules(false).is_ok(), "no write facade, nothing to authenticate");
+        assert!(Cli::try_parse_from(["x", "--max-epoch-step", "0"]).is_err());
     }
 }

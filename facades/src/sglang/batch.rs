@@ -30,6 +30,8 @@ pub enum BatchError {
     NoWorkerId,
     #[error("worker_id has {0} bytes; at most {MAX_WORKER_ID_BYTES}")]
     WorkerIdTooLong(usize),
+    #[error(transparent)]
+    BadName(#[from] crate::writers::BadName),
     #[error("{0} actions in one batch; at most {MAX_ACTIONS}")]
     TooManyActions(usize),
     #[error("{0} hashes in one batch; at most {MAX_BATCH_HASHES}")]
@@ -59,7 +61,7 @@ pub fn check_worker_id(name: &str) -> Result<(), BatchError> {
     match name.len() {
         0 => Err(BatchError::NoWorkerId),
         n if n > MAX_WORKER_ID_BYTES => Err(BatchError::WorkerIdTooLong(n)),
-        _ => Ok(()),
+        _ => Ok(crate::writers::check_name(name)?),
     }
 }
 

@@ -4,6 +4,9 @@
 //!
 //! "Other SGLang worker" = a worker whose metadata names an `sgl.worker_id` and which has no
 //! feed in another keyspace: a facade serving another model on the same log keeps its workers.
+//! Under writer tokens ([`crate::writers`]) a request may list only its own names, and removes
+//! only unlisted workers its token may write: an empty list from one writer empties its own
+//! workers, never another writer's.
 
 use super::batch::check_worker_id;
 use super::pb::{
@@ -13,6 +16,7 @@ use super::pb::{
 use super::writer::{check_metadata_size, desired_metadata, WriteError, Writer, META_WORKER_ID};
 use super::MAX_EXPECTED_WORKERS;
 use crate::names::{worker_id, SGLANG_SEED};
+use crate::writers::Grant;
 use prefixlog_engine::KeyspaceId;
 use prefixlog_state::partition_state::FeedKey;
 use prefixlog_state::token_of;
@@ -24,12 +28,15 @@ use std::time::Duration;
 pub async fn configure(
     w: &Writer,
     req: &ConfigureExpectedWorkersRequest,
+    grant: &Grant,
     wait: Duration,
 ) -> Result<(ConfigureExpectedWorkersResponse, u64), WriteError> {
     // Checked before anything is published: a refused entry leaves the fleet as it was (the
     // recorded metadata may still add a line-A epoch; that is checked per worker below).
     for e in &req.workers {
         check_worker_id(&e.worker_id)?;
+        grant.check(&e.worker_id)?;
+        grant.admit(worker_id(SGLANG_SEED, &e.worker_id), w.keyspace())?;
         check_metadata_size(&desired_metadata(None, &as_batch(e)))?;
     }
     if req.workers.len() > MAX_EXPECTED_WORKERS {
@@ -48,9 +55,10 @@ pub async fn configure(
         landed.extend(w.announce(worker, st, metadata).await?);
     }
     let (names, mismatched) = unlisted(w, &listed);
-    for name in names {
+    for name in names.into_iter().filter(|n| grant.allows(n)) {
         let (worker, guard) = w.lock_worker(&name, wait).await?;
         landed.push(w.remove(worker, guard).await?);
+        grant.release(worker);
     }
     let status = &w.query().view().status;
     if !landed.is_empty() && !status.wait_for(&token_of(&landed), wait).await {

@@ -8,6 +8,7 @@ use super::writer::Writer;
 use super::{SglangConfig, MAX_MESSAGE_BYTES, PROTOCOL};
 use crate::metrics::FacadeMetrics;
 use crate::start::{every_partition, StartError};
+use crate::writers::{Grant, WriteRules, WriterPolicy};
 use prefixlog_query::extension::{Extension, ExtensionContext, ExtensionError};
 use prefixlog_query::service::grpc_timeout;
 use prefixlog_query::QueryService;
@@ -23,6 +24,7 @@ pub struct SglangService {
     reader: Arc<Reader>,
     query: QueryService,
     metrics: FacadeMetrics,
+    writers: WriterPolicy,
 }
 
 impl SglangService {
@@ -32,12 +34,45 @@ impl SglangService {
         query: QueryService,
         metrics: FacadeMetrics,
     ) -> Self {
+        Self::with_writers(cfg, log, query, metrics, WriterPolicy::Open)
+    }
+
+    /// The service whose writes `writers` binds to the names each client may write.
+    pub fn with_writers(
+        cfg: &SglangConfig,
+        log: Arc<dyn LogAppend>,
+        query: QueryService,
+        metrics: FacadeMetrics,
+        writers: WriterPolicy,
+    ) -> Self {
         Self {
             writer: Arc::new(Writer::new(cfg, log, query.clone())),
             reader: Arc::new(Reader::new(cfg, query.clone())),
             query,
             metrics,
+            writers,
         }
+    }
+
+    /// What the caller may write (refusals counted by reason).
+    fn grant<T>(&self, request: &Request<T>) -> Result<Grant, Status> {
+        self.writers.grant(request.metadata()).map_err(|e| {
+            self.metrics.skipped(e.reason(), 1);
+            e.status()
+        })
+    }
+
+    /// A refused write's status, its reason counted.
+    fn refused(&self, e: super::writer::WriteError) -> Status {
+        use super::batch::BatchError;
+        use super::writer::WriteError;
+        match &e {
+            WriteError::Collision { .. } => self.metrics.skipped("worker_id_collision", 1),
+            WriteError::Denied(d) => self.metrics.skipped(d.reason(), 1),
+            WriteError::Batch(BatchError::BadName(_)) => self.metrics.skipped("bad_name", 1),
+            _ => {}
+        }
+        e.status()
     }
 
     pub fn into_server(self) -> KvIndexerServer<Self> {
@@ -58,18 +93,17 @@ impl KvIndexer for SglangService {
         request: Request<ConfigureExpectedWorkersRequest>,
     ) -> Result<Response<ConfigureExpectedWorkersResponse>, Status> {
         let wait = self.query.wait_for_call(grpc_timeout(&request));
-        let r = super::fleet::configure(&self.writer, request.get_ref(), wait).await;
+        let grant = match self.grant(&request) {
+            Ok(g) => g,
+            Err(s) => return self.counted("ConfigureExpectedWorkers", Err(s)),
+        };
+        let r = super::fleet::configure(&self.writer, request.get_ref(), &grant, wait).await;
         let r = match r {
             Ok((response, mismatched)) => {
                 self.metrics.skipped("worker_id_mismatch", mismatched);
                 Ok(response)
             }
-            Err(e) => {
-                if matches!(e, super::writer::WriteError::Collision { .. }) {
-                    self.metrics.skipped("worker_id_collision", 1);
-                }
-                Err(e.status())
-            }
+            Err(e) => Err(self.refused(e)),
         };
         self.counted("ConfigureExpectedWorkers", r)
     }
@@ -88,7 +122,16 @@ impl KvIndexer for SglangService {
         request: Request<ApplyExternalKvBatchRequest>,
     ) -> Result<Response<ApplyExternalKvBatchResponse>, Status> {
         let wait = self.query.wait_for_call(grpc_timeout(&request));
+        let grant = match self.grant(&request) {
+            Ok(g) => g,
+            Err(s) => return self.counted("ApplyExternalKvBatch", Err(s)),
+        };
         let req = request.into_inner();
+        let worker = crate::names::worker_id(crate::names::SGLANG_SEED, &req.worker_id);
+        let admitted = grant.check(&req.worker_id).and_then(|()| grant.admit(worker, self.writer.keyspace()));
+        if let Err(e) = admitted {
+            return self.counted("ApplyExternalKvBatch", Err(self.refused(e.into())));
+        }
         let r = match self.writer.write(&req, wait).await {
             Ok(w) => {
                 for (reason, n) in w.skipped.reasons() {
@@ -102,12 +145,7 @@ impl KvIndexer for SglangService {
                 }
                 Ok(ApplyExternalKvBatchResponse { applied_seq: req.seq, duplicate: w.duplicate })
             }
-            Err(e) => {
-                if matches!(e, super::writer::WriteError::Collision { .. }) {
-                    self.metrics.skipped("worker_id_collision", 1);
-                }
-                Err(e.status())
-            }
+            Err(e) => Err(self.refused(e)),
         };
         self.counted("ApplyExternalKvBatch", r)
     }
@@ -149,13 +187,21 @@ const FACADE: &str = "the SGLang facade (--sgl-model)";
 pub struct SglangExtension {
     cfg: SglangConfig,
     log: Arc<dyn LogAppend>,
+    rules: WriteRules,
 }
 
 impl SglangExtension {
     /// The extension for `cfg`, appending its writes to `log` (over Kafka: a
-    /// `prefixlog_ingest::Publisher` of its own).
+    /// `prefixlog_ingest::Publisher` of its own), open to every writer.
     pub fn new(cfg: SglangConfig, log: Arc<dyn LogAppend>) -> Self {
-        Self { cfg, log }
+        Self { cfg, log, rules: WriteRules::default() }
+    }
+
+    /// The extension writing under `rules` (`serve --writer-tokens`). SGLang's worker epochs
+    /// are the facade's own (docs/compat/sglang.md), so only the writer policy applies.
+    pub fn with_rules(mut self, rules: WriteRules) -> Self {
+        self.rules = rules;
+        self
     }
 }
 
@@ -172,7 +218,9 @@ impl Extension for SglangExtension {
         every_partition(ctx, FACADE)?;
         let metrics = FacadeMetrics::new(ctx.registry, PROTOCOL)
             .map_err(|source| StartError::Metrics { facade: FACADE, source })?;
-        let svc = SglangService::new(&self.cfg, self.log.clone(), ctx.query.clone(), metrics);
+        let writers = self.rules.writers.clone();
+        let svc =
+            SglangService::with_writers(&self.cfg, self.log.clone(), ctx.query.clone(), metrics, writers);
         routes.add_service(svc.into_server());
         Ok(())
     }

@@ -44,6 +44,8 @@ pub const META_WORKER_EPOCH: &str = "sgl.worker_epoch";
 pub enum WriteError {
     #[error(transparent)]
     Batch(#[from] BatchError),
+    #[error(transparent)]
+    Denied(#[from] crate::writers::WriterDenied),
     #[error("worker_id {name:?} maps to worker {worker:016x}, which is recorded for {other:?}: refused (two workers are never merged)")]
     Collision { name: String, worker: u64, other: String },
     #[error("this replica is not ready (it cannot vouch for the feed state it would continue); try another")]
@@ -66,6 +68,7 @@ impl WriteError {
     pub fn status(&self) -> Status {
         match self {
             Self::Batch(e) => e.status(),
+            Self::Denied(e) => e.status(),
             Self::MetadataTooLarge { .. } => Status::invalid_argument(self.to_string()),
             Self::Collision { .. } | Self::Exhausted => Status::failed_precondition(self.to_string()),
             Self::TooManyWorkers(_) | Self::WorkerTableFull => Status::resource_exhausted(self.to_string()),

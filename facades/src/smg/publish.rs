@@ -12,13 +12,16 @@
 //! after the ack sees the update. Acks are advisory upstream: when the publisher does not read
 //! them they are dropped (counted, reason `ack_dropped`), never holding up the updates behind
 //! them. A refused update ends the stream with its status, as upstream ends it on an
-//! unsupported hash scheme; updates read before it may still be applied.
+//! unsupported hash scheme; updates read before it may still be applied. An update naming a
+//! holder outside the writer's token names ([`crate::writers`]) is refused so, with
+//! PERMISSION_DENIED (counted, reason `writer_not_allowed`), before anything of it is written.
 
 use super::pb::{PublishAck, Update};
 use super::update;
 use super::writer::{Locked, WriteError, Writer, Written};
 use super::OUT_BUFFER;
 use crate::metrics::FacadeMetrics;
+use crate::writers::Grant;
 use futures_util::stream::FuturesOrdered;
 use prefixlog_state::token_of;
 use std::future::Future;
@@ -44,13 +47,14 @@ pub type AckStream = Pin<Box<dyn Stream<Item = Result<PublishAck, Status>> + Sen
 pub fn serve(
     writer: Arc<Writer>,
     metrics: FacadeMetrics,
+    grant: Grant,
     inbound: Streaming<Update>,
     place: OwnedSemaphorePermit,
 ) -> AckStream {
     let (tx, rx) = tokio::sync::mpsc::channel(OUT_BUFFER);
     tokio::spawn(async move {
         let _place = place;
-        let code = match run(&writer, &metrics, inbound, &tx).await {
+        let code = match run(&writer, &metrics, &grant, inbound, &tx).await {
             Ok(()) => tonic::Code::Ok,
             Err(s) => {
                 let code = s.code();
@@ -69,6 +73,7 @@ type Running = FuturesOrdered<JoinHandle<Result<PublishAck, Status>>>;
 async fn run(
     writer: &Arc<Writer>,
     metrics: &FacadeMetrics,
+    grant: &Grant,
     mut inbound: Streaming<Update>,
     tx: &Sender<Result<PublishAck, Status>>,
 ) -> Result<(), Status> {
@@ -93,8 +98,8 @@ async fn run(
                     continue;
                 };
                 let u = u.map_err(super::inbound_status)?;
-                update::validate(&u).map_err(|e| WriteError::from(e).status())?;
-                let (worker, lock) = writer.lock(&u.holder).map_err(|e| e.status())?;
+                let ks = update::validate(&u).map_err(|e| refused(metrics, e.into()))?;
+                let (worker, lock) = admit(grant, metrics, writer, &u, &ks)?;
                 let guard = queued(lock).await;
                 let (writer, metrics) = (writer.clone(), metrics.clone());
                 running.push_back(tokio::spawn(async move {
@@ -121,6 +126,29 @@ async fn queued(lock: impl Future<Output = Locked> + Send + 'static) -> impl Fut
     }
 }
 
+/// Checks the update's holder against the writer's names and quota (a drop alone gives the
+/// holder's place back); the holder's id and lock.
+fn admit(
+    grant: &Grant,
+    metrics: &FacadeMetrics,
+    writer: &Writer,
+    u: &Update,
+    ks: &prefixlog_engine::KeyspaceId,
+) -> Result<(u64, impl std::future::Future<Output = Locked> + Send + 'static), Status> {
+    let denied = |e: crate::writers::WriterDenied| {
+        metrics.skipped(e.reason(), 1);
+        e.status()
+    };
+    grant.check(&u.holder).map_err(denied)?;
+    let (worker, lock) = writer.lock(&u.holder).map_err(|e| e.status())?;
+    if u.dropped && u.events.is_empty() && u.added.is_none() {
+        grant.release(worker);
+    } else {
+        grant.admit(worker, ks).map_err(denied)?;
+    }
+    Ok((worker, lock))
+}
+
 /// One update, written and applied here (bounded by `wait`); its ack.
 async fn write(
     writer: &Writer,
@@ -140,8 +168,11 @@ async fn write(
 }
 
 fn refused(metrics: &FacadeMetrics, e: WriteError) -> Status {
-    if matches!(e, WriteError::Collision { .. }) {
-        metrics.skipped("holder_collision", 1);
+    match e {
+        WriteError::Collision { .. } => metrics.skipped("holder_collision", 1),
+        WriteError::EpochJump { .. } => metrics.skipped("epoch_jump", 1),
+        WriteError::Update(update::UpdateError::BadName(_)) => metrics.skipped("bad_name", 1),
+        _ => {}
     }
     e.status()
 }

@@ -10,6 +10,7 @@ use super::writer::Writer;
 use super::{MAX_MESSAGE_BYTES, MAX_STREAMS, PROTOCOL, SERVICE_NAME};
 use crate::metrics::FacadeMetrics;
 use crate::start::{every_partition, StartError};
+use crate::writers::{WriteRules, WriterPolicy};
 use prefixlog_query::extension::{Extension, ExtensionContext, ExtensionError};
 use prefixlog_query::QueryService;
 use prefixlog_state::LogAppend;
@@ -31,12 +32,24 @@ pub struct SmgService {
     metrics: FacadeMetrics,
     /// One permit per open `Publish` or `Subscribe` stream ([`MAX_STREAMS`]).
     streams: Arc<Semaphore>,
+    writers: WriterPolicy,
 }
 
 impl SmgService {
     pub fn new(log: Arc<dyn LogAppend>, query: QueryService, metrics: FacadeMetrics) -> Self {
+        Self::with_rules(log, query, metrics, WriteRules::default())
+    }
+
+    /// The service writing under `rules` (who may write which holders, the epoch step).
+    pub fn with_rules(
+        log: Arc<dyn LogAppend>,
+        query: QueryService,
+        metrics: FacadeMetrics,
+        rules: WriteRules,
+    ) -> Self {
+        let writer = Arc::new(Writer::with_max_epoch_step(log, query.clone(), rules.max_epoch_step));
         let streams = Arc::new(Semaphore::new(MAX_STREAMS));
-        Self { writer: Arc::new(Writer::new(log, query.clone())), query, metrics, streams }
+        Self { writer, query, metrics, streams, writers: rules.writers }
     }
 
     /// A place for one more stream of `rpc`, or RESOURCE_EXHAUSTED (counted).
@@ -101,13 +114,14 @@ impl RadixIndex for SmgService {
     type PullHoldersStream = UpdateStream;
 
     async fn publish(&self, request: Request<Streaming<Update>>) -> Result<Response<AckStream>, Status> {
+        let grant = self.writers.grant(request.metadata()).map_err(|e| {
+            self.metrics.skipped(e.reason(), 1);
+            self.metrics.request("Publish", e.status().code());
+            e.status()
+        })?;
         let place = self.stream_place("Publish")?;
-        Ok(Response::new(publish::serve(
-            self.writer.clone(),
-            self.metrics.clone(),
-            request.into_inner(),
-            place,
-        )))
+        let inbound = request.into_inner();
+        Ok(Response::new(publish::serve(self.writer.clone(), self.metrics.clone(), grant, inbound, place)))
     }
 
     async fn subscribe(&self, request: Request<Streaming<Query>>) -> Result<Response<MatchOut>, Status> {
@@ -151,13 +165,20 @@ const FACADE: &str = "the SMG facade (--smg-radix-index)";
 /// Hosts [`SmgService`] on the query port (`prefixlog serve --smg-radix-index`).
 pub struct SmgExtension {
     log: Arc<dyn LogAppend>,
+    rules: WriteRules,
 }
 
 impl SmgExtension {
     /// The extension appending its writes to `log` (over Kafka: a
-    /// `prefixlog_ingest::Publisher` of its own).
+    /// `prefixlog_ingest::Publisher` of its own), open to every writer.
     pub fn new(log: Arc<dyn LogAppend>) -> Self {
-        Self { log }
+        Self { log, rules: WriteRules::default() }
+    }
+
+    /// The extension writing under `rules` (`serve --writer-tokens`, `--max-epoch-step`).
+    pub fn with_rules(mut self, rules: WriteRules) -> Self {
+        self.rules = rules;
+        self
     }
 }
 
@@ -174,7 +195,7 @@ impl Extension for SmgExtension {
         every_partition(ctx, FACADE)?;
         let metrics = FacadeMetrics::new(ctx.registry, PROTOCOL)
             .map_err(|source| StartError::Metrics { facade: FACADE, source })?;
-        let svc = SmgService::new(self.log.clone(), ctx.query.clone(), metrics);
+        let svc = SmgService::with_rules(self.log.clone(), ctx.query.clone(), metrics, self.rules.clone());
         routes.add_service(svc.into_server());
         Ok(())
     }

@@ -29,6 +29,8 @@ pub enum UpdateError {
     #[error("holder has {0} bytes; at most {MAX_HOLDER_BYTES}")]
     HolderTooLong(usize),
     #[error(transparent)]
+    BadName(#[from] crate::writers::BadName),
+    #[error(transparent)]
     Keyspace(#[from] KeyspaceError),
     #[error("{0} events in one update; at most {MAX_EVENTS}")]
     TooManyEvents(usize),
@@ -95,6 +97,7 @@ pub fn validate(u: &Update) -> Result<KeyspaceId, UpdateError> {
         n if n > MAX_HOLDER_BYTES => return Err(UpdateError::HolderTooLong(n)),
         _ => {}
     }
+    crate::writers::check_name(&u.holder)?;
     let ks = keyspace::map(u.keyspace.as_ref())?;
     if u.events.len() > MAX_EVENTS {
         return Err(UpdateError::TooManyEvents(u.events.len()));
@@ -228,6 +231,8 @@ mod tests {
         assert_eq!(validate(&u), Err(UpdateError::NoHolder));
         u.holder = "h".repeat(MAX_HOLDER_BYTES + 1);
         assert_eq!(validate(&u).unwrap_err().status().code(), tonic::Code::InvalidArgument);
+        u.holder = "h\u{202e}".into();
+        assert!(matches!(validate(&u), Err(UpdateError::BadName(_))));
         u.holder = "h".into();
         u.events = vec![stored(None, &vec![(1, 1); MAX_UPDATE_BLOCKS + 1])];
         assert_eq!(validate(&u).unwrap_err().status().code(), tonic::Code::ResourceExhausted);

@@ -61,6 +61,10 @@ pub enum WriteError {
     NotReady,
     #[error("this replica has not applied partition {partition} up to its high watermark {high} within {wait:?}: the holder's state is not known yet")]
     NotCaughtUp { partition: u32, high: i64, wait: Duration },
+    #[error(
+        "epoch {epoch} is more than {max_step} above the holder's epoch {known}: refused (--max-epoch-step)"
+    )]
+    EpochJump { epoch: u64, known: u64, max_step: u64 },
     #[error("this facade already writes for {MAX_HOLDERS} holders; a new one is refused")]
     HolderTableFull,
     #[error("appending to the log: {0}")]
@@ -74,7 +78,7 @@ impl WriteError {
         match self {
             Self::Update(e) => e.status(),
             Self::MetadataTooLarge { .. } => Status::invalid_argument(self.to_string()),
-            Self::Collision { .. } => Status::failed_precondition(self.to_string()),
+            Self::Collision { .. } | Self::EpochJump { .. } => Status::failed_precondition(self.to_string()),
             Self::HolderTableFull => Status::resource_exhausted(self.to_string()),
             Self::NotReady | Self::NotCaughtUp { .. } | Self::Publish(_) => {
                 Status::unavailable(self.to_string())
@@ -116,12 +120,18 @@ pub enum Gate {
     Duplicate,
     /// Applied; `bump`: a higher epoch than the known one (older state is cleared first).
     Apply { bump: bool },
+    /// More than the maximum step above the known epoch: refused.
+    TooFar { known: u64 },
 }
 
-/// The gate of an update with events at `(epoch, seq)` on `feed`.
-pub fn gate(feed: &FeedState, epoch: u64, seq: u64) -> Gate {
+/// The gate of an update with events at `(epoch, seq)` on `feed`, epochs rising at most
+/// `max_step` at once (a new holder's epoch must leave `max_step` of room below `u64::MAX`, so
+/// none starts where nobody can supersede it).
+pub fn gate(feed: &FeedState, max_step: u64, epoch: u64, seq: u64) -> Gate {
     match feed.epoch {
         Some(e) if epoch < e => Gate::Stale,
+        Some(e) if epoch - e > max_step => Gate::TooFar { known: e },
+        None if epoch > u64::MAX - max_step => Gate::TooFar { known: 0 },
         Some(e) if epoch > e => Gate::Apply { bump: true },
         Some(_) if seq > 0 && feed.last_seq.is_some_and(|l| seq <= l) => Gate::Duplicate,
         _ => Gate::Apply { bump: false },
@@ -143,11 +153,17 @@ pub struct Writer {
     log: Arc<dyn LogAppend>,
     query: QueryService,
     holders: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<Option<HolderState>>>>>,
+    max_epoch_step: u64,
 }
 
 impl Writer {
     pub fn new(log: Arc<dyn LogAppend>, query: QueryService) -> Self {
-        Self { log, query, holders: Mutex::default() }
+        Self::with_max_epoch_step(log, query, crate::writers::DEFAULT_MAX_EPOCH_STEP)
+    }
+
+    /// A writer refusing epoch steps above `max_epoch_step` ([`gate`]).
+    pub fn with_max_epoch_step(log: Arc<dyn LogAppend>, query: QueryService, max_epoch_step: u64) -> Self {
+        Self { log, query, holders: Mutex::default(), max_epoch_step }
     }
 
     pub(crate) fn query(&self) -> &QueryService {
@@ -232,7 +248,10 @@ impl Writer {
     ) -> Result<(), WriteError> {
         let st = guard.as_mut().expect("loaded");
         let mut feed = self.feed(worker, st, ks);
-        let bump = match gate(&feed, u.epoch, u.seq) {
+        let bump = match gate(&feed, self.max_epoch_step, u.epoch, u.seq) {
+            Gate::TooFar { known } => {
+                return Err(WriteError::EpochJump { epoch: u.epoch, known, max_step: self.max_epoch_step })
+            }
             Gate::Stale => {
                 out.stale_epoch = true;
                 return Ok(());
@@ -325,6 +344,9 @@ impl Writer {
         let slot = {
             let mut holders = self.holders.lock();
             if holders.len() >= MAX_HOLDERS && !holders.contains_key(&worker) {
+                evict_removed(&mut holders);
+            }
+            if holders.len() >= MAX_HOLDERS && !holders.contains_key(&worker) {
                 return Err(WriteError::HolderTableFull);
             }
             holders.entry(worker).or_default().clone()
@@ -370,7 +392,8 @@ impl Writer {
     }
 
     /// `WorkerRemoved`: the holder's metadata, feeds and blocks go (every keyspace). Its epochs
-    /// are kept here, so a later lower epoch is still dropped.
+    /// are kept here, so a later lower epoch is still dropped, until the table is full
+    /// ([`evict_removed`]).
     async fn remove(&self, worker: u64, guard: &mut Locked) -> Result<Landed, WriteError> {
         let landed = self.log.append(worker, encode_lifecycle(worker, &Lifecycle::Removed)).await?;
         if let Some(st) = guard.as_mut() {
@@ -472,6 +495,19 @@ pub fn to_hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
+/// A holder's slot in the table.
+type Slot = Arc<tokio::sync::Mutex<Option<HolderState>>>;
+
+/// Frees the table of holders that are removed (or were never announced) and that nobody
+/// waits for: run when the table is full, so removed holders leave it rather than fill it.
+/// Their epochs are forgotten only then (a later update reads the replica's state again).
+fn evict_removed(holders: &mut HashMap<u64, Slot>) {
+    holders.retain(|_, slot| {
+        Arc::strong_count(slot) > 1
+            || slot.try_lock().map_or(true, |st| st.as_ref().is_some_and(|s| s.metadata.is_some()))
+    });
+}
+
 /// The bytes of [`to_hex`] (None: not hex).
 pub fn from_hex(s: &str) -> Option<Vec<u8>> {
     if !s.len().is_multiple_of(2) {
@@ -485,19 +521,53 @@ mod tests {
     use super::super::pb::Added;
     use super::*;
 
+    const STEP: u64 = 100;
+
+    #[test]
+    fn a_full_table_lets_removed_holders_go_only() {
+        let holder = |announced: bool| {
+            let metadata = announced.then(BTreeMap::new);
+            Arc::new(tokio::sync::Mutex::new(Some(HolderState {
+                name: "h".into(),
+                metadata,
+                feeds: HashMap::new(),
+            })))
+        };
+        let waited_for = holder(false);
+        let mut table: HashMap<u64, Slot> = HashMap::from([
+            (1, holder(true)),
+            (2, holder(false)),
+            (3, Arc::new(tokio::sync::Mutex::new(None))),
+            (4, waited_for.clone()),
+        ]);
+        evict_removed(&mut table);
+        let mut left: Vec<u64> = table.keys().copied().collect();
+        left.sort();
+        assert_eq!(left, vec![1, 4], "announced, or someone waits for it");
+        drop(waited_for);
+    }
+
     #[test]
     fn the_gate_follows_upstreams_epoch_and_seq_rules() {
         let known = FeedState { epoch: Some(3), last_seq: Some(10), fed: true };
-        assert_eq!(gate(&known, 2, 11), Gate::Stale, "lower epoch dropped");
-        assert_eq!(gate(&known, 2, 0), Gate::Stale);
-        assert_eq!(gate(&known, 4, 1), Gate::Apply { bump: true }, "higher epoch clears");
-        assert_eq!(gate(&known, 3, 10), Gate::Duplicate);
-        assert_eq!(gate(&known, 3, 9), Gate::Duplicate);
-        assert_eq!(gate(&known, 3, 11), Gate::Apply { bump: false });
-        assert_eq!(gate(&known, 3, 0), Gate::Apply { bump: false }, "seq 0 is idempotent, never a duplicate");
+        assert_eq!(gate(&known, STEP, 2, 11), Gate::Stale, "lower epoch dropped");
+        assert_eq!(gate(&known, STEP, 2, 0), Gate::Stale);
+        assert_eq!(gate(&known, STEP, 4, 1), Gate::Apply { bump: true }, "higher epoch clears");
+        assert_eq!(gate(&known, STEP, 3, 10), Gate::Duplicate);
+        assert_eq!(gate(&known, STEP, 3, 9), Gate::Duplicate);
+        assert_eq!(gate(&known, STEP, 3, 11), Gate::Apply { bump: false });
+        assert_eq!(
+            gate(&known, STEP, 3, 0),
+            Gate::Apply { bump: false },
+            "seq 0 is idempotent, never a duplicate"
+        );
         let unknown = FeedState::default();
-        assert_eq!(gate(&unknown, 1, 5), Gate::Apply { bump: false }, "a new holder takes the epoch");
-        assert_eq!(gate(&unknown, 0, 0), Gate::Apply { bump: false });
+        assert_eq!(gate(&unknown, STEP, 1, 5), Gate::Apply { bump: false }, "a new holder takes the epoch");
+        assert_eq!(gate(&unknown, STEP, 0, 0), Gate::Apply { bump: false });
+        assert_eq!(gate(&known, STEP, 3 + STEP, 1), Gate::Apply { bump: true }, "the largest step");
+        assert_eq!(gate(&known, STEP, 4 + STEP, 1), Gate::TooFar { known: 3 });
+        assert_eq!(gate(&known, STEP, u64::MAX, 1), Gate::TooFar { known: 3 }, "no jump to the end");
+        assert_eq!(gate(&unknown, STEP, u64::MAX, 1), Gate::TooFar { known: 0 }, "no start at the end");
     }
 
     #[test]

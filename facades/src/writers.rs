@@ -1,0 +1,351 @@
+//! Writer identity on the write surfaces (SMG `Publish`, SGLang's `ApplyExternalKvBatch` and
+//! `ConfigureExpectedWorkers`): which holder / worker names a client may write, the largest
+//! epoch step one update may take, and which names are written at all.
+//!
+//! Identity is a bearer token (`authorization: Bearer <token>` in the call's metadata) looked up
+//! in a token file (`prefixlog serve --writer-tokens FILE`), one writer a line:
+//!
+//! ```text
+//! # token        names it may write (exact, `prefix*`, or `*` for every name)
+//! 4f0c…9a  gw-a  bridge-a-*
+//! ```
+//!
+//! Without a token file the facade is [`WriterPolicy::Open`]: every client may write every name
+//! (the binary allows that only behind mutual TLS or with `--allow-unauthenticated-writes`).
+
+use parking_lot::Mutex;
+use prefixlog_engine::KeyspaceId;
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::sync::Arc;
+use tonic::metadata::MetadataMap;
+use tonic::Status;
+
+/// The default of `serve --max-epoch-step`: the largest epoch increase one update may make, so
+/// no single update moves a holder to an epoch nobody can supersede (2^64 - 1).
+pub const DEFAULT_MAX_EPOCH_STEP: u64 = 1 << 32;
+
+/// One name pattern of a token file line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NamePattern {
+    /// `*`: every name.
+    Any,
+    /// `prefix*`: names starting with the prefix.
+    Prefix(String),
+    /// A name exactly.
+    Exact(String),
+}
+
+impl NamePattern {
+    fn parse(s: &str) -> Self {
+        match s.strip_suffix('*') {
+            Some("") => Self::Any,
+            Some(prefix) => Self::Prefix(prefix.to_string()),
+            None => Self::Exact(s.to_string()),
+        }
+    }
+
+    pub fn matches(&self, name: &str) -> bool {
+        match self {
+            Self::Any => true,
+            Self::Prefix(p) => name.starts_with(p.as_str()),
+            Self::Exact(n) => n == name,
+        }
+    }
+}
+
+/// Most holders / workers and keyspaces one token's writer may have written in this facade
+/// process (`serve --writer-max-holders`, `--writer-max-keyspaces`): below the log's shared
+/// per-partition limits, one writer cannot fill them for the others.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WriterQuota {
+    pub holders: usize,
+    pub keyspaces: usize,
+}
+
+impl Default for WriterQuota {
+    fn default() -> Self {
+        Self { holders: 1_024, keyspaces: 16 }
+    }
+}
+
+/// What one token's writer has written (its quota's use).
+#[derive(Debug, Default)]
+struct Usage {
+    holders: HashSet<u64>,
+    keyspaces: HashSet<KeyspaceId>,
+}
+
+/// One token: its names and its use of its quota.
+#[derive(Debug)]
+pub struct TokenWriter {
+    names: Box<[NamePattern]>,
+    usage: Mutex<Usage>,
+}
+
+/// What one client may write.
+#[derive(Clone, Debug)]
+pub enum Grant {
+    /// No token file: every name, no quota.
+    Anyone,
+    /// The names and quota of the client's token.
+    Token(Arc<TokenWriter>, WriterQuota),
+}
+
+impl Grant {
+    pub fn allows(&self, name: &str) -> bool {
+        match self {
+            Self::Anyone => true,
+            Self::Token(t, _) => t.names.iter().any(|p| p.matches(name)),
+        }
+    }
+
+    /// Takes `holder` (a worker id) and `keyspace` into the writer's quota, unless one of them
+    /// is new and the quota is full: then RESOURCE_EXHAUSTED, nothing taken.
+    pub fn admit(&self, holder: u64, keyspace: &KeyspaceId) -> Result<(), WriterDenied> {
+        let Self::Token(t, quota) = self else { return Ok(()) };
+        let mut u = t.usage.lock();
+        let new_holder = !u.holders.contains(&holder);
+        let new_keyspace = !u.keyspaces.contains(keyspace);
+        if new_holder && u.holders.len() >= quota.holders {
+            return Err(WriterDenied::HolderQuota(quota.holders));
+        }
+        if new_keyspace && u.keyspaces.len() >= quota.keyspaces {
+            return Err(WriterDenied::KeyspaceQuota(quota.keyspaces));
+        }
+        u.holders.insert(holder);
+        u.keyspaces.insert(keyspace.clone());
+        Ok(())
+    }
+
+    /// Gives a removed holder's place in the quota back.
+    pub fn release(&self, holder: u64) {
+        if let Self::Token(t, _) = self {
+            t.usage.lock().holders.remove(&holder);
+        }
+    }
+
+    /// Refuses `name` with PERMISSION_DENIED when the client may not write it.
+    pub fn check(&self, name: &str) -> Result<(), WriterDenied> {
+        if self.allows(name) {
+            Ok(())
+        } else {
+            Err(WriterDenied::NotYours(name.to_string()))
+        }
+    }
+}
+
+/// Why a write was refused for who sent it.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum WriterDenied {
+    #[error("writes need a writer token (`authorization: Bearer <token>`); none was sent")]
+    NoToken,
+    #[error("the writer token sent is not in this replica's --writer-tokens file")]
+    UnknownToken,
+    #[error("this writer may not write {0:?} (not among its token's names)")]
+    NotYours(String),
+    #[error(
+        "this writer already writes {0} holders (its quota, --writer-max-holders); a new one is refused"
+    )]
+    HolderQuota(usize),
+    #[error(
+        "this writer already writes {0} keyspaces (its quota, --writer-max-keyspaces); a new one is refused"
+    )]
+    KeyspaceQuota(usize),
+}
+
+impl WriterDenied {
+    /// The `reason` label it is counted under.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::NoToken => "writer_no_token",
+            Self::UnknownToken => "writer_unknown_token",
+            Self::NotYours(_) => "writer_not_allowed",
+            Self::HolderQuota(_) => "writer_quota_holders",
+            Self::KeyspaceQuota(_) => "writer_quota_keyspaces",
+        }
+    }
+
+    pub fn status(&self) -> Status {
+        match self {
+            Self::NoToken | Self::UnknownToken => Status::unauthenticated(self.to_string()),
+            Self::NotYours(_) => Status::permission_denied(self.to_string()),
+            Self::HolderQuota(_) | Self::KeyspaceQuota(_) => Status::resource_exhausted(self.to_string()),
+        }
+    }
+}
+
+/// Why a token file was not loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenFileError {
+    #[error("reading writer tokens {path}: {source}")]
+    Read { path: String, source: std::io::Error },
+    #[error("writer tokens line {line}: a token needs at least one name pattern")]
+    NoNames { line: usize },
+    #[error("writer tokens line {line}: the token is listed twice")]
+    Duplicate { line: usize },
+    #[error("writer tokens: no token in the file")]
+    Empty,
+}
+
+/// Why the write facades did not start (`prefixlog serve`).
+#[derive(Debug, thiserror::Error)]
+pub enum WriteSurfaceError {
+    #[error(
+        "{facades} accept log writes on a query port without client authentication: any client \
+         could erase or overwrite any holder. Give --writer-tokens FILE or --tls-client-ca, or \
+         --allow-unauthenticated-writes to start anyway"
+    )]
+    Unauthenticated { facades: String },
+    #[error(transparent)]
+    Tokens(#[from] TokenFileError),
+}
+
+/// Who may write: every client, or the holders of a token file's tokens.
+#[derive(Clone, Debug, Default)]
+pub enum WriterPolicy {
+    #[default]
+    Open,
+    Tokens(Arc<HashMap<String, Arc<TokenWriter>>>, WriterQuota),
+}
+
+impl WriterPolicy {
+    /// Reads a token file (format in the module docs).
+    pub fn load(path: &Path) -> Result<Self, TokenFileError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| TokenFileError::Read { path: path.display().to_string(), source })?;
+        Self::parse(&text)
+    }
+
+    pub fn parse(text: &str) -> Result<Self, TokenFileError> {
+        let mut tokens = HashMap::new();
+        for (i, line) in text.lines().enumerate() {
+            let line = line.split('#').next().unwrap_or("").trim();
+            let mut words = line.split_whitespace();
+            let Some(token) = words.next() else { continue };
+            let names: Box<[NamePattern]> = words.map(NamePattern::parse).collect();
+            if names.is_empty() {
+                return Err(TokenFileError::NoNames { line: i + 1 });
+            }
+            let writer = Arc::new(TokenWriter { names, usage: Mutex::default() });
+            if tokens.insert(token.to_string(), writer).is_some() {
+                return Err(TokenFileError::Duplicate { line: i + 1 });
+            }
+        }
+        if tokens.is_empty() {
+            return Err(TokenFileError::Empty);
+        }
+        Ok(Self::Tokens(Arc::new(tokens), WriterQuota::default()))
+    }
+
+    /// The policy with each token's writer held to `quota` (no effect when open).
+    pub fn with_quota(self, quota: WriterQuota) -> Self {
+        match self {
+            Self::Tokens(t, _) => Self::Tokens(t, quota),
+            open => open,
+        }
+    }
+
+    /// What the client of a call with `metadata` may write.
+    pub fn grant(&self, metadata: &MetadataMap) -> Result<Grant, WriterDenied> {
+        let Self::Tokens(tokens, quota) = self else { return Ok(Grant::Anyone) };
+        let token = metadata
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .ok_or(WriterDenied::NoToken)?;
+        tokens.get(token.trim()).map(|t| Grant::Token(t.clone(), *quota)).ok_or(WriterDenied::UnknownToken)
+    }
+}
+
+/// The write rules of a facade: who writes what, and the largest epoch step.
+#[derive(Clone, Debug)]
+pub struct WriteRules {
+    pub writers: WriterPolicy,
+    pub max_epoch_step: u64,
+}
+
+impl Default for WriteRules {
+    fn default() -> Self {
+        Self { writers: WriterPolicy::Open, max_epoch_step: DEFAULT_MAX_EPOCH_STEP }
+    }
+}
+
+/// A name a facade refuses to write: control characters (NUL included) and bidirectional
+/// overrides or isolates would make logs, metrics and dumps show another name than the one
+/// stored.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("name {0:?} has a control or bidirectional-override character; refused")]
+pub struct BadName(pub String);
+
+/// `Ok` unless `name` has a character [`BadName`] lists.
+pub fn check_name(name: &str) -> Result<(), BadName> {
+    let bad = |c: char| {
+        c.is_control()
+            || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    if name.chars().any(bad) {
+        Err(BadName(name.to_string()))
+    } else {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_token(t: &str) -> MetadataMap {
+        let mut m = MetadataMap::new();
+        m.insert("authorization", format!("Bearer {t}").parse().unwrap());
+        m
+    }
+
+    #[test]
+    fn tokens_grant_their_names_only() {
+        let p = WriterPolicy::parse("# fleet\nt-a gw-a bridge-a-*\n\nt-root *  # ops\n").unwrap();
+        let a = p.grant(&with_token("t-a")).unwrap();
+        assert!(a.allows("gw-a") && a.allows("bridge-a-7"));
+        assert!(!a.allows("gw-ab") && !a.allows("gw-b"));
+        assert_eq!(a.check("gw-b"), Err(WriterDenied::NotYours("gw-b".into())));
+        assert!(p.grant(&with_token("t-root")).unwrap().allows("anything"));
+        assert_eq!(p.grant(&MetadataMap::new()).unwrap_err(), WriterDenied::NoToken);
+        assert_eq!(p.grant(&with_token("t-x")).unwrap_err().status().code(), tonic::Code::Unauthenticated);
+        assert!(WriterPolicy::Open.grant(&MetadataMap::new()).unwrap().allows("x"));
+    }
+
+    #[test]
+    fn a_full_quota_refuses_new_holders_and_keyspaces_only() {
+        let quota = WriterQuota { holders: 2, keyspaces: 1 };
+        let p = WriterPolicy::parse("t-a *\nt-b *\n").unwrap().with_quota(quota);
+        let (a, b) = (p.grant(&with_token("t-a")).unwrap(), p.grant(&with_token("t-b")).unwrap());
+        let (k1, k2) = (KeyspaceId::new("m1", 4, 1), KeyspaceId::new("m2", 4, 1));
+        a.admit(1, &k1).unwrap();
+        a.admit(2, &k1).unwrap();
+        a.admit(2, &k1).unwrap();
+        assert_eq!(a.admit(3, &k1), Err(WriterDenied::HolderQuota(2)));
+        assert_eq!(a.admit(1, &k2), Err(WriterDenied::KeyspaceQuota(1)));
+        assert_eq!(a.admit(3, &k1).unwrap_err().status().code(), tonic::Code::ResourceExhausted);
+        b.admit(3, &k2).expect("another writer's quota is its own");
+        a.release(2);
+        a.admit(3, &k1).expect("a removed holder's place is free again");
+        let again = p.grant(&with_token("t-a")).unwrap();
+        assert_eq!(again.admit(4, &k1), Err(WriterDenied::HolderQuota(2)), "per token, not per call");
+    }
+
+    #[test]
+    fn bad_token_files_are_refused() {
+        assert!(matches!(WriterPolicy::parse("t-a\n"), Err(TokenFileError::NoNames { line: 1 })));
+        assert!(matches!(WriterPolicy::parse("t a\nt b\n"), Err(TokenFileError::Duplicate { line: 2 })));
+        assert!(matches!(WriterPolicy::parse("# none\n"), Err(TokenFileError::Empty)));
+    }
+
+    #[test]
+    fn control_and_bidi_names_are_refused() {
+        assert!(check_name("worker-0#1").is_ok());
+        assert!(check_name("wörker").is_ok());
+        for bad in ["a\0b", "a\nb", "a\u{202e}b", "a\u{2067}b", "\u{200f}"] {
+            assert!(check_name(bad).is_err(), "{bad:?}");
+        }
+    }
+}
