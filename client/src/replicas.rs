@@ -159,6 +159,18 @@ impl ReplicaGroup {
         Ok(group)
     }
 
+    /// Connects to every endpoint and probes it once now, up to `timeout` each (concurrently),
+    /// so that the first queries do not pay for a connection inside their deadline. Returns how
+    /// many endpoints answered SERVING.
+    pub async fn warm_up(&self, timeout: Duration) -> usize {
+        let probes = self.eps.iter().map(|ep| async move {
+            let ok = probe_once(ep, timeout).await;
+            ep.healthy.store(ok, Ordering::Relaxed);
+            ok
+        });
+        futures_util::future::join_all(probes).await.into_iter().filter(|&ok| ok).count()
+    }
+
     pub fn endpoints(&self) -> Vec<String> {
         self.eps.iter().map(|e| e.url.clone()).collect()
     }
@@ -318,6 +330,16 @@ enum Settled {
     Final(Unavailable),
 }
 
+/// One `grpc.health.v1` check: whether the endpoint answered SERVING within `timeout`.
+async fn probe_once(ep: &Ep, timeout: Duration) -> bool {
+    let mut h = ep.health.clone();
+    let req = HealthCheckRequest { service: prefix_index_server::SERVICE_NAME.into() };
+    matches!(
+        tokio::time::timeout(timeout, h.check(req)).await,
+        Ok(Ok(r)) if r.get_ref().status == ServingStatus::Serving as i32
+    )
+}
+
 async fn probe_loop(group: Weak<ReplicaGroup>, every: Duration) {
     // A probe may take longer than the interval on a loaded host; a slow answer is still an
     // answer. Probes of different endpoints run concurrently so one black hole delays none.
@@ -329,12 +351,7 @@ async fn probe_loop(group: Weak<ReplicaGroup>, every: Duration) {
                 let group = strong.clone();
                 tokio::spawn(async move {
                     let ep = &group.eps[i];
-                    let mut h = ep.health.clone();
-                    let req = HealthCheckRequest { service: prefix_index_server::SERVICE_NAME.into() };
-                    let ok = matches!(
-                        tokio::time::timeout(timeout, h.check(req)).await,
-                        Ok(Ok(r)) if r.get_ref().status == ServingStatus::Serving as i32
-                    );
+                    let ok = probe_once(ep, timeout).await;
                     if ok {
                         ep.timeouts.store(0, Ordering::Relaxed);
                     }
