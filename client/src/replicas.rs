@@ -366,3 +366,50 @@ async fn probe_loop(group: Weak<ReplicaGroup>, every: Duration) {
         tokio::time::sleep(every).await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prefixlog_proto::v1::PartitionOffset;
+
+    fn query_after(token: &[(u32, i64)]) -> MatchRequest {
+        MatchRequest {
+            min_offsets: token
+                .iter()
+                .map(|&(partition, offset)| PartitionOffset { partition, offset })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn answered(group: &ReplicaGroup, i: usize, applied: &[(u32, i64)]) {
+        let ep = &group.eps[i];
+        ep.applied_sum.store(applied.iter().map(|a| a.1).sum(), Ordering::Relaxed);
+        *ep.applied.lock() = applied.to_vec();
+    }
+
+    /// The most applied replica overall is not the one to ask when its last answer was behind
+    /// the query's token on the token's partition and another replica's was not.
+    #[tokio::test]
+    async fn a_replica_known_behind_the_token_goes_after_one_that_is_not() {
+        let urls = vec!["http://127.0.0.1:9".to_string(), "http://127.0.0.1:10".to_string()];
+        let group = ReplicaGroup::start(&urls, &ClientTls::default(), Duration::from_secs(3600)).unwrap();
+        // Replica 0: far ahead on partition 1, behind on partition 0. Replica 1: at partition 0's token.
+        answered(&group, 0, &[(0, 5), (1, 1000)]);
+        answered(&group, 1, &[(0, 10), (1, 20)]);
+        assert_eq!(group.order(&query_after(&[(0, 8)])), vec![1, 0]);
+        // Without a token (or one both reached), the least lagged first.
+        assert_eq!(group.order(&query_after(&[])), vec![0, 1]);
+        assert_eq!(group.order(&query_after(&[(0, 5)])), vec![0, 1]);
+        // Health first: an unhealthy replica goes last even when it is not behind.
+        group.eps[1].healthy.store(false, Ordering::Relaxed);
+        assert_eq!(group.order(&query_after(&[(0, 8)])), vec![0, 1]);
+    }
+
+    #[test]
+    fn hedge_delay_is_a_quarter_of_the_deadline_within_bounds() {
+        assert_eq!(hedge_delay(Duration::from_millis(20)), Duration::from_millis(5));
+        assert_eq!(hedge_delay(Duration::from_millis(2)), Duration::from_millis(1));
+        assert_eq!(hedge_delay(Duration::from_micros(500)), Duration::from_micros(500));
+    }
+}
