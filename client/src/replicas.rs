@@ -9,9 +9,10 @@
 //! hedges: the next endpoint is asked at once on a transport error (a stopped or restarting
 //! replica), and as well when the first has not answered within a quarter of the deadline
 //! ([`hedge_delay`]: slow, draining or hung); the first answer wins, each attempt may use the
-//! whole deadline. A query
-//! goes as a unary `Match`, or over the endpoint's long-lived `MatchStream`
-//! ([`crate::mux::StreamMux`]) when the client asks for streaming.
+//! whole deadline. A stale answer (the replica not ready, stopping, or cut off from its broker)
+//! is only a fallback: the next replica is asked at once, and the stale answer returned only if
+//! none answers better in time. A query goes as a unary `Match`, or over the endpoint's
+//! long-lived `MatchStream` ([`crate::mux::StreamMux`]) when the client asks for streaming.
 
 use crate::mux::{MuxError, StreamMux};
 use futures_util::stream::{FuturesUnordered, StreamExt};
@@ -204,6 +205,7 @@ impl ReplicaGroup {
         let mut in_flight = FuturesUnordered::new();
         let mut started: Vec<(usize, Instant)> = Vec::new();
         let mut finished: Vec<usize> = Vec::new();
+        let mut fallback: Option<(MatchResponse, String)> = None;
         loop {
             let now = Instant::now();
             let Some(left) = end.checked_duration_since(now).filter(|d| !d.is_zero()) else { break };
@@ -231,6 +233,11 @@ impl ReplicaGroup {
             let Some((i, res)) = done else { continue };
             finished.push(i);
             match self.settle(i, res) {
+                // A stale answer (a replica not ready, stopping, or cut off from its broker)
+                // is kept as the fallback while another replica may still answer in time.
+                Settled::Answer(m) if m.stale && (next < order.len() || !in_flight.is_empty()) => {
+                    fallback.get_or_insert((m, self.eps[i].url.clone()));
+                }
                 Settled::Answer(m) => {
                     self.slow_while_another_answered(&started, i, hedge);
                     return Ok((m, self.eps[i].url.clone()));
@@ -244,7 +251,7 @@ impl ReplicaGroup {
             self.eps[i].count_timeout();
             last = Unavailable::Timeout;
         }
-        Err(last)
+        fallback.ok_or(last)
     }
 
     async fn attempt(
