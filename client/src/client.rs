@@ -373,6 +373,15 @@ impl IndexClient {
     }
 
     /// Endpoints currently considered healthy, over all shards.
+    /// Connects to every replica of every shard and probes each once, up to `timeout` (all
+    /// concurrently): a gateway calls it before taking traffic, so its first queries find
+    /// open connections and a current health verdict. Returns how many endpoints are SERVING.
+    pub async fn warm_up(&self, timeout: Duration) -> usize {
+        let map = self.inner.map.read().clone();
+        let warms = map.groups.iter().map(|g| g.replicas.warm_up(timeout));
+        futures_util::future::join_all(warms).await.into_iter().sum()
+    }
+
     pub fn healthy_endpoints(&self) -> Vec<String> {
         self.inner.map.read().groups.iter().flat_map(|g| g.replicas.healthy_endpoints()).collect()
     }

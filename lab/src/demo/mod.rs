@@ -33,7 +33,8 @@ use offload::HostTier;
 use parking_lot::Mutex;
 use policy::{Load, LocalTree};
 use prefixlog::fleet_records::keyspace;
-use prefixlog_client::{IndexClient, MatchOutcome, MatchQuery, Prompt};
+use prefixlog_client::tonic::Code;
+use prefixlog_client::{IndexClient, MatchOutcome, MatchQuery, Prompt, Unavailable};
 use prefixlog_engine::HolderKey;
 use prefixlog_ingest::Publisher;
 use prefixlog_state::record::encode_kv_events;
@@ -201,6 +202,12 @@ impl Index {
                         (Answered::Scores, d, a.applied)
                     }
                     MatchOutcome::Empty(a) => (Answered::Empty, vec![], a.applied),
+                    // Until a worker's first KV event creates the demo's keyspace, the replica
+                    // answers NOT_FOUND: an answer in time that no worker holds anything yet
+                    // (the demo's keyspace is right by construction), not a blind decision.
+                    MatchOutcome::Unavailable(Unavailable::Rejected { code: Code::NotFound, .. }) => {
+                        (Answered::Empty, vec![], vec![])
+                    }
                     MatchOutcome::Unavailable(_) => (Answered::Unavailable, vec![], vec![]),
                 }
             }
@@ -278,6 +285,18 @@ async fn gateway(
         s.results.lock()[i] = Some(o);
         bar.inc(1);
     }
+}
+
+/// A gateway takes traffic once its connections to every replica are open and each replica
+/// answered SERVING: otherwise its first queries would spend their 20 ms deadline on a TCP and
+/// HTTP/2 handshake, or on a replica still catching up, and be counted as fail open.
+async fn warm_up(client: &IndexClient, replicas: usize) -> anyhow::Result<()> {
+    let t = Instant::now();
+    while client.warm_up(Duration::from_secs(2)).await < replicas {
+        anyhow::ensure!(t.elapsed() < Duration::from_secs(60), "replicas not serving after 60 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
 }
 
 pub async fn run(a: Args) -> anyhow::Result<()> {
@@ -364,6 +383,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
             Index::Smg { gateway, deadline: a.deadline }
         } else {
             let client = IndexClient::new(cluster.endpoints(), a.deadline)?;
+            warm_up(&client, cluster.endpoints().len()).await?;
             Index::Native { client, publisher: publisher.clone(), name: format!("demo-gateway-{g}") }
         };
         gateways.push(tokio::spawn(gateway(g, rx, index, s.clone(), bar.clone())));
