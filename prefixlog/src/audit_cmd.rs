@@ -3,10 +3,10 @@
 use prefixlog::kafka_args::{KafkaArgs, SettingsArgs};
 use prefixlog_audit::queries::{answer, holder_blocks, worker_blocks, Query};
 use prefixlog_audit::{reconstruct, Point};
-use prefixlog_checkpoint::CheckpointStore;
 use prefixlog_engine::{HolderKey, KeyspaceId};
 use prefixlog_ingest::reader::{LogReader, Read};
 use prefixlog_ingest::{LogSpec, Shard};
+use prefixlog_snapshot::CheckpointStore;
 use prefixlog_state::record::{decode, Op};
 use std::path::PathBuf;
 
