@@ -18,7 +18,7 @@ fi
 # Only the Kafka edge (ingest), the bridge (ZeroMQ), node and the binary may link Kafka or
 # ZeroMQ; the layers above the deterministic core reach the log through prefixlog_state::log.
 echo "==> only ingest, bridge, node and the binary link Kafka or ZeroMQ (cargo tree -e normal)"
-for crate in ids proto state engine workload checkpoint query peer audit facades client; do
+for crate in ids proto state engine workload snapshot query peer audit facades client; do
   deps="$(cargo tree -e normal -p "prefixlog-$crate")"  # fails the run if the crate is gone
   if grep -qE 'rdkafka|prefixlog-bridge|zeromq|zmq' <<<"$deps"; then
     echo "error: prefixlog-$crate depends on rdkafka or ZeroMQ (prefixlog-bridge)" >&2; exit 1

@@ -4,7 +4,7 @@
 
 use crate::loss::{judge_record, policy_name, Decision};
 use crate::reconstruct::{advance_observed, reconstruct, AuditError, Point};
-use prefixlog_checkpoint::CheckpointStore;
+use prefixlog_snapshot::CheckpointStore;
 use prefixlog_state::{Applier, LogSource};
 use prometheus::{IntCounterVec, Opts, Registry};
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,7 +1,7 @@
 //! Rebuilding the state at a past point.
 
 use indicatif::{ProgressBar, ProgressStyle};
-use prefixlog_checkpoint::{restore_for, CheckpointMeta, CheckpointStore, RestoreError};
+use prefixlog_snapshot::{restore_for, CheckpointMeta, CheckpointStore, RestoreError};
 use prefixlog_state::{
     check_compatible, Applier, ApplyLogOptions, BeforeApply, LogError, LogIdentity, LogProbe, LogSource,
     Until,

@@ -1,7 +1,7 @@
 //! Determinism over real history: replay a range and check every retained checkpoint in it.
 
 use crate::reconstruct::{advance, of_this_log, reconstruct, AuditError, Point};
-use prefixlog_checkpoint::CheckpointStore;
+use prefixlog_snapshot::CheckpointStore;
 use prefixlog_state::LogSource;
 
 #[derive(Debug, Default, PartialEq, Eq)]

@@ -4,10 +4,10 @@
 
 use prefixlog_audit::queries::{answer, Hash, KeyspaceJson, Query};
 use prefixlog_audit::{reconstruct, reconstruct_at, verify, AuditError, Point};
-use prefixlog_checkpoint::{capture, CheckpointStore, Retention};
 use prefixlog_engine::KeyspaceId;
 use prefixlog_ingest::{probe_log, EmbeddedKafka, KafkaConnection, LogSpec, Publisher};
 use prefixlog_node::{CheckpointPolicy, NodeOptions, ReplicaNode};
+use prefixlog_snapshot::{capture, CheckpointStore, Retention};
 use prefixlog_state::{KvOp, Tier};
 use std::time::Duration;
 

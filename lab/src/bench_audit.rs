@@ -8,8 +8,8 @@
 use crate::bench_env::{bench_options, token, BenchLog, BenchLogArgs};
 use prefixlog::fleet_records::{fleet_records, WorkloadArgs};
 use prefixlog_audit::{reconstruct, Point};
-use prefixlog_checkpoint::{CheckpointStore, Retention};
 use prefixlog_node::{CheckpointPolicy, NodeOptions};
+use prefixlog_snapshot::{CheckpointStore, Retention};
 use std::time::{Duration, Instant};
 
 /// Log time of the start of the log (any positive value; 0 means "now" to librdkafka).

@@ -3,8 +3,8 @@
 
 use crate::bench_env::{bench_options, token, BenchLog};
 use prefixlog::fleet_records::{fleet_records, WorkloadArgs};
-use prefixlog_checkpoint::{restore, CheckpointStore};
 use prefixlog_node::{CheckpointPolicy, NodeOptions};
+use prefixlog_snapshot::{restore, CheckpointStore};
 use prefixlog_workload::quantile::median;
 use std::time::{Duration, Instant};
 

@@ -19,7 +19,7 @@
 //! clean stop joins it before the final checkpoint, so two writes never race for an id.
 
 use parking_lot::Mutex;
-use prefixlog_checkpoint::{checkpoint, CheckpointMeta, CheckpointStore, StoreError};
+use prefixlog_snapshot::{checkpoint, CheckpointMeta, CheckpointStore, StoreError};
 use prefixlog_state::{Applier, LogIdentity};
 use prometheus::core::{Collector, Desc};
 use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry};

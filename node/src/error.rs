@@ -18,9 +18,9 @@ pub enum NodeError {
     #[error("data dir {dir}: {source}")]
     DataDir { dir: PathBuf, source: std::io::Error },
     #[error("opening the checkpoint store in {dir}: {source}")]
-    Store { dir: PathBuf, source: prefixlog_checkpoint::StoreError },
+    Store { dir: PathBuf, source: prefixlog_snapshot::StoreError },
     #[error(transparent)]
-    Restore(#[from] prefixlog_checkpoint::RestoreError),
+    Restore(#[from] prefixlog_snapshot::RestoreError),
     #[error(transparent)]
     Fetch(#[from] prefixlog_peer::FetchError),
     #[error(
@@ -55,7 +55,7 @@ pub enum NodeError {
     #[error("publisher: {0}")]
     Publish(#[from] prefixlog_ingest::PublishError),
     #[error("final checkpoint: {0}")]
-    FinalCheckpoint(prefixlog_checkpoint::StoreError),
+    FinalCheckpoint(prefixlog_snapshot::StoreError),
     #[error("a background task failed: {0}")]
     Task(#[from] tokio::task::JoinError),
     #[error("no peer to bootstrap from (--bootstrap-from or --peers names none)")]

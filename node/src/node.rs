@@ -7,7 +7,6 @@ use crate::options::{GapChoice, NodeOptions};
 use crate::progress::{Phase, StartupProgress};
 use crate::startup::{prepare, Prepared, StateSource};
 use parking_lot::Mutex;
-use prefixlog_checkpoint::{CheckpointMeta, CheckpointStore, Opened};
 use prefixlog_engine::Engine;
 use prefixlog_ingest::{LogSpec, Publisher};
 use prefixlog_peer::{
@@ -16,6 +15,7 @@ use prefixlog_peer::{
 use prefixlog_query::admin::AdminPort;
 use prefixlog_query::ReplicaStatus;
 use prefixlog_query::{RunningServer, ServerConfig};
+use prefixlog_snapshot::{CheckpointMeta, CheckpointStore, Opened};
 use prefixlog_state::{Applier, LogIdentity};
 use prometheus::Registry;
 use std::net::SocketAddr;
@@ -357,8 +357,8 @@ impl ReplicaNode {
 
     /// Takes a checkpoint now (None without a store). Runs beside the loop's own: both go
     /// through the store, which gives each its own id under its write lock. Withheld
-    /// ([`prefixlog_checkpoint::StoreError::Withheld`]) once a record has failed to apply.
-    pub fn checkpoint_now(&self) -> Result<Option<CheckpointMeta>, prefixlog_checkpoint::StoreError> {
+    /// ([`prefixlog_snapshot::StoreError::Withheld`]) once a record has failed to apply.
+    pub fn checkpoint_now(&self) -> Result<Option<CheckpointMeta>, prefixlog_snapshot::StoreError> {
         let Some(store) = &self.store else { return Ok(None) };
         checkpoints::take(
             self.replica.applier(),
@@ -389,7 +389,7 @@ impl ReplicaNode {
             (Some(_), Some(c)) if checkpoints::records_between(&c, &offsets) > 0 => {
                 match self.checkpoint_now() {
                     // Logged and counted: a restart resumes from the last checkpoint written.
-                    Err(prefixlog_checkpoint::StoreError::Withheld(_)) => None,
+                    Err(prefixlog_snapshot::StoreError::Withheld(_)) => None,
                     r => r.map_err(NodeError::FinalCheckpoint)?,
                 }
             }

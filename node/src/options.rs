@@ -2,8 +2,8 @@
 //! `LogSpec`'s `StateSettings`). Defaults suit tests and embedded use: every port on loopback
 //! with an OS-chosen number, no data dir, no peers. The CLI sets every field explicitly.
 
-use prefixlog_checkpoint::Retention;
 use prefixlog_query::{QueryConfig, TlsFiles};
+use prefixlog_snapshot::Retention;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;

@@ -14,10 +14,10 @@
 
 use crate::error::NodeError;
 use crate::ingest_thread::IngestThread;
-use prefixlog_checkpoint::restore_for;
 use prefixlog_ingest::continuity::{check_marks, check_offsets, OffsetProblem};
 use prefixlog_ingest::{probe_log, LogSpec};
 use prefixlog_peer::PeerClient;
+use prefixlog_snapshot::restore_for;
 use prefixlog_state::LogProbe;
 use prefixlog_state::{Applier, LogIdentity};
 use prometheus::IntCounterVec;

@@ -14,10 +14,10 @@ use crate::error::NodeError;
 use crate::options::{GapChoice, NodeOptions, SettingsChange};
 use crate::progress::{Phase, StartupProgress};
 use crate::recovery::not_continued;
-use prefixlog_checkpoint::{newest_usable, restore_for, CheckpointStore, Loaded, Opened};
 use prefixlog_ingest::continuity::OffsetProblem;
 use prefixlog_ingest::{cleanup_policy, probe_log, CleanupPolicy, LogSpec};
 use prefixlog_peer::{FetchError, PeerClient};
+use prefixlog_snapshot::{newest_usable, restore_for, CheckpointStore, Loaded, Opened};
 use prefixlog_state::LogProbe;
 use prefixlog_state::{check_compatible, Applier, Incompatible, LogIdentity};
 use std::sync::Arc;
@@ -116,7 +116,7 @@ async fn check_cleanup_policy(spec: &LogSpec) -> Result<(), NodeError> {
 }
 
 /// Opens the checkpoint store so that its disk never keeps the replica from starting: see
-/// `prefixlog_checkpoint::handle` (read-only on a full disk; a damaged directory moved aside).
+/// `prefixlog_snapshot::handle` (read-only on a full disk; a damaged directory moved aside).
 fn open_store(opts: &NodeOptions) -> Result<Option<(Arc<CheckpointStore>, Opened)>, NodeError> {
     let Some(dir) = &opts.data_dir else { return Ok(None) };
     std::fs::create_dir_all(dir).map_err(|e| NodeError::DataDir { dir: dir.clone(), source: e })?;

@@ -3,8 +3,8 @@
 //! resharding, and recovery of a partition whose log no longer continues its state.
 
 use crate::client::{CallError, PeerClient};
-use prefixlog_checkpoint::{decode_export, CheckpointMeta, CheckpointStore, Loaded, StoreError};
 use prefixlog_proto::v1 as pb;
+use prefixlog_snapshot::{decode_export, CheckpointMeta, CheckpointStore, Loaded, StoreError};
 use prefixlog_state::{check_compatible, Incompatible, LogIdentity};
 use xxhash_rust::xxh3::Xxh3;
 

@@ -9,8 +9,8 @@
 //! repaired partition and all others goes on throughout.
 
 use parking_lot::Mutex;
-use prefixlog_checkpoint::{restore, CheckpointStore, Loaded, RestoreError};
 use prefixlog_engine::{InvariantError, KeyspaceId};
+use prefixlog_snapshot::{restore, CheckpointStore, Loaded, RestoreError};
 use prefixlog_state::{
     check_compatible, Applier, ApplyLogOptions, LiveState, LogError, LogIdentity, LogSource, Until,
 };

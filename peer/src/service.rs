@@ -5,10 +5,10 @@
 use crate::client::MAX_MESSAGE_BYTES;
 use crate::transfer::{ServeLimits, Transfers};
 use parking_lot::Mutex;
-use prefixlog_checkpoint::CheckpointStore;
 use prefixlog_engine::partition_of;
 use prefixlog_proto::v1 as pb;
 use prefixlog_proto::v1::replica_peer_server::{ReplicaPeer, ReplicaPeerServer};
+use prefixlog_snapshot::CheckpointStore;
 use prefixlog_state::{Applier, LogIdentity};
 use std::pin::Pin;
 use std::sync::Arc;

@@ -5,8 +5,8 @@
 //! takes no message for [`ServeLimits::stall_timeout`] is dropped, freeing its slot: a stalled
 //! or hostile caller cannot keep transfers, or their memory, forever.
 
-use prefixlog_checkpoint::{export_partitions, CheckpointStore, ExportSink, Streamed};
 use prefixlog_proto::v1 as pb;
+use prefixlog_snapshot::{export_partitions, CheckpointStore, ExportSink, Streamed};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};

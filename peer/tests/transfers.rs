@@ -4,10 +4,10 @@
 //! replica); a receiver that stops reading is dropped after the stall timeout, freeing its slot.
 
 use parking_lot::Mutex;
-use prefixlog_checkpoint::{checkpoint, export_partitions, CheckpointStore};
 use prefixlog_engine::KeyspaceId;
 use prefixlog_peer::{PeerClient, PeerService, ServeLimits};
 use prefixlog_proto::v1 as pb;
+use prefixlog_snapshot::{checkpoint, export_partitions, CheckpointStore};
 use prefixlog_state::record::encode_kv_events;
 use prefixlog_state::{Applier, KvOp, LogIdentity, StateSettings, Tier};
 use std::sync::Arc;

@@ -1,6 +1,6 @@
 //! `prefixlog checkpoints list|show|verify`: inspect a replica's checkpoint store.
 
-use prefixlog_checkpoint::CheckpointStore;
+use prefixlog_snapshot::CheckpointStore;
 use std::path::PathBuf;
 
 #[derive(clap::Args)]

@@ -3,9 +3,9 @@
 // `try_map` in the --http-dialect parser.
 use clap::builder::TypedValueParser as _;
 use prefixlog::kafka_args::{KafkaArgs, SettingsArgs};
-use prefixlog_checkpoint::Retention;
 use prefixlog_ingest::Shard;
 use prefixlog_node::{CheckpointPolicy, GapChoice, NodeOptions, ReplicaNode, SettingsChange};
+use prefixlog_snapshot::Retention;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::time::Duration;

@@ -7,9 +7,9 @@
 //! exits 0 and no checkpoint on disk covers the failing record; a restart halts at the same
 //! record again, and the other partition is served throughout.
 
-use prefixlog_checkpoint::CheckpointStore;
 use prefixlog_engine::KeyspaceId;
 use prefixlog_ingest::{KafkaConnection, LogSpec, Publisher};
+use prefixlog_snapshot::CheckpointStore;
 use prefixlog_state::record::worker_for_partition;
 use prefixlog_state::{token_of, KvOp, Landed, Tier};
 use prefixlog_tests::http::{http_get, sample};

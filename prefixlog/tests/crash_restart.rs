@@ -4,10 +4,10 @@
 //! checkpoint on disk must equal a reference replica that applied exactly the same offsets:
 //! no lost update, no double apply, no torn checkpoint.
 
-use prefixlog_checkpoint::CheckpointStore;
 use prefixlog_engine::KeyspaceId;
 use prefixlog_ingest::reader::{LogReader, Read};
 use prefixlog_ingest::{EmbeddedKafka, KafkaConnection, LogSpec, Publisher};
+use prefixlog_snapshot::CheckpointStore;
 use prefixlog_state::record::encode_kv_events;
 use prefixlog_state::{Applier, KvOp, StateSettings, Tier};
 use prefixlog_workload::{generate, FleetConfig, Step, TraceRequest};
@@ -163,7 +163,7 @@ async fn kill_9_at_random_moments_never_loses_or_doubles_an_update() {
                 reference.apply(p as u32, *o, *ts, Some(v)).unwrap();
             }
         }
-        let got = prefixlog_checkpoint::restore(&l).unwrap();
+        let got = prefixlog_snapshot::restore(&l).unwrap();
         for p in 0..P {
             assert_eq!(
                 got.partition_digest(p),

@@ -3,9 +3,9 @@
 //! exits 0 within a bound; restarted on the same data dir it has no tail to replay (its
 //! checkpoint covers the whole log).
 
-use prefixlog_checkpoint::CheckpointStore;
 use prefixlog_engine::KeyspaceId;
 use prefixlog_ingest::{KafkaConnection, LogSpec, Publisher};
+use prefixlog_snapshot::CheckpointStore;
 use prefixlog_state::{token_of, KvOp, Tier};
 use prefixlog_tests::http::{http_get, sample};
 use prefixlog_tests::{kafka_backends, unique_topic, KafkaBackend};

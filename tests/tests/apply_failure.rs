@@ -10,10 +10,10 @@
 //! the failure (how many depends on timing): the test asserts that none covers the record and
 //! that none is written once the failure is seen, not a number of checkpoints.
 
-use prefixlog_checkpoint::{CheckpointStore, StoreError};
 use prefixlog_engine::KeyspaceId;
 use prefixlog_ingest::{LogSpec, Publisher};
 use prefixlog_node::{CheckpointPolicy, NodeOptions, ReplicaNode, StateSource};
+use prefixlog_snapshot::{CheckpointStore, StoreError};
 use prefixlog_state::record::worker_for_partition;
 use prefixlog_state::{testing, token_of, KvOp, Landed, Tier};
 use prefixlog_tests::http::sample;

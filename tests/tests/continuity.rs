@@ -9,10 +9,10 @@
 //! recreated-topic drill needs topic deletion: tansu has it, the embedded broker does not. The
 //! crafted "log ends before the checkpoint" case runs everywhere.
 
-use prefixlog_checkpoint::CheckpointStore;
 use prefixlog_engine::{partition_of, HolderKey, KeyspaceId};
 use prefixlog_ingest::{probe_log, KafkaConnection, LogSpec, Publisher};
 use prefixlog_node::{CheckpointPolicy, GapChoice, NodeError, NodeOptions, ReplicaNode, StateSource};
+use prefixlog_snapshot::CheckpointStore;
 use prefixlog_state::record::{encode_tick, worker_for_partition};
 use prefixlog_state::{token_of, KvOp, Landed, StateSettings, Tier};
 use prefixlog_tests::{kafka_backends, unique_topic, KafkaBackend};
@@ -271,7 +271,7 @@ async fn a_log_that_ends_before_the_checkpoint_is_refused() {
         {
             let store = CheckpointStore::open(&d.path().join("checkpoints")).unwrap();
             let l = store.load(ck.id).unwrap();
-            let mut state = prefixlog_checkpoint::Capture::of(&prefixlog_checkpoint::restore(&l).unwrap());
+            let mut state = prefixlog_snapshot::Capture::of(&prefixlog_snapshot::restore(&l).unwrap());
             state.partitions[0].next_offset += 1_000;
             store.write(&l.meta.identity, &state, 0).unwrap();
         }

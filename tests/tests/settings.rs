@@ -5,10 +5,10 @@
 //! tests/antientropy.rs.)
 
 use prefixlog_audit::{reconstruct, Point};
-use prefixlog_checkpoint::CheckpointStore;
 use prefixlog_engine::KeyspaceId;
 use prefixlog_ingest::{KafkaConnection, LogSpec, Publisher};
 use prefixlog_node::{CheckpointPolicy, NodeError, NodeOptions, ReplicaNode, SettingsChange, StateSource};
+use prefixlog_snapshot::CheckpointStore;
 use prefixlog_state::{token_of, KvOp, StateSettings, Tier};
 use prefixlog_tests::{kafka_backends, unique_topic};
 use std::time::Duration;

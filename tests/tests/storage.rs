@@ -15,10 +15,10 @@
 //!
 //! Runs on every available backend (the broker only carries the log here).
 
-use prefixlog_checkpoint::Opened;
 use prefixlog_engine::{KeyspaceId, MatchOptions};
 use prefixlog_ingest::{KafkaConnection, LogSpec, Publisher};
 use prefixlog_node::{CheckpointPolicy, NodeOptions, ReplicaNode, StateSource};
+use prefixlog_snapshot::Opened;
 use prefixlog_state::{token_of, KvOp, Landed, StateSettings, Tier};
 use prefixlog_tests::{kafka_backends, unique_topic, KafkaBackend};
 use std::path::{Path, PathBuf};

@@ -179,12 +179,12 @@ pub(crate) fn decode_meta(id: u64, buf: &[u8]) -> Result<CheckpointMeta, StoreEr
         owned.push(r.u32()?);
     }
     if owned.iter().any(|&p| p >= partitions) || owned.windows(2).any(|w| w[0] >= w[1]) {
-        return Err(codec::DecodeError("covered partitions out of range or unsorted".into()).into());
+        return Err(codec::DecodeError::CoveredPartitions.into());
     }
     let identity = LogIdentity { cluster_id, topic, partitions, owned, settings };
     let n = r.len(16)?;
     if n != partitions as usize {
-        return Err(codec::DecodeError(format!("{n} offsets for {partitions} partitions")).into());
+        return Err(codec::DecodeError::PerPartitionCount { what: "offsets", found: n, partitions }.into());
     }
     let (mut offsets, mut log_times) = (Vec::with_capacity(n), Vec::with_capacity(n));
     for _ in 0..n {
@@ -202,7 +202,12 @@ pub(crate) fn decode_meta(id: u64, buf: &[u8]) -> Result<CheckpointMeta, StoreEr
     if format >= 4 {
         let nm = r.len(8)?;
         if nm != partitions as usize {
-            return Err(codec::DecodeError(format!("{nm} record marks for {partitions} partitions")).into());
+            return Err(codec::DecodeError::PerPartitionCount {
+                what: "record marks",
+                found: nm,
+                partitions,
+            }
+            .into());
         }
         for _ in 0..nm {
             marks.push(r.u64()?);

@@ -1,11 +1,11 @@
 //! Checkpoint round trips, corruption, identity checks, partition-filtered exports, retention,
 //! and readers beside a live writer, without Kafka.
 
-use prefixlog_checkpoint::{
+use prefixlog_engine::{partition_of, EngineConfig, HolderKey, KeyspaceId, MatchOptions};
+use prefixlog_snapshot::{
     checkpoint, codec, decode_export, export_partitions, newest_usable, restore, Capture, CheckpointStore,
     ExportSink, Retention, Streamed,
 };
-use prefixlog_engine::{partition_of, EngineConfig, HolderKey, KeyspaceId, MatchOptions};
 use prefixlog_state::record::{encode_kv_events, encode_placement};
 use prefixlog_state::{Applier, KvOp, LogIdentity, PartitionState, StateSettings, Tier};
 use prefixlog_workload::{generate, FleetConfig, Step, TraceRequest};
@@ -165,7 +165,7 @@ fn checkpoint_of_another_log_or_other_settings_or_partitions_is_not_applied() {
     let shard = LogIdentity { owned: vec![1, 3], ..identity() };
     let dir2 = tempfile::tempdir().unwrap();
     let store2 = CheckpointStore::open(dir2.path()).unwrap();
-    store2.write(&shard, &prefixlog_checkpoint::Capture::of(&a.lock()), 0).unwrap();
+    store2.write(&shard, &prefixlog_snapshot::Capture::of(&a.lock()), 0).unwrap();
     assert!(newest_usable(&store2, &identity(), &[1]).0.is_some());
     let (l, why) = newest_usable(&store2, &identity(), &[0, 1]);
     assert!(l.is_none() && why[0].contains("does not cover partitions [0]"), "{why:?}");
@@ -256,7 +256,7 @@ fn retention_keeps_last_k_and_a_thinned_series() {
         let w = prefixlog_state::record::worker_for_partition(p, P);
         let off = a.partition(p).next_offset;
         a.apply(p, off, i * 1_800_000, Some(&prefixlog_state::record::encode_tick(w))).unwrap();
-        store.write(&identity(), &prefixlog_checkpoint::Capture::of(&a), 0).unwrap();
+        store.write(&identity(), &prefixlog_snapshot::Capture::of(&a), 0).unwrap();
     }
     let r = Retention { keep_last: 2, thin_interval_ms: 3_600_000, window_ms: 3 * 3_600_000 };
     store.apply_retention(&r).unwrap();
@@ -319,7 +319,7 @@ fn format_2_checkpoints_still_restore_after_an_upgrade() {
     let (loaded, skipped) = newest_usable(&store, &identity(), &ALL);
     let loaded = loaded.expect("the format-2 checkpoint is usable");
     assert!(skipped.is_empty(), "{skipped:?}");
-    assert!(matches!(loaded.keyspaces[0].state, prefixlog_checkpoint::StoredKeyspace::Dump(_)));
+    assert!(matches!(loaded.keyspaces[0].state, prefixlog_snapshot::StoredKeyspace::Dump(_)));
     let mut restored = restore(&loaded).unwrap();
     assert_eq!(digests(&restored), digests(&live));
     apply_all(&mut restored, tail);
@@ -333,9 +333,9 @@ fn format_2_checkpoints_still_restore_after_an_upgrade() {
     assert_eq!(digests(&restore(&peer.load(imported.id).unwrap()).unwrap()), old.digests);
 
     let new = checkpoint(&parking_lot::Mutex::new(live), &store, &identity()).unwrap().0;
-    assert_eq!(new.format, prefixlog_checkpoint::FORMAT_VERSION);
+    assert_eq!(new.format, prefixlog_snapshot::FORMAT_VERSION);
     let loaded = store.load(new.id).unwrap();
-    assert!(matches!(loaded.keyspaces[0].state, prefixlog_checkpoint::StoredKeyspace::Image(_)));
+    assert!(matches!(loaded.keyspaces[0].state, prefixlog_snapshot::StoredKeyspace::Image(_)));
 }
 
 fn points(a: &Applier) -> Vec<Vec<prefixlog_state::DigestPoint>> {

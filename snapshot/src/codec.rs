@@ -11,9 +11,24 @@ use prefixlog_state::partition_state::{Feed, FeedKey, PartitionCounters, Partiti
 use prefixlog_state::{BadReason, DigestPoint, LaneMeta};
 use std::collections::{BTreeMap, BTreeSet};
 
-#[derive(Debug, thiserror::Error)]
-#[error("corrupt checkpoint value: {0}")]
-pub struct DecodeError(pub String);
+/// Why a checkpoint value (a meta, a partition state, a dump) does not decode.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("corrupt checkpoint value: truncated at byte {at} (need {need} more)")]
+    Truncated { at: usize, need: usize },
+    #[error("corrupt checkpoint value: string is not UTF-8")]
+    NotUtf8,
+    #[error("corrupt checkpoint value: length {0} exceeds the value")]
+    LengthExceedsValue(usize),
+    #[error("corrupt checkpoint value: {0} trailing bytes")]
+    TrailingBytes(usize),
+    #[error("corrupt checkpoint value: unknown bad-record reason {0}")]
+    UnknownBadReason(usize),
+    #[error("corrupt checkpoint value: covered partitions out of range or unsorted")]
+    CoveredPartitions,
+    #[error("corrupt checkpoint value: {found} {what} for {partitions} partitions")]
+    PerPartitionCount { what: &'static str, found: usize, partitions: u32 },
+}
 
 #[derive(Default)]
 pub struct Writer {
@@ -54,8 +69,7 @@ impl<'a> Reader<'a> {
     }
     fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
         let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len());
-        let end =
-            end.ok_or_else(|| DecodeError(format!("truncated at byte {} (need {n} more)", self.pos)))?;
+        let end = end.ok_or(DecodeError::Truncated { at: self.pos, need: n })?;
         let s = &self.buf[self.pos..end];
         self.pos = end;
         Ok(s)
@@ -74,7 +88,7 @@ impl<'a> Reader<'a> {
     }
     pub fn str(&mut self) -> Result<String, DecodeError> {
         let n = self.u32()? as usize;
-        String::from_utf8(self.take(n)?.to_vec()).map_err(|_| DecodeError("string is not UTF-8".into()))
+        String::from_utf8(self.take(n)?.to_vec()).map_err(|_| DecodeError::NotUtf8)
     }
     pub fn bytes(&mut self) -> Result<&'a [u8], DecodeError> {
         let n = self.u64()? as usize;
@@ -84,7 +98,7 @@ impl<'a> Reader<'a> {
     pub fn len(&mut self, min: usize) -> Result<usize, DecodeError> {
         let n = self.u64()? as usize;
         if n.saturating_mul(min.max(1)) > self.buf.len() - self.pos {
-            return Err(DecodeError(format!("length {n} exceeds the value")));
+            return Err(DecodeError::LengthExceedsValue(n));
         }
         Ok(n)
     }
@@ -92,7 +106,7 @@ impl<'a> Reader<'a> {
         if self.pos == self.buf.len() {
             Ok(())
         } else {
-            Err(DecodeError(format!("{} trailing bytes", self.buf.len() - self.pos)))
+            Err(DecodeError::TrailingBytes(self.buf.len() - self.pos))
         }
     }
 }
@@ -253,9 +267,7 @@ fn read_partitions(r: &mut Reader) -> Result<Vec<PartitionState>, DecodeError> {
         let mut bad = BTreeMap::new();
         for _ in 0..nb {
             let i = r.u8()? as usize;
-            let reason = *BadReason::ALL
-                .get(i)
-                .ok_or_else(|| DecodeError(format!("unknown bad-record reason {i}")))?;
+            let reason = *BadReason::ALL.get(i).ok_or(DecodeError::UnknownBadReason(i))?;
             bad.insert(reason, r.u64()?);
         }
         c.bad = bad;
@@ -299,4 +311,24 @@ fn read_partitions(r: &mut Reader) -> Result<Vec<PartitionState>, DecodeError> {
         out.push(p);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn corrupt_values_fail_with_what_is_wrong() {
+        let mut r = Reader::new(&[1, 2, 3]);
+        assert_eq!(r.u32(), Err(DecodeError::Truncated { at: 0, need: 4 }));
+        assert_eq!(r.u8(), Ok(1));
+        assert_eq!(r.done(), Err(DecodeError::TrailingBytes(2)));
+        let mut w = Writer::default();
+        w.u64(1_000);
+        assert_eq!(Reader::new(&w.buf).len(1), Err(DecodeError::LengthExceedsValue(1_000)));
+        let mut w = Writer::default();
+        w.u32(2);
+        w.buf.extend_from_slice(&[0xff, 0xfe]);
+        assert_eq!(Reader::new(&w.buf).str(), Err(DecodeError::NotUtf8));
+    }
 }

@@ -1,0 +1,140 @@
+//! A checkpoint in the format main wrote before the serde codec (format 5, hand-laid metas and
+//! partition state), stored as an export under `tests/fixtures/`: it must keep restoring to the
+//! digests recorded beside it, and evolve like a replica that never stopped.
+//!
+//! The fixture is generated once, by the code that wrote that format:
+//! `PREFIXLOG_WRITE_FIXTURES=1 cargo test -p prefixlog-snapshot --test old_format`. Never
+//! regenerate it with a newer codec: its point is to be the old bytes.
+
+use prefixlog_engine::{partition_of, HolderKey, KeyspaceId};
+use prefixlog_snapshot::{decode_export, encode_export, restore, Capture};
+use prefixlog_state::record::{encode_kv_events, encode_placement};
+use prefixlog_state::{Applier, KvOp, LogIdentity, StateSettings, Tier};
+use prefixlog_workload::{generate, FleetConfig, Step, TraceRequest};
+use std::path::PathBuf;
+
+const P: u32 = 4;
+const CREATED_UNIX_MS: u64 = 1_765_000_000_000;
+const FIXTURE: &str = "format5.export";
+const DIGESTS: &str = "format5.digests";
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+fn ks() -> KeyspaceId {
+    KeyspaceId::new("m", 16, 1)
+}
+fn settings() -> StateSettings {
+    StateSettings {
+        holder_capacity: 60,
+        placement_ttl_ms: 2_000,
+        max_blocks_per_record: 4096,
+        expiry_interval_ms: 100,
+        digest_interval: 7,
+        ..Default::default()
+    }
+}
+fn identity() -> LogIdentity {
+    LogIdentity {
+        cluster_id: "c1".into(),
+        topic: "t".into(),
+        partitions: P,
+        owned: vec![0, 1, 2, 3],
+        settings: settings(),
+    }
+}
+
+/// (partition, timestamp, value) in log order: stores, removals and placements of a fleet.
+fn log() -> Vec<(u32, u64, Vec<u8>)> {
+    let trace: Vec<TraceRequest> = (0..300u64)
+        .map(|i| TraceRequest { timestamp_ms: i, hash_ids: vec![0, 1 + i % 13, 30 + i % 29, 90 + i] })
+        .collect();
+    let steps =
+        generate(&trace, &FleetConfig { workers: 6, capacity_blocks: 40, stretch: 2, copies: 1, seed: 5 });
+    let mut seq = [0u64; 6];
+    let mut out = Vec::new();
+    for (i, s) in steps.iter().enumerate() {
+        let t = 1_000 + i as u64 * 11;
+        let (w, v) = match s {
+            Step::Stored { worker, parent_ext, blocks } => {
+                seq[*worker as usize] += 1;
+                let e = KvOp::Stored {
+                    tier: Tier::Gpu,
+                    lane: 0,
+                    parent_ext: *parent_ext,
+                    blocks: blocks.clone(),
+                };
+                (
+                    *worker as u64,
+                    encode_kv_events(&ks(), *worker as u64, 0, 1, seq[*worker as usize], false, &[e]),
+                )
+            }
+            Step::Removed { worker, exts } => {
+                seq[*worker as usize] += 1;
+                let e = KvOp::Removed { tier: Tier::Gpu, lane: 0, exts: exts.clone() };
+                (
+                    *worker as u64,
+                    encode_kv_events(&ks(), *worker as u64, 0, 1, seq[*worker as usize], false, &[e]),
+                )
+            }
+            Step::Match { locals } => {
+                let w = 50 + i as u64 % 3;
+                (w, encode_placement(&ks(), HolderKey::new(w, 0, 0), locals, &[], "g"))
+            }
+        };
+        out.push((partition_of(w, P), t, v));
+    }
+    out
+}
+
+fn apply_all(a: &mut Applier, log: &[(u32, u64, Vec<u8>)]) {
+    for (p, t, v) in log {
+        let off = a.partition(*p).next_offset;
+        a.apply(*p, off, *t, Some(v)).unwrap();
+    }
+}
+
+fn digests(a: &Applier) -> Vec<u64> {
+    (0..P).map(|p| a.partition_digest(p)).collect()
+}
+
+fn write_fixture(head: &[(u32, u64, Vec<u8>)]) {
+    let mut live = Applier::new(P, settings());
+    apply_all(&mut live, head);
+    let bytes = encode_export(&identity(), &Capture::of(&live), CREATED_UNIX_MS);
+    std::fs::create_dir_all(fixtures()).unwrap();
+    std::fs::write(fixtures().join(FIXTURE), bytes).unwrap();
+    let lines: Vec<String> = digests(&live).iter().map(u64::to_string).collect();
+    std::fs::write(fixtures().join(DIGESTS), lines.join("\n") + "\n").unwrap();
+}
+
+fn recorded_digests() -> Vec<u64> {
+    let text = std::fs::read_to_string(fixtures().join(DIGESTS)).unwrap();
+    text.lines().map(|l| l.parse().unwrap()).collect()
+}
+
+#[test]
+fn a_format_5_checkpoint_from_main_restores_to_its_digests() {
+    let log = log();
+    let (head, tail) = log.split_at(log.len() / 2);
+    if std::env::var_os("PREFIXLOG_WRITE_FIXTURES").is_some() {
+        write_fixture(head);
+    }
+    let bytes = std::fs::read(fixtures().join(FIXTURE)).unwrap();
+    let loaded = decode_export(&bytes).unwrap();
+    assert_eq!(loaded.meta.format, 5);
+    assert_eq!(loaded.meta.created_unix_ms, CREATED_UNIX_MS);
+    assert!(loaded.meta.holder_blocks() > 0, "the fixture holds blocks");
+    let mut restored = restore(&loaded).unwrap();
+    assert_eq!(restored.settings(), &settings());
+    assert_eq!(digests(&restored), recorded_digests(), "the digests recorded when it was written");
+    // The same state as a replica that applied the head itself, now and after the tail.
+    let mut live = Applier::new(P, settings());
+    apply_all(&mut live, head);
+    assert_eq!(digests(&restored), digests(&live));
+    assert_eq!(restored.all_digest_points(), live.all_digest_points(), "digest points kept");
+    assert!(live.all_digest_points().iter().map(Vec::len).sum::<usize>() > 10, "points to keep");
+    apply_all(&mut live, tail);
+    apply_all(&mut restored, tail);
+    assert_eq!(digests(&restored), digests(&live), "and evolves like the live state");
+}
