@@ -1,0 +1,315 @@
+"""Side by side with the real Dynamo indexer (issue 51): the same vLLM event streams and the same
+HTTP `/query` bodies to `python -m dynamo.indexer` (ai-dynamo-runtime, pins.txt) and to
+prefixlog's Dynamo HTTP facade (`prefixlog serve --http-indexer-addr`, embedded broker).
+
+N simulated vLLM engines (default 256) each publish their share of the Mooncake conversation
+trace (request i goes to engine i mod N) through vLLM's own `ZmqEventPublisher`; every engine is
+registered with both sides by `/register`, so each subscribes itself. A block of the trace
+(`hash_ids`) is `--block-size` tokens derived from its id; an engine stores the blocks of a
+request it does not hold yet, as vLLM's `BlockPool` does (no eviction). Reported per side:
+events absorbed per second until caught up, then the same `/query` bodies closed loop
+(`--clients` threads, one persistent connection each): queries/s, p50/p99, RSS and CPU per query
+from /proc, and answer agreement on every query (a difference is printed with its request).
+
+    PREFIXLOG_BIN=... "$(bash tests/upstream/venv.sh)" tests/upstream/bench_dynamo.py --engines 256
+
+The last line is `vs dynamo.indexer: queries/s X.XXx, p99 X.XXx, RSS X.XXx, events/s X.XXx,
+answers differ N of M` (prefixlog over dynamo.indexer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import random
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent.parent / "python"))
+
+from conftest import Replica, free_port, metric, wait_for  # noqa: E402
+from test_dynamo_http import Side, Upstream, vllm_events  # noqa: E402
+
+TRACE = HERE.parent.parent / "data" / "mooncake" / "conversation_trace.jsonl"
+MODEL = "bench"
+HASH_BASE = 10_000_000  # an engine hash: the block's trace id + this (one vLLM build, one name)
+MARK_ID = 9_999_999  # the trace id of the block every engine stores last (caught-up witness)
+
+
+def load_trace(limit: int | None = None) -> list[list[int]]:
+    with open(TRACE) as f:
+        reqs = [json.loads(line)["hash_ids"] for line in f if line.strip()]
+    return reqs[:limit] if limit else reqs
+
+
+def block_tokens(block_id: int, bs: int) -> list[int]:
+    return [block_id * bs + j + 1 for j in range(bs)]
+
+
+def prompt(hash_ids: list[int], bs: int) -> list[int]:
+    return [t for h in hash_ids for t in block_tokens(h, bs)]
+
+
+class TraceEngine:
+    """One vLLM engine rank: vLLM's publisher, the blocks it holds, and its share of the trace."""
+
+    def __init__(self, ke, worker: int, bs: int):
+        self.ke, self.worker, self.bs = ke, worker, bs
+        base = free_port()
+        self.pub = ke.ZmqEventPublisher(data_parallel_rank=0, endpoint=f"tcp://*:{base}")
+        self.endpoint = f"tcp://127.0.0.1:{base}"
+        self.held: set[int] = set()
+
+    def registration(self) -> dict:
+        return {"instance_id": self.worker, "endpoint": self.endpoint, "model_name": MODEL,
+                "block_size": self.bs, "dp_rank": 0}
+
+    def send(self, *events):
+        self.pub.publish(self.ke.KVEventBatch(ts=time.time(), events=list(events)))
+
+    def stored(self, ids: list[int], parent: int | None):
+        return self.ke.BlockStored(
+            block_hashes=[HASH_BASE + h for h in ids],
+            parent_block_hash=None if parent is None else HASH_BASE + parent,
+            token_ids=prompt(ids, self.bs), block_size=self.bs, lora_id=None, medium="GPU",
+            lora_name=None)
+
+    def admit(self, hash_ids: list[int]) -> int:
+        """Stores the blocks of a request past its held prefix; returns the blocks stored."""
+        n = 0
+        while n < len(hash_ids) and hash_ids[n] in self.held:
+            n += 1
+        new = hash_ids[n:]
+        if new:
+            self.send(self.stored(new, hash_ids[n - 1] if n else None))
+            self.held.update(new)
+        return len(new)
+
+    def flush(self):
+        self.pub._event_queue.join()
+
+    def stop(self):
+        self.pub.shutdown()
+
+
+def scores(answer) -> dict:
+    return (answer[2].get("scores") if isinstance(answer[2], dict) else None) or {}
+
+
+def attach_all(real: Side, ours: Side, replica: Replica, engines: list[TraceEngine]):
+    """ZeroMQ drops what is published before a subscriber connects: each engine publishes a
+    probe until both sides have received it, then clears it (both start from an empty rank)."""
+    pending = list(engines)
+    deadline = time.monotonic() + 120 + len(engines) / 4
+    while pending:
+        assert time.monotonic() < deadline, f"{len(pending)} engines never reached both sides"
+        for e in pending:
+            e.send(e.stored([MARK_ID - 1 - e.worker], None))
+        time.sleep(0.3)
+        text = replica.metrics()
+        still = []
+        for e in pending:
+            probe = {"token_ids": block_tokens(MARK_ID - 1 - e.worker, e.bs), "model_name": MODEL}
+            seen = str(e.worker) in scores(real.call("POST", "/query", probe))
+            got = metric(text, "prefixlog_bridge_messages_received_total", endpoint=e.endpoint)
+            if not (seen and got > 0):
+                still.append(e)
+        pending = still
+    for e in engines:
+        e.send(e.ke.AllBlocksCleared())
+
+
+def caught_up_watch(side: Side, n: int, bs: int, start: float, out: dict, key: str):
+    """Polls the witness block every engine stores last; records when all n hold it."""
+    body = {"token_ids": block_tokens(MARK_ID, bs), "model_name": MODEL}
+    while time.monotonic() - start < 300:
+        if len(scores(side.call("POST", "/query", body))) >= n:
+            out[key] = time.monotonic() - start
+            return
+        time.sleep(0.02)
+
+
+def publish_trace(real, ours, engines, reqs) -> tuple[int, dict]:
+    """Publishes every engine's share, then the witness; returns (blocks, side -> seconds)."""
+    n, bs = len(engines), engines[0].bs
+    start, out = time.monotonic(), {}
+    watchers = [threading.Thread(target=caught_up_watch, args=(s, n, bs, start, out, s.name))
+                for s in (real, ours)]
+    blocks = 0
+    for i, r in enumerate(reqs):
+        blocks += engines[i % n].admit(r)
+    for e in engines:
+        e.send(e.stored([MARK_ID], None))
+    for w in watchers:
+        w.start()
+    for w in watchers:
+        w.join()
+    return blocks, out
+
+
+class Proc:
+    """RSS and CPU of a process from /proc."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+
+    def rss_mb(self) -> float:
+        for line in open(f"/proc/{self.pid}/status"):
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return 0.0
+
+    def cpu_s(self) -> float:
+        fields = open(f"/proc/{self.pid}/stat").read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def drive(port: int, bodies: list[bytes], clients: int, proc: Proc) -> dict:
+    """Closed loop: `clients` threads, each its own connection, take the next body until done."""
+    answers: list = [None] * len(bodies)
+    lat: list[float] = [0.0] * len(bodies)
+    nxt = iter(range(len(bodies)))
+    lock = threading.Lock()
+
+    def worker():
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        while True:
+            with lock:
+                i = next(nxt, None)
+            if i is None:
+                return
+            t = time.perf_counter()
+            conn.request("POST", "/query", bodies[i], {"Content-Type": "application/json"})
+            r = conn.getresponse()
+            data = r.read()
+            lat[i] = time.perf_counter() - t
+            answers[i] = (r.status, json.loads(data) if data else None)
+
+    cpu0, me0, t0 = proc.cpu_s(), time.process_time(), time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        for f in [pool.submit(worker) for _ in range(clients)]:
+            f.result()
+    wall = time.perf_counter() - t0
+    s = sorted(lat)
+    return {"answers": answers, "qps": len(bodies) / wall, "p50": s[len(s) // 2] * 1e3,
+            "p99": s[min(len(s) - 1, int(len(s) * 0.99))] * 1e3, "rss": proc.rss_mb(),
+            "cpu_us": (proc.cpu_s() - cpu0) / len(bodies) * 1e6,
+            "client_cores": (time.process_time() - me0) / wall}
+
+
+def query_bodies(reqs: list[list[int]], m: int, bs: int, seed: int) -> list[bytes]:
+    """`m` prompts: trace requests chosen at random, half of them with a new suffix block."""
+    rnd = random.Random(seed)
+    out = []
+    for k in range(m):
+        ids = list(rnd.choice(reqs))
+        if k % 2:
+            ids = ids[: rnd.randint(1, len(ids))] + [MARK_ID + 1 + k]
+        out.append(json.dumps({"token_ids": prompt(ids, bs), "model_name": MODEL}).encode())
+    return out
+
+
+def ask(side: Side, body: bytes):
+    status, _, answer = side.call("POST", "/query", raw=body)
+    return status, answer if answer != "" else None
+
+
+def settle(real: Side, ours: Side, bodies: list[bytes], timeout: float = 60.0) -> float:
+    """Waits (bounded) until a sample of the queries is answered the same by both: the witness
+    says every engine's last event arrived, not that every partition applied all before it.
+    Returns the seconds waited."""
+    t0 = time.monotonic()
+    sample = bodies[:: max(1, len(bodies) // 40)]
+    while any(ask(real, b) != ask(ours, b) for b in sample) and time.monotonic() - t0 < timeout:
+        time.sleep(0.2)
+    return time.monotonic() - t0
+
+
+def differences(real: Side, ours: Side, bodies, real_answers, ours_answers, show: int = 5) -> int:
+    """Counts the queries answered differently; each shown is asked again after the run, to
+    tell a lasting difference from one that was still being applied."""
+    n = 0
+    for body, a, b in zip(bodies, real_answers, ours_answers):
+        if a != b:
+            n += 1
+            if n <= show:
+                again = "still differs" if ask(real, body) != ask(ours, body) else "equal when asked again"
+                print(f"DIFFERENT answer ({again}) to {body[:200]!r}...\n  dynamo.indexer: {a}\n  prefixlog:      {b}")
+    return n
+
+
+def run(engines: int, queries: int, clients: int, bs: int, limit: int | None, seed: int = 7) -> dict:
+    """One side-by-side run; returns the measurements (also printed)."""
+    ke = vllm_events()
+    reqs = load_trace(limit)
+    up = Upstream()
+    port = free_port()
+    replica = Replica(partitions=2, extra=["--http-indexer-addr", f"127.0.0.1:{port}"])
+    real, ours = up.side, Side("prefixlog", port)
+    started = []
+    try:
+        wait_for("the facade", lambda: ours.call("GET", "/health")[0] == 200, 60)
+        started = [TraceEngine(ke, w + 1, bs) for w in range(engines)]
+        for e in started:
+            for side in (real, ours):
+                r = side.call("POST", "/register", e.registration())
+                assert r[0] == 201, (side.name, r)
+        attach_all(real, ours, replica, started)
+        time.sleep(1.0)  # the clears applied on both sides
+        blocks, took = publish_trace(real, ours, started, reqs)
+        assert len(took) == 2, f"not caught up within 300 s: {took}"
+        print(f"trace: {len(reqs)} requests, {blocks} blocks stored on {engines} engines; caught up "
+              f"after dynamo.indexer {took.get('dynamo', float('nan')):.2f} s, "
+              f"prefixlog {took.get('prefixlog', float('nan')):.2f} s")
+        bodies = query_bodies(reqs, queries, bs, seed)
+        print(f"both answered a sample of the queries the same after {settle(real, ours, bodies):.1f} s more")
+        res = {}
+        for side, pid in ((real, up.proc.pid), (ours, replica.proc.pid)):
+            p = int(side.base.rsplit(":", 1)[1])
+            drive(p, bodies[: min(50, len(bodies))], clients, Proc(pid))  # warm-up
+            res[side.name] = drive(p, bodies, clients, Proc(pid))
+            res[side.name]["eps"] = blocks / took[side.name] if side.name in took else 0.0
+        for name, r in res.items():
+            print(f"{name:>15}: events/s {r['eps']:,.0f}  queries/s {r['qps']:,.0f}  p50 {r['p50']:.2f} ms  "
+                  f"p99 {r['p99']:.2f} ms  RSS {r['rss']:.0f} MB  CPU/query {r['cpu_us']:.0f} us  "
+                  f"(client used {r['client_cores']:.2f} cores)")
+        d, o = res["dynamo"], res["prefixlog"]
+        if max(d["client_cores"], o["client_cores"]) > 0.8:
+            print("note: the Python client used most of a core: it may limit queries/s on both sides")
+        diff = differences(real, ours, bodies, d["answers"], o["answers"])
+        res["differ"], res["queries"] = diff, len(bodies)
+        nonempty = sum(1 for a in d["answers"] if a and a[0] == 200 and a[1].get("scores"))
+        print(f"answers: {len(bodies) - diff} of {len(bodies)} equal; {nonempty} name at least one worker")
+        ratio = lambda a, b: a / b if b else float("nan")  # noqa: E731
+        print(f"vs dynamo.indexer: queries/s {ratio(o['qps'], d['qps']):.2f}x, p99 {ratio(o['p99'], d['p99']):.2f}x, "
+              f"RSS {ratio(o['rss'], d['rss']):.2f}x, events/s {ratio(o['eps'], d['eps']):.2f}x, "
+              f"answers differ {diff} of {len(bodies)}")
+        return res
+    finally:
+        for e in started:
+            e.stop()
+        replica.stop()
+        up.stop()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--engines", type=int, default=256)
+    ap.add_argument("--queries", type=int, default=1500)
+    ap.add_argument("--clients", type=int, default=8, help="closed-loop client threads")
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--requests", type=int, default=None, help="the first N trace requests (default all)")
+    a = ap.parse_args()
+    res = run(a.engines, a.queries, a.clients, a.block_size, a.requests)
+    sys.exit(1 if res["differ"] else 0)
+
+
+if __name__ == "__main__":
+    main()
