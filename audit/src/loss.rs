@@ -10,8 +10,8 @@
 //! between the answer and the judgement.
 
 use crate::reconstruct::{advance_observed, reconstruct, AuditError, Point};
-use prefixlog_snapshot::CheckpointStore;
 use prefixlog_engine::{HolderMatch, KeyspaceId, MatchOptions, Tier};
+use prefixlog_snapshot::CheckpointStore;
 use prefixlog_state::record::{decode, is_placement, Op};
 use prefixlog_state::{Applier, LogSource};
 use serde::Serialize;
