@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\rrecords.proto\x12\x0cprefixlog.v1\"B\n\x08Keyspace\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nblock_size\x18\x02 \x01(\r\x12\x13\n\x0bhash_scheme\x18\x03 \x01(\r\"\xd8\x01\n\x06Record\x12\x0f\n\x07version\x18\x01 \x01(\r\x12/\n\tkv_events\x18\n \x01(\x0b\x32\x1a.prefixlog.v1.KvEventBatchH\x00\x12,\n\tplacement\x18\x0b \x01(\x0b\x32\x17.prefixlog.v1.PlacementH\x00\x12\x32\n\tlifecycle\x18\x0c \x01(\x0b\x32\x1d.prefixlog.v1.WorkerLifecycleH\x00\x12\"\n\x04tick\x18\r \x01(\x0b\x32\x12.prefixlog.v1.TickH\x00\x42\x06\n\x04kind\"\xd7\x01\n\x0cKvEventBatch\x12\x0e\n\x06worker\x18\x01 \x01(\x04\x12\x0f\n\x07\x64p_rank\x18\x02 \x01(\r\x12(\n\x08keyspace\x18\x03 \x01(\x0b\x32\x16.prefixlog.v1.Keyspace\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12\x0b\n\x03seq\x18\x05 \x01(\x04\x12%\n\x06\x65vents\x18\x06 \x03(\x0b\x32\x15.prefixlog.v1.KvEvent\x12\x12\n\ngap_before\x18\x07 \x01(\x08\x12%\n\x05lanes\x18\x08 \x03(\x0b\x32\x16.prefixlog.v1.LaneInfo\"R\n\x08LaneInfo\x12\x0c\n\x04lane\x18\x01 \x01(\r\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x16\n\x0esliding_window\x18\x03 \x01(\r\x12\x12\n\nblock_size\x18\x04 \x01(\r\"\xda\x01\n\x07KvEvent\x12\x0c\n\x04lane\x18\x01 \x01(\r\x12,\n\x06stored\x18\x02 \x01(\x0b\x32\x1a.prefixlog.v1.BlocksStoredH\x00\x12.\n\x07removed\x18\x03 \x01(\x0b\x32\x1b.prefixlog.v1.BlocksRemovedH\x00\x12\x31\n\x07\x63leared\x18\x04 \x01(\x0b\x32\x1e.prefixlog.v1.AllBlocksClearedH\x00\x12\'\n\x04tier\x18\x05 \x01(\x0e\x32\x19.prefixlog.v1.StorageTierB\x07\n\x05\x65vent\"R\n\x0c\x42locksStored\x12\x17\n\nparent_ext\x18\x01 \x01(\x06H\x00\x88\x01\x01\x12\x0b\n\x03\x65xt\x18\x02 \x03(\x06\x12\r\n\x05local\x18\x03 \x03(\x06\x42\r\n\x0b_parent_ext\"\x1c\n\rBlocksRemoved\x12\x0b\n\x03\x65xt\x18\x01 \x03(\x06\"\x12\n\x10\x41llBlocksCleared\"\xb8\x01\n\tPlacement\x12\x0e\n\x06worker\x18\x01 \x01(\x04\x12\x0f\n\x07\x64p_rank\x18\x02 \x01(\r\x12\x0c\n\x04lane\x18\x03 \x01(\r\x12(\n\x08keyspace\x18\x04 \x01(\x0b\x32\x16.prefixlog.v1.Keyspace\x12\r\n\x05local\x18\x05 \x03(\x06\x12\x32\n\x0b\x61nswered_at\x18\x06 \x03(\x0b\x32\x1d.prefixlog.v1.PartitionOffset\x12\x0f\n\x07gateway\x18\x07 \x01(\t\"4\n\x0fPartitionOffset\x12\x11\n\tpartition\x18\x01 \x01(\r\x12\x0e\n\x06offset\x18\x02 \x01(\x03\"\xbb\x01\n\x0fWorkerLifecycle\x12\x0e\n\x06worker\x18\x01 \x01(\x04\x12*\n\x05\x61\x64\x64\x65\x64\x18\x02 \x01(\x0b\x32\x19.prefixlog.v1.WorkerAddedH\x00\x12.\n\x07removed\x18\x03 \x01(\x0b\x32\x1b.prefixlog.v1.WorkerRemovedH\x00\x12\x32\n\trestarted\x18\x04 \x01(\x0b\x32\x1d.prefixlog.v1.WorkerRestartedH\x00\x42\x08\n\x06\x63hange\"y\n\x0bWorkerAdded\x12\x39\n\x08metadata\x18\x01 \x03(\x0b\x32\'.prefixlog.v1.WorkerAdded.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x0f\n\rWorkerRemoved\"$\n\x0fWorkerRestarted\x12\x11\n\tnew_epoch\x18\x01 \x01(\x04\"\x16\n\x04Tick\x12\x0e\n\x06worker\x18\x01 \x01(\x04*l\n\x0bStorageTier\x12\x14\n\x10STORAGE_TIER_GPU\x10\x00\x12\x15\n\x11STORAGE_TIER_HOST\x10\x01\x12\x15\n\x11STORAGE_TIER_DISK\x10\x02\x12\x19\n\x15STORAGE_TIER_EXTERNAL\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\rrecords.proto\x12\x0cprefixlog.v1\"B\n\x08Keyspace\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nblock_size\x18\x02 \x01(\r\x12\x13\n\x0bhash_scheme\x18\x03 \x01(\r\"\xd8\x01\n\x06Record\x12\x0f\n\x07version\x18\x01 \x01(\r\x12/\n\tkv_events\x18\n \x01(\x0b\x32\x1a.prefixlog.v1.KvEventBatchH\x00\x12,\n\tplacement\x18\x0b \x01(\x0b\x32\x17.prefixlog.v1.PlacementH\x00\x12\x32\n\tlifecycle\x18\x0c \x01(\x0b\x32\x1d.prefixlog.v1.WorkerLifecycleH\x00\x12\"\n\x04tick\x18\r \x01(\x0b\x32\x12.prefixlog.v1.TickH\x00\x42\x06\n\x04kind\"\xd7\x01\n\x0cKvEventBatch\x12\x0e\n\x06worker\x18\x01 \x01(\x04\x12\x0f\n\x07\x64p_rank\x18\x02 \x01(\r\x12(\n\x08keyspace\x18\x03 \x01(\x0b\x32\x16.prefixlog.v1.Keyspace\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12\x0b\n\x03seq\x18\x05 \x01(\x04\x12%\n\x06\x65vents\x18\x06 \x03(\x0b\x32\x15.prefixlog.v1.KvEvent\x12\x12\n\ngap_before\x18\x07 \x01(\x08\x12%\n\x05lanes\x18\x08 \x03(\x0b\x32\x16.prefixlog.v1.LaneInfo\"R\n\x08LaneInfo\x12\x0c\n\x04lane\x18\x01 \x01(\r\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x16\n\x0esliding_window\x18\x03 \x01(\r\x12\x12\n\nblock_size\x18\x04 \x01(\r\"\xda\x01\n\x07KvEvent\x12\x0c\n\x04lane\x18\x01 \x01(\r\x12,\n\x06stored\x18\x02 \x01(\x0b\x32\x1a.prefixlog.v1.BlocksStoredH\x00\x12.\n\x07removed\x18\x03 \x01(\x0b\x32\x1b.prefixlog.v1.BlocksRemovedH\x00\x12\x31\n\x07\x63leared\x18\x04 \x01(\x0b\x32\x1e.prefixlog.v1.AllBlocksClearedH\x00\x12\'\n\x04tier\x18\x05 \x01(\x0e\x32\x19.prefixlog.v1.StorageTierB\x07\n\x05\x65vent\"R\n\x0c\x42locksStored\x12\x17\n\nparent_ext\x18\x01 \x01(\x06H\x00\x88\x01\x01\x12\x0b\n\x03\x65xt\x18\x02 \x03(\x06\x12\r\n\x05local\x18\x03 \x03(\x06\x42\r\n\x0b_parent_ext\"\x1c\n\rBlocksRemoved\x12\x0b\n\x03\x65xt\x18\x01 \x03(\x06\"\x12\n\x10\x41llBlocksCleared\"\xc8\x01\n\tPlacement\x12\x0e\n\x06worker\x18\x01 \x01(\x04\x12\x0f\n\x07\x64p_rank\x18\x02 \x01(\r\x12\x0c\n\x04lane\x18\x03 \x01(\r\x12(\n\x08keyspace\x18\x04 \x01(\x0b\x32\x16.prefixlog.v1.Keyspace\x12\r\n\x05local\x18\x05 \x03(\x06\x12\x32\n\x0b\x61nswered_at\x18\x06 \x03(\x0b\x32\x1d.prefixlog.v1.PartitionOffset\x12\x0f\n\x07gateway\x18\x07 \x01(\t\x12\x0e\n\x06policy\x18\x08 \x01(\t\"4\n\x0fPartitionOffset\x12\x11\n\tpartition\x18\x01 \x01(\r\x12\x0e\n\x06offset\x18\x02 \x01(\x03\"\xbb\x01\n\x0fWorkerLifecycle\x12\x0e\n\x06worker\x18\x01 \x01(\x04\x12*\n\x05\x61\x64\x64\x65\x64\x18\x02 \x01(\x0b\x32\x19.prefixlog.v1.WorkerAddedH\x00\x12.\n\x07removed\x18\x03 \x01(\x0b\x32\x1b.prefixlog.v1.WorkerRemovedH\x00\x12\x32\n\trestarted\x18\x04 \x01(\x0b\x32\x1d.prefixlog.v1.WorkerRestartedH\x00\x42\x08\n\x06\x63hange\"y\n\x0bWorkerAdded\x12\x39\n\x08metadata\x18\x01 \x03(\x0b\x32\'.prefixlog.v1.WorkerAdded.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x0f\n\rWorkerRemoved\"$\n\x0fWorkerRestarted\x12\x11\n\tnew_epoch\x18\x01 \x01(\x04\"\x16\n\x04Tick\x12\x0e\n\x06worker\x18\x01 \x01(\x04*l\n\x0bStorageTier\x12\x14\n\x10STORAGE_TIER_GPU\x10\x00\x12\x15\n\x11STORAGE_TIER_HOST\x10\x01\x12\x15\n\x11STORAGE_TIER_DISK\x10\x02\x12\x19\n\x15STORAGE_TIER_EXTERNAL\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,8 +33,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_WORKERADDED_METADATAENTRY']._loaded_options = None
   _globals['_WORKERADDED_METADATAENTRY']._serialized_options = b'8\001'
-  _globals['_STORAGETIER']._serialized_start=1608
-  _globals['_STORAGETIER']._serialized_end=1716
+  _globals['_STORAGETIER']._serialized_start=1624
+  _globals['_STORAGETIER']._serialized_end=1732
   _globals['_KEYSPACE']._serialized_start=31
   _globals['_KEYSPACE']._serialized_end=97
   _globals['_RECORD']._serialized_start=100
@@ -52,19 +52,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ALLBLOCKSCLEARED']._serialized_start=955
   _globals['_ALLBLOCKSCLEARED']._serialized_end=973
   _globals['_PLACEMENT']._serialized_start=976
-  _globals['_PLACEMENT']._serialized_end=1160
-  _globals['_PARTITIONOFFSET']._serialized_start=1162
-  _globals['_PARTITIONOFFSET']._serialized_end=1214
-  _globals['_WORKERLIFECYCLE']._serialized_start=1217
-  _globals['_WORKERLIFECYCLE']._serialized_end=1404
-  _globals['_WORKERADDED']._serialized_start=1406
-  _globals['_WORKERADDED']._serialized_end=1527
-  _globals['_WORKERADDED_METADATAENTRY']._serialized_start=1480
-  _globals['_WORKERADDED_METADATAENTRY']._serialized_end=1527
-  _globals['_WORKERREMOVED']._serialized_start=1529
-  _globals['_WORKERREMOVED']._serialized_end=1544
-  _globals['_WORKERRESTARTED']._serialized_start=1546
-  _globals['_WORKERRESTARTED']._serialized_end=1582
-  _globals['_TICK']._serialized_start=1584
-  _globals['_TICK']._serialized_end=1606
+  _globals['_PLACEMENT']._serialized_end=1176
+  _globals['_PARTITIONOFFSET']._serialized_start=1178
+  _globals['_PARTITIONOFFSET']._serialized_end=1230
+  _globals['_WORKERLIFECYCLE']._serialized_start=1233
+  _globals['_WORKERLIFECYCLE']._serialized_end=1420
+  _globals['_WORKERADDED']._serialized_start=1422
+  _globals['_WORKERADDED']._serialized_end=1543
+  _globals['_WORKERADDED_METADATAENTRY']._serialized_start=1496
+  _globals['_WORKERADDED_METADATAENTRY']._serialized_end=1543
+  _globals['_WORKERREMOVED']._serialized_start=1545
+  _globals['_WORKERREMOVED']._serialized_end=1560
+  _globals['_WORKERRESTARTED']._serialized_start=1562
+  _globals['_WORKERRESTARTED']._serialized_end=1598
+  _globals['_TICK']._serialized_start=1600
+  _globals['_TICK']._serialized_end=1622
 # @@protoc_insertion_point(module_scope)

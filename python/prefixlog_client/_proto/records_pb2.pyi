@@ -109,7 +109,7 @@ class AllBlocksCleared(_message.Message):
     def __init__(self) -> None: ...
 
 class Placement(_message.Message):
-    __slots__ = ("worker", "dp_rank", "lane", "keyspace", "local", "answered_at", "gateway")
+    __slots__ = ("worker", "dp_rank", "lane", "keyspace", "local", "answered_at", "gateway", "policy")
     WORKER_FIELD_NUMBER: _ClassVar[int]
     DP_RANK_FIELD_NUMBER: _ClassVar[int]
     LANE_FIELD_NUMBER: _ClassVar[int]
@@ -117,6 +117,7 @@ class Placement(_message.Message):
     LOCAL_FIELD_NUMBER: _ClassVar[int]
     ANSWERED_AT_FIELD_NUMBER: _ClassVar[int]
     GATEWAY_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
     worker: int
     dp_rank: int
     lane: int
@@ -124,7 +125,8 @@ class Placement(_message.Message):
     local: _containers.RepeatedScalarFieldContainer[int]
     answered_at: _containers.RepeatedCompositeFieldContainer[PartitionOffset]
     gateway: str
-    def __init__(self, worker: _Optional[int] = ..., dp_rank: _Optional[int] = ..., lane: _Optional[int] = ..., keyspace: _Optional[_Union[Keyspace, _Mapping]] = ..., local: _Optional[_Iterable[int]] = ..., answered_at: _Optional[_Iterable[_Union[PartitionOffset, _Mapping]]] = ..., gateway: _Optional[str] = ...) -> None: ...
+    policy: str
+    def __init__(self, worker: _Optional[int] = ..., dp_rank: _Optional[int] = ..., lane: _Optional[int] = ..., keyspace: _Optional[_Union[Keyspace, _Mapping]] = ..., local: _Optional[_Iterable[int]] = ..., answered_at: _Optional[_Iterable[_Union[PartitionOffset, _Mapping]]] = ..., gateway: _Optional[str] = ..., policy: _Optional[str] = ...) -> None: ...
 
 class PartitionOffset(_message.Message):
     __slots__ = ("partition", "offset")
