@@ -145,6 +145,8 @@ impl Cluster {
         for n in self.nodes {
             n.shutdown().await?;
         }
+        // The kept options hold the SMG facades' publishers: clients of the broker too.
+        drop(self.opts);
         // Probes and bounded replays close their clients on threads of their own.
         tokio::task::spawn_blocking(prefixlog_ingest::log_spec::wait_for_closing_clients).await?;
         drop(self.kafka);

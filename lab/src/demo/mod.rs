@@ -19,12 +19,16 @@
 //! `--gateway-protocol smg`: the replicas host SMG's `radix_index.RadixIndex` facade, and the
 //! fleet speaks it instead of `prefixlog.v1` ([`smg`]): workers publish their KV events and
 //! gateways ask and place through it, scored the same way.
+//!
+//! `--faults`: a fault schedule ([`faults`]) runs while the request stream ([`replay`]) goes on,
+//! and a table per window ends the run.
 
 mod audit_loss;
 mod cluster;
 mod faults;
 mod offload;
 pub mod policy;
+mod replay;
 mod report;
 pub mod routing_sim;
 mod smg;
@@ -502,7 +506,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     // In this task, not spawned: the embedded broker the cluster owns is not `Send`.
     let (driven, ()) = tokio::join!(
         faults::drive(cluster, schedule, s.clock.clone()),
-        replay(&trace, &senders, a.speedup, a.faults.is_some().then_some(&*s.clock), &bar)
+        replay::replay(&trace, &senders, a.speedup, a.faults.is_some().then_some(&*s.clock), &bar)
     );
     let (cluster, windows) = driven?;
     drop(senders);
@@ -553,9 +557,6 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         caught_up,
     };
     println!("\n{}", report::table(&outcomes, &summary));
-    if a.faults.is_some() {
-        println!("{}", faults::report(&outcomes, &windows));
-    }
     if !over_smg {
         let spec = cluster.spec.clone();
         let (o, partitions) = (outcomes.clone(), a.partitions);
@@ -564,43 +565,14 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     }
     std::fs::write(&a.plot, report::svg(&outcomes))?;
     println!("hit ratio over time written to {}", a.plot.display());
+    // The windows' table ends the run, its summary line last (for people and scripts).
+    if a.faults.is_some() {
+        println!("\n{}", faults::report(&outcomes, &windows));
+    }
     // Clients first (the gateways' and workers' publisher clones went with their tasks), then
     // the replicas, then the broker: nothing is left to retry against a stopped broker.
     drop(publisher);
     cluster.shutdown().await?;
     drop(data_root);
     Ok(())
-}
-
-/// Deals the trace's requests to the gateways in turn at trace time / `speedup`. With a fault
-/// clock, replays it in a loop (1 s of trace time between laps) until the schedule is over.
-async fn replay(
-    trace: &[TraceRequest],
-    senders: &[mpsc::UnboundedSender<(usize, TraceRequest)>],
-    speedup: f64,
-    faults: Option<&faults::Clock>,
-    bar: &ProgressBar,
-) {
-    let start = Instant::now();
-    let t0 = trace.first().map_or(0, |r| r.timestamp_ms);
-    let lap_ms = trace.last().map_or(0, |r| r.timestamp_ms.saturating_sub(t0)) + 1000;
-    let mut i = 0;
-    for lap in 0u64.. {
-        for req in trace {
-            if faults.is_some_and(faults::Clock::done) {
-                return;
-            }
-            let at_ms = lap * lap_ms + req.timestamp_ms.saturating_sub(t0);
-            let due = Duration::from_secs_f64(at_ms as f64 / 1000.0 / speedup);
-            tokio::time::sleep_until((start + due).into()).await;
-            let _ = senders[i % senders.len()].send((i, req.clone()));
-            i += 1;
-            if i as u64 > bar.length().unwrap_or(0) {
-                bar.set_length(i as u64);
-            }
-        }
-        if faults.is_none() {
-            return;
-        }
-    }
 }
