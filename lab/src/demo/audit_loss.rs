@@ -44,16 +44,39 @@ pub fn compare(spec: &LogSpec, partitions: u32, outcomes: &[Outcome]) -> anyhow:
     let replay_secs = t.elapsed().as_secs_f64();
     drop(plain);
     let report = judge_range(None, spec, &start, &end, &LossOptions::default())?;
-    let mut live: HashMap<(u64, u64), Vec<bool>> = HashMap::new();
+    let mut live: HashMap<(u64, u64), Vec<&Outcome>> = HashMap::new();
     for o in outcomes {
-        live.entry((u64::from(o.chosen), o.prompt_tail)).or_default().push(o.lossy());
+        live.entry((u64::from(o.chosen), o.prompt_tail)).or_default().push(o);
     }
     let (mut paired, mut disagree) = (0, 0);
+    let mut dump = String::new();
     for d in &report.decisions {
-        if let Some(lossy) = live.get_mut(&(d.worker, d.prompt_tail)).and_then(Vec::pop) {
+        if let Some(o) = live.get_mut(&(d.worker, d.prompt_tail)).and_then(Vec::pop) {
             paired += 1;
+            let lossy = o.lossy();
             disagree += usize::from(lossy != (d.lost_blocks > 0));
+            let own = d.answered_at.iter().find(|x| x.0 == d.partition).map_or(-1, |x| d.offset - x.1);
+            dump.push_str(&format!(
+                "{} {} live {} {} ans {} {} audit {} {} {:?} since {} own {} p{}@{} tok {}\n",
+                u8::from(lossy != (d.lost_blocks > 0)),
+                u8::from(lossy),
+                o.hit.gpu,
+                o.oracle.gpu,
+                o.answer_chosen,
+                o.answer_best,
+                d.chosen_blocks,
+                d.best_blocks,
+                o.answered,
+                d.records_since_answer,
+                own,
+                d.partition,
+                d.offset,
+                d.answered_at.len()
+            ));
         }
+    }
+    if let Ok(path) = std::env::var("PREFIXLOG_DEMO_LOSS_DUMP") {
+        std::fs::write(path, dump)?;
     }
     Ok(Comparison {
         decisions: report.decisions.len(),

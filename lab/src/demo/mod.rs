@@ -281,6 +281,8 @@ async fn gateway(
             host_weight: s.host_weight,
             chosen,
             prompt_tail: locals.last().copied().unwrap_or(0),
+            answer_chosen: depths.iter().find(|d| d.0 == chosen).map_or(0, |d| d.1),
+            answer_best: depths.iter().map(|d| d.1).max().unwrap_or(0),
         };
         s.results.lock()[i] = Some(o);
         bar.inc(1);

@@ -29,6 +29,9 @@ pub struct Outcome {
     /// pairs the request with its placement in the log (`audit loss`).
     pub chosen: u32,
     pub prompt_tail: u64,
+    /// The index answer as the gateway saw it: the chosen worker's depth and the deepest.
+    pub answer_chosen: u32,
+    pub answer_best: u32,
 }
 
 impl Outcome {
