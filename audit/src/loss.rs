@@ -215,7 +215,7 @@ impl Placed {
             chosen_blocks,
             best_blocks: tally.best_blocks,
             best_workers: tally.best_workers,
-            best_per_tier: tally.best_per_tier,
+            best_per_tier: tally.best_per_tier.named(),
             chosen_per_tier: per_tier(tally.chosen.iter()),
             lost_blocks,
             lost_tokens: u64::from(lost_blocks) * u64::from(self.keyspace.block_size),
@@ -233,13 +233,16 @@ pub struct Tally {
     pub best_blocks: u32,
     /// Ascending, deduplicated; empty while nobody holds any block.
     pub best_workers: Vec<u64>,
-    pub best_per_tier: BTreeMap<String, u32>,
+    pub best_per_tier: TierDepths,
     pub chosen: Vec<HolderMatch>,
 }
 
 impl Tally {
     /// Adds the matches of a group of holders, `holder` being the chosen one.
     pub fn add(&mut self, holder: HolderKey, matches: &[HolderMatch]) {
+        if matches.is_empty() {
+            return;
+        }
         let best = matches.iter().map(|m| m.depth).max().unwrap_or(0);
         if best > self.best_blocks {
             self.best_blocks = best;
@@ -250,10 +253,7 @@ impl Tally {
             self.best_workers.sort_unstable();
             self.best_workers.dedup();
         }
-        for (tier, depth) in per_tier(matches.iter()) {
-            let e = self.best_per_tier.entry(tier).or_insert(0);
-            *e = (*e).max(depth);
-        }
+        self.best_per_tier.add(matches.iter());
         self.chosen.extend(
             matches
                 .iter()
@@ -288,17 +288,37 @@ fn keyspace_name(k: &KeyspaceId) -> String {
 /// Per tier name, the deepest single-tier prefix among `matches` (a GPU-only answer carries no
 /// tier detail: its depth is the GPU's).
 fn per_tier<'a>(matches: impl Iterator<Item = &'a HolderMatch>) -> BTreeMap<String, u32> {
-    let mut out = BTreeMap::new();
-    for m in matches {
-        let tiers: Vec<(Tier, u32)> = if m.tiers().is_empty() {
-            vec![(Tier::Gpu, m.depth)]
-        } else {
-            m.tiers().iter().map(|t| (t.tier, t.depth)).collect()
-        };
-        for (tier, depth) in tiers {
-            let e = out.entry(tier.name().to_string()).or_insert(0);
-            *e = (*e).max(depth);
+    let mut out = TierDepths::default();
+    out.add(matches);
+    out.named()
+}
+
+/// The deepest single-tier prefix per tier (indexed by [`Tier::code`]), `None` for a tier no
+/// match named.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TierDepths([Option<u32>; 4]);
+
+impl TierDepths {
+    fn add<'a>(&mut self, matches: impl Iterator<Item = &'a HolderMatch>) {
+        for m in matches {
+            if m.tiers().is_empty() {
+                self.max(Tier::Gpu, m.depth);
+            }
+            for t in m.tiers() {
+                self.max(t.tier, t.depth);
+            }
         }
     }
-    out
+
+    fn max(&mut self, tier: Tier, depth: u32) {
+        let e = &mut self.0[tier.code() as usize];
+        *e = Some(e.map_or(depth, |d| d.max(depth)));
+    }
+
+    fn named(&self) -> BTreeMap<String, u32> {
+        Tier::ALL
+            .iter()
+            .filter_map(|&t| self.0[t.code() as usize].map(|d| (t.name().to_string(), d)))
+            .collect()
+    }
 }

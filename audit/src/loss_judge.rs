@@ -87,11 +87,16 @@ pub fn judge_range(
         placed.extend(Placed::of_record(partitions, p, offset, t, value));
         parts.entry(p).or_default().push(offset, t, value);
     })?;
+    let read_secs = started.elapsed().as_secs_f64();
     placed.sort_by_key(|pl| (pl.log_time, pl.partition, pl.offset));
     let mut tallies = vec![Tally::default(); placed.len()];
     let mut replayed = 0;
     for (&q, recs) in &parts {
         replayed += judge_partition(&base.applier, q, recs, &placed, &mut tallies)?;
+    }
+    tracing::info!(read_secs, judged_secs = started.elapsed().as_secs_f64(), "judged");
+    if std::env::var_os("PREFIXLOG_LOSS_PHASES").is_some() {
+        eprintln!("read {read_secs:.2} s, judged {:.2} s", started.elapsed().as_secs_f64());
     }
     let mut report = LossReport::new(opts);
     for (pl, tally) in placed.into_iter().zip(tallies) {

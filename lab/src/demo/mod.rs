@@ -24,6 +24,7 @@ mod audit_loss;
 mod cluster;
 mod offload;
 pub mod policy;
+mod policy_feeds;
 mod report;
 pub mod routing_sim;
 mod smg;
@@ -32,10 +33,10 @@ use indicatif::{ProgressBar, ProgressStyle};
 use offload::HostTier;
 use parking_lot::Mutex;
 use policy::{Load, LocalTree};
+use policy_feeds::{Judged, Policy};
 use prefixlog::fleet_records::keyspace;
 use prefixlog_client::tonic::Code;
 use prefixlog_client::{IndexClient, MatchOutcome, MatchQuery, Prompt, Unavailable};
-use prefixlog_engine::HolderKey;
 use prefixlog_ingest::Publisher;
 use prefixlog_state::record::encode_kv_events;
 use prefixlog_state::{KvOp, Tier};
@@ -127,6 +128,9 @@ struct World {
     seq: Vec<u64>,
     /// Each worker's KV events, `(seq, op)` in order.
     queues: Vec<mpsc::UnboundedSender<(u64, KvOp)>>,
+    /// The round-robin policy's fleet, and the shadow fleets' event queues ([`policy_feeds`]).
+    rr: policy_feeds::RoundRobin,
+    feeds: Option<policy_feeds::Feeds>,
 }
 
 /// What every gateway shares: the world, results, published offsets.
@@ -219,14 +223,11 @@ impl Index {
         }
     }
 
-    async fn place(&self, g: usize, chosen: u32, locals: &[u64], applied: &[(u32, i64)], s: &Shared) {
+    async fn place(&self, chosen: u32, locals: &[u64], applied: &[(u32, i64)], s: &Shared) {
         match self {
             Index::Native { publisher, name, .. } => {
-                let holder = HolderKey::new(u64::from(chosen), 0, 0);
-                match publisher.publish_placement(&keyspace(), holder, locals, applied, name, None).await {
-                    Ok(l) => s.landed(l),
-                    Err(e) => tracing::warn!(gateway = g, error = %e, "placement not published"),
-                }
+                let id = u64::from(chosen);
+                policy_feeds::place(publisher, Policy::SharedIndex, name, id, locals, applied, s).await;
             }
             Index::Smg { gateway, .. } => gateway.place(chosen, locals),
         }
@@ -234,7 +235,6 @@ impl Index {
 }
 
 async fn gateway(
-    g: usize,
     mut rx: mpsc::UnboundedReceiver<(usize, TraceRequest)>,
     index: Index,
     s: Arc<Shared>,
@@ -249,9 +249,10 @@ async fn gateway(
         let (answered, depths, applied) = index.ask(&locals, s.host_tier.then_some(s.host_weight)).await;
         let query_us = t.elapsed().as_micros() as u64;
         let local_depths = tree.depths(&locals);
-        let (chosen, hit, oracle, local_choice, local) = {
+        let (chosen, hit, oracle, local_choice, local, judged, shadow) = {
             let w = &mut *s.world.lock();
             let chosen = w.load.choose(&depths);
+            let shared_judged = Judged::of(&w.fleet, &w.host, chosen, &chain);
             let hit = w.host.hit(&w.fleet, chosen, &chain);
             let oracle = (0..w.fleet.len() as u32)
                 .map(|x| w.host.hit(&w.fleet, x, &chain))
@@ -265,12 +266,20 @@ async fn gateway(
             }
             let lc = w.shadow_load.choose(&local_depths);
             let local = w.shadow_host.hit(&w.shadow, lc, &chain);
+            let local_judged = Judged::of(&w.shadow, &w.shadow_host, lc, &chain);
             w.shadow_load.routed(lc);
-            w.shadow_host.serve(&mut w.shadow, lc, &chain);
-            (chosen, hit, oracle, lc, local)
+            let local_ops = w.shadow_host.serve(&mut w.shadow, lc, &chain);
+            let (rr_judged, rr_ops) = w.rr.route(i, &chain);
+            let shadow = w.feeds.as_mut().map(|f| f.route(&s, (lc, local_ops), (rr_judged.chosen, rr_ops)));
+            (chosen, hit, oracle, lc, local, [shared_judged, local_judged, rr_judged], shadow)
         };
         tree.routed(local_choice, &locals, req.timestamp_ms + 1);
-        index.place(g, chosen, &locals, &applied, &s).await;
+        index.place(chosen, &locals, &applied, &s).await;
+        if let (Index::Native { publisher, name, .. }, Some(shadow)) = (&index, &shadow) {
+            for &(policy, id) in &shadow.placements {
+                policy_feeds::place(publisher, policy, name, id, &locals, &shadow.token, &s).await;
+            }
+        }
         let o = Outcome {
             blocks: chain.len() as u32,
             hit,
@@ -279,10 +288,10 @@ async fn gateway(
             query_us,
             answered,
             host_weight: s.host_weight,
-            chosen,
             prompt_tail: locals.last().copied().unwrap_or(0),
             answer_chosen: depths.iter().find(|d| d.0 == chosen).map_or(0, |d| d.1),
             answer_best: depths.iter().map(|d| d.1).max().unwrap_or(0),
+            judged,
         };
         s.results.lock()[i] = Some(o);
         bar.inc(1);
@@ -344,6 +353,8 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
             shadow_load: Load::new(a.workers),
             seq: vec![0; a.workers],
             queues,
+            rr: policy_feeds::RoundRobin::new(a.workers, a.capacity, a.host_capacity),
+            feeds: None,
         }),
         results: Mutex::new(vec![None; n]),
         landed: Mutex::default(),
@@ -353,6 +364,9 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         host_tier: a.host_capacity > 0,
         host_weight: (a.host_weight * 1000.0).round() as u32,
     });
+    if !over_smg {
+        s.world.lock().feeds = Some(policy_feeds::Feeds::start(a.workers, a.partitions, &publisher, &s));
+    }
     let endpoints = cluster.endpoints();
     let mut workers = Vec::new();
     for (w, rx) in receivers.into_iter().enumerate() {
@@ -388,7 +402,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
             warm_up(&client, cluster.endpoints().len()).await?;
             Index::Native { client, publisher: publisher.clone(), name: format!("demo-gateway-{g}") }
         };
-        gateways.push(tokio::spawn(gateway(g, rx, index, s.clone(), bar.clone())));
+        gateways.push(tokio::spawn(gateway(rx, index, s.clone(), bar.clone())));
     }
     let ticker = {
         let (s, bar) = (s.clone(), bar.clone());
@@ -424,6 +438,10 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     s.world.lock().queues.clear();
     for w in workers {
         w.await?;
+    }
+    let feeds = s.world.lock().feeds.take();
+    if let Some(f) = feeds {
+        f.close().await?;
     }
     publisher.flush(Duration::from_secs(60))?;
     let mut caught_up = true;
@@ -467,9 +485,13 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     println!("\n{}", report::table(&outcomes, &summary));
     if !over_smg {
         let spec = cluster.spec.clone();
-        let (o, partitions) = (outcomes.clone(), a.partitions);
-        let cmp = tokio::task::spawn_blocking(move || audit_loss::compare(&spec, partitions, &o)).await??;
+        let (o, partitions, workers) = (outcomes.clone(), a.partitions, a.workers);
+        let cmp = tokio::task::spawn_blocking(move || audit_loss::compare(&spec, partitions, workers, &o))
+            .await??;
         println!("{}", cmp.line());
+        let loss_plot = audit_loss::plot_path(&a.plot);
+        std::fs::write(&loss_plot, &cmp.svg)?;
+        println!("lost prefill tokens over time written to {}", loss_plot.display());
     }
     std::fs::write(&a.plot, report::svg(&outcomes))?;
     println!("hit ratio over time written to {}", a.plot.display());
