@@ -1,13 +1,11 @@
-//! Routing-loss attribution: every placement in a log range judged against the index as it
-//! stood just before the placement's record, in one replay.
+//! Routing-loss attribution: what a placement's decision cost, and totals over many.
 //!
-//! For each placement the judge asks the replayed index for the prompt's prefix (its local
-//! block hashes) and records what the chosen worker held, what the best worker held, the best on
-//! each storage tier, and the difference. The state is the one the replay reaches at the
-//! placement's position: its own partition exactly up to the record before it, other partitions
-//! as far as the replay has read them (see docs/audit.md, "Limits"). A placement carrying the
-//! gateway's answer offsets (its token) is noted, with how many records its partitions moved on
-//! between the answer and the judgement.
+//! A placement ([`Placed`]) is judged by matching its prompt (its local block hashes) against
+//! an index state and recording what the chosen worker held, what the best worker held, the
+//! best on each storage tier, and the difference ([`Decision`]). [`Tally`] sums the matches of
+//! groups of holders judged apart (the partitions, each at the offset the placement's token
+//! names: [`crate::loss_judge`]). [`judge_record`] judges one placement against a state as it
+//! is (`--follow`, [`crate::loss_follow`]).
 
 use prefixlog_engine::{HolderKey, HolderMatch, KeyspaceId, MatchOptions, Tier};
 use prefixlog_state::record::{decode, is_placement, Op};
@@ -47,8 +45,8 @@ pub struct Decision {
     pub lost_tokens: u64,
     /// The gateway's answer offsets, when the placement carries them.
     pub answered_at: Vec<(u32, i64)>,
-    /// Records applied on the answer's partitions between the answer and this judgement
-    /// (0 without a token).
+    /// Records of the placement's own partition between the answer and the placement (0
+    /// without a token).
     pub records_since_answer: i64,
 }
 

@@ -78,12 +78,13 @@ pub fn judge_range(
     let base = reconstruct(store, log, from, false)?;
     let starts: BTreeMap<u32, i64> =
         log.owned().iter().map(|&p| (p, base.applier.partition(p).next_offset)).collect();
-    let until = until_for(&base.applier, log, &log.probe()?, to)?;
+    let probe = log.probe()?;
+    let until = until_for(&base.applier, log, &probe, to)?;
     let partitions = log.partitions();
     let mut parts: BTreeMap<u32, PartitionRecords> =
         starts.keys().map(|&p| (p, Default::default())).collect();
     let mut placed: Vec<Placed> = Vec::new();
-    log.read(&starts, &until, &mut |p, offset, t, value| {
+    log.read(&starts, &until, Some(&probe), &mut |p, offset, t, value| {
         placed.extend(Placed::of_record(partitions, p, offset, t, value));
         parts.entry(p).or_default().push(offset, t, value);
     })?;

@@ -215,11 +215,19 @@ pub fn read_log(
     spec: &LogSpec,
     from: &BTreeMap<u32, i64>,
     until: &Until,
+    probe: Option<&LogProbe>,
     on_record: &mut OnRecord<'_>,
 ) -> Result<u64, ApplyLogError> {
-    let probe = probe_log(spec)?;
+    let probed;
+    let probe = match probe {
+        Some(p) => p,
+        None => {
+            probed = probe_log(spec)?;
+            &probed
+        }
+    };
     let at = |p: u32| from.get(&p).copied().unwrap_or(0);
-    let spans = ends(spec, &at, until, &probe)?
+    let spans = ends(spec, &at, until, probe)?
         .into_iter()
         .filter(|(p, _)| from.contains_key(p))
         .map(|(p, end)| (p, Span { next: at(p), verify: None, end }))
@@ -228,7 +236,7 @@ pub fn read_log(
         on_record(p, offset, t, value);
         Ok(())
     };
-    drive(spec, &probe, spans, until, ApplyLogOptions::default().idle_timeout, None, &mut sink)
+    drive(spec, probe, spans, until, ApplyLogOptions::default().idle_timeout, None, &mut sink)
 }
 
 /// The Kafka log of a spec, for the layers that must not link Kafka (audits, repairs).
@@ -266,8 +274,9 @@ impl LogSource for LogSpec {
         &self,
         from: &BTreeMap<u32, i64>,
         until: &Until,
+        probe: Option<&LogProbe>,
         on_record: &mut OnRecord<'_>,
     ) -> Result<u64, LogError> {
-        read_log(self, from, until, on_record).map_err(LogError::new)
+        read_log(self, from, until, probe, on_record).map_err(LogError::new)
     }
 }

@@ -121,12 +121,14 @@ pub trait LogSource: Send + Sync {
     /// Reads, without applying them, the records [`LogSource::apply`] would apply to a state
     /// whose next offsets are `from` (partitions not in `from` are not read), calling
     /// `on_record` with each in partition offset order, with the same checks. Audits that must
-    /// apply records in an order of their own (`prefixlog audit loss`) read them first. Returns
-    /// the records read.
+    /// apply records in an order of their own (`prefixlog audit loss`) read them first. `probe`:
+    /// the log's range as the caller has just probed it (probed when `None`). Returns the
+    /// records read.
     fn read(
         &self,
         from: &BTreeMap<u32, i64>,
         until: &Until,
+        probe: Option<&LogProbe>,
         on_record: &mut OnRecord<'_>,
     ) -> Result<u64, LogError>;
 }

@@ -194,6 +194,7 @@ impl LogSource for MemoryLog {
         &self,
         from: &BTreeMap<u32, i64>,
         until: &Until,
+        _probe: Option<&LogProbe>,
         on_record: &mut OnRecord<'_>,
     ) -> Result<u64, LogError> {
         self.read_all(from, until, on_record).map_err(LogError::new)
