@@ -236,6 +236,24 @@ pub struct Tally {
 }
 
 impl Tally {
+    /// Adds another tally (of other holders).
+    pub fn merge(&mut self, other: Tally) {
+        if other.best_blocks > self.best_blocks {
+            self.best_blocks = other.best_blocks;
+            self.best_workers = other.best_workers;
+        } else if other.best_blocks > 0 && other.best_blocks == self.best_blocks {
+            self.best_workers.extend(other.best_workers);
+            self.best_workers.sort_unstable();
+            self.best_workers.dedup();
+        }
+        for t in Tier::ALL {
+            if let Some(d) = other.best_per_tier.0[t.code() as usize] {
+                self.best_per_tier.max(t, d);
+            }
+        }
+        self.chosen.extend(other.chosen);
+    }
+
     /// Adds the matches of a group of holders, `holder` being the chosen one.
     pub fn add(&mut self, holder: HolderKey, matches: &[HolderMatch]) {
         if matches.is_empty() {

@@ -90,11 +90,7 @@ pub fn judge_range(
     })?;
     let read_secs = started.elapsed().as_secs_f64();
     placed.sort_by_key(|pl| (pl.log_time, pl.partition, pl.offset));
-    let mut tallies = vec![Tally::default(); placed.len()];
-    let mut replayed = 0;
-    for (&q, recs) in &parts {
-        replayed += judge_partition(&base.applier, q, recs, &placed, &mut tallies)?;
-    }
+    let (tallies, replayed) = judge_partitions(&base.applier, &parts, &placed)?;
     tracing::info!(read_secs, judged_secs = started.elapsed().as_secs_f64(), "judged");
     if std::env::var_os("PREFIXLOG_LOSS_PHASES").is_some() {
         eprintln!("read {read_secs:.2} s, judged {:.2} s", started.elapsed().as_secs_f64());
@@ -113,6 +109,43 @@ pub fn judge_range(
     Ok(report)
 }
 
+/// Every partition judged ([`judge_partition`]), on as many threads as the machine has cores
+/// (partitions are independent); returns the tallies and the records applied.
+fn judge_partitions(
+    base: &Applier,
+    parts: &BTreeMap<u32, PartitionRecords>,
+    placed: &[Placed],
+) -> Result<(Vec<Tally>, u64), AuditError> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, parts.len().max(1));
+    let parts: Vec<(&u32, &PartitionRecords)> = parts.iter().collect();
+    let results: Vec<Result<(Vec<Tally>, u64), AuditError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let mine: Vec<_> = parts.iter().skip(t).step_by(threads).copied().collect();
+                scope.spawn(move || {
+                    let mut tallies = vec![Tally::default(); placed.len()];
+                    let mut replayed = 0;
+                    for (&q, recs) in mine {
+                        replayed += judge_partition(base, q, recs, placed, &mut tallies)?;
+                    }
+                    Ok((tallies, replayed))
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("a judging thread panicked")).collect()
+    });
+    let mut out = vec![Tally::default(); placed.len()];
+    let mut replayed = 0;
+    for r in results {
+        let (tallies, n) = r?;
+        replayed += n;
+        for (o, t) in out.iter_mut().zip(tallies) {
+            o.merge(t);
+        }
+    }
+    Ok((out, replayed))
+}
+
 /// Applies partition `q`'s records to a state holding only that partition, matching every
 /// placement's prompt when the partition reaches the offset it is judged at. Returns the
 /// records applied.
@@ -123,19 +156,28 @@ fn judge_partition(
     placed: &[Placed],
     tallies: &mut [Tally],
 ) -> Result<u64, AuditError> {
+    if recs.records.is_empty() && base.usage(q).holders() == 0 {
+        return Ok(0); // no holder there, ever: nothing to match
+    }
     let mut due: Vec<(usize, usize)> =
         placed.iter().enumerate().map(|(i, pl)| (recs.judged_before(q, pl), i)).collect();
     due.sort_unstable();
     let mut state = base.extract(&[q]);
+    let mut judge = |state: &Applier, i: usize| {
+        // Cheap skip: the partition holds nothing in the placement's keyspace (yet).
+        if state.usage(q).uses(&placed[i].keyspace) {
+            tallies[i].add(placed[i].holder, &placed[i].matches(state));
+        }
+    };
     let mut next = due.iter().peekable();
     for (k, r) in recs.records.iter().enumerate() {
         while let Some(&(_, i)) = next.next_if(|(at, _)| *at <= k) {
-            tallies[i].add(placed[i].holder, &placed[i].matches(&state));
+            judge(&state, i);
         }
         state.apply(q, r.offset, r.log_time, r.value.as_deref()).map_err(prefixlog_state::LogError::new)?;
     }
     for &(_, i) in next {
-        tallies[i].add(placed[i].holder, &placed[i].matches(&state));
+        judge(&state, i);
     }
     Ok(recs.records.len() as u64)
 }
