@@ -91,10 +91,7 @@ pub fn judge_range(
     let read_secs = started.elapsed().as_secs_f64();
     placed.sort_by_key(|pl| (pl.log_time, pl.partition, pl.offset));
     let (tallies, replayed) = judge_partitions(&base.applier, &parts, &placed)?;
-    tracing::info!(read_secs, judged_secs = started.elapsed().as_secs_f64(), "judged");
-    if std::env::var_os("PREFIXLOG_LOSS_PHASES").is_some() {
-        eprintln!("read {read_secs:.2} s, judged {:.2} s", started.elapsed().as_secs_f64());
-    }
+    tracing::info!(read_secs, judged_secs = started.elapsed().as_secs_f64(), "placements judged");
     let mut report = LossReport::new(opts);
     for (pl, tally) in placed.into_iter().zip(tallies) {
         let since = pl
