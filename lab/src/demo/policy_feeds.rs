@@ -255,3 +255,46 @@ pub async fn place(
         Err(e) => tracing::warn!(gateway, policy = policy.name(), error = %e, "placement not published"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    /// With room to spare, every shadow worker gets a partition of its own, none of the real
+    /// fleet's; with none, the load stays even.
+    #[test]
+    fn shadow_workers_go_to_the_least_used_partitions() {
+        let ids = WorkerIds::new(16, 64);
+        let part = |p: Policy, w: u32| partition_of(ids.id(p, w), 64);
+        let real: BTreeSet<u32> = (0..16).map(|w| part(Policy::SharedIndex, w)).collect();
+        let shadow: Vec<u32> = [Policy::LocalGuess, Policy::RoundRobin]
+            .iter()
+            .flat_map(|&p| (0..16).map(move |w| part(p, w)))
+            .collect();
+        assert_eq!(shadow.iter().collect::<BTreeSet<_>>().len(), 32);
+        assert!(shadow.iter().all(|p| !real.contains(p)));
+        assert_eq!(ids.id(Policy::SharedIndex, 7), 7);
+        let ids = WorkerIds::new(256, 64);
+        let mut load = vec![0; 64];
+        for p in Policy::ALL {
+            for w in 0..256 {
+                load[partition_of(ids.id(p, w), 64) as usize] += 1;
+            }
+        }
+        let spread = load.iter().max().unwrap() - load.iter().min().unwrap();
+        assert!(spread <= 10, "{load:?}");
+    }
+
+    #[test]
+    fn judged_against_every_worker_of_the_fleet() {
+        let mut fleet = Fleet::new(3, 100);
+        let host = HostTier::new(3, 0);
+        let chain = [(11, 1), (12, 2), (13, 3)];
+        fleet.serve(2, &chain);
+        fleet.serve(1, &chain[..1]);
+        let j = Judged::of(&fleet, &host, 1, &chain);
+        assert_eq!((j.chosen, j.depth, j.best, j.lossy()), (1, 1, 3, true));
+        assert!(!Judged::of(&fleet, &host, 2, &chain).lossy());
+    }
+}
