@@ -84,7 +84,7 @@ pub enum Cmd {
         #[arg(long, env = "PREFIXLOG_AUDIT_TO")]
         to: Option<String>,
     },
-    /// Judge every placement in a range against the index just before it (one replay): what
+    /// Judge every placement in a range against the index at its answer token's offsets: what
     /// the chosen worker held, the best any worker held, per tier, and the blocks and tokens
     /// lost; aggregated by gateway, keyspace, policy, worker and time bucket.
     Loss {
