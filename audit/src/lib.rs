@@ -15,18 +15,23 @@
 //! - [`reconstruct`]: choose the checkpoint, replay to the point, [`Reconstructed`] state.
 //! - [`queries`]: JSON queries in and answers out, summaries.
 //! - [`verify`]: replay a range and check every retained checkpoint in it is reproduced.
-//! - [`loss`]: routing-loss attribution: every placement in a range judged against the index
-//!   just before it, in one replay; [`loss_report`]: its table and JSON lines;
+//! - [`loss`]: routing-loss attribution: a placement's decision and the totals over many;
+//!   [`loss_judge`]: every placement in a range judged at its answer token's offsets, in one
+//!   read and one application of the range; [`loss_report`]: its table and JSON lines;
+//!   [`loss_svg`]: lost prefill tokens over time per gateway, as an SVG plot;
 //!   [`loss_follow`]: the same as a continuous job exporting Prometheus counters.
 
 pub mod loss;
 pub mod loss_follow;
+pub mod loss_judge;
 pub mod loss_report;
+pub mod loss_svg;
 pub mod queries;
 pub mod reconstruct;
 pub mod verify;
 
-pub use loss::{judge_range, Decision, LossOptions, LossReport, LossTotals};
+pub use loss::{Decision, LossOptions, LossReport, LossTotals, Placed, Tally};
+pub use loss_judge::judge_range;
 pub use reconstruct::{
     advance, advance_observed, reconstruct, reconstruct_at, AuditError, Point, Reconstructed,
 };

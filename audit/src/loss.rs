@@ -1,22 +1,17 @@
-//! Routing-loss attribution: every placement in a log range judged against the index as it
-//! stood just before the placement's record, in one replay.
+//! Routing-loss attribution: what a placement's decision cost, and totals over many.
 //!
-//! For each placement the judge asks the replayed index for the prompt's prefix (its local
-//! block hashes) and records what the chosen worker held, what the best worker held, the best on
-//! each storage tier, and the difference. The state is the one the replay reaches at the
-//! placement's position: its own partition exactly up to the record before it, other partitions
-//! as far as the replay has read them (see docs/audit.md, "Limits"). A placement carrying the
-//! gateway's answer offsets (its token) is noted, with how many records its partitions moved on
-//! between the answer and the judgement.
+//! A placement ([`Placed`]) is judged by matching its prompt (its local block hashes) against
+//! an index state and recording what the chosen worker held, what the best worker held, the
+//! best on each storage tier, and the difference ([`Decision`]). [`Tally`] sums the matches of
+//! groups of holders judged apart (the partitions, each at the offset the placement's token
+//! names: [`crate::loss_judge`]). [`judge_record`] judges one placement against a state as it
+//! is (`--follow`, [`crate::loss_follow`]).
 
-use crate::reconstruct::{advance_observed, reconstruct, AuditError, Point};
-use prefixlog_engine::{HolderMatch, KeyspaceId, MatchOptions, Tier};
-use prefixlog_snapshot::CheckpointStore;
+use prefixlog_engine::{HolderKey, HolderMatch, KeyspaceId, MatchOptions, Tier};
 use prefixlog_state::record::{decode, is_placement, Op};
-use prefixlog_state::{Applier, LogSource};
+use prefixlog_state::Applier;
 use serde::Serialize;
 use std::collections::BTreeMap;
-use std::time::Instant;
 
 /// One judged placement.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
@@ -50,8 +45,8 @@ pub struct Decision {
     pub lost_tokens: u64,
     /// The gateway's answer offsets, when the placement carries them.
     pub answered_at: Vec<(u32, i64)>,
-    /// Records applied on the answer's partitions between the answer and this judgement
-    /// (0 without a token).
+    /// Records of the placement's own partition between the answer and the placement (0
+    /// without a token).
     pub records_since_answer: i64,
 }
 
@@ -116,6 +111,8 @@ pub struct LossReport {
     pub by_worker: BTreeMap<u64, LossTotals>,
     /// Keyed by bucket start (ms of log time).
     pub by_bucket: BTreeMap<u64, LossTotals>,
+    /// Per gateway, keyed by bucket start (the SVG plot's lines).
+    pub by_gateway_bucket: BTreeMap<String, BTreeMap<u64, LossTotals>>,
     pub bucket_ms: u64,
     /// Records replayed (placements included).
     pub replayed: u64,
@@ -123,7 +120,7 @@ pub struct LossReport {
 }
 
 impl LossReport {
-    fn new(opts: &LossOptions) -> Self {
+    pub(crate) fn new(opts: &LossOptions) -> Self {
         Self { bucket_ms: opts.bucket_ms.max(1), ..Self::default() }
     }
 
@@ -134,7 +131,9 @@ impl LossReport {
         self.by_keyspace.entry(d.keyspace.clone()).or_default().add(&d);
         self.by_policy.entry(policy_name(&d.policy).to_string()).or_default().add(&d);
         self.by_worker.entry(d.worker).or_default().add(&d);
-        self.by_bucket.entry(d.log_time / self.bucket_ms * self.bucket_ms).or_default().add(&d);
+        let bucket = d.log_time / self.bucket_ms * self.bucket_ms;
+        self.by_bucket.entry(bucket).or_default().add(&d);
+        self.by_gateway_bucket.entry(d.gateway.clone()).or_default().entry(bucket).or_default().add(&d);
         if keep {
             self.decisions.push(d);
         }
@@ -150,31 +149,138 @@ pub fn policy_name(p: &str) -> &str {
     }
 }
 
-/// Judges every placement in `[from, to)`: state at `from` rebuilt as `reconstruct` does, then
-/// one replay to `to` with each placement judged just before it is applied.
-pub fn judge_range(
-    store: Option<&CheckpointStore>,
-    log: &dyn LogSource,
-    from: &Point,
-    to: &Point,
-    opts: &LossOptions,
-) -> Result<LossReport, AuditError> {
-    let started = Instant::now();
-    let mut state = reconstruct(store, log, from, false)?;
-    let mut report = LossReport::new(opts);
-    let partitions = log.partitions();
-    let mut observe = |applier: &Applier, p: u32, offset: i64, t: u64, value: Option<&[u8]>| {
-        if let Some(d) = judge_record(applier, partitions, p, offset, t, value) {
-            report.add(d, opts.keep_decisions);
-        }
-    };
-    let replayed = advance_observed(&mut state.applier, log, to, &mut observe)?;
-    report.replayed = replayed;
-    report.secs = started.elapsed().as_secs_f64();
-    Ok(report)
+/// A placement as its record says: what was placed, where, and the gateway's answer token.
+#[derive(Clone, Debug)]
+pub struct Placed {
+    pub partition: u32,
+    pub offset: i64,
+    pub log_time: u64,
+    pub keyspace: KeyspaceId,
+    pub holder: HolderKey,
+    pub locals: Vec<u64>,
+    pub answered_at: Vec<(u32, i64)>,
+    pub gateway: String,
+    pub policy: String,
 }
 
-/// The decision of one record, when it is a valid placement (`None` for anything else).
+impl Placed {
+    /// The placement of one record, when it is a valid placement (`None` for anything else).
+    pub fn of_record(
+        partitions: u32,
+        partition: u32,
+        offset: i64,
+        log_time: u64,
+        value: Option<&[u8]>,
+    ) -> Option<Placed> {
+        if !value.is_some_and(is_placement) {
+            return None;
+        }
+        let Ok(Op::Placement { keyspace, holder, locals, answered_at, gateway, policy }) =
+            decode(value, partition, partitions, usize::MAX)
+        else {
+            return None;
+        };
+        Some(Placed { partition, offset, log_time, keyspace, holder, locals, answered_at, gateway, policy })
+    }
+
+    /// The prompt matched against a state's index (every holder it has).
+    pub fn matches(&self, applier: &Applier) -> Vec<HolderMatch> {
+        applier
+            .engine()
+            .match_chain(&self.keyspace, &self.locals, &MatchOptions::default())
+            .unwrap_or_default()
+    }
+
+    /// The decision, from the tally of every holder's match against the state it is judged on.
+    /// `records_since_answer`: records of the placement's own partition between the answer and
+    /// the placement.
+    pub fn decide(self, tally: Tally, records_since_answer: i64) -> Decision {
+        let holder = self.holder;
+        let chosen_blocks = tally.chosen.iter().map(|m| m.depth).max().unwrap_or(0);
+        let lost_blocks = tally.best_blocks - chosen_blocks;
+        Decision {
+            partition: self.partition,
+            offset: self.offset,
+            log_time: self.log_time,
+            gateway: self.gateway,
+            policy: self.policy,
+            keyspace: keyspace_name(&self.keyspace),
+            worker: holder.worker,
+            dp_rank: holder.dp_rank,
+            prompt_blocks: self.locals.len() as u32,
+            prompt_tail: self.locals.last().copied().unwrap_or(0),
+            block_size: self.keyspace.block_size,
+            chosen_blocks,
+            best_blocks: tally.best_blocks,
+            best_workers: tally.best_workers,
+            best_per_tier: tally.best_per_tier.named(),
+            chosen_per_tier: per_tier(tally.chosen.iter()),
+            lost_blocks,
+            lost_tokens: u64::from(lost_blocks) * u64::from(self.keyspace.block_size),
+            answered_at: self.answered_at,
+            records_since_answer,
+        }
+    }
+}
+
+/// What a placement's matches showed so far, summed over groups of holders matched apart (the
+/// partitions, each at its own offset): the best depth and who holds it, the best per tier,
+/// and the chosen holder's own matches.
+#[derive(Clone, Debug, Default)]
+pub struct Tally {
+    pub best_blocks: u32,
+    /// Ascending, deduplicated; empty while nobody holds any block.
+    pub best_workers: Vec<u64>,
+    pub best_per_tier: TierDepths,
+    pub chosen: Vec<HolderMatch>,
+}
+
+impl Tally {
+    /// Adds another tally (of other holders).
+    pub fn merge(&mut self, other: Tally) {
+        if other.best_blocks > self.best_blocks {
+            self.best_blocks = other.best_blocks;
+            self.best_workers = other.best_workers;
+        } else if other.best_blocks > 0 && other.best_blocks == self.best_blocks {
+            self.best_workers.extend(other.best_workers);
+            self.best_workers.sort_unstable();
+            self.best_workers.dedup();
+        }
+        for t in Tier::ALL {
+            if let Some(d) = other.best_per_tier.0[t.code() as usize] {
+                self.best_per_tier.max(t, d);
+            }
+        }
+        self.chosen.extend(other.chosen);
+    }
+
+    /// Adds the matches of a group of holders, `holder` being the chosen one.
+    pub fn add(&mut self, holder: HolderKey, matches: &[HolderMatch]) {
+        if matches.is_empty() {
+            return;
+        }
+        let best = matches.iter().map(|m| m.depth).max().unwrap_or(0);
+        if best > self.best_blocks {
+            self.best_blocks = best;
+            self.best_workers.clear();
+        }
+        if best > 0 && best == self.best_blocks {
+            self.best_workers.extend(matches.iter().filter(|m| m.depth == best).map(|m| m.holder.worker));
+            self.best_workers.sort_unstable();
+            self.best_workers.dedup();
+        }
+        self.best_per_tier.add(matches.iter());
+        self.chosen.extend(
+            matches
+                .iter()
+                .filter(|m| m.holder.worker == holder.worker && m.holder.dp_rank == holder.dp_rank)
+                .cloned(),
+        );
+    }
+}
+
+/// The decision of one record judged on `applier`'s state as it is (the position-based
+/// judgement of `--follow`), when it is a valid placement (`None` for anything else).
 pub fn judge_record(
     applier: &Applier,
     partitions: u32,
@@ -183,54 +289,12 @@ pub fn judge_record(
     log_time: u64,
     value: Option<&[u8]>,
 ) -> Option<Decision> {
-    if !value.is_some_and(is_placement) {
-        return None;
-    }
-    let Ok(Op::Placement { keyspace, holder, locals, answered_at, gateway, policy }) =
-        decode(value, partition, partitions, usize::MAX)
-    else {
-        return None;
-    };
-    let matches =
-        applier.engine().match_chain(&keyspace, &locals, &MatchOptions::default()).unwrap_or_default();
-    let chosen: Vec<&HolderMatch> = matches
-        .iter()
-        .filter(|m| m.holder.worker == holder.worker && m.holder.dp_rank == holder.dp_rank)
-        .collect();
-    let chosen_blocks = chosen.iter().map(|m| m.depth).max().unwrap_or(0);
-    let best_blocks = matches.iter().map(|m| m.depth).max().unwrap_or(0);
-    let mut best_workers: Vec<u64> = matches
-        .iter()
-        .filter(|m| best_blocks > 0 && m.depth == best_blocks)
-        .map(|m| m.holder.worker)
-        .collect();
-    best_workers.sort_unstable();
-    best_workers.dedup();
-    let lost_blocks = best_blocks - chosen_blocks;
-    let records_since_answer =
-        answered_at.iter().map(|&(p, o)| (applier.partition(p).next_offset - o).max(0)).sum();
-    Some(Decision {
-        partition,
-        offset,
-        log_time,
-        gateway,
-        policy,
-        keyspace: keyspace_name(&keyspace),
-        worker: holder.worker,
-        dp_rank: holder.dp_rank,
-        prompt_blocks: locals.len() as u32,
-        prompt_tail: locals.last().copied().unwrap_or(0),
-        block_size: keyspace.block_size,
-        chosen_blocks,
-        best_blocks,
-        best_workers,
-        best_per_tier: per_tier(matches.iter()),
-        chosen_per_tier: per_tier(chosen.into_iter()),
-        lost_blocks,
-        lost_tokens: u64::from(lost_blocks) * u64::from(keyspace.block_size),
-        answered_at,
-        records_since_answer,
-    })
+    let placed = Placed::of_record(partitions, partition, offset, log_time, value)?;
+    let since =
+        placed.answered_at.iter().filter(|&&(p, _)| p == partition).map(|&(_, o)| (offset - o).max(0)).sum();
+    let mut tally = Tally::default();
+    tally.add(placed.holder, &placed.matches(applier));
+    Some(placed.decide(tally, since))
 }
 
 fn keyspace_name(k: &KeyspaceId) -> String {
@@ -240,17 +304,37 @@ fn keyspace_name(k: &KeyspaceId) -> String {
 /// Per tier name, the deepest single-tier prefix among `matches` (a GPU-only answer carries no
 /// tier detail: its depth is the GPU's).
 fn per_tier<'a>(matches: impl Iterator<Item = &'a HolderMatch>) -> BTreeMap<String, u32> {
-    let mut out = BTreeMap::new();
-    for m in matches {
-        let tiers: Vec<(Tier, u32)> = if m.tiers().is_empty() {
-            vec![(Tier::Gpu, m.depth)]
-        } else {
-            m.tiers().iter().map(|t| (t.tier, t.depth)).collect()
-        };
-        for (tier, depth) in tiers {
-            let e = out.entry(tier.name().to_string()).or_insert(0);
-            *e = (*e).max(depth);
+    let mut out = TierDepths::default();
+    out.add(matches);
+    out.named()
+}
+
+/// The deepest single-tier prefix per tier (indexed by [`Tier::code`]), `None` for a tier no
+/// match named.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TierDepths([Option<u32>; 4]);
+
+impl TierDepths {
+    fn add<'a>(&mut self, matches: impl Iterator<Item = &'a HolderMatch>) {
+        for m in matches {
+            if m.tiers().is_empty() {
+                self.max(Tier::Gpu, m.depth);
+            }
+            for t in m.tiers() {
+                self.max(t.tier, t.depth);
+            }
         }
     }
-    out
+
+    fn max(&mut self, tier: Tier, depth: u32) {
+        let e = &mut self.0[tier.code() as usize];
+        *e = Some(e.map_or(depth, |d| d.max(depth)));
+    }
+
+    fn named(&self) -> BTreeMap<String, u32> {
+        Tier::ALL
+            .iter()
+            .filter_map(|&t| self.0[t.code() as usize].map(|d| (t.name().to_string(), d)))
+            .collect()
+    }
 }

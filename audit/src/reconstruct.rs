@@ -224,6 +224,24 @@ pub fn advance_observed(
     advance_on(applier, log, &log.probe()?, point, false, Some(before_apply))
 }
 
+/// Where applying the log from `applier`'s offsets to `point` stops.
+pub(crate) fn until_for(
+    applier: &Applier,
+    log: &dyn LogSource,
+    probe: &LogProbe,
+    point: &Point,
+) -> Result<Until, AuditError> {
+    Ok(match point {
+        Point::Time(t) => Until::Time(*t),
+        Point::Offsets(_) => {
+            let target = target_offsets(log, point, probe)?.unwrap_or_default();
+            Until::Offsets(
+                target.into_iter().filter(|&(p, o)| applier.partition(p).next_offset < o).collect(),
+            )
+        }
+    })
+}
+
 /// [`advance`] on the log's range as `probe` says (probed just before by the caller).
 fn advance_on(
     applier: &mut Applier,
@@ -233,15 +251,7 @@ fn advance_on(
     progress: bool,
     before_apply: Option<&mut BeforeApply<'_>>,
 ) -> Result<u64, AuditError> {
-    let until = match point {
-        Point::Time(t) => Until::Time(*t),
-        Point::Offsets(_) => {
-            let target = target_offsets(log, point, probe)?.unwrap_or_default();
-            Until::Offsets(
-                target.into_iter().filter(|&(p, o)| applier.partition(p).next_offset < o).collect(),
-            )
-        }
-    };
+    let until = until_for(applier, log, probe, point)?;
     let bar = if progress { ProgressBar::new(0) } else { ProgressBar::hidden() };
     bar.set_style(
         ProgressStyle::with_template("replaying {bar:40} {pos}/{len} records ({per_sec}, eta {eta})")

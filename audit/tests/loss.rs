@@ -1,6 +1,7 @@
-//! `prefixlog audit loss` on a hand-built log: every placement judged against the index just
-//! before it, with exact per-decision numbers (ties, tiers, a worker removed between the
-//! gateway's answer and its placement, placements with and without the answer token).
+//! `prefixlog audit loss` on hand-built logs: every placement judged against the index at the
+//! offsets its answer token named, with exact per-decision numbers (ties, tiers, a worker
+//! removed between the gateway's answer and its placement, placements with and without the
+//! answer token, other partitions and the worker's own stores between answer and placement).
 
 use prefixlog_audit::loss_report::{summary_line, table};
 use prefixlog_audit::{judge_range, Decision, LossOptions, Point};
@@ -16,10 +17,15 @@ fn ks() -> KeyspaceId {
     KeyspaceId::new("m", 16, 1)
 }
 
-/// Worker `w` stores the chain `locals` on `tier` (ext hash = w * 100 + local).
+/// Worker `w` stores the chain `locals` on `tier` (ext hash = w * 100 + local), its first batch.
 fn store(w: u64, tier: Tier, locals: &[u64]) -> Vec<u8> {
+    store_seq(w, 1, tier, locals)
+}
+
+/// [`store`] as the worker's batch `seq`.
+fn store_seq(w: u64, seq: u64, tier: Tier, locals: &[u64]) -> Vec<u8> {
     let blocks = locals.iter().map(|&l| (w * 100 + l, l)).collect();
-    encode_kv_events(&ks(), w, 0, 1, 1, false, &[KvOp::Stored { tier, lane: 0, parent_ext: None, blocks }])
+    encode_kv_events(&ks(), w, 0, 1, seq, false, &[KvOp::Stored { tier, lane: 0, parent_ext: None, blocks }])
 }
 
 fn place(w: u64, locals: &[u64], token: &[(u32, i64)], gateway: &str, policy: &str) -> Vec<u8> {
@@ -30,7 +36,7 @@ fn tiers(pairs: &[(&str, u32)]) -> BTreeMap<String, u32> {
     pairs.iter().map(|&(t, d)| (t.to_string(), d)).collect()
 }
 
-/// The log, one partition so that "just before the placement" is exact. Offsets in comments.
+/// One partition. Offsets in comments.
 fn log() -> MemoryLog {
     let log = MemoryLog::new(1, StateSettings::default());
     log.push(1, 1_000, store(1, Tier::Gpu, &[1, 2, 3])); // 0
@@ -69,9 +75,9 @@ fn every_placement_is_judged_exactly() {
         vec![
             // Tie: three workers hold the whole prompt; the chosen one is among them.
             (4, 3, 3, 3, vec![1, 3, 4], 0, 0),
-            // Worker 4 (4 blocks at the answer) is gone by the placement: judged on the state
-            // the placement met, the best is 3 blocks and the chosen worker holds them.
-            (6, 1, 3, 3, vec![1, 3], 0, 0),
+            // Worker 4 held 4 blocks (host) when the gateway was answered and was removed
+            // before the placement: judged at the answer's offsets, it was the best.
+            (6, 1, 3, 4, vec![4], 1, 16),
             // Worker 2 holds 2 of 3 blocks; worker 1 also holds the placed block 4 (inferred
             // at offset 6) but the prompt is 3 blocks.
             (7, 2, 2, 3, vec![1, 3], 1, 16),
@@ -108,10 +114,10 @@ fn aggregates_and_summary_line() {
     assert_eq!(r.replayed, 10);
     assert_eq!(
         (r.total.decisions, r.total.lossy_decisions, r.total.achievable_blocks, r.total.lost_blocks),
-        (4, 2, 12, 4)
+        (4, 3, 13, 5)
     );
-    assert_eq!((r.total.lost_tokens, r.total.without_token), (64, 2));
-    assert_eq!(r.by_gateway["gw-a"].lost_blocks, 0);
+    assert_eq!((r.total.lost_tokens, r.total.without_token), (80, 2));
+    assert_eq!(r.by_gateway["gw-a"].lost_blocks, 1);
     assert_eq!((r.by_gateway["gw-b"].decisions, r.by_gateway["gw-b"].lost_blocks), (2, 4));
     assert_eq!(r.by_policy["round-robin"].lost_blocks, 1);
     assert_eq!(r.by_policy["(none)"].lost_blocks, 3);
@@ -122,9 +128,23 @@ fn aggregates_and_summary_line() {
     let line = summary_line(&r);
     assert_eq!(
         line,
-        "loss: 4 decisions, 4 lost blocks (33.3% of achievable), by policy (none) 100.0%, round-robin 33.3%, shared-index 0.0%"
+        "loss: 4 decisions, 5 lost blocks (38.5% of achievable), by policy (none) 100.0%, round-robin 33.3%, shared-index 14.3%"
     );
     assert!(table(&r).ends_with(&format!("{line}\n")));
+}
+
+/// The SVG plot: one line per gateway through every bucket, its lost tokens per bucket.
+#[test]
+fn svg_plots_lost_tokens_per_gateway() {
+    let svg = prefixlog_audit::loss_svg::svg(&judged());
+    assert!(svg.starts_with("<svg") && svg.ends_with("</svg>\n"));
+    assert_eq!(svg.matches("<polyline").count(), 2);
+    assert!(svg.contains(">gw-a</text>") && svg.contains(">gw-b</text>"));
+    // Buckets 0 and 60 s; y axis up to 50 tokens (gw-b lost 64 in bucket 60 s: up to 100).
+    // gw-a: 16 tokens in bucket 0, none in bucket 60 s.
+    let lines: Vec<&str> = svg.lines().filter(|l| l.starts_with("<polyline")).collect();
+    assert!(lines[0].contains(r#"points="70.0,"#), "{}", lines[0]);
+    assert!(svg.contains(">100</text>"));
 }
 
 /// `--follow`: placements appended while the job runs show up in its counters, scraped as the
@@ -168,4 +188,53 @@ fn follow_exports_counters() {
         stop.store(true, Ordering::Relaxed);
         assert!(job.join().unwrap().is_ok());
     });
+}
+
+/// The first worker of `1..` whose records land on partition `p` of 2.
+fn worker_on(p: u32) -> u64 {
+    (1..).find(|&w| prefixlog_engine::partition_of(w, 2) == p).expect("a worker")
+}
+
+/// Two partitions: each placement is judged on every partition at its token's offset there,
+/// not wherever the other partition happens to be, and not after the chosen worker's own
+/// stores that landed between the answer and the placement.
+#[test]
+fn judged_at_the_token_offsets_of_every_partition() {
+    let (a, b) = (worker_on(0), worker_on(1));
+    let log = MemoryLog::new(2, StateSettings::default());
+    log.push(a, 1_000, store(a, Tier::Gpu, &[1, 2])); // p0 @0
+    log.push(b, 1_000, store(b, Tier::Gpu, &[1, 2, 3])); // p1 @0
+    log.push(b, 1_500, encode_lifecycle(b, &Lifecycle::Removed)); // p1 @1
+                                                                  // p0 @1: answered before b's removal (p1 at 1): b held the whole prompt.
+    log.push(a, 2_000, place(a, &[1, 2, 3], &[(0, 1), (1, 1)], "gw", "shared-index"));
+    // p0 @2: answered after it (p1 at 2): a's 2 blocks are the best (a placement credits no
+    // blocks to a worker that publishes its events).
+    log.push(a, 2_000, place(a, &[1, 2, 3], &[(0, 2), (1, 2)], "gw", "shared-index"));
+    log.push(b, 2_500, store(b, Tier::Gpu, &[5, 6])); // p1 @2
+    log.push(a, 2_600, store_seq(a, 2, Tier::Gpu, &[5, 6])); // p0 @3: a's own stores for the request
+                                                             // p0 @4: answered before both stores of [5, 6] (p0 at 3, p1 at 2): nobody held it.
+    log.push(a, 2_600, place(a, &[5, 6], &[(0, 3), (1, 2)], "gw", "shared-index"));
+    // p0 @5: no token: p0 at its own offset, p1 as of its log time 2_550 (b's [5, 6] stored).
+    log.push(a, 2_550, place(a, &[5, 6, 7], &[], "gw", "round-robin"));
+    let r = judge_range(
+        None,
+        &log,
+        &Point::Offsets(vec![(0, 0), (1, 0)]),
+        &Point::Offsets(vec![]),
+        &LossOptions::default(),
+    )
+    .expect("judged");
+    let got: Vec<_> = r.decisions.iter().map(brief).collect();
+    assert_eq!(
+        got,
+        vec![
+            (1, a, 2, 3, vec![b], 1, 16),
+            (2, a, 2, 2, vec![a], 0, 0),
+            (5, a, 2, 2, vec![a, b], 0, 0),
+            (4, a, 0, 0, vec![], 0, 0),
+        ]
+    );
+    let since: Vec<i64> = r.decisions.iter().map(|d| d.records_since_answer).collect();
+    assert_eq!(since, vec![0, 0, 0, 1]);
+    assert_eq!(r.replayed, 9);
 }

@@ -12,8 +12,9 @@ use crate::continuity::{check_offsets, OffsetProblem};
 use crate::log_spec::{close_in_background, LogSpec};
 use crate::probe::{probe_log, ProbeError};
 use crate::reader::{Discontinuity, LogReader, Read};
+use prefixlog_engine::LogTime;
 use prefixlog_state::apply::Applier;
-use prefixlog_state::log::{ApplyLogOptions, LogError, LogProbe, LogSource, Until};
+use prefixlog_state::log::{ApplyLogOptions, LogError, LogProbe, LogSource, OnRecord, Until};
 use prefixlog_state::partition_state::record_mark;
 use prefixlog_state::StateSettings;
 use std::collections::BTreeMap;
@@ -43,10 +44,11 @@ pub enum ApplyLogError {
     NotNext(#[from] prefixlog_state::apply::NotNext),
 }
 
-/// The end offset of every partition [`apply_log`] reads, from the target and the log's range.
+/// The end offset of every partition [`apply_log`] reads, from the target, the log's range and
+/// each partition's next offset `at`.
 fn ends(
     spec: &LogSpec,
-    applier: &Applier,
+    at: &dyn Fn(u32) -> i64,
     until: &Until,
     probe: &LogProbe,
 ) -> Result<BTreeMap<u32, i64>, ApplyLogError> {
@@ -54,7 +56,7 @@ fn ends(
     match until {
         Until::Offsets(o) => {
             for (&p, &asked) in o {
-                let (end, at) = (probe.high(p), applier.partition(p).next_offset);
+                let (end, at) = (probe.high(p), at(p));
                 if asked > end {
                     return Err(ApplyLogError::BeyondEnd { partition: p, asked, end });
                 }
@@ -66,53 +68,53 @@ fn ends(
         }
         Until::Time(_) => {
             for &p in spec.owned() {
-                ends.insert(p, probe.high(p).max(applier.partition(p).next_offset));
+                ends.insert(p, probe.high(p).max(at(p)));
             }
         }
     }
     Ok(ends)
 }
 
-/// Applies records from the applier's next offsets up to `until`. Returns the records applied.
-pub fn apply_log(
+/// Where a read starts and stops, per partition: the next offset, the record before it to check
+/// (offset and mark, for a state that names it) and the end.
+struct Span {
+    next: i64,
+    verify: Option<(i64, u64)>,
+    end: i64,
+}
+
+/// What [`drive`] does with each record in range.
+type Sink<'s> = dyn FnMut(u32, i64, LogTime, Option<&[u8]>) -> Result<(), ApplyLogError> + 's;
+
+/// Reads every span's records to its end (or past `until`'s time), calling `sink` with each;
+/// returns the records passed to it.
+fn drive(
     spec: &LogSpec,
-    applier: &mut Applier,
+    probe: &LogProbe,
+    spans: BTreeMap<u32, Span>,
     until: &Until,
-    mut opts: ApplyLogOptions<'_>,
+    idle_timeout: Duration,
+    mut progress: Option<&mut dyn FnMut(u64, u64)>,
+    sink: &mut Sink<'_>,
 ) -> Result<u64, ApplyLogError> {
-    let probed;
-    let probe = match opts.probe {
-        Some(p) => p,
-        None => {
-            probed = probe_log(spec)?;
-            &probed
-        }
-    };
-    let ends = ends(spec, applier, until, probe)?;
-    let open: BTreeMap<u32, i64> =
-        ends.iter().filter(|(&p, &e)| applier.partition(p).next_offset < e).map(|(&p, &e)| (p, e)).collect();
+    let mut open: BTreeMap<u32, i64> =
+        spans.iter().filter(|(_, s)| s.next < s.end).map(|(&p, s)| (p, s.end)).collect();
     if open.is_empty() {
         return Ok(0);
     }
-    let state = open.keys().map(|&p| (p, applier.partition(p).next_offset));
-    if let Some(problem) = check_offsets(state, probe).into_iter().next() {
+    if let Some(problem) = check_offsets(open.keys().map(|p| (*p, spans[p].next)), probe).into_iter().next() {
         return Err(ApplyLogError::NotContinued(problem));
     }
-    let total: u64 = open.iter().map(|(&p, &e)| (e - applier.partition(p).next_offset) as u64).sum();
+    let total: u64 = open.iter().map(|(p, &e)| (e - spans[p].next) as u64).sum();
     // A state that names the record before its offset (a checkpoint's fingerprint) is read from
     // that record, which must be the same one: a recreated topic grown past the state is
     // another log (the record costs nothing extra: it comes in the same fetch).
-    let mut verify: BTreeMap<u32, (i64, u64)> = open
-        .keys()
-        .map(|&p| (p, applier.partition(p)))
-        .filter(|(p, s)| s.last_mark != 0 && s.next_offset > probe.low(*p))
-        .map(|(p, s)| (p, (s.next_offset - 1, s.last_mark)))
-        .collect();
-    let start = |p: u32| verify.get(&p).map_or(applier.partition(p).next_offset, |v| v.0);
+    let mut verify: BTreeMap<u32, (i64, u64)> =
+        open.keys().filter_map(|p| spans[p].verify.map(|v| (*p, v))).collect();
+    let start = |p: u32| verify.get(&p).map_or(spans[&p].next, |v| v.0);
     let started = Instant::now();
     let mut first_record = None;
     let mut reader = LogReader::open_bounded(spec, open.keys().map(|&p| (p, start(p))))?;
-    let mut open = open;
     let mut applied = 0u64;
     let mut last_progress = Instant::now();
     while !open.is_empty() {
@@ -139,26 +141,23 @@ pub fn apply_log(
                     reader.halt(p)?;
                     continue;
                 }
-                if let Some(f) = opts.before_apply.as_mut() {
-                    f(applier, p, offset, r.timestamp_ms(), r.payload());
-                }
-                applier.apply(p, offset, r.timestamp_ms(), r.payload())?;
+                sink(p, offset, r.timestamp_ms(), r.payload())?;
                 applied += 1;
                 if offset + 1 >= end {
                     drop(r);
                     open.remove(&p);
                     reader.halt(p)?;
                 }
-                if let Some(f) = opts.progress.as_mut() {
+                if let Some(f) = progress.as_mut() {
                     f(applied, total);
                 }
             }
             Read::Discontinuity(d) => return Err(ApplyLogError::Discontinuity(d)),
             Read::Idle | Read::BrokerError(_) => {
-                if last_progress.elapsed() >= opts.idle_timeout {
+                if last_progress.elapsed() >= idle_timeout {
                     let (&partition, &target) = open.iter().next().expect("an open partition");
-                    let at = applier.partition(partition).next_offset;
-                    return Err(ApplyLogError::Stalled { partition, at, target, idle: opts.idle_timeout });
+                    let at = spans[&partition].next;
+                    return Err(ApplyLogError::Stalled { partition, at, target, idle: idle_timeout });
                 }
             }
         }
@@ -166,12 +165,78 @@ pub fn apply_log(
     close_in_background(reader, "apply_log");
     tracing::info!(
         records = applied,
-        partitions = ends.len(),
+        partitions = spans.len(),
         secs = started.elapsed().as_secs_f64(),
         first_record_secs = first_record.unwrap_or_default().as_secs_f64(),
-        "log applied up to its target"
+        "log read up to its target"
     );
     Ok(applied)
+}
+
+/// Applies records from the applier's next offsets up to `until`. Returns the records applied.
+pub fn apply_log(
+    spec: &LogSpec,
+    applier: &mut Applier,
+    until: &Until,
+    mut opts: ApplyLogOptions<'_>,
+) -> Result<u64, ApplyLogError> {
+    let probed;
+    let probe = match opts.probe {
+        Some(p) => p,
+        None => {
+            probed = probe_log(spec)?;
+            &probed
+        }
+    };
+    let ends = ends(spec, &|p| applier.partition(p).next_offset, until, probe)?;
+    let spans = ends
+        .into_iter()
+        .map(|(p, end)| {
+            let s = applier.partition(p);
+            let verify =
+                (s.last_mark != 0 && s.next_offset > probe.low(p)).then(|| (s.next_offset - 1, s.last_mark));
+            (p, Span { next: s.next_offset, verify, end })
+        })
+        .collect();
+    let mut before_apply = opts.before_apply.take();
+    let mut sink = |p: u32, offset: i64, t: LogTime, value: Option<&[u8]>| {
+        if let Some(f) = before_apply.as_mut() {
+            f(applier, p, offset, t, value);
+        }
+        applier.apply(p, offset, t, value)?;
+        Ok(())
+    };
+    drive(spec, probe, spans, until, opts.idle_timeout, opts.progress.take(), &mut sink)
+}
+
+/// Reads the records [`apply_log`] would apply to a state at next offsets `from`, without
+/// applying them (partitions not in `from` are not read). Returns the records read.
+pub fn read_log(
+    spec: &LogSpec,
+    from: &BTreeMap<u32, i64>,
+    until: &Until,
+    probe: Option<&LogProbe>,
+    on_record: &mut OnRecord<'_>,
+) -> Result<u64, ApplyLogError> {
+    let probed;
+    let probe = match probe {
+        Some(p) => p,
+        None => {
+            probed = probe_log(spec)?;
+            &probed
+        }
+    };
+    let at = |p: u32| from.get(&p).copied().unwrap_or(0);
+    let spans = ends(spec, &at, until, probe)?
+        .into_iter()
+        .filter(|(p, _)| from.contains_key(p))
+        .map(|(p, end)| (p, Span { next: at(p), verify: None, end }))
+        .collect();
+    let mut sink = |p: u32, offset: i64, t: LogTime, value: Option<&[u8]>| {
+        on_record(p, offset, t, value);
+        Ok(())
+    };
+    drive(spec, probe, spans, until, ApplyLogOptions::default().idle_timeout, None, &mut sink)
 }
 
 /// The Kafka log of a spec, for the layers that must not link Kafka (audits, repairs).
@@ -203,5 +268,15 @@ impl LogSource for LogSpec {
         opts: ApplyLogOptions<'_>,
     ) -> Result<u64, LogError> {
         apply_log(self, applier, until, opts).map_err(LogError::new)
+    }
+
+    fn read(
+        &self,
+        from: &BTreeMap<u32, i64>,
+        until: &Until,
+        probe: Option<&LogProbe>,
+        on_record: &mut OnRecord<'_>,
+    ) -> Result<u64, LogError> {
+        read_log(self, from, until, probe, on_record).map_err(LogError::new)
     }
 }

@@ -84,7 +84,7 @@ pub enum Cmd {
         #[arg(long, env = "PREFIXLOG_AUDIT_TO")]
         to: Option<String>,
     },
-    /// Judge every placement in a range against the index just before it (one replay): what
+    /// Judge every placement in a range against the index at its answer token's offsets: what
     /// the chosen worker held, the best any worker held, per tier, and the blocks and tokens
     /// lost; aggregated by gateway, keyspace, policy, worker and time bucket.
     Loss {
@@ -106,6 +106,9 @@ pub enum Cmd {
         /// JSON lines (one per decision, one per aggregate row, a summary) instead of the table.
         #[arg(long, conflicts_with = "follow")]
         json: bool,
+        /// Also write an SVG plot of lost prefill tokens per time bucket, one line per gateway.
+        #[arg(long, conflicts_with = "follow")]
+        svg: Option<std::path::PathBuf>,
         /// Run continuously: judge placements as they are appended and export the totals as
         /// Prometheus counters on --admin-addr (`/metrics`), until SIGTERM or Ctrl-C.
         #[arg(long, conflicts_with_all = ["to", "to_offsets"])]
@@ -172,7 +175,18 @@ pub fn run(a: Args, rt: &tokio::runtime::Handle) -> anyhow::Result<()> {
         Ok(r)
     };
     match a.cmd {
-        Cmd::Loss { from, to, from_offsets, to_offsets, bucket_secs, json, follow, admin_addr, poll } => {
+        Cmd::Loss {
+            from,
+            to,
+            from_offsets,
+            to_offsets,
+            bucket_secs,
+            json,
+            svg,
+            follow,
+            admin_addr,
+            poll,
+        } => {
             let start = Point::Offsets(log.owned().iter().map(|&p| (p, 0)).collect());
             let from = range_point(from, from_offsets, start)?;
             if follow {
@@ -185,6 +199,10 @@ pub fn run(a: Args, rt: &tokio::runtime::Handle) -> anyhow::Result<()> {
                 json_lines(&r).iter().for_each(|l| println!("{l}"));
             } else {
                 print!("{}", table(&r));
+            }
+            if let Some(path) = svg {
+                std::fs::write(&path, prefixlog_audit::loss_svg::svg(&r))?;
+                eprintln!("lost tokens over time written to {}", path.display());
             }
             eprintln!(
                 "judged {} placements over {} records in {:.2} s",

@@ -44,7 +44,7 @@ pub use apply::{Applier, ApplyFailure, NotNext, Outcome};
 pub use identity::{check_compatible, Incompatible, LogIdentity};
 pub use log::{
     ApplyLogOptions, BeforeApply, DeadLetterCounts, HoleCause, LiveState, LogAppend, LogError, LogHole,
-    LogProbe, LogSource, Until, Watermarks,
+    LogProbe, LogSource, OnRecord, Until, Watermarks,
 };
 pub use partition_state::{DigestPoint, PartitionState};
 /// In `prefixlog-ids` so the gateway client can take them without this crate.

@@ -118,7 +118,23 @@ pub trait LogSource: Send + Sync {
     /// error, never a partial result. Returns the records applied.
     fn apply(&self, applier: &mut Applier, until: &Until, opts: ApplyLogOptions<'_>)
         -> Result<u64, LogError>;
+    /// Reads, without applying them, the records [`LogSource::apply`] would apply to a state
+    /// whose next offsets are `from` (partitions not in `from` are not read), calling
+    /// `on_record` with each in partition offset order, with the same checks. Audits that must
+    /// apply records in an order of their own (`prefixlog audit loss`) read them first. `probe`:
+    /// the log's range as the caller has just probed it (probed when `None`). Returns the
+    /// records read.
+    fn read(
+        &self,
+        from: &BTreeMap<u32, i64>,
+        until: &Until,
+        probe: Option<&LogProbe>,
+        on_record: &mut OnRecord<'_>,
+    ) -> Result<u64, LogError>;
 }
+
+/// The observer of [`LogSource::read`]: each record's (partition, offset, log time, value).
+pub type OnRecord<'a> = dyn FnMut(u32, i64, LogTime, Option<&[u8]>) + 'a;
 
 /// The boxed future of [`LiveState::replace_partition`].
 pub type Replacing<'a> = Pin<Box<dyn Future<Output = Result<(), LogError>> + Send + 'a>>;

@@ -5,8 +5,8 @@
 //! broker.
 
 use crate::log::{
-    Appending, ApplyLogOptions, BeforeApply, LiveState, LogError, LogProbe, LogSource, Replacing, Until,
-    Watermarks,
+    Appending, ApplyLogOptions, BeforeApply, LiveState, LogError, LogProbe, LogSource, OnRecord, Replacing,
+    Until, Watermarks,
 };
 use crate::{Applier, Landed, LogAppend, NotNext, StateSettings};
 use parking_lot::Mutex;
@@ -72,13 +72,13 @@ impl MemoryLog {
         self.log.lock().iter().map(|p| p.low + p.records.len() as i64).collect()
     }
 
-    fn targets(&self, applier: &Applier, until: &Until) -> Result<BTreeMap<u32, i64>, MemoryLogError> {
+    fn targets(&self, at: &dyn Fn(u32) -> i64, until: &Until) -> Result<BTreeMap<u32, i64>, MemoryLogError> {
         let ends = self.ends();
         let mut out = BTreeMap::new();
         match until {
             Until::Offsets(o) => {
                 for (&partition, &asked) in o {
-                    let (end, at) = (ends[partition as usize], applier.partition(partition).next_offset);
+                    let (end, at) = (ends[partition as usize], at(partition));
                     if asked > end {
                         return Err(MemoryLogError::BeyondEnd { partition, asked, end });
                     }
@@ -99,7 +99,7 @@ impl MemoryLog {
         until: &Until,
         mut before_apply: Option<&mut BeforeApply<'_>>,
     ) -> Result<u64, MemoryLogError> {
-        let targets = self.targets(applier, until)?;
+        let targets = self.targets(&|p| applier.partition(p).next_offset, until)?;
         let log = self.log.lock();
         let mut applied = 0;
         for (partition, end) in targets {
@@ -121,6 +121,35 @@ impl MemoryLog {
             }
         }
         Ok(applied)
+    }
+
+    fn read_all(
+        &self,
+        from: &BTreeMap<u32, i64>,
+        until: &Until,
+        on_record: &mut OnRecord<'_>,
+    ) -> Result<u64, MemoryLogError> {
+        // Partitions not in `from` are not read (nor checked).
+        let at = |p: u32| from.get(&p).copied().unwrap_or(0);
+        let targets = self.targets(&at, until)?;
+        let log = self.log.lock();
+        let mut read = 0;
+        for (partition, end) in targets.into_iter().filter(|(p, _)| from.contains_key(p)) {
+            let part = &log[partition as usize];
+            let at = at(partition);
+            if at < part.low && at < end {
+                return Err(MemoryLogError::NotContinued { partition, at, low: part.low });
+            }
+            for offset in at..end {
+                let (log_time, record) = &part.records[(offset - part.low) as usize];
+                if matches!(until, Until::Time(t) if log_time > t) {
+                    break;
+                }
+                on_record(partition, offset, *log_time, Some(record));
+                read += 1;
+            }
+        }
+        Ok(read)
     }
 }
 
@@ -159,6 +188,16 @@ impl LogSource for MemoryLog {
         opts: ApplyLogOptions<'_>,
     ) -> Result<u64, LogError> {
         self.apply_all(applier, until, opts.before_apply).map_err(LogError::new)
+    }
+
+    fn read(
+        &self,
+        from: &BTreeMap<u32, i64>,
+        until: &Until,
+        _probe: Option<&LogProbe>,
+        on_record: &mut OnRecord<'_>,
+    ) -> Result<u64, LogError> {
+        self.read_all(from, until, on_record).map_err(LogError::new)
     }
 }
 

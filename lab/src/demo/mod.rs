@@ -28,6 +28,7 @@ mod cluster;
 mod faults;
 mod offload;
 pub mod policy;
+mod policy_feeds;
 mod replay;
 mod report;
 pub mod routing_sim;
@@ -37,10 +38,10 @@ use indicatif::{ProgressBar, ProgressStyle};
 use offload::HostTier;
 use parking_lot::Mutex;
 use policy::{Load, LocalTree};
+use policy_feeds::{Judged, Policy};
 use prefixlog::fleet_records::keyspace;
 use prefixlog_client::tonic::Code;
 use prefixlog_client::{IndexClient, MatchOutcome, MatchQuery, Prompt, Unavailable};
-use prefixlog_engine::HolderKey;
 use prefixlog_ingest::Publisher;
 use prefixlog_state::record::encode_kv_events;
 use prefixlog_state::{KvOp, Tier};
@@ -145,6 +146,9 @@ struct World {
     seq: Vec<u64>,
     /// Each worker's KV events, `(seq, op)` in order.
     queues: Vec<mpsc::UnboundedSender<(u64, KvOp)>>,
+    /// The round-robin policy's fleet, and the shadow fleets' event queues ([`policy_feeds`]).
+    rr: policy_feeds::RoundRobin,
+    feeds: Option<policy_feeds::Feeds>,
 }
 
 /// What every gateway shares: the world, results, published offsets.
@@ -257,7 +261,6 @@ impl Index {
     /// Publishes the placement; returns its token (partition, next offset) when it landed.
     async fn place(
         &self,
-        g: usize,
         chosen: u32,
         locals: &[u64],
         applied: &[(u32, i64)],
@@ -265,17 +268,8 @@ impl Index {
     ) -> Option<(u32, i64)> {
         match self {
             Index::Native { publisher, name, .. } => {
-                let holder = HolderKey::new(u64::from(chosen), 0, 0);
-                match publisher.publish_placement(&keyspace(), holder, locals, applied, name, None).await {
-                    Ok(l) => {
-                        s.landed(l);
-                        Some(l.token())
-                    }
-                    Err(e) => {
-                        tracing::warn!(gateway = g, error = %e, "placement not published");
-                        None
-                    }
-                }
+                let id = u64::from(chosen);
+                policy_feeds::place(publisher, Policy::SharedIndex, name, id, locals, applied, s).await
             }
             Index::Smg { gateway, .. } => {
                 gateway.place(chosen, locals);
@@ -286,7 +280,6 @@ impl Index {
 }
 
 async fn gateway(
-    g: usize,
     mut rx: mpsc::UnboundedReceiver<(usize, TraceRequest)>,
     index: Index,
     s: Arc<Shared>,
@@ -307,9 +300,10 @@ async fn gateway(
             index.ask(&locals, s.host_tier.then_some(s.host_weight), &token).await;
         let query_us = t.elapsed().as_micros() as u64;
         let local_depths = tree.depths(&locals);
-        let (chosen, hit, oracle, local_choice, local) = {
+        let (chosen, hit, oracle, local_choice, local, judged, shadow) = {
             let w = &mut *s.world.lock();
             let chosen = w.load.choose(&depths);
+            let shared_judged = Judged::of(&w.fleet, &w.host, chosen, &chain);
             let hit = w.host.hit(&w.fleet, chosen, &chain);
             let oracle = (0..w.fleet.len() as u32)
                 .map(|x| w.host.hit(&w.fleet, x, &chain))
@@ -323,15 +317,23 @@ async fn gateway(
             }
             let lc = w.shadow_load.choose(&local_depths);
             let local = w.shadow_host.hit(&w.shadow, lc, &chain);
+            let local_judged = Judged::of(&w.shadow, &w.shadow_host, lc, &chain);
             w.shadow_load.routed(lc);
-            w.shadow_host.serve(&mut w.shadow, lc, &chain);
-            (chosen, hit, oracle, lc, local)
+            let local_ops = w.shadow_host.serve(&mut w.shadow, lc, &chain);
+            let (rr_judged, rr_ops) = w.rr.route(i, &chain);
+            let shadow = w.feeds.as_mut().map(|f| f.route(&s, (lc, local_ops), (rr_judged.chosen, rr_ops)));
+            (chosen, hit, oracle, lc, local, [shared_judged, local_judged, rr_judged], shadow)
         };
         tree.routed(local_choice, &locals, req.timestamp_ms + 1);
-        if let Some((p, next)) = index.place(g, chosen, &locals, &applied, &s).await {
+        if let Some((p, next)) = index.place(chosen, &locals, &applied, &s).await {
             if s.read_your_writes {
                 let e = own.entry(p).or_insert(next);
                 *e = (*e).max(next);
+            }
+        }
+        if let (Index::Native { publisher, name, .. }, Some(shadow)) = (&index, &shadow) {
+            for &(policy, id) in &shadow.placements {
+                policy_feeds::place(publisher, policy, name, id, &locals, &shadow.token, &s).await;
             }
         }
         let o = Outcome {
@@ -342,10 +344,12 @@ async fn gateway(
             query_us,
             answered,
             host_weight: s.host_weight,
-            chosen,
             prompt_tail: locals.last().copied().unwrap_or(0),
             window,
             stale,
+            answer_chosen: depths.iter().find(|d| d.0 == chosen).map_or(0, |d| d.1),
+            answer_best: depths.iter().map(|d| d.1).max().unwrap_or(0),
+            judged,
         };
         let mut results = s.results.lock();
         if results.len() <= i {
@@ -429,6 +433,8 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
             shadow_load: Load::new(a.workers),
             seq: vec![0; a.workers],
             queues,
+            rr: policy_feeds::RoundRobin::new(a.workers, a.capacity, a.host_capacity),
+            feeds: None,
         }),
         results: Mutex::new(vec![None; n]),
         landed: Mutex::default(),
@@ -440,6 +446,9 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         clock: Arc::default(),
         read_your_writes: a.faults.is_some(),
     });
+    if !over_smg {
+        s.world.lock().feeds = Some(policy_feeds::Feeds::start(a.workers, a.partitions, &publisher, &s));
+    }
     let endpoints = cluster.endpoints();
     let mut workers = Vec::new();
     for (w, rx) in receivers.into_iter().enumerate() {
@@ -475,7 +484,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
             warm_up(&client, cluster.endpoints().len()).await?;
             Index::Native { client, publisher: publisher.clone(), name: format!("demo-gateway-{g}") }
         };
-        gateways.push(tokio::spawn(gateway(g, rx, index, s.clone(), bar.clone())));
+        gateways.push(tokio::spawn(gateway(rx, index, s.clone(), bar.clone())));
     }
     let ticker = {
         let (s, bar) = (s.clone(), bar.clone());
@@ -516,6 +525,10 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     s.world.lock().queues.clear();
     for w in workers {
         w.await?;
+    }
+    let feeds = s.world.lock().feeds.take();
+    if let Some(f) = feeds {
+        f.close().await?;
     }
     publisher.flush(Duration::from_secs(60))?;
     let mut caught_up = true;
@@ -559,9 +572,13 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     println!("\n{}", report::table(&outcomes, &summary));
     if !over_smg {
         let spec = cluster.spec.clone();
-        let (o, partitions) = (outcomes.clone(), a.partitions);
-        let cmp = tokio::task::spawn_blocking(move || audit_loss::compare(&spec, partitions, &o)).await??;
+        let (o, partitions, workers) = (outcomes.clone(), a.partitions, a.workers);
+        let cmp = tokio::task::spawn_blocking(move || audit_loss::compare(&spec, partitions, workers, &o))
+            .await??;
         println!("{}", cmp.line());
+        let loss_plot = audit_loss::plot_path(&a.plot);
+        std::fs::write(&loss_plot, &cmp.svg)?;
+        println!("lost prefill tokens over time written to {}", loss_plot.display());
     }
     std::fs::write(&a.plot, report::svg(&outcomes))?;
     println!("hit ratio over time written to {}", a.plot.display());

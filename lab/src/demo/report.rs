@@ -25,21 +25,19 @@ pub struct Outcome {
     pub answered: Answered,
     /// A host block's weight in this run, per mille.
     pub host_weight: u32,
-    /// The worker the shared index's choice went to, and the prompt's last local hash: what
-    /// pairs the request with its placement in the log (`audit loss`).
-    pub chosen: u32,
+    /// The prompt's last local hash: with a policy's chosen worker ([`Outcome::judged`]), what
+    /// pairs the request with that policy's placement in the log (`audit loss`).
     pub prompt_tail: u64,
     /// The fault window the query started in (`--faults`; 0 otherwise).
     pub window: u8,
     /// Answered by a replica behind the gateway's own token, or flagged stale.
     pub stale: bool,
-}
-
-impl Outcome {
-    /// Whether the chosen worker held less than the best one (perfect knowledge).
-    pub fn lossy(&self) -> bool {
-        self.hit.weighted(self.host_weight) < self.oracle.weighted(self.host_weight)
-    }
+    /// The index answer as the gateway saw it: the chosen worker's depth and the deepest.
+    pub answer_chosen: u32,
+    pub answer_best: u32,
+    /// Per policy ([`super::policy_feeds::Policy::index`]), the decision as the live oracle
+    /// judged it, in blocks on any tier (what `audit loss` computes).
+    pub judged: [super::policy_feeds::Judged; 3],
 }
 
 /// Hit ratios weighed by tier (GPU 1.0, host `--host-weight`): with no host tier, the plain
