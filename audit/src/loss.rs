@@ -13,6 +13,7 @@ use crate::reconstruct::{advance_observed, reconstruct, AuditError, Point};
 use prefixlog_engine::{HolderMatch, KeyspaceId, MatchOptions, Tier};
 use prefixlog_snapshot::CheckpointStore;
 use prefixlog_state::record::{decode, is_placement, Op};
+use prefixlog_state::NextOffset;
 use prefixlog_state::{Applier, LogSource};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -49,7 +50,7 @@ pub struct Decision {
     pub lost_blocks: u32,
     pub lost_tokens: u64,
     /// The gateway's answer offsets, when the placement carries them.
-    pub answered_at: Vec<(u32, i64)>,
+    pub answered_at: Vec<NextOffset>,
     /// Records applied on the answer's partitions between the answer and this judgement
     /// (0 without a token).
     pub records_since_answer: i64,
@@ -208,7 +209,7 @@ pub fn judge_record(
     best_workers.dedup();
     let lost_blocks = best_blocks - chosen_blocks;
     let records_since_answer =
-        answered_at.iter().map(|&(p, o)| (applier.partition(p).next_offset - o).max(0)).sum();
+        answered_at.iter().map(|a| (applier.partition(a.partition).next_offset - a.offset).max(0)).sum();
     Some(Decision {
         partition,
         offset,

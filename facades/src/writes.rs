@@ -5,6 +5,7 @@
 
 use prefixlog_engine::partition_of;
 use prefixlog_query::QueryService;
+use prefixlog_state::NextOffset;
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -26,7 +27,7 @@ pub async fn caught_up(query: &QueryService, worker: u64, wait: Duration) -> Res
     let view = query.view();
     let partition = partition_of(worker, view.info.partition_count);
     let high = view.status.partitions[partition as usize].high_watermark.load(Ordering::Acquire);
-    if view.status.wait_for(&[(partition, high)], wait).await {
+    if view.status.wait_for(&[NextOffset::new(partition, high)], wait).await {
         Ok(())
     } else {
         Err(NotCaughtUp { partition, high, wait })

@@ -12,6 +12,7 @@ use crate::continuity::{check_offsets, OffsetProblem};
 use crate::log_spec::{close_in_background, LogSpec};
 use crate::probe::{probe_log, ProbeError};
 use crate::reader::{Discontinuity, LogReader, Read};
+use prefixlog_ids::NextOffset;
 use prefixlog_state::apply::Applier;
 use prefixlog_state::log::{ApplyLogOptions, LogError, LogProbe, LogSource, Until};
 use prefixlog_state::partition_state::record_mark;
@@ -94,7 +95,7 @@ pub fn apply_log(
     if open.is_empty() {
         return Ok(0);
     }
-    let state = open.keys().map(|&p| (p, applier.partition(p).next_offset));
+    let state = open.keys().map(|&p| NextOffset::new(p, applier.partition(p).next_offset));
     if let Some(problem) = check_offsets(state, probe).into_iter().next() {
         return Err(ApplyLogError::NotContinued(problem));
     }
@@ -111,7 +112,7 @@ pub fn apply_log(
     let start = |p: u32| verify.get(&p).map_or(applier.partition(p).next_offset, |v| v.0);
     let started = Instant::now();
     let mut first_record = None;
-    let mut reader = LogReader::open_bounded(spec, open.keys().map(|&p| (p, start(p))))?;
+    let mut reader = LogReader::open_bounded(spec, open.keys().map(|&p| NextOffset::new(p, start(p))))?;
     let mut open = open;
     let mut applied = 0u64;
     let mut last_progress = Instant::now();

@@ -5,6 +5,7 @@
 use super::report::Outcome;
 use prefixlog_audit::{judge_range, reconstruct, LossOptions, Point};
 use prefixlog_ingest::LogSpec;
+use prefixlog_state::NextOffset;
 use std::collections::HashMap;
 use std::time::Instant;
 
@@ -37,7 +38,7 @@ impl Comparison {
 /// Replays the log once plainly and once judging, and pairs every decision with a request by
 /// (chosen worker, prompt).
 pub fn compare(spec: &LogSpec, partitions: u32, outcomes: &[Outcome]) -> anyhow::Result<Comparison> {
-    let start = Point::Offsets((0..partitions).map(|p| (p, 0)).collect());
+    let start = Point::Offsets((0..partitions).map(|p| NextOffset::new(p, 0)).collect());
     let end = Point::Offsets(vec![]);
     let t = Instant::now();
     let plain = reconstruct(None, spec, &end, false)?;

@@ -38,7 +38,7 @@ use prefixlog_client::{IndexClient, MatchOutcome, MatchQuery, Prompt, Unavailabl
 use prefixlog_engine::HolderKey;
 use prefixlog_ingest::Publisher;
 use prefixlog_state::record::encode_kv_events;
-use prefixlog_state::{KvOp, Tier};
+use prefixlog_state::{KvOp, NextOffset, Tier};
 use prefixlog_workload::{expand_request, load_trace, Fleet, TraceRequest};
 use report::{Answered, Outcome};
 use std::collections::BTreeMap;
@@ -147,7 +147,7 @@ impl Shared {
     /// Keeps, per partition, the token (next offset) covering every record landed so far.
     fn landed(&self, l: prefixlog_state::Landed) {
         self.published.fetch_add(1, Ordering::Relaxed);
-        let (p, next) = l.token();
+        let NextOffset { partition: p, offset: next } = l.token();
         let mut m = self.landed.lock();
         let e = m.entry(p).or_insert(next);
         *e = (*e).max(next);
@@ -182,7 +182,7 @@ enum Index {
 impl Index {
     /// The answer as `(worker, depth)` and the offsets it reflects. With `tiers` (the host
     /// weight), the depth is the tier-weighted one, in blocks.
-    async fn ask(&self, locals: &[u64], tiers: Option<u32>) -> (Answered, Vec<(u32, u32)>, Vec<(u32, i64)>) {
+    async fn ask(&self, locals: &[u64], tiers: Option<u32>) -> (Answered, Vec<(u32, u32)>, Vec<NextOffset>) {
         match self {
             Index::Native { client, .. } => {
                 let mut q = MatchQuery::new(keyspace(), Prompt::Hashes(locals.to_vec()));
@@ -219,7 +219,7 @@ impl Index {
         }
     }
 
-    async fn place(&self, g: usize, chosen: u32, locals: &[u64], applied: &[(u32, i64)], s: &Shared) {
+    async fn place(&self, g: usize, chosen: u32, locals: &[u64], applied: &[NextOffset], s: &Shared) {
         match self {
             Index::Native { publisher, name, .. } => {
                 let holder = HolderKey::new(u64::from(chosen), 0, 0);
@@ -244,7 +244,7 @@ async fn gateway(
     while let Some((i, req)) = rx.recv().await {
         let mut chain = expand_request(&req, 0, s.stretch);
         chain.truncate(s.capacity);
-        let locals: Vec<u64> = chain.iter().map(|b| b.1).collect();
+        let locals: Vec<u64> = chain.iter().map(|b| b.local).collect();
         let t = Instant::now();
         let (answered, depths, applied) = index.ask(&locals, s.host_tier.then_some(s.host_weight)).await;
         let query_us = t.elapsed().as_micros() as u64;
@@ -432,11 +432,11 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         s.published.store(counters.acked.load(Ordering::Relaxed), Ordering::Relaxed);
         let all: Vec<u32> = (0..a.partitions).collect();
         for l in publisher.publish_ticks(&all, None).await? {
-            let (p, next) = l.token();
-            s.landed.lock().insert(p, next);
+            let next = l.token();
+            s.landed.lock().insert(next.partition, next.offset);
         }
     }
-    let token: Vec<(u32, i64)> = s.landed.lock().iter().map(|(&p, &o)| (p, o)).collect();
+    let token: Vec<NextOffset> = s.landed.lock().iter().map(|(&p, &o)| NextOffset::new(p, o)).collect();
     caught_up &= cluster.wait_caught_up(&token, Duration::from_secs(60)).await;
     let seconds = start.elapsed().as_secs_f64();
     ticker.abort();
