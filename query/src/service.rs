@@ -142,12 +142,19 @@ impl QueryService {
         &self.view.info.replica_id
     }
 
-    /// Answers one request; `wait` bounds the consistency-token wait.
+    /// Answers one request; `wait` bounds the consistency-token wait. A refusal is the gRPC
+    /// status of [`Self::answer_typed`]'s error.
     pub async fn answer(&self, req: MatchRequest, wait: Duration) -> Result<MatchResponse, Status> {
+        self.answer_typed(req, wait).await.map_err(Status::from)
+    }
+
+    /// [`Self::answer`] with the refusal as a [`QueryError`]: for the facades that answer in a
+    /// protocol of their own (HTTP, SMG, the endpoint picker) and map the error themselves.
+    pub async fn answer_typed(&self, req: MatchRequest, wait: Duration) -> Result<MatchResponse, QueryError> {
         let start = Instant::now();
         let r = self.answer_inner(req, wait).await;
         self.metrics.observe(start.elapsed(), r.as_ref().err().map(QueryError::code));
-        r.map_err(Status::from)
+        r
     }
 
     async fn answer_inner(&self, req: MatchRequest, wait: Duration) -> Result<MatchResponse, QueryError> {
