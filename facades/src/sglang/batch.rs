@@ -137,7 +137,7 @@ pub fn map_actions(actions: &[ExternalKvAction]) -> (Vec<KvOp>, Skipped) {
                 tier,
                 lane: SGLANG_LANE,
                 parent_ext: a.parent_block_hash.map(|p| p as u64),
-                blocks: a.hashes.iter().map(|&h| (h as u64, h as u64)).map(BlockHashes::from).collect(),
+                blocks: a.hashes.iter().map(|&h| BlockHashes::new(h as u64, h as u64)).collect(),
             }),
             Ok(ExternalKvActionType::ActionRevoke) => {
                 ops.push(KvOp::Removed { tier, lane: SGLANG_LANE, exts: bits(&a.hashes) })

@@ -132,12 +132,7 @@ pub fn map_events(u: &Update) -> Mapped {
                 tier: Tier::Gpu,
                 lane: LANE,
                 parent_ext: s.parent_seq_hash,
-                blocks: s
-                    .blocks
-                    .iter()
-                    .map(|b| (b.seq_hash, b.content_hash))
-                    .map(BlockHashes::from)
-                    .collect(),
+                blocks: s.blocks.iter().map(|b| BlockHashes::new(b.seq_hash, b.content_hash)).collect(),
             }),
             Some(Kind::Removed(r)) if sequenced => {
                 m.ops.push(KvOp::Removed { tier: Tier::Gpu, lane: LANE, exts: r.seq_hashes.clone() })
