@@ -101,6 +101,9 @@ pub struct BridgeOptions {
     pub start_epoch: u64,
     /// Re-subscribe after this long without a message.
     pub idle_reconnect: Duration,
+    /// Ask the replay socket for what followed the last message after this long without one
+    /// (zero: never): a lost tail is found without waiting for the engine's next message.
+    pub tail_probe: Duration,
     /// Give up a replay request after this long (then start the stream over).
     pub replay_timeout: Duration,
     /// Most bytes one replay answer may bring (frames of every message together); past it the
@@ -135,6 +138,7 @@ impl BridgeOptions {
             start_epoch: now_ms(),
             idle_reconnect: Duration::from_secs(30),
             replay_timeout: Duration::from_secs(5),
+            tail_probe: Duration::from_secs(2),
             max_replay_bytes: 256 << 20,
             max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
             heartbeat_interval: Duration::from_secs(5),
@@ -337,6 +341,38 @@ impl EngineBridge {
             if self.session.expected() != seq {
                 self.reset(seq, "the restarted engine's replay did not reach its first message");
             }
+        }
+    }
+
+    /// Whether [`Self::probe_tail`] has something to ask: a replay socket, a message handled.
+    pub(crate) fn can_probe_tail(&self) -> bool {
+        !self.opts.tail_probe.is_zero()
+            && self.spec.replay_endpoint.is_some()
+            && self.session.last_seq().is_some()
+    }
+
+    /// The stream has been quiet for `tail_probe`: asks the replay socket for the messages from
+    /// the last one handled on and processes those after it. A publisher whose send queue was
+    /// full dropped them, and without this nothing would tell until the engine's next message,
+    /// which may never come (a removal lost this way would leave blocks credited). An engine that
+    /// restarted meanwhile is told as in [`Self::replay_gap`]; a replay that no longer reaches
+    /// back starts the stream over ([`Self::apply_replayed`]).
+    pub(crate) async fn probe_tail(&mut self) {
+        let (Some(ep), Some(last)) = (self.spec.replay_endpoint.clone(), self.session.last_seq()) else {
+            return;
+        };
+        BridgeMetrics::inc(&self.metrics.tail_probes);
+        let (epoch, expected) = (self.session.epoch(), self.session.expected());
+        let items = self.replay_gap(&ep, last, u64::MAX).await;
+        self.apply_replayed(items, u64::MAX).await;
+        if self.session.epoch() != epoch || self.session.expected() != expected {
+            BridgeMetrics::inc(&self.metrics.tails_recovered);
+            tracing::info!(
+                worker = self.spec.worker,
+                expected,
+                now_expected = self.session.expected(),
+                "bridge: messages after the last one received were recovered through replay (lost tail)"
+            );
         }
     }
 

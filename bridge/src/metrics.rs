@@ -137,6 +137,10 @@ pub struct BridgeMetrics {
     pub replays_oversized: AtomicU64,
     /// Batches recovered through replay.
     pub replayed_batches: AtomicU64,
+    /// Replay requests made because the stream went quiet ([`crate::BridgeOptions::tail_probe`]).
+    pub tail_probes: AtomicU64,
+    /// Quiet-stream probes that found messages lost after the last one received.
+    pub tails_recovered: AtomicU64,
     /// New epochs started (engine restarts).
     pub epochs: AtomicU64,
     /// Subscriber reconnects (idle or error).
@@ -189,6 +193,8 @@ impl Default for BridgeMetrics {
             replays_failed: z(),
             replays_oversized: z(),
             replayed_batches: z(),
+            tail_probes: z(),
+            tails_recovered: z(),
             epochs: z(),
             reconnects: z(),
             disconnects_oversized: z(),
@@ -215,6 +221,14 @@ fn latency_opts() -> prometheus::HistogramOpts {
 }
 
 impl BridgeMetrics {
+    /// Epochs the stream's session has moved up since it started: one per engine restart
+    /// (`epochs`) and one per start-over (`resets_gap`, `resets_lost`); each of those counts
+    /// exactly one move. Who runs the feed compares its records' epoch with the log's by this.
+    pub fn epochs_moved(&self) -> u64 {
+        let load = |c: &AtomicU64| c.load(Relaxed);
+        load(&self.epochs) + load(&self.resets_gap) + load(&self.resets_lost)
+    }
+
     pub fn refused(&self, r: Refusal) -> &AtomicU64 {
         match r {
             Refusal::TokenCount => &self.refused_token_count,
@@ -285,6 +299,8 @@ impl BridgeMetrics {
             ("replays_failed", g(&self.replays_failed)),
             ("replays_oversized", g(&self.replays_oversized)),
             ("replayed_batches", g(&self.replayed_batches)),
+            ("tail_probes", g(&self.tail_probes)),
+            ("tails_recovered", g(&self.tails_recovered)),
             ("epochs", g(&self.epochs)),
             ("reconnects", g(&self.reconnects)),
             ("disconnects_oversized", g(&self.disconnects_oversized)),
@@ -311,7 +327,7 @@ type ExportedAs = (&'static str, &'static str, Option<(&'static str, &'static st
 /// `prefixlog_bridge_` and `_total`) and, for families that split one measurement, the
 /// `reason` or `outcome` label value it stands for. One measurement is one family, so
 /// `sum by (reason)` and `sum without (reason)` mean something.
-const EXPORTED: [ExportedAs; 37] = [
+const EXPORTED: [ExportedAs; 39] = [
     ("messages_received", "messages_received", None),
     ("messages_undecodable", "messages_skipped", Some(("reason", "undecodable"))),
     ("messages_duplicate", "messages_skipped", Some(("reason", "duplicate"))),
@@ -339,6 +355,8 @@ const EXPORTED: [ExportedAs; 37] = [
     ("replays_failed", "replays", Some(("outcome", "failed"))),
     ("replays_oversized", "replays", Some(("outcome", "oversized"))),
     ("replayed_batches", "replayed_batches", None),
+    ("tail_probes", "tail_probes", None),
+    ("tails_recovered", "tails_recovered", None),
     ("epochs", "epochs", None),
     ("reconnects", "reconnects", None),
     ("disconnects_oversized", "disconnects", Some(("reason", "oversized"))),
@@ -379,6 +397,8 @@ fn help(family: &str) -> &'static str {
              went over --max-replay-bytes or a frame over --max-frame-bytes)"
         }
         "replayed_batches" => "Messages recovered through replay",
+        "tail_probes" => "Replay requests made because the engine's stream went quiet (--tail-probe)",
+        "tails_recovered" => "Quiet-stream probes that found messages lost after the last one received",
         "epochs" => "New epochs started (engine restarts)",
         "reconnects" => "Re-subscriptions to the engine (idle or failed subscriber)",
         "disconnects" => {
@@ -541,7 +561,7 @@ mod tests {
         assert_eq!(medium.get_counter().value(), 3.0);
         let batches = families.iter().find(|f| f.name() == "prefixlog_bridge_batches_total").unwrap();
         assert_eq!(batches.get_metric().len(), 3);
-        assert_eq!(families.len(), 16, "{:?}", families.iter().map(|f| f.name()).collect::<Vec<_>>());
+        assert_eq!(families.len(), 18, "{:?}", families.iter().map(|f| f.name()).collect::<Vec<_>>());
         let disconnects = families.iter().find(|f| f.name() == "prefixlog_bridge_disconnects_total").unwrap();
         assert_eq!(disconnects.get_metric().len(), Ending::ALL.len(), "one series per ending");
         let resets = families.iter().find(|f| f.name() == "prefixlog_bridge_resets_total").unwrap();

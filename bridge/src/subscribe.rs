@@ -80,7 +80,9 @@ impl EngineBridge {
 
     /// Subscribes and handles messages until `stop` turns true: re-subscribes after a failed
     /// connection (backing off 0.2 s, 0.4 s, … up to 6.4 s while failures repeat without a
-    /// message between them) and after `idle_reconnect` without a message.
+    /// message between them) and after `idle_reconnect` without a message; `tail_probe` after
+    /// the last message, asks the replay socket whether anything followed it
+    /// ([`EngineBridge::probe_tail`]).
     pub(crate) async fn subscribe_loop(&mut self, mut stop: watch::Receiver<bool>) -> anyhow::Result<()> {
         let endpoint: Endpoint = self.spec.endpoint.parse()?;
         let opts = self.zmtp_options();
@@ -106,13 +108,21 @@ impl EngineBridge {
                 self.resubscribed = true;
             }
             let mut connected = false;
+            // The engine's last messages may be the ones lost (a full send queue drops them and
+            // nothing after them tells): once quiet, the replay socket is asked what came after.
+            let mut tail_checked = false;
             let ended = loop {
                 if !self.opts.log_interval.is_zero() && last_log.elapsed() >= self.opts.log_interval {
                     last_log = Instant::now();
                     self.log_metrics();
                 }
                 // Idle only counts once connected: connecting is bounded on its own.
-                let idle = if connected { self.opts.idle_reconnect } else { FOREVER };
+                let probe_tail = connected && !tail_checked && self.can_probe_tail();
+                let idle = match (connected, probe_tail) {
+                    (false, _) => FOREVER,
+                    (true, true) => self.opts.tail_probe.min(self.opts.idle_reconnect),
+                    (true, false) => self.opts.idle_reconnect,
+                };
                 tokio::select! {
                     _ = stop.changed() => {
                         abort.abort();
@@ -125,10 +135,15 @@ impl EngineBridge {
                         }
                         Ok(Some(Incoming::Message(frames, permit))) => {
                             failures = 0;
+                            tail_checked = false;
                             self.handle(frames).await;
                             drop(permit);
                         }
                         Ok(None) => break Some(reader.await),
+                        Err(_) if probe_tail => {
+                            tail_checked = true;
+                            self.probe_tail().await;
+                        }
                         Err(_) => break None,
                     }
                 }

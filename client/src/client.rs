@@ -271,6 +271,8 @@ pub struct IndexClient {
     inner: Arc<Inner>,
     /// Queries over each replica's long-lived `MatchStream` instead of unary calls.
     streaming: bool,
+    /// A second replica is asked when the first is slow ([`crate::replicas::hedge_delay`]).
+    hedging: bool,
 }
 
 const PROBE: Duration = Duration::from_millis(200);
@@ -339,7 +341,7 @@ impl IndexClient {
             resolver,
         });
         tokio::spawn(rediscover_loop(Arc::downgrade(&inner)));
-        Ok(Self { inner, streaming: false })
+        Ok(Self { inner, streaming: false, hedging: true })
     }
 
     fn build(
@@ -358,13 +360,20 @@ impl IndexClient {
             seeds,
             resolver: system_resolver(),
         });
-        Ok(Self { inner, streaming: false })
+        Ok(Self { inner, streaming: false, hedging: true })
     }
 
     /// Sends the queries over one long-lived `MatchStream` per replica ([`crate::mux`]):
     /// cheaper per query for the replica; same answers, deadlines and failover.
     pub fn streaming(self, on: bool) -> Self {
         Self { streaming: on, ..self }
+    }
+
+    /// Hedging on (the default) or off: off, a query waits for its replica's answer or failure
+    /// (up to the deadline) before asking the next one, so one slow replica makes decisions
+    /// blind. For tests and comparisons.
+    pub fn hedging(self, on: bool) -> Self {
+        Self { hedging: on, ..self }
     }
 
     /// `(partitions, endpoints)` of every shard the client asks (partitions empty until known).
@@ -396,12 +405,12 @@ impl IndexClient {
         let end = Instant::now() + deadline;
         let req = Arc::new(q.to_request());
         let map = self.inner.map.read().clone();
-        let streaming = self.streaming;
+        let (streaming, hedging) = (self.streaming, self.hedging);
         let asks = (0..map.groups.len()).map(|i| {
             let (map, req) = (map.clone(), req.clone());
             tokio::spawn(async move {
                 let g = &map.groups[i];
-                let result = g.replicas.ask(&req, end, streaming).await;
+                let result = g.replicas.ask(&req, end, streaming, hedging).await;
                 if let Ok((resp, _)) = &result {
                     if !resp.partitions.is_empty() {
                         *g.partitions.lock() = resp.partitions.clone();

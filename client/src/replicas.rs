@@ -185,12 +185,15 @@ impl ReplicaGroup {
     /// Queries the best endpoint and hedges: a second endpoint is asked too when the first has
     /// not answered within [`hedge_delay`] (slow, stopping, or hung), and at once when it fails
     /// (refused, restarting). Every attempt may run until `end`; the first answer wins. Over each
-    /// endpoint's stream if `streaming`. Returns the answer and the endpoint that gave it.
+    /// endpoint's stream if `streaming`. Without `hedging`, the next endpoint is asked only once
+    /// the previous one failed (tests and comparisons). Returns the answer and the endpoint that
+    /// gave it.
     pub async fn ask(
         &self,
         req: &MatchRequest,
         end: Instant,
         streaming: bool,
+        hedging: bool,
     ) -> Result<(MatchResponse, String), Unavailable> {
         // Every replica's stream would refuse it (and end, failing its other queries): no
         // failover, the caller gets the refusal.
@@ -200,7 +203,9 @@ impl ReplicaGroup {
             }
         }
         let order = self.order(req);
-        let hedge = hedge_delay(end.saturating_duration_since(Instant::now()));
+        let left = end.saturating_duration_since(Instant::now());
+        // Without hedging, a hedge is never due before the deadline.
+        let hedge = if hedging { hedge_delay(left) } else { left };
         let mut last = Unavailable::Disconnected("no endpoints configured".into());
         let mut next = 0;
         let mut in_flight = FuturesUnordered::new();

@@ -85,6 +85,11 @@ pub struct Args {
     /// bounds connecting, the handshake and each write.
     #[arg(long, env = "PREFIXLOG_BRIDGE_HEARTBEAT_TIMEOUT", default_value = "15s", value_parser = humantime::parse_duration)]
     pub heartbeat_timeout: Duration,
+    /// Ask an engine's replay socket for what followed its last message after this long without
+    /// one (0s: never): a publisher whose send queue was full drops its newest messages, and
+    /// nothing else tells until the engine publishes again.
+    #[arg(long, env = "PREFIXLOG_BRIDGE_TAIL_PROBE", default_value = "2s", value_parser = humantime::parse_duration)]
+    pub tail_probe: Duration,
     /// Give up a replay request after this long; the gap is then closed by clearing the
     /// worker's state through the log (a new epoch) and starting over.
     #[arg(long, env = "PREFIXLOG_BRIDGE_REPLAY_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
@@ -232,6 +237,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     let mut opts = BridgeOptions::new(KeyspaceId::new(a.model.clone(), a.block_size, a.hash_scheme));
     opts.idle_reconnect = a.idle_reconnect;
     opts.replay_timeout = a.replay_timeout;
+    opts.tail_probe = a.tail_probe;
     opts.max_replay_bytes = a.max_replay_bytes;
     opts.max_frame_bytes = a.max_frame_bytes;
     opts.heartbeat_interval = a.heartbeat_interval;

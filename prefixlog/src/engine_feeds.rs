@@ -7,7 +7,6 @@ use prefixlog_bridge::{BridgeOptions, EngineBridge, EngineSpec};
 use prefixlog_facades::http::feeds::{EngineFeeds, FeedStart, StartedFeed};
 use prefixlog_ingest::Publisher;
 use prefixlog_state::LogAppend;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokio::sync::watch;
 
@@ -47,7 +46,7 @@ impl EngineFeeds for BridgeFeeds {
         self.collector.add(feed.worker, &feed.endpoint, metrics.clone());
         StartedFeed {
             run: Box::pin(async move { bridge.run(stop).await.map_err(|e| format!("{e:#}")) }),
-            epochs_moved: Arc::new(move || metrics.epochs.load(Ordering::Relaxed)),
+            epochs_moved: Arc::new(move || metrics.epochs_moved()),
         }
     }
 

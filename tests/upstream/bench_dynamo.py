@@ -136,6 +136,19 @@ def caught_up_watch(side: Side, n: int, bs: int, start: float, out: dict, key: s
         time.sleep(0.02)
 
 
+def explain_not_caught_up(real: Side, ours: Side, replica: Replica, engines: list[TraceEngine]):
+    """Prints which workers each side lacks the witness for, the bridge's counters and the
+    replica's log tail: what a failed run needs to be understood afterwards."""
+    body = {"token_ids": block_tokens(MARK_ID, engines[0].bs), "model_name": MODEL}
+    for side in (real, ours):
+        held = scores(side.call("POST", "/query", body))
+        print(f"{side.name}: witness missing on workers {sorted(e.worker for e in engines if str(e.worker) not in held)}")
+    text = replica.metrics()
+    print("\n".join(l for l in text.splitlines()
+                    if l.startswith(("prefixlog_bridge_", "prefixlog_ingest_", "prefixlog_apply_")) and not l.endswith(" 0")))
+    print("----- replica log tail -----\n" + "\n".join(replica.log().splitlines()[-60:]))
+
+
 def publish_trace(real, ours, engines, reqs) -> tuple[int, dict]:
     """Publishes every engine's share, then the witness; returns (blocks, side -> seconds)."""
     n, bs = len(engines), engines[0].bs
@@ -264,6 +277,8 @@ def run(engines: int, queries: int, clients: int, bs: int, limit: int | None, se
         attach_all(real, ours, replica, started)
         time.sleep(1.0)  # the clears applied on both sides
         blocks, took = publish_trace(real, ours, started, reqs)
+        if len(took) != 2:
+            explain_not_caught_up(real, ours, replica, started)
         assert len(took) == 2, f"not caught up within 300 s: {took}"
         print(f"trace: {len(reqs)} requests, {blocks} blocks stored on {engines} engines; caught up "
               f"after dynamo.indexer {took.get('dynamo', float('nan')):.2f} s, "

@@ -497,3 +497,39 @@ def test_bridge_hash_scheme_2_answers_as_dynamo(pair, processes):
                "the bridge's stores")
     assert scores(a[1]) == {"6": {"0": 8}} and scores(a[4]) == {"6": {"0": 8}}, a
     same(real, ours, "GET", "/workers?model_name=b")
+
+
+def test_a_reset_subscription_is_kept_not_restarted(processes):
+    """A registered engine's stream that starts over (a late join without a replay socket: the
+    subscription clears the worker through the log in a new epoch) keeps its subscription: the
+    registrar's reconcile loop must read the new epoch as its own, not as another writer's.
+    Restarting it would lose what the engine publishes meanwhile, round after round (seen as a
+    worker missing every store of a trace)."""
+    ke = vllm_events()
+    port = free_port()
+    replica = Replica(partitions=2, extra=["--http-indexer-addr", f"127.0.0.1:{port}"])
+    processes.append(replica)
+    ours = Side("prefixlog", port)
+    wait_for("the facade", lambda: ours.call("GET", "/health")[0] == 200, 60)
+    e = Engine(ke, 3, 0)
+    try:
+        n = iter(range(10**6))
+        for _ in range(3):  # published before anyone subscribes: the stream is joined late
+            e.send(e.stored([9_000 + next(n)], None, [1] * BS))
+        time.sleep(0.5)
+        assert ours.call("POST", "/register", e.registration())[0] == 201
+
+        def reset_seen():
+            e.send(e.stored([9_000 + next(n)], None, [1] * BS))
+            return metric(replica.metrics(), "prefixlog_bridge_resets_total", endpoint=e.endpoint) >= 1
+
+        wait_for("the subscription to start over after its late join", reset_seen, 30, interval=0.1)
+        time.sleep(3.5)  # three rounds of the registrar's reconcile loop
+        mark = [7] * BS
+        e.send(e.stored([5_555], None, mark))
+        wait_for("the store after the reset indexed",
+                 lambda: "3" in (scores(ours.call("POST", "/query", {"token_ids": mark, "model_name": MODEL})) or {}), 20)
+        subscribed = replica.log().count("dynamo /register: subscribed")
+        assert subscribed == 1, f"the subscription was restarted {subscribed - 1} times:\n{replica.log()[-3000:]}"
+    finally:
+        e.pub.shutdown()

@@ -246,3 +246,33 @@ def test_vllm_flood_with_drops_recovers_every_gap_by_replay(processes):
         assert metric(text, "prefixlog_bridge_resets_total", worker=5) == 0, "never reset, never gapped"
     finally:
         e.stop()
+
+
+def test_vllm_lost_tail_is_recovered_without_a_next_message(processes):
+    """The engine's last message is lost and it publishes nothing after it: the bridge finds it
+    once the stream has been quiet for `--tail-probe` (default 2 s), by replay. The lost message
+    clears the cache, so without the probe the worker would keep being credited (an overcount)
+    until the engine's next step."""
+    replica = Replica()
+    processes.append(replica)
+    e = Engine(free_port(), free_port(), BS)
+    try:
+        bridge = Bridge(replica, MODEL, BS, [engine_spec(6, e)], extra=["--replay-timeout", "10s"])
+        processes.append(bridge)
+        until_subscribed(bridge, {6: e})
+        r = Request(toks(700_000, 48))
+        e.run(r)
+        client = IndexClient([replica.grpc], deadline=5.0)
+        expect_equal(client, [(6, r.query(), (), 0, 3)], "the stored prompt")
+        last = e.flush()
+        e.drop = lambda seq: seq == last
+        e.clear()  # the tail: nothing follows it
+        assert e.flush() == last + 1
+        e.drop = lambda seq: False
+        assert e.hit_depth(r) == 0
+        expect_equal(client, [(6, r.query(), (), 0, 0)], "after the lost clear")
+        text = bridge.metrics()
+        assert metric(text, "prefixlog_bridge_tails_recovered_total", worker=6) >= 1, text
+        assert metric(text, "prefixlog_bridge_resets_total", worker=6) == 0, "recovered, not reset"
+    finally:
+        e.stop()

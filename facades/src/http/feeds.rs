@@ -26,7 +26,8 @@ pub struct FeedStart {
 }
 
 /// A started feed: the future that runs it until its stop signal turns true (an error ends
-/// it early), and how many epochs it has moved up since it started (one per engine restart).
+/// it early), and how many epochs it has moved up since it started (one per engine restart and
+/// one per start-over after a gap or a lost message).
 pub struct StartedFeed {
     pub run: Pin<Box<dyn Future<Output = Result<(), String>> + Send>>,
     pub epochs_moved: Arc<dyn Fn() -> u64 + Send + Sync>,

@@ -19,11 +19,16 @@
 //! `--gateway-protocol smg`: the replicas host SMG's `radix_index.RadixIndex` facade, and the
 //! fleet speaks it instead of `prefixlog.v1` ([`smg`]): workers publish their KV events and
 //! gateways ask and place through it, scored the same way.
+//!
+//! `--faults`: a fault schedule ([`faults`]) runs while the request stream ([`replay`]) goes on,
+//! and a table per window ends the run.
 
 mod audit_loss;
 mod cluster;
+mod faults;
 mod offload;
 pub mod policy;
+mod replay;
 mod report;
 pub mod routing_sim;
 mod smg;
@@ -94,6 +99,19 @@ pub struct Args {
     /// ask and place through it, as SMG's bridge and gateway would).
     #[arg(long, env = "PREFIXLOG_DEMO_GATEWAY_PROTOCOL", value_enum, default_value_t = GatewayProtocol::Prefixlog)]
     pub gateway_protocol: GatewayProtocol,
+    /// Replicas (`--faults` needs at least 2).
+    #[arg(long, env = "PREFIXLOG_DEMO_REPLICAS", default_value_t = 2)]
+    pub replicas: usize,
+    /// Run a fault schedule while the traffic goes on (the trace replays in a loop until it is
+    /// over) and count what the gateways saw per window ([`faults`]); none by default.
+    #[arg(long, value_enum)]
+    pub faults: Option<faults::FaultSet>,
+    /// `--faults`: length of the calm baseline window before the first fault.
+    #[arg(long, default_value = "8s", value_parser = humantime::parse_duration)]
+    pub fault_baseline: Duration,
+    /// `--faults`: traffic after every replica is ready again, still counted in the fault's window.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    pub fault_settle: Duration,
     /// Where to write the hit-ratio plot (SVG).
     #[arg(long, env = "PREFIXLOG_DEMO_PLOT", default_value = "demo-hit-ratio.svg")]
     pub plot: std::path::PathBuf,
@@ -141,6 +159,9 @@ struct Shared {
     host_tier: bool,
     /// A host block's weight, per mille.
     host_weight: u32,
+    /// The fault window now (`--faults`), and whether gateways ask with their own token.
+    clock: Arc<faults::Clock>,
+    read_your_writes: bool,
 }
 
 impl Shared {
@@ -180,15 +201,27 @@ enum Index {
 }
 
 impl Index {
-    /// The answer as `(worker, depth)` and the offsets it reflects. With `tiers` (the host
+    /// The answer as `(worker, depth)`, the offsets it reflects, and whether it was stale (behind
+    /// `token`, the gateway's own read-your-writes token, or flagged so). With `tiers` (the host
     /// weight), the depth is the tier-weighted one, in blocks.
-    async fn ask(&self, locals: &[u64], tiers: Option<u32>) -> (Answered, Vec<(u32, u32)>, Vec<NextOffset>) {
+    async fn ask(
+        &self,
+        locals: &[u64],
+        tiers: Option<u32>,
+        token: &[NextOffset],
+    ) -> (Answered, Vec<(u32, u32)>, Vec<NextOffset>, bool) {
         match self {
             Index::Native { client, .. } => {
-                let mut q = MatchQuery::new(keyspace(), Prompt::Hashes(locals.to_vec()));
+                let mut q = MatchQuery::new(keyspace(), Prompt::Hashes(locals.to_vec())).at_least(token);
                 if let Some(host_weight) = tiers {
                     q = q.weigh(Tier::Gpu, offload::GPU_WEIGHT).weigh(Tier::Host, host_weight);
                 }
+                let behind = |a: &prefixlog_client::Answer| {
+                    a.stale
+                        || token.iter().any(|t| {
+                            a.applied.iter().any(|a| a.partition == t.partition && a.offset < t.offset)
+                        })
+                };
                 match client.match_prompt(&q).await {
                     MatchOutcome::Scores(a) => {
                         let d = a
@@ -199,36 +232,57 @@ impl Index {
                                 (x.worker as u32, if tiers.is_some() { weighted } else { x.depth })
                             })
                             .collect();
-                        (Answered::Scores, d, a.applied)
+                        let stale = behind(&a);
+                        (Answered::Scores, d, a.applied, stale)
                     }
-                    MatchOutcome::Empty(a) => (Answered::Empty, vec![], a.applied),
+                    MatchOutcome::Empty(a) => {
+                        let stale = behind(&a);
+                        (Answered::Empty, vec![], a.applied, stale)
+                    }
                     // Until a worker's first KV event creates the demo's keyspace, the replica
                     // answers NOT_FOUND: an answer in time that no worker holds anything yet
                     // (the demo's keyspace is right by construction), not a blind decision.
                     MatchOutcome::Unavailable(Unavailable::Rejected { code: Code::NotFound, .. }) => {
-                        (Answered::Empty, vec![], vec![])
+                        (Answered::Empty, vec![], vec![], false)
                     }
-                    MatchOutcome::Unavailable(_) => (Answered::Unavailable, vec![], vec![]),
+                    MatchOutcome::Unavailable(_) => (Answered::Unavailable, vec![], vec![], false),
                 }
             }
             Index::Smg { gateway, deadline } => match gateway.query(locals, *deadline).await {
-                Some(d) if d.is_empty() => (Answered::Empty, d, vec![]),
-                Some(d) => (Answered::Scores, d, vec![]),
-                None => (Answered::Unavailable, vec![], vec![]),
+                Some(d) if d.is_empty() => (Answered::Empty, d, vec![], false),
+                Some(d) => (Answered::Scores, d, vec![], false),
+                None => (Answered::Unavailable, vec![], vec![], false),
             },
         }
     }
 
-    async fn place(&self, g: usize, chosen: u32, locals: &[u64], applied: &[NextOffset], s: &Shared) {
+    /// Publishes the placement; returns its token (partition, next offset) when it landed.
+    async fn place(
+        &self,
+        g: usize,
+        chosen: u32,
+        locals: &[u64],
+        applied: &[NextOffset],
+        s: &Shared,
+    ) -> Option<NextOffset> {
         match self {
             Index::Native { publisher, name, .. } => {
                 let holder = HolderKey::new(u64::from(chosen), 0, 0);
                 match publisher.publish_placement(&keyspace(), holder, locals, applied, name, None).await {
-                    Ok(l) => s.landed(l),
-                    Err(e) => tracing::warn!(gateway = g, error = %e, "placement not published"),
+                    Ok(l) => {
+                        s.landed(l);
+                        Some(l.token())
+                    }
+                    Err(e) => {
+                        tracing::warn!(gateway = g, error = %e, "placement not published");
+                        None
+                    }
                 }
             }
-            Index::Smg { gateway, .. } => gateway.place(chosen, locals),
+            Index::Smg { gateway, .. } => {
+                gateway.place(chosen, locals);
+                None
+            }
         }
     }
 }
@@ -241,12 +295,18 @@ async fn gateway(
     bar: ProgressBar,
 ) {
     let mut tree = LocalTree::new(s.capacity);
+    // Read-your-writes (`--faults`): per partition, the next offset past this gateway's own
+    // placements; an answer below it is stale.
+    let mut own: BTreeMap<u32, i64> = BTreeMap::new();
     while let Some((i, req)) = rx.recv().await {
         let mut chain = expand_request(&req, 0, s.stretch);
         chain.truncate(s.capacity);
         let locals: Vec<u64> = chain.iter().map(|b| b.local).collect();
+        let token: Vec<NextOffset> = own.iter().map(|(&p, &o)| NextOffset::new(p, o)).collect();
+        let window = s.clock.window();
         let t = Instant::now();
-        let (answered, depths, applied) = index.ask(&locals, s.host_tier.then_some(s.host_weight)).await;
+        let (answered, depths, applied, stale) =
+            index.ask(&locals, s.host_tier.then_some(s.host_weight), &token).await;
         let query_us = t.elapsed().as_micros() as u64;
         let local_depths = tree.depths(&locals);
         let (chosen, hit, oracle, local_choice, local) = {
@@ -270,7 +330,14 @@ async fn gateway(
             (chosen, hit, oracle, lc, local)
         };
         tree.routed(local_choice, &locals, req.timestamp_ms + 1);
-        index.place(g, chosen, &locals, &applied, &s).await;
+        if let Some(NextOffset { partition: p, offset: next }) =
+            index.place(g, chosen, &locals, &applied, &s).await
+        {
+            if s.read_your_writes {
+                let e = own.entry(p).or_insert(next);
+                *e = (*e).max(next);
+            }
+        }
         let o = Outcome {
             blocks: chain.len() as u32,
             hit,
@@ -281,8 +348,15 @@ async fn gateway(
             host_weight: s.host_weight,
             chosen,
             prompt_tail: locals.last().copied().unwrap_or(0),
+            window,
+            stale,
         };
-        s.results.lock()[i] = Some(o);
+        let mut results = s.results.lock();
+        if results.len() <= i {
+            results.resize(i + 1, None);
+        }
+        results[i] = Some(o);
+        drop(results);
         bar.inc(1);
     }
 }
@@ -308,22 +382,39 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         trace.truncate(a.requests);
     }
     let n = trace.len();
+    anyhow::ensure!(n > 0, "the trace has no request");
     println!(
-        "prefixlog-lab demo: {n} requests of {}, {} workers ({}-block LRU), {} gateways ({}), 2 replicas, {} partitions, speed-up {}×",
+        "prefixlog-lab demo: {n} requests of {}, {} workers ({}-block LRU), {} gateways ({}), {} replicas, {} partitions, speed-up {}×{}",
         a.trace.display(),
         a.workers,
         a.capacity,
         a.gateways,
         a.gateway_protocol.name(),
+        a.replicas,
         a.partitions,
-        a.speedup
+        a.speedup,
+        a.faults.map_or(String::new(), |f| format!(", faults: {f:?} (the trace replays in a loop)"))
     );
     let over_smg = a.gateway_protocol == GatewayProtocol::Smg;
     anyhow::ensure!(
         !(over_smg && a.host_capacity > 0),
         "--host-capacity needs --gateway-protocol prefixlog (SMG's protocol has no tiers)"
     );
-    let cluster = cluster::Cluster::start(a.partitions, 2, a.anti_entropy_interval, over_smg).await?;
+    anyhow::ensure!(a.replicas >= 1, "--replicas must be at least 1");
+    anyhow::ensure!(
+        a.faults.is_none() || (a.replicas >= 2 && !over_smg),
+        "--faults needs --replicas 2 or more and --gateway-protocol prefixlog"
+    );
+    // Fixed ports and a data dir per replica, so they can stop and restart.
+    let data_root = a.faults.map(|_| tempfile::tempdir()).transpose()?;
+    let cluster = cluster::Cluster::start(
+        a.partitions,
+        a.replicas,
+        a.anti_entropy_interval,
+        over_smg,
+        data_root.as_ref().map(|d| d.path().to_path_buf()),
+    )
+    .await?;
     if over_smg {
         for e in cluster.endpoints() {
             tokio::time::timeout(Duration::from_secs(60), smg::wait_serving(&e)).await??;
@@ -350,6 +441,8 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         capacity: a.capacity,
         host_tier: a.host_capacity > 0,
         host_weight: (a.host_weight * 1000.0).round() as u32,
+        clock: Arc::default(),
+        read_your_writes: a.faults.is_some(),
     });
     let endpoints = cluster.endpoints();
     let mut workers = Vec::new();
@@ -408,13 +501,18 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         })
     };
 
+    let schedule = a.faults.map(|f| faults::Schedule {
+        faults: f.faults(),
+        baseline: a.fault_baseline,
+        settle: a.fault_settle,
+    });
     let start = Instant::now();
-    let t0 = trace.first().map_or(0, |r| r.timestamp_ms);
-    for (i, req) in trace.into_iter().enumerate() {
-        let due = Duration::from_secs_f64(req.timestamp_ms.saturating_sub(t0) as f64 / 1000.0 / a.speedup);
-        tokio::time::sleep_until((start + due).into()).await;
-        let _ = senders[i % a.gateways].send((i, req));
-    }
+    // In this task, not spawned: the embedded broker the cluster owns is not `Send`.
+    let (driven, ()) = tokio::join!(
+        faults::drive(cluster, schedule, s.clock.clone()),
+        replay::replay(&trace, &senders, a.speedup, a.faults.is_some().then_some(&*s.clock), &bar)
+    );
+    let (cluster, windows) = driven?;
     drop(senders);
     for g in gateways {
         g.await?;
@@ -471,8 +569,14 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     }
     std::fs::write(&a.plot, report::svg(&outcomes))?;
     println!("hit ratio over time written to {}", a.plot.display());
+    // The windows' table ends the run, its summary line last (for people and scripts).
+    if a.faults.is_some() {
+        println!("\n{}", faults::report(&outcomes, &windows));
+    }
     // Clients first (the gateways' and workers' publisher clones went with their tasks), then
     // the replicas, then the broker: nothing is left to retry against a stopped broker.
     drop(publisher);
-    cluster.shutdown().await
+    cluster.shutdown().await?;
+    drop(data_root);
+    Ok(())
 }

@@ -29,6 +29,10 @@ pub struct Outcome {
     /// pairs the request with its placement in the log (`audit loss`).
     pub chosen: u32,
     pub prompt_tail: u64,
+    /// The fault window the query started in (`--faults`; 0 otherwise).
+    pub window: u8,
+    /// Answered by a replica behind the gateway's own token, or flagged stale.
+    pub stale: bool,
 }
 
 impl Outcome {
