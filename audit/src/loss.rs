@@ -10,6 +10,7 @@
 use prefixlog_engine::{HolderKey, HolderMatch, KeyspaceId, MatchOptions, Tier};
 use prefixlog_state::record::{decode, is_placement, Op};
 use prefixlog_state::Applier;
+use prefixlog_state::NextOffset;
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -44,7 +45,7 @@ pub struct Decision {
     pub lost_blocks: u32,
     pub lost_tokens: u64,
     /// The gateway's answer offsets, when the placement carries them.
-    pub answered_at: Vec<(u32, i64)>,
+    pub answered_at: Vec<NextOffset>,
     /// Records of the placement's own partition between the answer and the placement (0
     /// without a token).
     pub records_since_answer: i64,
@@ -158,7 +159,7 @@ pub struct Placed {
     pub keyspace: KeyspaceId,
     pub holder: HolderKey,
     pub locals: Vec<u64>,
-    pub answered_at: Vec<(u32, i64)>,
+    pub answered_at: Vec<NextOffset>,
     pub gateway: String,
     pub policy: String,
 }
@@ -290,8 +291,12 @@ pub fn judge_record(
     value: Option<&[u8]>,
 ) -> Option<Decision> {
     let placed = Placed::of_record(partitions, partition, offset, log_time, value)?;
-    let since =
-        placed.answered_at.iter().filter(|&&(p, _)| p == partition).map(|&(_, o)| (offset - o).max(0)).sum();
+    let since = placed
+        .answered_at
+        .iter()
+        .filter(|a| a.partition == partition)
+        .map(|a| (offset - a.offset).max(0))
+        .sum();
     let mut tally = Tally::default();
     tally.add(placed.holder, &placed.matches(applier));
     Some(placed.decide(tally, since))

@@ -56,8 +56,8 @@ impl PartitionRecords {
 
     /// The index of the record before which `pl` is judged on partition `q`.
     fn judged_before(&self, q: u32, pl: &Placed) -> usize {
-        match pl.answered_at.iter().find(|&&(p, _)| p == q) {
-            Some(&(_, o)) => self.at_offset(o),
+        match pl.answered_at.iter().find(|a| a.partition == q) {
+            Some(a) => self.at_offset(a.offset),
             None if q == pl.partition => self.at_offset(pl.offset),
             None => self.after_time(pl.log_time),
         }
@@ -97,8 +97,8 @@ pub fn judge_range(
         let since = pl
             .answered_at
             .iter()
-            .find(|&&(p, _)| p == pl.partition)
-            .map_or(0, |&(_, o)| (pl.offset - o).max(0));
+            .find(|a| a.partition == pl.partition)
+            .map_or(0, |a| (pl.offset - a.offset).max(0));
         report.add(pl.decide(tally, since), opts.keep_decisions);
     }
     report.replayed = replayed;

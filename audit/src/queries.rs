@@ -193,6 +193,7 @@ pub fn holder_blocks(engine: &Engine, ks: &KeyspaceId, h: HolderKey) -> Vec<Vec<
 mod tests {
     use super::*;
     use prefixlog_engine::EngineConfig;
+    use prefixlog_state::BlockHashes;
 
     /// An audit query orders, restricts and weighs tiers as a live query does, and names an
     /// unknown tier instead of guessing.
@@ -200,8 +201,16 @@ mod tests {
     fn tier_options_are_read_by_name() {
         let engine = Engine::new(EngineConfig::default());
         let id = KeyspaceId::new("m", 16, 1);
-        engine.store(&id, HolderKey::new(3, 0, 0), None, &[(11, 1)], 1).unwrap();
-        engine.store(&id, HolderKey::new(3, 0, 0).on(Tier::Host), None, &[(11, 1), (12, 2)], 1).unwrap();
+        engine.store(&id, HolderKey::new(3, 0, 0), None, &[(11, 1)].map(BlockHashes::from), 1).unwrap();
+        engine
+            .store(
+                &id,
+                HolderKey::new(3, 0, 0).on(Tier::Host),
+                None,
+                &[(11, 1), (12, 2)].map(BlockHashes::from),
+                1,
+            )
+            .unwrap();
         let q = |tiers: &[&str], weights: &[(&str, u32)]| Query {
             keyspace: KeyspaceJson { model: "m".into(), block_size: 16, hash_scheme: 1 },
             tokens: None,

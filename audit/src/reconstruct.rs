@@ -2,6 +2,7 @@
 
 use indicatif::{ProgressBar, ProgressStyle};
 use prefixlog_snapshot::{restore_for, CheckpointMeta, CheckpointStore, RestoreError};
+use prefixlog_state::NextOffset;
 use prefixlog_state::{
     check_compatible, Applier, ApplyLogOptions, BeforeApply, LogError, LogIdentity, LogProbe, LogSource,
     Until,
@@ -14,7 +15,7 @@ pub enum Point {
     /// Next offsets per partition (what a query response's `applied` offsets say): every record
     /// below them is applied, none at or above. Owned partitions not named are taken to their
     /// end.
-    Offsets(Vec<(u32, i64)>),
+    Offsets(Vec<NextOffset>),
     /// Log time in ms: per partition, every record before the first one stamped after it.
     Time(u64),
 }
@@ -69,7 +70,7 @@ fn target_offsets(
 ) -> Result<Option<BTreeMap<u32, i64>>, AuditError> {
     let Point::Offsets(o) = point else { return Ok(None) };
     let mut t: BTreeMap<u32, i64> = log.owned().iter().map(|&p| (p, probe.high(p))).collect();
-    for &(p, off) in o {
+    for &NextOffset { partition: p, offset: off } in o {
         let Some(x) = t.get_mut(&p) else { return Err(AuditError::NotOwned(p)) };
         if off > probe.high(p) {
             return Err(AuditError::BeyondEnd { partition: p, asked: off, end: probe.high(p) });

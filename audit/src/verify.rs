@@ -3,6 +3,7 @@
 use crate::reconstruct::{advance, of_this_log, reconstruct, AuditError, Point};
 use prefixlog_snapshot::CheckpointStore;
 use prefixlog_state::LogSource;
+use prefixlog_state::NextOffset;
 
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct VerifyReport {
@@ -43,7 +44,8 @@ pub fn verify(
             report.other_settings.push(m.id);
             continue;
         }
-        let point = Point::Offsets(log.owned().iter().map(|&p| (p, m.offsets[p as usize])).collect());
+        let point =
+            Point::Offsets(log.owned().iter().map(|&p| NextOffset::new(p, m.offsets[p as usize])).collect());
         advance(&mut r.applier, log, &point, progress)?;
         report.checked += 1;
         for &p in log.owned() {

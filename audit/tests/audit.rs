@@ -8,6 +8,8 @@ use prefixlog_engine::KeyspaceId;
 use prefixlog_ingest::{probe_log, EmbeddedKafka, KafkaConnection, LogSpec, Publisher};
 use prefixlog_node::{CheckpointPolicy, NodeOptions, ReplicaNode};
 use prefixlog_snapshot::{capture, CheckpointStore, Retention};
+use prefixlog_state::BlockHashes;
+use prefixlog_state::NextOffset;
 use prefixlog_state::{KvOp, Tier};
 use std::time::Duration;
 
@@ -59,7 +61,8 @@ async fn audit_reproduces_live_answers_and_verifies_history() {
                 1 => vec![1, 2, 9],
                 _ => vec![7, 8, 1 + phase],
             };
-            let blocks: Vec<(u64, u64)> = chain.iter().map(|&l| (w << 32 | phase << 16 | l, l)).collect();
+            let blocks: Vec<BlockHashes> =
+                chain.iter().map(|&l| (w << 32 | phase << 16 | l, l)).map(BlockHashes::from).collect();
             let ops = [
                 KvOp::Cleared { lane: 0 },
                 KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext: None, blocks },
@@ -76,7 +79,8 @@ async fn audit_reproduces_live_answers_and_verifies_history() {
         tokio::time::sleep(Duration::from_millis(100)).await;
         {
             let a = replica.applier().lock();
-            let offsets: Vec<(u32, i64)> = (0..P).map(|p| (p, a.partition(p).next_offset)).collect();
+            let offsets: Vec<NextOffset> =
+                (0..P).map(|p| (p, a.partition(p).next_offset)).map(NextOffset::from).collect();
             let answers: Vec<_> = queries.iter().map(|q| answer(a.engine(), &query(q)).unwrap()).collect();
             recorded.push((offsets, t, answers));
         }

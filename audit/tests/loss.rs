@@ -10,6 +10,8 @@ use prefixlog_state::memory_log::MemoryLog;
 use prefixlog_state::record::{
     encode_kv_events, encode_lifecycle, encode_placement, encode_placement_with_policy,
 };
+use prefixlog_state::BlockHashes;
+use prefixlog_state::NextOffset;
 use prefixlog_state::{KvOp, Lifecycle, StateSettings, Tier};
 use std::collections::BTreeMap;
 
@@ -24,11 +26,11 @@ fn store(w: u64, tier: Tier, locals: &[u64]) -> Vec<u8> {
 
 /// [`store`] as the worker's batch `seq`.
 fn store_seq(w: u64, seq: u64, tier: Tier, locals: &[u64]) -> Vec<u8> {
-    let blocks = locals.iter().map(|&l| (w * 100 + l, l)).collect();
+    let blocks = locals.iter().map(|&l| (w * 100 + l, l)).map(BlockHashes::from).collect();
     encode_kv_events(&ks(), w, 0, 1, seq, false, &[KvOp::Stored { tier, lane: 0, parent_ext: None, blocks }])
 }
 
-fn place(w: u64, locals: &[u64], token: &[(u32, i64)], gateway: &str, policy: &str) -> Vec<u8> {
+fn place(w: u64, locals: &[u64], token: &[NextOffset], gateway: &str, policy: &str) -> Vec<u8> {
     encode_placement_with_policy(&ks(), HolderKey::new(w, 0, 0), locals, token, gateway, policy)
 }
 
@@ -44,10 +46,10 @@ fn log() -> MemoryLog {
     log.push(3, 1_000, store(3, Tier::Gpu, &[1, 2, 3])); // 2
     log.push(4, 1_000, store(4, Tier::Host, &[1, 2, 3, 4])); // 3
                                                              // 4: a tie: workers 1, 3 (GPU) and 4 (host) all hold 3 blocks of [1,2,3]; 3 is chosen.
-    log.push(3, 2_000, place(3, &[1, 2, 3], &[(0, 4)], "gw-a", "shared-index"));
+    log.push(3, 2_000, place(3, &[1, 2, 3], &[(0, 4)].map(NextOffset::from), "gw-a", "shared-index"));
     log.push(4, 2_000, encode_lifecycle(4, &Lifecycle::Removed)); // 5
                                                                   // 6: answered at offset 5 (worker 4 still held 4 blocks), placed after its removal.
-    log.push(1, 3_000, place(1, &[1, 2, 3, 4], &[(0, 5)], "gw-a", "shared-index"));
+    log.push(1, 3_000, place(1, &[1, 2, 3, 4], &[(0, 5)].map(NextOffset::from), "gw-a", "shared-index"));
     // 7: no token, a worker holding 2 of the 3 achievable blocks.
     log.push(2, 61_000, place(2, &[1, 2, 3], &[], "gw-b", "round-robin"));
     log.push(5, 61_000, store(5, Tier::Host, &[7, 8, 9])); // 8
@@ -58,8 +60,14 @@ fn log() -> MemoryLog {
 
 fn judged() -> prefixlog_audit::LossReport {
     let log = log();
-    judge_range(None, &log, &Point::Offsets(vec![(0, 0)]), &Point::Offsets(vec![]), &LossOptions::default())
-        .expect("judged")
+    judge_range(
+        None,
+        &log,
+        &Point::Offsets([(0, 0)].map(NextOffset::from).to_vec()),
+        &Point::Offsets(vec![]),
+        &LossOptions::default(),
+    )
+    .expect("judged")
 }
 
 fn brief(d: &Decision) -> (i64, u64, u32, u32, Vec<u64>, u32, u64) {
@@ -88,8 +96,8 @@ fn every_placement_is_judged_exactly() {
     let d = &r.decisions;
     assert_eq!(d[0].best_per_tier, tiers(&[("gpu", 3), ("host", 3)]));
     assert_eq!(d[0].chosen_per_tier, tiers(&[("gpu", 3)]));
-    assert_eq!((d[0].answered_at.clone(), d[0].records_since_answer), (vec![(0, 4)], 0));
-    assert_eq!((d[1].answered_at.clone(), d[1].records_since_answer), (vec![(0, 5)], 1));
+    assert_eq!((d[0].answered_at.clone(), d[0].records_since_answer), (vec![NextOffset::new(0, 4)], 0));
+    assert_eq!((d[1].answered_at.clone(), d[1].records_since_answer), (vec![NextOffset::new(0, 5)], 1));
     assert!(d[2].answered_at.is_empty() && d[3].answered_at.is_empty());
     assert_eq!(d[3].best_per_tier, tiers(&[("host", 3)]));
     assert!(d[3].chosen_per_tier.is_empty());
@@ -101,7 +109,7 @@ fn every_placement_is_judged_exactly() {
 #[test]
 fn placements_are_recognised_undecoded() {
     use prefixlog_state::record::is_placement;
-    assert!(is_placement(&place(3, &[1, 2], &[(0, 4)], "g", "p")));
+    assert!(is_placement(&place(3, &[1, 2], &[(0, 4)].map(NextOffset::from), "g", "p")));
     assert!(is_placement(&encode_placement(&ks(), HolderKey::new(1, 0, 0), &[], &[], "")));
     assert!(!is_placement(&store(1, Tier::Gpu, &[1, 2, 3])));
     assert!(!is_placement(&encode_lifecycle(4, &Lifecycle::Removed)));
@@ -174,7 +182,7 @@ fn follow_exports_counters() {
     };
     std::thread::scope(|s| {
         let job = s.spawn(|| {
-            let start = Point::Offsets(vec![(0, 0)]);
+            let start = Point::Offsets([(0, 0)].map(NextOffset::from).to_vec());
             follow(None, &*log, &start, &counters, &stop, Duration::from_millis(2))
         });
         wait_for(r#"prefixlog_audit_loss_lost_tokens_total{gateway="gw-b",policy="(none)"} 48"#);
@@ -206,20 +214,20 @@ fn judged_at_the_token_offsets_of_every_partition() {
     log.push(b, 1_000, store(b, Tier::Gpu, &[1, 2, 3])); // p1 @0
     log.push(b, 1_500, encode_lifecycle(b, &Lifecycle::Removed)); // p1 @1
                                                                   // p0 @1: answered before b's removal (p1 at 1): b held the whole prompt.
-    log.push(a, 2_000, place(a, &[1, 2, 3], &[(0, 1), (1, 1)], "gw", "shared-index"));
+    log.push(a, 2_000, place(a, &[1, 2, 3], &[(0, 1), (1, 1)].map(NextOffset::from), "gw", "shared-index"));
     // p0 @2: answered after it (p1 at 2): a's 2 blocks are the best (a placement credits no
     // blocks to a worker that publishes its events).
-    log.push(a, 2_000, place(a, &[1, 2, 3], &[(0, 2), (1, 2)], "gw", "shared-index"));
+    log.push(a, 2_000, place(a, &[1, 2, 3], &[(0, 2), (1, 2)].map(NextOffset::from), "gw", "shared-index"));
     log.push(b, 2_500, store(b, Tier::Gpu, &[5, 6])); // p1 @2
     log.push(a, 2_600, store_seq(a, 2, Tier::Gpu, &[5, 6])); // p0 @3: a's own stores for the request
                                                              // p0 @4: answered before both stores of [5, 6] (p0 at 3, p1 at 2): nobody held it.
-    log.push(a, 2_600, place(a, &[5, 6], &[(0, 3), (1, 2)], "gw", "shared-index"));
+    log.push(a, 2_600, place(a, &[5, 6], &[(0, 3), (1, 2)].map(NextOffset::from), "gw", "shared-index"));
     // p0 @5: no token: p0 at its own offset, p1 as of its log time 2_550 (b's [5, 6] stored).
     log.push(a, 2_550, place(a, &[5, 6, 7], &[], "gw", "round-robin"));
     let r = judge_range(
         None,
         &log,
-        &Point::Offsets(vec![(0, 0), (1, 0)]),
+        &Point::Offsets([(0, 0), (1, 0)].map(NextOffset::from).to_vec()),
         &Point::Offsets(vec![]),
         &LossOptions::default(),
     )

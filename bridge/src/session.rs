@@ -24,6 +24,7 @@ use super::metrics::{BridgeMetrics, Refusal};
 use super::namespace;
 use super::wire::{Batch, Event, Salt, Tokens};
 use prefixlog_engine::scheme::OwnedBlockKey;
+use prefixlog_engine::BlockHashes;
 use prefixlog_state::record::{KvOp, Tier};
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
@@ -383,7 +384,7 @@ impl Session {
                     tier,
                     lane,
                     parent_ext: *parent,
-                    blocks: hashes.iter().copied().zip(locals).collect(),
+                    blocks: hashes.iter().copied().zip(locals).map(BlockHashes::from).collect(),
                 }))
             }
             Event::Removed { hashes, medium, group_idx, residency } => {
@@ -423,7 +424,7 @@ impl Session {
         let mut blocks = Vec::with_capacity(hashes.len());
         for &ext in hashes {
             let known = self.locals.get(&(lane, ext)).ok_or(Refusal::UnknownParent)?;
-            blocks.push((ext, known.local));
+            blocks.push(BlockHashes::new(ext, known.local));
         }
         let Some(&first) = hashes.first() else { return Ok(None) };
         let parent_ext = parent.or_else(|| self.locals[&(lane, first)].parent);

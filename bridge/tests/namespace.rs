@@ -55,7 +55,7 @@ fn run(s: &mut Session, seq: u64, events: Vec<Value>, m: &BridgeMetrics) -> Vec<
 
 fn locals(op: &KvOp) -> Vec<u64> {
     match op {
-        KvOp::Stored { blocks, .. } => blocks.iter().map(|&(_, l)| l).collect(),
+        KvOp::Stored { blocks, .. } => blocks.iter().map(|b| b.local).collect(),
         other => panic!("not a store: {other:?}"),
     }
 }

@@ -5,6 +5,7 @@ use prefixlog_bridge::metrics::BridgeMetrics;
 use prefixlog_bridge::session::{chain_from, Arrival, Session};
 use prefixlog_bridge::wire::{Batch, Event, ExtraKey, ExtraKeys, Lookahead, Residency, Salt, Tokens};
 use prefixlog_engine::scheme::block_hashes;
+use prefixlog_state::BlockHashes;
 use prefixlog_state::{KvOp, Tier};
 
 const BS: u32 = 4;
@@ -68,13 +69,18 @@ fn stores_chain_through_known_parents_and_refuse_unknown_ones() {
             tier: Tier::Gpu,
             lane: 0,
             parent_ext: None,
-            blocks: vec![(11, want[0]), (12, want[1])]
+            blocks: [(11, want[0]), (12, want[1])].map(BlockHashes::from).to_vec()
         }]
     );
     let ops = s.accept(1, 2, &batch(vec![stored(&[13], Some(12), t[8..12].to_vec())]), &m).ops;
     assert_eq!(
         ops,
-        vec![KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext: Some(12), blocks: vec![(13, want[2])] }]
+        vec![KvOp::Stored {
+            tier: Tier::Gpu,
+            lane: 0,
+            parent_ext: Some(12),
+            blocks: [(13, want[2])].map(BlockHashes::from).to_vec()
+        }]
     );
     // Unknown parent: refused, never hashed from the wrong seed.
     let a = s.accept(2, 3, &batch(vec![stored(&[15], Some(14), t[12..16].to_vec())]), &m);
@@ -166,14 +172,24 @@ fn refusals_lanes_and_clears() {
     assert_eq!(
         ops,
         vec![
-            KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext: None, blocks: vec![(26, in_adapter[0])] },
+            KvOp::Stored {
+                tier: Tier::Gpu,
+                lane: 0,
+                parent_ext: None,
+                blocks: [(26, in_adapter[0])].map(BlockHashes::from).to_vec()
+            },
             KvOp::Stored {
                 tier: Tier::Gpu,
                 lane: 0,
                 parent_ext: Some(26),
-                blocks: vec![(28, in_adapter[1])]
+                blocks: [(28, in_adapter[1])].map(BlockHashes::from).to_vec()
             },
-            KvOp::Stored { tier: Tier::Gpu, lane: 1, parent_ext: None, blocks: vec![(21, local)] },
+            KvOp::Stored {
+                tier: Tier::Gpu,
+                lane: 1,
+                parent_ext: None,
+                blocks: [(21, local)].map(BlockHashes::from).to_vec()
+            },
             KvOp::Cleared { lane: 0 },
             KvOp::Cleared { lane: 1 },
         ]
@@ -224,9 +240,14 @@ fn media_map_onto_tiers_and_offloads_complete_from_the_gpu_store() {
                 tier: Tier::Gpu,
                 lane: 0,
                 parent_ext: None,
-                blocks: vec![(1, want[0]), (2, want[1])]
+                blocks: [(1, want[0]), (2, want[1])].map(BlockHashes::from).to_vec()
             },
-            KvOp::Stored { tier: Tier::Disk, lane: 0, parent_ext: Some(2), blocks: vec![(3, want[2])] },
+            KvOp::Stored {
+                tier: Tier::Disk,
+                lane: 0,
+                parent_ext: Some(2),
+                blocks: [(3, want[2])].map(BlockHashes::from).to_vec()
+            },
         ]
     );
     // A lazy CPU offload of 2 and 3, by hash only, gets its locals and its parent from what
@@ -242,9 +263,14 @@ fn media_map_onto_tiers_and_offloads_complete_from_the_gpu_store() {
                 tier: Tier::Host,
                 lane: 0,
                 parent_ext: Some(1),
-                blocks: vec![(2, want[1]), (3, want[2])]
+                blocks: [(2, want[1]), (3, want[2])].map(BlockHashes::from).to_vec()
             },
-            KvOp::Stored { tier: Tier::Host, lane: 0, parent_ext: None, blocks: vec![(1, want[0])] },
+            KvOp::Stored {
+                tier: Tier::Host,
+                lane: 0,
+                parent_ext: None,
+                blocks: [(1, want[0])].map(BlockHashes::from).to_vec()
+            },
             KvOp::Removed { tier: Tier::External, lane: 0, exts: vec![3] },
         ]
     );
@@ -255,7 +281,12 @@ fn media_map_onto_tiers_and_offloads_complete_from_the_gpu_store() {
     let ops = s.accept(3, 4, &batch(vec![on("disk", stored(&[2], None, vec![]))]), &m).ops;
     assert_eq!(
         ops,
-        vec![KvOp::Stored { tier: Tier::Disk, lane: 0, parent_ext: Some(1), blocks: vec![(2, want[1])] }]
+        vec![KvOp::Stored {
+            tier: Tier::Disk,
+            lane: 0,
+            parent_ext: Some(1),
+            blocks: [(2, want[1])].map(BlockHashes::from).to_vec()
+        }]
     );
     // Removed from every tier that held it: forgotten.
     s.accept(4, 5, &batch(vec![on("cpu", removed(&[1, 2, 3])), on("DISK", removed(&[2, 3]))]), &m);

@@ -18,7 +18,7 @@ pub use crate::replicas::Unavailable;
 use crate::seeds::{expand, system_resolver, Resolver};
 use crate::shards::{choose_layout, describe_all, merge, ShardMap, ShardReply};
 use parking_lot::RwLock;
-use prefixlog_ids::{KeyspaceId, Landed, Tier};
+use prefixlog_ids::{KeyspaceId, Landed, NextOffset, Tier};
 use prefixlog_proto::v1::{self, MatchRequest, WorkerScore};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -42,7 +42,7 @@ pub struct MatchQuery {
     pub intervals: bool,
     /// Consistency token in next offsets: answer only after every record below these
     /// (partition, offset)s is applied (see [`MatchQuery::after`], [`MatchQuery::at_least`]).
-    pub min_offsets: Vec<(u32, i64)>,
+    pub min_offsets: Vec<NextOffset>,
     /// Non-empty: score only these workers.
     pub candidates: Vec<u64>,
     /// Leave out holders whose event stream had a gap.
@@ -109,7 +109,7 @@ impl MatchQuery {
     }
 
     /// Read your writes from another replica's answer: its `applied` offsets, unchanged.
-    pub fn at_least(mut self, applied: &[(u32, i64)]) -> Self {
+    pub fn at_least(mut self, applied: &[NextOffset]) -> Self {
         self.min_offsets.extend_from_slice(applied);
         self
     }
@@ -196,7 +196,7 @@ impl MatchQuery {
             min_offsets: self
                 .min_offsets
                 .iter()
-                .map(|&(partition, offset)| v1::PartitionOffset { partition, offset })
+                .map(|&NextOffset { partition, offset }| v1::PartitionOffset { partition, offset })
                 .collect(),
             allow_stale: self.allow_stale,
             request_id: 0,
@@ -223,7 +223,7 @@ pub struct Answer {
     pub scores: Vec<WorkerScore>,
     /// Next offset per partition when the shards answered (pass as `answered_at`, or as the
     /// next query's consistency token with [`MatchQuery::at_least`]).
-    pub applied: Vec<(u32, i64)>,
+    pub applied: Vec<NextOffset>,
     /// The replicas that answered, one per shard, comma separated.
     pub replica_id: String,
     /// Some shard's answer was stale: with a consistency token, the token was not reached

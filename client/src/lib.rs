@@ -22,7 +22,7 @@ pub mod shards;
 
 pub use client::{Answer, DiscoveryError, IndexClient, MatchOutcome, MatchQuery, Prompt, Unavailable};
 pub use mux::{MuxError, StreamMux};
-pub use prefixlog_ids::{token_of, KeyspaceId, Landed, Tier};
+pub use prefixlog_ids::{token_of, KeyspaceId, Landed, NextOffset, Tier};
 
 /// Re-exported so gateways build TLS configs and raw calls with the exact version this crate
 /// was built with.

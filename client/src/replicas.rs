@@ -17,6 +17,7 @@
 use crate::mux::{MuxError, StreamMux};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use parking_lot::Mutex;
+use prefixlog_ids::NextOffset;
 use prefixlog_proto::v1::{
     prefix_index_client::PrefixIndexClient, prefix_index_server, MatchRequest, MatchResponse,
 };
@@ -51,16 +52,16 @@ struct Ep {
     healthy: AtomicBool,
     applied_sum: AtomicI64,
     /// Next offsets its last answer reflected, per partition (token-aware choice).
-    applied: Mutex<Vec<(u32, i64)>>,
+    applied: Mutex<Vec<NextOffset>>,
     timeouts: AtomicU32,
 }
 
 impl Ep {
     /// Whether this endpoint's last answer was below `token` on some partition it reported.
     /// Unknown (no answer yet, or the partition not reported) is not behind.
-    fn known_behind(&self, token: &[(u32, i64)]) -> bool {
+    fn known_behind(&self, token: &[NextOffset]) -> bool {
         let applied = self.applied.lock();
-        token.iter().any(|&(p, need)| applied.iter().any(|&(q, at)| q == p && at < need))
+        token.iter().any(|t| applied.iter().any(|a| a.partition == t.partition && a.offset < t.offset))
     }
 
     fn count_timeout(&self) {
@@ -277,7 +278,8 @@ impl ReplicaGroup {
             Ok(m) => {
                 ep.timeouts.store(0, Ordering::Relaxed);
                 ep.applied_sum.store(m.applied.iter().map(|o| o.offset.max(0)).sum(), Ordering::Relaxed);
-                *ep.applied.lock() = m.applied.iter().map(|o| (o.partition, o.offset)).collect();
+                *ep.applied.lock() =
+                    m.applied.iter().map(|o| NextOffset::new(o.partition, o.offset)).collect();
                 Settled::Answer(m)
             }
             Err(s) => match s.code() {
@@ -314,7 +316,8 @@ impl ReplicaGroup {
     /// then the least lagged. The others last (a probe may not have run yet, or may be stale;
     /// trying them beats giving up within the deadline).
     fn order(&self, req: &MatchRequest) -> Vec<usize> {
-        let token: Vec<(u32, i64)> = req.min_offsets.iter().map(|o| (o.partition, o.offset)).collect();
+        let token: Vec<NextOffset> =
+            req.min_offsets.iter().map(|o| NextOffset::new(o.partition, o.offset)).collect();
         let mut idx: Vec<usize> = (0..self.eps.len()).collect();
         idx.sort_by_cached_key(|&i| {
             let e = &self.eps[i];
@@ -397,7 +400,7 @@ mod tests {
     fn answered(group: &ReplicaGroup, i: usize, applied: &[(u32, i64)]) {
         let ep = &group.eps[i];
         ep.applied_sum.store(applied.iter().map(|a| a.1).sum(), Ordering::Relaxed);
-        *ep.applied.lock() = applied.to_vec();
+        *ep.applied.lock() = applied.iter().map(|&(p, o)| NextOffset::new(p, o)).collect();
     }
 
     /// The most applied replica overall is not the one to ask when its last answer was behind

@@ -8,6 +8,7 @@
 
 use crate::replicas::{ClientTls, ReplicaGroup, Unavailable};
 use parking_lot::Mutex;
+use prefixlog_ids::NextOffset;
 use prefixlog_proto::v1::{
     prefix_index_client::PrefixIndexClient, DescribeRequest, MatchResponse, WorkerScore,
 };
@@ -124,7 +125,7 @@ pub struct ShardReply {
 /// The merged view of the shards' replies.
 pub struct Merged {
     pub scores: Vec<WorkerScore>,
-    pub applied: Vec<(u32, i64)>,
+    pub applied: Vec<NextOffset>,
     pub replica_ids: Vec<String>,
     pub endpoints: Vec<String>,
     pub stale: bool,
@@ -166,7 +167,7 @@ pub fn merge(replies: Vec<ShardReply>, top_k: Option<u32>) -> Result<Merged, Una
                         }
                     }
                 }
-                m.applied.extend(resp.applied.iter().map(|o| (o.partition, o.offset)));
+                m.applied.extend(resp.applied.iter().map(|o| NextOffset::new(o.partition, o.offset)));
                 m.replica_ids.push(resp.replica_id);
                 m.endpoints.push(endpoint);
                 m.stale |= resp.stale;
@@ -254,7 +255,7 @@ mod tests {
         .unwrap();
         let got: Vec<(u64, u32)> = m.scores.iter().map(|s| (s.worker, s.depth)).collect();
         assert_eq!(got, vec![(1, 3), (4, 3), (3, 2)]);
-        assert_eq!(m.applied, vec![(0, 10), (1, 10)]);
+        assert_eq!(m.applied, vec![NextOffset::new(0, 10), NextOffset::new(1, 10)]);
         assert!(m.missing_shards.is_empty());
         let failed = ShardReply { shard: 1, partitions: vec![1, 3], result: Err(Unavailable::Timeout) };
         let m = merge(vec![reply(0, vec![score(4, 3)], 0), failed], None).unwrap();

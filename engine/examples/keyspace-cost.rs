@@ -5,7 +5,7 @@
 //!   cargo run --release -p prefixlog-engine --example keyspace-cost -- --keyspaces 2000
 
 use clap::Parser;
-use prefixlog_engine::{Engine, EngineConfig, HolderKey, Keyspace, KeyspaceId};
+use prefixlog_engine::{BlockHashes, Engine, EngineConfig, HolderKey, Keyspace, KeyspaceId};
 use prefixlog_workload::heap::{live_bytes, CountingAlloc};
 
 #[global_allocator]
@@ -52,7 +52,9 @@ fn main() {
     let engine = Engine::new(cfg);
     for i in 0..a.keyspaces {
         let id = KeyspaceId::new(format!("m{i}"), 16, 1);
-        engine.store(&id, HolderKey::new(i as u64, 0, 0), None, &[(i as u64 + 1, 7)], 1).expect("a chain");
+        engine
+            .store(&id, HolderKey::new(i as u64, 0, 0), None, &[(i as u64 + 1, 7)].map(BlockHashes::from), 1)
+            .expect("a chain");
     }
     report("one holder, one block (Engine::store)", a.keyspaces, start);
     assert_eq!(engine.keyspace_ids().len(), a.keyspaces);

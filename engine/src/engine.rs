@@ -20,7 +20,7 @@ use crate::keyspace::store_check::check_store;
 use crate::keyspace::{Keyspace, PlaceOutcome};
 use crate::keyspace_cell::KeyspaceCell;
 use crate::types::{
-    ApplyError, EngineConfig, HolderKey, HolderMatch, KeyspaceId, LogTime, MatchOptions, Tier,
+    ApplyError, BlockHashes, EngineConfig, HolderKey, HolderMatch, KeyspaceId, LogTime, MatchOptions, Tier,
 };
 use parking_lot::RwLock;
 use std::collections::BTreeMap;
@@ -105,7 +105,7 @@ impl Engine {
         id: &KeyspaceId,
         key: HolderKey,
         parent_ext: Option<u64>,
-        blocks: &[(u64, u64)],
+        blocks: &[BlockHashes],
         t: LogTime,
     ) -> Result<u32, ApplyError> {
         let checked = check_store(parent_ext, blocks, &mut Vec::new());
@@ -130,7 +130,7 @@ impl Engine {
         for c in blocks.chunks(chunk) {
             let r = ks.write_grown_ahead(|k| k.store_checked(key, parent, c, t));
             added += r?;
-            parent = c.last().map(|b| b.0);
+            parent = c.last().map(|b| b.ext);
         }
         Ok(added)
     }

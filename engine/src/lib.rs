@@ -83,6 +83,6 @@ pub mod testing {
     pub use crate::trie::set_max_run_for_test;
 }
 pub use types::{
-    partition_of, ApplyError, EngineConfig, HolderKey, HolderMatch, InvalidStoreReason, InvariantError,
-    KeyspaceId, KeyspaceStats, LogTime, MatchDetail, MatchOptions, Tier, TierDepth, TierRun,
+    partition_of, ApplyError, BlockHashes, EngineConfig, HolderKey, HolderMatch, InvalidStoreReason,
+    InvariantError, KeyspaceId, KeyspaceStats, LogTime, MatchDetail, MatchOptions, Tier, TierDepth, TierRun,
 };

@@ -56,7 +56,7 @@ impl fmt::Display for HolderKey {
 }
 
 /// In `prefixlog-ids` so the gateway client can name them without the engine.
-pub use prefixlog_ids::{KeyspaceId, Tier};
+pub use prefixlog_ids::{BlockHashes, KeyspaceId, Tier};
 
 /// Limits and expiry policy of a keyspace. All decisions use log time.
 #[derive(Clone, Debug)]

@@ -4,7 +4,7 @@
 //! expiry bucket visited every holder). Measured with `Keyspace::holders_visited`, a count of
 //! holders these operations looked at, so the tests do not depend on timing.
 
-use prefixlog_engine::{partition_of, EngineConfig, HolderKey, Keyspace, KeyspaceId};
+use prefixlog_engine::{partition_of, BlockHashes, EngineConfig, HolderKey, Keyspace, KeyspaceId};
 
 const P: u32 = 16;
 const TTL: u64 = 1_000;
@@ -19,7 +19,13 @@ fn crowded() -> Keyspace {
     let mut k = keyspace(1 << 16);
     for w in 0..2_000u64 {
         for dp in 0..2 {
-            k.store(HolderKey::new(w, dp, 0), None, &[(w << 8 | u64::from(dp), w)], 1_000).unwrap();
+            k.store(
+                HolderKey::new(w, dp, 0),
+                None,
+                &[(w << 8 | u64::from(dp), w)].map(BlockHashes::from),
+                1_000,
+            )
+            .unwrap();
         }
         k.place(HolderKey::new(10_000 + w, 0, 0), &[w, 1], 1_000);
     }

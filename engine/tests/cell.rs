@@ -4,7 +4,9 @@
 //! query would wait for the write: here, forever, since the write waits for the query); and
 //! an engine paired after it holds state keeps that state and later writes in both copies.
 
-use prefixlog_engine::{Engine, EngineConfig, HolderKey, Keyspace, KeyspaceCell, KeyspaceId, MatchOptions};
+use prefixlog_engine::{
+    BlockHashes, Engine, EngineConfig, HolderKey, Keyspace, KeyspaceCell, KeyspaceId, MatchOptions,
+};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -28,7 +30,7 @@ fn a_query_is_answered_while_a_write_holds_its_copy() {
             s.spawn(move || tx.send(depth_of_worker_1(cell)).unwrap());
             let depth = rx.recv_timeout(Duration::from_secs(60)).expect("a query waited on the writer");
             seen.push(depth);
-            k.store(h, None, &[(11, 1), (12, 2), (13, 3)], 1)
+            k.store(h, None, &[(11, 1), (12, 2), (13, 3)].map(BlockHashes::from), 1)
         });
         assert_eq!(stored, Ok(3));
     });
@@ -41,7 +43,8 @@ fn a_query_is_answered_while_a_write_holds_its_copy() {
 /// Stores of `worker`'s chains of `len` blocks, one per `seed`.
 fn store_chains(e: &Engine, id: &KeyspaceId, worker: u64, seeds: std::ops::Range<u64>, len: u64) {
     for s in seeds {
-        let blocks: Vec<(u64, u64)> = (0..len).map(|i| (worker << 40 | s << 20 | i, s * 1_000 + i)).collect();
+        let blocks: Vec<BlockHashes> =
+            (0..len).map(|i| (worker << 40 | s << 20 | i, s * 1_000 + i)).map(BlockHashes::from).collect();
         e.store(id, HolderKey::new(worker, 0, 0), None, &blocks, s).unwrap();
     }
 }

@@ -18,7 +18,8 @@ use common::shrink::{shrink, shrink_within};
 use common::RefModel;
 use prefixlog_engine::digest::mix64;
 use prefixlog_engine::{
-    partition_of, Engine, EngineConfig, HolderKey, Keyspace, KeyspaceId, MatchOptions, PlaceOutcome, Tier,
+    partition_of, BlockHashes, Engine, EngineConfig, HolderKey, Keyspace, KeyspaceId, MatchOptions,
+    PlaceOutcome, Tier,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -157,14 +158,14 @@ impl Gen {
         let mut blocks = Vec::new();
         for _ in 0..self.extension(5) {
             path.push(self.local());
-            blocks.push((ext_of(&key, &path), *path.last().unwrap()));
+            blocks.push(BlockHashes::new(ext_of(&key, &path), *path.last().unwrap()));
         }
         // Sometimes not a chain: an ext named twice, or the parent named again.
         if !blocks.is_empty() && self.rng.random_bool(0.06) {
             let i = self.rng.random_range(0..blocks.len());
             match parent {
-                Some(p) if self.rng.random_bool(0.5) => blocks[i].0 = p,
-                _ => blocks.push((blocks[i].0, self.local())),
+                Some(p) if self.rng.random_bool(0.5) => blocks[i].ext = p,
+                _ => blocks.push(BlockHashes::new(blocks[i].ext, self.local())),
             }
         }
         Op::Store { key, parent, blocks, t }
@@ -587,7 +588,7 @@ fn reused_exts_keep_the_override_maps_inverse() {
                     key,
                     parent: r.random_bool(0.2).then(|| r.random_range(0..30)),
                     blocks: (0..r.random_range(1..4))
-                        .map(|_| (r.random_range(0..30), r.random_range(0..4)))
+                        .map(|_| BlockHashes::new(r.random_range(0..30), r.random_range(0..4)))
                         .collect(),
                     t: 1,
                 },

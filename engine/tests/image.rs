@@ -3,7 +3,9 @@
 //! differential test also swaps its engine for a restored image every 37 steps.
 
 use prefixlog_engine::digest::mix64;
-use prefixlog_engine::{EngineConfig, HolderKey, ImageError, Keyspace, KeyspaceId, MatchOptions};
+use prefixlog_engine::{
+    BlockHashes, EngineConfig, HolderKey, ImageError, Keyspace, KeyspaceId, MatchOptions,
+};
 use xxhash_rust::xxh3::xxh3_64;
 
 fn cfg() -> EngineConfig {
@@ -23,7 +25,8 @@ fn stream(ks: &mut Keyspace, seed: u64, n: u64) {
             (0..chain.len()).map(|k| mix64(ns ^ chain[..=k].iter().fold(7, |a, &l| mix64(a ^ l)))).collect();
         match (x >> 40) % 5 {
             0..=2 => {
-                let blocks: Vec<(u64, u64)> = exts.iter().copied().zip(chain.iter().copied()).collect();
+                let blocks: Vec<BlockHashes> =
+                    exts.iter().copied().zip(chain.iter().copied()).map(BlockHashes::from).collect();
                 let _ = ks.store(h, None, &blocks, i);
             }
             3 => {

@@ -11,14 +11,16 @@
 //!   under the same writes.
 
 use prefixlog_engine::digest::{block_term, child_path, holder_term, mix64, ROOT_PATH};
-use prefixlog_engine::{EngineConfig, HolderKey, Keyspace, KeyspaceDump, KeyspaceId, MatchOptions};
+use prefixlog_engine::{
+    BlockHashes, EngineConfig, HolderKey, Keyspace, KeyspaceDump, KeyspaceId, MatchOptions,
+};
 use prefixlog_workload::{Event, Fleet};
 use std::collections::{HashMap, HashSet};
 
 const WORKERS: u32 = 40;
 
 /// A request's chain: one of 30 shared prompts (50..700 blocks), then its own blocks.
-fn chain(req: u64) -> Vec<(u64, u64)> {
+fn chain(req: u64) -> Vec<BlockHashes> {
     let prompt = req % 30;
     let prompt_len = 50 + mix64(prompt) % 650;
     let own = 100 + mix64(req ^ 0xabc) % 1400;
@@ -27,7 +29,7 @@ fn chain(req: u64) -> Vec<(u64, u64)> {
         .map(|i| {
             let local = if i < prompt_len { mix64(prompt << 20 | i) } else { mix64(req << 24 | i | 1 << 63) };
             ext = mix64(ext.rotate_left(17) ^ local);
-            (ext, local)
+            BlockHashes { ext, local }
         })
         .collect()
 }
@@ -42,7 +44,7 @@ fn apply(ks: &mut Keyspace, ev: &Event, t: u64) {
                 let mut parent = *parent_ext;
                 for c in blocks.chunks(32) {
                     let _ = ks.store(key, parent, c, t);
-                    parent = c.last().map(|b| b.0);
+                    parent = c.last().map(|b| b.ext);
                 }
             } else {
                 let _ = ks.store(key, *parent_ext, blocks, t);
@@ -65,13 +67,13 @@ fn feed(fleet: &mut Fleet, targets: &mut [&mut Keyspace], from: u64, to: u64) {
         }
         if req % 5 == 0 {
             let key = HolderKey::new(u64::from(worker), 0, 0);
-            let hole = [c[c.len() / 3].0, c[c.len() / 2].0];
+            let hole = [c[c.len() / 3].ext, c[c.len() / 2].ext];
             targets.iter_mut().for_each(|ks| {
                 ks.remove(key, &hole, req);
             });
         }
         if req % 11 == 0 {
-            let locals: Vec<u64> = c[..c.len() * 2 / 3].iter().map(|b| b.1).collect();
+            let locals: Vec<u64> = c[..c.len() * 2 / 3].iter().map(|b| b.local).collect();
             let key = HolderKey::new(1000 + req % 3, 0, 0);
             targets.iter_mut().for_each(|ks| {
                 ks.place(key, &locals, req);
@@ -141,7 +143,7 @@ fn check_phase(ks: &Keyspace, phase: u64) {
     let oracle = Oracle::new(&d);
     oracle.check_digests(&d, ks);
     for req in (0..phase * 150).step_by(37) {
-        let c: Vec<u64> = chain(req).iter().map(|b| b.1).collect();
+        let c: Vec<u64> = chain(req).iter().map(|b| b.local).collect();
         oracle.check_match(&d, ks, &c);
         oracle.check_match(&d, ks, &c[..c.len() / 2]);
     }

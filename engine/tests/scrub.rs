@@ -6,7 +6,8 @@
 //! its writes and never sees a finding on a consistent keyspace.
 
 use prefixlog_engine::{
-    partition_of, EngineConfig, HolderKey, Keyspace, KeyspaceCell, KeyspaceId, MatchOptions, ScrubCursor,
+    partition_of, BlockHashes, EngineConfig, HolderKey, Keyspace, KeyspaceCell, KeyspaceId, MatchOptions,
+    ScrubCursor,
 };
 use std::time::{Duration, Instant};
 
@@ -21,21 +22,23 @@ fn cfg() -> EngineConfig {
 /// members and windows cross several runs), and one chain of its own.
 fn fill(k: &mut Keyspace, workers: u64, chains: u64, len: u64) {
     for w in 0..workers {
-        let own: Vec<(u64, u64)> =
-            (0..4).map(|j| (w << 40 | 0xffff << 16 | j, 500_000 + w * 10 + j)).collect();
+        let own: Vec<BlockHashes> = (0..4)
+            .map(|j| (w << 40 | 0xffff << 16 | j, 500_000 + w * 10 + j))
+            .map(BlockHashes::from)
+            .collect();
         k.store(HolderKey::new(w, 0, 0), None, &own, 0).unwrap();
     }
     for c in 0..chains {
         for w in 0..workers {
             let shared = c % 7;
-            let blocks: Vec<(u64, u64)> = (0..len)
+            let blocks: Vec<BlockHashes> = (0..len)
                 .map(|j| {
                     let local = if j < 3 {
                         1 + shared * 10 + j
                     } else {
                         1_000_000 * (w % (workers / 2).max(1)) + c * 1_000 + j
                     };
-                    (w << 40 | c << 16 | j, local)
+                    BlockHashes::new(w << 40 | c << 16 | j, local)
                 })
                 .collect();
             k.store(HolderKey::new(w, 0, 0), None, &blocks, c).unwrap();

@@ -1,8 +1,8 @@
 //! The overcounting traps other implementations fell into, plus determinism and rebuild.
 
 use prefixlog_engine::{
-    ApplyError, Engine, EngineConfig, HolderKey, HolderMatch, InvalidStoreReason, Keyspace, KeyspaceId,
-    MatchOptions, PlaceOutcome,
+    ApplyError, BlockHashes, Engine, EngineConfig, HolderKey, HolderMatch, InvalidStoreReason, Keyspace,
+    KeyspaceId, MatchOptions, PlaceOutcome,
 };
 
 const A: HolderKey = HolderKey::new(1, 0, 0);
@@ -19,7 +19,8 @@ fn ext(chain: &[u64]) -> u64 {
 }
 
 fn store_chain(ks: &mut Keyspace, h: HolderKey, chain: &[u64]) {
-    let blocks: Vec<(u64, u64)> = (0..chain.len()).map(|i| (ext(&chain[..=i]), chain[i])).collect();
+    let blocks: Vec<BlockHashes> =
+        (0..chain.len()).map(|i| (ext(&chain[..=i]), chain[i])).map(BlockHashes::from).collect();
     ks.store(h, None, &blocks, 1).unwrap();
 }
 
@@ -69,7 +70,7 @@ fn trap3_restore_after_remove_clear_and_shared_drop() {
     k.remove(A, &[ext(&[1, 2])], 2);
     assert_eq!(depth(&k, &[1, 2, 3], A), 1);
     // Re-store the middle block under its parent: the chain is whole again.
-    k.store(A, Some(ext(&[1])), &[(ext(&[1, 2]), 2)], 3).unwrap();
+    k.store(A, Some(ext(&[1])), &[(ext(&[1, 2]), 2)].map(BlockHashes::from), 3).unwrap();
     assert_eq!(depth(&k, &[1, 2, 3], A), 3);
     assert_eq!(k.holder(&A).unwrap().blocks, 3);
 
@@ -92,7 +93,7 @@ fn trap3_restore_after_remove_clear_and_shared_drop() {
 fn missing_parent_is_rejected_and_marks_gap() {
     let mut k = ks();
     store_chain(&mut k, A, &[1]);
-    let err = k.store(A, Some(0xdead), &[(5, 5)], 2).unwrap_err();
+    let err = k.store(A, Some(0xdead), &[(5, 5)].map(BlockHashes::from), 2).unwrap_err();
     assert_eq!(err, ApplyError::MissingParent { holder: A, parent_ext: 0xdead });
     let s = k.holder(&A).unwrap();
     assert!(s.gapped);
@@ -104,9 +105,9 @@ fn missing_parent_is_rejected_and_marks_gap() {
 fn trap4_store_naming_its_parent_is_refused_whole() {
     // Stored as the chain [1,1,2,3] and credited depth 4, this would overcount.
     let mut k = ks();
-    k.store(A, None, &[(100, 1)], 1).unwrap();
+    k.store(A, None, &[(100, 1)].map(BlockHashes::from), 1).unwrap();
     let (digest, blocks) = (k.digest(), k.holder(&A).unwrap().blocks);
-    let err = k.store(A, Some(100), &[(100, 1), (200, 2), (300, 3)], 2).unwrap_err();
+    let err = k.store(A, Some(100), &[(100, 1), (200, 2), (300, 3)].map(BlockHashes::from), 2).unwrap_err();
     let reason = InvalidStoreReason::ParentInStore(100);
     assert_eq!(err, ApplyError::InvalidStore { holder: A, reason });
     assert_eq!(depth(&k, &[1, 1, 2, 3], A), 1);
@@ -115,7 +116,7 @@ fn trap4_store_naming_its_parent_is_refused_whole() {
     assert_eq!(k.holder(&A).unwrap().last_time, 1, "the refused store is not a write");
     assert_eq!(k.stats().stores_rejected, 1);
 
-    let err = k.store(B, None, &[(5, 1), (6, 2), (5, 3)], 3).unwrap_err();
+    let err = k.store(B, None, &[(5, 1), (6, 2), (5, 3)].map(BlockHashes::from), 3).unwrap_err();
     let reason = InvalidStoreReason::RepeatedExt(5);
     assert_eq!(err, ApplyError::InvalidStore { holder: B, reason });
     assert!(k.holder(&B).is_none(), "a refused store creates no holder");
@@ -128,16 +129,17 @@ fn engine_checks_the_whole_store_before_cutting_it_into_chunks() {
     let e = Engine::new(EngineConfig { max_blocks_per_lock: 4, ..Default::default() });
     let id = KeyspaceId::new("m", 16, 1);
     // Ext 1 repeats in the third chunk: no chunk is applied.
-    let blocks: Vec<(u64, u64)> = (1..=10u64).map(|i| (if i == 9 { 1 } else { i }, i)).collect();
+    let blocks: Vec<BlockHashes> =
+        (1..=10u64).map(|i| (if i == 9 { 1 } else { i }, i)).map(BlockHashes::from).collect();
     let err = e.store(&id, A, None, &blocks, 1).unwrap_err();
     let reason = InvalidStoreReason::RepeatedExt(1);
     assert_eq!(err, ApplyError::InvalidStore { holder: A, reason });
     assert!(e.keyspace(&id).is_none(), "a refused store creates no keyspace");
     assert_eq!(e.writes_without_keyspace(), 1);
-    let fine: Vec<(u64, u64)> = (1..=10u64).map(|i| (i, i)).collect();
+    let fine: Vec<BlockHashes> = (1..=10u64).map(|i| (i, i)).map(BlockHashes::from).collect();
     assert_eq!(e.store(&id, A, None, &fine, 2), Ok(10));
     assert_eq!(
-        e.store(&id, A, Some(10), &[(11, 11), (10, 12)], 3).unwrap_err(),
+        e.store(&id, A, Some(10), &[(11, 11), (10, 12)].map(BlockHashes::from), 3).unwrap_err(),
         ApplyError::InvalidStore { holder: A, reason: InvalidStoreReason::ParentInStore(10) }
     );
     assert_eq!(e.keyspace(&id).unwrap().read().stats().stores_rejected, 1, "counted where it exists");
@@ -150,7 +152,7 @@ fn gapped_holders_are_flagged_and_can_be_left_out_and_candidates_filter() {
     for h in [A, B, C] {
         store_chain(&mut k, h, &[1, 2]);
     }
-    k.store(B, Some(0xdead), &[(7, 7)], 2).unwrap_err();
+    k.store(B, Some(0xdead), &[(7, 7)].map(BlockHashes::from), 2).unwrap_err();
     let all = k.match_chain(&[1, 2], &MatchOptions::default());
     let flags: Vec<(HolderKey, bool)> = all.iter().map(|m| (m.holder, m.gapped)).collect();
     assert_eq!(flags, vec![(A, false), (B, true), (C, false)]);
@@ -207,7 +209,7 @@ fn placements_never_override_event_feed_and_expire_by_log_time() {
 
     // The first event replaces inferred state with truth.
     k.place(C, &[1, 2, 3], 2000);
-    k.store(C, None, &[(ext(&[7]), 7)], 2001).unwrap();
+    k.store(C, None, &[(ext(&[7]), 7)].map(BlockHashes::from), 2001).unwrap();
     assert_eq!(depth(&k, &[1, 2, 3], C), 0);
     assert!(!full(&k, &[7], C).unwrap().inferred);
 }
@@ -320,7 +322,8 @@ fn queries_run_while_a_writer_applies() {
         let writer = std::thread::spawn(move || {
             for i in 0..20_000u64 {
                 let chain = [1, 2, 3, 4 + i % 5];
-                let blocks: Vec<(u64, u64)> = (0..4).map(|j| (ext(&chain[..=j]), chain[j])).collect();
+                let blocks: Vec<BlockHashes> =
+                    (0..4).map(|j| (ext(&chain[..=j]), chain[j])).map(BlockHashes::from).collect();
                 let h = HolderKey::new(i % 8, 0, 0);
                 ks.write(|k| k.store(h, None, &blocks, i)).unwrap();
                 if i % 3 == 0 {
@@ -394,11 +397,11 @@ fn replace_group_moves_a_partition_exactly() {
 fn rebinding_an_ext_never_strands_a_block() {
     let mut k = ks();
     // B binds the canonical exts: block [1] is 100, block [2] is 200.
-    k.store(B, None, &[(100, 1)], 1).unwrap();
-    k.store(B, None, &[(200, 2)], 1).unwrap();
+    k.store(B, None, &[(100, 1)].map(BlockHashes::from), 1).unwrap();
+    k.store(B, None, &[(200, 2)].map(BlockHashes::from), 1).unwrap();
     // A names both blocks 7 in turn (overrides: the canonical exts are taken).
-    k.store(A, None, &[(7, 1)], 2).unwrap();
-    k.store(A, None, &[(7, 2)], 3).unwrap();
+    k.store(A, None, &[(7, 1)].map(BlockHashes::from), 2).unwrap();
+    k.store(A, None, &[(7, 2)].map(BlockHashes::from), 3).unwrap();
     k.check_invariants().unwrap();
     // A evicts block [1] by its canonical ext, then block [2] by the ext it last gave it.
     assert_eq!(k.remove(A, &[100], 4), (1, 0));

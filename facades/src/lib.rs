@@ -21,7 +21,9 @@
 //! - [`start`]: [`start::StartError`], why a facade did not start, and the check every facade
 //!   makes first (the replica owns every partition).
 //! - [`writes`]: what the writing facades share: catching up with a worker's partition before
-//!   continuing its feed, its recorded metadata and name collisions.
+//!   continuing its feed, its recorded metadata and name collisions, the metadata size bound,
+//!   and [`writes::WriteRefused`], the refusals the SGLang and SMG writers share (their status
+//!   and metrics reason).
 //! - [`writers`]: writer identity (bearer tokens → the names a client may write), the epoch
 //!   step bound and the name check of every write surface.
 //! - [`epp`]: a Gateway API Inference Extension endpoint picker (Envoy `ext_proc`) on ports of

@@ -18,6 +18,7 @@ use prefixlog_node::{NodeOptions, ReplicaNode};
 use prefixlog_query::Extensions;
 use prefixlog_state::record::{KvOp, Lifecycle, Tier};
 use prefixlog_state::token_of;
+use prefixlog_state::BlockHashes;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,7 +28,12 @@ use tokio::io::AsyncWriteExt;
 const BLOCK: u32 = 4;
 
 fn stored_on(tier: Tier, locals: &[u64]) -> Vec<KvOp> {
-    vec![KvOp::Stored { tier, lane: 0, parent_ext: None, blocks: locals.iter().map(|&l| (l, l)).collect() }]
+    vec![KvOp::Stored {
+        tier,
+        lane: 0,
+        parent_ext: None,
+        blocks: locals.iter().map(|&l| (l, l)).map(BlockHashes::from).collect(),
+    }]
 }
 
 fn stored(locals: &[u64]) -> Vec<KvOp> {

@@ -13,6 +13,7 @@ use prefixlog_ingest::{EmbeddedKafka, KafkaConnection, LogSpec, Publisher};
 use prefixlog_node::ReplicaNode;
 use prefixlog_state::record::{KvOp, Lifecycle, Tier};
 use prefixlog_state::token_of;
+use prefixlog_state::BlockHashes;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -135,12 +136,12 @@ async fn a_registration_is_fed_by_its_registrar_only_also_after_a_restart() {
     b.kill().await;
 }
 
-fn stored(tier: Tier, parent: Option<u64>, blocks: &[(u64, u64)]) -> Vec<KvOp> {
+fn stored(tier: Tier, parent: Option<u64>, blocks: &[BlockHashes]) -> Vec<KvOp> {
     vec![KvOp::Stored { tier, lane: 0, parent_ext: parent, blocks: blocks.to_vec() }]
 }
 
 /// `(worker, dp, tier, parent_hash, [(block_hash, tokens_hash)])`: one stored event.
-type Event = (u64, u64, String, Option<u64>, Vec<(u64, u64)>);
+type Event = (u64, u64, String, Option<u64>, Vec<BlockHashes>);
 
 /// Every event of an indexer of a dump.
 fn events(v: &Value, key: &str) -> BTreeSet<Event> {
@@ -161,6 +162,7 @@ fn events(v: &Value, key: &str) -> BTreeSet<Event> {
                 .unwrap()
                 .iter()
                 .map(|b| (b["block_hash"].as_u64().unwrap(), b["tokens_hash"].as_u64().unwrap()))
+                .map(BlockHashes::from)
                 .collect();
             (
                 e["worker_id"].as_u64().unwrap(),
@@ -193,21 +195,30 @@ async fn dump_gives_each_holders_blocks_as_dynamo_router_events() {
     ];
     // Worker 1: a chain of three, a branch under the first, the first also in host memory.
     for (seq, ops) in [
-        (1, stored(Tier::Gpu, None, &[(11, h[0]), (12, h[1]), (13, h[2])])),
-        (2, stored(Tier::Gpu, Some(11), &[(14, h[3])])),
-        (3, stored(Tier::Host, None, &[(11, h[0])])),
+        (1, stored(Tier::Gpu, None, &[(11, h[0]), (12, h[1]), (13, h[2])].map(BlockHashes::from))),
+        (2, stored(Tier::Gpu, Some(11), &[(14, h[3])].map(BlockHashes::from))),
+        (3, stored(Tier::Host, None, &[(11, h[0])].map(BlockHashes::from))),
     ] {
         landed.push(p.publish_kv_events(&ks, 1, 0, 1, seq, false, &ops, None).await.unwrap());
     }
     // Worker 2 (group blue) names the first block by another engine hash.
-    let ops = stored(Tier::Gpu, None, &[(21, h[0])]);
+    let ops = stored(Tier::Gpu, None, &[(21, h[0])].map(BlockHashes::from));
     landed.push(p.publish_kv_events(&ks, 2, 1, 1, 1, false, &ops, None).await.unwrap());
     // A scheme-1 keyspace's locals are not Dynamo's: not dumped.
     let chain = KeyspaceId::new("llama", 4, 1);
     landed.push(
-        p.publish_kv_events(&chain, 1, 0, 1, 1, false, &stored(Tier::Gpu, None, &[(31, 31)]), None)
-            .await
-            .unwrap(),
+        p.publish_kv_events(
+            &chain,
+            1,
+            0,
+            1,
+            1,
+            false,
+            &stored(Tier::Gpu, None, &[(31, 31)].map(BlockHashes::from)),
+            None,
+        )
+        .await
+        .unwrap(),
     );
     assert!(s.node.status().wait_for(&token_of(&landed), Duration::from_secs(60)).await);
 
@@ -219,17 +230,20 @@ async fn dump_gives_each_holders_blocks_as_dynamo_router_events() {
         (&v["llama:default"]["block_size"], &v["mistral:default"]),
         (&json!(4), &json!({"block_size": 16, "events": []}))
     );
-    let dev = |w, dp, parent, blocks: &[(u64, u64)]| (w, dp, "device".to_string(), parent, blocks.to_vec());
+    let dev = |w, dp, parent, blocks: &[BlockHashes]| (w, dp, "device".to_string(), parent, blocks.to_vec());
     assert_eq!(
         events(&v, "llama:default"),
         BTreeSet::from([
-            dev(1, 0, None, &[(11, h[0])]),
-            dev(1, 0, Some(11), &[(12, h[1]), (13, h[2])]),
-            dev(1, 0, Some(11), &[(14, h[3])]),
-            (1, 0, "host_pinned".to_string(), None, vec![(11, h[0])]),
+            dev(1, 0, None, &[(11, h[0])].map(BlockHashes::from)),
+            dev(1, 0, Some(11), &[(12, h[1]), (13, h[2])].map(BlockHashes::from)),
+            dev(1, 0, Some(11), &[(14, h[3])].map(BlockHashes::from)),
+            (1, 0, "host_pinned".to_string(), None, [(11, h[0])].map(BlockHashes::from).to_vec()),
         ])
     );
-    assert_eq!(events(&v, "llama:blue"), BTreeSet::from([dev(2, 1, None, &[(21, h[0])])]));
+    assert_eq!(
+        events(&v, "llama:blue"),
+        BTreeSet::from([dev(2, 1, None, &[(21, h[0])].map(BlockHashes::from))])
+    );
 
     // Removing the middle of the chain cuts off what is below it, as upstream's tree does.
     let removed = [KvOp::Removed { tier: Tier::Gpu, lane: 0, exts: vec![12] }];
@@ -238,5 +252,5 @@ async fn dump_gives_each_holders_blocks_as_dynamo_router_events() {
     let (_, v) = http(s.addr, "GET", "/dump", None).await;
     let device: BTreeSet<_> = events(&v, "llama:default").into_iter().filter(|e| e.2 == "device").collect();
     // (The first block has one child left: one chain.)
-    assert_eq!(device, BTreeSet::from([dev(1, 0, None, &[(11, h[0]), (14, h[3])])]));
+    assert_eq!(device, BTreeSet::from([dev(1, 0, None, &[(11, h[0]), (14, h[3])].map(BlockHashes::from))]));
 }

@@ -20,6 +20,7 @@ use prefixlog_query::tonic_health::pb::{
 use prefixlog_query::Extensions;
 use prefixlog_state::record::{KvOp, Lifecycle, Tier};
 use prefixlog_state::token_of;
+use prefixlog_state::BlockHashes;
 use prost_types::{value::Kind, ListValue, Struct, Value};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -123,7 +124,7 @@ async fn publish(spec: &LogSpec, node: &ReplicaNode, workers: &[(u64, &str)], he
             tier: Tier::Gpu,
             lane: 0,
             parent_ext: None,
-            blocks: chain.iter().map(|&l| (l, l)).collect(),
+            blocks: chain.iter().map(|&l| (l, l)).map(BlockHashes::from).collect(),
         }];
         let s = seq.entry(*w).or_default();
         *s += 1;
@@ -562,7 +563,7 @@ async fn two_replicas_pick_alike_and_a_landed_record_is_routed_by() {
         tier: Tier::Gpu,
         lane: 0,
         parent_ext: None,
-        blocks: chain.iter().map(|&l| (l, l)).collect(),
+        blocks: chain.iter().map(|&l| (l, l)).map(BlockHashes::from).collect(),
     }];
     let ks = KeyspaceId::new("llama", BLOCK, 1);
     let landed = p.publish_kv_events(&ks, 3, 0, 1, 2, false, &ops, None).await.unwrap();

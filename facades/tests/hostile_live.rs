@@ -31,6 +31,7 @@ use prefixlog_node::{NodeOptions, ReplicaNode};
 use prefixlog_query::Extensions;
 use prefixlog_state::record::{KvOp, Lifecycle, Tier};
 use prefixlog_state::token_of;
+use prefixlog_state::BlockHashes;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -108,7 +109,7 @@ async fn start() -> (EmbeddedKafka, ReplicaNode, SocketAddr) {
         tier: Tier::Gpu,
         lane: 0,
         parent_ext: None,
-        blocks: hashes.iter().map(|&h| (h, h)).collect(),
+        blocks: hashes.iter().map(|&h| (h, h)).map(BlockHashes::from).collect(),
     }];
     let ks = KeyspaceId::new("llama", BLOCK, 2);
     landed.push(p.publish_kv_events(&ks, 1, 0, 1, 1, false, &ops, None).await.unwrap());

@@ -11,6 +11,7 @@ use prefixlog_node::{NodeOptions, ReplicaNode};
 use prefixlog_query::Extensions;
 use prefixlog_state::record::{KvOp, Tier};
 use prefixlog_state::token_of;
+use prefixlog_state::BlockHashes;
 use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -38,7 +39,7 @@ fn stored(parent: Option<u64>, chain: &[u64]) -> Vec<KvOp> {
         tier: Tier::Gpu,
         lane: 0,
         parent_ext: parent,
-        blocks: chain.iter().map(|&l| (l, l)).collect(),
+        blocks: chain.iter().map(|&l| (l, l)).map(BlockHashes::from).collect(),
     }]
 }
 

@@ -10,6 +10,7 @@ use prefixlog_facades::http::Dialect;
 use prefixlog_ingest::Publisher;
 use prefixlog_state::record::{KvOp, Lifecycle, Tier};
 use prefixlog_state::token_of;
+use prefixlog_state::BlockHashes;
 use serde_json::{json, Value};
 use std::time::Duration;
 use support::http;
@@ -19,7 +20,7 @@ fn stored(locals: &[u64]) -> Vec<KvOp> {
         tier: Tier::Gpu,
         lane: 0,
         parent_ext: None,
-        blocks: locals.iter().map(|&l| (l, l)).collect(),
+        blocks: locals.iter().map(|&l| (l, l)).map(BlockHashes::from).collect(),
     }]
 }
 
@@ -73,7 +74,7 @@ async fn a_mooncake_client_sees_each_instance_of_its_tenant_in_tokens() {
         tier,
         lane: 0,
         parent_ext,
-        blocks: blocks.iter().map(|&l| (l, l)).collect(),
+        blocks: blocks.iter().map(|&l| (l, l)).map(BlockHashes::from).collect(),
     };
     let offloaded = [
         on(Tier::Gpu, None, &chain4[..1]),

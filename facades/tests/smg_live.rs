@@ -18,6 +18,7 @@ use prefixlog_query::tonic_reflection::pb::v1::server_reflection_request::Messag
 use prefixlog_query::tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
 use prefixlog_query::tonic_reflection::pb::v1::ServerReflectionRequest;
 use prefixlog_query::Extensions;
+use prefixlog_state::BlockHashes;
 use prefixlog_state::{KvOp, Lifecycle, Tier};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -455,7 +456,7 @@ async fn smg_gateway_and_bridge_through_the_facade() {
         tier: Tier::Gpu,
         lane: 0,
         parent_ext: None,
-        blocks: EXT.iter().copied().zip(chain()).collect(),
+        blocks: EXT.iter().copied().zip(chain()).map(BlockHashes::from).collect(),
     }];
     let landed = other_publisher.publish_kv_events(&ks, impostor, 0, 1, 1, false, &ops, None).await.unwrap();
     assert!(node.status().wait_for(&[landed.token()], Duration::from_secs(60)).await);

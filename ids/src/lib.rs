@@ -3,8 +3,9 @@
 //! client (`prefixlog-client`) names them without linking the engine or librdkafka, and the
 //! engine stays free of the gRPC stack; the engine and ingest re-export them.
 //!
-//! Module map (one file): [`KeyspaceId`]; [`Landed`] and [`token_of`]; [`Tier`], the storage
-//! tier a block is held on.
+//! Module map (one file): [`KeyspaceId`]; [`Landed`], [`NextOffset`] and [`token_of`];
+//! [`BlockHashes`], a stored block's two hashes; [`Tier`], the storage tier a block is held on.
+//! The pairs are named types, not tuples, so a swapped pair does not compile.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -40,20 +41,73 @@ pub struct Landed {
 impl Landed {
     /// The consistency token that covers this record: `(partition, offset + 1)`, a next offset,
     /// the unit of every offset in the query API.
-    pub fn token(&self) -> (u32, i64) {
-        (self.partition, self.offset + 1)
+    pub fn token(&self) -> NextOffset {
+        NextOffset { partition: self.partition, offset: self.offset + 1 }
+    }
+}
+
+/// One entry of a consistency token or a read position: a partition and the next offset on
+/// it (every record below `offset` is covered; the first record to read is at `offset`).
+/// Tokens are lists of these, one per partition, sorted by partition.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NextOffset {
+    pub partition: u32,
+    /// The next offset: one past the last covered record.
+    pub offset: i64,
+}
+
+impl NextOffset {
+    pub const fn new(partition: u32, offset: i64) -> Self {
+        Self { partition, offset }
+    }
+}
+
+impl From<(u32, i64)> for NextOffset {
+    /// `(partition, next offset)`, the order of the log's `PartitionOffset`.
+    fn from((partition, offset): (u32, i64)) -> Self {
+        Self { partition, offset }
+    }
+}
+
+/// As `[partition, offset]`, what reports printed before the type had a name.
+#[cfg(feature = "serde")]
+impl serde::Serialize for NextOffset {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        (self.partition, self.offset).serialize(s)
     }
 }
 
 /// The smallest token covering every landed record: per partition, the highest offset + 1.
-pub fn token_of(landed: &[Landed]) -> Vec<(u32, i64)> {
+pub fn token_of(landed: &[Landed]) -> Vec<NextOffset> {
     let mut m = BTreeMap::new();
     for l in landed {
-        let (p, o) = l.token();
-        let e = m.entry(p).or_insert(o);
-        *e = (*e).max(o);
+        let t = l.token();
+        let e = m.entry(t.partition).or_insert(t.offset);
+        *e = (*e).max(t.offset);
     }
-    m.into_iter().collect()
+    m.into_iter().map(|(partition, offset)| NextOffset { partition, offset }).collect()
+}
+
+/// A stored block's two hashes, as engines report them: `ext`, the engine's own block hash
+/// (chained over the prefix; what the log's stores, removals and parents name), and `local`,
+/// the hash of the block's tokens under the keyspace's scheme (what queries match on).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlockHashes {
+    pub ext: u64,
+    pub local: u64,
+}
+
+impl BlockHashes {
+    pub const fn new(ext: u64, local: u64) -> Self {
+        Self { ext, local }
+    }
+}
+
+impl From<(u64, u64)> for BlockHashes {
+    /// `(ext, local)`, the order of the log's and engines' wire formats.
+    fn from((ext, local): (u64, u64)) -> Self {
+        Self { ext, local }
+    }
 }
 
 #[cfg(test)]
@@ -63,7 +117,8 @@ mod tests {
     #[test]
     fn token_of_keeps_the_highest_next_offset_per_partition() {
         let l = |partition, offset| Landed { partition, offset };
-        assert_eq!(token_of(&[l(1, 5), l(0, 2), l(1, 3)]), vec![(0, 3), (1, 6)]);
+        let n = NextOffset::new;
+        assert_eq!(token_of(&[l(1, 5), l(0, 2), l(1, 3)]), vec![n(0, 3), n(1, 6)]);
         assert_eq!(token_of(&[]), vec![]);
     }
 }

@@ -13,6 +13,7 @@ use crate::log_spec::{close_in_background, LogSpec};
 use crate::probe::{probe_log, ProbeError};
 use crate::reader::{Discontinuity, LogReader, Read};
 use prefixlog_engine::LogTime;
+use prefixlog_ids::NextOffset;
 use prefixlog_state::apply::Applier;
 use prefixlog_state::log::{ApplyLogOptions, LogError, LogProbe, LogSource, OnRecord, Until};
 use prefixlog_state::partition_state::record_mark;
@@ -102,7 +103,9 @@ fn drive(
     if open.is_empty() {
         return Ok(0);
     }
-    if let Some(problem) = check_offsets(open.keys().map(|p| (*p, spans[p].next)), probe).into_iter().next() {
+    if let Some(problem) =
+        check_offsets(open.keys().map(|p| NextOffset::new(*p, spans[p].next)), probe).into_iter().next()
+    {
         return Err(ApplyLogError::NotContinued(problem));
     }
     let total: u64 = open.iter().map(|(p, &e)| (e - spans[p].next) as u64).sum();
@@ -114,7 +117,7 @@ fn drive(
     let start = |p: u32| verify.get(&p).map_or(spans[&p].next, |v| v.0);
     let started = Instant::now();
     let mut first_record = None;
-    let mut reader = LogReader::open_bounded(spec, open.keys().map(|&p| (p, start(p))))?;
+    let mut reader = LogReader::open_bounded(spec, open.keys().map(|&p| NextOffset::new(p, start(p))))?;
     let mut applied = 0u64;
     let mut last_progress = Instant::now();
     while !open.is_empty() {

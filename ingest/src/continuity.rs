@@ -20,6 +20,7 @@
 
 use crate::log_spec::LogSpec;
 use crate::reader::{Found, LogReader, Read};
+use prefixlog_ids::NextOffset;
 use prefixlog_state::log::LogProbe;
 use prefixlog_state::partition_state::record_mark;
 use prefixlog_state::{HoleCause, LogHole};
@@ -91,9 +92,9 @@ impl fmt::Display for OffsetProblem {
 }
 
 /// The owned partitions whose log does not continue `state` (next offset per partition).
-pub fn check_offsets(state: impl IntoIterator<Item = (u32, i64)>, probe: &LogProbe) -> Vec<OffsetProblem> {
+pub fn check_offsets(state: impl IntoIterator<Item = NextOffset>, probe: &LogProbe) -> Vec<OffsetProblem> {
     let mut out = Vec::new();
-    for (partition, o) in state {
+    for NextOffset { partition, offset: o } in state {
         let Some(w) = probe.watermarks.get(&partition) else { continue };
         if o < w.low {
             out.push(OffsetProblem::TailGone { partition, state: o, log_start: w.low });
@@ -125,7 +126,7 @@ pub fn check_marks(
         return Ok(out);
     }
     let (checked, started) = (want.len(), Instant::now());
-    let mut reader = LogReader::open(spec, want.iter().map(|(&p, &(o, _))| (p, o - 1)))?;
+    let mut reader = LogReader::open(spec, want.iter().map(|(&p, &(o, _))| NextOffset::new(p, o - 1)))?;
     let deadline = started + timeout;
     while !want.is_empty() {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -163,7 +164,7 @@ pub fn check_marks(
 /// transactions ([`HoleCause::AbortedRecords`]); none is offsets no consumer is given, which on
 /// a topic with `cleanup.policy=delete` are transaction markers ([`HoleCause::NoRecords`]).
 pub fn explain_hole(spec: &LogSpec, hole: &LogHole, timeout: Duration) -> HoleCause {
-    let mut reader = match LogReader::open_uncommitted(spec, [(hole.partition, hole.start)]) {
+    let mut reader = match LogReader::open_uncommitted(spec, [NextOffset::new(hole.partition, hole.start)]) {
         Ok(r) => r,
         Err(e) => {
             tracing::warn!(partition = hole.partition, error = %e, "could not read a log hole again");
@@ -204,7 +205,7 @@ mod tests {
                 .map(|(p, (low, high))| (p, Watermarks { low, high }))
                 .collect(),
         };
-        let got = check_offsets([(0, 10), (1, 4), (2, 7)], &probe);
+        let got = check_offsets([(0, 10), (1, 4), (2, 7)].map(|(p, o)| NextOffset::new(p, o)), &probe);
         assert_eq!(
             got,
             vec![
@@ -212,7 +213,7 @@ mod tests {
                 OffsetProblem::LogEndsBefore { partition: 2, state: 7, log_end: 3 },
             ]
         );
-        assert!(check_offsets([(1, 5), (2, 3)], &probe).is_empty());
+        assert!(check_offsets([NextOffset::new(1, 5), NextOffset::new(2, 3)], &probe).is_empty());
         assert!(got[0].to_string().contains("deleted by retention"));
     }
 }

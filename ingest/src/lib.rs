@@ -42,6 +42,7 @@ pub use affinity::CpuSet;
 pub use apply_log::{apply_log, ApplyLogError};
 pub use embedded::EmbeddedKafka;
 pub use log_spec::{ClientRole, KafkaConnection, LogSpec, Shard, ShardError};
+pub use prefixlog_ids::NextOffset;
 pub use probe::{check_topic, cleanup_policy, probe_log, CleanupPolicy, ProbeError};
 pub use publisher::{PublishError, Publisher};
 pub use reader::{Discontinuity, LogReader};

@@ -29,7 +29,7 @@ pub enum PublishError {
     Check(#[from] ProbeError),
 }
 
-use prefixlog_ids::Landed;
+use prefixlog_ids::{Landed, NextOffset};
 
 #[derive(Clone)]
 pub struct Publisher {
@@ -123,7 +123,7 @@ impl Publisher {
         keyspace: &KeyspaceId,
         holder: HolderKey,
         locals: &[u64],
-        answered_at: &[(u32, i64)],
+        answered_at: &[NextOffset],
         gateway: &str,
         timestamp_ms: Option<i64>,
     ) -> Result<Landed, PublishError> {

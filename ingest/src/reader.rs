@@ -28,6 +28,7 @@
 //! rktp->rktp_started failed`): two re-assignments in a row did that.
 
 use crate::log_spec::{close_in_background, ClientRole, LogSpec};
+use prefixlog_ids::NextOffset;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -275,9 +276,9 @@ fn fetched_high_watermark(consumer: &BaseConsumer, topic: &CStr, partition: i32)
 }
 
 impl LogReader {
-    /// Starts reading `start` = `(partition, next offset)` pairs of `spec`'s topic, to follow
+    /// Starts reading `start` (a next offset per partition) of `spec`'s topic, to follow
     /// the log (a replica's reader).
-    pub fn open(spec: &LogSpec, start: impl IntoIterator<Item = (u32, i64)>) -> Result<Self, KafkaError> {
+    pub fn open(spec: &LogSpec, start: impl IntoIterator<Item = NextOffset>) -> Result<Self, KafkaError> {
         Self::open_as(spec, start, ClientRole::Reader)
     }
 
@@ -285,7 +286,7 @@ impl LogReader {
     /// fetches, so less is read past the end ([`ClientRole::Replayer`]).
     pub fn open_bounded(
         spec: &LogSpec,
-        start: impl IntoIterator<Item = (u32, i64)>,
+        start: impl IntoIterator<Item = NextOffset>,
     ) -> Result<Self, KafkaError> {
         Self::open_as(spec, start, ClientRole::Replayer)
     }
@@ -294,14 +295,14 @@ impl LogReader {
     /// ([`ClientRole::UncommittedReader`]): explaining a hole in the log.
     pub fn open_uncommitted(
         spec: &LogSpec,
-        start: impl IntoIterator<Item = (u32, i64)>,
+        start: impl IntoIterator<Item = NextOffset>,
     ) -> Result<Self, KafkaError> {
         Self::open_as(spec, start, ClientRole::UncommittedReader)
     }
 
     fn open_as(
         spec: &LogSpec,
-        start: impl IntoIterator<Item = (u32, i64)>,
+        start: impl IntoIterator<Item = NextOffset>,
         role: ClientRole,
     ) -> Result<Self, KafkaError> {
         // Kafka topic names are [a-zA-Z0-9._-]; refused here before librdkafka sees one with NUL.
@@ -311,9 +312,9 @@ impl LogReader {
         let config = spec.client_config(role);
         let consumer: BaseConsumer = config.create()?;
         let mut expected = vec![None; spec.partitions as usize];
-        for (p, o) in start {
-            if let Some(e) = expected.get_mut(p as usize) {
-                *e = Some(o);
+        for NextOffset { partition, offset } in start {
+            if let Some(e) = expected.get_mut(partition as usize) {
+                *e = Some(offset);
             }
         }
         let halted = vec![false; expected.len()];

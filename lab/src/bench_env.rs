@@ -7,7 +7,7 @@ use prefixlog_ingest::{create_topic, delete_topic, EmbeddedKafka, KafkaConnectio
 use prefixlog_node::{NodeOptions, ReplicaNode};
 use prefixlog_proto::v1::match_request::Prompt;
 use prefixlog_proto::v1::{BlockHashes, Keyspace, MatchRequest};
-use prefixlog_state::Landed;
+use prefixlog_state::{Landed, NextOffset};
 use prefixlog_workload::{generate, load_trace, FleetConfig, Step};
 
 /// Where a benchmark's log lives.
@@ -112,7 +112,7 @@ impl BenchLog {
 }
 
 /// A consistency token covering every landed record (next offsets).
-pub fn token(landed: &[Landed]) -> Vec<(u32, i64)> {
+pub fn token(landed: &[Landed]) -> Vec<NextOffset> {
     prefixlog_state::token_of(landed)
 }
 

@@ -9,7 +9,7 @@
 use crate::bench_env::{bench_options, BenchLog};
 use prefixlog::fleet_records::{fleet_records, keyspace, WorkloadArgs};
 use prefixlog_ingest::reader::{LogReader, Read};
-use prefixlog_ingest::Shard;
+use prefixlog_ingest::{NextOffset, Shard};
 use prefixlog_node::{NodeOptions, ReplicaNode};
 use prefixlog_workload::quantile::median;
 use std::sync::atomic::Ordering;
@@ -94,7 +94,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
 /// Every record fetched (by the same reader a replica uses) and its payload touched, nothing
 /// applied.
 pub(crate) fn raw_consume(env: &BenchLog, n: usize, blocks: usize, partitions: u32) -> anyhow::Result<Pass> {
-    let mut reader = LogReader::open(&env.spec, (0..partitions).map(|p| (p, 0)))?;
+    let mut reader = LogReader::open(&env.spec, (0..partitions).map(|p| NextOffset::new(p, 0)))?;
     let t = Instant::now();
     let mut got = 0usize;
     while got < n {

@@ -75,7 +75,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         a.workload.stretch,
     )
     .iter()
-    .map(|b| b.1)
+    .map(|b| b.local)
     .collect();
     let baseline = {
         let t = Instant::now();

@@ -31,6 +31,7 @@ use prefixlog_ingest::log_spec::LogSpec;
 use prefixlog_ingest::reader::{Discontinuity, Found, LogReader, Read};
 use prefixlog_query::ReplicaStatus;
 use prefixlog_state::apply::{Applier, ApplyFailure, NotNext, Outcome};
+use prefixlog_state::NextOffset;
 use prefixlog_state::{HoleCause, LogHole};
 use rdkafka::consumer::BaseConsumer;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -107,8 +108,8 @@ impl IngestThread {
             let st = applier.partition(p);
             status.publish(p, st.next_offset, st.log_time);
         }
-        let start: Vec<(u32, i64)> =
-            spec.owned().iter().map(|&p| (p, applier.partition(p).next_offset)).collect();
+        let start: Vec<NextOffset> =
+            spec.owned().iter().map(|&p| NextOffset::new(p, applier.partition(p).next_offset)).collect();
         // librdkafka's threads inherit the CPU set of the thread that creates the client, so a
         // pinned replica creates its consumer pinned (the new consumers of later resumes are
         // created on the ingest thread, pinned below).

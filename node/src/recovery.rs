@@ -19,6 +19,7 @@ use prefixlog_ingest::{probe_log, LogSpec};
 use prefixlog_peer::PeerClient;
 use prefixlog_snapshot::restore_for;
 use prefixlog_state::LogProbe;
+use prefixlog_state::NextOffset;
 use prefixlog_state::{Applier, LogIdentity};
 use prometheus::IntCounterVec;
 use std::collections::BTreeMap;
@@ -53,7 +54,8 @@ pub async fn not_continued(
     need: &[u32],
     probe: &LogProbe,
 ) -> Result<Vec<OffsetProblem>, NodeError> {
-    let mut problems = check_offsets(need.iter().map(|&p| (p, applier.partition(p).next_offset)), probe);
+    let mut problems =
+        check_offsets(need.iter().map(|&p| NextOffset::new(p, applier.partition(p).next_offset)), probe);
     let marks: Vec<(u32, i64, u64)> = need
         .iter()
         .filter(|&&p| problems.iter().all(|x| x.partition() != p))

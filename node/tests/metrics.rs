@@ -17,6 +17,7 @@ use prefixlog_engine::KeyspaceId;
 use prefixlog_ingest::{EmbeddedKafka, KafkaConnection, LogSpec, Publisher};
 use prefixlog_node::{CheckpointPolicy, NodeOptions, ReplicaNode};
 use prefixlog_query::exposition::{convention_problems, parse, promtool_check};
+use prefixlog_state::BlockHashes;
 use prefixlog_state::{token_of, KvOp, Tier};
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -87,7 +88,7 @@ async fn every_series_follows_conventions_and_covers_alerts_and_dashboard() {
             tier: Tier::Gpu,
             lane: 0,
             parent_ext: None,
-            blocks: vec![(w << 8 | 1, 1), (w << 8 | 2, 2)],
+            blocks: [(w << 8 | 1, 1), (w << 8 | 2, 2)].map(BlockHashes::from).to_vec(),
         }];
         landed.push(publisher.publish_kv_events(&ks, w, 0, 1, 1, false, &ops, None).await.unwrap());
     }

@@ -9,6 +9,7 @@ use prefixlog_peer::repair::{check_and_repair, rebuild_and_swap, self_check, Sel
 use prefixlog_peer::{RepairContext, RepairError, RepairOutcome};
 use prefixlog_state::memory_log::{MemoryLog, MemoryReplica};
 use prefixlog_state::record::encode_kv_events;
+use prefixlog_state::BlockHashes;
 use prefixlog_state::{Applier, KvOp, LiveState, LogIdentity, LogSource, StateSettings, Tier, Until};
 use std::sync::Arc;
 
@@ -28,7 +29,8 @@ fn identity() -> LogIdentity {
 /// changes the blocks (a record the log does not hold).
 fn batch(w: u64, seq: u64, salt: u64) -> Vec<u8> {
     let base = w << 32 | seq << 8 | salt << 4;
-    let blocks: Vec<(u64, u64)> = (0..4).map(|j| (base + j, base + j + 1000)).collect();
+    let blocks: Vec<BlockHashes> =
+        (0..4).map(|j| (base + j, base + j + 1000)).map(BlockHashes::from).collect();
     let parent = (seq > 1).then(|| w << 32 | (seq - 1) << 8 | 3);
     let ks = KeyspaceId::new("m", 16, 1);
     encode_kv_events(

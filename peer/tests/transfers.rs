@@ -9,6 +9,7 @@ use prefixlog_peer::{PeerClient, PeerService, ServeLimits};
 use prefixlog_proto::v1 as pb;
 use prefixlog_snapshot::{checkpoint, export_partitions, CheckpointStore};
 use prefixlog_state::record::encode_kv_events;
+use prefixlog_state::BlockHashes;
 use prefixlog_state::{Applier, KvOp, LogIdentity, StateSettings, Tier};
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,8 +33,10 @@ fn state() -> Applier {
     let ks = KeyspaceId::new("m", 16, 1);
     for w in 0..80u64 {
         for r in 0..4u64 {
-            let blocks: Vec<(u64, u64)> =
-                (0..1000).map(|j| (w << 40 | r << 20 | j, w << 32 | r << 16 | j)).collect();
+            let blocks: Vec<BlockHashes> = (0..1000)
+                .map(|j| (w << 40 | r << 20 | j, w << 32 | r << 16 | j))
+                .map(BlockHashes::from)
+                .collect();
             let parent = (r > 0).then(|| w << 40 | (r - 1) << 20 | 999);
             let v = encode_kv_events(
                 &ks,
@@ -204,8 +207,10 @@ async fn measure_transfer_memory() {
     let ks = KeyspaceId::new("m", 16, 1);
     for w in 0..64u64 {
         for r in 0..64u64 {
-            let blocks: Vec<(u64, u64)> =
-                (0..1000).map(|j| (w << 40 | r << 20 | j, w << 32 | r << 16 | j)).collect();
+            let blocks: Vec<BlockHashes> = (0..1000)
+                .map(|j| (w << 40 | r << 20 | j, w << 32 | r << 16 | j))
+                .map(BlockHashes::from)
+                .collect();
             let parent = (r > 0).then(|| w << 40 | (r - 1) << 20 | 999);
             let v = encode_kv_events(
                 &ks,

@@ -11,6 +11,7 @@ use prefixlog_ingest::{LogSpec, Shard};
 use prefixlog_query::admin::{AdminPort, AlwaysReady};
 use prefixlog_snapshot::CheckpointStore;
 use prefixlog_state::record::{decode, Op};
+use prefixlog_state::NextOffset;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -140,13 +141,13 @@ pub fn parse_time(s: &str) -> anyhow::Result<u64> {
     Ok(t.duration_since(std::time::UNIX_EPOCH)?.as_millis() as u64)
 }
 
-pub fn parse_offsets(s: &str) -> anyhow::Result<Vec<(u32, i64)>> {
+pub fn parse_offsets(s: &str) -> anyhow::Result<Vec<NextOffset>> {
     s.split(',')
         .filter(|x| !x.is_empty())
         .map(|x| {
             let (p, o) =
                 x.split_once(':').ok_or_else(|| anyhow::anyhow!("expected partition:offset, got {x:?}"))?;
-            Ok((p.trim().parse()?, o.trim().parse()?))
+            Ok(NextOffset::new(p.trim().parse()?, o.trim().parse()?))
         })
         .collect()
 }
@@ -187,7 +188,7 @@ pub fn run(a: Args, rt: &tokio::runtime::Handle) -> anyhow::Result<()> {
             admin_addr,
             poll,
         } => {
-            let start = Point::Offsets(log.owned().iter().map(|&p| (p, 0)).collect());
+            let start = Point::Offsets(log.owned().iter().map(|&p| NextOffset::new(p, 0)).collect());
             let from = range_point(from, from_offsets, start)?;
             if follow {
                 return follow_loss(store.as_ref(), &log, &from, admin_addr, poll, rt);
@@ -243,7 +244,8 @@ pub fn run(a: Args, rt: &tokio::runtime::Handle) -> anyhow::Result<()> {
             }
         }
         Cmd::Explain { record } => {
-            let (p, o) = *parse_offsets(&record)?.first().ok_or_else(|| anyhow::anyhow!("--record p:o"))?;
+            let NextOffset { partition: p, offset: o } =
+                *parse_offsets(&record)?.first().ok_or_else(|| anyhow::anyhow!("--record p:o"))?;
             let value = read_record(&log, p, o)?;
             let op = decode(value.as_deref(), p, log.partitions, usize::MAX)
                 .map_err(|r| anyhow::anyhow!("record {p}:{o} is a bad record ({r})"))?;
@@ -371,7 +373,7 @@ fn parse_holder(s: &str) -> anyhow::Result<(KeyspaceId, HolderKey)> {
 
 /// One record of the log, read through the one log reader.
 fn read_record(log: &LogSpec, p: u32, o: i64) -> anyhow::Result<Option<Vec<u8>>> {
-    let mut reader = LogReader::open_bounded(log, [(p, o)])?;
+    let mut reader = LogReader::open_bounded(log, [NextOffset::new(p, o)])?;
     for _ in 0..100 {
         match reader.poll(std::time::Duration::from_millis(100)) {
             Read::Record(r) => return Ok(r.payload().map(<[u8]>::to_vec)),

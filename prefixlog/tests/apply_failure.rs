@@ -11,6 +11,7 @@ use prefixlog_engine::KeyspaceId;
 use prefixlog_ingest::{KafkaConnection, LogSpec, Publisher};
 use prefixlog_snapshot::CheckpointStore;
 use prefixlog_state::record::worker_for_partition;
+use prefixlog_state::BlockHashes;
 use prefixlog_state::{token_of, KvOp, Landed, Tier};
 use prefixlog_tests::http::{http_get, sample};
 use prefixlog_tests::{kafka_backends, unique_topic, KafkaBackend};
@@ -55,8 +56,12 @@ async fn publish(p: &Publisher, seq: u64) -> Vec<Landed> {
     let mut out = Vec::new();
     for partition in 0..P {
         let w = worker_for_partition(partition, P);
-        let ops =
-            [KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext: None, blocks: vec![(w << 16 | seq, seq)] }];
+        let ops = [KvOp::Stored {
+            tier: Tier::Gpu,
+            lane: 0,
+            parent_ext: None,
+            blocks: [(w << 16 | seq, seq)].map(BlockHashes::from).to_vec(),
+        }];
         out.push(p.publish_kv_events(&ks, w, 0, 1, seq, false, &ops, None).await.unwrap());
     }
     out
@@ -123,7 +128,7 @@ async fn across_restarts(b: &KafkaBackend) {
     let first = token_of(&publish(&publisher, 1).await);
     let mut child = serve(&b.brokers, &topic, &marker, dir.path(), admin, 0);
     let written = "prefixlog_checkpoints_written_total{shard=\"all\"}";
-    let at = |p: u32| first.iter().find(|t| t.0 == p).unwrap().1 as f64;
+    let at = |p: u32| first.iter().find(|t| t.partition == p).unwrap().offset as f64;
     wait_metrics(admin, "caught up and checkpointed", |m| {
         next_offset(m, FAILING) == Some(at(FAILING)) && sample(m, written) >= Some(1.0)
     })
@@ -131,12 +136,13 @@ async fn across_restarts(b: &KafkaBackend) {
     let poison =
         publisher.publish_raw(worker_for_partition(FAILING, P), marker.as_bytes(), None).await.unwrap();
     let end = token_of(&publish(&publisher, 2).await);
-    let other_end = end.iter().find(|t| t.0 != FAILING).unwrap();
+    let other_end = end.iter().find(|t| t.partition != FAILING).unwrap();
 
     let failures = format!("prefixlog_apply_failures_total{{partition=\"{FAILING}\",shard=\"all\"}}");
     let withheld = "prefixlog_checkpoints_withheld_total{shard=\"all\"}";
     let halted = |m: &str| {
-        sample(m, &failures) == Some(1.0) && next_offset(m, other_end.0) == Some(other_end.1 as f64)
+        sample(m, &failures) == Some(1.0)
+            && next_offset(m, other_end.partition) == Some(other_end.offset as f64)
     };
     let m = wait_metrics(admin, "halted at the failing record, the other partition caught up", |m| {
         halted(m) && sample(m, withheld) >= Some(1.0)

@@ -9,6 +9,7 @@ use prefixlog_ingest::reader::{LogReader, Read};
 use prefixlog_ingest::{EmbeddedKafka, KafkaConnection, LogSpec, Publisher};
 use prefixlog_snapshot::CheckpointStore;
 use prefixlog_state::record::encode_kv_events;
+use prefixlog_state::NextOffset;
 use prefixlog_state::{Applier, KvOp, StateSettings, Tier};
 use prefixlog_workload::{generate, FleetConfig, Step, TraceRequest};
 use std::process::{Command, Stdio};
@@ -47,7 +48,7 @@ fn read_log(brokers: &str) -> Vec<Vec<(i64, u64, Vec<u8>)>> {
     let spec = LogSpec::new(KafkaConnection::new(brokers), TOPIC, P);
     let probe = prefixlog_ingest::probe_log(&spec).unwrap();
     let total: i64 = (0..P).map(|p| probe.high(p)).sum();
-    let mut reader = LogReader::open(&spec, (0..P).map(|p| (p, 0))).unwrap();
+    let mut reader = LogReader::open(&spec, (0..P).map(|p| NextOffset::new(p, 0))).unwrap();
     let mut out = vec![Vec::new(); P as usize];
     let mut got = 0;
     while got < total {

@@ -11,6 +11,8 @@ use prefixlog_engine::KeyspaceId;
 use prefixlog_ingest::{EmbeddedKafka, KafkaConnection, LogSpec, Publisher};
 use prefixlog_node::{loopback_port, NodeOptions, ReplicaNode};
 use prefixlog_state::record::encode_kv_events;
+use prefixlog_state::BlockHashes;
+use prefixlog_state::NextOffset;
 use prefixlog_state::{KvOp, Tier};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -85,16 +87,19 @@ async fn gateway(g: u64, client: IndexClient, publisher: Publisher, seen: Arc<Se
     while !stop.load(Ordering::Relaxed) {
         seq += 1;
         let worker = g * 100 + seq % 7;
-        let blocks: Vec<(u64, u64)> = (0..4).map(|b| (seq * 10 + b, seq * 10 + b)).collect();
+        let blocks: Vec<BlockHashes> =
+            (0..4).map(|b| (seq * 10 + b, seq * 10 + b)).map(BlockHashes::from).collect();
         let op = KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext: None, blocks: blocks.clone() };
         let record = encode_kv_events(&ks(), worker, 0, 1, seq, false, &[op]);
         let landed = publisher.publish_raw(worker, &record, None).await.expect("publish");
-        let q = MatchQuery::new(ks(), Prompt::Hashes(blocks.iter().map(|b| b.1).collect())).after(&[landed]);
+        let q =
+            MatchQuery::new(ks(), Prompt::Hashes(blocks.iter().map(|b| b.local).collect())).after(&[landed]);
         seen.decisions.fetch_add(1, Ordering::Relaxed);
         match client.match_prompt(&q).await {
             MatchOutcome::Scores(a) | MatchOutcome::Empty(a) => {
-                let (p, need) = landed.token();
-                let behind = a.applied.iter().any(|&(q, at)| q == p && at < need);
+                let need = landed.token();
+                let behind =
+                    a.applied.iter().any(|at| at.partition == need.partition && at.offset < need.offset);
                 if a.stale || behind || !a.scores.iter().any(|s| s.worker == worker) {
                     seen.stale.fetch_add(1, Ordering::Relaxed);
                 }
@@ -110,7 +115,7 @@ async fn gateway(g: u64, client: IndexClient, publisher: Publisher, seen: Arc<Se
 
 async fn wait_ready(node: &ReplicaNode, publisher: &Publisher) {
     let all: Vec<u32> = (0..P).collect();
-    let token: Vec<(u32, i64)> =
+    let token: Vec<NextOffset> =
         publisher.publish_ticks(&all, None).await.expect("ticks").iter().map(|l| l.token()).collect();
     assert!(node.status().wait_for(&token, Duration::from_secs(60)).await, "replica never caught up");
 }

@@ -6,6 +6,7 @@
 use prefixlog_engine::KeyspaceId;
 use prefixlog_ingest::{KafkaConnection, LogSpec, Publisher};
 use prefixlog_snapshot::CheckpointStore;
+use prefixlog_state::BlockHashes;
 use prefixlog_state::{token_of, KvOp, Tier};
 use prefixlog_tests::http::{http_get, sample};
 use prefixlog_tests::{kafka_backends, unique_topic, KafkaBackend};
@@ -75,12 +76,12 @@ async fn clean_stop(b: &KafkaBackend) {
             tier: Tier::Gpu,
             lane: 0,
             parent_ext: None,
-            blocks: vec![(w << 8 | 1, 1), (w << 8 | 2, 2)],
+            blocks: [(w << 8 | 1, 1), (w << 8 | 2, 2)].map(BlockHashes::from).to_vec(),
         }];
         landed.push(publisher.publish_kv_events(&ks, w, 0, 1, 1, false, &ops, None).await.unwrap());
     }
     let end = token_of(&landed);
-    let end0 = end.iter().find(|(p, _)| *p == 0).map_or(0, |t| t.1);
+    let end0 = end.iter().find(|t| t.partition == 0).map_or(0, |t| t.offset);
     let dir = tempfile::tempdir().unwrap();
     let admin = SocketAddr::from(([127, 0, 0, 1], prefixlog_node::loopback_port()));
     let mut child = serve(&brokers, &topic, dir.path(), admin, 0);

@@ -10,7 +10,7 @@ use prefixlog_engine::KeyspaceId;
 use prefixlog_ingest::{EmbeddedKafka, KafkaConnection, LogSpec, Publisher};
 use prefixlog_node::{NodeOptions, ReplicaNode};
 use prefixlog_state::record::encode_kv_events;
-use prefixlog_state::{KvOp, Tier};
+use prefixlog_state::{BlockHashes, KvOp, Tier};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -112,7 +112,7 @@ async fn hedging_answers_every_decision_while_the_preferred_replica_is_slow_and_
     // One stored prefix, applied by both replicas (no writes after: both stay equally current,
     // so the slow one, first in the list, stays the preferred one).
     let publisher = Publisher::new(&spec).unwrap();
-    let blocks: Vec<(u64, u64)> = (1..=4).map(|b| (b, b)).collect();
+    let blocks: Vec<BlockHashes> = (1..=4).map(|b| BlockHashes::new(b, b)).collect();
     let op = KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext: None, blocks: blocks.clone() };
     let landed =
         publisher.publish_raw(7, &encode_kv_events(&ks(), 7, 0, 1, 1, false, &[op]), None).await.unwrap();
@@ -123,7 +123,7 @@ async fn hedging_answers_every_decision_while_the_preferred_replica_is_slow_and_
     let delay_ms = Arc::new(AtomicU64::new(0));
     let proxy = delaying_proxy(slow_node.grpc_addr(), delay_ms.clone()).await;
     let urls = vec![format!("http://{proxy}"), fast_node.endpoint()];
-    let prompt: Vec<u64> = blocks.iter().map(|b| b.1).collect();
+    let prompt: Vec<u64> = blocks.iter().map(|b| b.local).collect();
     let stop = Arc::new(AtomicBool::new(false));
     let (hedged, unhedged) = (Arc::new(Seen::default()), Arc::new(Seen::default()));
     let mut gateways = Vec::new();

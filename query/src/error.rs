@@ -1,6 +1,7 @@
 //! Why a query was refused, as one typed error, and its single conversion to the wire
 //! ([`tonic::Status`]); the metrics' code label is the same code. Facades that answer in their
-//! own protocol map the status the service returns (or match on [`QueryError::code`]).
+//! own protocol take the error itself (`QueryService::answer_typed`) and map it to theirs, with
+//! [`QueryError::message`], the message the status would carry.
 
 use crate::validate::clip;
 use tonic::{Code, Status};
@@ -44,19 +45,23 @@ impl QueryError {
     pub(crate) fn invalid(msg: impl Into<String>) -> Self {
         Self::InvalidArgument(msg.into())
     }
+
+    /// The message it is answered with (a NOT_FOUND one clipped: model names are
+    /// client-controlled).
+    pub fn message(&self) -> String {
+        match self {
+            Self::UnknownKeyspace(m) => clip(m, NOT_FOUND_MAX_BYTES),
+            Self::InvalidArgument(m)
+            | Self::Unavailable(m)
+            | Self::TokenNotReached(m)
+            | Self::ResourceExhausted(m) => m.clone(),
+        }
+    }
 }
 
 impl From<QueryError> for Status {
     fn from(e: QueryError) -> Self {
-        let code = e.code();
-        let msg = match e {
-            QueryError::UnknownKeyspace(m) => clip(&m, NOT_FOUND_MAX_BYTES),
-            QueryError::InvalidArgument(m)
-            | QueryError::Unavailable(m)
-            | QueryError::TokenNotReached(m)
-            | QueryError::ResourceExhausted(m) => m,
-        };
-        Status::new(code, msg)
+        Status::new(e.code(), e.message())
     }
 }
 
@@ -82,7 +87,8 @@ mod tests {
 
     #[test]
     fn a_long_not_found_message_is_clipped() {
-        let s = Status::from(QueryError::UnknownKeyspace("x".repeat(5000)));
-        assert!(s.message().len() <= NOT_FOUND_MAX_BYTES && s.message().ends_with("..."));
+        let e = QueryError::UnknownKeyspace("x".repeat(5000));
+        assert!(e.message().len() <= NOT_FOUND_MAX_BYTES && e.message().ends_with("..."));
+        assert_eq!(Status::from(e.clone()).message(), e.message());
     }
 }

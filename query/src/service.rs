@@ -20,7 +20,7 @@ use prefixlog_proto::v1::{
     DescribeResponse, ListWorkersResponse, MatchRequest, MatchResponse, PartitionOffset, WorkerInfo,
     WorkerScore,
 };
-use prefixlog_state::Applier;
+use prefixlog_state::{Applier, NextOffset};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
@@ -142,12 +142,19 @@ impl QueryService {
         &self.view.info.replica_id
     }
 
-    /// Answers one request; `wait` bounds the consistency-token wait.
+    /// Answers one request; `wait` bounds the consistency-token wait. A refusal is the gRPC
+    /// status of [`Self::answer_typed`]'s error.
     pub async fn answer(&self, req: MatchRequest, wait: Duration) -> Result<MatchResponse, Status> {
+        self.answer_typed(req, wait).await.map_err(Status::from)
+    }
+
+    /// [`Self::answer`] with the refusal as a [`QueryError`]: for the facades that answer in a
+    /// protocol of their own (HTTP, SMG, the endpoint picker) and map the error themselves.
+    pub async fn answer_typed(&self, req: MatchRequest, wait: Duration) -> Result<MatchResponse, QueryError> {
         let start = Instant::now();
         let r = self.answer_inner(req, wait).await;
         self.metrics.observe(start.elapsed(), r.as_ref().err().map(QueryError::code));
-        r.map_err(Status::from)
+        r
     }
 
     async fn answer_inner(&self, req: MatchRequest, wait: Duration) -> Result<MatchResponse, QueryError> {
@@ -191,7 +198,7 @@ impl QueryService {
             scores,
             applied: applied
                 .into_iter()
-                .map(|(partition, offset)| PartitionOffset { partition, offset })
+                .map(|NextOffset { partition, offset }| PartitionOffset { partition, offset })
                 .collect(),
             replica_id: info.replica_id.clone(),
             stale,
@@ -209,10 +216,11 @@ impl QueryService {
     /// here (the log does not continue a named partition, ingest stopped on a bug, or the
     /// replica is stopping). Such a query gets UNAVAILABLE at once, to retry on another
     /// replica, instead of a wait that ends in DEADLINE_EXCEEDED or a false "reached".
-    fn token_unprovable(&self, token: &[(u32, i64)]) -> Option<String> {
+    fn token_unprovable(&self, token: &[NextOffset]) -> Option<String> {
         let status = &self.view.status;
-        let named =
-            |ps: Vec<u32>| ps.into_iter().filter(|p| token.iter().any(|t| t.0 == *p)).collect::<Vec<_>>();
+        let named = |ps: Vec<u32>| {
+            ps.into_iter().filter(|p| token.iter().any(|t| t.partition == *p)).collect::<Vec<_>>()
+        };
         let rewound = named(status.rewound());
         if !rewound.is_empty() {
             return Some(format!(
@@ -230,7 +238,7 @@ impl QueryService {
             ));
         }
         let failed = status.apply_failures();
-        if let Some(f) = failed.iter().find(|f| token.iter().any(|t| t.0 == f.partition)) {
+        if let Some(f) = failed.iter().find(|f| token.iter().any(|t| t.partition == f.partition)) {
             return Some(clip(&format!("consistency token not reached: {f}"), 1000));
         }
         if self.view.readiness.is_stopping() {
@@ -261,7 +269,7 @@ impl QueryService {
                 .status
                 .offsets()
                 .into_iter()
-                .map(|(partition, offset)| PartitionOffset { partition, offset })
+                .map(|NextOffset { partition, offset }| PartitionOffset { partition, offset })
                 .collect(),
         }
     }
@@ -321,12 +329,12 @@ const UNREACHED_SHOWN: usize = 8;
 
 /// DEADLINE_EXCEEDED for a token not reached in time, naming the owned partitions still
 /// behind (a few of them: the message travels in gRPC metadata, 8 KiB soft limit).
-fn token_not_reached(token: &[(u32, i64)], applied: &[(u32, i64)], wait: Duration) -> QueryError {
+fn token_not_reached(token: &[NextOffset], applied: &[NextOffset], wait: Duration) -> QueryError {
     let behind: Vec<String> = token
         .iter()
-        .filter_map(|&(p, want)| {
-            let (_, at) = applied.iter().find(|a| a.0 == p)?;
-            (*at < want).then(|| format!("partition {p} at {at}, wanted {want}"))
+        .filter_map(|&NextOffset { partition: p, offset: want }| {
+            let at = applied.iter().find(|a| a.partition == p)?.offset;
+            (at < want).then(|| format!("partition {p} at {at}, wanted {want}"))
         })
         .collect();
     let more = behind.len().saturating_sub(UNREACHED_SHOWN);
@@ -461,8 +469,9 @@ mod tests {
     /// DEADLINE_EXCEEDED names only the partitions still behind, and a few of them.
     #[test]
     fn deadline_exceeded_names_a_few_partitions_behind() {
-        let token: Vec<(u32, i64)> = (0..300).map(|p| (p, 50)).collect();
-        let applied: Vec<(u32, i64)> = (0..300).map(|p| (p, if p == 7 { 60 } else { 1 })).collect();
+        let token: Vec<NextOffset> = (0..300).map(|p| NextOffset::new(p, 50)).collect();
+        let applied: Vec<NextOffset> =
+            (0..300).map(|p| NextOffset::new(p, if p == 7 { 60 } else { 1 })).collect();
         let s = Status::from(token_not_reached(&token, &applied, Duration::from_millis(5)));
         assert_eq!(s.code(), tonic::Code::DeadlineExceeded);
         assert!(s.message().contains("partition 0 at 1, wanted 50"), "{}", s.message());

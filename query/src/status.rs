@@ -11,7 +11,7 @@
 //! the broker last answered.
 
 use parking_lot::Mutex;
-use prefixlog_state::{ApplyFailure, DeadLetterCounts, HoleCause, LogHole};
+use prefixlog_state::{ApplyFailure, DeadLetterCounts, HoleCause, LogHole, NextOffset};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -200,8 +200,11 @@ impl ReplicaStatus {
     }
 
     /// Next offset to apply, per owned partition.
-    pub fn offsets(&self) -> Vec<(u32, i64)> {
-        self.owned.iter().map(|&p| (p, self.part(p).next_offset.load(Ordering::Acquire))).collect()
+    pub fn offsets(&self) -> Vec<NextOffset> {
+        self.owned
+            .iter()
+            .map(|&p| NextOffset::new(p, self.part(p).next_offset.load(Ordering::Acquire)))
+            .collect()
     }
 
     /// Records behind the high watermark, summed over owned partitions.
@@ -240,14 +243,14 @@ impl ReplicaStatus {
 
     /// True when every record below each `(partition, next offset)` is applied. Partitions
     /// this replica does not own are ignored (another shard answers for them).
-    pub fn reached(&self, token: &[(u32, i64)]) -> bool {
-        token.iter().all(|&(p, o)| {
+    pub fn reached(&self, token: &[NextOffset]) -> bool {
+        token.iter().all(|&NextOffset { partition: p, offset: o }| {
             self.owned.binary_search(&p).is_err() || self.part(p).next_offset.load(Ordering::Acquire) >= o
         })
     }
 
     /// Waits until [`Self::reached`] or the timeout; returns whether it was reached.
-    pub async fn wait_for(&self, token: &[(u32, i64)], timeout: Duration) -> bool {
+    pub async fn wait_for(&self, token: &[NextOffset], timeout: Duration) -> bool {
         let deadline = tokio::time::Instant::now() + timeout;
         let mut rx = self.progress.subscribe();
         loop {

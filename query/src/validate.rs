@@ -4,6 +4,7 @@
 use crate::error::QueryError;
 use prefixlog_engine::{scheme, KeyspaceId};
 use prefixlog_proto::v1::{match_request::Prompt, MatchRequest, PartitionOffset};
+use prefixlog_state::NextOffset;
 
 /// How many known keyspaces a NOT_FOUND message names at most: the message travels in gRPC
 /// metadata (8 KiB soft limit), and a replica may hold hundreds of keyspaces.
@@ -23,7 +24,7 @@ pub struct Checked {
     pub locals: Vec<u64>,
     pub top_k: Option<usize>,
     /// Consistency token in next offsets, for partitions that exist.
-    pub token: Vec<(u32, i64)>,
+    pub token: Vec<NextOffset>,
     /// Sorted, deduplicated; empty = every worker.
     pub candidates: Vec<u64>,
 }
@@ -126,7 +127,7 @@ fn token_locals(t: &prefixlog_proto::v1::TokenIds, block_size: usize) -> Vec<u64
 /// than once (a token built from several publishes, or merged from two) keeps its largest
 /// offset. One linear pass: the wait re-checks the token on every applied record, so its
 /// length is bounded by the log's partitions, whatever the request's.
-fn token(offs: &[PartitionOffset], partitions: u32) -> Result<Vec<(u32, i64)>, QueryError> {
+fn token(offs: &[PartitionOffset], partitions: u32) -> Result<Vec<NextOffset>, QueryError> {
     let mut largest: Vec<Option<i64>> = Vec::new();
     for o in offs {
         if o.partition >= partitions {
@@ -141,7 +142,7 @@ fn token(offs: &[PartitionOffset], partitions: u32) -> Result<Vec<(u32, i64)>, Q
         let slot = &mut largest[o.partition as usize];
         *slot = Some(slot.map_or(o.offset, |x| x.max(o.offset)));
     }
-    Ok(largest.into_iter().enumerate().filter_map(|(p, o)| Some((p as u32, o?))).collect())
+    Ok(largest.into_iter().enumerate().filter_map(|(p, o)| Some(NextOffset::new(p as u32, o?))).collect())
 }
 
 /// `s`, cut to at most `max` bytes (on a character boundary) with "..." when cut.
@@ -206,11 +207,12 @@ mod tests {
     fn a_token_is_one_entry_per_partition_with_the_largest_offset() {
         let po = |partition, offset| PartitionOffset { partition, offset };
         let c = check(&request(vec![po(2, 5), po(0, 9), po(2, 7), po(2, -1)], vec![]), 10, 4).unwrap();
-        assert_eq!(c.token, vec![(0, 9), (2, 7)]);
+        assert_eq!(c.token, vec![NextOffset::new(0, 9), NextOffset::new(2, 7)]);
         // Many entries (a token built from many publishes) fold into one per partition.
         let many = (0..100_000).map(|i| po(i % 4, i64::from(i))).collect();
         let c = check(&request(many, vec![]), 10, 4).unwrap();
-        assert_eq!(c.token, vec![(0, 99_996), (1, 99_997), (2, 99_998), (3, 99_999)]);
+        let n = NextOffset::new;
+        assert_eq!(c.token, vec![n(0, 99_996), n(1, 99_997), n(2, 99_998), n(3, 99_999)]);
         let err = check(&request(vec![po(4, 1)], vec![]), 10, 4).err().expect("no partition 4");
         assert_eq!(err.code(), tonic::Code::InvalidArgument);
     }

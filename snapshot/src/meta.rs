@@ -6,7 +6,7 @@ use crate::codec::{self, Reader, Writer};
 use crate::error::{damaged, Damage, Part, StoreError};
 use crate::format::READABLE_FORMATS;
 use prefixlog_engine::KeyspaceId;
-use prefixlog_state::{LogIdentity, StateSettings};
+use prefixlog_state::{LogIdentity, NextOffset, StateSettings};
 use xxhash_rust::xxh3::xxh3_64;
 
 /// Keyspace values are stored in chunks of at most this many bytes.
@@ -105,8 +105,8 @@ impl CheckpointMeta {
     }
 
     /// Next offset of every covered partition.
-    pub fn covered_offsets(&self) -> Vec<(u32, i64)> {
-        self.covered().map(|(p, o, _)| (p, o)).collect()
+    pub fn covered_offsets(&self) -> Vec<NextOffset> {
+        self.covered().map(|(p, o, _)| NextOffset::new(p, o)).collect()
     }
 }
 

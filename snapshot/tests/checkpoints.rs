@@ -7,6 +7,7 @@ use prefixlog_snapshot::{
     ExportSink, Retention, Streamed,
 };
 use prefixlog_state::record::{encode_kv_events, encode_placement};
+use prefixlog_state::BlockHashes;
 use prefixlog_state::{Applier, KvOp, LogIdentity, PartitionState, StateSettings, Tier};
 use prefixlog_workload::{generate, FleetConfig, Step, TraceRequest};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -122,7 +123,7 @@ fn restored_replica_matches_now_and_after_the_tail() {
     let q: Vec<u64> =
         prefixlog_workload::expand_request(&TraceRequest { timestamp_ms: 0, hash_ids: vec![0, 5, 45] }, 0, 2)
             .iter()
-            .map(|b| b.1)
+            .map(|b| b.local)
             .collect();
     let o = MatchOptions { intervals: true, ..Default::default() };
     assert_eq!(restored.engine().match_chain(&ks(), &q, &o), live.engine().match_chain(&ks(), &q, &o));
@@ -410,8 +411,10 @@ fn a_streamed_export_is_the_export_in_bounded_pieces_and_stops_at_damage() {
     let ks = ks();
     for w in 0..48u64 {
         for r in 0..4u64 {
-            let blocks: Vec<(u64, u64)> =
-                (0..1000).map(|j| (w << 40 | r << 20 | j, w << 32 | r << 16 | j)).collect();
+            let blocks: Vec<BlockHashes> = (0..1000)
+                .map(|j| (w << 40 | r << 20 | j, w << 32 | r << 16 | j))
+                .map(BlockHashes::from)
+                .collect();
             let parent = (r > 0).then(|| w << 40 | (r - 1) << 20 | 999);
             let v = encode_kv_events(
                 &ks,

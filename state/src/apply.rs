@@ -502,7 +502,7 @@ impl Applier {
         let resynced = !cleared.is_empty() && feed.lanes.iter().all(|l| cleared.contains(l));
         feed.gapped = (feed.gapped || gap) && !resynced;
         let (lanes, gapped): (Vec<u32>, bool) = (feed.lanes.iter().copied().collect(), feed.gapped);
-        let (missing, invalid) = self.apply_events(&key, events, t);
+        let RefusedStores { missing, invalid } = self.apply_events(&key, events, t);
         self.usage[partition as usize].refresh_holders(partition, &key.keyspace, &self.engine);
         if gapped {
             self.mark_gapped(&key, &lanes);
@@ -527,9 +527,9 @@ impl Applier {
         }
     }
 
-    /// Applies a batch's events; returns (stores with a missing parent, stores refused whole).
-    fn apply_events(&self, key: &FeedKey, events: &[KvOp], t: LogTime) -> (u64, u64) {
-        let (mut missing, mut invalid) = (0, 0);
+    /// Applies a batch's events; counts the stores it refused.
+    fn apply_events(&self, key: &FeedKey, events: &[KvOp], t: LogTime) -> RefusedStores {
+        let RefusedStores { mut missing, mut invalid } = RefusedStores::default();
         for e in events {
             let h = HolderKey::new(key.worker, key.dp_rank, e.lane());
             match e {
@@ -548,8 +548,16 @@ impl Applier {
                 }
             }
         }
-        (missing, invalid)
+        RefusedStores { missing, invalid }
     }
+}
+
+/// Stores of one batch the engine refused: under a parent the holder does not hold
+/// (`missing`), or refused whole as no chain (`invalid`).
+#[derive(Clone, Copy, Debug, Default)]
+struct RefusedStores {
+    missing: u64,
+    invalid: u64,
 }
 
 /// The feeds of `worker` in partition state `part`: one range of the feed table per keyspace

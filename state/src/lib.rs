@@ -48,6 +48,6 @@ pub use log::{
 };
 pub use partition_state::{DigestPoint, PartitionState};
 /// In `prefixlog-ids` so the gateway client can take them without this crate.
-pub use prefixlog_ids::{token_of, Landed, Tier};
+pub use prefixlog_ids::{token_of, BlockHashes, Landed, NextOffset, Tier};
 pub use record::{BadReason, KvBatch, KvOp, LaneMeta, Lifecycle, Op};
 pub use settings::StateSettings;

@@ -4,7 +4,8 @@
 
 /// Named here beside [`KvOp`], whose stores and removals carry one.
 pub use prefixlog_engine::Tier;
-use prefixlog_engine::{partition_of, HolderKey, KeyspaceId};
+use prefixlog_engine::{partition_of, BlockHashes, HolderKey, KeyspaceId};
+use prefixlog_ids::NextOffset;
 use prefixlog_proto::v1 as pb;
 use prefixlog_proto::RECORD_VERSION;
 use prost::Message;
@@ -112,7 +113,7 @@ pub struct LaneMeta {
 /// it never leaves a block credited that the reset may have dropped).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum KvOp {
-    Stored { tier: Tier, lane: u32, parent_ext: Option<u64>, blocks: Vec<(u64, u64)> },
+    Stored { tier: Tier, lane: u32, parent_ext: Option<u64>, blocks: Vec<BlockHashes> },
     Removed { tier: Tier, lane: u32, exts: Vec<u64> },
     Cleared { lane: u32 },
 }
@@ -155,7 +156,7 @@ pub enum Op {
         keyspace: KeyspaceId,
         holder: HolderKey,
         locals: Vec<u64>,
-        answered_at: Vec<(u32, i64)>,
+        answered_at: Vec<NextOffset>,
         /// The gateway that published it (audits only; not applied).
         gateway: String,
         /// The routing policy it names, empty when none (audits only; not applied).
@@ -241,7 +242,7 @@ pub fn decode(
                             tier: tier()?,
                             lane,
                             parent_ext: s.parent_ext,
-                            blocks: s.ext.into_iter().zip(s.local).collect(),
+                            blocks: s.ext.into_iter().zip(s.local).map(BlockHashes::from).collect(),
                         }
                     }
                     pb::kv_event::Event::Removed(r) => {
@@ -282,7 +283,7 @@ pub fn decode(
                 keyspace: keyspace(p.keyspace.as_ref())?,
                 holder: HolderKey::new(p.worker, p.dp_rank, p.lane),
                 locals: p.local,
-                answered_at: p.answered_at.iter().map(|o| (o.partition, o.offset)).collect(),
+                answered_at: p.answered_at.iter().map(|o| NextOffset::new(o.partition, o.offset)).collect(),
                 gateway: p.gateway,
                 policy: p.policy,
             }
@@ -356,8 +357,8 @@ impl KvBatch<'_> {
                     tier: tier.code() as i32,
                     event: Some(pb::kv_event::Event::Stored(pb::BlocksStored {
                         parent_ext: *parent_ext,
-                        ext: blocks.iter().map(|b| b.0).collect(),
-                        local: blocks.iter().map(|b| b.1).collect(),
+                        ext: blocks.iter().map(|b| b.ext).collect(),
+                        local: blocks.iter().map(|b| b.local).collect(),
                     })),
                 },
                 KvOp::Removed { tier, lane, exts } => pb::KvEvent {
@@ -398,7 +399,7 @@ pub fn encode_placement(
     keyspace: &KeyspaceId,
     holder: HolderKey,
     locals: &[u64],
-    answered_at: &[(u32, i64)],
+    answered_at: &[NextOffset],
     gateway: &str,
 ) -> Vec<u8> {
     encode_placement_with_policy(keyspace, holder, locals, answered_at, gateway, "")
@@ -409,7 +410,7 @@ pub fn encode_placement_with_policy(
     keyspace: &KeyspaceId,
     holder: HolderKey,
     locals: &[u64],
-    answered_at: &[(u32, i64)],
+    answered_at: &[NextOffset],
     gateway: &str,
     policy: &str,
 ) -> Vec<u8> {
@@ -421,7 +422,7 @@ pub fn encode_placement_with_policy(
         local: locals.to_vec(),
         answered_at: answered_at
             .iter()
-            .map(|&(partition, offset)| pb::PartitionOffset { partition, offset })
+            .map(|&NextOffset { partition, offset }| pb::PartitionOffset { partition, offset })
             .collect(),
         gateway: gateway.to_string(),
         policy: policy.to_string(),

@@ -6,6 +6,7 @@ use prefixlog_engine::{partition_of, HolderKey, KeyspaceId, MatchOptions};
 use prefixlog_state::record::{
     encode_kv_events, encode_lifecycle, encode_placement, encode_tick, worker_for_partition,
 };
+use prefixlog_state::BlockHashes;
 use prefixlog_state::{Applier, BadReason, KvOp, Lifecycle, NotNext, Outcome, StateSettings, Tier};
 use prefixlog_workload::{generate, FleetConfig, Step, TraceRequest};
 use rand::{Rng, SeedableRng};
@@ -122,7 +123,7 @@ fn interleaving_of_partitions_does_not_change_digests() {
             2,
         )
         .iter()
-        .map(|b| b.1)
+        .map(|b| b.local)
         .collect();
         let o = MatchOptions { intervals: true, ..Default::default() };
         assert_eq!(a.engine().match_chain(&ks(), &q, &o), reference.engine().match_chain(&ks(), &q, &o));
@@ -133,7 +134,7 @@ fn interleaving_of_partitions_does_not_change_digests() {
     assert_eq!(digests(&reference), want);
 }
 
-fn stored(parent: Option<u64>, blocks: &[(u64, u64)]) -> KvOp {
+fn stored(parent: Option<u64>, blocks: &[BlockHashes]) -> KvOp {
     KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext: parent, blocks: blocks.to_vec() }
 }
 
@@ -171,7 +172,15 @@ fn duplicates_epochs_gaps_and_bad_records() {
     let mut a = applier();
     let mut log = Appender::new(p);
     let mut put = |a: &mut Applier, v: Vec<u8>| log.put(a, v);
-    let b1 = encode_kv_events(&ks(), w, 0, 1, 1, false, &[stored(None, &[(11, 1), (12, 2)])]);
+    let b1 = encode_kv_events(
+        &ks(),
+        w,
+        0,
+        1,
+        1,
+        false,
+        &[stored(None, &[(11, 1), (12, 2)].map(BlockHashes::from))],
+    );
     assert_eq!(put(&mut a, b1.clone()), Outcome::Applied);
     let d = a.partition_digest(p);
     assert_eq!(put(&mut a, b1), Outcome::Duplicate, "a bridge retry");
@@ -180,7 +189,7 @@ fn duplicates_epochs_gaps_and_bad_records() {
 
     // A poison record in the middle is skipped, later records still apply.
     assert_eq!(put(&mut a, b"\xff\xfe garbage".to_vec()), Outcome::Bad(BadReason::Undecodable));
-    let too_many: Vec<(u64, u64)> = (0..65).map(|i| (1000 + i, i)).collect();
+    let too_many: Vec<BlockHashes> = (0..65).map(|i| (1000 + i, i)).map(BlockHashes::from).collect();
     assert_eq!(
         put(&mut a, encode_kv_events(&ks(), w, 0, 1, 2, false, &[stored(None, &too_many)])),
         Outcome::Bad(BadReason::TooManyBlocks)
@@ -193,7 +202,8 @@ fn duplicates_epochs_gaps_and_bad_records() {
     assert_eq!(a.partition(p).counters.bad.values().sum::<u64>(), 3);
 
     // A gap (seq 3 → 5) is applied and marks the holder gapped.
-    let b = encode_kv_events(&ks(), w, 0, 1, 5, false, &[stored(Some(12), &[(13, 3)])]);
+    let b =
+        encode_kv_events(&ks(), w, 0, 1, 5, false, &[stored(Some(12), &[(13, 3)].map(BlockHashes::from))]);
     assert_eq!(put(&mut a, b), Outcome::Applied);
     assert_eq!(depth(&a, w, &[1, 2, 3]), 3);
     let h = HolderKey::new(w, 0, 0);
@@ -202,7 +212,7 @@ fn duplicates_epochs_gaps_and_bad_records() {
 
     // An older epoch is stale; a newer epoch clears first and un-gaps.
     assert_eq!(put(&mut a, encode_kv_events(&ks(), w, 0, 0, 9, false, &[])), Outcome::StaleEpoch);
-    let b = encode_kv_events(&ks(), w, 0, 2, 1, false, &[stored(None, &[(21, 9)])]);
+    let b = encode_kv_events(&ks(), w, 0, 2, 1, false, &[stored(None, &[(21, 9)].map(BlockHashes::from))]);
     assert_eq!(put(&mut a, b), Outcome::Applied);
     assert_eq!(depth(&a, w, &[1, 2, 3]), 0, "new epoch cleared the old blocks");
     assert_eq!(depth(&a, w, &[9]), 1);
@@ -211,7 +221,7 @@ fn duplicates_epochs_gaps_and_bad_records() {
     // Restarted lifecycle clears too; removed drops the worker.
     assert_eq!(put(&mut a, encode_lifecycle(w, &Lifecycle::Restarted { new_epoch: 3 })), Outcome::Applied);
     assert_eq!(depth(&a, w, &[9]), 0);
-    let b = encode_kv_events(&ks(), w, 0, 3, 1, false, &[stored(None, &[(31, 4)])]);
+    let b = encode_kv_events(&ks(), w, 0, 3, 1, false, &[stored(None, &[(31, 4)].map(BlockHashes::from))]);
     assert_eq!(put(&mut a, b), Outcome::Applied);
     assert_eq!(depth(&a, w, &[4]), 1);
     assert_eq!(put(&mut a, encode_lifecycle(w, &Lifecycle::Removed)), Outcome::Applied);
@@ -254,7 +264,7 @@ fn lane_metadata_is_kept_per_feed_and_cleared_by_a_new_epoch() {
         epoch: 1,
         seq: 1,
         gap_before: false,
-        events: &[stored(None, &[(1, 1)])],
+        events: &[stored(None, &[(1, 1)].map(BlockHashes::from))],
         lanes: std::slice::from_ref(&meta),
     }
     .encode();
@@ -263,7 +273,7 @@ fn lane_metadata_is_kept_per_feed_and_cleared_by_a_new_epoch() {
     let feed = a.partition(p).feeds.values().next().unwrap();
     assert_eq!(feed.lane_meta.get(&1), Some(&meta));
     // A restart (new epoch) forgets it until the bridge announces it again.
-    let b = encode_kv_events(&ks(), w, 0, 2, 1, false, &[stored(None, &[(1, 1)])]);
+    let b = encode_kv_events(&ks(), w, 0, 2, 1, false, &[stored(None, &[(1, 1)].map(BlockHashes::from))]);
     assert_eq!(a.apply(p, 1, 11, Some(&b)), Ok(Outcome::Applied));
     assert!(a.partition(p).feeds.values().next().unwrap().lane_meta.is_empty());
     assert_ne!(a.partition_digest(p), d);
@@ -276,9 +286,18 @@ fn a_gap_in_offsets_is_refused_until_accepted_and_then_visible() {
     let w = 7u64;
     let p = partition_of(w, P);
     let mut a = applier();
-    let b1 = encode_kv_events(&ks(), w, 0, 1, 1, false, &[stored(None, &[(11, 1), (12, 2)])]);
+    let b1 = encode_kv_events(
+        &ks(),
+        w,
+        0,
+        1,
+        1,
+        false,
+        &[stored(None, &[(11, 1), (12, 2)].map(BlockHashes::from))],
+    );
     assert_eq!(a.apply(p, 0, 10, Some(&b1)), Ok(Outcome::Applied));
-    let b2 = encode_kv_events(&ks(), w, 0, 1, 2, false, &[stored(Some(12), &[(13, 3)])]);
+    let b2 =
+        encode_kv_events(&ks(), w, 0, 1, 2, false, &[stored(Some(12), &[(13, 3)].map(BlockHashes::from))]);
     assert_eq!(a.apply(p, 5, 11, Some(&b2)), Err(NotNext { partition: p, expected: 1, offered: 5 }));
     assert_eq!(depth(&a, w, &[1, 2, 3]), 2, "nothing applied past the gap");
     let h = HolderKey::new(w, 0, 0);
@@ -291,8 +310,15 @@ fn a_gap_in_offsets_is_refused_until_accepted_and_then_visible() {
     assert_eq!(a.apply(p, 5, 11, Some(&b2)), Ok(Outcome::Applied));
     assert_eq!(depth(&a, w, &[1, 2, 3]), 3);
     // An all-cleared event resynchronises the feed.
-    let b3 =
-        encode_kv_events(&ks(), w, 0, 1, 3, false, &[KvOp::Cleared { lane: 0 }, stored(None, &[(21, 4)])]);
+    let b3 = encode_kv_events(
+        &ks(),
+        w,
+        0,
+        1,
+        3,
+        false,
+        &[KvOp::Cleared { lane: 0 }, stored(None, &[(21, 4)].map(BlockHashes::from))],
+    );
     assert_eq!(a.apply(p, 6, 12, Some(&b3)), Ok(Outcome::Applied));
     assert!(!gapped(&a));
 }
@@ -308,7 +334,7 @@ fn clearing_some_lanes_after_a_gap_leaves_the_others_gapped() {
         tier: Tier::Gpu,
         lane: l,
         parent_ext: None,
-        blocks: vec![(ext, local)],
+        blocks: [(ext, local)].map(BlockHashes::from).to_vec(),
     };
     let b1 = encode_kv_events(&ks(), w, 0, 1, 1, false, &[lane(0, 11, 1), lane(1, 12, 2)]);
     assert_eq!(a.apply(p, 0, 10, Some(&b1)), Ok(Outcome::Applied));
@@ -339,7 +365,7 @@ fn a_stale_epoch_flags_the_feed_gapped_until_a_newer_epoch() {
     let gapped = |a: &Applier| {
         a.engine().keyspace(&ks()).unwrap().read().holder(&HolderKey::new(w, 0, 0)).unwrap().gapped
     };
-    let b = encode_kv_events(&ks(), w, 0, 5, 1, false, &[stored(None, &[(11, 1)])]);
+    let b = encode_kv_events(&ks(), w, 0, 5, 1, false, &[stored(None, &[(11, 1)].map(BlockHashes::from))]);
     assert_eq!(a.apply(p, 0, 10, Some(&b)), Ok(Outcome::Applied));
     assert!(!gapped(&a));
     let stale = encode_kv_events(
@@ -354,7 +380,8 @@ fn a_stale_epoch_flags_the_feed_gapped_until_a_newer_epoch() {
     assert_eq!(a.apply(p, 1, 11, Some(&stale)), Ok(Outcome::StaleEpoch));
     assert!(gapped(&a), "the removal was ignored: the holder may hold less than it is credited");
     assert_eq!(depth(&a, w, &[1]), 1);
-    let newer = encode_kv_events(&ks(), w, 0, 6, 1, false, &[stored(None, &[(21, 2)])]);
+    let newer =
+        encode_kv_events(&ks(), w, 0, 6, 1, false, &[stored(None, &[(21, 2)].map(BlockHashes::from))]);
     assert_eq!(a.apply(p, 2, 12, Some(&newer)), Ok(Outcome::Applied));
     assert!(!gapped(&a));
     assert_eq!(depth(&a, w, &[1]), 0, "the new epoch cleared the old blocks");
@@ -423,8 +450,13 @@ fn tiers_are_independent_holdings_and_unknown_tiers_are_refused() {
     let mut a = applier();
     let mut log = Appender::new(p);
     let mut put = |a: &mut Applier, v: Vec<u8>| log.put(a, v);
-    let host = KvOp::Stored { tier: Tier::Host, lane: 0, parent_ext: None, blocks: vec![(11, 1), (12, 2)] };
-    let ops = [stored(None, &[(11, 1), (12, 2)]), host];
+    let host = KvOp::Stored {
+        tier: Tier::Host,
+        lane: 0,
+        parent_ext: None,
+        blocks: [(11, 1), (12, 2)].map(BlockHashes::from).to_vec(),
+    };
+    let ops = [stored(None, &[(11, 1), (12, 2)].map(BlockHashes::from)), host];
     assert_eq!(put(&mut a, encode_kv_events(&ks(), w, 0, 1, 1, false, &ops)), Outcome::Applied);
     let gpu_gone = [KvOp::Removed { tier: Tier::Gpu, lane: 0, exts: vec![11, 12] }];
     assert_eq!(put(&mut a, encode_kv_events(&ks(), w, 0, 1, 2, false, &gpu_gone)), Outcome::Applied);

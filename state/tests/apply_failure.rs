@@ -4,6 +4,7 @@
 
 use prefixlog_engine::KeyspaceId;
 use prefixlog_state::record::{encode_kv_events, worker_for_partition};
+use prefixlog_state::BlockHashes;
 use prefixlog_state::{testing, Applier, ApplyFailure, KvOp, Outcome, StateSettings, Tier};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -11,8 +12,12 @@ const P: u32 = 2;
 
 fn batch(w: u64, seq: u64) -> Vec<u8> {
     let ks = KeyspaceId::new("m", 16, 1);
-    let ops =
-        [KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext: None, blocks: vec![(w << 8 | seq, seq)] }];
+    let ops = [KvOp::Stored {
+        tier: Tier::Gpu,
+        lane: 0,
+        parent_ext: None,
+        blocks: [(w << 8 | seq, seq)].map(BlockHashes::from).to_vec(),
+    }];
     encode_kv_events(&ks, w, 0, 1, seq, false, &ops)
 }
 

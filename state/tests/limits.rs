@@ -8,6 +8,7 @@ use prefixlog_state::partition_state::PartitionState;
 use prefixlog_state::record::{
     encode_lifecycle, encode_placement, encode_tick, worker_for_partition, KvBatch,
 };
+use prefixlog_state::BlockHashes;
 use prefixlog_state::{Applier, BadReason, KvOp, LaneMeta, Lifecycle, Outcome, StateSettings, Tier};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -37,7 +38,12 @@ fn ks(model: &str) -> KeyspaceId {
 }
 
 fn stored(lane: u32, blocks: &[u64]) -> KvOp {
-    KvOp::Stored { tier: Tier::Gpu, lane, parent_ext: None, blocks: blocks.iter().map(|&b| (b, b)).collect() }
+    KvOp::Stored {
+        tier: Tier::Gpu,
+        lane,
+        parent_ext: None,
+        blocks: blocks.iter().map(|&b| (b, b)).map(BlockHashes::from).collect(),
+    }
 }
 
 fn batch(model: &str, worker: u64, dp_rank: u32, seq: u64, events: &[KvOp], lanes: &[LaneMeta]) -> Vec<u8> {
@@ -286,6 +292,7 @@ impl Gen {
                                 parent_ext: r.random_bool(0.2).then(|| r.random_range(0..30)),
                                 blocks: (0..r.random_range(1..4))
                                     .map(|_| (r.random_range(0..30), r.random_range(0..4)))
+                                    .map(BlockHashes::from)
                                     .collect(),
                             },
                             6..=7 => KvOp::Removed { tier, lane, exts: vec![r.random_range(0..30)] },

@@ -5,6 +5,7 @@
 
 use prefixlog_engine::{HolderKey, KeyspaceId};
 use prefixlog_state::record::{encode_kv_events, encode_lifecycle, encode_placement, encode_tick};
+use prefixlog_state::BlockHashes;
 use prefixlog_state::{KvOp, Lifecycle, StateSettings, Tier};
 
 /// What each record of a flood names anew. All records go to one partition's workers when
@@ -31,8 +32,12 @@ impl FloodKind {
     /// Record `i` of the flood: (worker, value).
     pub fn record(self, i: u64) -> (u64, Vec<u8>) {
         let ks = KeyspaceId::new("m", 16, 1);
-        let store =
-            |lane: u32| KvOp::Stored { tier: Tier::Gpu, lane, parent_ext: None, blocks: vec![(i + 1, i)] };
+        let store = |lane: u32| KvOp::Stored {
+            tier: Tier::Gpu,
+            lane,
+            parent_ext: None,
+            blocks: [(i + 1, i)].map(BlockHashes::from).to_vec(),
+        };
         match self {
             FloodKind::Keyspace => {
                 let op = if i.is_multiple_of(2) { KvOp::Cleared { lane: 0 } } else { store(0) };

@@ -12,6 +12,8 @@ use prefixlog_engine::{partition_of, HolderKey, KeyspaceId, MatchOptions};
 use prefixlog_ingest::{KafkaConnection, LogSpec, Publisher};
 use prefixlog_node::{CheckpointPolicy, NodeOptions, ReplicaNode, StateSource};
 use prefixlog_proto::v1 as pb;
+use prefixlog_state::BlockHashes;
+use prefixlog_state::NextOffset;
 use prefixlog_state::{token_of, Incompatible, KvOp, Landed, StateSettings, Tier};
 use prefixlog_tests::{kafka_backends, unique_topic, KafkaBackend};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -66,15 +68,17 @@ async fn publish_round(p: &Publisher, round: u64, seqs: &mut [u64]) -> Vec<Lande
     for w in 0..WORKERS {
         seqs[w as usize] += 1;
         let base = round * 10;
-        let blocks: Vec<(u64, u64)> =
-            (0..4).map(|j| (w << 40 | (base + j) << 8 | j, 1 + (w + j) % 5 + base)).collect();
+        let blocks: Vec<BlockHashes> = (0..4)
+            .map(|j| (w << 40 | (base + j) << 8 | j, 1 + (w + j) % 5 + base))
+            .map(BlockHashes::from)
+            .collect();
         let ops = [KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext: None, blocks }];
         landed.push(p.publish_kv_events(&ks(), w, 0, 1, seqs[w as usize], false, &ops, None).await.unwrap());
     }
     landed
 }
 
-async fn publish_rounds(p: &Publisher, rounds: std::ops::Range<u64>, seqs: &mut [u64]) -> Vec<(u32, i64)> {
+async fn publish_rounds(p: &Publisher, rounds: std::ops::Range<u64>, seqs: &mut [u64]) -> Vec<NextOffset> {
     let mut landed = Vec::new();
     for r in rounds {
         landed.extend(publish_round(p, r, seqs).await);
@@ -82,7 +86,7 @@ async fn publish_rounds(p: &Publisher, rounds: std::ops::Range<u64>, seqs: &mut 
     token_of(&landed)
 }
 
-async fn caught_up(nodes: &[&ReplicaNode], token: &[(u32, i64)]) {
+async fn caught_up(nodes: &[&ReplicaNode], token: &[NextOffset]) {
     for n in nodes {
         assert!(n.status().wait_for(token, Duration::from_secs(60)).await, "caught up");
     }

@@ -15,6 +15,8 @@ use prefixlog_ingest::{LogSpec, Publisher};
 use prefixlog_node::{CheckpointPolicy, NodeOptions, ReplicaNode, StateSource};
 use prefixlog_snapshot::{CheckpointStore, StoreError};
 use prefixlog_state::record::worker_for_partition;
+use prefixlog_state::BlockHashes;
+use prefixlog_state::NextOffset;
 use prefixlog_state::{testing, token_of, KvOp, Landed, Tier};
 use prefixlog_tests::http::sample;
 use prefixlog_tests::{kafka_backends, replicas, unique_topic, KafkaBackend};
@@ -40,8 +42,12 @@ async fn publish(p: &Publisher, seq: u64) -> Vec<Landed> {
     let mut out = Vec::new();
     for partition in 0..P {
         let w = worker_for_partition(partition, P);
-        let ops =
-            [KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext: None, blocks: vec![(w << 16 | seq, seq)] }];
+        let ops = [KvOp::Stored {
+            tier: Tier::Gpu,
+            lane: 0,
+            parent_ext: None,
+            blocks: [(w << 16 | seq, seq)].map(BlockHashes::from).to_vec(),
+        }];
         out.push(p.publish_kv_events(&ks, w, 0, 1, seq, false, &ops, None).await.unwrap());
     }
     out
@@ -64,14 +70,14 @@ async fn halted_at(node: &ReplicaNode, offset: i64) {
 /// any of the records at `later` (next offsets of records published once the failure was seen).
 /// A checkpoint the loop captured just before the failure may land after it is seen, so what
 /// a checkpoint covers tells a valid one from one of the failed state; their number does not.
-fn checkpoints_checked(dir: &std::path::Path, poison: i64, later: &[(u32, i64)]) -> Vec<u64> {
+fn checkpoints_checked(dir: &std::path::Path, poison: i64, later: &[NextOffset]) -> Vec<u64> {
     let store = CheckpointStore::open_reader(&dir.join("checkpoints")).unwrap();
     let ids = store.ids();
     for &id in &ids {
         let offsets = store.meta(id).unwrap().offsets;
         let covered = offsets[FAILING as usize];
         assert!(covered <= poison, "checkpoint {id} covers the failed record (next offset {covered})");
-        for &(p, next) in later {
+        for &NextOffset { partition: p, offset: next } in later {
             let covered = offsets[p as usize];
             assert!(
                 covered < next,
@@ -118,7 +124,7 @@ async fn failed_apply(b: &KafkaBackend) {
     let after = publish(&publisher, 2).await;
 
     // The other partition goes on; the failing one stays at the record.
-    let other: Vec<(u32, i64)> = token_of(&after).into_iter().filter(|t| t.0 != FAILING).collect();
+    let other: Vec<NextOffset> = token_of(&after).into_iter().filter(|t| t.partition != FAILING).collect();
     assert!(node.status().wait_for(&other, Duration::from_secs(60)).await, "{}: other partition", b.name);
     assert_eq!(node.applier().lock().partition(FAILING).next_offset, poison.offset);
     let (ready, why) = node.ready();

@@ -14,6 +14,8 @@ use prefixlog_ingest::{probe_log, KafkaConnection, LogSpec, Publisher};
 use prefixlog_node::{CheckpointPolicy, GapChoice, NodeError, NodeOptions, ReplicaNode, StateSource};
 use prefixlog_snapshot::CheckpointStore;
 use prefixlog_state::record::{encode_tick, worker_for_partition};
+use prefixlog_state::BlockHashes;
+use prefixlog_state::NextOffset;
 use prefixlog_state::{token_of, KvOp, Landed, StateSettings, Tier};
 use prefixlog_tests::{kafka_backends, unique_topic, KafkaBackend};
 use std::time::Duration;
@@ -52,8 +54,8 @@ async fn publish(p: &Publisher, round: u64, seqs: &mut [u64]) -> Vec<Landed> {
     let mut landed = Vec::new();
     for w in 0..WORKERS {
         seqs[w as usize] += 1;
-        let blocks: Vec<(u64, u64)> =
-            (0..3).map(|j| (w << 40 | round << 8 | j, 1 + j + round * 10)).collect();
+        let blocks: Vec<BlockHashes> =
+            (0..3).map(|j| (w << 40 | round << 8 | j, 1 + j + round * 10)).map(BlockHashes::from).collect();
         let ops = [KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext: None, blocks }];
         landed.push(p.publish_kv_events(&ks(), w, 0, 1, seqs[w as usize], false, &ops, None).await.unwrap());
     }
@@ -82,7 +84,7 @@ async fn pad(p: &Publisher, partition: u32, mib: usize) -> Vec<Landed> {
     out
 }
 
-async fn caught_up(n: &ReplicaNode, token: &[(u32, i64)]) {
+async fn caught_up(n: &ReplicaNode, token: &[NextOffset]) {
     assert!(n.status().wait_for(token, Duration::from_secs(60)).await, "caught up");
 }
 
@@ -216,7 +218,7 @@ async fn a_replica_that_falls_behind_retention_halts_then_recovers_from_a_peer()
             let mut seqs = vec![0u64; WORKERS as usize];
             let landed = publish(&publisher, 0, &mut seqs).await;
             caught_up(&node_b, &token_of(&landed)).await;
-            let before = node_b.status().offsets()[0].1;
+            let before = node_b.status().offsets()[0].offset;
             {
                 // b stops applying (its ingest thread waits on the applier) while the log moves
                 // on and retention deletes what b has not read.
@@ -393,10 +395,11 @@ async fn record_marks_tell_the_log_a_state_came_from() {
         // Applying the log to a target (audits, repairs) starts at the record before the
         // state's offsets and checks it the same way, at no extra read.
         let more = publish(&publisher, 2, &mut seqs).await;
-        let until = Until::Offsets(token_of(&more).into_iter().collect());
+        let until = Until::Offsets(token_of(&more).into_iter().map(|t| (t.partition, t.offset)).collect());
         let at_landed = || {
             let mut app = Applier::new(P, spec.settings);
-            let until = Until::Offsets(token_of(&landed).into_iter().collect());
+            let until =
+                Until::Offsets(token_of(&landed).into_iter().map(|t| (t.partition, t.offset)).collect());
             apply_log(&spec, &mut app, &until, Default::default()).unwrap();
             app
         };

@@ -16,6 +16,7 @@ use prefixlog_engine::{partition_of, KeyspaceId};
 use prefixlog_ingest::{KafkaConnection, LogSpec, Publisher, Shard};
 use prefixlog_node::{NodeOptions, ReplicaNode};
 use prefixlog_query::TlsFiles;
+use prefixlog_state::BlockHashes;
 use prefixlog_state::{token_of, KvOp, Tier};
 use prefixlog_tests::{kafka_backends, listen_port, unique_topic};
 use std::collections::BTreeMap;
@@ -71,7 +72,7 @@ async fn one_name_for_every_replica_discovers_every_shard() {
                 tier: Tier::Gpu,
                 lane: 0,
                 parent_ext: None,
-                blocks: vec![(w << 8 | 1, w << 8 | 1), (w << 8 | 2, w << 8 | 2)],
+                blocks: [(w << 8 | 1, w << 8 | 1), (w << 8 | 2, w << 8 | 2)].map(BlockHashes::from).to_vec(),
             }];
             landed.push(publisher.publish_kv_events(&ks(), w, 0, 1, 1, false, &ops, None).await.unwrap());
         }

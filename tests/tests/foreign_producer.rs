@@ -10,6 +10,8 @@
 
 use prefixlog_engine::{partition_of, KeyspaceId, MatchOptions};
 use prefixlog_state::record::{encode_kv_events, worker_key};
+use prefixlog_state::BlockHashes;
+use prefixlog_state::NextOffset;
 use prefixlog_state::{KvOp, Tier};
 use prefixlog_tests::{kafka_backends, replicas, unique_topic, KafkaBackend};
 use std::collections::BTreeMap;
@@ -36,8 +38,8 @@ fn hex(b: &[u8]) -> String {
 }
 
 /// Worker `w`'s block `j` of batch `seq`: (ext, local).
-fn block(w: u64, seq: u64, j: u64) -> (u64, u64) {
-    (w << 32 | seq << 8 | j, 1_000_000 * w + 10 * seq + j)
+fn block(w: u64, seq: u64, j: u64) -> BlockHashes {
+    BlockHashes::new(w << 32 | seq << 8 | j, 1_000_000 * w + 10 * seq + j)
 }
 
 /// Batches `seqs` of every worker as produce.py's JSON, in publish order.
@@ -46,7 +48,7 @@ fn records(seqs: std::ops::Range<u64>) -> serde_json::Value {
     for seq in seqs {
         for w in 0..WORKERS {
             // Each batch continues the worker's chain from its previous batch's last block.
-            let parent_ext = (seq > 1).then(|| block(w, seq - 1, 3).0);
+            let parent_ext = (seq > 1).then(|| block(w, seq - 1, 3).ext);
             let blocks = (0..4).map(|j| block(w, seq, j)).collect();
             let ops = [KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext, blocks }];
             let value = encode_kv_events(&ks(), w, 0, 1, seq, false, &ops);
@@ -68,7 +70,7 @@ fn produce(
     topic: &str,
     codec: &str,
     recs: &serde_json::Value,
-) -> (Vec<(u32, i64)>, f64) {
+) -> (Vec<NextOffset>, f64) {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("records.json");
     std::fs::write(&file, recs.to_string()).unwrap();
@@ -82,6 +84,7 @@ fn produce(
         .unwrap()
         .iter()
         .map(|o| (o[0].as_u64().unwrap() as u32, o[1].as_i64().unwrap()))
+        .map(NextOffset::from)
         .collect();
     (offsets, v["compression_rate"].as_f64().unwrap())
 }
@@ -117,14 +120,14 @@ async fn compressed_batches_applied(py: &Path, b: &KafkaBackend) {
             b.name,
             offsets.len()
         );
-        for (p, o) in offsets {
+        for NextOffset { partition: p, offset: o } in offsets {
             let next = token.entry(p).or_insert(0);
             *next = (*next).max(o + 1);
         }
     }
     let spec = replicas::spec(&b.brokers, &topic, P);
     let replica = replicas::replica(&spec, "foreign").await;
-    let token: Vec<(u32, i64)> = token.into_iter().collect();
+    let token: Vec<NextOffset> = token.into_iter().map(NextOffset::from).collect();
     assert!(
         replica.status().wait_for(&token, Duration::from_secs(60)).await,
         "{}: applied {token:?}",
@@ -136,7 +139,8 @@ async fn compressed_batches_applied(py: &Path, b: &KafkaBackend) {
     assert_eq!(status.records_skipped.load(Ordering::Acquire), 0, "{}: none refused", b.name);
     let a = replica.applier().lock();
     for w in 0..WORKERS {
-        let chain: Vec<u64> = (1..=2 * BATCHES).flat_map(|s| (0..4).map(move |j| block(w, s, j).1)).collect();
+        let chain: Vec<u64> =
+            (1..=2 * BATCHES).flat_map(|s| (0..4).map(move |j| block(w, s, j).local)).collect();
         let hits = a.engine().match_chain(&ks(), &chain, &MatchOptions::default()).unwrap();
         let depth = hits.iter().find(|m| m.holder.worker == w).map_or(0, |m| m.depth);
         assert_eq!(depth as usize, chain.len(), "{}: worker {w} holds its whole chain (both codecs)", b.name);

@@ -6,6 +6,8 @@ use prefixlog_engine::{HolderKey, KeyspaceId, MatchOptions};
 use prefixlog_ingest::reader::{LogReader, Read};
 use prefixlog_ingest::{LogSpec, Publisher};
 use prefixlog_node::{NodeOptions, ReplicaNode};
+use prefixlog_state::BlockHashes;
+use prefixlog_state::NextOffset;
 use prefixlog_state::{token_of, KvOp, Landed, Tier};
 use prefixlog_tests::{kafka_backends, replicas, unique_topic, KafkaBackend};
 use prefixlog_workload::{generate, FleetConfig, Step, TraceRequest};
@@ -39,7 +41,7 @@ async fn replica_with_dead_letter(b: &KafkaBackend, topic: &str, dead_letter: &s
 
 /// The first record of partition 0 of `topic` (waits up to 30 s): payload and headers.
 fn first_record(b: &KafkaBackend, topic: &str) -> (Vec<u8>, BTreeMap<String, String>) {
-    let mut reader = LogReader::open(&replicas::spec(&b.brokers, topic, 1), [(0, 0)]).unwrap();
+    let mut reader = LogReader::open(&replicas::spec(&b.brokers, topic, 1), [NextOffset::new(0, 0)]).unwrap();
     let t = std::time::Instant::now();
     loop {
         assert!(t.elapsed() < Duration::from_secs(30), "{}: nothing in {topic}", b.name);
@@ -49,7 +51,7 @@ fn first_record(b: &KafkaBackend, topic: &str) -> (Vec<u8>, BTreeMap<String, Str
     }
 }
 
-fn token(landed: &[Landed]) -> Vec<(u32, i64)> {
+fn token(landed: &[Landed]) -> Vec<NextOffset> {
     token_of(landed)
 }
 
@@ -223,7 +225,7 @@ async fn duplicates_poison_and_epochs_over_kafka() {
         let publisher = Publisher::new(&spec(&b, &topic)).unwrap();
         let r = replica_with_dead_letter(&b, &topic, &dead_letter).await;
         let w = 5u64;
-        let store = |parent: Option<u64>, blocks: &[(u64, u64)]| KvOp::Stored {
+        let store = |parent: Option<u64>, blocks: &[BlockHashes]| KvOp::Stored {
             tier: Tier::Gpu,
             lane: 0,
             parent_ext: parent,
@@ -232,21 +234,48 @@ async fn duplicates_poison_and_epochs_over_kafka() {
         let mut landed = Vec::new();
         landed.push(
             publisher
-                .publish_kv_events(&ks(), w, 0, 1, 1, false, &[store(None, &[(11, 1), (12, 2)])], None)
+                .publish_kv_events(
+                    &ks(),
+                    w,
+                    0,
+                    1,
+                    1,
+                    false,
+                    &[store(None, &[(11, 1), (12, 2)].map(BlockHashes::from))],
+                    None,
+                )
                 .await
                 .unwrap(),
         );
         // A bridge retry of the same batch, then a poison record in the middle of the partition.
         landed.push(
             publisher
-                .publish_kv_events(&ks(), w, 0, 1, 1, false, &[store(None, &[(11, 1), (12, 2)])], None)
+                .publish_kv_events(
+                    &ks(),
+                    w,
+                    0,
+                    1,
+                    1,
+                    false,
+                    &[store(None, &[(11, 1), (12, 2)].map(BlockHashes::from))],
+                    None,
+                )
                 .await
                 .unwrap(),
         );
         landed.push(publisher.publish_raw(w, b"not a record", None).await.unwrap());
         landed.push(
             publisher
-                .publish_kv_events(&ks(), w, 0, 1, 2, false, &[store(Some(12), &[(13, 3)])], None)
+                .publish_kv_events(
+                    &ks(),
+                    w,
+                    0,
+                    1,
+                    2,
+                    false,
+                    &[store(Some(12), &[(13, 3)].map(BlockHashes::from))],
+                    None,
+                )
                 .await
                 .unwrap(),
         );
@@ -282,7 +311,16 @@ async fn duplicates_poison_and_epochs_over_kafka() {
         assert_eq!(headers, want, "{}", b.name);
         // Epoch bump clears.
         let l = publisher
-            .publish_kv_events(&ks(), w, 0, 2, 1, false, &[store(None, &[(21, 7)])], None)
+            .publish_kv_events(
+                &ks(),
+                w,
+                0,
+                2,
+                1,
+                false,
+                &[store(None, &[(21, 7)].map(BlockHashes::from))],
+                None,
+            )
             .await
             .unwrap();
         assert!(r.status().wait_for(&[l.token()], Duration::from_secs(30)).await);
@@ -332,8 +370,8 @@ async fn a_reader_resumed_over_and_over_reads_every_record_once() {
         let spec = spec(&b, &topic);
         let landed = publish_fleet(&Publisher::new(&spec).unwrap()).await;
         let mut end: BTreeMap<u32, i64> = (0..P).map(|p| (p, 0)).collect();
-        end.extend(token(&landed));
-        let mut reader = LogReader::open(&spec, (0..P).map(|p| (p, 0))).unwrap();
+        end.extend(token(&landed).into_iter().map(|t| (t.partition, t.offset)));
+        let mut reader = LogReader::open(&spec, (0..P).map(|p| NextOffset::new(p, 0))).unwrap();
         let mut next: BTreeMap<u32, i64> = (0..P).map(|p| (p, 0)).collect();
         // Bounded by progress, not by the whole run's time: every resume opens a fetch again.
         let mut progress = std::time::Instant::now();
@@ -397,7 +435,7 @@ async fn a_bounded_reader_reads_records_larger_than_its_fetch_size() {
         for (i, &n) in sizes.iter().enumerate() {
             publisher.publish_raw(7, &vec![i as u8; n], Some(i as i64)).await.unwrap();
         }
-        let mut reader = LogReader::open_bounded(&spec, [(0, 0)]).unwrap();
+        let mut reader = LogReader::open_bounded(&spec, [NextOffset::new(0, 0)]).unwrap();
         let (mut read, t) = (Vec::new(), std::time::Instant::now());
         while read.len() < sizes.len() {
             assert!(t.elapsed() < Duration::from_secs(30), "{}: read {} of the records", b.name, read.len());

@@ -16,6 +16,7 @@ use prefixlog_node::{NodeOptions, ReplicaNode};
 use prefixlog_proto::v1::{
     match_request::Prompt, prefix_index_client::PrefixIndexClient, BlockHashes, MatchRequest,
 };
+use prefixlog_state::NextOffset;
 use prefixlog_state::{token_of, KvOp, Landed, Tier};
 use prefixlog_tests::replicas;
 use std::process::{Child, Command, Stdio};
@@ -77,7 +78,8 @@ async fn until_stale(node: &ReplicaNode, want: bool) {
 }
 
 fn batch(w: u64, seq: u64) -> Vec<KvOp> {
-    let blocks: Vec<(u64, u64)> = (0..3).map(|j| (w << 32 | seq << 8 | j, 1 + j + seq * 10)).collect();
+    let blocks =
+        (0..3).map(|j| prefixlog_state::BlockHashes::new(w << 32 | seq << 8 | j, 1 + j + seq * 10)).collect();
     vec![KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext: None, blocks }]
 }
 
@@ -91,7 +93,7 @@ async fn publish_phase(p: &Publisher, seqs: &mut [u64]) -> Vec<Landed> {
     out
 }
 
-fn token(l: &[Landed]) -> Vec<(u32, i64)> {
+fn token(l: &[Landed]) -> Vec<NextOffset> {
     token_of(l)
 }
 

@@ -15,6 +15,7 @@ use prefixlog_ingest::{add_partitions, LogSpec, Publisher};
 use prefixlog_node::watermarks::PARTITIONS_CHECK_EVERY;
 use prefixlog_node::{IngestOptions, IngestThread};
 use prefixlog_query::{ReplicaInfo, ReplicaStatus, Served, ServerConfig};
+use prefixlog_state::BlockHashes;
 use prefixlog_state::{Applier, KvOp, Tier};
 use prefixlog_tests::http::{http_get, sample};
 use prefixlog_tests::{kafka_backends, replicas, unique_topic, KafkaBackend};
@@ -54,7 +55,12 @@ async fn changed(b: &KafkaBackend) {
     let spec: LogSpec = replicas::spec(&b.brokers, &topic, P);
     let publisher = Publisher::new(&spec).unwrap();
     let ks = KeyspaceId::new("m", 16, 1);
-    let ops = [KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext: None, blocks: vec![(1, 1)] }];
+    let ops = [KvOp::Stored {
+        tier: Tier::Gpu,
+        lane: 0,
+        parent_ext: None,
+        blocks: [(1, 1)].map(BlockHashes::from).to_vec(),
+    }];
     publisher.publish_kv_events(&ks, 1, 0, 1, 1, false, &ops, None).await.unwrap();
 
     let start =

@@ -16,6 +16,8 @@ use prefixlog_query::tonic_health::pb::{
     health_check_response::ServingStatus, health_client::HealthClient, HealthCheckRequest,
 };
 use prefixlog_query::{QueryConfig, ReplicaStatus, ServerConfig};
+use prefixlog_state::BlockHashes;
+use prefixlog_state::NextOffset;
 use prefixlog_state::{token_of, KvOp, Landed, Tier};
 use prefixlog_tests::http::http_get;
 use prefixlog_tests::{kafka_backends, replicas, unique_topic, KafkaBackend};
@@ -112,8 +114,12 @@ fn url(s: &ReplicaNode) -> String {
 
 /// Publishes one stored chain for `worker` (ext hashes derived from the worker, locals given).
 async fn store(p: &Publisher, worker: u64, dp: u32, seq: u64, parent: Option<u64>, locals: &[u64]) -> Landed {
-    let blocks: Vec<(u64, u64)> =
-        locals.iter().enumerate().map(|(i, &l)| (worker * 1000 + seq * 100 + i as u64, l)).collect();
+    let blocks: Vec<BlockHashes> = locals
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| (worker * 1000 + seq * 100 + i as u64, l))
+        .map(BlockHashes::from)
+        .collect();
     p.publish_kv_events(
         &ks(),
         worker,
@@ -145,14 +151,14 @@ async fn publish_workers(p: &Publisher) -> Vec<Landed> {
 }
 
 /// A consistency token as [`ReplicaStatus::wait_for`] takes it.
-fn offsets(landed: &[Landed]) -> Vec<(u32, i64)> {
+fn offsets(landed: &[Landed]) -> Vec<NextOffset> {
     token_of(landed)
 }
 
 fn tok(landed: &[Landed]) -> Vec<v1::PartitionOffset> {
     token_of(landed)
         .into_iter()
-        .map(|(partition, offset)| v1::PartitionOffset { partition, offset })
+        .map(|NextOffset { partition, offset }| v1::PartitionOffset { partition, offset })
         .collect()
 }
 
@@ -542,12 +548,13 @@ async fn candidates_gaps_workers_and_token_round_trip() {
         let (ra, rb) =
             (replica_with_server(&b, &topic, "a").await, replica_with_server(&b, &topic, "b").await);
         let l = block_hashes(&prompt(), BS as usize);
-        let chain: Vec<(u64, u64)> = l.iter().enumerate().map(|(i, &h)| (1000 + i as u64, h)).collect();
+        let chain: Vec<BlockHashes> =
+            l.iter().enumerate().map(|(i, &h)| (1000 + i as u64, h)).map(BlockHashes::from).collect();
         let stored = |w: u64| KvOp::Stored {
             tier: Tier::Gpu,
             lane: 0,
             parent_ext: None,
-            blocks: chain.iter().map(|&(e, h)| (e + w * 100, h)).collect(),
+            blocks: chain.iter().map(|b| BlockHashes::new(b.ext + w * 100, b.local)).collect(),
         };
         let meta: std::collections::BTreeMap<String, String> =
             [("pod".to_string(), "worker-3".to_string())].into();

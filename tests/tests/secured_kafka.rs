@@ -14,6 +14,7 @@
 use prefixlog_engine::{KeyspaceId, MatchOptions};
 use prefixlog_ingest::{check_topic, create_topic, probe_log, LogSpec, ProbeError, Publisher};
 use prefixlog_node::ReplicaNode;
+use prefixlog_state::BlockHashes;
 use prefixlog_state::{KvOp, Landed, Tier};
 use prefixlog_tests::secured::{tansu_bin, SecuredKafka, PASSWORD};
 use prefixlog_tests::{replicas, unique_topic};
@@ -45,7 +46,8 @@ async fn secured_log(test: &str) -> Option<(SecuredKafka, LogSpec)> {
 async fn publish(p: &Publisher, workers: u64) -> Vec<Landed> {
     let mut landed = Vec::new();
     for w in 0..workers {
-        let blocks: Vec<(u64, u64)> = (0..3).map(|j| (w << 8 | j, 100 * w + j + 1)).collect();
+        let blocks: Vec<BlockHashes> =
+            (0..3).map(|j| (w << 8 | j, 100 * w + j + 1)).map(BlockHashes::from).collect();
         let ops = [KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext: None, blocks }];
         landed.push(p.publish_kv_events(&ks(), w, 0, 1, 1, false, &ops, None).await.expect("published"));
     }

@@ -9,6 +9,7 @@ use prefixlog_engine::KeyspaceId;
 use prefixlog_ingest::{KafkaConnection, LogSpec, Publisher};
 use prefixlog_node::{CheckpointPolicy, NodeError, NodeOptions, ReplicaNode, SettingsChange, StateSource};
 use prefixlog_snapshot::CheckpointStore;
+use prefixlog_state::BlockHashes;
 use prefixlog_state::{token_of, KvOp, StateSettings, Tier};
 use prefixlog_tests::{kafka_backends, unique_topic};
 use std::time::Duration;
@@ -35,8 +36,12 @@ async fn a_checkpoint_of_other_settings_is_refused_replayed_on_request_and_audit
         let publisher = Publisher::new(&spec).unwrap();
         let mut landed = Vec::new();
         for w in 0..6u64 {
-            let ops =
-                [KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext: None, blocks: vec![(w << 8 | 1, 1)] }];
+            let ops = [KvOp::Stored {
+                tier: Tier::Gpu,
+                lane: 0,
+                parent_ext: None,
+                blocks: [(w << 8 | 1, 1)].map(BlockHashes::from).to_vec(),
+            }];
             landed.push(
                 publisher
                     .publish_kv_events(&KeyspaceId::new("m", 16, 1), w, 0, 1, 1, false, &ops, None)

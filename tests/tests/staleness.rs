@@ -15,6 +15,7 @@ use prefixlog_proto::v1::{
     MatchResponse, PartitionOffset,
 };
 use prefixlog_query::{Served, ServerConfig};
+use prefixlog_state::NextOffset;
 use prefixlog_state::{token_of, KvOp, Tier};
 use prefixlog_tests::http::{http_get, sample};
 use prefixlog_tests::{kafka_backends, replicas, unique_topic};
@@ -24,16 +25,19 @@ use std::time::{Duration, Instant};
 
 const P: u32 = 2;
 
-fn request(token: &[(u32, i64)]) -> MatchRequest {
+fn request(token: &[NextOffset]) -> MatchRequest {
     MatchRequest {
         keyspace: Some(Keyspace { model: "m".into(), block_size: 16, hash_scheme: 1 }),
         prompt: Some(Prompt::Hashes(BlockHashes { local: vec![1, 2] })),
-        min_offsets: token.iter().map(|&(partition, offset)| PartitionOffset { partition, offset }).collect(),
+        min_offsets: token
+            .iter()
+            .map(|&NextOffset { partition, offset }| PartitionOffset { partition, offset })
+            .collect(),
         ..Default::default()
     }
 }
 
-async fn ask(endpoint: &str, token: &[(u32, i64)]) -> MatchResponse {
+async fn ask(endpoint: &str, token: &[NextOffset]) -> MatchResponse {
     let mut c = PrefixIndexClient::connect(endpoint.to_string()).await.unwrap();
     c.r#match(request(token)).await.unwrap().into_inner()
 }
@@ -52,7 +56,15 @@ async fn until_stale(endpoint: &str, want: bool, what: &str) {
 async fn answers_of_a_replica_that_is_not_ready_say_stale() {
     let engine = Arc::new(Engine::new(EngineConfig { partitions: 1, ..Default::default() }));
     let ks = KeyspaceId::new("m", 16, 1);
-    engine.store(&ks, HolderKey::new(7, 0, 0), None, &[(1, 11), (2, 22)], 1).unwrap();
+    engine
+        .store(
+            &ks,
+            HolderKey::new(7, 0, 0),
+            None,
+            &[(1, 11), (2, 22)].map(prefixlog_state::BlockHashes::from),
+            1,
+        )
+        .unwrap();
     let served = Served::engine_only(engine, "r");
     let status = served.status.clone();
     let cfg = ServerConfig {
@@ -66,7 +78,7 @@ async fn answers_of_a_replica_that_is_not_ready_say_stale() {
     let r = ask(&endpoint, &[]).await;
     assert!(r.stale, "not ready, yet answered as fresh: {r:?}");
     // A token it has reached is answered fresh: the token's meaning is unchanged.
-    assert!(!ask(&endpoint, &[(0, 0)]).await.stale);
+    assert!(!ask(&endpoint, &[(0, 0)].map(NextOffset::from)).await.stale);
     status.partitions[0].watermarks_known.store(true, Ordering::Release);
     until_stale(&endpoint, false, "ready").await;
 }
@@ -87,7 +99,12 @@ async fn answers_say_stale_once_the_broker_is_silent_longer_than_the_bound() {
         let spec = replicas::spec(&b.brokers, &topic, P);
         let publisher = Publisher::new(&spec).unwrap();
         let ks = KeyspaceId::new("m", 16, 1);
-        let ops = [KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext: None, blocks: vec![(1, 1), (2, 2)] }];
+        let ops = [KvOp::Stored {
+            tier: Tier::Gpu,
+            lane: 0,
+            parent_ext: None,
+            blocks: [(1, 1), (2, 2)].map(prefixlog_state::BlockHashes::from).to_vec(),
+        }];
         let landed = publisher.publish_kv_events(&ks, 1, 0, 1, 1, false, &ops, None).await.unwrap();
         let opts =
             NodeOptions { stale_after: Duration::from_secs(2), ready_lag: 0, ..replicas::options("stale") };

@@ -19,6 +19,8 @@ use prefixlog_engine::{KeyspaceId, MatchOptions};
 use prefixlog_ingest::{KafkaConnection, LogSpec, Publisher};
 use prefixlog_node::{CheckpointPolicy, NodeOptions, ReplicaNode, StateSource};
 use prefixlog_snapshot::Opened;
+use prefixlog_state::BlockHashes;
+use prefixlog_state::NextOffset;
 use prefixlog_state::{token_of, KvOp, Landed, StateSettings, Tier};
 use prefixlog_tests::{kafka_backends, unique_topic, KafkaBackend};
 use std::path::{Path, PathBuf};
@@ -49,13 +51,15 @@ fn opts(name: &str, dir: &Path) -> NodeOptions {
     }
 }
 
-async fn publish(p: &Publisher, rounds: std::ops::Range<u64>, seqs: &mut [u64]) -> Vec<(u32, i64)> {
+async fn publish(p: &Publisher, rounds: std::ops::Range<u64>, seqs: &mut [u64]) -> Vec<NextOffset> {
     let mut landed: Vec<Landed> = Vec::new();
     for round in rounds {
         for w in 0..WORKERS {
             seqs[w as usize] += 1;
-            let blocks: Vec<(u64, u64)> =
-                (0..8).map(|j| (w << 40 | round << 8 | j, 1 + j + round * 10)).collect();
+            let blocks: Vec<BlockHashes> = (0..8)
+                .map(|j| (w << 40 | round << 8 | j, 1 + j + round * 10))
+                .map(BlockHashes::from)
+                .collect();
             let ops = [KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext: None, blocks }];
             landed.push(
                 p.publish_kv_events(&ks(), w, 0, 1, seqs[w as usize], false, &ops, None).await.unwrap(),
@@ -65,7 +69,7 @@ async fn publish(p: &Publisher, rounds: std::ops::Range<u64>, seqs: &mut [u64]) 
     token_of(&landed)
 }
 
-async fn caught_up(n: &ReplicaNode, token: &[(u32, i64)]) {
+async fn caught_up(n: &ReplicaNode, token: &[NextOffset]) {
     assert!(n.status().wait_for(token, Duration::from_secs(60)).await, "caught up");
 }
 
@@ -107,7 +111,7 @@ async fn two_checkpoints(
     spec: &LogSpec,
     dir: &Path,
     seqs: &mut [u64],
-) -> (Vec<(i64, u64)>, Vec<(u32, i64)>, [u64; 2]) {
+) -> (Vec<(i64, u64)>, Vec<NextOffset>, [u64; 2]) {
     let publisher = Publisher::new(spec).unwrap();
     let a = ReplicaNode::start(spec.clone(), opts("a", dir)).await.unwrap();
     let tok = publish(&publisher, 0..6, seqs).await;
@@ -126,7 +130,7 @@ async fn two_checkpoints(
 async fn restart_and_recover(
     spec: &LogSpec,
     o: NodeOptions,
-    tok: &[(u32, i64)],
+    tok: &[NextOffset],
     before: &[(i64, u64)],
 ) -> ReplicaNode {
     let b = ReplicaNode::start(spec.clone(), o.clone()).await.expect("starts on a damaged store");

@@ -13,6 +13,7 @@ use prefixlog_proto::v1::{
 };
 use prefixlog_query::tonic::{transport::Channel, Code, Streaming};
 use prefixlog_query::{QueryConfig, ReplicaStatus, RunningServer, Served, ServerConfig};
+use prefixlog_state::NextOffset;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,7 +32,13 @@ async fn try_server(
 ) -> Result<(RunningServer, Arc<ReplicaStatus>), prefixlog_query::ServerError> {
     let engine = Arc::new(Engine::new(EngineConfig { partitions: 2, ..Default::default() }));
     engine
-        .store(&KeyspaceId::new("m", 4, 1), HolderKey::new(7, 0, 0), None, &[(101, 1), (102, 2)], 1)
+        .store(
+            &KeyspaceId::new("m", 4, 1),
+            HolderKey::new(7, 0, 0),
+            None,
+            &[(101, 1), (102, 2)].map(prefixlog_state::BlockHashes::from),
+            1,
+        )
         .unwrap();
     let served = Served::engine_only(engine, "r");
     let status = served.status.clone();
@@ -53,11 +60,14 @@ fn cfg(in_flight: usize, wait: Duration) -> QueryConfig {
 }
 
 /// A query for `hashes` (empty: invalid), optionally waiting for `token`.
-fn req(id: u64, hashes: Vec<u64>, token: &[(u32, i64)]) -> MatchRequest {
+fn req(id: u64, hashes: Vec<u64>, token: &[NextOffset]) -> MatchRequest {
     MatchRequest {
         keyspace: Some(Keyspace { model: "m".into(), block_size: 4, hash_scheme: 1 }),
         prompt: Some(Prompt::Hashes(BlockHashes { local: hashes })),
-        min_offsets: token.iter().map(|&(partition, offset)| PartitionOffset { partition, offset }).collect(),
+        min_offsets: token
+            .iter()
+            .map(|&NextOffset { partition, offset }| PartitionOffset { partition, offset })
+            .collect(),
         request_id: id,
         ..Default::default()
     }
@@ -129,7 +139,7 @@ async fn without_the_flag_a_bad_query_ends_the_stream() {
 async fn a_query_waiting_for_its_token_holds_up_no_other_answer() {
     let (srv, status) = server(any_port(), cfg(2, Duration::from_secs(600))).await;
     let (tx, mut s) = open(srv.grpc_addr).await;
-    tx.send(in_band(req(1, vec![1, 2], &[(0, 10)]))).await.unwrap();
+    tx.send(in_band(req(1, vec![1, 2], &[(0, 10)].map(NextOffset::from)))).await.unwrap();
     for id in 2..=6 {
         tx.send(in_band(req(id, vec![1], &[]))).await.unwrap();
     }
@@ -150,8 +160,8 @@ async fn a_query_waiting_for_its_token_holds_up_no_other_answer() {
 async fn the_in_flight_bound_holds() {
     let (srv, _) = server(any_port(), cfg(2, Duration::from_secs(1))).await;
     let (tx, mut s) = open(srv.grpc_addr).await;
-    tx.send(in_band(req(1, vec![1], &[(0, 10)]))).await.unwrap();
-    tx.send(in_band(req(2, vec![1], &[(1, 10)]))).await.unwrap();
+    tx.send(in_band(req(1, vec![1], &[(0, 10)].map(NextOffset::from)))).await.unwrap();
+    tx.send(in_band(req(2, vec![1], &[(1, 10)].map(NextOffset::from)))).await.unwrap();
     tx.send(in_band(req(3, vec![1, 2], &[]))).await.unwrap();
     let mut waited = [next(&mut s).await, next(&mut s).await];
     waited.sort_by_key(|r| r.request_id);
@@ -182,8 +192,10 @@ async fn the_multiplexer_routes_every_answer_to_its_caller() {
         .map(|i| {
             let m = m.clone();
             let hashes = [vec![1, 2], vec![1], vec![9], vec![], vec![1, 2]][i as usize % 5].clone();
-            let (token, end): (&[(u32, i64)], _) = match i % 5 {
-                4 => (&[(0, 10)], Instant::now() + Duration::from_millis(300)),
+            let (token, end): (&[NextOffset], _) = match i % 5 {
+                4 => {
+                    (&[NextOffset { partition: 0, offset: 10 }], Instant::now() + Duration::from_millis(300))
+                }
                 _ => (&[], soon()),
             };
             tokio::spawn(async move { (i, m.ask(req(0, hashes, token), end).await) })
@@ -219,7 +231,7 @@ async fn a_query_past_its_deadline_times_out_and_the_stream_stays_open() {
     let m = mux(srv.grpc_addr);
     let first = {
         let m = m.clone();
-        tokio::spawn(async move { m.ask(req(0, vec![1, 2], &[(0, 10)]), soon()).await })
+        tokio::spawn(async move { m.ask(req(0, vec![1, 2], &[(0, 10)].map(NextOffset::from)), soon()).await })
     };
     queued(&m, &first).await;
     let late = m.ask(req(0, vec![1], &[]), Instant::now() + Duration::from_millis(200)).await;
@@ -282,7 +294,7 @@ async fn a_broken_stream_fails_pending_queries_and_the_next_query_reconnects() {
     assert_eq!(depth(&m.ask(req(0, vec![1, 2], &[]), soon()).await.unwrap()), 2);
     let pending = {
         let m = m.clone();
-        tokio::spawn(async move { m.ask(req(0, vec![1], &[(0, 10)]), soon()).await })
+        tokio::spawn(async move { m.ask(req(0, vec![1], &[(0, 10)].map(NextOffset::from)), soon()).await })
     };
     queued(&m, &pending).await;
     rt.shutdown_background();
@@ -302,10 +314,12 @@ async fn a_query_s_own_timeout_bounds_its_token_wait() {
     let (srv, _) = server(any_port(), cfg(32, Duration::from_secs(600))).await;
     let (tx, mut s) = open(srv.grpc_addr).await;
     let own = |r: MatchRequest| MatchRequest { timeout_us: 200_000, ..in_band(r) };
-    tx.send(own(MatchRequest { allow_stale: true, ..req(1, vec![1, 2], &[(0, 10)]) })).await.unwrap();
+    tx.send(own(MatchRequest { allow_stale: true, ..req(1, vec![1, 2], &[(0, 10)].map(NextOffset::from)) }))
+        .await
+        .unwrap();
     let r = next(&mut s).await;
     assert_eq!((r.request_id, depth(&r), r.stale, r.error), (1, 2, true, None));
-    tx.send(own(req(2, vec![1, 2], &[(0, 10)]))).await.unwrap();
+    tx.send(own(req(2, vec![1, 2], &[(0, 10)].map(NextOffset::from)))).await.unwrap();
     let r = next(&mut s).await;
     assert_eq!((r.request_id, r.error.map(|e| Code::from(e.code as i32))), (2, Some(Code::DeadlineExceeded)));
 }

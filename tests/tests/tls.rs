@@ -9,6 +9,7 @@ use prefixlog_proto::v1::{
     self, match_request::Prompt, prefix_index_client::PrefixIndexClient, MatchRequest,
 };
 use prefixlog_query::{ServerConfig, TlsFiles};
+use prefixlog_state::BlockHashes;
 use std::path::PathBuf;
 use std::sync::Arc;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
@@ -24,7 +25,7 @@ fn pem(name: &str) -> Vec<u8> {
 async fn server(client_ca: bool) -> prefixlog_query::RunningServer {
     let engine = Arc::new(Engine::new(EngineConfig::default()));
     let ks = KeyspaceId::new("m", 4, 1);
-    engine.store(&ks, HolderKey::new(7, 0, 0), None, &[(1, 11), (2, 22)], 1).unwrap();
+    engine.store(&ks, HolderKey::new(7, 0, 0), None, &[(1, 11), (2, 22)].map(BlockHashes::from), 1).unwrap();
     let cfg = ServerConfig {
         grpc_addr: ([127, 0, 0, 1], 0).into(),
         admin_addr: None,
@@ -139,8 +140,12 @@ async fn peer_port_over_mutual_tls() {
     let publisher = Publisher::new(&spec).unwrap();
     let mut landed = Vec::new();
     for w in 0..8u64 {
-        let ops =
-            [KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext: None, blocks: vec![(w << 8 | 1, 1)] }];
+        let ops = [KvOp::Stored {
+            tier: Tier::Gpu,
+            lane: 0,
+            parent_ext: None,
+            blocks: [(w << 8 | 1, 1)].map(BlockHashes::from).to_vec(),
+        }];
         landed.push(
             publisher
                 .publish_kv_events(&KeyspaceId::new("m", 4, 1), w, 0, 1, 1, false, &ops, None)
@@ -164,7 +169,7 @@ async fn peer_port_over_mutual_tls() {
             tier: Tier::Gpu,
             lane: 0,
             parent_ext: Some(w << 8 | 1),
-            blocks: vec![(w << 8 | 2, 2)],
+            blocks: [(w << 8 | 2, 2)].map(BlockHashes::from).to_vec(),
         }];
         landed.push(
             publisher

@@ -20,6 +20,8 @@ use prefixlog_engine::KeyspaceId;
 use prefixlog_ingest::{LogSpec, Publisher};
 use prefixlog_node::{CheckpointPolicy, NodeOptions, ReplicaNode};
 use prefixlog_state::record::{encode_kv_events, worker_for_partition, worker_key};
+use prefixlog_state::BlockHashes;
+use prefixlog_state::NextOffset;
 use prefixlog_state::{token_of, KvOp, Landed, Tier};
 use prefixlog_tests::http::sample;
 use prefixlog_tests::raw_produce::{self, Marker};
@@ -40,8 +42,12 @@ async fn publish(p: &Publisher, seq: u64) -> Vec<Landed> {
     let mut out = Vec::new();
     for partition in 0..P {
         let w = worker_for_partition(partition, P);
-        let ops =
-            [KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext: None, blocks: vec![(w << 16 | seq, seq)] }];
+        let ops = [KvOp::Stored {
+            tier: Tier::Gpu,
+            lane: 0,
+            parent_ext: None,
+            blocks: [(w << 16 | seq, seq)].map(BlockHashes::from).to_vec(),
+        }];
         out.push(p.publish_kv_events(&ks(), w, 0, 1, seq, false, &ops, None).await.unwrap());
     }
     out
@@ -61,8 +67,12 @@ fn transaction(spec: &LogSpec, seq: u64, n: u64) -> Result<(), rdkafka::error::K
     producer.init_transactions(t)?;
     producer.begin_transaction()?;
     for s in seq..seq + n {
-        let ops =
-            [KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext: None, blocks: vec![(w << 16 | s, s)] }];
+        let ops = [KvOp::Stored {
+            tier: Tier::Gpu,
+            lane: 0,
+            parent_ext: None,
+            blocks: [(w << 16 | s, s)].map(BlockHashes::from).to_vec(),
+        }];
         let v = encode_kv_events(&ks(), w, 0, 1, s, false, &ops);
         let key = worker_key(w);
         let rec = BaseRecord::to(&spec.topic).key(&key[..]).payload(&v).partition(TXN as i32);
@@ -88,7 +98,7 @@ fn metric(node: &ReplicaNode, name: &str) -> Option<f64> {
 }
 
 /// Two replicas of `spec`, peers of each other, each with a checkpoint of `first`.
-async fn pair(spec: &LogSpec, dirs: &[tempfile::TempDir; 2], first: &[(u32, i64)]) -> [ReplicaNode; 2] {
+async fn pair(spec: &LogSpec, dirs: &[tempfile::TempDir; 2], first: &[NextOffset]) -> [ReplicaNode; 2] {
     let (pa, pb) = (prefixlog_node::loopback_port(), prefixlog_node::loopback_port());
     let a = ReplicaNode::start(spec.clone(), opts("a", dirs[0].path(), pa, pb)).await.unwrap();
     let b = ReplicaNode::start(spec.clone(), opts("b", dirs[1].path(), pb, pa)).await.unwrap();
@@ -101,8 +111,8 @@ async fn pair(spec: &LogSpec, dirs: &[tempfile::TempDir; 2], first: &[(u32, i64)
 
 /// Both replicas halt `TXN` once at its hole, say so, and never swap a peer's state in (which
 /// ends before the hole); the other partition reaches `after`.
-async fn refused_once(backend: &str, nodes: &[ReplicaNode; 2], after: &[(u32, i64)]) {
-    let other: Vec<(u32, i64)> = after.iter().copied().filter(|t| t.0 != TXN).collect();
+async fn refused_once(backend: &str, nodes: &[ReplicaNode; 2], after: &[NextOffset]) {
+    let other: Vec<NextOffset> = after.iter().copied().filter(|t| t.partition != TXN).collect();
     let holes =
         format!("prefixlog_log_holes_total{{cause=\"no_records\",partition=\"{TXN}\",shard=\"all\"}}");
     let failed = "prefixlog_partition_recoveries_total{outcome=\"failed\",shard=\"all\"}";
@@ -149,8 +159,8 @@ async fn a_transactional_producer_halts_its_partition_once_where_the_broker_writ
         let s = spec.clone();
         let committed = tokio::task::spawn_blocking(move || transaction(&s, 100, 3)).await.unwrap();
         let after = token_of(&publish(&publisher, 2).await);
-        let txn_end = after.iter().find(|t| t.0 == TXN).unwrap().1;
-        let txn_start = first.iter().find(|t| t.0 == TXN).unwrap().1;
+        let txn_end = after.iter().find(|t| t.partition == TXN).unwrap().offset;
+        let txn_start = first.iter().find(|t| t.partition == TXN).unwrap().offset;
         match committed {
             Err(e) if b.name != "embedded" => {
                 eprintln!("[transactions] {}: NOT RUN: the broker refuses the transaction ({e})", b.name)
@@ -198,7 +208,7 @@ async fn a_transaction_marker_in_the_log_halts_the_partition_once_without_a_reco
                         tier: Tier::Gpu,
                         lane: 0,
                         parent_ext: None,
-                        blocks: vec![(w << 16 | s, s)],
+                        blocks: [(w << 16 | s, s)].map(BlockHashes::from).to_vec(),
                     }];
                     encode_kv_events(&ks(), w, 0, 1, s, false, &ops)
                 })

@@ -1,12 +1,13 @@
 //! Per-worker LRU block caches that emit engine-style KV events.
 
+use prefixlog_ids::BlockHashes;
 use rustc_hash::FxHashMap;
 use std::collections::BTreeMap;
 
 /// A KV event as an engine would publish it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
-    Stored { worker: u32, parent_ext: Option<u64>, blocks: Vec<(u64, u64)> },
+    Stored { worker: u32, parent_ext: Option<u64>, blocks: Vec<BlockHashes> },
     Removed { worker: u32, exts: Vec<u64> },
 }
 
@@ -51,15 +52,15 @@ impl Fleet {
     }
 
     /// How many leading blocks of `chain` the worker holds (the prefix it would reuse).
-    pub fn cached_prefix(&self, worker: u32, chain: &[(u64, u64)]) -> usize {
+    pub fn cached_prefix(&self, worker: u32, chain: &[BlockHashes]) -> usize {
         let w = &self.workers[worker as usize];
-        chain.iter().take_while(|(e, _)| w.stamp_of.contains_key(e)).count()
+        chain.iter().take_while(|b| w.stamp_of.contains_key(&b.ext)).count()
     }
 
     /// Serves `chain` on `worker`: reuses the cached prefix, evicts LRU blocks to make room,
     /// stores the rest. Returns the events in publish order (removals first). Chains longer
     /// than the capacity are truncated to it, as an engine would refuse to cache past its pool.
-    pub fn serve(&mut self, worker: u32, chain: &[(u64, u64)]) -> Vec<Event> {
+    pub fn serve(&mut self, worker: u32, chain: &[BlockHashes]) -> Vec<Event> {
         let chain = &chain[..chain.len().min(self.capacity)];
         let hit = self.cached_prefix(worker, chain);
         let cap = self.capacity;
@@ -68,7 +69,7 @@ impl Fleet {
         let n = chain.len() as u64;
         let base = self.clock;
         self.clock += n;
-        for (i, (e, _)) in chain[..hit].iter().enumerate() {
+        for (i, BlockHashes { ext: e, .. }) in chain[..hit].iter().enumerate() {
             let s = base + (n - 1 - i as u64);
             if let Some(old) = w.stamp_of.insert(*e, s) {
                 w.by_stamp.remove(&old);
@@ -89,14 +90,14 @@ impl Fleet {
             events.push(Event::Removed { worker, exts });
         }
         if need > 0 {
-            for (i, (e, _)) in chain.iter().enumerate().skip(hit) {
+            for (i, BlockHashes { ext: e, .. }) in chain.iter().enumerate().skip(hit) {
                 let s = base + (n - 1 - i as u64);
                 w.stamp_of.insert(*e, s);
                 w.by_stamp.insert(s, *e);
             }
             events.push(Event::Stored {
                 worker,
-                parent_ext: hit.checked_sub(1).map(|p| chain[p].0),
+                parent_ext: hit.checked_sub(1).map(|p| chain[p].ext),
                 blocks: chain[hit..].to_vec(),
             });
         }

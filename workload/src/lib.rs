@@ -21,6 +21,7 @@ pub mod quantile;
 pub mod trace;
 
 pub use fleet::{Event, Fleet};
+pub use prefixlog_ids::BlockHashes;
 pub use trace::{expand_request, load_trace, repeat_hours, TraceRequest};
 
 /// Shape of the simulated fleet and of the trace expansion.
@@ -49,8 +50,8 @@ impl Default for FleetConfig {
 pub enum Step {
     /// A match query for a request's whole chain of local hashes (issued before routing it).
     Match { locals: Vec<u64> },
-    /// A worker stored `blocks` (as `(ext, local)`) extending the chain that ends at `parent_ext`.
-    Stored { worker: u32, parent_ext: Option<u64>, blocks: Vec<(u64, u64)> },
+    /// A worker stored `blocks` extending the chain that ends at `parent_ext`.
+    Stored { worker: u32, parent_ext: Option<u64>, blocks: Vec<BlockHashes> },
     /// A worker evicted the blocks with these ext hashes.
     Removed { worker: u32, exts: Vec<u64> },
 }
@@ -96,7 +97,7 @@ pub fn generate_routed(trace: &[TraceRequest], cfg: &FleetConfig, routing: Routi
             if chain.is_empty() {
                 continue;
             }
-            steps.push(Step::Match { locals: chain.iter().map(|b| b.1).collect() });
+            steps.push(Step::Match { locals: chain.iter().map(|b| b.local).collect() });
             let worker = match routing {
                 Routing::Conversation => route_by_conversation(req, copy, cfg),
                 Routing::Random => route_at_random(i, copy, cfg),
@@ -167,7 +168,7 @@ mod tests {
             for s in generate_routed(&trace, &cfg, routing) {
                 match s {
                     Step::Match { locals } => conv = Some(locals[1]),
-                    Step::Stored { worker, .. } if conv == Some(expand_request(&trace[0], 0, 1)[1].1) => {
+                    Step::Stored { worker, .. } if conv == Some(expand_request(&trace[0], 0, 1)[1].local) => {
                         seen.insert(worker);
                     }
                     _ => {}
@@ -195,8 +196,8 @@ mod tests {
                     if let Some(p) = parent_ext {
                         assert!(h.contains(p), "parent not held");
                     }
-                    for (e, _) in blocks {
-                        assert!(h.insert(*e), "stored twice");
+                    for b in blocks {
+                        assert!(h.insert(b.ext), "stored twice");
                     }
                     assert!(h.len() <= capacity);
                 }

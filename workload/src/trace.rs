@@ -1,6 +1,7 @@
 //! The Mooncake trace format and its expansion into block hashes.
 
 use anyhow::Context;
+use prefixlog_ids::BlockHashes;
 use serde::Deserialize;
 use std::io::BufRead;
 use std::path::Path;
@@ -50,19 +51,19 @@ pub fn repeat_hours(trace: &[TraceRequest], hours: usize) -> Vec<TraceRequest> {
         .collect()
 }
 
-/// Expands a request into its chain of `(ext, local)` hashes.
+/// Expands a request into its chain of block hashes.
 ///
 /// `local` stands for the canonical content hash of a block's tokens (it depends only on the
 /// block, not on its parent), `ext` for the engine's chained sequence hash (it depends on the
 /// whole prefix). Copies are disjoint: copy `c` hashes different content from copy `c'`.
-pub fn expand_request(req: &TraceRequest, copy: usize, stretch: usize) -> Vec<(u64, u64)> {
+pub fn expand_request(req: &TraceRequest, copy: usize, stretch: usize) -> Vec<BlockHashes> {
     let mut out = Vec::with_capacity(req.hash_ids.len() * stretch);
     let mut ext = 0x9e37_79b9_7f4a_7c15u64 ^ copy as u64;
     for &id in &req.hash_ids {
         for j in 0..stretch.max(1) {
             let local = mix64(mix64(id.wrapping_mul(0x100) ^ j as u64) ^ (copy as u64) << 56);
             ext = mix64(ext.rotate_left(17) ^ local);
-            out.push((ext, local));
+            out.push(BlockHashes { ext, local });
         }
     }
     out

@@ -13,6 +13,7 @@
 use crate::dynamo_radix::{to_answer, to_locals, EventMaker};
 use crate::index::Index;
 use dynamo_kv_router::{ConcurrentRadixTreeCompressed, SyncIndexer, ThreadPoolIndexer};
+use prefixlog_workload::BlockHashes;
 use std::future::Future;
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
@@ -43,7 +44,7 @@ impl Index for DynamoCrtc {
         "dynamo-crtc-threadpool"
     }
 
-    fn stored(&mut self, worker: u32, parent: Option<u64>, blocks: &[(u64, u64)]) {
+    fn stored(&mut self, worker: u32, parent: Option<u64>, blocks: &[BlockHashes]) {
         let ev = self.events.stored(worker, parent, blocks);
         if self.index.enqueue_event(ev).is_err() {
             self.enqueue_errors += 1;

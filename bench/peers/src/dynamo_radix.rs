@@ -13,6 +13,7 @@ use dynamo_kv_router::protocols::{
     KvCacheStoredBlockData, LocalBlockHash, OverlapScores, RouterEvent,
 };
 use dynamo_kv_router::RadixTree;
+use prefixlog_workload::BlockHashes;
 
 /// Builds the Dynamo events both Dynamo adapters feed (worker id = workload worker, dp rank 0).
 #[derive(Default)]
@@ -26,10 +27,10 @@ impl EventMaker {
         RouterEvent::new(worker as u64, KvCacheEvent { event_id: self.next_id, data, dp_rank: 0 })
     }
 
-    pub fn stored(&mut self, worker: u32, parent: Option<u64>, blocks: &[(u64, u64)]) -> RouterEvent {
+    pub fn stored(&mut self, worker: u32, parent: Option<u64>, blocks: &[BlockHashes]) -> RouterEvent {
         let blocks = blocks
             .iter()
-            .map(|&(ext, local)| KvCacheStoredBlockData {
+            .map(|&BlockHashes { ext, local }| KvCacheStoredBlockData {
                 block_hash: ExternalSequenceBlockHash(ext),
                 tokens_hash: LocalBlockHash(local),
                 mm_extra_info: None,
@@ -75,7 +76,7 @@ impl Index for DynamoRadix {
         "dynamo-radix-tree"
     }
 
-    fn stored(&mut self, worker: u32, parent: Option<u64>, blocks: &[(u64, u64)]) {
+    fn stored(&mut self, worker: u32, parent: Option<u64>, blocks: &[BlockHashes]) {
         let ev = self.events.stored(worker, parent, blocks);
         if self.tree.apply_event(ev).is_err() {
             self.store_errors += 1;

@@ -4,15 +4,17 @@
 //! `registry()` (main.rs). All hashes are the workload's: `ext` is the engine's chained sequence
 //! hash (the removal key), `local` the position-independent content hash (the matching key).
 
+use prefixlog_workload::BlockHashes;
+
 /// A prefix index as the harness sees it. Single caller thread; `&mut self` everywhere so
 /// adapters may keep scratch buffers.
 pub trait Index {
     /// Short stable name (used in the table and by `--only`).
     fn name(&self) -> &str;
 
-    /// `worker` stored `blocks` (as `(ext, local)`), extending its chain that ends at `parent`
+    /// `worker` stored `blocks`, extending its chain that ends at `parent`
     /// (`None` = the chain starts at position 0).
-    fn stored(&mut self, worker: u32, parent: Option<u64>, blocks: &[(u64, u64)]);
+    fn stored(&mut self, worker: u32, parent: Option<u64>, blocks: &[BlockHashes]);
 
     /// `worker` evicted the blocks with these ext hashes.
     fn removed(&mut self, worker: u32, exts: &[u64]);

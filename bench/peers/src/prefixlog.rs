@@ -4,7 +4,7 @@
 
 use crate::index::Index;
 use prefixlog_engine::{
-    Engine, EngineConfig, HolderKey, HolderMatch, KeyspaceId, MatchOptions, SharedKeyspace,
+    BlockHashes, Engine, EngineConfig, HolderKey, HolderMatch, KeyspaceId, MatchOptions, SharedKeyspace,
 };
 
 pub struct Prefixlog {
@@ -28,7 +28,7 @@ impl Index for Prefixlog {
         "prefixlog"
     }
 
-    fn stored(&mut self, worker: u32, parent: Option<u64>, blocks: &[(u64, u64)]) {
+    fn stored(&mut self, worker: u32, parent: Option<u64>, blocks: &[BlockHashes]) {
         self.t += 1;
         let key = HolderKey::new(u64::from(worker), 0, 0);
         if self.ks.write(|k| k.store(key, parent, blocks, self.t)).is_err() {

@@ -4,6 +4,7 @@
 //! `overlap(&chain, &mut OverlapScratch, &mut Vec<Overlap>)` with caller-owned buffers.
 
 use crate::index::Index;
+use prefixlog_workload::BlockHashes;
 use radix_tree::{Config, HolderId, Overlap, OverlapScratch, RadixTree, StoreError};
 
 pub struct Smg {
@@ -55,9 +56,11 @@ impl Index for Smg {
         "smg-radix-tree"
     }
 
-    fn stored(&mut self, worker: u32, parent: Option<u64>, blocks: &[(u64, u64)]) {
+    fn stored(&mut self, worker: u32, parent: Option<u64>, blocks: &[BlockHashes]) {
         let h = self.holder(worker);
-        match self.tree.store(h, parent, blocks) {
+        // The crate takes `(seq_hash, content_hash)` pairs.
+        let pairs: Vec<(u64, u64)> = blocks.iter().map(|b| (b.ext, b.local)).collect();
+        match self.tree.store(h, parent, &pairs[..]) {
             Ok(_) => {}
             // The crate's documented recovery (and what its pinned bench does) would be to
             // re-anchor at position 0; the Dynamo peers drop such an event instead. Dropping keeps

@@ -23,7 +23,7 @@
 use super::metrics::Refusal;
 use super::wire::LmTier;
 use prefixlog_engine::scheme::{keyed_block_hash, BlockKey};
-use prefixlog_engine::Tier;
+use prefixlog_engine::{BlockHashes, Tier};
 use prefixlog_state::record::KvOp;
 use std::collections::{BTreeMap, VecDeque};
 
@@ -337,7 +337,10 @@ impl ChunkTable {
             return Err(Refusal::ParentNotHeld);
         }
         for tier in Tier::ALL.into_iter().filter(|&t| newly & bit(t) != 0) {
-            out.push((key.ns, KvOp::Stored { tier, lane, parent_ext, blocks: vec![(c.ext, c.local)] }));
+            out.push((
+                key.ns,
+                KvOp::Stored { tier, lane, parent_ext, blocks: vec![BlockHashes::new(c.ext, c.local)] },
+            ));
         }
         c.credited |= newly;
         Ok(())

@@ -351,7 +351,7 @@ fn push_merged(ops: &mut Vec<KvOp>, op: KvOp) {
         (
             Some(KvOp::Stored { tier: t1, lane: l1, blocks: b1, .. }),
             KvOp::Stored { tier, lane, parent_ext: Some(p), blocks },
-        ) if t1 == tier && l1 == lane && b1.last().map(|b| b.0) == Some(*p) => b1.extend_from_slice(blocks),
+        ) if t1 == tier && l1 == lane && b1.last().map(|b| b.ext) == Some(*p) => b1.extend_from_slice(blocks),
         (Some(KvOp::Removed { tier: t1, lane: l1, exts: e1 }), KvOp::Removed { tier, lane, exts })
             if t1 == tier && l1 == lane =>
         {

@@ -361,11 +361,11 @@ impl Keyspace {
 #[cfg(test)]
 mod tests {
     use crate::keyspace::Keyspace;
-    use crate::types::{EngineConfig, HolderKey, KeyspaceId};
+    use crate::types::{BlockHashes, EngineConfig, HolderKey, KeyspaceId};
 
-    /// `n` blocks of one chain as `(ext, local)`, the same for every holder.
-    fn chain(n: u64) -> Vec<(u64, u64)> {
-        (1..=n).map(|i| (1000 + i, i)).collect()
+    /// `n` blocks of one chain, the same for every holder.
+    fn chain(n: u64) -> Vec<BlockHashes> {
+        (1..=n).map(|i| (1000 + i, i)).map(BlockHashes::from).collect()
     }
 
     /// Holders that evict a prefix others share, tail first in one removal each, take it out
@@ -380,11 +380,11 @@ mod tests {
         }
         assert_eq!(ks.trie.live_runs(), 1);
         // Worker 0 evicts the last 24 blocks: the chain splits where its blocks end.
-        let tail: Vec<u64> = blocks[40..].iter().rev().map(|b| b.0).collect();
+        let tail: Vec<u64> = blocks[40..].iter().rev().map(|b| b.ext).collect();
         assert_eq!(ks.remove(HolderKey::new(0, 0, 0), &tail, 10), (24, 0));
         assert_eq!(ks.trie.live_runs(), 2);
         // The others evict all of it, one after another.
-        let all: Vec<u64> = blocks.iter().rev().map(|b| b.0).collect();
+        let all: Vec<u64> = blocks.iter().rev().map(|b| b.ext).collect();
         for w in 1..7 {
             assert_eq!(ks.remove(HolderKey::new(w, 0, 0), &all, 11 + w), (64, 0));
             ks.check_invariants().expect("invariants");
@@ -401,26 +401,29 @@ mod tests {
     #[test]
     fn block_arrays_reuse_free_room() {
         let mut ks = Keyspace::new(KeyspaceId::new("t", 64, 1), EngineConfig::default());
-        let a: Vec<(u64, u64)> = (1..=1000).map(|i| (10_000 + i, 1_000_000 + i)).collect();
-        let b: Vec<(u64, u64)> = (1..=1000).map(|i| (20_000 + i, 2_000_000 + i)).collect();
+        let a: Vec<BlockHashes> =
+            (1..=1000).map(|i| (10_000 + i, 1_000_000 + i)).map(BlockHashes::from).collect();
+        let b: Vec<BlockHashes> =
+            (1..=1000).map(|i| (20_000 + i, 2_000_000 + i)).map(BlockHashes::from).collect();
         ks.store(HolderKey::new(1, 0, 0), None, &a, 1).expect("stored");
         ks.store(HolderKey::new(2, 0, 0), None, &b, 2).expect("stored");
         let top = ks.trie.blocks.top();
         // Worker 2 evicts 900 of its blocks: the arrays end where its run (and spare) ends.
-        let tail: Vec<u64> = b[100..].iter().rev().map(|x| x.0).collect();
+        let tail: Vec<u64> = b[100..].iter().rev().map(|x| x.ext).collect();
         assert_eq!(ks.remove(HolderKey::new(2, 0, 0), &tail, 3), (900, 0));
         assert!(ks.trie.blocks.top() <= top - 900 + crate::trie::SPARE_KEPT);
         // Worker 1 evicts all of chain `a`: 1,000 free blocks in the middle. A 1,500-block
         // store takes them and only 500 (plus the spare given back) from the end.
-        let all: Vec<u64> = a.iter().rev().map(|x| x.0).collect();
+        let all: Vec<u64> = a.iter().rev().map(|x| x.ext).collect();
         assert_eq!(ks.remove(HolderKey::new(1, 0, 0), &all, 4), (1000, 0));
         let top = ks.trie.blocks.top();
-        let c: Vec<(u64, u64)> = (1..=1500).map(|i| (30_000 + i, 3_000_000 + i)).collect();
+        let c: Vec<BlockHashes> =
+            (1..=1500).map(|i| (30_000 + i, 3_000_000 + i)).map(BlockHashes::from).collect();
         ks.store(HolderKey::new(3, 0, 0), None, &c, 5).expect("stored");
         assert!(ks.trie.blocks.top() <= top + 500, "{} > {} + 500", ks.trie.blocks.top(), top);
         ks.check_invariants().expect("invariants");
         let full = crate::types::MatchOptions::default();
-        let locals: Vec<u64> = c.iter().map(|x| x.1).collect();
+        let locals: Vec<u64> = c.iter().map(|x| x.local).collect();
         assert_eq!(ks.match_chain(&locals, &full)[0].depth, 1500);
     }
 }

@@ -9,7 +9,7 @@
 //! inserts into a scratch open-addressing set sized for the list.
 
 use crate::digest::fold_mul;
-use crate::types::InvalidStoreReason;
+use crate::types::{BlockHashes, InvalidStoreReason};
 
 /// Up to this many blocks, comparing every pair is cheaper than building a set.
 const QUADRATIC_UP_TO: usize = 32;
@@ -17,11 +17,11 @@ const QUADRATIC_UP_TO: usize = 32;
 /// Checks that `blocks` can be a chain under `parent`. `scratch` is reused between calls.
 pub(crate) fn check_store(
     parent: Option<u64>,
-    blocks: &[(u64, u64)],
+    blocks: &[BlockHashes],
     scratch: &mut Vec<u64>,
 ) -> Result<(), InvalidStoreReason> {
     if let Some(p) = parent {
-        if blocks.iter().any(|b| b.0 == p) {
+        if blocks.iter().any(|b| b.ext == p) {
             return Err(InvalidStoreReason::ParentInStore(p));
         }
     }
@@ -34,10 +34,10 @@ pub(crate) fn check_store(
 }
 
 /// The first ext (in list order of its second occurrence) that appears twice.
-fn repeat_by_pairs(blocks: &[(u64, u64)]) -> Option<u64> {
+fn repeat_by_pairs(blocks: &[BlockHashes]) -> Option<u64> {
     for (i, b) in blocks.iter().enumerate().skip(1) {
-        if blocks[..i].iter().any(|a| a.0 == b.0) {
-            return Some(b.0);
+        if blocks[..i].iter().any(|a| a.ext == b.ext) {
+            return Some(b.ext);
         }
     }
     None
@@ -46,13 +46,13 @@ fn repeat_by_pairs(blocks: &[(u64, u64)]) -> Option<u64> {
 /// The same answer as [`repeat_by_pairs`], in linear time: linear probing over a power-of-two
 /// table at most half full. Slots hold `ext`, with a separate flag for the one value (0) that
 /// marks an empty slot.
-fn repeat_by_set(blocks: &[(u64, u64)], table: &mut Vec<u64>) -> Option<u64> {
+fn repeat_by_set(blocks: &[BlockHashes], table: &mut Vec<u64>) -> Option<u64> {
     let cap = (blocks.len() * 2).next_power_of_two();
     table.clear();
     table.resize(cap, 0);
     let mask = cap - 1;
     let mut seen_zero = false;
-    for &(ext, _) in blocks {
+    for &BlockHashes { ext, .. } in blocks {
         if ext == 0 {
             if std::mem::replace(&mut seen_zero, true) {
                 return Some(0);
@@ -78,8 +78,8 @@ fn repeat_by_set(blocks: &[(u64, u64)], table: &mut Vec<u64>) -> Option<u64> {
 mod tests {
     use super::*;
 
-    fn blocks(exts: &[u64]) -> Vec<(u64, u64)> {
-        exts.iter().map(|&e| (e, e ^ 1)).collect()
+    fn blocks(exts: &[u64]) -> Vec<BlockHashes> {
+        exts.iter().map(|&e| BlockHashes::new(e, e ^ 1)).collect()
     }
 
     #[test]

@@ -11,7 +11,7 @@ use super::store_check::check_store;
 use super::{Keyspace, PlaceOutcome};
 use crate::trie::blocks::ROOT_BLOCK;
 use crate::trie::ext_hash;
-use crate::types::{partition_of, ApplyError, HolderKey, InvalidStoreReason, LogTime, Tier};
+use crate::types::{partition_of, ApplyError, BlockHashes, HolderKey, InvalidStoreReason, LogTime, Tier};
 
 /// How many blocks ahead a write prefetches ext-table slots.
 const PREFETCH_AHEAD: usize = 12;
@@ -25,7 +25,7 @@ impl Keyspace {
         &mut self,
         key: HolderKey,
         parent_ext: Option<u64>,
-        blocks: &[(u64, u64)],
+        blocks: &[BlockHashes],
         t: LogTime,
     ) -> Result<u32, ApplyError> {
         let mut scratch = std::mem::take(&mut self.ext_scratch);
@@ -49,7 +49,7 @@ impl Keyspace {
         &mut self,
         key: HolderKey,
         parent_ext: Option<u64>,
-        blocks: &[(u64, u64)],
+        blocks: &[BlockHashes],
         t: LogTime,
     ) -> Result<u32, ApplyError> {
         let h = match (self.holders.get(&key), parent_ext) {
@@ -76,7 +76,7 @@ impl Keyspace {
         h: u32,
         key: HolderKey,
         parent_ext: Option<u64>,
-        blocks: &[(u64, u64)],
+        blocks: &[BlockHashes],
         t: LogTime,
     ) -> Result<u32, ApplyError> {
         self.touch(h, t);
@@ -95,13 +95,13 @@ impl Keyspace {
         if blocks.is_empty() {
             return Ok(0);
         }
-        self.prefetch_exts(blocks.iter().map(|b| b.0).take(PREFETCH_AHEAD));
+        self.prefetch_exts(blocks.iter().map(|b| b.ext).take(PREFETCH_AHEAD));
         let mut locals = std::mem::take(&mut self.locals);
         locals.clear();
-        locals.extend(blocks.iter().map(|b| b.1));
+        locals.extend(blocks.iter().map(|b| b.local));
         let added = self.hold_chain(h, parent, &locals, t, |ks, i, b| {
-            ks.prefetch_exts(blocks.get(i + PREFETCH_AHEAD).map(|b| b.0));
-            ks.bind_or_override(h, b, blocks[i].0);
+            ks.prefetch_exts(blocks.get(i + PREFETCH_AHEAD).map(|b| b.ext));
+            ks.bind_or_override(h, b, blocks[i].ext);
         });
         self.locals = locals;
         self.stats.blocks_stored += u64::from(added);

@@ -270,7 +270,7 @@ fn ext_table(
 mod tests {
     use super::*;
     use crate::digest::mix64;
-    use crate::types::{HolderKey, KeyspaceId};
+    use crate::types::{BlockHashes, HolderKey, KeyspaceId};
 
     /// A dump large enough for the two-thread rebuild: the rebuilt keyspace dumps identically,
     /// resolves every ext to its node, rejects an ext bound twice, and keeps evolving like
@@ -282,10 +282,10 @@ mod tests {
         let mut t = 0;
         for chain in 0..2_000u64 {
             // Chains of 80 blocks under 50 shared heads: branching plus long runs.
-            let blocks: Vec<(u64, u64)> = (0..80u64)
+            let blocks: Vec<BlockHashes> = (0..80u64)
                 .map(|i| {
                     let c = if i < 3 { chain % 50 } else { chain };
-                    (mix64(c << 8 | i), mix64(c << 8 | i) ^ 1)
+                    BlockHashes::new(mix64(c << 8 | i), mix64(c << 8 | i) ^ 1)
                 })
                 .collect();
             t += 1;

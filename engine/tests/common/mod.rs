@@ -12,8 +12,8 @@ pub mod shrink;
 
 use prefixlog_engine::digest::{block_term, child_path, holder_term, ROOT_PATH};
 use prefixlog_engine::{
-    partition_of, EngineConfig, HolderKey, HolderMatch, KeyspaceStats, LogTime, MatchDetail, MatchOptions,
-    Tier, TierDepth, TierRun,
+    partition_of, BlockHashes, EngineConfig, HolderKey, HolderMatch, KeyspaceStats, LogTime, MatchDetail,
+    MatchOptions, Tier, TierDepth, TierRun,
 };
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
@@ -88,16 +88,16 @@ impl RefModel {
 
     /// A store is a chain only if no ext repeats among its blocks and its parent is not one of
     /// them; otherwise it is refused whole (counted, nothing else changes).
-    pub fn store_is_chain(parent_ext: Option<u64>, blocks: &[(u64, u64)]) -> bool {
+    pub fn store_is_chain(parent_ext: Option<u64>, blocks: &[BlockHashes]) -> bool {
         let mut seen: std::collections::HashSet<u64> = parent_ext.into_iter().collect();
-        blocks.iter().all(|b| seen.insert(b.0))
+        blocks.iter().all(|b| seen.insert(b.ext))
     }
 
     pub fn store(
         &mut self,
         key: HolderKey,
         parent_ext: Option<u64>,
-        blocks: &[(u64, u64)],
+        blocks: &[BlockHashes],
         t: LogTime,
     ) -> bool {
         if !Self::store_is_chain(parent_ext, blocks) {
@@ -141,7 +141,7 @@ impl RefModel {
         let stamp = h.next_stamp;
         let mut paths = Vec::new();
         let mut added = 0;
-        for &(ext, local) in blocks {
+        for &BlockHashes { ext, local } in blocks {
             path.push(local);
             if h.blocks.insert(path.clone(), stamp).is_none() {
                 added += 1;

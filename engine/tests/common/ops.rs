@@ -2,7 +2,9 @@
 //! checked after it), so a failing run can be replayed, shrunk and printed as Rust.
 
 use super::RefModel;
-use prefixlog_engine::{EngineConfig, HolderKey, Keyspace, KeyspaceId, MatchOptions, PlaceOutcome, Tier};
+use prefixlog_engine::{
+    BlockHashes, EngineConfig, HolderKey, Keyspace, KeyspaceId, MatchOptions, PlaceOutcome, Tier,
+};
 use std::fmt::Write;
 
 /// One write (or a rebuild) applied to both the engine and the model.
@@ -11,7 +13,7 @@ pub enum Op {
     Store {
         key: HolderKey,
         parent: Option<u64>,
-        blocks: Vec<(u64, u64)>,
+        blocks: Vec<BlockHashes>,
         t: u64,
     },
     Remove {
@@ -131,7 +133,8 @@ fn opt_hex(p: &Option<u64>) -> String {
 fn op_rust(op: &Op) -> String {
     match op {
         Op::Store { key: k, parent, blocks, t } => {
-            let b: Vec<String> = blocks.iter().map(|(e, l)| format!("({e:#x}, {l})")).collect();
+            let b: Vec<String> =
+                blocks.iter().map(|b| format!("({:#x}, {}).into()", b.ext, b.local)).collect();
             let (k, p, b) = (key(k), opt_hex(parent), b.join(", "));
             format!("Op::Store {{ key: {k}, parent: {p}, blocks: vec![{b}], t: {t} }}")
         }

@@ -18,7 +18,7 @@ use prefixlog_engine::scheme::SCHEME_XXH3_CHAINED;
 use prefixlog_engine::KeyspaceId;
 use prefixlog_proto::v1::match_request::Prompt as MatchPrompt;
 use prefixlog_proto::v1::{Keyspace, MatchRequest, TokenIds};
-use prefixlog_query::QueryService;
+use prefixlog_query::{QueryError, QueryService};
 use prometheus::{IntCounterVec, Opts, Registry};
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -210,10 +210,10 @@ impl Picker {
             ..Default::default()
         };
         let t: Duration = self.limits.index_timeout;
-        match tokio::time::timeout(t, self.query.answer(req, t)).await {
+        match tokio::time::timeout(t, self.query.answer_typed(req, t)).await {
             Err(_) => Answer::Unavailable(format!("the index did not answer within {t:?}")),
-            Ok(Err(s)) if s.code() == tonic::Code::NotFound => Answer::Depths(HashMap::new(), blocks),
-            Ok(Err(s)) => Answer::Unavailable(format!("{}: {}", s.code(), s.message())),
+            Ok(Err(QueryError::UnknownKeyspace(_))) => Answer::Depths(HashMap::new(), blocks),
+            Ok(Err(e)) => Answer::Unavailable(format!("{}: {}", e.code(), e.message())),
             Ok(Ok(r)) => {
                 let mut by_worker: HashMap<u64, u32> = HashMap::new();
                 for s in r.scores.iter().filter(|s| s.lane == 0) {

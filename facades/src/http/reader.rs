@@ -15,7 +15,7 @@ use axum::http::StatusCode;
 use prefixlog_engine::{partition_of, scheme::SCHEME_XXH3_CHAINED, KeyspaceId, Tier};
 use prefixlog_proto::v1::match_request::Prompt;
 use prefixlog_proto::v1::{Keyspace, MatchRequest, TokenIds, WorkerScore};
-use prefixlog_query::QueryService;
+use prefixlog_query::{QueryError as Refused, QueryService};
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
@@ -48,7 +48,7 @@ pub enum QueryError {
     #[error("invalid request body: {0}")]
     Body(String),
     #[error("{}", .0.message())]
-    Query(tonic::Status),
+    Query(prefixlog_query::QueryError),
 }
 
 impl QueryError {
@@ -58,13 +58,12 @@ impl QueryError {
             Self::NoIndexer { .. } | Self::NoKeyspace { .. } => StatusCode::NOT_FOUND,
             Self::Ambiguous { .. } | Self::SaltedHashes | Self::Body(_) => StatusCode::BAD_REQUEST,
             Self::SeqHashes => StatusCode::NOT_IMPLEMENTED,
-            Self::Query(s) => match s.code() {
-                tonic::Code::InvalidArgument | tonic::Code::OutOfRange => StatusCode::BAD_REQUEST,
-                tonic::Code::NotFound => StatusCode::NOT_FOUND,
-                tonic::Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
-                tonic::Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-                tonic::Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
-                _ => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::Query(e) => match e {
+                Refused::InvalidArgument(_) => StatusCode::BAD_REQUEST,
+                Refused::UnknownKeyspace(_) => StatusCode::NOT_FOUND,
+                Refused::ResourceExhausted(_) => StatusCode::TOO_MANY_REQUESTS,
+                Refused::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+                Refused::TokenNotReached(_) => StatusCode::GATEWAY_TIMEOUT,
             },
         }
     }
@@ -76,7 +75,7 @@ impl QueryError {
             Self::NoIndexer { .. } | Self::NoKeyspace { .. } => tonic::Code::NotFound,
             Self::Ambiguous { .. } | Self::SaltedHashes | Self::Body(_) => tonic::Code::InvalidArgument,
             Self::SeqHashes => tonic::Code::Unimplemented,
-            Self::Query(s) => s.code(),
+            Self::Query(e) => e.code(),
         }
     }
 }
@@ -160,7 +159,7 @@ impl Reader {
             ..Default::default()
         };
         let wait: Duration = self.query.wait_for_call(None);
-        let answer = self.query.answer(req, wait).await.map_err(QueryError::Query)?;
+        let answer = self.query.answer_typed(req, wait).await.map_err(QueryError::Query)?;
         Ok(answer.scores.into_iter().filter(|s| s.lane == 0).collect())
     }
 
@@ -241,4 +240,28 @@ fn media_depths(s: &WorkerScore) -> MediaDepths {
 
 fn non_empty_or(v: Option<String>, default: &str) -> String {
     v.filter(|v| !v.is_empty()).unwrap_or_else(|| default.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A refused query answers the HTTP status upstream would, counted under the query's own
+    /// code, with the message the gRPC status would carry.
+    #[test]
+    fn refused_queries_map_to_http_statuses() {
+        let cases = [
+            (Refused::InvalidArgument("top_k".into()), StatusCode::BAD_REQUEST),
+            (Refused::UnknownKeyspace("x".repeat(5000)), StatusCode::NOT_FOUND),
+            (Refused::ResourceExhausted("streams".into()), StatusCode::TOO_MANY_REQUESTS),
+            (Refused::Unavailable("gap".into()), StatusCode::SERVICE_UNAVAILABLE),
+            (Refused::TokenNotReached("late".into()), StatusCode::GATEWAY_TIMEOUT),
+        ];
+        for (refused, http) in cases {
+            let e = QueryError::Query(refused.clone());
+            assert_eq!(e.http_status(), http, "{refused:?}");
+            assert_eq!(e.code(), refused.code());
+            assert_eq!(e.to_string(), tonic::Status::from(refused).message());
+        }
+    }
 }

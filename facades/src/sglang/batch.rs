@@ -20,6 +20,7 @@
 
 use super::pb::{ApplyExternalKvBatchRequest, ExternalKvAction, ExternalKvActionType};
 use super::{MAX_ACTIONS, MAX_BATCH_HASHES, MAX_WORKER_ID_BYTES, SGLANG_LANE, SGLANG_TIERS};
+use prefixlog_state::BlockHashes;
 use prefixlog_state::{KvOp, Tier};
 use tonic::Status;
 
@@ -136,7 +137,7 @@ pub fn map_actions(actions: &[ExternalKvAction]) -> (Vec<KvOp>, Skipped) {
                 tier,
                 lane: SGLANG_LANE,
                 parent_ext: a.parent_block_hash.map(|p| p as u64),
-                blocks: a.hashes.iter().map(|&h| (h as u64, h as u64)).collect(),
+                blocks: a.hashes.iter().map(|&h| BlockHashes::new(h as u64, h as u64)).collect(),
             }),
             Ok(ExternalKvActionType::ActionRevoke) => {
                 ops.push(KvOp::Removed { tier, lane: SGLANG_LANE, exts: bits(&a.hashes) })
@@ -153,6 +154,7 @@ pub fn map_actions(actions: &[ExternalKvAction]) -> (Vec<KvOp>, Skipped) {
 mod tests {
     use super::super::pb::TierType;
     use super::*;
+    use prefixlog_state::BlockHashes;
 
     fn action(kind: ExternalKvActionType, tier: TierType, hashes: Vec<i64>) -> ExternalKvAction {
         ExternalKvAction { r#type: kind as i32, tier: tier as i32, hashes, ..Default::default() }
@@ -237,14 +239,24 @@ mod tests {
         assert_eq!(
             ops,
             vec![
-                KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext: None, blocks: vec![(7, 7), (8, 8)] },
+                KvOp::Stored {
+                    tier: Tier::Gpu,
+                    lane: 0,
+                    parent_ext: None,
+                    blocks: [(7, 7), (8, 8)].map(BlockHashes::from).to_vec()
+                },
                 KvOp::Stored {
                     tier: Tier::Gpu,
                     lane: 0,
                     parent_ext: Some(u64::MAX),
-                    blocks: vec![((-3i64) as u64, (-3i64) as u64), (5, 5)]
+                    blocks: [((-3i64) as u64, (-3i64) as u64), (5, 5)].map(BlockHashes::from).to_vec()
                 },
-                KvOp::Stored { tier: Tier::Host, lane: 0, parent_ext: None, blocks: vec![(7, 7)] },
+                KvOp::Stored {
+                    tier: Tier::Host,
+                    lane: 0,
+                    parent_ext: None,
+                    blocks: [(7, 7)].map(BlockHashes::from).to_vec()
+                },
                 KvOp::Removed { tier: Tier::Gpu, lane: 0, exts: vec![8] },
                 KvOp::Removed { tier: Tier::Disk, lane: 0, exts: vec![7] },
                 KvOp::Cleared { lane: 0 },

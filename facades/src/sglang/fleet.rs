@@ -43,7 +43,7 @@ pub async fn configure(
         return Err(WriteError::TooManyWorkers(req.workers.len()));
     }
     if !w.query().view().readiness.is_ready() {
-        return Err(WriteError::NotReady);
+        return Err(crate::writes::WriteRefused::NotReady(crate::writes::Subject::Worker).into());
     }
     let (mut landed, mut listed) = (Vec::new(), BTreeSet::new());
     for e in &req.workers {

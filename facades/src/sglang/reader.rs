@@ -21,7 +21,7 @@ use super::{
 use parking_lot::Mutex;
 use prefixlog_engine::{partition_of, KeyspaceId, Tier};
 use prefixlog_proto::v1::{match_request::Prompt, BlockHashes, Keyspace, MatchRequest, MatchResponse};
-use prefixlog_query::QueryService;
+use prefixlog_query::{QueryError, QueryService};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
@@ -220,10 +220,10 @@ impl Reader {
             exclude_gapped: true,
             ..Default::default()
         };
-        match self.query.answer(req, wait).await {
+        match self.query.answer_typed(req, wait).await {
             Ok(r) => Ok(Some(r)),
-            Err(s) if s.code() == tonic::Code::NotFound => Ok(None),
-            Err(s) => Err(s),
+            Err(QueryError::UnknownKeyspace(_)) => Ok(None),
+            Err(e) => Err(e.into()),
         }
     }
 

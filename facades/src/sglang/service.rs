@@ -67,7 +67,7 @@ impl SglangService {
         use super::batch::BatchError;
         use super::writer::WriteError;
         match &e {
-            WriteError::Collision { .. } => self.metrics.skipped("worker_id_collision", 1),
+            WriteError::Refused(r) => r.reason().into_iter().for_each(|why| self.metrics.skipped(why, 1)),
             WriteError::Denied(d) => self.metrics.skipped(d.reason(), 1),
             WriteError::Batch(BatchError::BadName(_)) => self.metrics.skipped("bad_name", 1),
             _ => {}

@@ -21,12 +21,12 @@ use super::batch::{map_actions, validate, BatchError, Skipped};
 use super::pb::{ApplyExternalKvBatchRequest, WorkerCacheSpec};
 use super::{SglangConfig, MAX_WORKERS};
 use crate::names::{worker_id, SGLANG_SEED};
+use crate::writes::{caught_up_for, recorded_metadata_for, Subject, WriteRefused};
 use parking_lot::Mutex;
 use prefixlog_engine::{partition_of, KeyspaceId};
 use prefixlog_query::QueryService;
 use prefixlog_state::partition_state::FeedKey;
 use prefixlog_state::record::{encode_kv_events, encode_lifecycle};
-use prefixlog_state::settings::{StateSettings, METADATA_ENTRY_BYTES};
 use prefixlog_state::{token_of, Landed, Lifecycle, LogAppend, LogError};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -46,22 +46,21 @@ pub enum WriteError {
     Batch(#[from] BatchError),
     #[error(transparent)]
     Denied(#[from] crate::writers::WriterDenied),
-    #[error("worker_id {name:?} maps to worker {worker:016x}, which is recorded for {other:?}: refused (two workers are never merged)")]
-    Collision { name: String, worker: u64, other: String },
-    #[error("this replica is not ready (it cannot vouch for the feed state it would continue); try another")]
-    NotReady,
-    #[error("this replica has not applied partition {partition} up to its high watermark {high} within {wait:?}: the worker's feed state is not known yet")]
-    NotCaughtUp { partition: u32, high: i64, wait: Duration },
+    /// A refusal the SMG facade shares (collision, not ready, not caught up, publish, metadata).
+    #[error(transparent)]
+    Refused(#[from] WriteRefused),
     #[error("{0} expected workers; at most {max}", max = super::MAX_EXPECTED_WORKERS)]
     TooManyWorkers(usize),
     #[error("this facade already writes for {MAX_WORKERS} workers; a new one is refused")]
     WorkerTableFull,
-    #[error("appending to the log: {0}")]
-    Publish(#[from] LogError),
     #[error("the worker's epoch and sequence numbers are exhausted; it cannot be written again")]
     Exhausted,
-    #[error("worker metadata (worker_id, address, cache spec, worker_epoch) would be {bytes} bytes; the log takes at most {max}")]
-    MetadataTooLarge { bytes: u64, max: u64 },
+}
+
+impl From<LogError> for WriteError {
+    fn from(e: LogError) -> Self {
+        Self::Refused(e.into())
+    }
 }
 
 impl WriteError {
@@ -69,12 +68,9 @@ impl WriteError {
         match self {
             Self::Batch(e) => e.status(),
             Self::Denied(e) => e.status(),
-            Self::MetadataTooLarge { .. } => Status::invalid_argument(self.to_string()),
-            Self::Collision { .. } | Self::Exhausted => Status::failed_precondition(self.to_string()),
+            Self::Refused(e) => e.status(),
+            Self::Exhausted => Status::failed_precondition(self.to_string()),
             Self::TooManyWorkers(_) | Self::WorkerTableFull => Status::resource_exhausted(self.to_string()),
-            Self::NotReady | Self::NotCaughtUp { .. } | Self::Publish(_) => {
-                Status::unavailable(self.to_string())
-            }
         }
     }
 }
@@ -150,7 +146,7 @@ impl Writer {
         validate(req)?;
         let view = self.query.view();
         if !view.readiness.is_ready() {
-            return Err(WriteError::NotReady);
+            return Err(WriteRefused::NotReady(Subject::Worker).into());
         }
         let (worker, mut guard) = self.lock_worker(&req.worker_id, wait).await?;
         let st = guard.as_mut().expect("loaded by lock_worker");
@@ -206,7 +202,14 @@ impl Writer {
         }
         let st = guard.as_ref().expect("set above");
         if st.name != name {
-            return Err(WriteError::Collision { name: name.into(), worker, other: st.name.clone() });
+            let other = st.name.clone();
+            return Err(WriteRefused::Collision {
+                subject: Subject::Worker,
+                name: name.into(),
+                worker,
+                other,
+            }
+            .into());
         }
         Ok((worker, guard))
     }
@@ -247,14 +250,12 @@ impl Writer {
     }
 
     async fn caught_up(&self, worker: u64, wait: Duration) -> Result<(), WriteError> {
-        let e = crate::writes::caught_up(&self.query, worker, wait).await.err();
-        e.map_or(Ok(()), |e| Err(WriteError::NotCaughtUp { partition: e.partition, high: e.high, wait }))
+        Ok(caught_up_for(Subject::Worker, &self.query, worker, wait).await?)
     }
 
     /// A worker's state as the replica recorded it (first batch of the worker in this process).
     fn recorded(&self, worker: u64, name: &str) -> Result<WorkerState, WriteError> {
-        let metadata = crate::writes::recorded_metadata(&self.query, worker, META_WORKER_ID, name)
-            .map_err(|other| WriteError::Collision { name: name.into(), worker, other })?;
+        let metadata = recorded_metadata_for(Subject::Worker, &self.query, worker, META_WORKER_ID, name)?;
         let view = self.query.view();
         let key = FeedKey { keyspace: self.keyspace.clone(), worker, dp_rank: 0 };
         let feed = view.applier.as_ref().and_then(|a| {
@@ -298,18 +299,9 @@ impl WorkerState {
     }
 }
 
-/// Refuses metadata the replica would refuse on apply (`metadata_too_large` at its default
-/// `--max-worker-metadata-bytes`), measured as it measures it: every key and value plus
-/// `METADATA_ENTRY_BYTES` per entry. Publishing it would answer OK while the worker stays
-/// nameless (no address: never routed to).
+/// Refuses worker metadata the replica would refuse on apply ([`crate::writes::check_metadata_size`]).
 pub fn check_metadata_size(metadata: &BTreeMap<String, String>) -> Result<(), WriteError> {
-    let max = u64::from(StateSettings::default().max_worker_metadata_bytes);
-    let bytes: u64 =
-        metadata.iter().map(|(k, v)| (k.len() + v.len()) as u64 + u64::from(METADATA_ENTRY_BYTES)).sum();
-    if bytes > max {
-        return Err(WriteError::MetadataTooLarge { bytes, max });
-    }
-    Ok(())
+    Ok(crate::writes::check_metadata_size(Subject::Worker, metadata)?)
 }
 
 /// The worker's metadata after this request: the recorded one with the request's non-empty
@@ -343,6 +335,7 @@ pub fn cache_spec_json(s: &WorkerCacheSpec) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use prefixlog_state::settings::{StateSettings, METADATA_ENTRY_BYTES};
 
     #[test]
     fn metadata_keeps_what_the_request_leaves_empty() {
@@ -394,7 +387,9 @@ mod tests {
         assert!(check_metadata_size(&at_limit).is_ok());
         let over = desired_metadata(None, &req("a".repeat((max - fixed + 1) as usize)));
         let err = check_metadata_size(&over).unwrap_err();
-        assert!(matches!(err, WriteError::MetadataTooLarge { bytes, .. } if bytes == max + 1));
+        assert!(
+            matches!(err, WriteError::Refused(WriteRefused::MetadataTooLarge { bytes, .. }) if bytes == max + 1)
+        );
         assert_eq!(err.status().code(), tonic::Code::InvalidArgument);
     }
 

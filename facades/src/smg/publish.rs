@@ -168,8 +168,8 @@ async fn write(
 }
 
 fn refused(metrics: &FacadeMetrics, e: WriteError) -> Status {
-    match e {
-        WriteError::Collision { .. } => metrics.skipped("holder_collision", 1),
+    match &e {
+        WriteError::Refused(r) => r.reason().into_iter().for_each(|why| metrics.skipped(why, 1)),
         WriteError::EpochJump { .. } => metrics.skipped("epoch_jump", 1),
         WriteError::Update(update::UpdateError::BadName(_)) => metrics.skipped("bad_name", 1),
         _ => {}

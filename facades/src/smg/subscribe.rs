@@ -21,7 +21,7 @@ use crate::metrics::FacadeMetrics;
 use crate::names::{worker_id, SMG_SEED};
 use prefixlog_engine::partition_of;
 use prefixlog_proto::v1::{match_request::Prompt, BlockHashes, Keyspace, MatchRequest, MatchResponse};
-use prefixlog_query::QueryService;
+use prefixlog_query::{QueryError, QueryService};
 use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -120,9 +120,9 @@ async fn ask(query: &QueryService, q: &Query) -> Result<Option<MatchResponse>, &
         request_id: q.query_id,
         ..Default::default()
     };
-    match query.answer(req, query.wait_for_call(None)).await {
+    match query.answer_typed(req, query.wait_for_call(None)).await {
         Ok(r) => Ok(Some(r)),
-        Err(s) if s.code() == tonic::Code::NotFound => Ok(None),
+        Err(QueryError::UnknownKeyspace(_)) => Ok(None),
         Err(_) => Err("query_failed"),
     }
 }

@@ -19,6 +19,7 @@ use super::keyspace::{self, KeyspaceError};
 use super::pb::{event::Kind, Update};
 use super::{LANE, MAX_EVENTS, MAX_HOLDER_BYTES, MAX_UPDATE_BLOCKS};
 use prefixlog_engine::KeyspaceId;
+use prefixlog_state::BlockHashes;
 use prefixlog_state::{KvOp, Tier};
 
 /// Why an update is refused (nothing of it is applied; the stream ends).
@@ -131,7 +132,7 @@ pub fn map_events(u: &Update) -> Mapped {
                 tier: Tier::Gpu,
                 lane: LANE,
                 parent_ext: s.parent_seq_hash,
-                blocks: s.blocks.iter().map(|b| (b.seq_hash, b.content_hash)).collect(),
+                blocks: s.blocks.iter().map(|b| BlockHashes::new(b.seq_hash, b.content_hash)).collect(),
             }),
             Some(Kind::Removed(r)) if sequenced => {
                 m.ops.push(KvOp::Removed { tier: Tier::Gpu, lane: LANE, exts: r.seq_hashes.clone() })
@@ -152,6 +153,7 @@ pub fn map_events(u: &Update) -> Mapped {
 mod tests {
     use super::super::pb::{self, Block, Event, Removed, Stored, StoredDigest};
     use super::*;
+    use prefixlog_state::BlockHashes;
 
     fn stored(parent: Option<u64>, blocks: &[(u64, u64)]) -> Event {
         let blocks =
@@ -186,9 +188,19 @@ mod tests {
         assert_eq!(
             m.ops,
             vec![
-                KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext: None, blocks: vec![(1, 11), (2, 12)] },
+                KvOp::Stored {
+                    tier: Tier::Gpu,
+                    lane: 0,
+                    parent_ext: None,
+                    blocks: [(1, 11), (2, 12)].map(BlockHashes::from).to_vec()
+                },
                 KvOp::Removed { tier: Tier::Gpu, lane: 0, exts: vec![7] },
-                KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext: Some(2), blocks: vec![(3, 13)] },
+                KvOp::Stored {
+                    tier: Tier::Gpu,
+                    lane: 0,
+                    parent_ext: Some(2),
+                    blocks: [(3, 13)].map(BlockHashes::from).to_vec()
+                },
             ]
         );
         assert!(m.placements.is_empty());

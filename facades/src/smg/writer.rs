@@ -27,12 +27,12 @@ use super::pb::{PublishAck, Update};
 use super::update::{self, Skipped, UpdateError};
 use super::{LANE, MAX_HOLDERS};
 use crate::names::{worker_id, SMG_SEED};
+use crate::writes::{caught_up_for, recorded_metadata_for, Subject, WriteRefused};
 use parking_lot::Mutex;
 use prefixlog_engine::{partition_of, HolderKey, KeyspaceId};
 use prefixlog_query::QueryService;
 use prefixlog_state::partition_state::FeedKey;
 use prefixlog_state::record::{encode_kv_events, encode_lifecycle, encode_placement};
-use prefixlog_state::settings::{StateSettings, METADATA_ENTRY_BYTES};
 use prefixlog_state::{token_of, KvOp, Landed, Lifecycle, LogAppend, LogError};
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -53,36 +53,30 @@ pub const GATEWAY: &str = "smg-facade";
 pub enum WriteError {
     #[error(transparent)]
     Update(#[from] UpdateError),
-    #[error("holder {name:?} maps to worker {worker:016x}, which is recorded for {other:?}: refused (two holders are never merged)")]
-    Collision { name: String, worker: u64, other: String },
-    #[error(
-        "this replica is not ready (it cannot vouch for the holder state it would continue); try another"
-    )]
-    NotReady,
-    #[error("this replica has not applied partition {partition} up to its high watermark {high} within {wait:?}: the holder's state is not known yet")]
-    NotCaughtUp { partition: u32, high: i64, wait: Duration },
+    /// A refusal the SGLang facade shares (collision, not ready, not caught up, publish, metadata).
+    #[error(transparent)]
+    Refused(#[from] WriteRefused),
     #[error(
         "epoch {epoch} is more than {max_step} above the holder's epoch {known}: refused (--max-epoch-step)"
     )]
     EpochJump { epoch: u64, known: u64, max_step: u64 },
     #[error("this facade already writes for {MAX_HOLDERS} holders; a new one is refused")]
     HolderTableFull,
-    #[error("appending to the log: {0}")]
-    Publish(#[from] LogError),
-    #[error("holder metadata (name, Added.metadata as hex, capacity) would be {bytes} bytes; the log takes at most {max}")]
-    MetadataTooLarge { bytes: u64, max: u64 },
+}
+
+impl From<LogError> for WriteError {
+    fn from(e: LogError) -> Self {
+        Self::Refused(e.into())
+    }
 }
 
 impl WriteError {
     pub fn status(&self) -> Status {
         match self {
             Self::Update(e) => e.status(),
-            Self::MetadataTooLarge { .. } => Status::invalid_argument(self.to_string()),
-            Self::Collision { .. } | Self::EpochJump { .. } => Status::failed_precondition(self.to_string()),
+            Self::Refused(e) => e.status(),
+            Self::EpochJump { .. } => Status::failed_precondition(self.to_string()),
             Self::HolderTableFull => Status::resource_exhausted(self.to_string()),
-            Self::NotReady | Self::NotCaughtUp { .. } | Self::Publish(_) => {
-                Status::unavailable(self.to_string())
-            }
         }
     }
 }
@@ -188,7 +182,7 @@ impl Writer {
     ) -> Result<Written, WriteError> {
         let ks = update::validate(u)?;
         if !self.query.view().readiness.is_ready() {
-            return Err(WriteError::NotReady);
+            return Err(WriteRefused::NotReady(Subject::Holder).into());
         }
         let mapped = update::map_events(u);
         self.load(worker, &u.holder, &mut guard, wait).await?;
@@ -369,7 +363,14 @@ impl Writer {
         }
         let st = guard.as_ref().expect("set above");
         if st.name != name {
-            return Err(WriteError::Collision { name: name.into(), worker, other: st.name.clone() });
+            let other = st.name.clone();
+            return Err(WriteRefused::Collision {
+                subject: Subject::Holder,
+                name: name.into(),
+                worker,
+                other,
+            }
+            .into());
         }
         Ok(())
     }
@@ -445,14 +446,12 @@ impl Writer {
     }
 
     async fn caught_up(&self, worker: u64, wait: Duration) -> Result<(), WriteError> {
-        let e = crate::writes::caught_up(&self.query, worker, wait).await.err();
-        e.map_or(Ok(()), |e| Err(WriteError::NotCaughtUp { partition: e.partition, high: e.high, wait }))
+        Ok(caught_up_for(Subject::Holder, &self.query, worker, wait).await?)
     }
 
     /// A holder as the replica recorded it (its first update in this process).
     fn recorded(&self, worker: u64, name: &str) -> Result<HolderState, WriteError> {
-        let metadata = crate::writes::recorded_metadata(&self.query, worker, META_HOLDER, name)
-            .map_err(|other| WriteError::Collision { name: name.into(), worker, other })?;
+        let metadata = recorded_metadata_for(Subject::Holder, &self.query, worker, META_HOLDER, name)?;
         Ok(HolderState { name: name.to_string(), metadata, feeds: HashMap::new() })
     }
 }
@@ -479,15 +478,9 @@ pub fn with_added(mut m: BTreeMap<String, String>, a: &super::pb::Added) -> BTre
     m
 }
 
-/// Refuses metadata the replica would refuse on apply (measured as it measures it).
+/// Refuses holder metadata the replica would refuse on apply ([`crate::writes::check_metadata_size`]).
 pub fn check_metadata_size(metadata: &BTreeMap<String, String>) -> Result<(), WriteError> {
-    let max = u64::from(StateSettings::default().max_worker_metadata_bytes);
-    let bytes: u64 =
-        metadata.iter().map(|(k, v)| (k.len() + v.len()) as u64 + u64::from(METADATA_ENTRY_BYTES)).sum();
-    if bytes > max {
-        return Err(WriteError::MetadataTooLarge { bytes, max });
-    }
-    Ok(())
+    Ok(crate::writes::check_metadata_size(Subject::Holder, metadata)?)
 }
 
 /// Lower-case hex (metadata values are strings; `Added.metadata` is bytes).

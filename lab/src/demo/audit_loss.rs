@@ -12,6 +12,7 @@ use super::policy_feeds::{Judged, Policy, WorkerIds};
 use super::report::Outcome;
 use prefixlog_audit::{judge_range, reconstruct, Decision, LossOptions, LossReport, Point};
 use prefixlog_ingest::LogSpec;
+use prefixlog_state::NextOffset;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::time::Instant;
@@ -95,7 +96,7 @@ pub fn compare(
     outcomes: &[Outcome],
 ) -> anyhow::Result<Comparison> {
     let ids = WorkerIds::new(workers, partitions);
-    let start = Point::Offsets((0..partitions).map(|p| (p, 0)).collect());
+    let start = Point::Offsets((0..partitions).map(|p| NextOffset::new(p, 0)).collect());
     let end = Point::Offsets(vec![]);
     let t = Instant::now();
     let plain = reconstruct(None, spec, &end, false)?;

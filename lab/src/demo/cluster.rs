@@ -7,7 +7,7 @@
 use prefixlog_ingest::{EmbeddedKafka, KafkaConnection, LogSpec};
 
 use prefixlog_node::{NodeOptions, ReplicaNode};
-use prefixlog_state::StateSettings;
+use prefixlog_state::{NextOffset, StateSettings};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -154,7 +154,7 @@ impl Cluster {
     }
 
     /// Waits until every replica applied everything below `token` (next offsets).
-    pub async fn wait_caught_up(&self, token: &[(u32, i64)], timeout: Duration) -> bool {
+    pub async fn wait_caught_up(&self, token: &[NextOffset], timeout: Duration) -> bool {
         let mut ok = true;
         for n in &self.nodes {
             ok &= n.status().wait_for(token, timeout).await;

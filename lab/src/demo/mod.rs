@@ -44,7 +44,7 @@ use prefixlog_client::tonic::Code;
 use prefixlog_client::{IndexClient, MatchOutcome, MatchQuery, Prompt, Unavailable};
 use prefixlog_ingest::Publisher;
 use prefixlog_state::record::encode_kv_events;
-use prefixlog_state::{KvOp, Tier};
+use prefixlog_state::{KvOp, NextOffset, Tier};
 use prefixlog_workload::{expand_request, load_trace, Fleet, TraceRequest};
 use report::{Answered, Outcome};
 use std::collections::BTreeMap;
@@ -172,7 +172,7 @@ impl Shared {
     /// Keeps, per partition, the token (next offset) covering every record landed so far.
     fn landed(&self, l: prefixlog_state::Landed) {
         self.published.fetch_add(1, Ordering::Relaxed);
-        let (p, next) = l.token();
+        let NextOffset { partition: p, offset: next } = l.token();
         let mut m = self.landed.lock();
         let e = m.entry(p).or_insert(next);
         *e = (*e).max(next);
@@ -212,8 +212,8 @@ impl Index {
         &self,
         locals: &[u64],
         tiers: Option<u32>,
-        token: &[(u32, i64)],
-    ) -> (Answered, Vec<(u32, u32)>, Vec<(u32, i64)>, bool) {
+        token: &[NextOffset],
+    ) -> (Answered, Vec<(u32, u32)>, Vec<NextOffset>, bool) {
         match self {
             Index::Native { client, .. } => {
                 let mut q = MatchQuery::new(keyspace(), Prompt::Hashes(locals.to_vec())).at_least(token);
@@ -222,7 +222,9 @@ impl Index {
                 }
                 let behind = |a: &prefixlog_client::Answer| {
                     a.stale
-                        || token.iter().any(|&(p, need)| a.applied.iter().any(|&(q, at)| q == p && at < need))
+                        || token.iter().any(|t| {
+                            a.applied.iter().any(|a| a.partition == t.partition && a.offset < t.offset)
+                        })
                 };
                 match client.match_prompt(&q).await {
                     MatchOutcome::Scores(a) => {
@@ -263,9 +265,9 @@ impl Index {
         &self,
         chosen: u32,
         locals: &[u64],
-        applied: &[(u32, i64)],
+        applied: &[NextOffset],
         s: &Shared,
-    ) -> Option<(u32, i64)> {
+    ) -> Option<NextOffset> {
         match self {
             Index::Native { publisher, name, .. } => {
                 let id = u64::from(chosen);
@@ -292,8 +294,8 @@ async fn gateway(
     while let Some((i, req)) = rx.recv().await {
         let mut chain = expand_request(&req, 0, s.stretch);
         chain.truncate(s.capacity);
-        let locals: Vec<u64> = chain.iter().map(|b| b.1).collect();
-        let token: Vec<(u32, i64)> = own.iter().map(|(&p, &o)| (p, o)).collect();
+        let locals: Vec<u64> = chain.iter().map(|b| b.local).collect();
+        let token: Vec<NextOffset> = own.iter().map(|(&p, &o)| NextOffset::new(p, o)).collect();
         let window = s.clock.window();
         let t = Instant::now();
         let (answered, depths, applied, stale) =
@@ -325,7 +327,9 @@ async fn gateway(
             (chosen, hit, oracle, lc, local, [shared_judged, local_judged, rr_judged], shadow)
         };
         tree.routed(local_choice, &locals, req.timestamp_ms + 1);
-        if let Some((p, next)) = index.place(chosen, &locals, &applied, &s).await {
+        if let Some(NextOffset { partition: p, offset: next }) =
+            index.place(chosen, &locals, &applied, &s).await
+        {
             if s.read_your_writes {
                 let e = own.entry(p).or_insert(next);
                 *e = (*e).max(next);
@@ -539,11 +543,11 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         s.published.store(counters.acked.load(Ordering::Relaxed), Ordering::Relaxed);
         let all: Vec<u32> = (0..a.partitions).collect();
         for l in publisher.publish_ticks(&all, None).await? {
-            let (p, next) = l.token();
-            s.landed.lock().insert(p, next);
+            let next = l.token();
+            s.landed.lock().insert(next.partition, next.offset);
         }
     }
-    let token: Vec<(u32, i64)> = s.landed.lock().iter().map(|(&p, &o)| (p, o)).collect();
+    let token: Vec<NextOffset> = s.landed.lock().iter().map(|(&p, &o)| NextOffset::new(p, o)).collect();
     caught_up &= cluster.wait_caught_up(&token, Duration::from_secs(60)).await;
     let seconds = start.elapsed().as_secs_f64();
     ticker.abort();

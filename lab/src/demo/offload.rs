@@ -5,7 +5,7 @@
 //! caused them (the copy is made while the block is still on the GPU), host evictions as
 //! removals on the `host` tier.
 
-use prefixlog_state::{KvOp, Tier};
+use prefixlog_state::{BlockHashes, KvOp, Tier};
 use prefixlog_workload::{Event, Fleet};
 use std::collections::{BTreeMap, HashMap};
 
@@ -59,9 +59,9 @@ impl HostTier {
 
     /// The contiguous prefix of `chain` the worker holds on its GPU or its host, each position
     /// credited to the GPU when both hold it.
-    pub fn hit(&self, gpu: &Fleet, worker: u32, chain: &[(u64, u64)]) -> TierHit {
+    pub fn hit(&self, gpu: &Fleet, worker: u32, chain: &[BlockHashes]) -> TierHit {
         let mut h = TierHit::default();
-        for &(ext, _) in chain {
+        for &BlockHashes { ext, .. } in chain {
             if gpu.holds(worker, ext) {
                 h.gpu += 1;
             } else if self.holds(worker, ext) {
@@ -75,15 +75,15 @@ impl HostTier {
 
     /// Serves `chain` on `worker`: the GPU cache's events, with the offloads they cause, as
     /// KV ops in publish order.
-    pub fn serve(&mut self, gpu: &mut Fleet, worker: u32, chain: &[(u64, u64)]) -> Vec<KvOp> {
+    pub fn serve(&mut self, gpu: &mut Fleet, worker: u32, chain: &[BlockHashes]) -> Vec<KvOp> {
         self.touch(worker, chain);
         let mut ops = Vec::new();
         let events = gpu.serve(worker, chain);
         for ev in events {
             match ev {
                 Event::Stored { parent_ext, blocks, .. } => {
-                    let parents = std::iter::once(parent_ext).chain(blocks.iter().map(|b| Some(b.0)));
-                    for (&(ext, local), parent) in blocks.iter().zip(parents) {
+                    let parents = std::iter::once(parent_ext).chain(blocks.iter().map(|b| Some(b.ext)));
+                    for (&BlockHashes { ext, local }, parent) in blocks.iter().zip(parents) {
                         self.known.insert(ext, (local, parent));
                     }
                     ops.push(KvOp::Stored { tier: Tier::Gpu, lane: 0, parent_ext, blocks });
@@ -100,9 +100,9 @@ impl HostTier {
     }
 
     /// Refreshes the host copies of the request's blocks (a host hit is a use).
-    fn touch(&mut self, worker: u32, chain: &[(u64, u64)]) {
+    fn touch(&mut self, worker: u32, chain: &[BlockHashes]) {
         let c = &mut self.caches[worker as usize];
-        for &(ext, _) in chain.iter().rev() {
+        for &BlockHashes { ext, .. } in chain.iter().rev() {
             if let Some(old) = c.stamp_of.get_mut(&ext) {
                 c.by_stamp.remove(old);
                 self.clock += 1;
@@ -132,14 +132,14 @@ impl HostTier {
             c.stamp_of.insert(ext, self.clock);
             c.by_stamp.insert(self.clock, ext);
             match stores.last_mut() {
-                Some(KvOp::Stored { blocks, .. }) if blocks.last().map(|b| Some(b.0)) == Some(parent) => {
-                    blocks.push((ext, local));
+                Some(KvOp::Stored { blocks, .. }) if blocks.last().map(|b| Some(b.ext)) == Some(parent) => {
+                    blocks.push(BlockHashes { ext, local });
                 }
                 _ => stores.push(KvOp::Stored {
                     tier: Tier::Host,
                     lane: 0,
                     parent_ext: parent,
-                    blocks: vec![(ext, local)],
+                    blocks: vec![BlockHashes { ext, local }],
                 }),
             }
         }
@@ -163,14 +163,14 @@ mod tests {
     use super::*;
     use prefixlog_engine::{HolderKey, Keyspace, KeyspaceId, MatchOptions};
 
-    fn chain(base: u64, n: u64) -> Vec<(u64, u64)> {
-        (0..n).map(|i| (base + i, 1000 + base + i)).collect()
+    fn chain(base: u64, n: u64) -> Vec<BlockHashes> {
+        (0..n).map(|i| BlockHashes::new(base + i, 1000 + base + i)).collect()
     }
 
     /// The ops a worker publishes, applied to an engine keyspace, give the engine the same
     /// combined hit, split the same way, as the simulation's own caches.
-    fn engine_hit(ks: &Keyspace, c: &[(u64, u64)]) -> TierHit {
-        let locals: Vec<u64> = c.iter().map(|b| b.1).collect();
+    fn engine_hit(ks: &Keyspace, c: &[BlockHashes]) -> TierHit {
+        let locals: Vec<u64> = c.iter().map(|b| b.local).collect();
         let m = ks.match_chain(&locals, &MatchOptions::default());
         let Some(m) = m.first() else { return TierHit::default() };
         if m.runs().is_empty() {

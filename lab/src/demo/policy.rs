@@ -4,7 +4,7 @@
 //! differs between modes.
 
 use prefixlog_engine::{EngineConfig, HolderKey, Keyspace, KeyspaceId, MatchOptions};
-use prefixlog_workload::Fleet;
+use prefixlog_workload::{BlockHashes, Fleet};
 
 /// Recent load per worker: requests routed to it, decayed by `DECAY` per request routed
 /// anywhere (a stand-in for the queue-depth metric real routers scrape from workers).
@@ -45,7 +45,7 @@ impl Load {
 const LOAD_COST: f64 = 16.0;
 
 /// The oracle's depths: what every worker's cache really holds right now.
-pub fn oracle_depths(fleet: &Fleet, chain: &[(u64, u64)]) -> Vec<(u32, u32)> {
+pub fn oracle_depths(fleet: &Fleet, chain: &[BlockHashes]) -> Vec<(u32, u32)> {
     (0..fleet.len() as u32).map(|w| (w, fleet.cached_prefix(w, chain) as u32)).collect()
 }
 

@@ -20,7 +20,7 @@ use super::Shared;
 use prefixlog_engine::{partition_of, HolderKey, KeyspaceId};
 use prefixlog_ingest::Publisher;
 use prefixlog_state::record::{encode_kv_events, encode_placement_with_policy};
-use prefixlog_state::KvOp;
+use prefixlog_state::{BlockHashes, KvOp, NextOffset};
 use prefixlog_workload::Fleet;
 use std::sync::Arc;
 use tokio::sync::mpsc;
@@ -71,7 +71,7 @@ pub struct Judged {
 
 impl Judged {
     /// Before the chosen worker serves the request.
-    pub fn of(fleet: &Fleet, host: &HostTier, chosen: u32, chain: &[(u64, u64)]) -> Self {
+    pub fn of(fleet: &Fleet, host: &HostTier, chosen: u32, chain: &[BlockHashes]) -> Self {
         let depth = |w: u32| {
             let h = host.hit(fleet, w, chain);
             h.gpu + h.host
@@ -132,7 +132,7 @@ impl RoundRobin {
     }
 
     /// Routes request `i`: the decision as judged live, and the KV ops its serving caused.
-    pub fn route(&mut self, i: usize, chain: &[(u64, u64)]) -> (Judged, Vec<KvOp>) {
+    pub fn route(&mut self, i: usize, chain: &[BlockHashes]) -> (Judged, Vec<KvOp>) {
         let w = (i % self.fleet.len()) as u32;
         let judged = Judged::of(&self.fleet, &self.host, w, chain);
         (judged, self.host.serve(&mut self.fleet, w, chain))
@@ -199,9 +199,9 @@ impl Feeds {
 
     /// The offsets every record published so far had landed at, on every partition (0 where
     /// none had): a shadow policy's token.
-    fn landed_token(&self, s: &Shared) -> Vec<(u32, i64)> {
+    fn landed_token(&self, s: &Shared) -> Vec<NextOffset> {
         let landed = s.landed.lock();
-        (0..self.partitions).map(|p| (p, landed.get(&p).copied().unwrap_or(0))).collect()
+        (0..self.partitions).map(|p| NextOffset::new(p, landed.get(&p).copied().unwrap_or(0))).collect()
     }
 
     /// Queues a shadow worker's ops, in order.
@@ -234,7 +234,7 @@ async fn publish_events(
 /// The shadow policies' placements of one request, `(policy, worker id)`, and their token.
 pub struct ShadowPlacements {
     pub placements: [(Policy, u64); 2],
-    pub token: Vec<(u32, i64)>,
+    pub token: Vec<NextOffset>,
 }
 
 /// Publishes a decision as a placement naming its policy; returns its token (partition, next
@@ -246,9 +246,9 @@ pub async fn place(
     gateway: &str,
     worker_id: u64,
     locals: &[u64],
-    token: &[(u32, i64)],
+    token: &[NextOffset],
     s: &Shared,
-) -> Option<(u32, i64)> {
+) -> Option<NextOffset> {
     let holder = HolderKey::new(worker_id, 0, 0);
     let v = encode_placement_with_policy(&policy.keyspace(), holder, locals, token, gateway, policy.name());
     match publisher.publish_raw(holder.worker, &v, None).await {
@@ -297,7 +297,7 @@ mod tests {
     fn judged_against_every_worker_of_the_fleet() {
         let mut fleet = Fleet::new(3, 100);
         let host = HostTier::new(3, 0);
-        let chain = [(11, 1), (12, 2), (13, 3)];
+        let chain = [(11, 1), (12, 2), (13, 3)].map(BlockHashes::from);
         fleet.serve(2, &chain);
         fleet.serve(1, &chain[..1]);
         let j = Judged::of(&fleet, &host, 1, &chain);

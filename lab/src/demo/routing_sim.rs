@@ -13,7 +13,7 @@
 
 use super::policy::{oracle_depths, Load, LocalTree};
 use prefixlog_engine::{EngineConfig, HolderKey, Keyspace, KeyspaceId, MatchOptions};
-use prefixlog_workload::{expand_request, load_trace, Event, Fleet};
+use prefixlog_workload::{expand_request, load_trace, BlockHashes, Event, Fleet};
 use std::collections::VecDeque;
 
 #[derive(clap::Args, Clone, Debug)]
@@ -48,7 +48,7 @@ enum Mode {
     Oracle,
 }
 
-fn simulate(a: &Args, chains: &[(u64, Vec<(u64, u64)>)], gateways: usize, mode: Mode) -> f64 {
+fn simulate(a: &Args, chains: &[(u64, Vec<BlockHashes>)], gateways: usize, mode: Mode) -> f64 {
     let mut fleet = Fleet::new(a.workers, a.capacity);
     let mut load = Load::new(a.workers);
     let mut trees: Vec<LocalTree> = (0..gateways).map(|_| LocalTree::new(a.capacity)).collect();
@@ -56,7 +56,7 @@ fn simulate(a: &Args, chains: &[(u64, Vec<(u64, u64)>)], gateways: usize, mode: 
     let mut pending: VecDeque<(usize, Event)> = VecDeque::new();
     let (mut hit, mut total) = (0u64, 0u64);
     for (i, (t, chain)) in chains.iter().enumerate() {
-        let locals: Vec<u64> = chain.iter().map(|b| b.1).collect();
+        let locals: Vec<u64> = chain.iter().map(|b| b.local).collect();
         while pending.front().is_some_and(|(at, _)| at + a.lag <= i) {
             let (_, ev) = pending.pop_front().expect("non-empty");
             match ev {
@@ -96,7 +96,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if a.requests > 0 {
         trace.truncate(a.requests);
     }
-    let chains: Vec<(u64, Vec<(u64, u64)>)> = trace
+    let chains: Vec<(u64, Vec<BlockHashes>)> = trace
         .iter()
         .map(|r| {
             let mut c = expand_request(r, 0, a.stretch);

@@ -111,7 +111,7 @@ pub async fn worker_feed(
                 parent_seq_hash: parent_ext,
                 blocks: blocks
                     .into_iter()
-                    .map(|(seq_hash, content_hash)| Block { seq_hash, content_hash })
+                    .map(|b| Block { seq_hash: b.ext, content_hash: b.local })
                     .collect(),
             }),
             KvOp::Removed { exts, .. } => {
