@@ -1,4 +1,5 @@
-//! Identifiers every layer shares, with no dependency at all: the keyspace a block belongs to,
+//! Identifiers every layer shares, with no dependency at all (serde derives only behind the
+//! `serde` feature, which checkpoints use): the keyspace a block belongs to,
 //! and where a published record landed (the consistency token). Their own crate so the gateway
 //! client (`prefixlog-client`) names them without linking the engine or librdkafka, and the
 //! engine stays free of the gRPC stack; the engine and ingest re-export them.
@@ -12,6 +13,7 @@ use std::fmt;
 
 /// A keyspace: blocks only match within one model, block size and hash scheme.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct KeyspaceId {
     pub model: String,
     pub block_size: u32,

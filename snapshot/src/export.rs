@@ -3,11 +3,11 @@
 //! meta, partition state and keyspace values, every one verified on the way in.
 
 use crate::capture::Capture;
-use crate::codec::{self, Reader, Writer};
+use crate::codec::{self, DecodeError};
 use crate::error::{damaged, verify, Damage, Part, StoreError};
 use crate::format::FORMAT_VERSION;
 use crate::meta::{
-    covered, decode_meta, encode_meta, meta_of, verify_keyspace, CheckpointMeta, EncodedKeyspace,
+    covered, decode_meta_named, encode_meta, meta_of, verify_keyspace, CheckpointMeta, EncodedKeyspace,
 };
 use prefixlog_engine::{EngineConfig, ImageError, Keyspace, KeyspaceDump, KeyspaceId, RebuildError};
 use prefixlog_state::{DigestPoint, LogIdentity, PartitionState};
@@ -92,40 +92,57 @@ pub(crate) fn decode_loaded(
             // checks the keyspace's checksum.
             StoredKeyspace::Image(VerifiedImage(bytes))
         } else {
-            StoredKeyspace::Dump(crate::dump_codec::decode_keyspace(&bytes)?)
+            StoredKeyspace::Dump(crate::upgrade::dump::decode_keyspace(&bytes)?)
         };
         keyspaces.push(LoadedKeyspace { id: e.id.clone(), holder_blocks: e.holder_blocks, state });
     }
     Ok(Loaded { meta, partitions, points, keyspaces })
 }
 
+/// An export: the magic, then the meta, the partition value and each keyspace value, each
+/// after its `u64` little-endian length (the framing of every format).
 pub(crate) fn pack_export(meta: &CheckpointMeta, pbytes: &[u8], ks: &[&[u8]]) -> Vec<u8> {
-    let mut w = Writer::default();
-    w.buf.extend_from_slice(EXPORT_MAGIC);
-    w.bytes(&encode_meta(meta));
-    w.bytes(pbytes);
-    for b in ks {
-        w.bytes(b);
+    let mb = encode_meta(meta);
+    let values = [&mb[..], pbytes].into_iter().chain(ks.iter().copied());
+    let mut out = EXPORT_MAGIC.to_vec();
+    for v in values {
+        out.extend_from_slice(&(v.len() as u64).to_le_bytes());
+        out.extend_from_slice(v);
     }
-    w.buf
+    out
+}
+
+/// The next length-prefixed value of an export, taken off the front of `rest` (of the
+/// `total` bytes after the magic).
+fn next_value<'a>(rest: &mut &'a [u8], total: usize) -> Result<&'a [u8], DecodeError> {
+    let at = total - rest.len();
+    let truncated = |need| DecodeError::Truncated { at, need };
+    let (len, tail) = rest.split_first_chunk::<8>().ok_or(truncated(8))?;
+    let len = u64::from_le_bytes(*len);
+    let len = usize::try_from(len).ok().filter(|&n| n <= tail.len());
+    let len = len.ok_or(DecodeError::LengthExceedsValue(tail.len()))?;
+    let (value, tail) = tail.split_at(len);
+    *rest = tail;
+    Ok(value)
 }
 
 /// The verified parts of an export (meta id = the exporting store's id).
 pub(crate) fn unpack_export(data: &[u8]) -> Result<ExportParts<'_>, StoreError> {
     let rest = data.strip_prefix(EXPORT_MAGIC).ok_or(damaged(0, Part::Export, Damage::NotAnExport))?;
-    let mut r = Reader::new(rest);
-    let mb = r.bytes()?;
-    let peer_id = mb.get(4..12).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes"))).unwrap_or(0);
-    let meta = decode_meta(peer_id, mb)?;
-    let pbytes = r.bytes()?;
+    let (mut r, total) = (rest, rest.len());
+    let mb = next_value(&mut r, total)?;
+    let meta = decode_meta_named(0, mb)?;
+    let pbytes = next_value(&mut r, total)?;
     verify(meta.id, Part::PartitionState, pbytes, meta.partitions_len, meta.partitions_checksum)?;
     let mut ks = Vec::with_capacity(meta.keyspaces.len());
     for e in &meta.keyspaces {
-        let b = r.bytes()?;
+        let b = next_value(&mut r, total)?;
         verify_keyspace(meta.id, meta.format, e, b)?;
         ks.push(b);
     }
-    r.done()?;
+    if !r.is_empty() {
+        return Err(DecodeError::TrailingBytes(r.len()).into());
+    }
     Ok((meta, pbytes, ks))
 }
 
@@ -147,7 +164,7 @@ pub fn encode_export(identity: &LogIdentity, state: &Capture, created_unix_ms: u
 
 /// A capture's partition value (this build's format) and its keyspaces as stored.
 pub(crate) fn encode_parts(state: &Capture) -> (Vec<u8>, Vec<EncodedKeyspace<'_>>) {
-    let pbytes = codec::encode_partitions_and_points(&state.partitions, &state.points);
+    let pbytes = codec::encode_partition_value(&state.partitions, &state.points);
     let ks = state.keyspaces.iter().map(|k| (k.id.clone(), k.bytes.as_slice(), k.holder_blocks)).collect();
     (pbytes, ks)
 }

@@ -9,10 +9,13 @@
 /// a restart tells this log from a recreated one that has grown past the checkpoint.
 /// 5: the partition value also carries every partition's recorded digest points, so a restarted
 /// replica compares with its peers as far back as before the restart.
-pub const FORMAT_VERSION: u32 = 5;
+/// 6: metas and partition values are serde types encoded with postcard ([`crate::codec`])
+/// instead of hand-laid fields; keyspaces are still engine images. Formats 2 to 5 are read by
+/// [`crate::upgrade`].
+pub const FORMAT_VERSION: u32 = 6;
 
-/// Formats this build restores: its own, and formats 2 to 4 (so that an upgraded replica
+/// Formats this build restores: its own, and formats 2 to 5 (so that an upgraded replica
 /// restores its own and its peers' checkpoints rather than needing the whole log; formats 2
 /// and 3 have no fingerprints, so only their offsets are checked against the log; formats
 /// before 5 have no digest points, so anti-entropy starts comparing at the next point).
-pub const READABLE_FORMATS: [u32; 4] = [2, 3, 4, FORMAT_VERSION];
+pub const READABLE_FORMATS: [u32; 5] = [2, 3, 4, 5, FORMAT_VERSION];

@@ -23,14 +23,14 @@
 //! - [`format`]: the checkpoint formats this build writes ([`FORMAT_VERSION`]) and reads.
 //! - [`error`]: [`StoreError`] with the damaged [`Part`] and the [`Damage`].
 //! - `pages`: fresh buffers mapped in one call before a bulk write (capture, restore read).
-//! - [`codec`]: the hand-laid encoding of metas and partition states (keyspaces are engine
-//!   images: `prefixlog_engine::persist::image`); [`dump_codec`]: format-2 keyspace values
-//!   (columnar dumps), still restored after an upgrade.
+//! - [`codec`]: metas and partition states as serde types in postcard, with the typed
+//!   [`codec::DecodeError`] (keyspaces are engine images: `prefixlog_engine::persist::image`).
+//! - [`upgrade`]: reading the formats before it (2 to 5: hand-laid metas and partition values,
+//!   format-2 columnar dumps), so an upgraded replica still restores older checkpoints.
 
 pub mod capture;
 pub mod checkpoint;
 pub mod codec;
-pub mod dump_codec;
 pub mod error;
 pub mod export;
 pub mod format;
@@ -39,6 +39,7 @@ pub mod meta;
 mod pages;
 pub mod store;
 pub mod stream;
+pub mod upgrade;
 
 pub use capture::{capture, capture_sound, Capture, KeyspaceImage};
 pub use checkpoint::{checkpoint, export_partitions, newest_usable, restore, restore_for, RestoreError};

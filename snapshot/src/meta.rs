@@ -2,11 +2,12 @@
 //! covers, and the length and checksum of every value — itself checksummed, so a damaged meta
 //! is detected before anything else is read.
 
-use crate::codec::{self, Reader, Writer};
+use crate::codec::{self, DecodeError};
 use crate::error::{damaged, Damage, Part, StoreError};
-use crate::format::READABLE_FORMATS;
+use crate::format::{FORMAT_VERSION, READABLE_FORMATS};
 use prefixlog_engine::KeyspaceId;
 use prefixlog_state::{LogIdentity, NextOffset, StateSettings};
+use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::xxh3_64;
 
 /// Keyspace values are stored in chunks of at most this many bytes.
@@ -58,7 +59,7 @@ pub(crate) fn verify_keyspace(
 /// A keyspace's image as stored: id, bytes, holder-blocks.
 pub(crate) type EncodedKeyspace<'a> = (KeyspaceId, &'a [u8], u64);
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KeyspaceEntry {
     pub id: KeyspaceId,
     pub chunks: u32,
@@ -90,6 +91,16 @@ pub struct CheckpointMeta {
 }
 
 impl CheckpointMeta {
+    /// This meta as a checkpoint stores it (format, body, checksum).
+    pub fn encode(&self) -> Vec<u8> {
+        encode_meta(self)
+    }
+
+    /// The meta of checkpoint `id` from its stored bytes, checksum, format and contents checked.
+    pub fn decode(id: u64, bytes: &[u8]) -> Result<Self, StoreError> {
+        decode_meta(id, bytes)
+    }
+
     pub fn holder_blocks(&self) -> u64 {
         self.keyspaces.iter().map(|k| k.holder_blocks).sum()
     }
@@ -110,134 +121,132 @@ impl CheckpointMeta {
     }
 }
 
-pub(crate) fn encode_meta(m: &CheckpointMeta) -> Vec<u8> {
-    let mut w = Writer::default();
-    w.u32(m.format);
-    w.u64(m.id);
-    w.u64(m.created_unix_ms);
-    w.str(&m.identity.cluster_id);
-    w.str(&m.identity.topic);
-    w.u32(m.identity.partitions);
-    w.bytes(&m.identity.settings.encode());
-    w.u64(m.identity.owned.len() as u64);
-    for &p in &m.identity.owned {
-        w.u32(p);
-    }
-    w.u64(m.offsets.len() as u64);
-    for (o, t) in m.offsets.iter().zip(&m.log_times) {
-        w.i64(*o);
-        w.u64(*t);
-    }
-    w.u64(m.partitions_len);
-    w.u64(m.partitions_checksum);
-    w.u64(m.digests.len() as u64);
-    for &d in &m.digests {
-        w.u64(d);
-    }
-    if m.format >= 4 {
-        w.u64(m.marks.len() as u64);
-        for &x in &m.marks {
-            w.u64(x);
-        }
-    }
-    w.u64(m.keyspaces.len() as u64);
-    for k in &m.keyspaces {
-        codec::put_keyspace_id(&mut w, &k.id);
-        w.u32(k.chunks);
-        w.u64(k.bytes);
-        w.u64(k.checksum);
-        w.u64(k.holder_blocks);
-    }
-    let sum = xxh3_64(&w.buf);
-    w.u64(sum);
-    w.buf
+/// A meta of format 6 on, after its format: the fields in postcard (the identity's settings as
+/// their own versioned bytes, which the peer protocol shares: `StateSettings::encode`).
+#[derive(Serialize, Deserialize)]
+struct MetaRecord {
+    id: u64,
+    created_unix_ms: u64,
+    cluster_id: String,
+    topic: String,
+    partitions: u32,
+    owned: Vec<u32>,
+    settings: Vec<u8>,
+    offsets: Vec<i64>,
+    log_times: Vec<u64>,
+    partitions_len: u64,
+    partitions_checksum: u64,
+    digests: Vec<u64>,
+    marks: Vec<u64>,
+    keyspaces: Vec<KeyspaceEntry>,
 }
 
+impl MetaRecord {
+    fn of(m: &CheckpointMeta) -> Self {
+        let i = &m.identity;
+        MetaRecord {
+            id: m.id,
+            created_unix_ms: m.created_unix_ms,
+            cluster_id: i.cluster_id.clone(),
+            topic: i.topic.clone(),
+            partitions: i.partitions,
+            owned: i.owned.clone(),
+            settings: i.settings.encode(),
+            offsets: m.offsets.clone(),
+            log_times: m.log_times.clone(),
+            partitions_len: m.partitions_len,
+            partitions_checksum: m.partitions_checksum,
+            digests: m.digests.clone(),
+            marks: m.marks.clone(),
+            keyspaces: m.keyspaces.clone(),
+        }
+    }
+
+    fn into_meta(self, format: u32, err_id: u64) -> Result<CheckpointMeta, StoreError> {
+        let settings = StateSettings::decode(&self.settings)
+            .map_err(|what| StoreError::Settings { id: err_id, what })?;
+        let (cluster_id, topic, partitions, owned) =
+            (self.cluster_id, self.topic, self.partitions, self.owned);
+        Ok(CheckpointMeta {
+            id: self.id,
+            format,
+            created_unix_ms: self.created_unix_ms,
+            identity: LogIdentity { cluster_id, topic, partitions, owned, settings },
+            offsets: self.offsets,
+            log_times: self.log_times,
+            partitions_len: self.partitions_len,
+            partitions_checksum: self.partitions_checksum,
+            keyspaces: self.keyspaces,
+            digests: self.digests,
+            marks: self.marks,
+        })
+    }
+}
+
+/// A meta as stored, in every format: its `u32` format (little-endian), its body (postcard from
+/// format 6; hand-laid before, [`crate::upgrade::meta`]), then the xxh3-64 of all before it.
+pub(crate) fn encode_meta(m: &CheckpointMeta) -> Vec<u8> {
+    let mut buf = m.format.to_le_bytes().to_vec();
+    if m.format >= FORMAT_VERSION {
+        buf.extend_from_slice(&codec::encode(&MetaRecord::of(m)));
+    } else {
+        crate::upgrade::meta::put_body(m, &mut buf);
+    }
+    let sum = xxh3_64(&buf);
+    buf.extend_from_slice(&sum.to_le_bytes());
+    buf
+}
+
+/// The meta of checkpoint `id`, checksum, format and contents checked.
 pub(crate) fn decode_meta(id: u64, buf: &[u8]) -> Result<CheckpointMeta, StoreError> {
-    if buf.len() < 8 {
-        return Err(damaged(id, Part::Meta, Damage::Length { expected: 8, found: buf.len() as u64 }));
+    let meta = decode_meta_named(id, buf)?;
+    if meta.id != id {
+        return Err(damaged(id, Part::Meta, Damage::WrongId(meta.id)));
+    }
+    Ok(meta)
+}
+
+/// A meta whatever id it carries (an export's: the exporting store's); `err_id` names the
+/// checkpoint in errors until the meta says its id.
+pub(crate) fn decode_meta_named(err_id: u64, buf: &[u8]) -> Result<CheckpointMeta, StoreError> {
+    let id = err_id;
+    if buf.len() < 12 {
+        return Err(damaged(id, Part::Meta, Damage::Length { expected: 12, found: buf.len() as u64 }));
     }
     let (body, sum) = buf.split_at(buf.len() - 8);
     if xxh3_64(body) != u64::from_le_bytes(sum.try_into().expect("8 bytes")) {
         return Err(damaged(id, Part::Meta, Damage::Checksum));
     }
-    let mut r = Reader::new(body);
-    let format = r.u32()?;
+    let (format, body) = body.split_at(4);
+    let format = u32::from_le_bytes(format.try_into().expect("4 bytes"));
     if !READABLE_FORMATS.contains(&format) {
         return Err(StoreError::Format { id, found: format });
     }
-    let mid = r.u64()?;
-    if mid != id {
-        return Err(damaged(id, Part::Meta, Damage::WrongId(mid)));
-    }
-    let created_unix_ms = r.u64()?;
-    let (cluster_id, topic, partitions) = (r.str()?, r.str()?, r.u32()?);
-    let settings = StateSettings::decode(r.bytes()?).map_err(|what| StoreError::Settings { id, what })?;
-    let n_owned = r.len(4)?;
-    let mut owned = Vec::with_capacity(n_owned);
-    for _ in 0..n_owned {
-        owned.push(r.u32()?);
-    }
+    let meta = if format >= FORMAT_VERSION {
+        codec::decode::<MetaRecord>(body)?.into_meta(format, id)?
+    } else {
+        crate::upgrade::meta::decode_body(format, body, id)?
+    };
+    check_counts(&meta)?;
+    Ok(meta)
+}
+
+/// The covered partitions ascending and in range; one offset, log time and (format 4 on) one
+/// record mark per partition of the log.
+fn check_counts(m: &CheckpointMeta) -> Result<(), DecodeError> {
+    let (owned, partitions) = (&m.identity.owned, m.identity.partitions);
     if owned.iter().any(|&p| p >= partitions) || owned.windows(2).any(|w| w[0] >= w[1]) {
-        return Err(codec::DecodeError::CoveredPartitions.into());
+        return Err(DecodeError::CoveredPartitions);
     }
-    let identity = LogIdentity { cluster_id, topic, partitions, owned, settings };
-    let n = r.len(16)?;
-    if n != partitions as usize {
-        return Err(codec::DecodeError::PerPartitionCount { what: "offsets", found: n, partitions }.into());
-    }
-    let (mut offsets, mut log_times) = (Vec::with_capacity(n), Vec::with_capacity(n));
-    for _ in 0..n {
-        offsets.push(r.i64()?);
-        log_times.push(r.u64()?);
-    }
-    let partitions_len = r.u64()?;
-    let partitions_checksum = r.u64()?;
-    let nd = r.len(8)?;
-    let mut digests = Vec::with_capacity(nd);
-    for _ in 0..nd {
-        digests.push(r.u64()?);
-    }
-    let mut marks = Vec::new();
-    if format >= 4 {
-        let nm = r.len(8)?;
-        if nm != partitions as usize {
-            return Err(codec::DecodeError::PerPartitionCount {
-                what: "record marks",
-                found: nm,
-                partitions,
-            }
-            .into());
-        }
-        for _ in 0..nm {
-            marks.push(r.u64()?);
+    let marks = if m.format >= 4 { m.marks.len() } else { partitions as usize };
+    for (what, found) in
+        [("offsets", m.offsets.len()), ("log times", m.log_times.len()), ("record marks", marks)]
+    {
+        if found != partitions as usize {
+            return Err(DecodeError::PerPartitionCount { what, found, partitions });
         }
     }
-    let nk = r.len(36)?;
-    let mut keyspaces = Vec::with_capacity(nk);
-    for _ in 0..nk {
-        keyspaces.push(KeyspaceEntry {
-            id: codec::get_keyspace_id(&mut r)?,
-            chunks: r.u32()?,
-            bytes: r.u64()?,
-            checksum: r.u64()?,
-            holder_blocks: r.u64()?,
-        });
-    }
-    r.done()?;
-    Ok(CheckpointMeta {
-        id,
-        format,
-        created_unix_ms,
-        identity,
-        offsets,
-        log_times,
-        partitions_len,
-        partitions_checksum,
-        keyspaces,
-        digests,
-        marks,
-    })
+    Ok(())
 }
 
 /// The meta of a checkpoint whose values are `pbytes` and `ks` (each keyspace stored in

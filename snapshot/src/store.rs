@@ -316,8 +316,8 @@ impl CheckpointStore {
         digests: &[u64],
         dumps: &[prefixlog_engine::KeyspaceDump],
     ) -> Result<CheckpointMeta, StoreError> {
-        let pbytes = crate::codec::encode_partitions(partitions);
-        let values: Vec<Vec<u8>> = dumps.iter().map(crate::dump_codec::encode_keyspace).collect();
+        let pbytes = crate::upgrade::partitions::encode_partitions(partitions);
+        let values: Vec<Vec<u8>> = dumps.iter().map(crate::upgrade::dump::encode_keyspace).collect();
         let ks: Vec<EncodedKeyspace> =
             dumps.iter().zip(&values).map(|(d, v)| (d.id.clone(), v.as_slice(), d.holder_blocks())).collect();
         self.write_encoded(2, identity, covered(partitions, digests), &pbytes, &ks, 0)
@@ -331,7 +331,7 @@ impl CheckpointStore {
         identity: &LogIdentity,
         state: &Capture,
     ) -> Result<CheckpointMeta, StoreError> {
-        let pbytes = crate::codec::encode_partitions(&state.partitions);
+        let pbytes = crate::upgrade::partitions::encode_partitions(&state.partitions);
         let ks: Vec<EncodedKeyspace> =
             state.keyspaces.iter().map(|k| (k.id.clone(), k.bytes.as_slice(), k.holder_blocks)).collect();
         self.write_encoded(4, identity, covered(&state.partitions, &state.digests), &pbytes, &ks, 0)

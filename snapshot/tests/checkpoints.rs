@@ -3,8 +3,8 @@
 
 use prefixlog_engine::{partition_of, EngineConfig, HolderKey, KeyspaceId, MatchOptions};
 use prefixlog_snapshot::{
-    checkpoint, codec, decode_export, export_partitions, newest_usable, restore, Capture, CheckpointStore,
-    ExportSink, Retention, Streamed,
+    checkpoint, codec, decode_export, export_partitions, newest_usable, restore, upgrade, Capture,
+    CheckpointStore, ExportSink, Retention, Streamed, FORMAT_VERSION,
 };
 use prefixlog_state::record::{encode_kv_events, encode_placement};
 use prefixlog_state::BlockHashes;
@@ -278,16 +278,21 @@ fn decoding_garbage_never_panics() {
     ks.read().write_image(&mut good).unwrap();
     let back = prefixlog_engine::Keyspace::read_image(&good, ecfg()).unwrap();
     assert_eq!(back.dump(), ks.read().dump());
-    let parts = codec::encode_partitions(a.partitions());
+    let parts = codec::encode_partition_value(a.partitions(), &points(&a));
+    let old = upgrade::partitions::encode_partitions(a.partitions());
     // Everything but the record marks, which a checkpoint keeps in its meta.
     let unmarked: Vec<_> =
         a.partitions().iter().cloned().map(|p| PartitionState { last_mark: 0, ..p }).collect();
-    assert_eq!(codec::decode_partitions(&parts).unwrap(), unmarked);
+    assert_eq!(
+        codec::decode_partition_value(&parts, FORMAT_VERSION).unwrap(),
+        (unmarked.clone(), points(&a))
+    );
+    assert_eq!(upgrade::partitions::decode_partitions(&old).unwrap(), unmarked);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
     let mut refused = 0;
     for i in 0..2_000 {
-        let mut v = if i % 2 == 0 { good.clone() } else { parts.clone() };
-        match i % 3 {
+        let mut v = [&good, &parts, &old][i % 3].clone();
+        match (i / 3) % 3 {
             0 => v.truncate(rng.random_range(0..v.len())),
             1 => {
                 for _ in 0..4 {
@@ -297,7 +302,8 @@ fn decoding_garbage_never_panics() {
             }
             _ => v = (0..rng.random_range(0..200)).map(|_| rng.random()).collect(),
         }
-        let _ = codec::decode_partitions(&v);
+        let _ = codec::decode_partition_value(&v, FORMAT_VERSION);
+        let _ = upgrade::partitions::decode_partitions(&v);
         refused += usize::from(prefixlog_engine::Keyspace::read_image(&v, ecfg()).is_err());
     }
     assert!(refused > 1_900, "damaged images are refused ({refused} of 2000)");
@@ -343,9 +349,9 @@ fn points(a: &Applier) -> Vec<Vec<prefixlog_state::DigestPoint>> {
     a.all_digest_points()
 }
 
-/// Format 5 keeps every partition's digest points, so anti-entropy compares as far back after a
-/// restart as before it (and a peer bootstrapped from the checkpoint too); format-4 checkpoints
-/// (no points) still restore, with none.
+/// Checkpoints keep every partition's digest points (format 5 on), so anti-entropy compares as
+/// far back after a restart as before it (and a peer bootstrapped from the checkpoint too);
+/// format-4 checkpoints (no points) still restore, with none.
 #[test]
 fn digest_points_survive_a_checkpoint_and_format_4_still_restores() {
     let log = log();
@@ -361,7 +367,7 @@ fn digest_points_survive_a_checkpoint_and_format_4_still_restores() {
     apply_all(&mut live, &log[100..]);
     let ident = LogIdentity { settings: *live.settings(), ..identity() };
     let meta = store.write(&ident, &Capture::of(&live), 0).unwrap();
-    assert_eq!(meta.format, 5);
+    assert_eq!(meta.format, prefixlog_snapshot::FORMAT_VERSION);
     assert!(points(&live).iter().map(Vec::len).sum::<usize>() > 40, "points to keep");
     let restored = restore(&store.load(meta.id).unwrap()).unwrap();
     assert_eq!(points(&restored), points(&live), "every point, in order");

@@ -2,12 +2,12 @@
 //! partition state), stored as an export under `tests/fixtures/`: it must keep restoring to the
 //! digests recorded beside it, and evolve like a replica that never stopped.
 //!
-//! The fixture is generated once, by the code that wrote that format:
-//! `PREFIXLOG_WRITE_FIXTURES=1 cargo test -p prefixlog-snapshot --test old_format`. Never
-//! regenerate it with a newer codec: its point is to be the old bytes.
+//! The fixture was generated once, by the code that wrote that format (`encode_export` of the
+//! head below, on main before format 6); this build writes format 6, so it cannot regenerate it,
+//! and must not: its point is to be the old bytes. It is read through `prefixlog_snapshot::upgrade`.
 
 use prefixlog_engine::{partition_of, HolderKey, KeyspaceId};
-use prefixlog_snapshot::{decode_export, encode_export, restore, Capture};
+use prefixlog_snapshot::{decode_export, encode_export, restore, Capture, CheckpointStore, FORMAT_VERSION};
 use prefixlog_state::record::{encode_kv_events, encode_placement};
 use prefixlog_state::{Applier, KvOp, LogIdentity, StateSettings, Tier};
 use prefixlog_workload::{generate, FleetConfig, Step, TraceRequest};
@@ -98,16 +98,6 @@ fn digests(a: &Applier) -> Vec<u64> {
     (0..P).map(|p| a.partition_digest(p)).collect()
 }
 
-fn write_fixture(head: &[(u32, u64, Vec<u8>)]) {
-    let mut live = Applier::new(P, settings());
-    apply_all(&mut live, head);
-    let bytes = encode_export(&identity(), &Capture::of(&live), CREATED_UNIX_MS);
-    std::fs::create_dir_all(fixtures()).unwrap();
-    std::fs::write(fixtures().join(FIXTURE), bytes).unwrap();
-    let lines: Vec<String> = digests(&live).iter().map(u64::to_string).collect();
-    std::fs::write(fixtures().join(DIGESTS), lines.join("\n") + "\n").unwrap();
-}
-
 fn recorded_digests() -> Vec<u64> {
     let text = std::fs::read_to_string(fixtures().join(DIGESTS)).unwrap();
     text.lines().map(|l| l.parse().unwrap()).collect()
@@ -117,9 +107,6 @@ fn recorded_digests() -> Vec<u64> {
 fn a_format_5_checkpoint_from_main_restores_to_its_digests() {
     let log = log();
     let (head, tail) = log.split_at(log.len() / 2);
-    if std::env::var_os("PREFIXLOG_WRITE_FIXTURES").is_some() {
-        write_fixture(head);
-    }
     let bytes = std::fs::read(fixtures().join(FIXTURE)).unwrap();
     let loaded = decode_export(&bytes).unwrap();
     assert_eq!(loaded.meta.format, 5);
@@ -137,4 +124,31 @@ fn a_format_5_checkpoint_from_main_restores_to_its_digests() {
     apply_all(&mut live, tail);
     apply_all(&mut restored, tail);
     assert_eq!(digests(&restored), digests(&live), "and evolves like the live state");
+}
+
+/// Passed on as stored: an import keeps format 5 (its meta re-encoded by the upgrade module
+/// under the importing store's id), and its export reads back the same; a new checkpoint of
+/// the restored state is this build's format and restores alike.
+#[test]
+fn a_format_5_checkpoint_imports_as_stored_and_checkpoints_anew_in_format_6() {
+    let bytes = std::fs::read(fixtures().join(FIXTURE)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let store = CheckpointStore::open(dir.path()).unwrap();
+    let imported = store.import(&bytes).unwrap();
+    assert_eq!(imported.format, 5);
+    let again = decode_export(&store.export(imported.id).unwrap()).unwrap();
+    let first = decode_export(&bytes).unwrap();
+    assert_eq!(again.meta, prefixlog_snapshot::CheckpointMeta { id: imported.id, ..first.meta.clone() });
+    assert_eq!(again.partitions, first.partitions);
+    assert_eq!(again.points, first.points);
+    let restored = restore(&store.load(imported.id).unwrap()).unwrap();
+    assert_eq!(digests(&restored), recorded_digests());
+
+    let anew = store.write(&identity(), &Capture::of(&restored), CREATED_UNIX_MS).unwrap();
+    assert_eq!(anew.format, FORMAT_VERSION);
+    let reloaded = store.load(anew.id).unwrap();
+    assert_eq!(reloaded.points, first.points);
+    assert_eq!(digests(&restore(&reloaded).unwrap()), recorded_digests());
+    let exported = encode_export(&identity(), &Capture::of(&restored), CREATED_UNIX_MS);
+    assert_eq!(decode_export(&exported).unwrap().meta.format, FORMAT_VERSION);
 }

@@ -5,6 +5,7 @@
 use crate::record::{BadReason, LaneMeta};
 use prefixlog_engine::digest::mix64;
 use prefixlog_engine::{KeyspaceId, LogTime};
+use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
@@ -18,14 +19,14 @@ pub fn record_mark(ts_ms: u64, value: Option<&[u8]>) -> u64 {
     h.max(1)
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct FeedKey {
     pub keyspace: KeyspaceId,
     pub worker: u64,
     pub dp_rank: u32,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Feed {
     pub epoch: u64,
     pub last_seq: Option<u64>,
@@ -42,7 +43,7 @@ impl Feed {
 }
 
 /// Counters of one partition (deterministic: part of the applied state).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PartitionCounters {
     pub applied: u64,
     pub duplicates: u64,
@@ -59,7 +60,7 @@ pub struct PartitionCounters {
     pub bad: BTreeMap<BadReason, u64>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PartitionState {
     /// The next offset to apply.
     pub next_offset: i64,
@@ -74,13 +75,14 @@ pub struct PartitionState {
     /// Fingerprint of the record at `next_offset - 1` ([`record_mark`];
     /// 0 = not known): what tells this log from a recreated one that has since grown past the
     /// state's offsets. Not digested (replicas at the same offsets of one log agree on it by
-    /// construction); checkpoints keep it in their meta.
+    /// construction); checkpoints keep it in their meta (so it is not serialized here).
+    #[serde(skip)]
     pub last_mark: u64,
 }
 
 /// A partition's digest after applying every record below `next_offset`. Also a time → offset
 /// index entry (audits): the log time at that offset.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DigestPoint {
     pub next_offset: i64,
     pub log_time: LogTime,

@@ -10,8 +10,9 @@ use prefixlog_proto::v1 as pb;
 use prefixlog_proto::RECORD_VERSION;
 use prost::Message;
 
-/// Why a record was skipped. Each reason is a metric label.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// Why a record was skipped. Each reason is a metric label. Checkpoints store a reason by its
+/// place in this list (serde's variant index): add new reasons at the end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub enum BadReason {
     /// Not a protobuf `Record` (or no value at all).
     Undecodable,
@@ -100,7 +101,7 @@ impl std::fmt::Display for BadReason {
 }
 
 /// Metadata of one lane (a hybrid model's cache group), kept per feed.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LaneMeta {
     pub lane: u32,
     pub kind: String,

@@ -4,7 +4,8 @@
 //! its checkpoints (and a peer's) instead of needing the whole log. New checkpoints are never
 //! written in it (the encoder exists for the upgrade test).
 
-use crate::codec::{get_keyspace_id, put_keyspace_id, DecodeError, Reader, Writer};
+use super::layout::{get_keyspace_id, put_keyspace_id, Reader, Writer};
+use crate::codec::DecodeError;
 use prefixlog_engine::{DumpHolder, DumpNode, HolderKey, KeyspaceDump, KeyspaceStats};
 
 /// Encodes a keyspace: columns of nodes, then holders.
