@@ -50,6 +50,9 @@ struct Args {
     /// have): apply scaling with cores. 1 skips it.
     #[arg(long, default_value_t = 1)]
     writers: usize,
+    /// Matches ask for the k best holders only (a gateway's question); default: every holder.
+    #[arg(long)]
+    top_k: Option<usize>,
 }
 
 fn pct(v: &mut [u64], p: f64) -> f64 {
@@ -98,10 +101,11 @@ fn main() -> anyhow::Result<()> {
     // 1. Single-threaded replay.
     let e = Engine::new(EngineConfig::default());
     let (mut write_ns, mut lat) = (0u64, Vec::new());
+    let match_opts = MatchOptions { top_k: a.top_k, ..Default::default() };
     for (t, s) in steps.iter().enumerate() {
         if let Step::Match { locals } = s {
             let q = Instant::now();
-            let r = e.match_chain(&id, locals, &MatchOptions::default());
+            let r = e.match_chain(&id, locals, &match_opts);
             lat.push(q.elapsed().as_nanos() as u64);
             std::hint::black_box(r);
         } else {
@@ -116,8 +120,9 @@ fn main() -> anyhow::Result<()> {
     println!("\n| run | writes (M blocks/s) | match p50 µs | match p99 µs | match max µs |");
     println!("|---|---:|---:|---:|---:|");
     println!(
-        "| single thread{} | {:.2} | {:.1} | {:.1} | {:.1} |",
+        "| single thread{}{} | {:.2} | {:.1} | {:.1} | {:.1} |",
         if a.host_copies { ", host copies (tier path)" } else { "" },
+        a.top_k.map(|k| format!(", top_k {k}")).unwrap_or_default(),
         writes as f64 / (write_ns as f64 / 1e9) / 1e6,
         pct(&mut lat, 0.5),
         pct(&mut lat, 0.99),

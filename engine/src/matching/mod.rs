@@ -7,10 +7,12 @@
 //! off the GPU, `tiers` combines each slot's tiers from the same walks.
 
 mod tiers;
+mod top;
 mod walk;
 
 use crate::keyspace::Keyspace;
 use crate::types::{HolderMatch, MatchDetail, MatchOptions, Tier};
+use top::TOP;
 use walk::{Filter, SCRATCH};
 
 impl Keyspace {
@@ -45,6 +47,11 @@ impl Keyspace {
         if self.holders.off_gpu() > 0 {
             // Some slot may hold blocks on several tiers: combine them (`tiers`).
             filter.tiers = Some(order);
+            if let Some(held) = self.top_slots(locals, opts, &filter) {
+                out.extend(self.match_tiers(held, opts, &filter));
+                sort_and_cut(out, opts);
+                return;
+            }
             let held = if opts.intervals {
                 self.match_full(locals, &filter)
             } else {
@@ -68,6 +75,23 @@ impl Keyspace {
             sort_and_cut(out, opts);
             return;
         }
+        if let Some(k) = opts.top_k {
+            let done = TOP.with(|s| {
+                let s = &mut *s.borrow_mut();
+                if !self.match_top::<false>(locals, &filter, k, s) {
+                    return false;
+                }
+                out.extend(s.found.iter().map(|&(h, depth)| {
+                    let mut m = self.result(h, depth);
+                    m.weighted = gpu_weight.map(|w| w * u64::from(depth));
+                    m
+                }));
+                true
+            });
+            if done {
+                return;
+            }
+        }
         SCRATCH.with(|s| {
             let s = &mut *s.borrow_mut();
             self.match_depth::<false>(locals, &filter, s);
@@ -81,6 +105,16 @@ impl Keyspace {
                     out.push(m);
                 }
             });
+        })
+    }
+
+    /// The tier path's holdings of the `top_k` best slots only, where the query asks for a
+    /// few by depth (no intervals, no tier weights) and the top-k walk answers (`top`).
+    fn top_slots(&self, locals: &[u64], opts: &MatchOptions, f: &Filter) -> Option<Vec<(u32, walk::Acc)>> {
+        let k = opts.top_k.filter(|_| !opts.intervals && opts.tier_weights.is_none())?;
+        TOP.with(|s| {
+            let s = &mut *s.borrow_mut();
+            self.match_top::<true>(locals, f, k, s).then(|| self.top_slots_held(f, s))
         })
     }
 

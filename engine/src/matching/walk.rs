@@ -50,7 +50,7 @@ pub(crate) struct Filter<'a> {
 impl Filter<'_> {
     /// No filter: the hot loop skips the holder lookup.
     #[inline]
-    fn is_none(&self) -> bool {
+    pub(crate) fn is_none(&self) -> bool {
         self.lane.is_none() && self.candidates.is_none() && !self.exclude_gapped && self.tiers.is_none()
     }
 }
