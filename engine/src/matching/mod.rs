@@ -52,13 +52,18 @@ impl Keyspace {
                 sort_and_cut(out, opts);
                 return;
             }
-            let held = if opts.intervals {
-                self.match_full(locals, &filter)
+            if opts.intervals {
+                let held = self.match_full(locals, &filter);
+                out.extend(self.match_tiers(held, opts, &filter));
+                sort_and_cut(out, opts);
             } else {
-                self.match_slots(locals, &filter)
-            };
-            out.extend(self.match_tiers(held, opts, &filter));
-            sort_and_cut(out, opts);
+                self.match_slots_into(locals, opts, &filter, out);
+                // In the answer's order already, unless weights order it by score.
+                if opts.tier_weights.is_some() {
+                    sort_and_cut(out, opts);
+                }
+                out.truncate(opts.top_k.unwrap_or(usize::MAX));
+            }
             return;
         }
         if !order.contains(&Tier::Gpu) {
