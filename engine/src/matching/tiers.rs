@@ -58,7 +58,8 @@ impl Keyspace {
             for (i, &leader) in s.order.iter().enumerate() {
                 at[leader as usize] = i as u32;
             }
-            let mut accs: Vec<[Acc; 4]> = Vec::with_capacity(s.order.len());
+            let mut accs = std::mem::take(&mut s.slot_accs);
+            accs.clear();
             accs.resize_with(s.order.len(), Default::default);
             for (stage, &run) in s.runs.iter().enumerate() {
                 let from = if stage == 0 { 0 } else { s.ends[stage - 1] };
@@ -102,6 +103,7 @@ impl Keyspace {
                 s.stage[leader as usize] = 0;
             }
             s.at = at;
+            s.slot_accs = accs;
         })
     }
 
