@@ -47,9 +47,7 @@ impl Keyspace {
         if self.holders.off_gpu() > 0 {
             // Some slot may hold blocks on several tiers: combine them (`tiers`).
             filter.tiers = Some(order);
-            if let Some(held) = self.top_slots(locals, opts, &filter) {
-                out.extend(self.match_tiers(held, opts, &filter));
-                sort_and_cut(out, opts);
+            if self.top_slots(locals, opts, &filter, out) {
                 return;
             }
             if opts.intervals {
@@ -113,13 +111,19 @@ impl Keyspace {
         })
     }
 
-    /// The tier path's holdings of the `top_k` best slots only, where the query asks for a
-    /// few by depth (no intervals, no tier weights) and the top-k walk answers (`top`).
-    fn top_slots(&self, locals: &[u64], opts: &MatchOptions, f: &Filter) -> Option<Vec<(u32, walk::Acc)>> {
-        let k = opts.top_k.filter(|_| !opts.intervals && opts.tier_weights.is_none())?;
+    /// The tier path's answer from the `top_k` best slots only, where the query asks for a few
+    /// by depth (no intervals, no tier weights) and the top-k walk answers (`top`).
+    fn top_slots(&self, locals: &[u64], opts: &MatchOptions, f: &Filter, out: &mut Vec<HolderMatch>) -> bool {
+        let Some(k) = opts.top_k.filter(|_| !opts.intervals && opts.tier_weights.is_none()) else {
+            return false;
+        };
         TOP.with(|s| {
             let s = &mut *s.borrow_mut();
-            self.match_top::<true>(locals, f, k, s).then(|| self.top_slots_held(f, s))
+            let answered = self.match_top::<true>(locals, f, k, s);
+            if answered {
+                self.top_slots_into(opts, f, s, out);
+            }
+            answered
         })
     }
 

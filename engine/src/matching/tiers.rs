@@ -23,14 +23,14 @@ use crate::types::{HolderKey, HolderMatch, MatchDetail, MatchOptions, Tier, Tier
 use smallvec::SmallVec;
 
 /// One counted tier's holder of a slot, matched.
-struct Holding {
-    tier: Tier,
+pub(super) struct Holding {
+    pub tier: Tier,
     /// Position of the tier in the query's preference order.
-    rank: usize,
-    acc: Acc,
-    blocks: u32,
-    fed: bool,
-    gapped: bool,
+    pub rank: usize,
+    pub acc: Acc,
+    pub blocks: u32,
+    pub fed: bool,
+    pub gapped: bool,
 }
 
 impl Keyspace {
@@ -163,7 +163,7 @@ impl Keyspace {
 }
 
 /// The slot's answer from its holdings (in preference order), or `None` if it is not reported.
-fn combine(slot: HolderKey, held: &[Holding], opts: &MatchOptions) -> Option<HolderMatch> {
+pub(super) fn combine(slot: HolderKey, held: &[Holding], opts: &MatchOptions) -> Option<HolderMatch> {
     let runs = runs_by_preference(held);
     let depth: u32 = runs.iter().map(|r| r.blocks).sum();
     let intervals = if opts.intervals { union(held) } else { SmallVec::new() };

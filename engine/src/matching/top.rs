@@ -19,9 +19,10 @@
 //! and combined as in `tiers` (only without tier weights, which order by score first).
 
 use crate::keyspace::Keyspace;
+use crate::matching::tiers::{combine, Holding};
 use crate::matching::walk::{Acc, Filter};
 use crate::trie::{common_prefix, Run, ROOT};
-use crate::types::HolderKey;
+use crate::types::{HolderKey, HolderMatch, MatchOptions, Tier};
 use smallvec::SmallVec;
 
 /// Member lists up to this long are scanned by holder index instead of binary-searched by key.
@@ -90,14 +91,20 @@ impl Keyspace {
         m.binary_search_by(|x| self.holders.card(x.holder).key().cmp(key)).is_ok()
     }
 
-    /// Whether the slot of `leader` has a holder that counts (passes `f`) among `run`'s members.
-    fn slot_is_member(&self, run: &Run, leader: u32, f: &Filter) -> bool {
+    /// The holders of `leader`'s slot that count (on a counted tier, passing `f`), with keys.
+    fn counted(&self, leader: u32, f: &Filter) -> SmallVec<[(u32, HolderKey); 4]> {
         let tiers = f.tiers.expect("the tier path counts tiers");
-        tiers.iter().any(|&t| {
-            self.holders
-                .on_tier(leader, t)
-                .is_some_and(|h| self.holder_ok(f, h) && self.is_member(run, h, &self.holders.card(h).key()))
-        })
+        tiers
+            .iter()
+            .filter_map(|&t| self.holders.on_tier(leader, t))
+            .filter(|&h| self.holder_ok(f, h))
+            .map(|h| (h, self.holders.card(h).key()))
+            .collect()
+    }
+
+    /// Whether one of a slot's counted holders is among `run`'s members.
+    fn slot_is_member(&self, run: &Run, counted: &[(u32, HolderKey)]) -> bool {
+        counted.iter().any(|(h, key)| self.is_member(run, *h, key))
     }
 
     /// The `k` best holders (with `BY_SLOT`: slot leaders) and their depths into `s.found`,
@@ -127,10 +134,12 @@ impl Keyspace {
                 let found = if BY_SLOT {
                     let leader = self.holders.leader(m.holder);
                     // A slot's holders are neighbours in key order: met again, skip.
-                    if s.found.last().is_some_and(|&(l, _)| l == leader)
-                        || !self.holder_ok(f, m.holder)
-                        || deeper.is_some_and(|d| self.slot_is_member(d, leader, f))
-                        || !stages[..j].iter().all(|e| self.slot_is_member(&runs[e.run], leader, f))
+                    if s.found.last().is_some_and(|&(l, _)| l == leader) || !self.holder_ok(f, m.holder) {
+                        continue;
+                    }
+                    let counted = self.counted(leader, f);
+                    if deeper.is_some_and(|d| self.slot_is_member(d, &counted))
+                        || !stages[..j].iter().rev().all(|e| self.slot_is_member(&runs[e.run], &counted))
                     {
                         continue;
                     }
@@ -156,36 +165,46 @@ impl Keyspace {
         true
     }
 
-    /// The counted holders of each found slot with their intervals of the slot's combined
-    /// depth (what `match_slots` gives for those slots): every stage up to the slot's depth,
-    /// credited to the slot's holders that are its members.
-    pub(crate) fn top_slots_held(&self, f: &Filter, s: &TopScratch) -> Vec<(u32, Acc)> {
-        let tiers = f.tiers.expect("the tier path counts tiers");
-        let mut held = Vec::new();
+    /// The answers of the found slots into `out`, best first: each slot's counted holders in
+    /// preference order, credited with every stage up to the slot's depth they are members of
+    /// (what the all-slots tier path gives those slots), combined.
+    pub(crate) fn top_slots_into(
+        &self,
+        opts: &MatchOptions,
+        f: &Filter,
+        s: &TopScratch,
+        out: &mut Vec<HolderMatch>,
+    ) {
+        let order = opts.tier_order();
+        let mut held: SmallVec<[Holding; 4]> = SmallVec::new();
         for &(leader, depth) in &s.found {
-            let mut holders: SmallVec<[(u32, HolderKey, Acc); 4]> = tiers
-                .iter()
-                .filter_map(|&t| self.holders.on_tier(leader, t))
-                .filter(|&h| self.holder_ok(f, h))
-                .map(|h| (h, self.holders.card(h).key(), Acc::default()))
-                .collect();
-            let mut from = 0;
-            for stage in s.stages.iter().take_while(|e| e.end <= depth) {
-                let run = &self.trie.runs[stage.run];
-                for (h, key, acc) in holders.iter_mut() {
-                    if self.is_member(run, *h, key) {
+            held.clear();
+            for (rank, &tier) in order.iter().enumerate() {
+                let Some(h) = self.holders.on_tier(leader, tier) else { continue };
+                if !self.holder_ok(f, h) {
+                    continue;
+                }
+                let card = self.holders.card(h);
+                let key = card.key();
+                let mut acc = Acc::default();
+                let mut from = 0;
+                for stage in s.stages.iter().take_while(|e| e.end <= depth) {
+                    if self.is_member(&self.trie.runs[stage.run], h, &key) {
                         acc.credit(from, stage.end);
                     }
+                    from = stage.end;
                 }
-                from = stage.end;
+                held.push(Holding {
+                    tier,
+                    rank,
+                    acc,
+                    blocks: card.blocks,
+                    fed: card.fed,
+                    gapped: card.gapped,
+                });
             }
-            held.extend(
-                holders
-                    .into_iter()
-                    .filter(|(_, _, a)| a.depth > 0 || !a.intervals.is_empty())
-                    .map(|(h, _, a)| (h, a)),
-            );
+            let slot = self.holders.card(leader).key().on(Tier::Gpu);
+            out.extend(combine(slot, &held, opts));
         }
-        held
     }
 }
