@@ -50,6 +50,9 @@ struct Args {
     /// have): apply scaling with cores. 1 skips it.
     #[arg(long, default_value_t = 1)]
     writers: usize,
+    /// Matches ask for the k best holders only (a gateway's question); default: every holder.
+    #[arg(long)]
+    top_k: Option<usize>,
 }
 
 fn pct(v: &mut [u64], p: f64) -> f64 {
@@ -97,12 +100,14 @@ fn main() -> anyhow::Result<()> {
 
     // 1. Single-threaded replay.
     let e = Engine::new(EngineConfig::default());
-    let (mut write_ns, mut lat) = (0u64, Vec::new());
+    let (mut write_ns, mut lat, mut listed) = (0u64, Vec::new(), 0usize);
+    let match_opts = MatchOptions { top_k: a.top_k, ..Default::default() };
     for (t, s) in steps.iter().enumerate() {
         if let Step::Match { locals } = s {
             let q = Instant::now();
-            let r = e.match_chain(&id, locals, &MatchOptions::default());
+            let r = e.match_chain(&id, locals, &match_opts);
             lat.push(q.elapsed().as_nanos() as u64);
+            listed += r.as_ref().map_or(0, Vec::len);
             std::hint::black_box(r);
         } else {
             write_ns += apply(&e, &id, s, t as u64, host_copies);
@@ -113,11 +118,15 @@ fn main() -> anyhow::Result<()> {
         let g = ks.read();
         (g.node_count(), g.holder_blocks(), g.heap_bytes())
     };
-    println!("\n| run | writes (M blocks/s) | match p50 µs | match p99 µs | match max µs |");
-    println!("|---|---:|---:|---:|---:|");
     println!(
-        "| single thread{} | {:.2} | {:.1} | {:.1} | {:.1} |",
+        "\n| run | writes (M blocks/s) | match p50 µs | match p99 µs | match max µs | holders per answer |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|");
+    let per_answer = listed as f64 / lat.len().max(1) as f64;
+    println!(
+        "| single thread{}{} | {:.2} | {:.1} | {:.1} | {:.1} | {per_answer:.1} |",
         if a.host_copies { ", host copies (tier path)" } else { "" },
+        a.top_k.map(|k| format!(", top_k {k}")).unwrap_or_default(),
         writes as f64 / (write_ns as f64 / 1e9) / 1e6,
         pct(&mut lat, 0.5),
         pct(&mut lat, 0.99),

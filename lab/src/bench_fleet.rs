@@ -45,6 +45,9 @@ pub struct Args {
     /// Queries of each path in the CPU-per-query measurement of the caught-up replica.
     #[arg(long, default_value_t = 20_000)]
     pub cpu_queries: usize,
+    /// The gateways ask for the k best workers only (default: every worker holding a prefix).
+    #[arg(long)]
+    pub top_k: Option<u32>,
 }
 
 pub async fn run(a: Args) -> anyhow::Result<()> {
@@ -53,9 +56,9 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     let records = fleet_records(&a.workload, 2)?;
     let (first, second) = records.split_at(records.len() / 2);
     let blocks = |r: &[FleetRecord]| r.iter().map(|r| r.blocks).sum::<usize>();
-    let queries = workload_queries(&a.workload, None)?;
+    let queries = workload_queries(&a.workload, a.top_k)?;
     println!(
-        "fleet: {} workers, 2 hours: {} + {} records, {} + {} blocks, {} partitions; gateways: {} queries in flight over {}",
+        "fleet: {} workers, 2 hours: {} + {} records, {} + {} blocks, {} partitions; gateways: {} queries in flight over {}{}",
         a.workload.workers,
         first.len(),
         second.len(),
@@ -63,7 +66,8 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         blocks(second),
         a.log.partitions,
         a.in_flight,
-        if a.streams == 0 { "unary Match".to_string() } else { format!("{} MatchStream streams", a.streams) }
+        if a.streams == 0 { "unary Match".to_string() } else { format!("{} MatchStream streams", a.streams) },
+        a.top_k.map(|k| format!(", top_k {k}")).unwrap_or_default()
     );
     let t = Instant::now();
     // Fails if the broker's retention dropped any of it (the embedded broker keeps 5 MiB or

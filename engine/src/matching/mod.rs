@@ -7,10 +7,12 @@
 //! off the GPU, `tiers` combines each slot's tiers from the same walks.
 
 mod tiers;
+mod top;
 mod walk;
 
 use crate::keyspace::Keyspace;
 use crate::types::{HolderMatch, MatchDetail, MatchOptions, Tier};
+use top::TOP;
 use walk::{Filter, SCRATCH};
 
 impl Keyspace {
@@ -45,13 +47,21 @@ impl Keyspace {
         if self.holders.off_gpu() > 0 {
             // Some slot may hold blocks on several tiers: combine them (`tiers`).
             filter.tiers = Some(order);
-            let held = if opts.intervals {
-                self.match_full(locals, &filter)
+            if self.top_slots(locals, opts, &filter, out) {
+                return;
+            }
+            if opts.intervals {
+                let held = self.match_full(locals, &filter);
+                out.extend(self.match_tiers(held, opts, &filter));
+                sort_and_cut(out, opts);
             } else {
-                self.match_slots(locals, &filter)
-            };
-            out.extend(self.match_tiers(held, opts, &filter));
-            sort_and_cut(out, opts);
+                self.match_slots_into(locals, opts, &filter, out);
+                // In the answer's order already, unless weights order it by score.
+                if opts.tier_weights.is_some() {
+                    sort_and_cut(out, opts);
+                }
+                out.truncate(opts.top_k.unwrap_or(usize::MAX));
+            }
             return;
         }
         if !order.contains(&Tier::Gpu) {
@@ -68,6 +78,23 @@ impl Keyspace {
             sort_and_cut(out, opts);
             return;
         }
+        if let Some(k) = opts.top_k {
+            let done = TOP.with(|s| {
+                let s = &mut *s.borrow_mut();
+                if !self.match_top::<false>(locals, &filter, k, s) {
+                    return false;
+                }
+                out.extend(s.found.iter().map(|&(h, depth)| {
+                    let mut m = self.result(h, depth);
+                    m.weighted = gpu_weight.map(|w| w * u64::from(depth));
+                    m
+                }));
+                true
+            });
+            if done {
+                return;
+            }
+        }
         SCRATCH.with(|s| {
             let s = &mut *s.borrow_mut();
             self.match_depth::<false>(locals, &filter, s);
@@ -81,6 +108,22 @@ impl Keyspace {
                     out.push(m);
                 }
             });
+        })
+    }
+
+    /// The tier path's answer from the `top_k` best slots only, where the query asks for a few
+    /// by depth (no intervals, no tier weights) and the top-k walk answers (`top`).
+    fn top_slots(&self, locals: &[u64], opts: &MatchOptions, f: &Filter, out: &mut Vec<HolderMatch>) -> bool {
+        let Some(k) = opts.top_k.filter(|_| !opts.intervals && opts.tier_weights.is_none()) else {
+            return false;
+        };
+        TOP.with(|s| {
+            let s = &mut *s.borrow_mut();
+            let answered = self.match_top::<true>(locals, f, k, s);
+            if answered {
+                self.top_slots_into(opts, f, s, out);
+            }
+            answered
         })
     }
 

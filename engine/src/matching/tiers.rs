@@ -7,10 +7,11 @@
 //! of that position's run, exactly as for one holder.
 //!
 //! Two stages. First the holders' intervals of the query:
-//! - depth only ([`Keyspace::match_slots`]): the one-tier walk with progress kept per slot
-//!   (`match_depth::<true>`), which keeps its early exit and its skip of runs with the same
-//!   holders; then each stage's run's members are credited with the stage's stretch, for the
-//!   slots that got that far only;
+//! - depth only ([`Keyspace::match_slots_into`]): the one-tier walk with progress kept per
+//!   slot (`match_depth::<true>`), which keeps its early exit and its skip of runs with the
+//!   same holders, and orders the slots by depth; then each stage's run's members are
+//!   credited with the stage's stretch, for the slots that got that far only, and each slot's
+//!   holdings are combined where its leader finds them (no list to sort);
 //! - with intervals ([`Keyspace::match_full`]): every position of the chain, every holder.
 //!
 //! Then each slot's holdings are combined ([`combine`]), stretch by stretch. The one-tier path
@@ -22,48 +23,87 @@ use crate::types::{HolderKey, HolderMatch, MatchDetail, MatchOptions, Tier, Tier
 use smallvec::SmallVec;
 
 /// One counted tier's holder of a slot, matched.
-struct Holding {
-    tier: Tier,
+pub(super) struct Holding {
+    pub tier: Tier,
     /// Position of the tier in the query's preference order.
-    rank: usize,
-    acc: Acc,
-    blocks: u32,
-    fed: bool,
-    gapped: bool,
+    pub rank: usize,
+    pub acc: Acc,
+    pub blocks: u32,
+    pub fed: bool,
+    pub gapped: bool,
 }
 
 impl Keyspace {
-    /// Each holder of a slot that holds a prefix of the query, with its intervals of the
-    /// slot's combined depth (in no particular order).
-    pub(crate) fn match_slots(&self, locals: &[u64], f: &Filter) -> Vec<(u32, Acc)> {
+    /// The depth-only tier path's answers into `out`, in the answer's order (unless tier
+    /// weights order them by score: then unsorted) and uncut.
+    ///
+    /// The slots come out of the walk ordered by combined depth, then key
+    /// (`sort_by_depth_then_key` on their leaders); each stage's run's members are credited
+    /// with the stage's stretch into their slot's holdings, one per tier code, for the slots
+    /// that got that far only; then each slot's holdings are taken in preference order and
+    /// combined. No list of holdings to sort or search: a slot's are found by its leader.
+    pub(crate) fn match_slots_into(
+        &self,
+        locals: &[u64],
+        opts: &MatchOptions,
+        f: &Filter,
+        out: &mut Vec<HolderMatch>,
+    ) {
         SCRATCH.with(|s| {
             let s = &mut *s.borrow_mut();
             self.match_depth::<true>(locals, f, s);
-            let mut held: Vec<(u32, Acc)> = Vec::new();
+            s.sort_by_depth_then_key();
             let mut at = std::mem::take(&mut s.at);
             at.resize(self.holders.slots.len(), u32::MAX);
+            for (i, &leader) in s.order.iter().enumerate() {
+                at[leader as usize] = i as u32;
+            }
+            let mut accs = std::mem::take(&mut s.slot_accs);
+            accs.clear();
+            accs.resize_with(s.order.len(), Default::default);
             for (stage, &run) in s.runs.iter().enumerate() {
                 let from = if stage == 0 { 0 } else { s.ends[stage - 1] };
                 let to = s.ends[stage];
                 for m in self.trie.runs[run].members.iter() {
+                    let leader = self.holders.leader(m.holder) as usize;
                     // The slot's depth is `ends[stage of its leader - 1]`: past this stretch?
-                    if s.stage[self.holders.leader(m.holder) as usize] as usize <= stage
-                        || !self.holder_ok(f, m.holder)
-                    {
+                    if s.stage[leader] as usize <= stage || !self.holder_ok(f, m.holder) {
                         continue;
                     }
-                    let i = &mut at[m.holder as usize];
-                    if *i == u32::MAX {
-                        *i = held.len() as u32;
-                        held.push((m.holder, Acc::default()));
-                    }
-                    held[*i as usize].1.credit(from, to);
+                    let tier = self.holders.card(m.holder).key().tier;
+                    accs[at[leader] as usize][tier.code() as usize].credit(from, to);
                 }
             }
-            held.iter().for_each(|&(h, _)| at[h as usize] = u32::MAX);
-            s.touched.iter().for_each(|&l| s.stage[l as usize] = 0);
+            let order = opts.tier_order();
+            out.reserve(s.order.len());
+            let mut held: SmallVec<[Holding; 4]> = SmallVec::new();
+            for (&leader, slot_accs) in s.order.iter().zip(accs.iter_mut()) {
+                held.clear();
+                for (rank, &tier) in order.iter().enumerate() {
+                    let Some(h) = self.holders.on_tier(leader, tier) else { continue };
+                    if !self.holder_ok(f, h) {
+                        continue;
+                    }
+                    let card = self.holders.card(h);
+                    let acc = std::mem::take(&mut slot_accs[tier.code() as usize]);
+                    held.push(Holding {
+                        tier,
+                        rank,
+                        acc,
+                        blocks: card.blocks,
+                        fed: card.fed,
+                        gapped: card.gapped,
+                    });
+                }
+                let slot = self.holders.card(leader).key().on(Tier::Gpu);
+                out.extend(combine(slot, &held, opts));
+            }
+            for &leader in &s.order {
+                at[leader as usize] = u32::MAX;
+                s.stage[leader as usize] = 0;
+            }
             s.at = at;
-            held
+            s.slot_accs = accs;
         })
     }
 
@@ -123,7 +163,7 @@ impl Keyspace {
 }
 
 /// The slot's answer from its holdings (in preference order), or `None` if it is not reported.
-fn combine(slot: HolderKey, held: &[Holding], opts: &MatchOptions) -> Option<HolderMatch> {
+pub(super) fn combine(slot: HolderKey, held: &[Holding], opts: &MatchOptions) -> Option<HolderMatch> {
     let runs = runs_by_preference(held);
     let depth: u32 = runs.iter().map(|r| r.blocks).sum();
     let intervals = if opts.intervals { union(held) } else { SmallVec::new() };

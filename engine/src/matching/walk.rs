@@ -50,7 +50,7 @@ pub(crate) struct Filter<'a> {
 impl Filter<'_> {
     /// No filter: the hot loop skips the holder lookup.
     #[inline]
-    fn is_none(&self) -> bool {
+    pub(crate) fn is_none(&self) -> bool {
         self.lane.is_none() && self.candidates.is_none() && !self.exclude_gapped && self.tiers.is_none()
     }
 }
@@ -189,6 +189,9 @@ pub(crate) struct Scratch {
     /// Per holder slot: where its entry is in the tier path's list of holdings (`u32::MAX`
     /// outside a query).
     pub at: Vec<u32>,
+    /// The tier path's holdings of each slot in `order`, by tier code (kept between queries:
+    /// hundreds of slots' worth of fresh memory per query cost more than the combining).
+    pub slot_accs: Vec<[Acc; 4]>,
     /// Where the next holder of each final stage goes in `order`.
     next: Vec<u32>,
     pub order: Vec<u32>,
