@@ -6,6 +6,10 @@
 //! - Slowloris: 2,000 connections from 127.0.0.1 each send half a request header. Every one is
 //!   closed by the server within the header timeout (5 s) and a margin: those over the per-peer
 //!   cap at once, the others by the timeout. The legitimate client gets 200 to every `/query`.
+//!   Each connection over the cap is counted in `prefixlog_connections_refused_total`
+//!   (`listener="http_indexer"`, `reason="connections_per_peer"`).
+//! - Query-port cap: 300 bare TCP connections to the gRPC port from one address: 256 are
+//!   held, the other 44 closed and counted (`listener="query"`).
 //! - Slow bodies: 64 `/query` bodies at 1 byte/s. The legitimate client never gets 429 (a
 //!   place is taken only once a body has arrived); each slow body is answered 408 at its
 //!   deadline.
@@ -131,7 +135,9 @@ async fn closed_by(mut s: TcpStream, deadline: tokio::time::Instant) -> bool {
     }
 }
 
-async fn slowloris(addr: SocketAddr) {
+async fn slowloris(node: &ReplicaNode, addr: SocketAddr) {
+    let refused_before = refused(node, "http_indexer", "connections_per_peer");
+    let started = Instant::now();
     let stop = Arc::new(AtomicBool::new(false));
     let legit = legit_client(addr, stop.clone());
     let mut half = Vec::with_capacity(HALF_SENT);
@@ -142,9 +148,19 @@ async fn slowloris(addr: SocketAddr) {
         }
     }
     let opened = Instant::now();
+    let sent = half.len();
+    let all_sent_in = started.elapsed();
     let deadline = tokio::time::Instant::now() + HEADER_TIMEOUT + MARGIN;
     let closed = futures_util::future::join_all(half.into_iter().map(|s| closed_by(s, deadline))).await;
     let open = closed.iter().filter(|c| !**c).count();
+    let counted = refused(node, "http_indexer", "connections_per_peer") - refused_before;
+    let cap = prefixlog_query::listen::DEFAULT_MAX_CONNECTIONS_PER_PEER;
+    eprintln!("slowloris: {counted} connections refused and counted");
+    if all_sent_in < HEADER_TIMEOUT {
+        // None admitted was closed while they were sent: every one past the cap was refused.
+        assert!(counted >= (sent - cap) as u64, "{counted} refusals counted for {sent} sent");
+    }
+    assert!(counted > 0 && counted <= HALF_SENT as u64, "{counted} refusals counted");
     eprintln!("slowloris: {} half-sent, all closed after {:?}", closed.len(), opened.elapsed());
     assert_eq!(
         open,
@@ -155,6 +171,44 @@ async fn slowloris(addr: SocketAddr) {
     stop.store(true, Ordering::Relaxed);
     let seen = legit.await.unwrap();
     assert!(seen.len() > 10 && seen.iter().all(|&c| c == 200), "legitimate client saw {seen:?}");
+}
+
+/// `prefixlog_connections_refused_total{listener, reason}` in `node`'s registry.
+fn refused(node: &ReplicaNode, listener: &str, reason: &str) -> u64 {
+    let families = node.registry().gather();
+    let Some(f) = families.iter().find(|f| f.name() == prefixlog_query::listen::REFUSED_CONNECTIONS) else {
+        return 0;
+    };
+    let label = |m: &prometheus::proto::Metric, k: &str| {
+        m.get_label().iter().find(|p| p.name() == k).map(|p| p.value().to_string())
+    };
+    f.get_metric()
+        .iter()
+        .filter(|m| {
+            label(m, "listener").as_deref() == Some(listener) && label(m, "reason").as_deref() == Some(reason)
+        })
+        .map(|m| m.get_counter().value() as u64)
+        .sum()
+}
+
+/// 300 bare connections to the gRPC port from one address: those over the per-peer cap are
+/// closed at once and counted.
+async fn query_port_cap(node: &ReplicaNode) {
+    const OPEN: usize = 300;
+    let cap = prefixlog_query::server::QUERY_PORT_CONNECTIONS.max_connections_per_peer;
+    let before = refused(node, "query", "connections_per_peer");
+    let mut held = Vec::new();
+    for _ in 0..OPEN {
+        held.push(TcpStream::connect(node.grpc_addr()).await.unwrap());
+    }
+    let t = Instant::now();
+    while refused(node, "query", "connections_per_peer") - before < (OPEN - cap) as u64 {
+        assert!(t.elapsed() < Duration::from_secs(10), "refusals not counted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(refused(node, "query", "connections_per_peer") - before, (OPEN - cap) as u64);
+    drop(held);
 }
 
 async fn slow_bodies(addr: SocketAddr) {
@@ -299,7 +353,8 @@ fn open_fds() -> usize {
 async fn hostile_clients_leave_legitimate_ones_served() {
     let (_kafka, node, addr) = start().await;
     let baseline = open_fds();
-    slowloris(addr).await;
+    query_port_cap(&node).await;
+    slowloris(&node, addr).await;
     slow_bodies(addr).await;
     idle_streams(node.endpoint()).await;
     oversize_message(node.endpoint()).await;
