@@ -2,24 +2,35 @@
 //! `ConfigureExpectedWorkers`): which holder / worker names a client may write, the largest
 //! epoch step one update may take, and which names are written at all.
 //!
-//! Identity is a bearer token (`authorization: Bearer <token>` in the call's metadata) looked up
-//! in a token file (`prefixlog serve --writer-tokens FILE`), one writer a line:
+//! Identity is a bearer token (`authorization: Bearer <token>` in the call's metadata) or, with
+//! mutual TLS, a subject alternative name (DNS or URI) of the client's certificate, looked up in
+//! a writer file (`prefixlog serve --writer-tokens FILE`), one writer a line:
 //!
 //! ```text
-//! # token        names it may write (exact, `prefix*`, or `*` for every name)
-//! 4f0c…9a  gw-a  bridge-a-*
+//! # token or san:NAME     names it may write (exact, `prefix*`, or `*` for every name)
+//! 4f0c…9a                 gw-a  bridge-a-*
+//! san:gw-b.example.org    gw-b
+//! san:spiffe://example.org/bridge-c  bridge-c-*
 //! ```
 //!
-//! Without a token file the facade is [`WriterPolicy::Open`]: every client may write every name
-//! (the binary allows that only behind mutual TLS or with `--allow-unauthenticated-writes`).
+//! A call with a token is the token's writer (its certificate is not looked at); one without is
+//! the writer of the first of its certificate's names with a `san:` line.
+//!
+//! Without a writer file the facade is [`WriterPolicy::Open`] (every client may write every
+//! name: the binary allows it only with `--allow-unauthenticated-writes`) or, behind mutual TLS,
+//! [`WriterPolicy::Bound`] with no entry: every write is PERMISSION_DENIED.
 
 use parking_lot::Mutex;
 use prefixlog_engine::KeyspaceId;
+use rustls_pki_types::CertificateDer;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 use tonic::metadata::MetadataMap;
-use tonic::Status;
+use tonic::{Request, Status};
+
+/// The prefix of a writer file's certificate-name entries.
+pub const SAN_PREFIX: &str = "san:";
 
 /// The default of `serve --max-epoch-step`: the largest epoch increase one update may make, so
 /// no single update moves a holder to an epoch nobody can supersede (2^64 - 1).
@@ -142,6 +153,11 @@ pub enum WriterDenied {
     NoToken,
     #[error("the writer token sent is not in this replica's --writer-tokens file")]
     UnknownToken,
+    #[error(
+        "no writer is bound to this client certificate's names {0:?} (a `san:NAME` line of \
+         --writer-tokens), and it sent no token"
+    )]
+    UnboundCertificate(Vec<String>),
     #[error("this writer may not write {0:?} (not among its token's names)")]
     NotYours(String),
     #[error(
@@ -160,6 +176,7 @@ impl WriterDenied {
         match self {
             Self::NoToken => "writer_no_token",
             Self::UnknownToken => "writer_unknown_token",
+            Self::UnboundCertificate(_) => "writer_unbound_certificate",
             Self::NotYours(_) => "writer_not_allowed",
             Self::HolderQuota(_) => "writer_quota_holders",
             Self::KeyspaceQuota(_) => "writer_quota_keyspaces",
@@ -169,7 +186,7 @@ impl WriterDenied {
     pub fn status(&self) -> Status {
         match self {
             Self::NoToken | Self::UnknownToken => Status::unauthenticated(self.to_string()),
-            Self::NotYours(_) => Status::permission_denied(self.to_string()),
+            Self::NotYours(_) | Self::UnboundCertificate(_) => Status::permission_denied(self.to_string()),
             Self::HolderQuota(_) | Self::KeyspaceQuota(_) => Status::resource_exhausted(self.to_string()),
         }
     }
@@ -201,12 +218,13 @@ pub enum WriteSurfaceError {
     Tokens(#[from] TokenFileError),
 }
 
-/// Who may write: every client, or the holders of a token file's tokens.
+/// Who may write: every client, or the writers of a writer file (keyed by token, or by
+/// `san:NAME` for a certificate name).
 #[derive(Clone, Debug, Default)]
 pub enum WriterPolicy {
     #[default]
     Open,
-    Tokens(Arc<HashMap<String, Arc<TokenWriter>>>, WriterQuota),
+    Bound(Arc<HashMap<String, Arc<TokenWriter>>>, WriterQuota),
 }
 
 impl WriterPolicy {
@@ -235,26 +253,55 @@ impl WriterPolicy {
         if tokens.is_empty() {
             return Err(TokenFileError::Empty);
         }
-        Ok(Self::Tokens(Arc::new(tokens), WriterQuota::default()))
+        Ok(Self::Bound(Arc::new(tokens), WriterQuota::default()))
     }
 
     /// The policy with each token's writer held to `quota` (no effect when open).
     pub fn with_quota(self, quota: WriterQuota) -> Self {
         match self {
-            Self::Tokens(t, _) => Self::Tokens(t, quota),
+            Self::Bound(t, _) => Self::Bound(t, quota),
             open => open,
         }
     }
 
-    /// What the client of a call with `metadata` may write.
-    pub fn grant(&self, metadata: &MetadataMap) -> Result<Grant, WriterDenied> {
-        let Self::Tokens(tokens, quota) = self else { return Ok(Grant::Anyone) };
+    /// Mutual TLS without a writer file: no certificate is bound to any name, so every write
+    /// is refused (PERMISSION_DENIED) until a writer file binds them.
+    pub fn nobody() -> Self {
+        Self::Bound(Arc::default(), WriterQuota::default())
+    }
+
+    /// What the client of `request` may write: by its token, else by its certificate's names.
+    pub fn grant_for<T>(&self, request: &Request<T>) -> Result<Grant, WriterDenied> {
+        let certs = request.peer_certs();
+        self.grant(request.metadata(), certs.as_deref().map(|c| c.as_slice()))
+    }
+
+    /// What the client of a call with `metadata` and the TLS chain `certs` (leaf first) may
+    /// write.
+    pub fn grant(
+        &self,
+        metadata: &MetadataMap,
+        certs: Option<&[CertificateDer<'static>]>,
+    ) -> Result<Grant, WriterDenied> {
+        let Self::Bound(writers, quota) = self else { return Ok(Grant::Anyone) };
         let token = metadata
             .get("authorization")
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
-            .ok_or(WriterDenied::NoToken)?;
-        tokens.get(token.trim()).map(|t| Grant::Token(t.clone(), *quota)).ok_or(WriterDenied::UnknownToken)
+            .map(str::trim);
+        if let Some(token) = token.filter(|t| !t.starts_with(SAN_PREFIX)) {
+            return writers
+                .get(token)
+                .map(|t| Grant::Token(t.clone(), *quota))
+                .ok_or(WriterDenied::UnknownToken);
+        }
+        let Some(leaf) = certs.and_then(|c| c.first()) else { return Err(WriterDenied::NoToken) };
+        let names = certificate_names(leaf);
+        names
+            .iter()
+            .find_map(|n| writers.get(&format!("{SAN_PREFIX}{n}")))
+            .map(|t| Grant::Token(t.clone(), *quota))
+            .ok_or(WriterDenied::UnboundCertificate(names))
     }
 }
 
@@ -269,6 +316,13 @@ impl Default for WriteRules {
     fn default() -> Self {
         Self { writers: WriterPolicy::Open, max_epoch_step: DEFAULT_MAX_EPOCH_STEP }
     }
+}
+
+/// The DNS and URI subject alternative names of a DER certificate (none if it does not parse:
+/// the TLS layer has verified it already).
+pub fn certificate_names(der: &CertificateDer<'_>) -> Vec<String> {
+    let Ok(cert) = webpki::EndEntityCert::try_from(der) else { return Vec::new() };
+    cert.valid_dns_names().chain(cert.valid_uri_names()).map(str::to_string).collect()
 }
 
 /// A name a facade refuses to write: control characters (NUL included) and bidirectional
@@ -304,21 +358,24 @@ mod tests {
     #[test]
     fn tokens_grant_their_names_only() {
         let p = WriterPolicy::parse("# fleet\nt-a gw-a bridge-a-*\n\nt-root *  # ops\n").unwrap();
-        let a = p.grant(&with_token("t-a")).unwrap();
+        let a = p.grant(&with_token("t-a"), None).unwrap();
         assert!(a.allows("gw-a") && a.allows("bridge-a-7"));
         assert!(!a.allows("gw-ab") && !a.allows("gw-b"));
         assert_eq!(a.check("gw-b"), Err(WriterDenied::NotYours("gw-b".into())));
-        assert!(p.grant(&with_token("t-root")).unwrap().allows("anything"));
-        assert_eq!(p.grant(&MetadataMap::new()).unwrap_err(), WriterDenied::NoToken);
-        assert_eq!(p.grant(&with_token("t-x")).unwrap_err().status().code(), tonic::Code::Unauthenticated);
-        assert!(WriterPolicy::Open.grant(&MetadataMap::new()).unwrap().allows("x"));
+        assert!(p.grant(&with_token("t-root"), None).unwrap().allows("anything"));
+        assert_eq!(p.grant(&MetadataMap::new(), None).unwrap_err(), WriterDenied::NoToken);
+        assert_eq!(
+            p.grant(&with_token("t-x"), None).unwrap_err().status().code(),
+            tonic::Code::Unauthenticated
+        );
+        assert!(WriterPolicy::Open.grant(&MetadataMap::new(), None).unwrap().allows("x"));
     }
 
     #[test]
     fn a_full_quota_refuses_new_holders_and_keyspaces_only() {
         let quota = WriterQuota { holders: 2, keyspaces: 1 };
         let p = WriterPolicy::parse("t-a *\nt-b *\n").unwrap().with_quota(quota);
-        let (a, b) = (p.grant(&with_token("t-a")).unwrap(), p.grant(&with_token("t-b")).unwrap());
+        let (a, b) = (p.grant(&with_token("t-a"), None).unwrap(), p.grant(&with_token("t-b"), None).unwrap());
         let (k1, k2) = (KeyspaceId::new("m1", 4, 1), KeyspaceId::new("m2", 4, 1));
         a.admit(1, &k1).unwrap();
         a.admit(2, &k1).unwrap();
@@ -329,8 +386,32 @@ mod tests {
         b.admit(3, &k2).expect("another writer's quota is its own");
         a.release(2);
         a.admit(3, &k1).expect("a removed holder's place is free again");
-        let again = p.grant(&with_token("t-a")).unwrap();
+        let again = p.grant(&with_token("t-a"), None).unwrap();
         assert_eq!(again.admit(4, &k1), Err(WriterDenied::HolderQuota(2)), "per token, not per call");
+    }
+
+    fn cert(name: &str) -> CertificateDer<'static> {
+        use rustls_pki_types::pem::PemObject;
+        let path = format!("{}/../tests/fixtures/tls/{name}.pem", env!("CARGO_MANIFEST_DIR"));
+        CertificateDer::from_pem_file(path).unwrap()
+    }
+
+    #[test]
+    fn certificates_are_the_writers_of_their_san_lines() {
+        assert_eq!(certificate_names(&cert("writer-a")), vec!["writer-a.example"]);
+        assert_eq!(certificate_names(&cert("writer-b")), vec!["spiffe://example.org/writer-b"]);
+        let p = WriterPolicy::parse("t-a gw-a\nsan:writer-a.example w-a*\n").unwrap();
+        let none = MetadataMap::new();
+        let a = p.grant(&none, Some(&[cert("writer-a")])).unwrap();
+        assert!(a.allows("w-a-1") && !a.allows("gw-a"));
+        let by_token = p.grant(&with_token("t-a"), Some(&[cert("writer-a")])).unwrap();
+        assert!(by_token.allows("gw-a") && !by_token.allows("w-a-1"), "a token wins over the certificate");
+        let unbound = p.grant(&none, Some(&[cert("writer-b")])).unwrap_err();
+        assert_eq!(unbound, WriterDenied::UnboundCertificate(vec!["spiffe://example.org/writer-b".into()]));
+        assert_eq!(unbound.status().code(), tonic::Code::PermissionDenied);
+        assert_eq!(p.grant(&with_token("san:writer-a.example"), None).unwrap_err(), WriterDenied::NoToken);
+        let nobody = WriterPolicy::nobody().grant(&none, Some(&[cert("writer-a")])).unwrap_err();
+        assert_eq!(nobody.status().code(), tonic::Code::PermissionDenied, "mTLS without a writer file");
     }
 
     #[test]

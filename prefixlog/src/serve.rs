@@ -146,10 +146,14 @@ pub struct SglArgs {
     /// it behind mutual TLS (--tls-client-ca).
     #[arg(long, env = "PREFIXLOG_SMG_RADIX_INDEX")]
     pub smg_radix_index: bool,
-    /// The writer tokens of the write facades (--sgl-model, --smg-radix-index): one writer a
-    /// line, `TOKEN NAME-PATTERN...` (a name, `prefix*`, or `*`; `#` starts a comment). A write
-    /// needs `authorization: Bearer TOKEN` and may name only its token's holders / workers
-    /// (else UNAUTHENTICATED / PERMISSION_DENIED, counted in prefixlog_facade_skipped_total).
+    /// The writers of the write facades (--sgl-model, --smg-radix-index): one a line,
+    /// `TOKEN NAME-PATTERN...` or `san:NAME NAME-PATTERN...` (a name, `prefix*`, or `*`; `#`
+    /// starts a comment). A write needs `authorization: Bearer TOKEN` or, under
+    /// --tls-client-ca, a client certificate with a DNS or URI subject alternative name of a
+    /// `san:` line, and may name only that writer's holders / workers (else UNAUTHENTICATED /
+    /// PERMISSION_DENIED, counted in prefixlog_facade_skipped_total). Under --tls-client-ca
+    /// without this file every write is PERMISSION_DENIED (unless
+    /// --allow-unauthenticated-writes).
     #[arg(long, env = "PREFIXLOG_WRITER_TOKENS")]
     pub writer_tokens: Option<PathBuf>,
     /// Start the write facades on a query port without client authentication (no
@@ -205,6 +209,7 @@ impl SglArgs {
         };
         let writers = match &self.writer_tokens {
             Some(path) => WriterPolicy::load(path)?.with_quota(quota),
+            None if client_ca && !self.allow_unauthenticated_writes => WriterPolicy::nobody(),
             None => WriterPolicy::Open,
         };
         let facades =
@@ -214,6 +219,13 @@ impl SglArgs {
                 .map(|(_, f)| *f)
                 .collect::<Vec<_>>()
                 .join(" and ");
+        if !facades.is_empty() && matches!(writers, WriterPolicy::Bound(ref w, _) if w.is_empty()) {
+            tracing::warn!(
+                %facades,
+                "mutual TLS without --writer-tokens: no client certificate is bound to names (`san:` \
+                 lines), so every write is refused with PERMISSION_DENIED"
+            );
+        }
         if !facades.is_empty() && self.writer_tokens.is_none() && !client_ca {
             if !self.allow_unauthenticated_writes {
                 return Err(prefixlog_facades::writers::WriteSurfaceError::Unauthenticated { facades });

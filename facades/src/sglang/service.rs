@@ -56,7 +56,7 @@ impl SglangService {
 
     /// What the caller may write (refusals counted by reason).
     fn grant<T>(&self, request: &Request<T>) -> Result<Grant, Status> {
-        self.writers.grant(request.metadata()).map_err(|e| {
+        self.writers.grant_for(request).map_err(|e| {
             self.metrics.skipped(e.reason(), 1);
             e.status()
         })

@@ -114,7 +114,7 @@ impl RadixIndex for SmgService {
     type PullHoldersStream = UpdateStream;
 
     async fn publish(&self, request: Request<Streaming<Update>>) -> Result<Response<AckStream>, Status> {
-        let grant = self.writers.grant(request.metadata()).map_err(|e| {
+        let grant = self.writers.grant_for(&request).map_err(|e| {
             self.metrics.skipped(e.reason(), 1);
             self.metrics.request("Publish", e.status().code());
             e.status()
