@@ -131,7 +131,7 @@ pub struct SglArgs {
     /// `kv-indexer-bridge` can point at the query port. Needs --sgl-block-size. The query port
     /// then accepts log writes and fleet-wide removals (`ConfigureExpectedWorkers` with an
     /// empty list removes every SGLang worker the client may write): bind writers to their
-    /// names with --writer-tokens, or run it behind mutual TLS (--tls-client-ca).
+    /// names with --writer-tokens (tokens, or certificate SANs under --tls-client-ca).
     #[arg(long, env = "PREFIXLOG_SGL_MODEL", requires = "sgl_block_size")]
     pub sgl_model: Option<String>,
     /// Tokens per page of the SGLang workers (the keyspace's block size).
@@ -142,8 +142,8 @@ pub struct SglArgs {
     /// its `radix-index-bridge` (`--index`) publish and query through it. Keyspaces come from the
     /// requests (model, symbol kind, block size; wire hash scheme 1 only); holders are
     /// workers named `smg.holder`. Needs a replica of every partition (no --shard). The query
-    /// port then accepts log writes: bind writers to their holders with --writer-tokens, or run
-    /// it behind mutual TLS (--tls-client-ca).
+    /// port then accepts log writes: bind writers to their holders with --writer-tokens
+    /// (tokens, or certificate SANs under --tls-client-ca).
     #[arg(long, env = "PREFIXLOG_SMG_RADIX_INDEX")]
     pub smg_radix_index: bool,
     /// The writers of the write facades (--sgl-model, --smg-radix-index): one a line,
