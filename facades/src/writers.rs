@@ -87,9 +87,12 @@ struct Usage {
     keyspaces: HashSet<KeyspaceId>,
 }
 
-/// One token: its names and its use of its quota.
+/// One writer of the file (a token or a `san:` line): its names and its use of its quota.
 #[derive(Debug)]
 pub struct TokenWriter {
+    /// How metrics name it: the `san:NAME` of a certificate line, or a token line's first name
+    /// pattern (never the token).
+    label: String,
     names: Box<[NamePattern]>,
     usage: Mutex<Usage>,
 }
@@ -104,6 +107,14 @@ pub enum Grant {
 }
 
 impl Grant {
+    /// How metrics name the writer (`anyone` without a writer file).
+    pub fn label(&self) -> &str {
+        match self {
+            Self::Anyone => "anyone",
+            Self::Token(t, _) => &t.label,
+        }
+    }
+
     pub fn allows(&self, name: &str) -> bool {
         match self {
             Self::Anyone => true,
@@ -171,6 +182,12 @@ pub enum WriterDenied {
 }
 
 impl WriterDenied {
+    /// Whether the refusal is one writer's to be counted by writer (a known writer refused a
+    /// name or a place), not an unknown client's.
+    pub fn is_writers(&self) -> bool {
+        matches!(self, Self::NotYours(_) | Self::HolderQuota(_) | Self::KeyspaceQuota(_))
+    }
+
     /// The `reason` label it is counted under.
     pub fn reason(&self) -> &'static str {
         match self {
@@ -241,11 +258,11 @@ impl WriterPolicy {
             let line = line.split('#').next().unwrap_or("").trim();
             let mut words = line.split_whitespace();
             let Some(token) = words.next() else { continue };
-            let names: Box<[NamePattern]> = words.map(NamePattern::parse).collect();
-            if names.is_empty() {
-                return Err(TokenFileError::NoNames { line: i + 1 });
-            }
-            let writer = Arc::new(TokenWriter { names, usage: Mutex::default() });
+            let patterns: Vec<&str> = words.collect();
+            let Some(first) = patterns.first() else { return Err(TokenFileError::NoNames { line: i + 1 }) };
+            let label = if token.starts_with(SAN_PREFIX) { token.to_string() } else { first.to_string() };
+            let names = patterns.iter().map(|p| NamePattern::parse(p)).collect();
+            let writer = Arc::new(TokenWriter { label, names, usage: Mutex::default() });
             if tokens.insert(token.to_string(), writer).is_some() {
                 return Err(TokenFileError::Duplicate { line: i + 1 });
             }
@@ -404,8 +421,10 @@ mod tests {
         let none = MetadataMap::new();
         let a = p.grant(&none, Some(&[cert("writer-a")])).unwrap();
         assert!(a.allows("w-a-1") && !a.allows("gw-a"));
+        assert_eq!(a.label(), "san:writer-a.example");
         let by_token = p.grant(&with_token("t-a"), Some(&[cert("writer-a")])).unwrap();
         assert!(by_token.allows("gw-a") && !by_token.allows("w-a-1"), "a token wins over the certificate");
+        assert_eq!(by_token.label(), "gw-a", "a token's writer is named by its first pattern, not the token");
         let unbound = p.grant(&none, Some(&[cert("writer-b")])).unwrap_err();
         assert_eq!(unbound, WriterDenied::UnboundCertificate(vec!["spiffe://example.org/writer-b".into()]));
         assert_eq!(unbound.status().code(), tonic::Code::PermissionDenied);

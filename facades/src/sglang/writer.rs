@@ -58,6 +58,8 @@ pub enum WriteError {
     WorkerTableFull,
     #[error("appending to the log: {0}")]
     Publish(#[from] LogError),
+    #[error(transparent)]
+    SharedLimit(#[from] crate::writes::SharedLimit),
     #[error("the worker's epoch and sequence numbers are exhausted; it cannot be written again")]
     Exhausted,
     #[error("worker metadata (worker_id, address, cache spec, worker_epoch) would be {bytes} bytes; the log takes at most {max}")]
@@ -71,7 +73,9 @@ impl WriteError {
             Self::Denied(e) => e.status(),
             Self::MetadataTooLarge { .. } => Status::invalid_argument(self.to_string()),
             Self::Collision { .. } | Self::Exhausted => Status::failed_precondition(self.to_string()),
-            Self::TooManyWorkers(_) | Self::WorkerTableFull => Status::resource_exhausted(self.to_string()),
+            Self::TooManyWorkers(_) | Self::WorkerTableFull | Self::SharedLimit(_) => {
+                Status::resource_exhausted(self.to_string())
+            }
             Self::NotReady | Self::NotCaughtUp { .. } | Self::Publish(_) => {
                 Status::unavailable(self.to_string())
             }
@@ -166,11 +170,13 @@ impl Writer {
             SeqStep::Restart => true,
             SeqStep::Next => false,
         };
+        let (ops, skipped) = map_actions(&req.actions);
+        let keyspace = (!ops.is_empty() || bump).then_some(&self.keyspace);
+        crate::writes::check_shared_limits(&self.query, worker, st.metadata.is_none(), keyspace)?;
         if bump {
             st.new_epoch()?;
         }
         let mut landed: Vec<Landed> = self.announce(worker, st, metadata).await?.into_iter().collect();
-        let (ops, skipped) = map_actions(&req.actions);
         if !ops.is_empty() || bump {
             // Counted before the publish: if it failed but the record landed after all, reusing
             // the number would make the log skip the next batch as a duplicate; a number never

@@ -69,6 +69,8 @@ pub enum WriteError {
     HolderTableFull,
     #[error("appending to the log: {0}")]
     Publish(#[from] LogError),
+    #[error(transparent)]
+    SharedLimit(#[from] crate::writes::SharedLimit),
     #[error("holder metadata (name, Added.metadata as hex, capacity) would be {bytes} bytes; the log takes at most {max}")]
     MetadataTooLarge { bytes: u64, max: u64 },
 }
@@ -79,7 +81,7 @@ impl WriteError {
             Self::Update(e) => e.status(),
             Self::MetadataTooLarge { .. } => Status::invalid_argument(self.to_string()),
             Self::Collision { .. } | Self::EpochJump { .. } => Status::failed_precondition(self.to_string()),
-            Self::HolderTableFull => Status::resource_exhausted(self.to_string()),
+            Self::HolderTableFull | Self::SharedLimit(_) => Status::resource_exhausted(self.to_string()),
             Self::NotReady | Self::NotCaughtUp { .. } | Self::Publish(_) => {
                 Status::unavailable(self.to_string())
             }
@@ -192,6 +194,11 @@ impl Writer {
         }
         let mapped = update::map_events(u);
         self.load(worker, &u.holder, &mut guard, wait).await?;
+        let writes_events = mapped.has_events() || u.seq > 0;
+        let announces =
+            guard.as_ref().is_some_and(|st| st.metadata.is_none()) && (u.added.is_some() || writes_events);
+        let keyspace = writes_events.then_some(&ks);
+        crate::writes::check_shared_limits(&self.query, worker, announces, keyspace)?;
         let mut landed = Vec::new();
         let mut lanes = Vec::new();
         if u.dropped {
