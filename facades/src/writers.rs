@@ -25,6 +25,7 @@ use prefixlog_engine::KeyspaceId;
 use rustls_pki_types::CertificateDer;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Status};
@@ -93,6 +94,8 @@ pub struct TokenWriter {
     /// How metrics name it: the `san:NAME` of a certificate line, or a token line's first name
     /// pattern (never the token).
     label: String,
+    /// Its line in the file: a recorded name two writers may write is counted to the first.
+    line: usize,
     names: Box<[NamePattern]>,
     usage: Mutex<Usage>,
 }
@@ -241,7 +244,9 @@ pub enum WriteSurfaceError {
 pub enum WriterPolicy {
     #[default]
     Open,
-    Bound(Arc<HashMap<String, Arc<TokenWriter>>>, WriterQuota),
+    /// The writers by key; whether their quota use was seeded from the replica's state
+    /// ([`Self::seed`]).
+    Bound(Arc<HashMap<String, Arc<TokenWriter>>>, WriterQuota, Arc<AtomicBool>),
 }
 
 impl WriterPolicy {
@@ -262,7 +267,7 @@ impl WriterPolicy {
             let Some(first) = patterns.first() else { return Err(TokenFileError::NoNames { line: i + 1 }) };
             let label = if token.starts_with(SAN_PREFIX) { token.to_string() } else { first.to_string() };
             let names = patterns.iter().map(|p| NamePattern::parse(p)).collect();
-            let writer = Arc::new(TokenWriter { label, names, usage: Mutex::default() });
+            let writer = Arc::new(TokenWriter { label, line: i + 1, names, usage: Mutex::default() });
             if tokens.insert(token.to_string(), writer).is_some() {
                 return Err(TokenFileError::Duplicate { line: i + 1 });
             }
@@ -270,21 +275,44 @@ impl WriterPolicy {
         if tokens.is_empty() {
             return Err(TokenFileError::Empty);
         }
-        Ok(Self::Bound(Arc::new(tokens), WriterQuota::default()))
+        Ok(Self::Bound(Arc::new(tokens), WriterQuota::default(), Arc::default()))
     }
 
     /// The policy with each token's writer held to `quota` (no effect when open).
     pub fn with_quota(self, quota: WriterQuota) -> Self {
         match self {
-            Self::Bound(t, _) => Self::Bound(t, quota),
+            Self::Bound(t, _, seeded) => Self::Bound(t, quota, seeded),
             open => open,
         }
+    }
+
+    /// Whether the writers' quota use is still to be seeded from the replica's state.
+    pub fn needs_seed(&self) -> bool {
+        matches!(self, Self::Bound(_, _, seeded) if !seeded.load(Ordering::Acquire))
+    }
+
+    /// Counts `recorded` holders / workers (id, name, keyspaces it holds or feeds), as the
+    /// replica applied them, into the quota use of the writer whose patterns allow the name
+    /// (the first such line of the file), so a facade restart does not reset the quotas; a
+    /// name no writer may write is counted to none. Idempotent (use is a set); marks the
+    /// policy seeded.
+    pub fn seed(&self, recorded: &[(u64, String, Vec<KeyspaceId>)]) {
+        let Self::Bound(writers, _, seeded) = self else { return };
+        let mut by_line: Vec<&Arc<TokenWriter>> = writers.values().collect();
+        by_line.sort_by_key(|w| w.line);
+        for (worker, name, keyspaces) in recorded {
+            let Some(w) = by_line.iter().find(|w| w.names.iter().any(|p| p.matches(name))) else { continue };
+            let mut u = w.usage.lock();
+            u.holders.insert(*worker);
+            u.keyspaces.extend(keyspaces.iter().cloned());
+        }
+        seeded.store(true, Ordering::Release);
     }
 
     /// Mutual TLS without a writer file: no certificate is bound to any name, so every write
     /// is refused (PERMISSION_DENIED) until a writer file binds them.
     pub fn nobody() -> Self {
-        Self::Bound(Arc::default(), WriterQuota::default())
+        Self::Bound(Arc::default(), WriterQuota::default(), Arc::default())
     }
 
     /// What the client of `request` may write: by its token, else by its certificate's names.
@@ -300,7 +328,7 @@ impl WriterPolicy {
         metadata: &MetadataMap,
         certs: Option<&[CertificateDer<'static>]>,
     ) -> Result<Grant, WriterDenied> {
-        let Self::Bound(writers, quota) = self else { return Ok(Grant::Anyone) };
+        let Self::Bound(writers, quota, _) = self else { return Ok(Grant::Anyone) };
         let token = metadata
             .get("authorization")
             .and_then(|v| v.to_str().ok())
@@ -431,6 +459,31 @@ mod tests {
         assert_eq!(p.grant(&with_token("san:writer-a.example"), None).unwrap_err(), WriterDenied::NoToken);
         let nobody = WriterPolicy::nobody().grant(&none, Some(&[cert("writer-a")])).unwrap_err();
         assert_eq!(nobody.status().code(), tonic::Code::PermissionDenied, "mTLS without a writer file");
+    }
+
+    #[test]
+    fn quota_use_is_seeded_from_recorded_holders() {
+        let quota = WriterQuota { holders: 2, keyspaces: 1 };
+        let p = WriterPolicy::parse("t-a a-*\nt-all *\n").unwrap().with_quota(quota);
+        assert!(p.needs_seed());
+        let k1 = KeyspaceId::new("m1", 4, 1);
+        p.seed(&[
+            (1, "a-1".into(), vec![k1.clone()]),
+            (2, "a-2".into(), vec![k1.clone()]),
+            (3, "b".into(), vec![]),
+        ]);
+        assert!(!p.needs_seed());
+        let a = p.grant(&with_token("t-a"), None).unwrap();
+        assert_eq!(
+            a.admit(9, &k1),
+            Err(WriterDenied::HolderQuota(2)),
+            "a-1 and a-2 are t-a's (its line is first)"
+        );
+        assert_eq!(a.admit(1, &KeyspaceId::new("m2", 4, 1)), Err(WriterDenied::KeyspaceQuota(1)));
+        a.admit(2, &k1).expect("a recorded holder is not new");
+        let all = p.grant(&with_token("t-all"), None).unwrap();
+        all.admit(4, &k1).unwrap();
+        assert_eq!(all.admit(5, &k1), Err(WriterDenied::HolderQuota(2)), "b was counted to t-all");
     }
 
     #[test]

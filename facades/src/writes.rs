@@ -113,3 +113,47 @@ pub fn check_shared_limits(
     }
     Ok(())
 }
+
+/// The metadata keys under which the write facades record a holder's / worker's name (SMG's
+/// `smg.holder`, SGLang's `sgl.worker_id`).
+pub const NAME_KEYS: [&str; 2] = ["smg.holder", "sgl.worker_id"];
+
+/// Every named worker this replica applied (in the partitions it owns): its id, its name (under
+/// one of [`NAME_KEYS`]) and the keyspaces it feeds or holds blocks in.
+pub fn recorded_writers(query: &QueryService) -> Vec<(u64, String, Vec<KeyspaceId>)> {
+    let view = query.view();
+    let Some(applier) = &view.applier else { return Vec::new() };
+    let a = applier.lock();
+    let mut named: std::collections::HashMap<u64, (String, std::collections::BTreeSet<KeyspaceId>)> =
+        std::collections::HashMap::new();
+    for &p in &view.info.owned {
+        let part = a.partition(p);
+        for (&worker, meta) in &part.workers {
+            if let Some(name) = NAME_KEYS.iter().find_map(|k| meta.get(*k)) {
+                named.insert(worker, (name.clone(), Default::default()));
+            }
+        }
+        for key in part.feeds.keys() {
+            if let Some((_, ks)) = named.get_mut(&key.worker) {
+                ks.insert(key.keyspace.clone());
+            }
+        }
+    }
+    for ks in a.engine().keyspaces() {
+        let k = ks.read();
+        for h in k.holder_summaries() {
+            if let Some((_, set)) = named.get_mut(&h.key.worker) {
+                set.insert(k.id().clone());
+            }
+        }
+    }
+    named.into_iter().map(|(w, (name, ks))| (w, name, ks.into_iter().collect())).collect()
+}
+
+/// Seeds `policy`'s per-writer quota use from the replica's state once the replica is ready
+/// (caught up with the log), the first time a write asks: quotas survive a facade restart.
+pub fn seed_quotas(policy: &crate::writers::WriterPolicy, query: &QueryService) {
+    if policy.needs_seed() && query.view().readiness.is_ready() {
+        policy.seed(&recorded_writers(query));
+    }
+}

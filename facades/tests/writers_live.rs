@@ -352,3 +352,31 @@ async fn a_record_the_log_would_refuse_is_refused_to_its_writer() {
     assert_eq!(held, vec![("bridge-b-0".to_string(), 3), ("w-a".to_string(), 3)]);
     node.shutdown().await.unwrap();
 }
+
+/// A facade restart does not reset the writers' quotas: their use is seeded from the holders
+/// the replica applied (named, mapped to writers by the token file's patterns).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quotas_survive_a_restart() {
+    let kafka = EmbeddedKafka::start("prefixlog.writers.restart", 1).unwrap();
+    let spec = LogSpec::new(KafkaConnection::new(kafka.bootstrap_servers()), "prefixlog.writers.restart", 1);
+    let quota = WriterQuota { holders: 2, keyspaces: 1 };
+    let node = replica_with_quota(&spec, quota).await;
+    let mut c = RadixIndexClient::connect(node.endpoint()).await.unwrap();
+    first_publish(&mut c, update_in("m-a", "w-a", 1, 1)).await;
+    for (i, holder) in ["bridge-b-0", "bridge-b-1"].iter().enumerate() {
+        publish_once(&mut c, "t-b", update_in("m-b", holder, 1, 1 + i as u64)).await.unwrap();
+    }
+    node.shutdown().await.unwrap();
+
+    let node = replica_with_quota(&spec, quota).await;
+    let mut c = RadixIndexClient::connect(node.endpoint()).await.unwrap();
+    // The first write after the restart (retried until the replica is ready) is the owner's.
+    first_publish(&mut c, update_in("m-a", "w-a", 1, 2)).await;
+    let s = publish_once(&mut c, "t-b", update_in("m-b", "bridge-b-2", 1, 1)).await.unwrap_err();
+    assert_eq!(s.code(), Code::ResourceExhausted, "a third holder past the quota after a restart: {s:?}");
+    let s = publish_once(&mut c, "t-b", update_in("m-c", "bridge-b-0", 1, 3)).await.unwrap_err();
+    assert_eq!(s.code(), Code::ResourceExhausted, "a second model past the quota after a restart: {s:?}");
+    assert_eq!((skipped(&node, "writer_quota_holders"), skipped(&node, "writer_quota_keyspaces")), (1, 1));
+    publish_once(&mut c, "t-b", update_in("m-b", "bridge-b-1", 1, 3)).await.expect("a recorded holder");
+    node.shutdown().await.unwrap();
+}

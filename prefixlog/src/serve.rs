@@ -219,7 +219,7 @@ impl SglArgs {
                 .map(|(_, f)| *f)
                 .collect::<Vec<_>>()
                 .join(" and ");
-        if !facades.is_empty() && matches!(writers, WriterPolicy::Bound(ref w, _) if w.is_empty()) {
+        if !facades.is_empty() && matches!(writers, WriterPolicy::Bound(ref w, ..) if w.is_empty()) {
             tracing::warn!(
                 %facades,
                 "mutual TLS without --writer-tokens: no client certificate is bound to names (`san:` \

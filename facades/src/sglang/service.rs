@@ -56,6 +56,7 @@ impl SglangService {
 
     /// What the caller may write (refusals counted by reason).
     fn grant<T>(&self, request: &Request<T>) -> Result<Grant, Status> {
+        crate::writes::seed_quotas(&self.writers, &self.query);
         self.writers.grant_for(request).map_err(|e| {
             self.metrics.skipped(e.reason(), 1);
             e.status()

@@ -114,6 +114,7 @@ impl RadixIndex for SmgService {
     type PullHoldersStream = UpdateStream;
 
     async fn publish(&self, request: Request<Streaming<Update>>) -> Result<Response<AckStream>, Status> {
+        crate::writes::seed_quotas(&self.writers, &self.query);
         let grant = self.writers.grant_for(&request).map_err(|e| {
             self.metrics.skipped(e.reason(), 1);
             self.metrics.request("Publish", e.status().code());
