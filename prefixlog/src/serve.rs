@@ -474,13 +474,19 @@ mod tests {
 
     #[test]
     fn write_facades_need_client_authentication_or_the_explicit_flag() {
+        use prefixlog_facades::writers::WriterPolicy;
         let smg = Cli::try_parse_from(["x", "--smg-radix-index"]).unwrap().a;
         let err = smg.write_rules(false).unwrap_err().to_string();
         assert!(err.contains("--smg-radix-index") && err.contains("--allow-unauthenticated-writes"), "{err}");
-        assert!(smg.write_rules(true).is_ok(), "mutual TLS authenticates");
+        let mtls = smg.write_rules(true).expect("mutual TLS authenticates");
+        assert!(
+            matches!(mtls.writers, WriterPolicy::Bound(ref w, ..) if w.is_empty()),
+            "but binds no certificate to names: every write refused"
+        );
         let allowed =
             Cli::try_parse_from(["x", "--smg-radix-index", "--allow-unauthenticated-writes"]).unwrap().a;
-        assert!(allowed.write_rules(false).is_ok());
+        assert!(matches!(allowed.write_rules(false).unwrap().writers, WriterPolicy::Open));
+        assert!(matches!(allowed.write_rules(true).unwrap().writers, WriterPolicy::Open));
         let dir = std::env::temp_dir().join(format!("writer-tokens-{}", std::process::id()));
         std::fs::write(&dir, "t-a gw-a\n").unwrap();
         let tokens =
