@@ -13,6 +13,7 @@ use prometheus::{IntCounterVec, Opts, Registry};
 pub struct FacadeMetrics {
     requests: IntCounterVec,
     skipped: IntCounterVec,
+    writer_refused: IntCounterVec,
 }
 
 impl FacadeMetrics {
@@ -34,9 +35,19 @@ impl FacadeMetrics {
             .const_label("protocol", protocol),
             &["reason"],
         )?;
+        let writer_refused = IntCounterVec::new(
+            Opts::new(
+                "prefixlog_facade_writer_refused_total",
+                "Writes a protocol facade refused to one writer (its quota, a shared per-partition \
+                 limit, a name not its own), by protocol, writer and reason",
+            )
+            .const_label("protocol", protocol),
+            &["writer", "reason"],
+        )?;
         r.register(Box::new(requests.clone()))?;
         r.register(Box::new(skipped.clone()))?;
-        Ok(Self { requests, skipped })
+        r.register(Box::new(writer_refused.clone()))?;
+        Ok(Self { requests, skipped, writer_refused })
     }
 
     pub fn request(&self, rpc: &str, code: tonic::Code) {
@@ -48,6 +59,11 @@ impl FacadeMetrics {
         if n > 0 {
             self.skipped.with_label_values(&[reason]).inc_by(n);
         }
+    }
+
+    /// A write refused to `writer` (its [`crate::writers::Grant::label`]) for `reason`.
+    pub fn writer_refused(&self, writer: &str, reason: &str) {
+        self.writer_refused.with_label_values(&[writer, reason]).inc();
     }
 
     /// The count of `(rpc, code)` so far (tests).

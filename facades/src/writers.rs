@@ -2,24 +2,36 @@
 //! `ConfigureExpectedWorkers`): which holder / worker names a client may write, the largest
 //! epoch step one update may take, and which names are written at all.
 //!
-//! Identity is a bearer token (`authorization: Bearer <token>` in the call's metadata) looked up
-//! in a token file (`prefixlog serve --writer-tokens FILE`), one writer a line:
+//! Identity is a bearer token (`authorization: Bearer <token>` in the call's metadata) or, with
+//! mutual TLS, a subject alternative name (DNS or URI) of the client's certificate, looked up in
+//! a writer file (`prefixlog serve --writer-tokens FILE`), one writer a line:
 //!
 //! ```text
-//! # token        names it may write (exact, `prefix*`, or `*` for every name)
-//! 4f0c…9a  gw-a  bridge-a-*
+//! # token or san:NAME     names it may write (exact, `prefix*`, or `*` for every name)
+//! 4f0c…9a                 gw-a  bridge-a-*
+//! san:gw-b.example.org    gw-b
+//! san:spiffe://example.org/bridge-c  bridge-c-*
 //! ```
 //!
-//! Without a token file the facade is [`WriterPolicy::Open`]: every client may write every name
-//! (the binary allows that only behind mutual TLS or with `--allow-unauthenticated-writes`).
+//! A call with a token is the token's writer (its certificate is not looked at); one without is
+//! the writer of the first of its certificate's names with a `san:` line.
+//!
+//! Without a writer file the facade is [`WriterPolicy::Open`] (every client may write every
+//! name: the binary allows it only with `--allow-unauthenticated-writes`) or, behind mutual TLS,
+//! [`WriterPolicy::Bound`] with no entry: every write is PERMISSION_DENIED.
 
 use parking_lot::Mutex;
 use prefixlog_engine::KeyspaceId;
+use rustls_pki_types::CertificateDer;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tonic::metadata::MetadataMap;
-use tonic::Status;
+use tonic::{Request, Status};
+
+/// The prefix of a writer file's certificate-name entries.
+pub const SAN_PREFIX: &str = "san:";
 
 /// The default of `serve --max-epoch-step`: the largest epoch increase one update may make, so
 /// no single update moves a holder to an epoch nobody can supersede (2^64 - 1).
@@ -76,9 +88,14 @@ struct Usage {
     keyspaces: HashSet<KeyspaceId>,
 }
 
-/// One token: its names and its use of its quota.
+/// One writer of the file (a token or a `san:` line): its names and its use of its quota.
 #[derive(Debug)]
 pub struct TokenWriter {
+    /// How metrics name it: the `san:NAME` of a certificate line, or a token line's first name
+    /// pattern (never the token).
+    label: String,
+    /// Its line in the file: a recorded name two writers may write is counted to the first.
+    line: usize,
     names: Box<[NamePattern]>,
     usage: Mutex<Usage>,
 }
@@ -93,6 +110,14 @@ pub enum Grant {
 }
 
 impl Grant {
+    /// How metrics name the writer (`anyone` without a writer file).
+    pub fn label(&self) -> &str {
+        match self {
+            Self::Anyone => "anyone",
+            Self::Token(t, _) => &t.label,
+        }
+    }
+
     pub fn allows(&self, name: &str) -> bool {
         match self {
             Self::Anyone => true,
@@ -142,6 +167,11 @@ pub enum WriterDenied {
     NoToken,
     #[error("the writer token sent is not in this replica's --writer-tokens file")]
     UnknownToken,
+    #[error(
+        "no writer is bound to this client certificate's names {0:?} (a `san:NAME` line of \
+         --writer-tokens), and it sent no token"
+    )]
+    UnboundCertificate(Vec<String>),
     #[error("this writer may not write {0:?} (not among its token's names)")]
     NotYours(String),
     #[error(
@@ -155,11 +185,18 @@ pub enum WriterDenied {
 }
 
 impl WriterDenied {
+    /// Whether the refusal is one writer's to be counted by writer (a known writer refused a
+    /// name or a place), not an unknown client's.
+    pub fn is_writers(&self) -> bool {
+        matches!(self, Self::NotYours(_) | Self::HolderQuota(_) | Self::KeyspaceQuota(_))
+    }
+
     /// The `reason` label it is counted under.
     pub fn reason(&self) -> &'static str {
         match self {
             Self::NoToken => "writer_no_token",
             Self::UnknownToken => "writer_unknown_token",
+            Self::UnboundCertificate(_) => "writer_unbound_certificate",
             Self::NotYours(_) => "writer_not_allowed",
             Self::HolderQuota(_) => "writer_quota_holders",
             Self::KeyspaceQuota(_) => "writer_quota_keyspaces",
@@ -169,7 +206,7 @@ impl WriterDenied {
     pub fn status(&self) -> Status {
         match self {
             Self::NoToken | Self::UnknownToken => Status::unauthenticated(self.to_string()),
-            Self::NotYours(_) => Status::permission_denied(self.to_string()),
+            Self::NotYours(_) | Self::UnboundCertificate(_) => Status::permission_denied(self.to_string()),
             Self::HolderQuota(_) | Self::KeyspaceQuota(_) => Status::resource_exhausted(self.to_string()),
         }
     }
@@ -201,12 +238,15 @@ pub enum WriteSurfaceError {
     Tokens(#[from] TokenFileError),
 }
 
-/// Who may write: every client, or the holders of a token file's tokens.
+/// Who may write: every client, or the writers of a writer file (keyed by token, or by
+/// `san:NAME` for a certificate name).
 #[derive(Clone, Debug, Default)]
 pub enum WriterPolicy {
     #[default]
     Open,
-    Tokens(Arc<HashMap<String, Arc<TokenWriter>>>, WriterQuota),
+    /// The writers by key; whether their quota use was seeded from the replica's state
+    /// ([`Self::seed`]).
+    Bound(Arc<HashMap<String, Arc<TokenWriter>>>, WriterQuota, Arc<AtomicBool>),
 }
 
 impl WriterPolicy {
@@ -223,11 +263,11 @@ impl WriterPolicy {
             let line = line.split('#').next().unwrap_or("").trim();
             let mut words = line.split_whitespace();
             let Some(token) = words.next() else { continue };
-            let names: Box<[NamePattern]> = words.map(NamePattern::parse).collect();
-            if names.is_empty() {
-                return Err(TokenFileError::NoNames { line: i + 1 });
-            }
-            let writer = Arc::new(TokenWriter { names, usage: Mutex::default() });
+            let patterns: Vec<&str> = words.collect();
+            let Some(first) = patterns.first() else { return Err(TokenFileError::NoNames { line: i + 1 }) };
+            let label = if token.starts_with(SAN_PREFIX) { token.to_string() } else { first.to_string() };
+            let names = patterns.iter().map(|p| NamePattern::parse(p)).collect();
+            let writer = Arc::new(TokenWriter { label, line: i + 1, names, usage: Mutex::default() });
             if tokens.insert(token.to_string(), writer).is_some() {
                 return Err(TokenFileError::Duplicate { line: i + 1 });
             }
@@ -235,26 +275,78 @@ impl WriterPolicy {
         if tokens.is_empty() {
             return Err(TokenFileError::Empty);
         }
-        Ok(Self::Tokens(Arc::new(tokens), WriterQuota::default()))
+        Ok(Self::Bound(Arc::new(tokens), WriterQuota::default(), Arc::default()))
     }
 
     /// The policy with each token's writer held to `quota` (no effect when open).
     pub fn with_quota(self, quota: WriterQuota) -> Self {
         match self {
-            Self::Tokens(t, _) => Self::Tokens(t, quota),
+            Self::Bound(t, _, seeded) => Self::Bound(t, quota, seeded),
             open => open,
         }
     }
 
-    /// What the client of a call with `metadata` may write.
-    pub fn grant(&self, metadata: &MetadataMap) -> Result<Grant, WriterDenied> {
-        let Self::Tokens(tokens, quota) = self else { return Ok(Grant::Anyone) };
+    /// Whether the writers' quota use is still to be seeded from the replica's state.
+    pub fn needs_seed(&self) -> bool {
+        matches!(self, Self::Bound(_, _, seeded) if !seeded.load(Ordering::Acquire))
+    }
+
+    /// Counts `recorded` holders / workers (id, name, keyspaces it holds or feeds), as the
+    /// replica applied them, into the quota use of the writer whose patterns allow the name
+    /// (the first such line of the file), so a facade restart does not reset the quotas; a
+    /// name no writer may write is counted to none. Idempotent (use is a set); marks the
+    /// policy seeded.
+    pub fn seed(&self, recorded: &[(u64, String, Vec<KeyspaceId>)]) {
+        let Self::Bound(writers, _, seeded) = self else { return };
+        let mut by_line: Vec<&Arc<TokenWriter>> = writers.values().collect();
+        by_line.sort_by_key(|w| w.line);
+        for (worker, name, keyspaces) in recorded {
+            let Some(w) = by_line.iter().find(|w| w.names.iter().any(|p| p.matches(name))) else { continue };
+            let mut u = w.usage.lock();
+            u.holders.insert(*worker);
+            u.keyspaces.extend(keyspaces.iter().cloned());
+        }
+        seeded.store(true, Ordering::Release);
+    }
+
+    /// Mutual TLS without a writer file: no certificate is bound to any name, so every write
+    /// is refused (PERMISSION_DENIED) until a writer file binds them.
+    pub fn nobody() -> Self {
+        Self::Bound(Arc::default(), WriterQuota::default(), Arc::default())
+    }
+
+    /// What the client of `request` may write: by its token, else by its certificate's names.
+    pub fn grant_for<T>(&self, request: &Request<T>) -> Result<Grant, WriterDenied> {
+        let certs = request.peer_certs();
+        self.grant(request.metadata(), certs.as_deref().map(|c| c.as_slice()))
+    }
+
+    /// What the client of a call with `metadata` and the TLS chain `certs` (leaf first) may
+    /// write.
+    pub fn grant(
+        &self,
+        metadata: &MetadataMap,
+        certs: Option<&[CertificateDer<'static>]>,
+    ) -> Result<Grant, WriterDenied> {
+        let Self::Bound(writers, quota, _) = self else { return Ok(Grant::Anyone) };
         let token = metadata
             .get("authorization")
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
-            .ok_or(WriterDenied::NoToken)?;
-        tokens.get(token.trim()).map(|t| Grant::Token(t.clone(), *quota)).ok_or(WriterDenied::UnknownToken)
+            .map(str::trim);
+        if let Some(token) = token.filter(|t| !t.starts_with(SAN_PREFIX)) {
+            return writers
+                .get(token)
+                .map(|t| Grant::Token(t.clone(), *quota))
+                .ok_or(WriterDenied::UnknownToken);
+        }
+        let Some(leaf) = certs.and_then(|c| c.first()) else { return Err(WriterDenied::NoToken) };
+        let names = certificate_names(leaf);
+        names
+            .iter()
+            .find_map(|n| writers.get(&format!("{SAN_PREFIX}{n}")))
+            .map(|t| Grant::Token(t.clone(), *quota))
+            .ok_or(WriterDenied::UnboundCertificate(names))
     }
 }
 
@@ -269,6 +361,13 @@ impl Default for WriteRules {
     fn default() -> Self {
         Self { writers: WriterPolicy::Open, max_epoch_step: DEFAULT_MAX_EPOCH_STEP }
     }
+}
+
+/// The DNS and URI subject alternative names of a DER certificate (none if it does not parse:
+/// the TLS layer has verified it already).
+pub fn certificate_names(der: &CertificateDer<'_>) -> Vec<String> {
+    let Ok(cert) = webpki::EndEntityCert::try_from(der) else { return Vec::new() };
+    cert.valid_dns_names().chain(cert.valid_uri_names()).map(str::to_string).collect()
 }
 
 /// A name a facade refuses to write: control characters (NUL included) and bidirectional
@@ -304,21 +403,24 @@ mod tests {
     #[test]
     fn tokens_grant_their_names_only() {
         let p = WriterPolicy::parse("# fleet\nt-a gw-a bridge-a-*\n\nt-root *  # ops\n").unwrap();
-        let a = p.grant(&with_token("t-a")).unwrap();
+        let a = p.grant(&with_token("t-a"), None).unwrap();
         assert!(a.allows("gw-a") && a.allows("bridge-a-7"));
         assert!(!a.allows("gw-ab") && !a.allows("gw-b"));
         assert_eq!(a.check("gw-b"), Err(WriterDenied::NotYours("gw-b".into())));
-        assert!(p.grant(&with_token("t-root")).unwrap().allows("anything"));
-        assert_eq!(p.grant(&MetadataMap::new()).unwrap_err(), WriterDenied::NoToken);
-        assert_eq!(p.grant(&with_token("t-x")).unwrap_err().status().code(), tonic::Code::Unauthenticated);
-        assert!(WriterPolicy::Open.grant(&MetadataMap::new()).unwrap().allows("x"));
+        assert!(p.grant(&with_token("t-root"), None).unwrap().allows("anything"));
+        assert_eq!(p.grant(&MetadataMap::new(), None).unwrap_err(), WriterDenied::NoToken);
+        assert_eq!(
+            p.grant(&with_token("t-x"), None).unwrap_err().status().code(),
+            tonic::Code::Unauthenticated
+        );
+        assert!(WriterPolicy::Open.grant(&MetadataMap::new(), None).unwrap().allows("x"));
     }
 
     #[test]
     fn a_full_quota_refuses_new_holders_and_keyspaces_only() {
         let quota = WriterQuota { holders: 2, keyspaces: 1 };
         let p = WriterPolicy::parse("t-a *\nt-b *\n").unwrap().with_quota(quota);
-        let (a, b) = (p.grant(&with_token("t-a")).unwrap(), p.grant(&with_token("t-b")).unwrap());
+        let (a, b) = (p.grant(&with_token("t-a"), None).unwrap(), p.grant(&with_token("t-b"), None).unwrap());
         let (k1, k2) = (KeyspaceId::new("m1", 4, 1), KeyspaceId::new("m2", 4, 1));
         a.admit(1, &k1).unwrap();
         a.admit(2, &k1).unwrap();
@@ -329,8 +431,59 @@ mod tests {
         b.admit(3, &k2).expect("another writer's quota is its own");
         a.release(2);
         a.admit(3, &k1).expect("a removed holder's place is free again");
-        let again = p.grant(&with_token("t-a")).unwrap();
+        let again = p.grant(&with_token("t-a"), None).unwrap();
         assert_eq!(again.admit(4, &k1), Err(WriterDenied::HolderQuota(2)), "per token, not per call");
+    }
+
+    fn cert(name: &str) -> CertificateDer<'static> {
+        use rustls_pki_types::pem::PemObject;
+        let path = format!("{}/../tests/fixtures/tls/{name}.pem", env!("CARGO_MANIFEST_DIR"));
+        CertificateDer::from_pem_file(path).unwrap()
+    }
+
+    #[test]
+    fn certificates_are_the_writers_of_their_san_lines() {
+        assert_eq!(certificate_names(&cert("writer-a")), vec!["writer-a.example"]);
+        assert_eq!(certificate_names(&cert("writer-b")), vec!["spiffe://example.org/writer-b"]);
+        let p = WriterPolicy::parse("t-a gw-a\nsan:writer-a.example w-a*\n").unwrap();
+        let none = MetadataMap::new();
+        let a = p.grant(&none, Some(&[cert("writer-a")])).unwrap();
+        assert!(a.allows("w-a-1") && !a.allows("gw-a"));
+        assert_eq!(a.label(), "san:writer-a.example");
+        let by_token = p.grant(&with_token("t-a"), Some(&[cert("writer-a")])).unwrap();
+        assert!(by_token.allows("gw-a") && !by_token.allows("w-a-1"), "a token wins over the certificate");
+        assert_eq!(by_token.label(), "gw-a", "a token's writer is named by its first pattern, not the token");
+        let unbound = p.grant(&none, Some(&[cert("writer-b")])).unwrap_err();
+        assert_eq!(unbound, WriterDenied::UnboundCertificate(vec!["spiffe://example.org/writer-b".into()]));
+        assert_eq!(unbound.status().code(), tonic::Code::PermissionDenied);
+        assert_eq!(p.grant(&with_token("san:writer-a.example"), None).unwrap_err(), WriterDenied::NoToken);
+        let nobody = WriterPolicy::nobody().grant(&none, Some(&[cert("writer-a")])).unwrap_err();
+        assert_eq!(nobody.status().code(), tonic::Code::PermissionDenied, "mTLS without a writer file");
+    }
+
+    #[test]
+    fn quota_use_is_seeded_from_recorded_holders() {
+        let quota = WriterQuota { holders: 2, keyspaces: 1 };
+        let p = WriterPolicy::parse("t-a a-*\nt-all *\n").unwrap().with_quota(quota);
+        assert!(p.needs_seed());
+        let k1 = KeyspaceId::new("m1", 4, 1);
+        p.seed(&[
+            (1, "a-1".into(), vec![k1.clone()]),
+            (2, "a-2".into(), vec![k1.clone()]),
+            (3, "b".into(), vec![]),
+        ]);
+        assert!(!p.needs_seed());
+        let a = p.grant(&with_token("t-a"), None).unwrap();
+        assert_eq!(
+            a.admit(9, &k1),
+            Err(WriterDenied::HolderQuota(2)),
+            "a-1 and a-2 are t-a's (its line is first)"
+        );
+        assert_eq!(a.admit(1, &KeyspaceId::new("m2", 4, 1)), Err(WriterDenied::KeyspaceQuota(1)));
+        a.admit(2, &k1).expect("a recorded holder is not new");
+        let all = p.grant(&with_token("t-all"), None).unwrap();
+        all.admit(4, &k1).unwrap();
+        assert_eq!(all.admit(5, &k1), Err(WriterDenied::HolderQuota(2)), "b was counted to t-all");
     }
 
     #[test]

@@ -3,9 +3,12 @@
 //! high watermark), and the worker's recorded name must be the one asking (two names that hash
 //! to one worker id are refused, never merged). [`WriteRefused`] is why a write of the SGLang
 //! or SMG facade was refused for a reason both share (each facade's `WriteError` wraps it), with
-//! its status and metrics reason; [`check_metadata_size`] the metadata bound both apply.
+//! its status and metrics reason; [`check_metadata_size`] the metadata bound both apply. And a
+//! record the replica would refuse on apply for a shared per-partition limit
+//! (`too_many_workers`, `too_many_keyspaces`) is refused to its writer before it is appended
+//! ([`check_shared_limits`]), so the writer is told.
 
-use prefixlog_engine::partition_of;
+use prefixlog_engine::{partition_of, KeyspaceId};
 use prefixlog_query::QueryService;
 use prefixlog_state::settings::{StateSettings, METADATA_ENTRY_BYTES};
 use prefixlog_state::{LogError, NextOffset};
@@ -194,6 +197,107 @@ pub fn check_metadata_size(
         return Err(WriteRefused::MetadataTooLarge { subject, bytes, max });
     }
     Ok(())
+}
+
+/// A shared per-partition limit a record would pass (the replica would refuse it on apply).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SharedLimit {
+    #[error(
+        "partition {partition} already has {max} workers (--max-workers-per-partition): a new one \
+         would be refused on apply (too_many_workers)"
+    )]
+    Workers { partition: u32, max: u32 },
+    #[error(
+        "partition {partition} already uses {max} keyspaces (--max-keyspaces-per-partition): a new \
+         one would be refused on apply (too_many_keyspaces)"
+    )]
+    Keyspaces { partition: u32, max: u32 },
+}
+
+impl SharedLimit {
+    /// The apply refusal's reason, also the label it is counted under here.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Workers { .. } => "too_many_workers",
+            Self::Keyspaces { .. } => "too_many_keyspaces",
+        }
+    }
+}
+
+/// Whether `worker`'s next records (a `WorkerAdded` if `announces`, records in `keyspace`)
+/// pass its partition's shared limits as this replica applied the partition, with the
+/// replica's own settings. Records by other writers may land in between: the check catches the
+/// full partition, not the race for its last place (that record is still refused on apply and
+/// counted there only).
+pub fn check_shared_limits(
+    query: &QueryService,
+    worker: u64,
+    announces: bool,
+    keyspace: Option<&KeyspaceId>,
+) -> Result<(), SharedLimit> {
+    let view = query.view();
+    let Some(applier) = &view.applier else { return Ok(()) };
+    let partition = partition_of(worker, view.info.partition_count);
+    let a = applier.lock();
+    let s = a.settings();
+    let part = a.partition(partition);
+    if announces
+        && !part.workers.contains_key(&worker)
+        && part.workers.len() >= s.max_workers_per_partition as usize
+    {
+        return Err(SharedLimit::Workers { partition, max: s.max_workers_per_partition });
+    }
+    let usage = a.usage(partition);
+    if let Some(ks) = keyspace {
+        if !usage.uses(ks) && usage.keyspaces().count() >= s.max_keyspaces_per_partition as usize {
+            return Err(SharedLimit::Keyspaces { partition, max: s.max_keyspaces_per_partition });
+        }
+    }
+    Ok(())
+}
+
+/// The metadata keys under which the write facades record a holder's / worker's name (SMG's
+/// `smg.holder`, SGLang's `sgl.worker_id`).
+pub const NAME_KEYS: [&str; 2] = ["smg.holder", "sgl.worker_id"];
+
+/// Every named worker this replica applied (in the partitions it owns): its id, its name (under
+/// one of [`NAME_KEYS`]) and the keyspaces it feeds or holds blocks in.
+pub fn recorded_writers(query: &QueryService) -> Vec<(u64, String, Vec<KeyspaceId>)> {
+    let view = query.view();
+    let Some(applier) = &view.applier else { return Vec::new() };
+    let a = applier.lock();
+    let mut named: std::collections::HashMap<u64, (String, std::collections::BTreeSet<KeyspaceId>)> =
+        std::collections::HashMap::new();
+    for &p in &view.info.owned {
+        let part = a.partition(p);
+        for (&worker, meta) in &part.workers {
+            if let Some(name) = NAME_KEYS.iter().find_map(|k| meta.get(*k)) {
+                named.insert(worker, (name.clone(), Default::default()));
+            }
+        }
+        for key in part.feeds.keys() {
+            if let Some((_, ks)) = named.get_mut(&key.worker) {
+                ks.insert(key.keyspace.clone());
+            }
+        }
+    }
+    for ks in a.engine().keyspaces() {
+        let k = ks.read();
+        for h in k.holder_summaries() {
+            if let Some((_, set)) = named.get_mut(&h.key.worker) {
+                set.insert(k.id().clone());
+            }
+        }
+    }
+    named.into_iter().map(|(w, (name, ks))| (w, name, ks.into_iter().collect())).collect()
+}
+
+/// Seeds `policy`'s per-writer quota use from the replica's state once the replica is ready
+/// (caught up with the log), the first time a write asks: quotas survive a facade restart.
+pub fn seed_quotas(policy: &crate::writers::WriterPolicy, query: &QueryService) {
+    if policy.needs_seed() && query.view().readiness.is_ready() {
+        policy.seed(&recorded_writers(query));
+    }
 }
 
 #[cfg(test)]

@@ -304,3 +304,79 @@ async fn a_writer_that_fills_its_quota_leaves_room_for_another() {
     assert_eq!(b, vec![("bridge-b-1".to_string(), 3), ("bridge-b-2".to_string(), 3)]);
     node.shutdown().await.unwrap();
 }
+
+/// `prefixlog_facade_writer_refused_total{writer, reason}`.
+fn writer_refused(node: &ReplicaNode, writer: &str, reason: &str) -> u64 {
+    let families = node.registry().gather();
+    let Some(f) = families.iter().find(|f| f.name() == "prefixlog_facade_writer_refused_total") else {
+        return 0;
+    };
+    let has = |m: &prometheus::proto::Metric, k: &str, v: &str| {
+        m.get_label().iter().any(|l| l.name() == k && l.value() == v)
+    };
+    f.get_metric()
+        .iter()
+        .filter(|m| has(m, "writer", writer) && has(m, "reason", reason))
+        .map(|m| m.get_counter().value() as u64)
+        .sum()
+}
+
+/// A record the replica would refuse on apply for a shared per-partition limit is refused to
+/// its writer (RESOURCE_EXHAUSTED, counted by writer), not acked and dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_the_log_would_refuse_is_refused_to_its_writer() {
+    let kafka = EmbeddedKafka::start("prefixlog.writers.shared", 1).unwrap();
+    let settings = prefixlog_state::settings::StateSettings {
+        max_keyspaces_per_partition: 1,
+        max_workers_per_partition: 2,
+        ..Default::default()
+    };
+    let spec = LogSpec::new(KafkaConnection::new(kafka.bootstrap_servers()), "prefixlog.writers.shared", 1)
+        .with_settings(settings);
+    let node = replica(&spec).await;
+    let mut c = RadixIndexClient::connect(node.endpoint()).await.unwrap();
+
+    first_publish(&mut c, update_in("m-a", "w-a", 1, 1)).await;
+    let s = publish_once(&mut c, "t-b", update_in("m-b", "bridge-b-0", 1, 1)).await.unwrap_err();
+    assert_eq!(s.code(), Code::ResourceExhausted, "a second keyspace in a partition of one: {s:?}");
+    assert!(s.message().contains("too_many_keyspaces"), "{s:?}");
+    publish_once(&mut c, "t-b", update_in("m-a", "bridge-b-0", 1, 1)).await.unwrap();
+    let s = publish_once(&mut c, "t-b", update_in("m-a", "bridge-b-1", 1, 1)).await.unwrap_err();
+    assert_eq!(s.code(), Code::ResourceExhausted, "a third worker in a partition of two: {s:?}");
+    assert!(s.message().contains("too_many_workers"), "{s:?}");
+    assert_eq!(writer_refused(&node, "w-b", "too_many_keyspaces"), 1);
+    assert_eq!(writer_refused(&node, "w-b", "too_many_workers"), 1);
+    assert_eq!(writer_refused(&node, "w-a", "too_many_workers"), 0, "counted for the writer refused");
+    let mut held = holders_of(&mut c, "m-a").await;
+    held.sort();
+    assert_eq!(held, vec![("bridge-b-0".to_string(), 3), ("w-a".to_string(), 3)]);
+    node.shutdown().await.unwrap();
+}
+
+/// A facade restart does not reset the writers' quotas: their use is seeded from the holders
+/// the replica applied (named, mapped to writers by the token file's patterns).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quotas_survive_a_restart() {
+    let kafka = EmbeddedKafka::start("prefixlog.writers.restart", 1).unwrap();
+    let spec = LogSpec::new(KafkaConnection::new(kafka.bootstrap_servers()), "prefixlog.writers.restart", 1);
+    let quota = WriterQuota { holders: 2, keyspaces: 1 };
+    let node = replica_with_quota(&spec, quota).await;
+    let mut c = RadixIndexClient::connect(node.endpoint()).await.unwrap();
+    first_publish(&mut c, update_in("m-a", "w-a", 1, 1)).await;
+    for (i, holder) in ["bridge-b-0", "bridge-b-1"].iter().enumerate() {
+        publish_once(&mut c, "t-b", update_in("m-b", holder, 1, 1 + i as u64)).await.unwrap();
+    }
+    node.shutdown().await.unwrap();
+
+    let node = replica_with_quota(&spec, quota).await;
+    let mut c = RadixIndexClient::connect(node.endpoint()).await.unwrap();
+    // The first write after the restart (retried until the replica is ready) is the owner's.
+    first_publish(&mut c, update_in("m-a", "w-a", 1, 2)).await;
+    let s = publish_once(&mut c, "t-b", update_in("m-b", "bridge-b-2", 1, 1)).await.unwrap_err();
+    assert_eq!(s.code(), Code::ResourceExhausted, "a third holder past the quota after a restart: {s:?}");
+    let s = publish_once(&mut c, "t-b", update_in("m-c", "bridge-b-0", 1, 3)).await.unwrap_err();
+    assert_eq!(s.code(), Code::ResourceExhausted, "a second model past the quota after a restart: {s:?}");
+    assert_eq!((skipped(&node, "writer_quota_holders"), skipped(&node, "writer_quota_keyspaces")), (1, 1));
+    publish_once(&mut c, "t-b", update_in("m-b", "bridge-b-1", 1, 3)).await.expect("a recorded holder");
+    node.shutdown().await.unwrap();
+}

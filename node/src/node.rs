@@ -22,6 +22,13 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::task::JoinHandle;
 
+/// Connections the peer port holds: the admin port's defaults (peers are a few replicas).
+const PEER_PORT_CONNECTIONS: prefixlog_query::listen::ConnLimits = prefixlog_query::listen::ConnLimits {
+    header_timeout: prefixlog_query::listen::DEFAULT_HEADER_TIMEOUT,
+    max_connections: prefixlog_query::listen::DEFAULT_MAX_CONNECTIONS,
+    max_connections_per_peer: prefixlog_query::listen::DEFAULT_MAX_CONNECTIONS_PER_PEER,
+};
+
 /// A running replica: ingest, checkpoints, the peer service, anti-entropy, scrubbing, recovery
 /// of cut partitions, ticks, and the query and admin ports.
 pub struct ReplicaNode {
@@ -175,8 +182,10 @@ impl ReplicaNode {
             if let Some(tls) = &self.opts.peer_tls {
                 builder = builder.tls_config(tls.server()).map_err(NodeError::PeerTls)?;
             }
+            let refused = prefixlog_query::listen::counted_refusals(&self.registry, "peer");
             self.tasks.push(tokio::spawn(async move {
-                let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+                let incoming =
+                    prefixlog_query::listen::admitted(listener, PEER_PORT_CONNECTIONS, "peer", refused);
                 let shutdown = async move {
                     let _ = stopped.await;
                 };

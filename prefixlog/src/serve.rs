@@ -131,7 +131,7 @@ pub struct SglArgs {
     /// `kv-indexer-bridge` can point at the query port. Needs --sgl-block-size. The query port
     /// then accepts log writes and fleet-wide removals (`ConfigureExpectedWorkers` with an
     /// empty list removes every SGLang worker the client may write): bind writers to their
-    /// names with --writer-tokens, or run it behind mutual TLS (--tls-client-ca).
+    /// names with --writer-tokens (tokens, or certificate SANs under --tls-client-ca).
     #[arg(long, env = "PREFIXLOG_SGL_MODEL", requires = "sgl_block_size")]
     pub sgl_model: Option<String>,
     /// Tokens per page of the SGLang workers (the keyspace's block size).
@@ -142,14 +142,18 @@ pub struct SglArgs {
     /// its `radix-index-bridge` (`--index`) publish and query through it. Keyspaces come from the
     /// requests (model, symbol kind, block size; wire hash scheme 1 only); holders are
     /// workers named `smg.holder`. Needs a replica of every partition (no --shard). The query
-    /// port then accepts log writes: bind writers to their holders with --writer-tokens, or run
-    /// it behind mutual TLS (--tls-client-ca).
+    /// port then accepts log writes: bind writers to their holders with --writer-tokens
+    /// (tokens, or certificate SANs under --tls-client-ca).
     #[arg(long, env = "PREFIXLOG_SMG_RADIX_INDEX")]
     pub smg_radix_index: bool,
-    /// The writer tokens of the write facades (--sgl-model, --smg-radix-index): one writer a
-    /// line, `TOKEN NAME-PATTERN...` (a name, `prefix*`, or `*`; `#` starts a comment). A write
-    /// needs `authorization: Bearer TOKEN` and may name only its token's holders / workers
-    /// (else UNAUTHENTICATED / PERMISSION_DENIED, counted in prefixlog_facade_skipped_total).
+    /// The writers of the write facades (--sgl-model, --smg-radix-index): one a line,
+    /// `TOKEN NAME-PATTERN...` or `san:NAME NAME-PATTERN...` (a name, `prefix*`, or `*`; `#`
+    /// starts a comment). A write needs `authorization: Bearer TOKEN` or, under
+    /// --tls-client-ca, a client certificate with a DNS or URI subject alternative name of a
+    /// `san:` line, and may name only that writer's holders / workers (else UNAUTHENTICATED /
+    /// PERMISSION_DENIED, counted in prefixlog_facade_skipped_total). Under --tls-client-ca
+    /// without this file every write is PERMISSION_DENIED (unless
+    /// --allow-unauthenticated-writes).
     #[arg(long, env = "PREFIXLOG_WRITER_TOKENS")]
     pub writer_tokens: Option<PathBuf>,
     /// Start the write facades on a query port without client authentication (no
@@ -205,6 +209,7 @@ impl SglArgs {
         };
         let writers = match &self.writer_tokens {
             Some(path) => WriterPolicy::load(path)?.with_quota(quota),
+            None if client_ca && !self.allow_unauthenticated_writes => WriterPolicy::nobody(),
             None => WriterPolicy::Open,
         };
         let facades =
@@ -214,6 +219,13 @@ impl SglArgs {
                 .map(|(_, f)| *f)
                 .collect::<Vec<_>>()
                 .join(" and ");
+        if !facades.is_empty() && matches!(writers, WriterPolicy::Bound(ref w, ..) if w.is_empty()) {
+            tracing::warn!(
+                %facades,
+                "mutual TLS without --writer-tokens: no client certificate is bound to names (`san:` \
+                 lines), so every write is refused with PERMISSION_DENIED"
+            );
+        }
         if !facades.is_empty() && self.writer_tokens.is_none() && !client_ca {
             if !self.allow_unauthenticated_writes {
                 return Err(prefixlog_facades::writers::WriteSurfaceError::Unauthenticated { facades });
@@ -462,13 +474,19 @@ mod tests {
 
     #[test]
     fn write_facades_need_client_authentication_or_the_explicit_flag() {
+        use prefixlog_facades::writers::WriterPolicy;
         let smg = Cli::try_parse_from(["x", "--smg-radix-index"]).unwrap().a;
         let err = smg.write_rules(false).unwrap_err().to_string();
         assert!(err.contains("--smg-radix-index") && err.contains("--allow-unauthenticated-writes"), "{err}");
-        assert!(smg.write_rules(true).is_ok(), "mutual TLS authenticates");
+        let mtls = smg.write_rules(true).expect("mutual TLS authenticates");
+        assert!(
+            matches!(mtls.writers, WriterPolicy::Bound(ref w, ..) if w.is_empty()),
+            "but binds no certificate to names: every write refused"
+        );
         let allowed =
             Cli::try_parse_from(["x", "--smg-radix-index", "--allow-unauthenticated-writes"]).unwrap().a;
-        assert!(allowed.write_rules(false).is_ok());
+        assert!(matches!(allowed.write_rules(false).unwrap().writers, WriterPolicy::Open));
+        assert!(matches!(allowed.write_rules(true).unwrap().writers, WriterPolicy::Open));
         let dir = std::env::temp_dir().join(format!("writer-tokens-{}", std::process::id()));
         std::fs::write(&dir, "t-a gw-a\n").unwrap();
         let tokens =

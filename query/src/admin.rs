@@ -95,10 +95,9 @@ impl AdminPort {
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         let readiness: Switch = Arc::new(RwLock::new(readiness));
+        let refused = crate::listen::counted_refusals(&registry, "admin");
         let app = switched_router(registry, readiness.clone());
         let limits = crate::listen::ConnLimits::default();
-        let refused: crate::listen::OnRefused =
-            Arc::new(|why| tracing::debug!(reason = why.reason(), "admin port: connection refused"));
         let task = tokio::spawn(crate::listen::serve(listener, app, limits, "admin", refused));
         Ok(Self { addr, readiness, task })
     }

@@ -10,7 +10,8 @@
 //! - At most [`ConnLimits::max_connections`] connections are open, at most
 //!   [`ConnLimits::max_connections_per_peer`] from one IP address; one over either is closed at
 //!   once, unanswered, and reported to the server's `on_refused` ([`Refused::reason`]:
-//!   `connections_total`, `connections_per_peer`).
+//!   `connections_total`, `connections_per_peer`); [`counted_refusals`] counts them in
+//!   `prefixlog_connections_refused_total{listener, reason}`.
 //! - A connection's read buffer is at most [`READ_BUFFER_BYTES`] (headers larger than it are
 //!   refused by hyper with 431).
 //!
@@ -138,6 +139,32 @@ impl Connections {
 
 /// Told of every connection closed at once.
 pub type OnRefused = Arc<dyn Fn(Refused) + Send + Sync>;
+
+/// The counter of connections closed at once, by listener and [`Refused::reason`].
+pub const REFUSED_CONNECTIONS: &str = "prefixlog_connections_refused_total";
+
+/// An [`OnRefused`] that counts each refusal of `listener` in `registry`'s
+/// [`REFUSED_CONNECTIONS`] (the listener a constant label, so every listener of a replica
+/// shares the family) and logs it at debug. A second registration of one listener in one
+/// registry is logged and counted unregistered: a refusal is never left uncounted in memory.
+pub fn counted_refusals(registry: &prometheus::Registry, listener: &'static str) -> OnRefused {
+    let opts = prometheus::Opts::new(
+        REFUSED_CONNECTIONS,
+        "Connections closed at once, unanswered, by listener and reason (over the total or the per-address cap)",
+    )
+    .const_label("listener", listener);
+    let counter = prometheus::IntCounterVec::new(opts, &["reason"]).expect("a valid metric definition");
+    for why in [Refused::Total, Refused::PerPeer] {
+        counter.with_label_values(&[why.reason()]);
+    }
+    if let Err(e) = registry.register(Box::new(counter.clone())) {
+        tracing::warn!(error = %e, listener, "refused connections counted unregistered");
+    }
+    Arc::new(move |why: Refused| {
+        counter.with_label_values(&[why.reason()]).inc();
+        tracing::debug!(reason = why.reason(), listener, "connection refused");
+    })
+}
 
 /// Serves `app` on `listener` under `limits` until the task is aborted; `name` names the
 /// server in logs.
@@ -297,6 +324,28 @@ mod tests {
         assert_eq!(c.admit("10.0.0.9".parse().unwrap()).err(), Some(Refused::Total));
         drop(slots);
         assert!(c.admit("10.0.0.9".parse().unwrap()).is_ok());
+    }
+
+    #[test]
+    fn refusals_are_counted_by_listener_and_reason() {
+        let r = prometheus::Registry::new();
+        let (query, admin) = (counted_refusals(&r, "query"), counted_refusals(&r, "admin"));
+        query(Refused::PerPeer);
+        query(Refused::PerPeer);
+        admin(Refused::Total);
+        let family = r.gather().into_iter().find(|f| f.name() == REFUSED_CONNECTIONS).unwrap();
+        let count = |listener: &str, reason: &str| {
+            let m = family.get_metric().iter().find(|m| {
+                let l = m.get_label();
+                l.iter().any(|p| p.name() == "listener" && p.value() == listener)
+                    && l.iter().any(|p| p.name() == "reason" && p.value() == reason)
+            });
+            m.map(|m| m.get_counter().value() as u64)
+        };
+        assert_eq!(count("query", "connections_per_peer"), Some(2));
+        assert_eq!(count("query", "connections_total"), Some(0), "both reasons exported from the start");
+        assert_eq!(count("admin", "connections_total"), Some(1));
+        assert_eq!(count("admin", "connections_per_peer"), Some(0));
     }
 
     /// Through [`admitted`]: the second connection from one address over a cap of 1 is closed

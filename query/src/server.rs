@@ -301,9 +301,7 @@ pub async fn start(cfg: ServerConfig, served: Served) -> Result<RunningServer, S
     let listener = tokio::net::TcpListener::bind(cfg.grpc_addr).await.map_err(bind)?;
     let grpc_addr = listener.local_addr().map_err(bind)?;
     // Nagle would add up to 40 ms to small responses on some stacks; queries are latency-bound.
-    let refused: crate::listen::OnRefused = Arc::new(|why| {
-        tracing::debug!(reason = why.reason(), "query port: connection refused");
-    });
+    let refused = crate::listen::counted_refusals(&registry, "query");
     let incoming = crate::listen::admitted(listener, QUERY_PORT_CONNECTIONS, "query", refused);
     let mut builder = tonic::transport::Server::builder();
     if let Some(tls) = &cfg.tls {

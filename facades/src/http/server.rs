@@ -401,7 +401,11 @@ impl Extension for HttpIndexerExtension {
         let gate = Gate::new(self.limits, metrics.clone(), in_flight).with_bodies(self.bodies);
         let registrar = self.registrar(ctx)?;
         let app = router(ctx.query.clone(), metrics.clone(), gate, self.dialect, registrar);
-        let refused: OnRefused = Arc::new(move |why| metrics.skipped(why.reason(), 1));
+        let counted = prefixlog_query::listen::counted_refusals(ctx.registry, "http_indexer");
+        let refused: OnRefused = Arc::new(move |why| {
+            counted(why);
+            metrics.skipped(why.reason(), 1);
+        });
         let task = tokio::spawn(prefixlog_query::listen::serve(
             listener,
             app,

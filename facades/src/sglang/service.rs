@@ -56,19 +56,29 @@ impl SglangService {
 
     /// What the caller may write (refusals counted by reason).
     fn grant<T>(&self, request: &Request<T>) -> Result<Grant, Status> {
-        self.writers.grant(request.metadata()).map_err(|e| {
+        crate::writes::seed_quotas(&self.writers, &self.query);
+        self.writers.grant_for(request).map_err(|e| {
             self.metrics.skipped(e.reason(), 1);
             e.status()
         })
     }
 
-    /// A refused write's status, its reason counted.
-    fn refused(&self, e: super::writer::WriteError) -> Status {
+    /// A refused write's status, its reason counted (and by writer, when it is `grant`'s).
+    fn refused(&self, grant: &Grant, e: super::writer::WriteError) -> Status {
         use super::batch::BatchError;
         use super::writer::WriteError;
         match &e {
             WriteError::Refused(r) => r.reason().into_iter().for_each(|why| self.metrics.skipped(why, 1)),
-            WriteError::Denied(d) => self.metrics.skipped(d.reason(), 1),
+            WriteError::Denied(d) => {
+                self.metrics.skipped(d.reason(), 1);
+                if d.is_writers() {
+                    self.metrics.writer_refused(grant.label(), d.reason());
+                }
+            }
+            WriteError::SharedLimit(l) => {
+                self.metrics.skipped(l.reason(), 1);
+                self.metrics.writer_refused(grant.label(), l.reason());
+            }
             WriteError::Batch(BatchError::BadName(_)) => self.metrics.skipped("bad_name", 1),
             _ => {}
         }
@@ -103,7 +113,7 @@ impl KvIndexer for SglangService {
                 self.metrics.skipped("worker_id_mismatch", mismatched);
                 Ok(response)
             }
-            Err(e) => Err(self.refused(e)),
+            Err(e) => Err(self.refused(&grant, e)),
         };
         self.counted("ConfigureExpectedWorkers", r)
     }
@@ -130,7 +140,7 @@ impl KvIndexer for SglangService {
         let worker = crate::names::worker_id(crate::names::SGLANG_SEED, &req.worker_id);
         let admitted = grant.check(&req.worker_id).and_then(|()| grant.admit(worker, self.writer.keyspace()));
         if let Err(e) = admitted {
-            return self.counted("ApplyExternalKvBatch", Err(self.refused(e.into())));
+            return self.counted("ApplyExternalKvBatch", Err(self.refused(&grant, e.into())));
         }
         let r = match self.writer.write(&req, wait).await {
             Ok(w) => {
@@ -145,7 +155,7 @@ impl KvIndexer for SglangService {
                 }
                 Ok(ApplyExternalKvBatchResponse { applied_seq: req.seq, duplicate: w.duplicate })
             }
-            Err(e) => Err(self.refused(e)),
+            Err(e) => Err(self.refused(&grant, e)),
         };
         self.counted("ApplyExternalKvBatch", r)
     }

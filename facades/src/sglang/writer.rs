@@ -53,6 +53,8 @@ pub enum WriteError {
     TooManyWorkers(usize),
     #[error("this facade already writes for {MAX_WORKERS} workers; a new one is refused")]
     WorkerTableFull,
+    #[error(transparent)]
+    SharedLimit(#[from] crate::writes::SharedLimit),
     #[error("the worker's epoch and sequence numbers are exhausted; it cannot be written again")]
     Exhausted,
 }
@@ -70,7 +72,9 @@ impl WriteError {
             Self::Denied(e) => e.status(),
             Self::Refused(e) => e.status(),
             Self::Exhausted => Status::failed_precondition(self.to_string()),
-            Self::TooManyWorkers(_) | Self::WorkerTableFull => Status::resource_exhausted(self.to_string()),
+            Self::TooManyWorkers(_) | Self::WorkerTableFull | Self::SharedLimit(_) => {
+                Status::resource_exhausted(self.to_string())
+            }
         }
     }
 }
@@ -162,11 +166,13 @@ impl Writer {
             SeqStep::Restart => true,
             SeqStep::Next => false,
         };
+        let (ops, skipped) = map_actions(&req.actions);
+        let keyspace = (!ops.is_empty() || bump).then_some(&self.keyspace);
+        crate::writes::check_shared_limits(&self.query, worker, st.metadata.is_none(), keyspace)?;
         if bump {
             st.new_epoch()?;
         }
         let mut landed: Vec<Landed> = self.announce(worker, st, metadata).await?.into_iter().collect();
-        let (ops, skipped) = map_actions(&req.actions);
         if !ops.is_empty() || bump {
             // Counted before the publish: if it failed but the record landed after all, reusing
             // the number would make the log skip the next batch as a duplicate; a number never

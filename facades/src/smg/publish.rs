@@ -101,10 +101,10 @@ async fn run(
                 let ks = update::validate(&u).map_err(|e| refused(metrics, e.into()))?;
                 let (worker, lock) = admit(grant, metrics, writer, &u, &ks)?;
                 let guard = queued(lock).await;
-                let (writer, metrics) = (writer.clone(), metrics.clone());
+                let (writer, metrics, grant) = (writer.clone(), metrics.clone(), grant.clone());
                 running.push_back(tokio::spawn(async move {
                     let guard = guard.await;
-                    write(&writer, &metrics, u, worker, guard, wait).await
+                    write(&writer, &metrics, &grant, u, worker, guard, wait).await
                 }));
             }
         }
@@ -137,6 +137,7 @@ fn admit(
 ) -> Result<(u64, impl std::future::Future<Output = Locked> + Send + 'static), Status> {
     let denied = |e: crate::writers::WriterDenied| {
         metrics.skipped(e.reason(), 1);
+        metrics.writer_refused(grant.label(), e.reason());
         e.status()
     };
     grant.check(&u.holder).map_err(denied)?;
@@ -153,12 +154,19 @@ fn admit(
 async fn write(
     writer: &Writer,
     metrics: &FacadeMetrics,
+    grant: &Grant,
     u: Update,
     worker: u64,
     guard: Locked,
     wait: Duration,
 ) -> Result<PublishAck, Status> {
-    let w = writer.write_locked(&u, worker, guard, wait).await.map_err(|e| refused(metrics, e))?;
+    let w = writer.write_locked(&u, worker, guard, wait).await.map_err(|e| {
+        if let WriteError::SharedLimit(limit) = &e {
+            metrics.skipped(limit.reason(), 1);
+            metrics.writer_refused(grant.label(), limit.reason());
+        }
+        refused(metrics, e)
+    })?;
     count(metrics, &w);
     let status = &writer.query().view().status;
     if !w.landed.is_empty() && !status.wait_for(&token_of(&w.landed), wait).await {

@@ -114,7 +114,8 @@ impl RadixIndex for SmgService {
     type PullHoldersStream = UpdateStream;
 
     async fn publish(&self, request: Request<Streaming<Update>>) -> Result<Response<AckStream>, Status> {
-        let grant = self.writers.grant(request.metadata()).map_err(|e| {
+        crate::writes::seed_quotas(&self.writers, &self.query);
+        let grant = self.writers.grant_for(&request).map_err(|e| {
             self.metrics.skipped(e.reason(), 1);
             self.metrics.request("Publish", e.status().code());
             e.status()

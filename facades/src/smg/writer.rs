@@ -62,6 +62,8 @@ pub enum WriteError {
     EpochJump { epoch: u64, known: u64, max_step: u64 },
     #[error("this facade already writes for {MAX_HOLDERS} holders; a new one is refused")]
     HolderTableFull,
+    #[error(transparent)]
+    SharedLimit(#[from] crate::writes::SharedLimit),
 }
 
 impl From<LogError> for WriteError {
@@ -76,7 +78,7 @@ impl WriteError {
             Self::Update(e) => e.status(),
             Self::Refused(e) => e.status(),
             Self::EpochJump { .. } => Status::failed_precondition(self.to_string()),
-            Self::HolderTableFull => Status::resource_exhausted(self.to_string()),
+            Self::HolderTableFull | Self::SharedLimit(_) => Status::resource_exhausted(self.to_string()),
         }
     }
 }
@@ -186,6 +188,11 @@ impl Writer {
         }
         let mapped = update::map_events(u);
         self.load(worker, &u.holder, &mut guard, wait).await?;
+        let writes_events = mapped.has_events() || u.seq > 0;
+        let announces =
+            guard.as_ref().is_some_and(|st| st.metadata.is_none()) && (u.added.is_some() || writes_events);
+        let keyspace = writes_events.then_some(&ks);
+        crate::writes::check_shared_limits(&self.query, worker, announces, keyspace)?;
         let mut landed = Vec::new();
         let mut lanes = Vec::new();
         if u.dropped {
