@@ -3,7 +3,6 @@
 //! own protocol take the error itself (`QueryService::answer_typed`) and map it to theirs, with
 //! [`QueryError::message`], the message the status would carry.
 
-use crate::validate::clip;
 use tonic::{Code, Status};
 
 /// Longest NOT_FOUND message, in bytes (model names are client-controlled).
@@ -63,6 +62,18 @@ impl From<QueryError> for Status {
     fn from(e: QueryError) -> Self {
         Status::new(e.code(), e.message())
     }
+}
+
+/// `s`, cut to at most `max` bytes (on a character boundary) with "..." when cut.
+pub fn clip(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut cut = max.saturating_sub(3);
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}...", &s[..cut])
 }
 
 #[cfg(test)]

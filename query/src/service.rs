@@ -9,11 +9,12 @@
 //! `Describe` and `ListWorkers` say what the replica serves (its shard) and which workers its
 //! partitions announced.
 
+use crate::error::clip;
 use crate::error::QueryError;
 use crate::health::Readiness;
 use crate::metrics::QueryMetrics;
 use crate::status::ReplicaStatus;
-use crate::validate::{check, clip, unknown_keyspace};
+use crate::validate::{check, unknown_keyspace};
 use parking_lot::Mutex;
 use prefixlog_engine::{Engine, Keyspace, MatchOptions};
 use prefixlog_proto::v1::{

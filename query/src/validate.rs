@@ -1,7 +1,7 @@
 //! Request validation: every field is checked before the engine is touched, so a gateway gets
 //! a precise status instead of a silently empty answer.
 
-use crate::error::QueryError;
+use crate::error::{clip, QueryError};
 use prefixlog_engine::{scheme, KeyspaceId};
 use prefixlog_proto::v1::{match_request::Prompt, MatchRequest, PartitionOffset};
 use prefixlog_state::NextOffset;
@@ -143,18 +143,6 @@ fn token(offs: &[PartitionOffset], partitions: u32) -> Result<Vec<NextOffset>, Q
         *slot = Some(slot.map_or(o.offset, |x| x.max(o.offset)));
     }
     Ok(largest.into_iter().enumerate().filter_map(|(p, o)| Some(NextOffset::new(p as u32, o?))).collect())
-}
-
-/// `s`, cut to at most `max` bytes (on a character boundary) with "..." when cut.
-pub fn clip(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut cut = max.saturating_sub(3);
-    while !s.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    format!("{}...", &s[..cut])
 }
 
 /// NOT_FOUND for an unknown keyspace, naming a few known ones, under 1 KiB whatever the names

@@ -1,6 +1,6 @@
 //! What can go wrong with a checkpoint, precisely: which value is damaged and how.
 
-use crate::codec::DecodeError;
+use crate::decode_error::DecodeError;
 use crate::format::READABLE_FORMATS;
 use prefixlog_engine::KeyspaceId;
 use std::path::PathBuf;

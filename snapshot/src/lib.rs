@@ -18,19 +18,23 @@
 //!   (read-only on a full disk, reopened after a failed write, moved aside when damaged).
 //! - [`stream`]: a stored checkpoint's export streamed in bounded pieces, verified on the way
 //!   ([`CheckpointStore::export_to`]: a peer's checkpoint transfer).
-//! - [`meta`]: [`CheckpointMeta`] (identity, offsets, log times, checksums) and its encoding.
+//! - [`checkpoint_meta`]: [`CheckpointMeta`] (identity, offsets, log times, checksums) and
+//!   [`KeyspaceEntry`], the types; [`meta`]: their encoding in this build's format.
 //! - [`export`]: a checkpoint as one verified byte string for transfer; [`Loaded`].
 //! - [`format`]: the checkpoint formats this build writes ([`FORMAT_VERSION`]) and reads.
 //! - [`error`]: [`StoreError`] with the damaged [`Part`] and the [`Damage`].
 //! - `pages`: fresh buffers mapped in one call before a bulk write (capture, restore read).
 //! - [`codec`]: metas and partition states as serde types in postcard, with the typed
-//!   [`codec::DecodeError`] (keyspaces are engine images: `prefixlog_engine::persist::image`).
+//!   [`decode_error::DecodeError`] it shares with [`upgrade`] (keyspaces are engine images:
+//!   `prefixlog_engine::persist::image`).
 //! - [`upgrade`]: reading the formats before it (2 to 5: hand-laid metas and partition values,
 //!   format-2 columnar dumps), so an upgraded replica still restores older checkpoints.
 
 pub mod capture;
 pub mod checkpoint;
+pub mod checkpoint_meta;
 pub mod codec;
+pub mod decode_error;
 pub mod error;
 pub mod export;
 pub mod format;

@@ -18,8 +18,8 @@
 //!
 //! Bounded: a dump of more than [`MAX_DUMP_BLOCKS`] holder blocks is refused (503).
 
-use super::workers::{META_BLOCK_SIZE, META_MODEL};
 use super::{DEFAULT_ROUTING_GROUP, META_ROUTING_GROUP};
+use super::{META_BLOCK_SIZE, META_MODEL};
 use prefixlog_engine::scheme::SCHEME_DYNAMO_BLOCK;
 use prefixlog_engine::{partition_of, Tier};
 use prefixlog_engine::{DumpHolder, KeyspaceDump};

@@ -20,8 +20,8 @@
 
 use super::reader::{Meta, QueryError, Reader};
 use super::wire::{score_response, Holder, QueryByHashRequest, QueryRequest, ScoreResponse, TierDepths};
-use super::workers::{META_BLOCK_SIZE, META_MODEL};
 use super::{DEFAULT_ROUTING_GROUP, META_ROUTING_GROUP};
+use super::{META_BLOCK_SIZE, META_MODEL};
 use prefixlog_engine::scheme::{dynamo_block_hashes, dynamo_seed, SCHEME_DYNAMO_BLOCK, SCHEME_XXH3_CHAINED};
 use prefixlog_engine::{KeyspaceId, Tier};
 use prefixlog_proto::v1::match_request::Prompt;

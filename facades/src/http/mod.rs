@@ -45,6 +45,14 @@ pub mod workers;
 
 pub use server::HttpIndexerExtension;
 
+/// The metadata key of the worker's model (written by `prefixlog bridge`).
+pub const META_MODEL: &str = "model";
+/// The metadata key of the worker's block size in tokens (written by `prefixlog bridge`).
+pub const META_BLOCK_SIZE: &str = "block_size";
+/// The metadata key of the engine's ZeroMQ KV-event endpoints the bridge subscribes to, comma
+/// separated, one per data-parallel rank (the bridge's `META_KV_EVENTS`).
+pub const META_KV_EVENTS: &str = "kv_events_endpoint";
+
 /// The `protocol` label of this facade's metrics in the Dynamo dialect.
 pub const PROTOCOL: &str = "dynamo-http";
 /// The `protocol` label of this facade's metrics in the Mooncake dialect.

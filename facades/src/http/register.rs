@@ -17,8 +17,8 @@
 use super::listeners::Listeners;
 use super::registration::{validate_endpoints, Rank, Registration};
 use super::wire::{RegisterRequest, UnregisterRequest};
-use super::workers::{META_BLOCK_SIZE, META_MODEL};
 use super::{DEFAULT_ROUTING_GROUP, META_ROUTING_GROUP};
+use super::{META_BLOCK_SIZE, META_MODEL};
 use crate::writes::caught_up;
 use axum::http::StatusCode;
 use prefixlog_engine::partition_of;

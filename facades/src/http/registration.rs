@@ -11,8 +11,7 @@
 //! `kv_events_endpoint` (the endpoints in rank order, as `prefixlog bridge` writes it, for
 //! `ListWorkers` clients).
 
-use super::workers::{META_BLOCK_SIZE, META_KV_EVENTS, META_MODEL};
-use super::META_ROUTING_GROUP;
+use super::{META_BLOCK_SIZE, META_KV_EVENTS, META_MODEL, META_ROUTING_GROUP};
 use prefixlog_engine::scheme::SCHEME_DYNAMO_BLOCK;
 use prefixlog_engine::KeyspaceId;
 use std::collections::BTreeMap;

@@ -19,17 +19,9 @@
 
 use super::listeners::Live;
 use super::registration::Registration;
-use super::{DEFAULT_ROUTING_GROUP, META_ROUTING_GROUP};
+use super::{DEFAULT_ROUTING_GROUP, META_BLOCK_SIZE, META_KV_EVENTS, META_MODEL, META_ROUTING_GROUP};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-
-/// The metadata key of the worker's model (written by `prefixlog bridge`).
-pub const META_MODEL: &str = "model";
-/// The metadata key of the worker's block size in tokens (written by `prefixlog bridge`).
-pub const META_BLOCK_SIZE: &str = "block_size";
-/// The metadata key of the engine's ZeroMQ KV-event endpoints the bridge subscribes to, comma
-/// separated, one per data-parallel rank (the bridge's `META_KV_EVENTS`).
-pub const META_KV_EVENTS: &str = "kv_events_endpoint";
 
 /// `source` of a worker whose events come from a ZeroMQ subscription (a registration's, or
 /// `prefixlog bridge`'s), as upstream's indexer subscribes itself.

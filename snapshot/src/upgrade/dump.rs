@@ -5,7 +5,7 @@
 //! written in it (the encoder exists for the upgrade test).
 
 use super::layout::{get_keyspace_id, put_keyspace_id, Reader, Writer};
-use crate::codec::DecodeError;
+use crate::decode_error::DecodeError;
 use prefixlog_engine::{DumpHolder, DumpNode, HolderKey, KeyspaceDump, KeyspaceStats};
 
 /// Encodes a keyspace: columns of nodes, then holders.

@@ -2,7 +2,7 @@
 //! `u32`-length strings, `u64`-length lists. Every read is bounds-checked, and a list's length is
 //! checked against the bytes left before anything is allocated for it.
 
-use crate::codec::DecodeError;
+use crate::decode_error::DecodeError;
 use prefixlog_engine::KeyspaceId;
 
 #[derive(Default)]

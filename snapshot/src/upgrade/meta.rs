@@ -4,8 +4,8 @@
 //! pass an older checkpoint on as it was stored: an export and an import keep its format.
 
 use super::layout::{get_keyspace_id, put_keyspace_id, Reader, Writer};
+use crate::checkpoint_meta::{CheckpointMeta, KeyspaceEntry};
 use crate::error::StoreError;
-use crate::meta::{CheckpointMeta, KeyspaceEntry};
 use prefixlog_state::{LogIdentity, StateSettings};
 
 /// Appends everything after the format and before the checksum.
@@ -99,8 +99,8 @@ pub(crate) fn decode_body(format: u32, body: &[u8], err_id: u64) -> Result<Check
 fn read_list<'a, T>(
     r: &mut Reader<'a>,
     min: usize,
-    item: impl Fn(&mut Reader<'a>) -> Result<T, crate::codec::DecodeError>,
-) -> Result<Vec<T>, crate::codec::DecodeError> {
+    item: impl Fn(&mut Reader<'a>) -> Result<T, crate::decode_error::DecodeError>,
+) -> Result<Vec<T>, crate::decode_error::DecodeError> {
     let n = r.len(min)?;
     (0..n).map(|_| item(r)).collect()
 }

@@ -6,7 +6,7 @@
 use super::layout::{get_keyspace_id, Reader};
 #[cfg(any(test, feature = "testing"))]
 use super::layout::{put_keyspace_id, Writer};
-use crate::codec::DecodeError;
+use crate::decode_error::DecodeError;
 use prefixlog_state::partition_state::{Feed, FeedKey, PartitionCounters, PartitionState};
 use prefixlog_state::{BadReason, DigestPoint, LaneMeta};
 use std::collections::{BTreeMap, BTreeSet};
