@@ -48,7 +48,7 @@ PROMTOOL="$(bash scripts/promtool.sh)"
 PATH="$(dirname "$PROMTOOL"):$PATH"
 export PATH PREFIXLOG_PROMTOOL=required
 echo "==> cargo test (workspace, unit and crate tests; Kafka-backed ones on the embedded mock)"
-PREFIXLOG_TEST_BACKENDS=embedded cargo test --workspace --exclude prefixlog-tests
+PREFIXLOG_TEST_BACKENDS=embedded cargo test --workspace --exclude prefixlog-tests --no-fail-fast
 echo "==> self-contained: the demo smoke test in a copy of the repository alone"
 bash scripts/check-self-contained.sh
 echo "==> Kubernetes manifests (schema and consistency, no cluster)"

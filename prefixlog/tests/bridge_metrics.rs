@@ -51,7 +51,7 @@ async fn the_bridge_exposition_follows_conventions() {
     assert!(problems.is_empty(), "{problems:#?}\n{text}");
     let fams = parse(&text);
     let bridge: Vec<&String> = fams.keys().filter(|n| n.starts_with("prefixlog_bridge_")).collect();
-    assert_eq!(bridge.len(), 16, "{bridge:#?}");
+    assert_eq!(bridge.len(), 18, "{bridge:#?}");
     for (family, label, values) in [
         ("prefixlog_bridge_events_refused_total", "reason", 13),
         ("prefixlog_bridge_resets_total", "reason", 2),
