@@ -27,9 +27,10 @@
 //!   leave (`departures`: worker removal, TTL expiry), digests summed over holders
 //!   (`aggregates`), and test-only fault hooks (`faults`).
 //! - `matching/`: [`Keyspace::match_chain`], longest contiguous prefix per holder: the answer
-//!   and its filters (`mod.rs`), the run-by-run walks (`walk`), and the tier path (`tiers`),
+//!   and its filters (`mod.rs`), the run-by-run walks (`walk`), the tier path (`tiers`),
 //!   where a slot's tiers are combined, each position credited to the first tier in the query's
-//!   preference order that holds it.
+//!   preference order that holds it, and top-k answers (`top`) that stop at the k-th holder
+//!   instead of scoring every one (the same order as the all-holders answer cut to k).
 //! - [`persist`]: the keyspace as plain data ([`persist::dump`]: [`Keyspace::dump`],
 //!   [`KeyspaceDump::retain_partitions`]) and back ([`persist::rebuild`]: [`Keyspace::rebuild`]),
 //!   as an image of its layout ([`persist::image`]: [`Keyspace::write_image`] /

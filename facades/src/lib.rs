@@ -2,8 +2,9 @@
 //! replica, so an existing gateway or publisher can use prefixlog without changing its code.
 //!
 //! Every facade is a thin adapter: its writes become records appended to the log through the
-//! ingest [`prefixlog_ingest::Publisher`] (the path every publisher uses), its answers come from
-//! the replica's state through [`prefixlog_query::QueryService::answer`] (the path of
+//! replica's [`prefixlog_state::LogAppend`] (the binary gives its Kafka publisher; this crate
+//! links no Kafka), its answers come from the replica's state through
+//! [`prefixlog_query::QueryService::answer_typed`] (the path of
 //! `prefixlog.v1` Match: same validation, limits, engine read). A facade is hosted on the query
 //! port as a [`prefixlog_query::Extension`], so it shares the replica's readiness
 //! (`grpc.health.v1` reports its service name too) and metrics registry. What each upstream
