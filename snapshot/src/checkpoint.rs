@@ -3,11 +3,11 @@
 
 use crate::capture::{capture_sound, Capture};
 use crate::error::StoreError;
-use crate::export::{encode_export, KeyspaceRestoreError, Loaded};
+use crate::export::{encode_export, KeyspaceRestoreError, Loaded, LoadedKeyspace};
 use crate::meta::CheckpointMeta;
 use crate::store::CheckpointStore;
 use parking_lot::Mutex;
-use prefixlog_engine::{Engine, KeyspaceId};
+use prefixlog_engine::{Engine, EngineConfig, Keyspace, KeyspaceId};
 use prefixlog_state::{check_compatible, Applier, Incompatible, LogIdentity};
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,18 +50,49 @@ pub fn restore(loaded: &Loaded) -> Result<Applier, RestoreError> {
     let id = &loaded.meta.identity;
     let engine_cfg = id.settings.engine_config(id.partitions);
     let engine = Engine::new(engine_cfg.clone());
-    for k in &loaded.keyspaces {
-        let ks = k.restore(engine_cfg.clone()).map_err(|source| RestoreError::Rebuild {
-            id: loaded.meta.id,
-            keyspace: k.id.clone(),
-            source,
-        })?;
+    for ks in restore_keyspaces(loaded, &engine_cfg)? {
         engine.install(ks);
     }
     let mut applier = Applier::with_engine(Arc::new(engine), id.settings);
     applier.restore_partitions(loaded.partitions.clone());
     applier.restore_digest_points(loaded.points.clone());
     Ok(applier)
+}
+
+/// Every keyspace of `loaded` rebuilt, in its order, on as many threads as the machine has
+/// cores (each keyspace is independent; a large image also decodes its two halves at once).
+/// The first error in keyspace order wins, whatever thread finished first.
+fn restore_keyspaces(loaded: &Loaded, cfg: &EngineConfig) -> Result<Vec<Keyspace>, RestoreError> {
+    let rebuild = |k: &LoadedKeyspace| {
+        k.restore(cfg.clone()).map_err(|source| RestoreError::Rebuild {
+            id: loaded.meta.id,
+            keyspace: k.id.clone(),
+            source,
+        })
+    };
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(loaded.keyspaces.len());
+    if threads <= 1 {
+        return loaded.keyspaces.iter().map(rebuild).collect();
+    }
+    let mut slots: Vec<Option<Result<Keyspace, RestoreError>>> = Vec::new();
+    slots.resize_with(loaded.keyspaces.len(), || None);
+    std::thread::scope(|scope| {
+        let rebuild = &rebuild;
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                scope.spawn(move || {
+                    let mine = loaded.keyspaces.iter().enumerate().skip(t).step_by(threads);
+                    mine.map(|(i, k)| (i, rebuild(k))).collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        for h in handles {
+            for (i, r) in h.join().expect("a keyspace restore thread panicked") {
+                slots[i] = Some(r);
+            }
+        }
+    });
+    slots.into_iter().map(|r| r.expect("every keyspace restored")).collect()
 }
 
 /// Restores `loaded` for a replica of `ours` that needs `need` partitions, after the one

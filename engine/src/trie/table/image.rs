@@ -2,7 +2,7 @@
 //! (so reading is one pass of copying and checking, no rehash), and the reading of format 1's
 //! 8-byte slots. Every count and index is checked before the table is used.
 
-use super::{fits, in_probe_order, rehash_into, NodeTable, Slot, TablePart, EMPTY, PARTS};
+use super::{fits, in_probe_order, rehash_into, NodeTable, Slot, TablePart, PARTS};
 use crate::image_format::{put_u64, tag, ImageError, ImageReader, ImageWriter};
 
 impl NodeTable {
@@ -50,23 +50,12 @@ impl NodeTable {
             if !sized {
                 return Err(s.invalid("table part size out of range"));
             }
-            // One pass over the bytes: slots copied, entries counted, the largest index, and
-            // no free slot with a tag (branch-free, so the compiler vectorises it).
-            let mut slots = vec![EMPTY; cap].into_boxed_slice();
-            let (mut used, mut stray) = (0usize, false);
-            for (d, b) in slots.iter_mut().zip(s.bytes(cap * size)?.chunks_exact(size)) {
-                let node = u32::from_le_bytes(b[..4].try_into().expect("4 bytes"));
-                let (hi, lo) = if v1 {
-                    // Format 1 kept the part-local hash's 32 bits: the tag is its bits 8..32.
-                    (u16::from_le_bytes(b[6..].try_into().expect("2 bytes")), b[5])
-                } else {
-                    (u16::from_le_bytes(b[4..6].try_into().expect("2 bytes")), b[6])
-                };
-                *d = Slot { node, tag_hi: hi, tag_lo: lo };
-                used += usize::from(node != 0);
-                stray |= (node == 0) & (b[4..].iter().any(|&x| x != 0));
-                max = max.max(node);
-            }
+            // The slots copied, then one pass: entries counted, the largest index, and no free
+            // slot with a tag.
+            let bytes = s.bytes(cap * size)?;
+            let slots = if v1 { v1_slots(bytes) } else { slots_from_bytes(bytes) };
+            let (used, stray, part_max) = census(&slots);
+            max = max.max(part_max);
             s.done()?;
             if used != len || stray {
                 return Err(ImageError::Invalid {
@@ -98,11 +87,66 @@ impl NodeTable {
     }
 }
 
+/// A format 2+ part's slots: the image lays them out as memory holds them on a little-endian
+/// machine (node `u32`, tag high `u16`, tag low `u8`, packed), so they are copied in bulk.
+fn slots_from_bytes(bytes: &[u8]) -> Box<[Slot]> {
+    const SIZE: usize = 7;
+    const _: () = assert!(std::mem::size_of::<Slot>() == SIZE && std::mem::align_of::<Slot>() == 1);
+    assert_eq!(bytes.len() % SIZE, 0, "whole slots");
+    let cap = bytes.len() / SIZE;
+    if cfg!(target_endian = "little") {
+        let mut slots: Vec<Slot> = Vec::with_capacity(cap);
+        // SAFETY: `Slot` is `repr(C, packed)` of integers (align 1, no padding), so any 7 bytes
+        // are a valid `Slot`, and on a little-endian machine its bytes are the image's; `slots`
+        // has room for `cap` of them and `bytes` holds exactly `cap * SIZE` bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), slots.as_mut_ptr().cast::<u8>(), cap * SIZE);
+            slots.set_len(cap);
+        }
+        slots.into_boxed_slice()
+    } else {
+        let u16_at = |b: &[u8], i: usize| u16::from_le_bytes([b[i], b[i + 1]]);
+        bytes
+            .chunks_exact(SIZE)
+            .map(|b| Slot {
+                node: u32::from_le_bytes(b[..4].try_into().expect("4 bytes")),
+                tag_hi: u16_at(b, 4),
+                tag_lo: b[6],
+            })
+            .collect()
+    }
+}
+
+/// A format 1 part's 8-byte slots: the part-local hash's 32 bits were kept, the tag is its bits
+/// 8..32.
+fn v1_slots(bytes: &[u8]) -> Box<[Slot]> {
+    bytes
+        .chunks_exact(8)
+        .map(|b| Slot {
+            node: u32::from_le_bytes(b[..4].try_into().expect("4 bytes")),
+            tag_hi: u16::from_le_bytes(b[6..].try_into().expect("2 bytes")),
+            tag_lo: b[5],
+        })
+        .collect()
+}
+
+/// (entries, whether a free slot carries a tag, the largest node index) of a part's slots.
+fn census(slots: &[Slot]) -> (usize, bool, u32) {
+    let (mut used, mut stray, mut max) = (0usize, false, 0u32);
+    for s in slots {
+        let (node, hi, lo) = (s.node, s.tag_hi, s.tag_lo);
+        used += usize::from(node != 0);
+        stray |= (node == 0) & ((hi != 0) | (lo != 0));
+        max = max.max(node);
+    }
+    (used, stray, max)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::image_format::SectionChecks;
-    use crate::trie::table::slot;
+    use crate::trie::table::{slot, EMPTY};
 
     /// An image whose part has no free slot is refused: a lookup of a missing key would probe
     /// it forever (a full 2-slot part passed the load check before, which allows one entry
@@ -129,5 +173,13 @@ mod tests {
         assert!(matches!(read(&image(vec![EMPTY, slot(1, 1)])), Err(ImageError::Invalid { .. })));
         assert!(matches!(read(&image(vec![slot(1, 1), slot(2, 2)])), Err(ImageError::Invalid { .. })));
         assert!(matches!(read(&image(vec![slot(1, 1)])), Err(ImageError::Invalid { .. })));
+        // Probes wrap: an entry whose home is the last slot may sit in the first, after an
+        // entry of that home, but not after a free slot.
+        let last = 0xF000_0000; // home 3 of 4 slots
+        assert_eq!(read(&image(vec![slot(last, 2), EMPTY, EMPTY, slot(last, 1)])), Ok(2));
+        assert!(matches!(
+            read(&image(vec![EMPTY, slot(last, 2), EMPTY, slot(last, 1)])),
+            Err(ImageError::Invalid { .. })
+        ));
     }
 }

@@ -146,9 +146,9 @@ fn in_probe_order(slots: &[Slot]) -> bool {
     let cap = slots.len();
     let Some(free) = slots.iter().position(|s| s.is_empty()) else { return cap == 0 };
     let mut prev: Option<usize> = None;
-    for k in 1..=cap {
-        let i = (free + k) % cap;
-        let s = slots[i];
+    // From the slot after the free one round to it (no division per slot).
+    let round = slots[free + 1..].iter().zip(free + 1..).chain(slots[..=free].iter().zip(0..));
+    for (&s, i) in round {
         if s.is_empty() {
             prev = None;
             continue;
