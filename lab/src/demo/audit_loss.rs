@@ -13,7 +13,7 @@ use super::report::Outcome;
 use prefixlog_audit::{judge_range, reconstruct, Decision, LossOptions, LossReport, Point};
 use prefixlog_ingest::LogSpec;
 use prefixlog_state::NextOffset;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fmt::Write as _;
 use std::time::Instant;
 
@@ -104,17 +104,20 @@ pub fn compare(
     drop(plain);
     let opts = LossOptions { bucket_ms: BUCKET_MS, keep_decisions: true };
     let report = judge_range(None, spec, &start, &end, &opts)?;
-    let mut live: HashMap<DecisionKey, Vec<(&Outcome, Judged)>> = HashMap::new();
+    // A key repeats when the trace replays in a loop (`--faults`): the n-th decision in log
+    // order pairs with the n-th request of that key, first to first.
+    let mut live: HashMap<DecisionKey, VecDeque<(&Outcome, Judged)>> = HashMap::new();
     for o in outcomes {
         for p in Policy::ALL {
             let j = o.judged[p.index()];
-            live.entry((p.name(), ids.id(p, j.chosen), o.prompt_tail)).or_default().push((o, j));
+            live.entry((p.name(), ids.id(p, j.chosen), o.prompt_tail)).or_default().push_back((o, j));
         }
     }
     let mut rows: Vec<PolicyRow> = Policy::ALL.iter().map(|&p| row(p, &report, outcomes)).collect();
     let mut dump = Vec::new();
     for d in &report.decisions {
-        let Some((o, j)) = live.get_mut(&(d.policy.as_str(), d.worker, d.prompt_tail)).and_then(Vec::pop)
+        let Some((o, j)) =
+            live.get_mut(&(d.policy.as_str(), d.worker, d.prompt_tail)).and_then(VecDeque::pop_front)
         else {
             continue;
         };

@@ -2,7 +2,9 @@
 //! `ReplicaNode`: ingest, query gRPC server, peer service, anti-entropy against the others).
 //! With a data root (`--faults`), every replica keeps a fixed query port and its own data dir,
 //! so that it can be stopped cleanly, killed, restarted or wiped while gateways keep their
-//! endpoint list ([`Cluster::stop`], [`Cluster::kill`], [`Cluster::restart`]).
+//! endpoint list ([`Cluster::stop`], [`Cluster::kill`], [`Cluster::restart`]). With several
+//! brokers, the one leading every partition can be stopped and leadership moved to another
+//! ([`Cluster::stop_broker`], [`Cluster::elect_leader`], [`Cluster::start_broker`]).
 
 use prefixlog_ingest::{EmbeddedKafka, KafkaConnection, LogSpec};
 
@@ -40,8 +42,9 @@ impl Cluster {
         anti_entropy_every: Duration,
         smg_facade: bool,
         data_root: Option<PathBuf>,
+        brokers: u8,
     ) -> anyhow::Result<Self> {
-        let kafka = EmbeddedKafka::start(TOPIC, partitions)?;
+        let kafka = EmbeddedKafka::start_replicated(TOPIC, partitions, brokers)?;
         let settings = StateSettings { digest_interval: DIGEST_INTERVAL, ..Default::default() };
         let spec = LogSpec::new(KafkaConnection::new(kafka.bootstrap_servers()), TOPIC, partitions)
             .with_settings(settings);
@@ -151,6 +154,28 @@ impl Cluster {
         tokio::task::spawn_blocking(prefixlog_ingest::log_spec::wait_for_closing_clients).await?;
         drop(self.kafka);
         Ok(())
+    }
+
+    /// Stops broker `id` (the leader of every partition until [`Self::elect_leader`]).
+    pub fn stop_broker(&self, id: u8) -> anyhow::Result<()> {
+        Ok(self.kafka.set_broker_reachable(id, false)?)
+    }
+
+    /// Starts broker `id` again (a follower now, if leadership moved away).
+    pub fn start_broker(&self, id: u8) -> anyhow::Result<()> {
+        Ok(self.kafka.set_broker_reachable(id, true)?)
+    }
+
+    /// Broker `id` becomes the leader of every partition (the controller's election).
+    pub fn elect_leader(&self, id: u8) -> anyhow::Result<()> {
+        Ok(self.kafka.move_leaders(TOPIC, self.spec.partitions, id)?)
+    }
+
+    /// The log's end now: the next offset of every partition, as the broker says.
+    pub async fn log_end(&self) -> anyhow::Result<Vec<NextOffset>> {
+        let spec = self.spec.clone();
+        let probe = tokio::task::spawn_blocking(move || prefixlog_ingest::probe_log(&spec)).await??;
+        Ok(probe.watermarks.iter().map(|(&p, w)| NextOffset::new(p, w.high)).collect())
     }
 
     /// Waits until every replica applied everything below `token` (next offsets).

@@ -12,8 +12,12 @@
 //!
 //! Faults ([`Fault`]): `rolling` (every replica in turn: clean stop, final checkpoint, restart
 //! from it, catch up), `crash` (one replica killed mid-apply, no final checkpoint, restarted),
-//! `empty` (a replica's disk wiped, restarted from nothing while traffic runs), `broker`
-//! (skipped: see [`BROKER_SKIPPED`]).
+//! `empty` (a replica's disk wiped, restarted from nothing while traffic runs), `broker` (on a
+//! three-broker embedded cluster, the broker leading every partition is stopped for
+//! `--fault-broker-down`; after `--fault-election` the others elect a new leader, as a Kafka
+//! controller does; the stopped broker comes back as a follower). A broker window's recovery is
+//! fault start → every replica has applied the log's end as it stood once the new leader took
+//! over: the index is whole again while the old broker is still down.
 
 use super::cluster::Cluster;
 use super::report::{percentile_ms, Answered, Outcome};
@@ -63,11 +67,21 @@ impl Fault {
     }
 }
 
-/// Why the broker window does not run on the demo's backend.
-pub const BROKER_SKIPPED: &str = "broker window skipped: the demo's embedded broker is one \
-in-process mock broker (replication factor 1), so stopping it stops the whole log: there is no \
-partition leader to fail over to, and a one-broker outage is not the multi-broker failover this \
-window is meant to measure";
+impl FaultSet {
+    /// Brokers the demo's embedded cluster needs: three (replication factor 3) to stop one.
+    pub fn brokers(self) -> u8 {
+        if self.faults().contains(&Fault::Broker) {
+            3
+        } else {
+            1
+        }
+    }
+}
+
+/// The leader every partition starts on, and the one a broker window stops.
+const LEADER: u8 = 1;
+/// The broker elected leader in a broker window.
+const SUCCESSOR: u8 = 2;
 
 /// The window decisions are counted in now (0: the calm baseline). Shared by the schedule
 /// (which moves it) and the gateways (which read it when a query starts).
@@ -100,6 +114,10 @@ pub struct Schedule {
     pub faults: Vec<Fault>,
     pub baseline: Duration,
     pub settle: Duration,
+    /// How long a broker window keeps the leaders' broker stopped.
+    pub broker_down: Duration,
+    /// How long after the stop a new leader is elected.
+    pub election: Duration,
 }
 
 /// Runs the schedule against `cluster` (given back at the end) while traffic goes on; marks
@@ -121,19 +139,23 @@ async fn run(cluster: &mut Cluster, s: &Schedule, clock: &Clock) -> anyhow::Resu
     let mut windows = vec![Window { name: "calm", recovery: None, note: "no fault (baseline)".into() }];
     tokio::time::sleep(s.baseline).await;
     for &f in &s.faults {
-        if f == Fault::Broker {
-            println!("{BROKER_SKIPPED}");
-            continue;
-        }
         clock.window.store(windows.len() as u8, Ordering::Relaxed);
         let t = Instant::now();
-        let note = inject(cluster, f).await?;
+        let (note, recovery) = if f == Fault::Broker {
+            broker_window(cluster, s, t).await?
+        } else {
+            (inject(cluster, f).await?, None)
+        };
         anyhow::ensure!(
             cluster.wait_all_ready(Duration::from_secs(120)).await,
             "{}: replicas not ready 120 s after the fault",
             f.name()
         );
-        windows.push(Window { name: f.name(), recovery: Some(t.elapsed()), note });
+        windows.push(Window {
+            name: f.name(),
+            recovery: Some(recovery.unwrap_or_else(|| t.elapsed())),
+            note,
+        });
         tokio::time::sleep(s.settle).await;
     }
     Ok(windows)
@@ -165,8 +187,36 @@ async fn inject(cluster: &mut Cluster, f: Fault) -> anyhow::Result<String> {
             cluster.restart(n - 1, true).await?;
             format!("replica {} restarted from an empty disk", n - 1)
         }
-        Fault::Broker => BROKER_SKIPPED.into(),
+        Fault::Broker => unreachable!("the broker window runs in broker_window"),
     })
+}
+
+/// Stops the leaders' broker for `s.broker_down`, elects another after `s.election`; returns
+/// what happened and the recovery (`start` → every replica applied the log's end as it stood
+/// once the new leader took over).
+async fn broker_window(
+    cluster: &Cluster,
+    s: &Schedule,
+    start: Instant,
+) -> anyhow::Result<(String, Option<Duration>)> {
+    anyhow::ensure!(s.election < s.broker_down, "--fault-election must be shorter than --fault-broker-down");
+    cluster.stop_broker(LEADER)?;
+    tokio::time::sleep(s.election).await;
+    cluster.elect_leader(SUCCESSOR)?;
+    let end = cluster.log_end().await?;
+    anyhow::ensure!(
+        cluster.wait_caught_up(&end, Duration::from_secs(120)).await,
+        "broker: replicas did not apply the log's end 120 s after the new leader took over"
+    );
+    let recovery = start.elapsed();
+    tokio::time::sleep(s.broker_down.saturating_sub(start.elapsed())).await;
+    cluster.start_broker(LEADER)?;
+    let note = format!(
+        "broker {LEADER} (leader of every partition) stopped {:.0} s; broker {SUCCESSOR} elected after {:.1} s",
+        s.broker_down.as_secs_f64(),
+        s.election.as_secs_f64()
+    );
+    Ok((note, Some(recovery)))
 }
 
 /// What gateways saw in one window.

@@ -113,6 +113,14 @@ pub struct Args {
     /// `--faults`: traffic after every replica is ready again, still counted in the fault's window.
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
     pub fault_settle: Duration,
+    /// `--faults broker|all`: how long the leaders' broker stays stopped (of three).
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub fault_broker_down: Duration,
+    /// `--faults broker|all`: how long after the stop the other brokers elect a new leader (a
+    /// clean Kafka shutdown moves leadership before it stops; a crash waits out the
+    /// controller's broker session timeout, 9 s by default in KRaft).
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    pub fault_election: Duration,
     /// Where to write the hit-ratio plot (SVG).
     #[arg(long, env = "PREFIXLOG_DEMO_PLOT", default_value = "demo-hit-ratio.svg")]
     pub plot: std::path::PathBuf,
@@ -417,6 +425,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         a.anti_entropy_interval,
         over_smg,
         data_root.as_ref().map(|d| d.path().to_path_buf()),
+        a.faults.map_or(1, faults::FaultSet::brokers),
     )
     .await?;
     if over_smg {
@@ -514,6 +523,8 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         faults: f.faults(),
         baseline: a.fault_baseline,
         settle: a.fault_settle,
+        broker_down: a.fault_broker_down,
+        election: a.fault_election,
     });
     let start = Instant::now();
     // In this task, not spawned: the embedded broker the cluster owns is not `Send`.
