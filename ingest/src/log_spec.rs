@@ -22,6 +22,10 @@ pub struct KafkaConnection {
 
 /// `fetch.max.bytes` of a [`ClientRole::Replayer`], for the whole request: 512 KiB, about 250
 /// records of the trace workload.
+/// The longest a client waits between lookups of a partition without a leader (and between
+/// retries of a request).
+const RETRY_BACKOFF_MAX_MS: &str = "250";
+
 const REPLAY_FETCH_MAX_BYTES: &str = "524288";
 
 /// What a client is for: each role has its own librdkafka settings.
@@ -67,7 +71,11 @@ impl KafkaConnection {
     /// The configuration of a client in `role`.
     pub fn client_config(&self, role: ClientRole) -> ClientConfig {
         let mut cc = ClientConfig::new();
-        cc.set("bootstrap.servers", &self.brokers);
+        cc.set("bootstrap.servers", &self.brokers)
+            // A partition that lost its leader is looked up again after 100 ms, then backing off
+            // up to this (librdkafka's default is 1 s): a leader elected after a long outage is
+            // found within 250 ms, not up to a second later (docs/operations.md, broker failover).
+            .set("retry.backoff.max.ms", RETRY_BACKOFF_MAX_MS);
         match role {
             ClientRole::Reader | ClientRole::Replayer | ClientRole::UncommittedReader => {
                 // group.id is required by librdkafka's consumer even with manual assignment;
@@ -80,7 +88,9 @@ impl KafkaConnection {
                     if role == ClientRole::UncommittedReader { "read_uncommitted" } else { "read_committed" };
                 cc.set("isolation.level", isolation);
                 if role == ClientRole::Reader {
-                    cc.set("fetch.wait.max.ms", "10");
+                    // A fetch that failed (its leader gone) is tried again after 100 ms, not
+                    // librdkafka's 500: a replica reads from a new leader as soon as it is known.
+                    cc.set("fetch.wait.max.ms", "10").set("fetch.error.backoff.ms", "100");
                 } else {
                     // librdkafka refuses a fetch.max.bytes below message.max.bytes (1 MB by
                     // default), which a consumer uses for nothing else; a larger record is

@@ -201,14 +201,17 @@ async fn broker_window(
 ) -> anyhow::Result<(String, Option<Duration>)> {
     anyhow::ensure!(s.election < s.broker_down, "--fault-election must be shorter than --fault-broker-down");
     cluster.stop_broker(LEADER)?;
+    tracing::info!(broker = LEADER, "fault: the leaders' broker stopped");
     tokio::time::sleep(s.election).await;
     cluster.elect_leader(SUCCESSOR)?;
+    tracing::info!(broker = SUCCESSOR, "fault: a new leader of every partition elected");
     let end = cluster.log_end().await?;
     anyhow::ensure!(
         cluster.wait_caught_up(&end, Duration::from_secs(120)).await,
         "broker: replicas did not apply the log's end 120 s after the new leader took over"
     );
     let recovery = start.elapsed();
+    tracing::info!(secs = recovery.as_secs_f64(), "fault: every replica applied the log's end");
     tokio::time::sleep(s.broker_down.saturating_sub(start.elapsed())).await;
     cluster.start_broker(LEADER)?;
     let note = format!(

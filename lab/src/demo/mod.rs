@@ -257,7 +257,10 @@ impl Index {
                     MatchOutcome::Unavailable(Unavailable::Rejected { code: Code::NotFound, .. }) => {
                         (Answered::Empty, vec![], vec![], false)
                     }
-                    MatchOutcome::Unavailable(_) => (Answered::Unavailable, vec![], vec![], false),
+                    MatchOutcome::Unavailable(why) => {
+                        tracing::debug!(?why, ?token, "blind decision: no index answer in time");
+                        (Answered::Unavailable, vec![], vec![], false)
+                    }
                 }
             }
             Index::Smg { gateway, deadline } => match gateway.query(locals, *deadline).await {
