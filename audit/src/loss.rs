@@ -159,6 +159,7 @@ pub struct Placed {
     pub keyspace: KeyspaceId,
     pub holder: HolderKey,
     pub locals: Vec<u64>,
+    /// The gateway's answer token, ordered by partition.
     pub answered_at: Vec<NextOffset>,
     pub gateway: String,
     pub policy: String,
@@ -176,12 +177,21 @@ impl Placed {
         if !value.is_some_and(is_placement) {
             return None;
         }
-        let Ok(Op::Placement { keyspace, holder, locals, answered_at, gateway, policy }) =
+        let Ok(Op::Placement { keyspace, holder, locals, mut answered_at, gateway, policy }) =
             decode(value, partition, partitions, usize::MAX)
         else {
             return None;
         };
+        // By partition (stable: a partition named twice keeps its first entry first), so that
+        // [`Placed::answered_on`] is a binary search.
+        answered_at.sort_by_key(|a| a.partition);
         Some(Placed { partition, offset, log_time, keyspace, holder, locals, answered_at, gateway, policy })
+    }
+
+    /// The answer token's offset on partition `q` (its first entry for `q`), if it names `q`.
+    pub fn answered_on(&self, q: u32) -> Option<i64> {
+        let i = self.answered_at.partition_point(|a| a.partition < q);
+        self.answered_at.get(i).filter(|a| a.partition == q).map(|a| a.offset)
     }
 
     /// The prompt matched against a state's index (every holder it has).
@@ -195,7 +205,7 @@ impl Placed {
     /// The decision, from the tally of every holder's match against the state it is judged on.
     /// `records_since_answer`: records of the placement's own partition between the answer and
     /// the placement.
-    pub fn decide(self, tally: Tally, records_since_answer: i64) -> Decision {
+    pub fn decide(self, mut tally: Tally, records_since_answer: i64) -> Decision {
         let holder = self.holder;
         let chosen_blocks = tally.chosen.iter().map(|m| m.depth).max().unwrap_or(0);
         let lost_blocks = tally.best_blocks - chosen_blocks;
@@ -213,7 +223,7 @@ impl Placed {
             block_size: self.keyspace.block_size,
             chosen_blocks,
             best_blocks: tally.best_blocks,
-            best_workers: tally.best_workers,
+            best_workers: tally.take_best_workers(),
             best_per_tier: tally.best_per_tier.named(),
             chosen_per_tier: per_tier(tally.chosen.iter()),
             lost_blocks,
@@ -230,13 +240,23 @@ impl Placed {
 #[derive(Clone, Debug, Default)]
 pub struct Tally {
     pub best_blocks: u32,
-    /// Ascending, deduplicated; empty while nobody holds any block.
-    pub best_workers: Vec<u64>,
+    /// Every worker holding `best_blocks`, in no order and possibly repeated (a worker with
+    /// several dp ranks or tiers): sorted once, by [`Tally::take_best_workers`]. Empty while nobody
+    /// holds any block.
+    best_workers: Vec<u64>,
     pub best_per_tier: TierDepths,
     pub chosen: Vec<HolderMatch>,
 }
 
 impl Tally {
+    /// Every worker holding the best depth, ascending, each once (taken: the tally keeps none).
+    pub fn take_best_workers(&mut self) -> Vec<u64> {
+        let mut w = std::mem::take(&mut self.best_workers);
+        w.sort_unstable();
+        w.dedup();
+        w
+    }
+
     /// Adds another tally (of other holders).
     pub fn merge(&mut self, other: Tally) {
         if other.best_blocks > self.best_blocks {
@@ -244,8 +264,6 @@ impl Tally {
             self.best_workers = other.best_workers;
         } else if other.best_blocks > 0 && other.best_blocks == self.best_blocks {
             self.best_workers.extend(other.best_workers);
-            self.best_workers.sort_unstable();
-            self.best_workers.dedup();
         }
         for t in Tier::ALL {
             if let Some(d) = other.best_per_tier.0[t.code() as usize] {
@@ -267,8 +285,6 @@ impl Tally {
         }
         if best > 0 && best == self.best_blocks {
             self.best_workers.extend(matches.iter().filter(|m| m.depth == best).map(|m| m.holder.worker));
-            self.best_workers.sort_unstable();
-            self.best_workers.dedup();
         }
         self.best_per_tier.add(matches.iter());
         self.chosen.extend(
@@ -291,12 +307,7 @@ pub fn judge_record(
     value: Option<&[u8]>,
 ) -> Option<Decision> {
     let placed = Placed::of_record(partitions, partition, offset, log_time, value)?;
-    let since = placed
-        .answered_at
-        .iter()
-        .filter(|a| a.partition == partition)
-        .map(|a| (offset - a.offset).max(0))
-        .sum();
+    let since = placed.answered_on(partition).map_or(0, |o| (offset - o).max(0));
     let mut tally = Tally::default();
     tally.add(placed.holder, &placed.matches(applier));
     Some(placed.decide(tally, since))

@@ -56,8 +56,8 @@ impl PartitionRecords {
 
     /// The index of the record before which `pl` is judged on partition `q`.
     fn judged_before(&self, q: u32, pl: &Placed) -> usize {
-        match pl.answered_at.iter().find(|a| a.partition == q) {
-            Some(a) => self.at_offset(a.offset),
+        match pl.answered_on(q) {
+            Some(o) => self.at_offset(o),
             None if q == pl.partition => self.at_offset(pl.offset),
             None => self.after_time(pl.log_time),
         }
@@ -94,11 +94,7 @@ pub fn judge_range(
     tracing::info!(read_secs, judged_secs = started.elapsed().as_secs_f64(), "placements judged");
     let mut report = LossReport::new(opts);
     for (pl, tally) in placed.into_iter().zip(tallies) {
-        let since = pl
-            .answered_at
-            .iter()
-            .find(|a| a.partition == pl.partition)
-            .map_or(0, |a| (pl.offset - a.offset).max(0));
+        let since = pl.answered_on(pl.partition).map_or(0, |o| (pl.offset - o).max(0));
         report.add(pl.decide(tally, since), opts.keep_decisions);
     }
     report.replayed = replayed;
@@ -158,7 +154,8 @@ fn judge_partition(
     }
     let mut due: Vec<(usize, usize)> =
         placed.iter().enumerate().map(|(i, pl)| (recs.judged_before(q, pl), i)).collect();
-    due.sort_unstable();
+    // Nearly in order already (placements are by log time): a stable sort runs through it.
+    due.sort_by_key(|&(at, _)| at);
     let mut state = base.extract(&[q]);
     let mut judge = |state: &Applier, i: usize| {
         // Cheap skip: the partition holds nothing in the placement's keyspace (yet).
