@@ -20,12 +20,12 @@ pub struct KafkaConnection {
     pub properties: Vec<(String, String)>,
 }
 
-/// `fetch.max.bytes` of a [`ClientRole::Replayer`], for the whole request: 512 KiB, about 250
-/// records of the trace workload.
 /// The longest a client waits between lookups of a partition without a leader (and between
 /// retries of a request).
 const RETRY_BACKOFF_MAX_MS: &str = "250";
 
+/// `fetch.max.bytes` of a [`ClientRole::Replayer`], for the whole request: 512 KiB, about 250
+/// records of the trace workload.
 const REPLAY_FETCH_MAX_BYTES: &str = "524288";
 
 /// What a client is for: each role has its own librdkafka settings.
