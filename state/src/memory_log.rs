@@ -100,27 +100,14 @@ impl MemoryLog {
         mut before_apply: Option<&mut BeforeApply<'_>>,
     ) -> Result<u64, MemoryLogError> {
         let targets = self.targets(&|p| applier.partition(p).next_offset, until)?;
-        let log = self.log.lock();
-        let mut applied = 0;
-        for (partition, end) in targets {
-            let part = &log[partition as usize];
-            let at = applier.partition(partition).next_offset;
-            if at < part.low && at < end {
-                return Err(MemoryLogError::NotContinued { partition, at, low: part.low });
+        let spans = targets.into_iter().map(|(p, end)| (p, applier.partition(p).next_offset, end)).collect();
+        self.walk(spans, until, &mut |partition, offset, log_time, record| {
+            if let Some(f) = before_apply.as_mut() {
+                f(applier, partition, offset, log_time, Some(record));
             }
-            for offset in at..end {
-                let (log_time, record) = &part.records[(offset - part.low) as usize];
-                if matches!(until, Until::Time(t) if log_time > t) {
-                    break;
-                }
-                if let Some(f) = before_apply.as_mut() {
-                    f(applier, partition, offset, *log_time, Some(record));
-                }
-                applier.apply(partition, offset, *log_time, Some(record))?;
-                applied += 1;
-            }
-        }
-        Ok(applied)
+            applier.apply(partition, offset, log_time, Some(record))?;
+            Ok(())
+        })
     }
 
     fn read_all(
@@ -131,12 +118,29 @@ impl MemoryLog {
     ) -> Result<u64, MemoryLogError> {
         // Partitions not in `from` are not read (nor checked).
         let at = |p: u32| from.get(&p).copied().unwrap_or(0);
-        let targets = self.targets(&at, until)?;
+        let spans = (self.targets(&at, until)?.into_iter())
+            .filter(|(p, _)| from.contains_key(p))
+            .map(|(p, end)| (p, at(p), end))
+            .collect();
+        self.walk(spans, until, &mut |partition, offset, log_time, record| {
+            on_record(partition, offset, log_time, Some(record));
+            Ok(())
+        })
+    }
+
+    /// Visits every record of each (partition, from, end) span in offset order, stopping a
+    /// partition at `until`'s time; a span starting below the partition's retained start is
+    /// refused. Returns the records visited.
+    fn walk(
+        &self,
+        spans: Vec<(u32, i64, i64)>,
+        until: &Until,
+        visit: &mut VisitRecord<'_>,
+    ) -> Result<u64, MemoryLogError> {
         let log = self.log.lock();
-        let mut read = 0;
-        for (partition, end) in targets.into_iter().filter(|(p, _)| from.contains_key(p)) {
+        let mut visited = 0;
+        for (partition, at, end) in spans {
             let part = &log[partition as usize];
-            let at = at(partition);
             if at < part.low && at < end {
                 return Err(MemoryLogError::NotContinued { partition, at, low: part.low });
             }
@@ -145,13 +149,16 @@ impl MemoryLog {
                 if matches!(until, Until::Time(t) if log_time > t) {
                     break;
                 }
-                on_record(partition, offset, *log_time, Some(record));
-                read += 1;
+                visit(partition, offset, *log_time, record)?;
+                visited += 1;
             }
         }
-        Ok(read)
+        Ok(visited)
     }
 }
+
+/// What [`MemoryLog::walk`] calls with each record: (partition, offset, log time, value).
+type VisitRecord<'a> = dyn FnMut(u32, i64, u64, &[u8]) -> Result<(), MemoryLogError> + 'a;
 
 impl LogSource for MemoryLog {
     fn topic(&self) -> &str {
