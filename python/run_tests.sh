@@ -46,10 +46,13 @@ else
 fi
 [ -x "$BIN" ] || { echo "prefixlog binary not found or not executable: $BIN" >&2; exit 1; }
 free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-GRPC_PORT=$(free_port); ADMIN_PORT=$(free_port)
+# Every listener on a free port, the peer port too: a fixed default (50152) sits in the
+# kernel's ephemeral range, where any outgoing connection on a busy machine may hold it.
+GRPC_PORT=$(free_port); ADMIN_PORT=$(free_port); PEER_PORT=$(free_port)
 LOG=$(mktemp /tmp/prefixlog-pytest.XXXXXX.log)
 "$BIN" serve --partitions 4 --tick-interval 0 --ready-lag 0 --replica-id py-test \
-  --sgl-model sgl-test --sgl-block-size 2 --allow-unauthenticated-writes --grpc-addr "127.0.0.1:$GRPC_PORT" --admin-addr "127.0.0.1:$ADMIN_PORT" >"$LOG" 2>&1 &
+  --sgl-model sgl-test --sgl-block-size 2 --allow-unauthenticated-writes --grpc-addr "127.0.0.1:$GRPC_PORT" --admin-addr "127.0.0.1:$ADMIN_PORT" \
+  --peer-addr "127.0.0.1:$PEER_PORT" >"$LOG" 2>&1 &
 SERVER=$!
 TLS_SERVER=""
 SHARD_SERVERS=""
@@ -88,7 +91,10 @@ done
 echo "==> replaying the trace into $BROKERS (8 workers, stretch 1)"
 REPLAY_LOG=$(mktemp /tmp/prefixlog-replay.XXXXXX.log)
 "$BIN" publish-trace --brokers "$BROKERS" --partitions 4 --workers 8 --stretch 1 --trace "$PREFIXLOG_TRACE" \
-  2>"$REPLAY_LOG" || { cat "$REPLAY_LOG" >&2; exit 1; }
+  2>"$REPLAY_LOG" || { cat "$REPLAY_LOG" >&2
+    # The embedded broker lives in the first replica: name it when that is what went away.
+    kill -0 $SERVER 2>/dev/null || { echo "the first replica (and its embedded broker) exited:" >&2; tail -40 "$LOG" >&2; }
+    exit 1; }
 cat "$REPLAY_LOG" >&2
 # The number of records published, from replay's "replayed records=N" log line (empty if the
 # log level hides it).
