@@ -141,11 +141,35 @@ async fn a_dynamo_client_sees_each_instance_match_in_tokens() {
     assert_eq!(code, 400);
     assert!(v["error"].as_str().unwrap().starts_with("cache_salt is not accepted by /query_by_hash"), "{v}");
     bodies_are_read_as_upstream_reads_them(addr).await;
+    a_worker_that_changes_group_is_answered_in_its_new_one(&s, &p, &tokens).await;
 
     let text = prefixlog_query::metrics::render(s.node.registry());
     let ok = r#"prefixlog_facade_requests_total{code="OK",protocol="dynamo-http",rpc="query_by_hash",shard="all"} 1"#;
     assert!(text.contains(ok), "{text}");
-    assert!(text.contains(r#"code="NOT_FOUND",protocol="dynamo-http",rpc="query",shard="all"} 3"#), "{text}");
+    assert!(text.contains(r#"code="NOT_FOUND",protocol="dynamo-http",rpc="query",shard="all"} 4"#), "{text}");
+}
+
+/// The facade keeps each `(model, routing_group)`'s indexer between queries while nothing is
+/// applied: worker 3 announced again in the default group is answered there at once, and the
+/// blue group, now empty, is upstream's 404.
+async fn a_worker_that_changes_group_is_answered_in_its_new_one(
+    s: &support::Served,
+    p: &Publisher,
+    tokens: &[u32],
+) {
+    let addr = s.addr;
+    let default = json!({"token_ids": tokens, "model_name": "llama"});
+    let blue = json!({"token_ids": tokens, "model_name": "llama", "routing_group": "blue"});
+    for _ in 0..2 {
+        assert_eq!(http(addr, "POST", "/query", Some(default.clone())).await.1["scores"].get("3"), None);
+        assert_eq!(http(addr, "POST", "/query", Some(blue.clone())).await.0, 200);
+    }
+    let moved = p.publish_lifecycle(3, &added(&[("model", "llama"), ("block_size", "4")])).await.unwrap();
+    assert!(s.node.status().wait_for(&token_of(&[moved]), Duration::from_secs(60)).await);
+    let (_, v) = http(addr, "POST", "/query", Some(default)).await;
+    assert_eq!(v["scores"]["3"], json!({"0": 16}), "worker 3 in the default group: {v}");
+    let (code, v) = http(addr, "POST", "/query", Some(blue)).await;
+    assert_eq!((code, v), (404, json!({"error": "no indexer for model=llama routing_group=blue"})));
 }
 
 /// axum's `Json` extractor, as upstream's: 415 without a JSON content type, 400 for what is not

@@ -13,6 +13,8 @@
 //! - `bench-shards`: memory per replica with N shards, fan-out Match latency vs unsharded.
 //! - `bench-fleet`: one replica under a fleet's load (2,048 workers publishing, gateways at
 //!   1,024 queries in flight): apply vs raw consume, query latency, lag, CPU per 1,000 queries.
+//! - `load-http`: an HTTP/1.1 load generator (closed or open loop) for side-by-side `/query`
+//!   comparisons with other indexers (`tests/upstream/bench_dynamo.py`).
 //!
 //! Modules: [`bench_env`] (what the Kafka benchmarks share: a topic, a publisher, replicas),
 //! [`client_thread`] (the measuring client's own thread),
@@ -27,6 +29,7 @@ mod bench_restart;
 mod bench_shards;
 mod client_thread;
 mod demo;
+mod load_http;
 mod query_bench;
 mod stream_bench;
 
@@ -68,12 +71,16 @@ enum Cmd {
     /// One replica under a fleet's load: workers publishing at full speed while gateways keep
     /// queries in flight; apply vs raw consume, query latency, lag, CPU per 1,000 queries.
     BenchFleet(bench_fleet::Args),
+    /// Post request bodies to an HTTP endpoint, closed loop or at a fixed rate, and report
+    /// queries/s and latency quantiles (one JSON line on stdout).
+    LoadHttp(load_http::Args),
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     // The demo draws a progress bar and a table: only warnings go to the log by default.
-    let default_filter = if matches!(cli.cmd, Cmd::Demo(_)) { "warn" } else { "info,rdkafka=warn" };
+    let default_filter =
+        if matches!(cli.cmd, Cmd::Demo(_) | Cmd::LoadHttp(_)) { "warn" } else { "info,rdkafka=warn" };
     let query_cpus = match &cli.cmd {
         Cmd::BenchQuery(a) => a.query_cpus.as_ref(),
         _ => None,
@@ -88,6 +95,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::BenchRestart(a) => rt.block_on(bench_restart::run(a)),
         Cmd::BenchShards(a) => rt.block_on(bench_shards::run(a)),
         Cmd::BenchFleet(a) => rt.block_on(bench_fleet::run(a)),
+        Cmd::LoadHttp(a) => rt.block_on(load_http::run(a)),
     };
     process::finish(result)
 }

@@ -43,6 +43,8 @@ pub struct ReplicaNode {
     checkpointer: Option<Checkpointer>,
     checkpoint_metrics: Arc<CheckpointMetrics>,
     anti_entropy: Option<Arc<AntiEntropy>>,
+    /// The anti-entropy rounds' task (also in `tasks`, aborted with them).
+    anti_entropy_task: Option<tokio::task::AbortHandle>,
     scrubber: Option<Arc<Scrubber>>,
     /// What anti-entropy and the scrubber repair with (one repair per partition at a time).
     repair: RepairContext,
@@ -123,6 +125,7 @@ impl ReplicaNode {
             checkpointer,
             checkpoint_metrics,
             anti_entropy: None,
+            anti_entropy_task: None,
             scrubber: None,
             repair,
             peer_addr: None,
@@ -211,7 +214,7 @@ impl ReplicaNode {
                 client: self.opts.peer_client(),
             });
             let (every, weak) = (self.opts.anti_entropy_interval, Arc::downgrade(&ae));
-            self.tasks.push(tokio::spawn(async move {
+            let rounds = tokio::spawn(async move {
                 let mut t = tokio::time::interval(every);
                 // A round that outlasts the interval (a repair) delays the next; no burst after.
                 t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -221,7 +224,9 @@ impl ReplicaNode {
                     let Some(ae) = weak.upgrade() else { return };
                     ae.round().await;
                 }
-            }));
+            });
+            self.anti_entropy_task = Some(rounds.abort_handle());
+            self.tasks.push(rounds);
             self.anti_entropy = Some(ae);
         }
         let sources = self.opts.checkpoint_sources();
@@ -357,6 +362,15 @@ impl ReplicaNode {
 
     pub fn anti_entropy(&self) -> Option<&Arc<AntiEntropy>> {
         self.anti_entropy.as_ref()
+    }
+
+    /// Stops the periodic anti-entropy rounds (a round under way is cancelled; explicit
+    /// rounds still run). For stopping several replicas of one process together: their peers
+    /// going away one by one is then not reported as unreachable.
+    pub fn stop_anti_entropy_rounds(&self) {
+        if let Some(t) = &self.anti_entropy_task {
+            t.abort();
+        }
     }
 
     /// The scrubber (None with `scrub.interval` zero).

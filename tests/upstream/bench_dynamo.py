@@ -8,13 +8,22 @@ registered with both sides by `/register`, so each subscribes itself. A block of
 (`hash_ids`) is `--block-size` tokens derived from its id; an engine stores the blocks of a
 request it does not hold yet, as vLLM's `BlockPool` does (no eviction). Reported per side:
 events absorbed per second until caught up, then the same `/query` bodies closed loop
-(`--clients` threads, one persistent connection each): queries/s, p50/p99, RSS and CPU per query
-from /proc, and answer agreement on every query (a difference is printed with its request).
+(`--clients` threads, one persistent connection each): answer agreement on every query (a
+difference is printed with its request), queries/s, p50/p99, RSS and CPU per query from /proc.
 
-    PREFIXLOG_BIN=... "$(bash tests/upstream/venv.sh)" tests/upstream/bench_dynamo.py --engines 256
+The Python client spends about a core per 10,000 queries/s, so it limits both sides. With
+`prefixlog-lab` at hand (`--load-gen`, default `$PREFIXLOG_LAB_BIN` or the `prefixlog-lab`
+beside `$PREFIXLOG_BIN`), the speed is measured by its `load-http` instead, on the same bodies:
+closed loop at saturation (`--connections`, `--seconds`), then open loop on both sides at the
+same offered rate (`--open-fraction` of the real indexer's saturated queries/s), where p99 is
+compared; CPU per query is the server's CPU over every query sent in the closed loop.
+
+    PREFIXLOG_BIN=... PREFIXLOG_LAB_BIN=... "$(bash tests/upstream/venv.sh)" \
+        tests/upstream/bench_dynamo.py --engines 256
 
 The last line is `vs dynamo.indexer: queries/s X.XXx, p99 X.XXx, RSS X.XXx, events/s X.XXx,
-answers differ N of M` (prefixlog over dynamo.indexer).
+answers differ N of M` (prefixlog over dynamo.indexer), then, with the load generator,
+`vs dynamo.indexer (load-http): queries/s X.XXx, p99 at N/s X.XXx, CPU/query X.XXx`.
 """
 
 from __future__ import annotations
@@ -24,7 +33,10 @@ import http.client
 import json
 import os
 import random
+import shutil
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -217,6 +229,56 @@ def drive(port: int, bodies: list[bytes], clients: int, proc: Proc) -> dict:
             "client_cores": (time.process_time() - me0) / wall}
 
 
+def lab_binary(given: str | None) -> str | None:
+    """The `prefixlog-lab` to drive the load with, or None (the Python client then measures)."""
+    for cand in (given, os.environ.get("PREFIXLOG_LAB_BIN"),
+                 str(Path(os.environ["PREFIXLOG_BIN"]).with_name("prefixlog-lab")) if os.environ.get("PREFIXLOG_BIN") else None,
+                 shutil.which("prefixlog-lab")):
+        if cand and os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
+def load_http(lab: str, port: int, bodies_file: str, proc: Proc, connections: int, seconds: float,
+              rate: float | None = None) -> dict:
+    """One `prefixlog-lab load-http` run against `port`; its JSON line plus the server's CPU per
+    query sent and RSS."""
+    cmd = [lab, "load-http", "--url", f"http://127.0.0.1:{port}/query", "--bodies", bodies_file,
+           "--connections", str(connections), "--duration", f"{seconds}s", "--warm-up", "1s"]
+    if rate:
+        cmd += ["--rate", f"{rate:.1f}"]
+    cpu0 = proc.cpu_s()
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=seconds + 120)
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    r["cpu_us"] = (proc.cpu_s() - cpu0) / max(1, r["sent"]) * 1e6
+    r["rss"] = proc.rss_mb()
+    return r
+
+
+def speed_by_load_gen(lab: str, sides: list, bodies: list[bytes], a) -> dict:
+    """Closed loop on each side, then both at the same offered rate (a fraction of the real
+    indexer's saturated queries/s)."""
+    with tempfile.NamedTemporaryFile("wb", suffix=".jsonl", delete=False) as f:
+        f.write(b"\n".join(bodies) + b"\n")
+        bodies_file = f.name
+    try:
+        res = {name: {"closed": load_http(lab, port, bodies_file, proc, a.connections, a.seconds)}
+               for name, port, proc in sides}
+        rate = max(1.0, res["dynamo"]["closed"]["qps"] * a.open_fraction)
+        for name, port, proc in sides:
+            res[name]["open"] = load_http(lab, port, bodies_file, proc, a.connections, a.seconds, rate)
+        res["rate"] = rate
+        for name, _, _ in sides:
+            c, o = res[name]["closed"], res[name]["open"]
+            print(f"{name:>15} (load-http): closed loop {c['qps']:,.0f} queries/s p50 {c['p50_us']} us "
+                  f"p99 {c['p99_us']} us, {c['errors']} errors, CPU/query {c['cpu_us']:.0f} us, RSS {c['rss']:.0f} MB; "
+                  f"open loop at {rate:,.0f}/s p50 {o['p50_us']} us p99 {o['p99_us']} us p99.9 {o['p999_us']} us "
+                  f"({o['qps']:,.0f}/s achieved; client used {c['client_cores']:.2f} cores closed)")
+        return res
+    finally:
+        os.unlink(bodies_file)
+
+
 def query_bodies(reqs: list[list[int]], m: int, bs: int, seed: int) -> list[bytes]:
     """`m` prompts: trace requests chosen at random, half of them with a new suffix block."""
     rnd = random.Random(seed)
@@ -258,8 +320,10 @@ def differences(real: Side, ours: Side, bodies, real_answers, ours_answers, show
     return n
 
 
-def run(engines: int, queries: int, clients: int, bs: int, limit: int | None, seed: int = 7) -> dict:
-    """One side-by-side run; returns the measurements (also printed)."""
+def run(engines: int, queries: int, clients: int, bs: int, limit: int | None, seed: int = 7,
+        speed: argparse.Namespace | None = None) -> dict:
+    """One side-by-side run; returns the measurements (also printed). With `speed` (the
+    load-http options), the speed is measured again by `prefixlog-lab load-http`."""
     ke = vllm_events()
     reqs = load_trace(limit)
     up = Upstream()
@@ -306,6 +370,20 @@ def run(engines: int, queries: int, clients: int, bs: int, limit: int | None, se
         print(f"vs dynamo.indexer: queries/s {ratio(o['qps'], d['qps']):.2f}x, p99 {ratio(o['p99'], d['p99']):.2f}x, "
               f"RSS {ratio(o['rss'], d['rss']):.2f}x, events/s {ratio(o['eps'], d['eps']):.2f}x, "
               f"answers differ {diff} of {len(bodies)}")
+        if speed is None:
+            return res
+        lab = lab_binary(speed.load_gen)
+        if lab is None:
+            print("no prefixlog-lab for load-http (--load-gen, PREFIXLOG_LAB_BIN): speed measured by the Python client only")
+            return res
+        fast = speed_by_load_gen(lab, [("dynamo", int(real.base.rsplit(":", 1)[1]), Proc(up.proc.pid)),
+                                       ("prefixlog", port, Proc(replica.proc.pid))], bodies, speed)
+        d, o = fast["dynamo"], fast["prefixlog"]
+        print(f"vs dynamo.indexer (load-http): queries/s {ratio(o['closed']['qps'], d['closed']['qps']):.2f}x, "
+              f"p99 at {fast['rate']:.0f}/s {ratio(o['open']['p99_us'], d['open']['p99_us']):.2f}x, "
+              f"CPU/query {ratio(o['closed']['cpu_us'], d['closed']['cpu_us']):.2f}x, "
+              f"RSS {ratio(o['closed']['rss'], d['closed']['rss']):.2f}x")
+        res["load_http"] = fast
         return res
     finally:
         for e in started:
@@ -321,8 +399,13 @@ def main():
     ap.add_argument("--clients", type=int, default=8, help="closed-loop client threads")
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--requests", type=int, default=None, help="the first N trace requests (default all)")
+    ap.add_argument("--load-gen", default=None, help="prefixlog-lab binary for load-http (default: found)")
+    ap.add_argument("--connections", type=int, default=64, help="load-http connections")
+    ap.add_argument("--seconds", type=float, default=10.0, help="load-http counted seconds per run")
+    ap.add_argument("--open-fraction", type=float, default=0.5,
+                    help="open-loop offered rate as a fraction of dynamo.indexer's saturated queries/s")
     a = ap.parse_args()
-    res = run(a.engines, a.queries, a.clients, a.block_size, a.requests)
+    res = run(a.engines, a.queries, a.clients, a.block_size, a.requests, speed=a)
     sys.exit(1 if res["differ"] else 0)
 
 

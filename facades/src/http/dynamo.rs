@@ -22,22 +22,56 @@ use super::reader::{Meta, QueryError, Reader};
 use super::wire::{score_response, Holder, QueryByHashRequest, QueryRequest, ScoreResponse, TierDepths};
 use super::{DEFAULT_ROUTING_GROUP, META_ROUTING_GROUP};
 use super::{META_BLOCK_SIZE, META_MODEL};
+use parking_lot::Mutex;
 use prefixlog_engine::scheme::{dynamo_block_hashes, dynamo_seed, SCHEME_DYNAMO_BLOCK, SCHEME_XXH3_CHAINED};
 use prefixlog_engine::{KeyspaceId, Tier};
 use prefixlog_proto::v1::match_request::Prompt;
 use prefixlog_proto::v1::{BlockHashes, TokenIds, WorkerScore};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
 
 /// The tiers a Dynamo answer counts, in preference order (upstream: device, host-pinned,
 /// disk, external).
 const TIERS: [Tier; 4] = [Tier::Gpu, Tier::Host, Tier::Disk, Tier::External];
 
+/// Most `(model, routing_group)` pairs whose indexer is kept between queries; past it the
+/// cache starts again (any client may name any pair).
+const MAX_CACHED_INDEXERS: usize = 64;
+
 /// What `(model, routing_group)` names here: its block size (none: no worker says one, so
-/// nothing can match) and the model's keyspaces of that size.
+/// nothing can match), the model's keyspaces of that size, and which workers are in the group.
 struct Indexer {
     block_size: Option<u32>,
     keyspaces: Vec<KeyspaceId>,
+    members: GroupMembers,
 }
+
+/// The workers of one routing group: those whose metadata names it, and, for the default
+/// group, every worker without metadata (or without a `routing_group` in it).
+struct GroupMembers {
+    named: HashSet<u64>,
+    /// Workers whose metadata names another group (only the default group needs them).
+    elsewhere: HashSet<u64>,
+    default: bool,
+}
+
+impl GroupMembers {
+    fn contains(&self, worker: u64) -> bool {
+        self.named.contains(&worker) || (self.default && !self.elsewhere.contains(&worker))
+    }
+}
+
+/// The indexers resolved per `(model, routing_group)`, each with the applied offsets of the
+/// owned partitions it was resolved at: workers, their metadata and the keyspaces change only
+/// by applying records, so an indexer resolved at the same offsets is the same. Resolving one
+/// walks every worker's metadata, which cost more than the match on a 256-worker fleet.
+#[derive(Default)]
+pub(super) struct IndexerCache(Mutex<HashMap<IndexerName, (AppliedOffsets, Arc<Indexer>)>>);
+
+/// `(model_name, routing_group)`.
+type IndexerName = (String, String);
+/// The next offset to apply of each owned partition, in partition order.
+type AppliedOffsets = Vec<i64>;
 
 impl Reader {
     pub async fn query(&self, req: QueryRequest) -> Result<ScoreResponse, QueryError> {
@@ -60,7 +94,7 @@ impl Reader {
                 }),
             };
             if req.token_ids.len() >= bs as usize {
-                self.merge(&mut depths, ks, prompt, &req.routing_group).await?;
+                self.merge(&mut depths, ks, prompt, &ix.members).await?;
             }
         }
         Ok(score_response(&depths.into_iter().collect::<Vec<_>>(), bs))
@@ -78,25 +112,23 @@ impl Reader {
             // i64 on the wire, the same 64 bits as the u64 locals the keyspace holds.
             let local: Vec<u64> = req.block_hashes.iter().map(|&h| h as u64).collect();
             if !local.is_empty() {
-                self.merge(&mut depths, ks, Prompt::Hashes(BlockHashes { local }), &req.routing_group)
-                    .await?;
+                self.merge(&mut depths, ks, Prompt::Hashes(BlockHashes { local }), &ix.members).await?;
             }
         }
         Ok(score_response(&depths.into_iter().collect::<Vec<_>>(), bs))
     }
 
-    /// Matches `prompt` in `ks` and keeps, per holder of `group`, the longer of this match and
-    /// what `depths` has.
+    /// Matches `prompt` in `ks` and keeps, per holder of the group, the longer of this match
+    /// and what `depths` has.
     async fn merge(
         &self,
         depths: &mut BTreeMap<Holder, TierDepths>,
         ks: &KeyspaceId,
         prompt: Prompt,
-        group: &str,
+        members: &GroupMembers,
     ) -> Result<(), QueryError> {
         let scores = self.scores(ks, prompt, &TIERS).await?;
-        let groups = self.label_workers(scores.iter().map(|s| s.worker), |_, m| Some(group_of(m) == group));
-        for s in scores.iter().filter(|s| groups.get(&s.worker) == Some(&true)) {
+        for s in scores.iter().filter(|s| members.contains(s.worker)) {
             let d = tier_depths(s);
             let e = depths.entry((s.worker, s.dp_rank)).or_default();
             *e = e.max(d);
@@ -104,8 +136,27 @@ impl Reader {
         Ok(())
     }
 
-    /// The indexer `(model, group)` names (module doc), or upstream's 404.
-    fn indexer(&self, model: &str, group: &str) -> Result<Indexer, QueryError> {
+    /// The indexer `(model, group)` names (module doc), or upstream's 404: from the cache
+    /// when nothing was applied since it was resolved ([`IndexerCache`]).
+    fn indexer(&self, model: &str, group: &str) -> Result<Arc<Indexer>, QueryError> {
+        let Some(at) = self.applied_offsets() else { return self.resolve(model, group).map(Arc::new) };
+        let key = (model.to_string(), group.to_string());
+        if let Some((seen_at, ix)) = self.indexers().0.lock().get(&key) {
+            if *seen_at == at {
+                return Ok(ix.clone());
+            }
+        }
+        let ix = Arc::new(self.resolve(model, group)?);
+        let mut cache = self.indexers().0.lock();
+        if cache.len() >= MAX_CACHED_INDEXERS && !cache.contains_key(&key) {
+            cache.clear();
+        }
+        cache.insert(key, (at, ix.clone()));
+        Ok(ix)
+    }
+
+    /// The indexer `(model, group)` names, resolved from the workers' metadata and keyspaces.
+    fn resolve(&self, model: &str, group: &str) -> Result<Indexer, QueryError> {
         let ids: Vec<KeyspaceId> = self
             .service()
             .view()
@@ -117,8 +168,18 @@ impl Reader {
             })
             .collect();
         let (mut announced, mut sizes) = (false, BTreeSet::new());
-        self.each_worker(|_, m| {
-            if m.get(META_MODEL).is_some_and(|x| x == model) && group_of(Some(m)) == group {
+        let mut members = GroupMembers {
+            named: HashSet::new(),
+            elsewhere: HashSet::new(),
+            default: group == DEFAULT_ROUTING_GROUP,
+        };
+        self.each_worker(|w, m| {
+            if group_of(Some(m)) != group {
+                members.elsewhere.insert(w);
+                return;
+            }
+            members.named.insert(w);
+            if m.get(META_MODEL).is_some_and(|x| x == model) {
                 announced = true;
                 sizes.extend(m.get(META_BLOCK_SIZE).and_then(|b| b.parse::<u32>().ok()));
             }
@@ -135,7 +196,7 @@ impl Reader {
         }
         let block_size = sizes.first().copied();
         let keyspaces = ids.into_iter().filter(|k| Some(k.block_size) == block_size).collect();
-        Ok(Indexer { block_size, keyspaces })
+        Ok(Indexer { block_size, keyspaces, members })
     }
 
     /// Whether a worker of `group` holds blocks (on any lane and tier) in `ks`.

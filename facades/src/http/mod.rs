@@ -25,6 +25,8 @@
 //!   and the mapping of per-holder depths to its per-tenant, per-instance answer (pure).
 //! - [`reader`]: readiness, typed errors with their HTTP status, the match through
 //!   `QueryService::answer`, Mooncake's `/query`.
+//! - `json_body`: the body extractor of Dynamo's routes: axum's `Json` answers, parsed
+//!   without its per-element path tracking on the common request.
 //! - [`limit`]: the bounds on bodies (time 408, bytes at once 503, read before a place is
 //!   taken), requests in flight (429 over it) and time per request (504).
 //! - [`server`]: the axum router (body limits, bounds, metrics) and [`HttpIndexerExtension`],
@@ -33,6 +35,7 @@
 pub mod dump;
 pub mod dynamo;
 pub mod feeds;
+mod json_body;
 pub mod limit;
 pub mod listeners;
 pub mod mooncake;

@@ -82,13 +82,28 @@ impl QueryError {
 
 pub struct Reader {
     query: QueryService,
+    /// The Dynamo dialect's indexers per `(model, routing_group)`.
+    indexers: super::dynamo::IndexerCache,
 }
 
 impl Reader {
     /// Answers from `query`, with a prompt limit of [`super::MAX_PROMPT_BLOCKS`] (what fits in
     /// the body upstream accepts) instead of `prefixlog.v1`'s.
     pub fn new(query: QueryService) -> Self {
-        Self { query: query.with_max_blocks(super::MAX_PROMPT_BLOCKS) }
+        Self { query: query.with_max_blocks(super::MAX_PROMPT_BLOCKS), indexers: Default::default() }
+    }
+
+    pub(super) fn indexers(&self) -> &super::dynamo::IndexerCache {
+        &self.indexers
+    }
+
+    /// The next offset to apply of every owned partition, under the applier lock: what the
+    /// workers' metadata and the keyspaces are a function of (none when the replica keeps no
+    /// applier).
+    pub(super) fn applied_offsets(&self) -> Option<Vec<i64>> {
+        let view = self.query.view();
+        let a = view.applier.as_ref()?.lock();
+        Some(view.info.owned.iter().map(|&p| a.partition(p).next_offset).collect())
     }
 
     pub fn service(&self) -> &QueryService {

@@ -3,12 +3,13 @@
 //! `prefixlog_facade_skipped_total{reason="connections_total"|"connections_per_peer"}`). Every request but `/health` is bounded ([`super::limit`]) and counted by route
 //! and outcome (`prefixlog_facade_requests_total{protocol="dynamo-http"|"mooncake-http"}`).
 //!
-//! Dynamo's routes read their bodies with axum's `Json` extractor and query strings with its
-//! `Query`, as upstream's server does: a body without `Content-Type: application/json` is 415,
+//! Dynamo's routes read their bodies as axum's `Json` extractor does (`super::json_body`) and
+//! query strings with its `Query`, as upstream's server does: a body without `Content-Type: application/json` is 415,
 //! one that is not JSON 400, one of the wrong shape 422, each with axum's text; `/query` and
 //! `/query_by_hash` take bodies up to 8 MiB, the other routes up to axum's default 2 MiB.
 
 use super::feeds::EngineFeeds;
+use super::json_body::UpstreamJson;
 use super::limit::{in_flight_gauge, limit, BodyLimits, Gate, Limits};
 use super::listeners::{Listeners, Live};
 use super::reader::{QueryError, Reader};
@@ -26,7 +27,7 @@ use axum::extract::{DefaultBodyLimit, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{middleware, Json, Router};
+use axum::{middleware, Router};
 use parking_lot::Mutex;
 use prefixlog_query::extension::{Extension, ExtensionContext, ExtensionError};
 use prefixlog_query::listen::{ConnLimits, OnRefused};
@@ -102,9 +103,9 @@ fn dynamo_routes() -> Router<Arc<App>> {
 
 async fn query_tokens(
     State(app): State<Arc<App>>,
-    body: Result<Json<QueryRequest>, JsonRejection>,
+    body: Result<UpstreamJson<QueryRequest>, JsonRejection>,
 ) -> Response {
-    let Json(req) = match body {
+    let UpstreamJson(req) = match body {
         Ok(b) => b,
         Err(e) => return app.rejected("query", e),
     };
@@ -114,9 +115,9 @@ async fn query_tokens(
 
 async fn query_hashes(
     State(app): State<Arc<App>>,
-    body: Result<Json<QueryByHashRequest>, JsonRejection>,
+    body: Result<UpstreamJson<QueryByHashRequest>, JsonRejection>,
 ) -> Response {
-    let Json(req) = match body {
+    let UpstreamJson(req) = match body {
         Ok(b) => b,
         Err(e) => return app.rejected("query_by_hash", e),
     };
@@ -151,9 +152,9 @@ async fn list_workers(
 
 async fn register(
     State(app): State<Arc<App>>,
-    body: Result<Json<RegisterRequest>, JsonRejection>,
+    body: Result<UpstreamJson<RegisterRequest>, JsonRejection>,
 ) -> Response {
-    let Json(req) = match body {
+    let UpstreamJson(req) = match body {
         Ok(b) => b,
         Err(e) => return app.rejected("register", e),
     };
@@ -164,9 +165,9 @@ async fn register(
 
 async fn unregister(
     State(app): State<Arc<App>>,
-    body: Result<Json<UnregisterRequest>, JsonRejection>,
+    body: Result<UpstreamJson<UnregisterRequest>, JsonRejection>,
 ) -> Response {
-    let Json(req) = match body {
+    let UpstreamJson(req) = match body {
         Ok(b) => b,
         Err(e) => return app.rejected("unregister", e),
     };
@@ -190,9 +191,9 @@ async fn dump(State(app): State<Arc<App>>) -> Response {
 
 async fn register_peer(
     State(app): State<Arc<App>>,
-    body: Result<Json<PeerRequest>, JsonRejection>,
+    body: Result<UpstreamJson<PeerRequest>, JsonRejection>,
 ) -> Response {
-    let Json(req) = match body {
+    let UpstreamJson(req) = match body {
         Ok(b) => b,
         Err(e) => return app.rejected("peers", e),
     };
@@ -213,9 +214,9 @@ async fn register_peer(
 
 async fn deregister_peer(
     State(app): State<Arc<App>>,
-    body: Result<Json<PeerRequest>, JsonRejection>,
+    body: Result<UpstreamJson<PeerRequest>, JsonRejection>,
 ) -> Response {
-    let Json(req) = match body {
+    let UpstreamJson(req) = match body {
         Ok(b) => b,
         Err(e) => return app.rejected("peers", e),
     };

@@ -145,6 +145,10 @@ impl Cluster {
     /// connection error per retry. The clients of the demo (gateways, fleet publishers) must
     /// be gone before this is called, for the same reason.
     pub async fn shutdown(self) -> anyhow::Result<()> {
+        // No replica's rounds may find another one already stopped (a warning in the calm demo).
+        for n in &self.nodes {
+            n.stop_anti_entropy_rounds();
+        }
         for n in self.nodes {
             n.shutdown().await?;
         }
