@@ -49,6 +49,11 @@ PATH="$(dirname "$PROMTOOL"):$PATH"
 export PATH PREFIXLOG_PROMTOOL=required
 echo "==> cargo test (workspace, unit and crate tests; Kafka-backed ones on the embedded mock)"
 PREFIXLOG_TEST_BACKENDS=embedded cargo test --workspace --exclude prefixlog-tests --no-fail-fast
+# The hostile-clients drills again on a release build, the fast publisher at full length: one
+# SMG Publish stream written as fast as flow control lets it for 60 s keeps its connection and
+# gets an ack for every update (the debug run above writes for 10 s at a fraction of the rate).
+echo "==> hostile clients on a release build (60 s fast-publisher drill)"
+PREFIXLOG_DRILL_PUBLISH_SECS=60 cargo test --release -p prefixlog-facades --test hostile_live -- --nocapture
 echo "==> self-contained: the demo smoke test in a copy of the repository alone"
 bash scripts/check-self-contained.sh
 echo "==> Kubernetes manifests (schema and consistency, no cluster)"

@@ -23,7 +23,9 @@ compared; CPU per query is the server's CPU over every query sent in the closed 
 
 The last line is `vs dynamo.indexer: queries/s X.XXx, p99 X.XXx, RSS X.XXx, events/s X.XXx,
 answers differ N of M` (prefixlog over dynamo.indexer), then, with the load generator,
-`vs dynamo.indexer (load-http): queries/s X.XXx, p99 at N/s X.XXx, CPU/query X.XXx`.
+`vs dynamo.indexer (load-http): queries/s X.XXx, p99 at N/s X.XXx, CPU/query X.XXx, RSS X.XXx,
+CPU/event X.XXx` (CPU/event: CPU per block absorbed while the engines published; the Python
+engines set the pace of events/s, so that is what the events' cost can be compared by).
 """
 
 from __future__ import annotations
@@ -138,12 +140,15 @@ def attach_all(real: Side, ours: Side, replica: Replica, engines: list[TraceEngi
         e.send(e.ke.AllBlocksCleared())
 
 
-def caught_up_watch(side: Side, n: int, bs: int, start: float, out: dict, key: str):
-    """Polls the witness block every engine stores last; records when all n hold it."""
+def caught_up_watch(side: Side, n: int, bs: int, start: float, out: dict, key: str, proc=None, cpu0=0.0):
+    """Polls the witness block every engine stores last; records when all n hold it (and, with
+    `proc`, the CPU seconds it used since `cpu0`: `out[key + "_cpu"]`)."""
     body = {"token_ids": block_tokens(MARK_ID, bs), "model_name": MODEL}
     while time.monotonic() - start < 300:
         if len(scores(side.call("POST", "/query", body))) >= n:
             out[key] = time.monotonic() - start
+            if proc is not None:
+                out[key + "_cpu"] = proc.cpu_s() - cpu0
             return
         time.sleep(0.02)
 
@@ -161,11 +166,17 @@ def explain_not_caught_up(real: Side, ours: Side, replica: Replica, engines: lis
     print("----- replica log tail -----\n" + "\n".join(replica.log().splitlines()[-60:]))
 
 
-def publish_trace(real, ours, engines, reqs) -> tuple[int, dict]:
-    """Publishes every engine's share, then the witness; returns (blocks, side -> seconds)."""
+def publish_trace(real, ours, engines, reqs, procs: dict | None = None) -> tuple[int, dict]:
+    """Publishes every engine's share, then the witness; returns (blocks, side -> seconds, and
+    with `procs` (side name -> Proc) side + "_cpu" -> CPU seconds until caught up). The Python
+    engines set the pace, so the seconds say how fast both kept up with them, and the CPU what
+    absorbing the events cost each side."""
     n, bs = len(engines), engines[0].bs
+    procs = procs or {}
+    cpu0 = {name: p.cpu_s() for name, p in procs.items()}
     start, out = time.monotonic(), {}
-    watchers = [threading.Thread(target=caught_up_watch, args=(s, n, bs, start, out, s.name))
+    watchers = [threading.Thread(target=caught_up_watch,
+                                 args=(s, n, bs, start, out, s.name, procs.get(s.name), cpu0.get(s.name, 0.0)))
                 for s in (real, ours)]
     blocks = 0
     for i, r in enumerate(reqs):
@@ -340,13 +351,17 @@ def run(engines: int, queries: int, clients: int, bs: int, limit: int | None, se
                 assert r[0] == 201, (side.name, r)
         attach_all(real, ours, replica, started)
         time.sleep(1.0)  # the clears applied on both sides
-        blocks, took = publish_trace(real, ours, started, reqs)
+        procs = {"dynamo": Proc(up.proc.pid), "prefixlog": Proc(replica.proc.pid)}
+        blocks, took = publish_trace(real, ours, started, reqs, procs)
         if len(took) != 2:
             explain_not_caught_up(real, ours, replica, started)
         assert len(took) == 2, f"not caught up within 300 s: {took}"
+        cpu_per_k = {k: took[k + "_cpu"] / blocks * 1e6 for k in procs if k + "_cpu" in took}  # ms per 1,000 blocks
         print(f"trace: {len(reqs)} requests, {blocks} blocks stored on {engines} engines; caught up "
               f"after dynamo.indexer {took.get('dynamo', float('nan')):.2f} s, "
-              f"prefixlog {took.get('prefixlog', float('nan')):.2f} s")
+              f"prefixlog {took.get('prefixlog', float('nan')):.2f} s; CPU per 1,000 blocks absorbed "
+              f"dynamo.indexer {cpu_per_k.get('dynamo', float('nan')):.1f} ms, "
+              f"prefixlog {cpu_per_k.get('prefixlog', float('nan')):.1f} ms (replica, bridge and embedded broker)")
         bodies = query_bodies(reqs, queries, bs, seed)
         print(f"both answered a sample of the queries the same after {settle(real, ours, bodies):.1f} s more")
         res = {}
@@ -355,6 +370,7 @@ def run(engines: int, queries: int, clients: int, bs: int, limit: int | None, se
             drive(p, bodies[: min(50, len(bodies))], clients, Proc(pid))  # warm-up
             res[side.name] = drive(p, bodies, clients, Proc(pid))
             res[side.name]["eps"] = blocks / took[side.name] if side.name in took else 0.0
+            res[side.name]["event_cpu_ms_per_k"] = cpu_per_k.get(side.name, float("nan"))
         for name, r in res.items():
             print(f"{name:>15}: events/s {r['eps']:,.0f}  queries/s {r['qps']:,.0f}  p50 {r['p50']:.2f} ms  "
                   f"p99 {r['p99']:.2f} ms  RSS {r['rss']:.0f} MB  CPU/query {r['cpu_us']:.0f} us  "
@@ -382,7 +398,8 @@ def run(engines: int, queries: int, clients: int, bs: int, limit: int | None, se
         print(f"vs dynamo.indexer (load-http): queries/s {ratio(o['closed']['qps'], d['closed']['qps']):.2f}x, "
               f"p99 at {fast['rate']:.0f}/s {ratio(o['open']['p99_us'], d['open']['p99_us']):.2f}x, "
               f"CPU/query {ratio(o['closed']['cpu_us'], d['closed']['cpu_us']):.2f}x, "
-              f"RSS {ratio(o['closed']['rss'], d['closed']['rss']):.2f}x")
+              f"RSS {ratio(o['closed']['rss'], d['closed']['rss']):.2f}x, "
+              f"CPU/event {ratio(res['prefixlog']['event_cpu_ms_per_k'], res['dynamo']['event_cpu_ms_per_k']):.2f}x")
         res["load_http"] = fast
         return res
     finally:
