@@ -196,10 +196,18 @@ impl Placed {
 
     /// The prompt matched against a state's index (every holder it has).
     pub fn matches(&self, applier: &Applier) -> Vec<HolderMatch> {
-        applier
-            .engine()
-            .match_chain(&self.keyspace, &self.locals, &MatchOptions::default())
-            .unwrap_or_default()
+        let mut out = Vec::new();
+        self.matches_into(applier, &mut out);
+        out
+    }
+
+    /// [`Self::matches`] into a caller's buffer (cleared first): the judge matches every
+    /// placement once per partition, and reusing one buffer spares an allocation each.
+    pub fn matches_into(&self, applier: &Applier, out: &mut Vec<HolderMatch>) {
+        out.clear();
+        if let Some(ks) = applier.engine().keyspace(&self.keyspace) {
+            ks.read().match_chain_into(&self.locals, &MatchOptions::default(), out);
+        }
     }
 
     /// The decision, from the tally of every holder's match against the state it is judged on.

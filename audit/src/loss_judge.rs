@@ -22,18 +22,20 @@ use prefixlog_state::{Applier, LogSource};
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-/// One record of the range.
+/// One record of the range; its value is a span of its partition's `bytes`.
 struct Rec {
     offset: i64,
     log_time: u64,
-    value: Option<Vec<u8>>,
+    value: Option<std::ops::Range<usize>>,
 }
 
-/// One partition's records of the range, in offset order, and the running maximum of their
-/// log times (for "the first record stamped after T").
+/// One partition's records of the range, in offset order, their values one after the other in
+/// one buffer (not an allocation each), and the running maximum of their log times (for "the
+/// first record stamped after T").
 #[derive(Default)]
 struct PartitionRecords {
     records: Vec<Rec>,
+    bytes: Vec<u8>,
     max_time: Vec<u64>,
 }
 
@@ -41,7 +43,15 @@ impl PartitionRecords {
     fn push(&mut self, offset: i64, log_time: u64, value: Option<&[u8]>) {
         let m = self.max_time.last().copied().unwrap_or(0).max(log_time);
         self.max_time.push(m);
-        self.records.push(Rec { offset, log_time, value: value.map(<[u8]>::to_vec) });
+        let value = value.map(|v| {
+            self.bytes.extend_from_slice(v);
+            self.bytes.len() - v.len()..self.bytes.len()
+        });
+        self.records.push(Rec { offset, log_time, value });
+    }
+
+    fn value(&self, r: &Rec) -> Option<&[u8]> {
+        r.value.clone().map(|span| &self.bytes[span])
     }
 
     /// The index of the first record at or after offset `o`.
@@ -157,10 +167,12 @@ fn judge_partition(
     // Nearly in order already (placements are by log time): a stable sort runs through it.
     due.sort_by_key(|&(at, _)| at);
     let mut state = base.extract(&[q]);
+    let mut matches = Vec::new();
     let mut judge = |state: &Applier, i: usize| {
         // Cheap skip: the partition holds nothing in the placement's keyspace (yet).
         if state.usage(q).uses(&placed[i].keyspace) {
-            tallies[i].add(placed[i].holder, &placed[i].matches(state));
+            placed[i].matches_into(state, &mut matches);
+            tallies[i].add(placed[i].holder, &matches);
         }
     };
     let mut next = due.iter().peekable();
@@ -168,7 +180,7 @@ fn judge_partition(
         while let Some(&(_, i)) = next.next_if(|(at, _)| *at <= k) {
             judge(&state, i);
         }
-        state.apply(q, r.offset, r.log_time, r.value.as_deref()).map_err(prefixlog_state::LogError::new)?;
+        state.apply(q, r.offset, r.log_time, recs.value(r)).map_err(prefixlog_state::LogError::new)?;
     }
     for &(_, i) in next {
         judge(&state, i);
