@@ -23,9 +23,9 @@
 //!   glibc's malloc the large-body drill left RSS 136 MiB above its baseline).
 //! - A fast publisher: one `Publish` stream written as fast as flow control lets the client,
 //!   each update in a DATA frame of its own (with HTTP/2's default windows this drill loses
-//!   the connection to h2's ENHANCE_YOUR_CALM), for [`publish_for`] (CI-sized: the issue's
-//!   drill runs 60 s at 40k updates/s in a release build), keeps its connection and gets one
-//!   ack per update (0 lost).
+//!   the connection to h2's ENHANCE_YOUR_CALM), for [`publish_for`] (10 s here; `make test`
+//!   runs it again for 60 s on a release build), keeps its connection and gets one ack per
+//!   update (0 lost).
 
 /// The binary's allocator and settings (`prefixlog/src/main.rs`): RSS is measured as served.
 #[global_allocator]
@@ -64,7 +64,7 @@ const IDLE_STREAMS: usize = 500;
 const LARGE_BODIES: usize = 32;
 const LARGE_BODY_BYTES: usize = 7 << 20;
 /// How long the fast publisher writes: 10 s, or `PREFIXLOG_DRILL_PUBLISH_SECS` (the issue's
-/// 60 s drill, run by hand against a release build: docs/benchmarks.md).
+/// 60 s drill, which `make test` runs on a release build: docs/operations.md, "Drills").
 fn publish_for() -> Duration {
     let secs = std::env::var("PREFIXLOG_DRILL_PUBLISH_SECS").ok().and_then(|s| s.parse().ok());
     Duration::from_secs(secs.unwrap_or(10))

@@ -12,8 +12,9 @@
 //!   connection was busy then (so a server that falls behind is charged for the queue it
 //!   built, not hidden by the client waiting), else from when it was sent.
 //!
-//! Only queries due in the window after `--warm-up` are counted. One JSON line goes to stdout
-//! (for scripts), one line for people to stderr.
+//! Only queries due in the window after `--warm-up` are counted: answered ones (2xx) in
+//! `queries`, `qps` and the latency quantiles, the others in `errors`. One JSON line goes to
+//! stdout (for scripts), one line for people to stderr.
 
 use anyhow::{bail, Context};
 use bytes::Bytes;
@@ -26,6 +27,11 @@ use std::time::{Duration, Instant};
 
 /// Most bodies read from `--bodies`: the file is read whole into memory.
 const MAX_BODIES: usize = 1_000_000;
+/// Longest a connect, or a query from send to the end of its answer, may take (then counted
+/// as an error and the connection dropped).
+const QUERY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Pause after a failed connect.
+const RECONNECT_BACKOFF: Duration = Duration::from_millis(100);
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -138,48 +144,64 @@ async fn connection(plan: Arc<Plan>, authority: String, uri: hyper::Uri) -> anyh
         };
         if sender.as_ref().is_none_or(|s| s.is_closed()) {
             sender = connect(&authority).await.ok();
+            if sender.is_none() {
+                // Not a busy loop of refused connects (each one counted below).
+                tokio::time::sleep(RECONNECT_BACKOFF).await;
+            }
         }
-        let ok = match sender.as_mut() {
+        let outcome = match sender.as_mut() {
             Some(s) => post(s, &uri, &authority, plan.body(k)).await,
-            None => false,
+            None => Outcome::Broken,
         };
-        if !ok {
+        if outcome == Outcome::Broken {
             sender = None;
         }
         seen.sent += 1;
         if due >= plan.counted_from {
-            seen.latencies_us.push(from.elapsed().as_micros() as u64);
-            seen.errors += u64::from(!ok);
+            // Only answered queries have a latency: a fast refusal must not look like speed.
+            match outcome {
+                Outcome::Answered => seen.latencies_us.push(from.elapsed().as_micros() as u64),
+                Outcome::Refused | Outcome::Broken => seen.errors += 1,
+            }
         }
     }
     Ok(seen)
 }
 
+/// What became of one query.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    /// A 2xx answer, read whole.
+    Answered,
+    /// Another status, its body read: the connection is kept.
+    Refused,
+    /// No answer (connect, send or read failed, or [`QUERY_TIMEOUT`] passed): reconnect.
+    Broken,
+}
+
 async fn connect(authority: &str) -> anyhow::Result<SendRequest<Full<Bytes>>> {
-    let tcp = tokio::net::TcpStream::connect(authority).await?;
+    let tcp = tokio::time::timeout(QUERY_TIMEOUT, tokio::net::TcpStream::connect(authority)).await??;
     tcp.set_nodelay(true)?;
     let (sender, conn) = http1::handshake(hyper_util::rt::TokioIo::new(tcp)).await?;
     tokio::spawn(conn);
     Ok(sender)
 }
 
-/// Posts one body; true when a 2xx answer arrived whole.
-async fn post(s: &mut SendRequest<Full<Bytes>>, uri: &hyper::Uri, host: &str, body: Bytes) -> bool {
+/// Posts one body and reads the answer, within [`QUERY_TIMEOUT`].
+async fn post(s: &mut SendRequest<Full<Bytes>>, uri: &hyper::Uri, host: &str, body: Bytes) -> Outcome {
     let req = hyper::Request::post(uri.path())
         .header(hyper::header::HOST, host)
         .header(hyper::header::CONTENT_TYPE, "application/json")
         .body(Full::new(body));
-    let Ok(req) = req else { return false };
-    if s.ready().await.is_err() {
-        return false;
-    }
-    match s.send_request(req).await {
-        Ok(resp) => {
-            let ok = resp.status().is_success();
-            ok && resp.into_body().collect().await.is_ok()
-        }
-        Err(_) => false,
-    }
+    let Ok(req) = req else { return Outcome::Broken };
+    let exchange = async {
+        s.ready().await.ok()?;
+        let resp = s.send_request(req).await.ok()?;
+        let answered = resp.status().is_success();
+        resp.into_body().collect().await.ok()?;
+        Some(if answered { Outcome::Answered } else { Outcome::Refused })
+    };
+    tokio::time::timeout(QUERY_TIMEOUT, exchange).await.ok().flatten().unwrap_or(Outcome::Broken)
 }
 
 fn read_bodies(path: &PathBuf) -> anyhow::Result<Vec<Bytes>> {

@@ -99,6 +99,10 @@ pub struct Applier {
     usage: Vec<Usage>,
     /// The first record whose apply failed, if one did: the state may hold part of it.
     failed: Option<ApplyFailure>,
+    /// Partitions replaced or restored wholesale so far (not by applying records): with the
+    /// offsets, what tells this state from an earlier one at the same offsets (a repaired
+    /// partition keeps its offset). Runtime only: not applied state, never persisted.
+    replacements: u64,
 }
 
 impl Applier {
@@ -115,7 +119,16 @@ impl Applier {
         engine.release_empty();
         let parts = (0..partitions).map(|_| PartitionState::default()).collect();
         let points = (0..partitions).map(|_| VecDeque::new()).collect();
-        let mut a = Self { engine, settings, partitions, parts, points, usage: Vec::new(), failed: None };
+        let mut a = Self {
+            engine,
+            settings,
+            partitions,
+            parts,
+            points,
+            usage: Vec::new(),
+            failed: None,
+            replacements: 0,
+        };
         a.recount_usage();
         a
     }
@@ -186,12 +199,21 @@ impl Applier {
         assert_eq!(parts.len(), self.parts.len(), "a checkpoint of another partition count");
         self.parts = parts;
         self.recount_usage();
+        self.replacements += 1;
+    }
+
+    /// Partitions replaced or restored wholesale so far ([`Self::replace_partition`],
+    /// [`Self::restore_partitions`]): a cache of something derived from this state is valid
+    /// while both this and the partitions' offsets are unchanged.
+    pub fn replacements(&self) -> u64 {
+        self.replacements
     }
 
     /// Replaces partition `p` — its holders in every keyspace, its state and digest points —
     /// with `src`'s (anti-entropy repair, recovery from a peer's checkpoint).
     pub fn replace_partition(&mut self, p: u32, src: &Applier) {
         assert_eq!(self.partitions, src.partitions, "partition states of logs of different partition counts");
+        self.replacements += 1;
         let mut ids: BTreeSet<KeyspaceId> =
             self.usage[p as usize].keyspaces_with_holders().into_iter().collect();
         ids.extend(src.usage[p as usize].keyspaces_with_holders());

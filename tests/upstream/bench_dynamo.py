@@ -284,7 +284,11 @@ def speed_by_load_gen(lab: str, sides: list, bodies: list[bytes], a) -> dict:
             print(f"{name:>15} (load-http): closed loop {c['qps']:,.0f} queries/s p50 {c['p50_us']} us "
                   f"p99 {c['p99_us']} us, {c['errors']} errors, CPU/query {c['cpu_us']:.0f} us, RSS {c['rss']:.0f} MB; "
                   f"open loop at {rate:,.0f}/s p50 {o['p50_us']} us p99 {o['p99_us']} us p99.9 {o['p999_us']} us "
-                  f"({o['qps']:,.0f}/s achieved; client used {c['client_cores']:.2f} cores closed)")
+                  f"({o['qps']:,.0f}/s answered; client used {c['client_cores']:.2f} cores closed)")
+        failed = {f"{name} {mode}": res[name][mode]["errors"] for name, _, _ in sides for mode in ("closed", "open")
+                  if res[name][mode]["errors"]}
+        # Ratios over refused or failed queries would compare nothing: a run with any is void.
+        assert not failed, f"load-http saw queries answered with an error or not at all: {failed}"
         return res
     finally:
         os.unlink(bodies_file)

@@ -62,15 +62,19 @@ impl GroupMembers {
 }
 
 /// The indexers resolved per `(model, routing_group)`, each with the applied offsets of the
-/// owned partitions it was resolved at: workers, their metadata and the keyspaces change only
-/// by applying records, so an indexer resolved at the same offsets is the same. Resolving one
-/// walks every worker's metadata, which cost more than the match on a 256-worker fleet.
+/// owned partitions it was resolved at and the applier's count of wholesale partition
+/// replacements (a repaired or recovered partition may keep its offset): workers, their
+/// metadata and the keyspaces change only by applying records or by such a replacement, so an
+/// indexer resolved at the same key is the same. Resolving one walks every worker's metadata,
+/// which cost more than the match on a 256-worker fleet. Any record applied starts the cache
+/// again, so it serves a log at rest, or between applied batches, best.
 #[derive(Default)]
 pub(super) struct IndexerCache(Mutex<HashMap<IndexerName, (AppliedOffsets, Arc<Indexer>)>>);
 
 /// `(model_name, routing_group)`.
 type IndexerName = (String, String);
-/// The next offset to apply of each owned partition, in partition order.
+/// The next offset to apply of each owned partition, in partition order, then the applier's
+/// replacements ([`Reader::applied_offsets`]).
 type AppliedOffsets = Vec<i64>;
 
 impl Reader {
@@ -175,7 +179,9 @@ impl Reader {
         };
         self.each_worker(|w, m| {
             if group_of(Some(m)) != group {
-                members.elsewhere.insert(w);
+                if members.default {
+                    members.elsewhere.insert(w);
+                }
                 return;
             }
             members.named.insert(w);

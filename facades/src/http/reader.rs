@@ -97,13 +97,14 @@ impl Reader {
         &self.indexers
     }
 
-    /// The next offset to apply of every owned partition, under the applier lock: what the
-    /// workers' metadata and the keyspaces are a function of (none when the replica keeps no
-    /// applier).
+    /// The next offset to apply of every owned partition, then the applier's count of
+    /// wholesale partition replacements, under the applier lock: what the workers' metadata and
+    /// the keyspaces are a function of (none when the replica keeps no applier).
     pub(super) fn applied_offsets(&self) -> Option<Vec<i64>> {
         let view = self.query.view();
         let a = view.applier.as_ref()?.lock();
-        Some(view.info.owned.iter().map(|&p| a.partition(p).next_offset).collect())
+        let offsets = view.info.owned.iter().map(|&p| a.partition(p).next_offset);
+        Some(offsets.chain([a.replacements() as i64]).collect())
     }
 
     pub fn service(&self) -> &QueryService {
