@@ -18,7 +18,7 @@
 //!   from its runs, per holder: `gpu` the prefix on the GPU, `cpu` the prefix held on the GPU
 //!   or in host memory, `disk` the prefix on any tier (upstream's cumulative counts).
 
-use super::reader::{Meta, QueryError, Reader};
+use super::reader::{Meta, QueryError, Reader, StateAt};
 use super::wire::{score_response, Holder, QueryByHashRequest, QueryRequest, ScoreResponse, TierDepths};
 use super::{DEFAULT_ROUTING_GROUP, META_ROUTING_GROUP};
 use super::{META_BLOCK_SIZE, META_MODEL};
@@ -61,21 +61,18 @@ impl GroupMembers {
     }
 }
 
-/// The indexers resolved per `(model, routing_group)`, each with the applied offsets of the
-/// owned partitions it was resolved at and the applier's count of wholesale partition
-/// replacements (a repaired or recovered partition may keep its offset): workers, their
+/// The indexers resolved per `(model, routing_group)`, each with the [`StateAt`] it was
+/// resolved at (the owned partitions' offsets and the applier's count of wholesale partition
+/// replacements: a repaired or recovered partition may keep its offset): workers, their
 /// metadata and the keyspaces change only by applying records or by such a replacement, so an
 /// indexer resolved at the same key is the same. Resolving one walks every worker's metadata,
 /// which cost more than the match on a 256-worker fleet. Any record applied starts the cache
 /// again, so it serves a log at rest, or between applied batches, best.
 #[derive(Default)]
-pub(super) struct IndexerCache(Mutex<HashMap<IndexerName, (AppliedOffsets, Arc<Indexer>)>>);
+pub(super) struct IndexerCache(Mutex<HashMap<IndexerName, (StateAt, Arc<Indexer>)>>);
 
 /// `(model_name, routing_group)`.
 type IndexerName = (String, String);
-/// The next offset to apply of each owned partition, in partition order, then the applier's
-/// replacements ([`Reader::applied_offsets`]).
-type AppliedOffsets = Vec<i64>;
 
 impl Reader {
     pub async fn query(&self, req: QueryRequest) -> Result<ScoreResponse, QueryError> {
@@ -143,7 +140,7 @@ impl Reader {
     /// The indexer `(model, group)` names (module doc), or upstream's 404: from the cache
     /// when nothing was applied since it was resolved ([`IndexerCache`]).
     fn indexer(&self, model: &str, group: &str) -> Result<Arc<Indexer>, QueryError> {
-        let Some(at) = self.applied_offsets() else { return self.resolve(model, group).map(Arc::new) };
+        let Some(at) = self.state_at() else { return self.resolve(model, group).map(Arc::new) };
         let key = (model.to_string(), group.to_string());
         if let Some((seen_at, ix)) = self.indexers().0.lock().get(&key) {
             if *seen_at == at {

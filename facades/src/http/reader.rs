@@ -80,6 +80,15 @@ impl QueryError {
     }
 }
 
+/// What the workers' metadata and the keyspaces are a function of: the next offset to apply of
+/// every owned partition (in partition order) and the applier's count of wholesale partition
+/// replacements (a repaired partition may keep its offset).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct StateAt {
+    next_offsets: Vec<i64>,
+    replacements: u64,
+}
+
 pub struct Reader {
     query: QueryService,
     /// The Dynamo dialect's indexers per `(model, routing_group)`.
@@ -97,14 +106,13 @@ impl Reader {
         &self.indexers
     }
 
-    /// The next offset to apply of every owned partition, then the applier's count of
-    /// wholesale partition replacements, under the applier lock: what the workers' metadata and
-    /// the keyspaces are a function of (none when the replica keeps no applier).
-    pub(super) fn applied_offsets(&self) -> Option<Vec<i64>> {
+    /// Where the applied state is ([`StateAt`]), read under the applier lock (none when the
+    /// replica keeps no applier).
+    pub(super) fn state_at(&self) -> Option<StateAt> {
         let view = self.query.view();
         let a = view.applier.as_ref()?.lock();
-        let offsets = view.info.owned.iter().map(|&p| a.partition(p).next_offset);
-        Some(offsets.chain([a.replacements() as i64]).collect())
+        let next_offsets = view.info.owned.iter().map(|&p| a.partition(p).next_offset).collect();
+        Some(StateAt { next_offsets, replacements: a.replacements() })
     }
 
     pub fn service(&self) -> &QueryService {
