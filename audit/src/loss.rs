@@ -210,6 +210,20 @@ impl Placed {
         }
     }
 
+    /// What the tally needs from a partition that cannot hold the chosen worker (a worker's
+    /// holders all live on its own partition): the best depth, every holder at it, and the
+    /// best per tier. Where every holder is on the GPU (the best per tier is the best), the
+    /// engine's best-holders walk answers without crediting every holder; otherwise the full
+    /// match.
+    pub fn best_into(&self, applier: &Applier, out: &mut Vec<HolderMatch>) {
+        out.clear();
+        let Some(ks) = applier.engine().keyspace(&self.keyspace) else { return };
+        let ks = ks.read();
+        if !ks.best_holders_into(&self.locals, out) {
+            ks.match_chain_into(&self.locals, &MatchOptions::default(), out);
+        }
+    }
+
     /// The decision, from the tally of every holder's match against the state it is judged on.
     /// `records_since_answer`: records of the placement's own partition between the answer and
     /// the placement.

@@ -16,9 +16,9 @@
 //! offsets past its end at the end.
 
 use crate::loss::{LossOptions, LossReport, Placed, Tally};
-use crate::reconstruct::{reconstruct, until_for, AuditError, Point};
+use crate::reconstruct::{reconstruct_at, until_for, AuditError, Point};
 use prefixlog_snapshot::CheckpointStore;
-use prefixlog_state::{Applier, LogSource};
+use prefixlog_state::{Applier, LogSource, NextOffset};
 use std::collections::BTreeMap;
 use std::time::Instant;
 
@@ -54,23 +54,83 @@ impl PartitionRecords {
         r.value.clone().map(|span| &self.bytes[span])
     }
 
-    /// The index of the first record at or after offset `o`.
-    fn at_offset(&self, o: i64) -> usize {
-        self.records.partition_point(|r| r.offset < o)
-    }
-
-    /// The index of the first record stamped after `t`.
-    fn after_time(&self, t: u64) -> usize {
-        self.max_time.partition_point(|&m| m <= t)
-    }
-
-    /// The index of the record before which `pl` is judged on partition `q`.
-    fn judged_before(&self, q: u32, pl: &Placed) -> usize {
-        match pl.answered_on(q) {
-            Some(o) => self.at_offset(o),
-            None if q == pl.partition => self.at_offset(pl.offset),
-            None => self.after_time(pl.log_time),
+    /// The index of the record before which placement `i` is judged on partition `q`; `near`
+    /// is the answer for the placement before it in log time order, whose answer is usually
+    /// this one's or a few records before it.
+    fn judged_before(&self, q: u32, dues: &Dues, i: usize, near: usize) -> usize {
+        let due = &dues.keys[i];
+        match dues.answered_on(i, q) {
+            Some(o) => first_from(&self.records, near, |r| r.offset < o),
+            None if q == due.partition => first_from(&self.records, near, |r| r.offset < due.offset),
+            None => first_from(&self.max_time, near, |&m| m <= due.log_time),
         }
+    }
+}
+
+/// The first index of `v` where `before` is false (it is true on a prefix of `v`), looked for
+/// from `near`: a few steps forward where the answer is at or just past it, a binary search
+/// otherwise. Equals `v.partition_point(before)`.
+fn first_from<T>(v: &[T], near: usize, before: impl Fn(&T) -> bool) -> usize {
+    let mut k = near.min(v.len());
+    if k > 0 && !before(&v[k - 1]) {
+        return v[..k].partition_point(before);
+    }
+    for _ in 0..8 {
+        if k == v.len() || !before(&v[k]) {
+            return k;
+        }
+        k += 1;
+    }
+    k + v[k..].partition_point(before)
+}
+
+/// What finding where each placement is judged reads, for every placement, in two flat arrays
+/// (each partition reads all of it: one heap vector per placement's token cost a cache miss
+/// per placement and partition, the judge's largest cost at 64 partitions).
+struct Dues {
+    keys: Vec<DueKey>,
+    /// Every placement's token, one after the other, each ordered by partition.
+    tokens: Vec<NextOffset>,
+}
+
+struct DueKey {
+    partition: u32,
+    offset: i64,
+    log_time: u64,
+    /// The placement's token: a span of [`Dues::tokens`].
+    token: std::ops::Range<usize>,
+}
+
+impl Dues {
+    fn new(placed: &[Placed]) -> Self {
+        let mut tokens = Vec::with_capacity(placed.iter().map(|p| p.answered_at.len()).sum());
+        let keys = placed
+            .iter()
+            .map(|pl| {
+                let start = tokens.len();
+                tokens.extend_from_slice(&pl.answered_at);
+                DueKey {
+                    partition: pl.partition,
+                    offset: pl.offset,
+                    log_time: pl.log_time,
+                    token: start..tokens.len(),
+                }
+            })
+            .collect();
+        Self { keys, tokens }
+    }
+
+    /// [`Placed::answered_on`] of placement `i`.
+    fn answered_on(&self, i: usize, q: u32) -> Option<i64> {
+        let token = &self.tokens[self.keys[i].token.clone()];
+        // A token naming every partition once, in order (what a replica's answer carries),
+        // has q's entry at index q.
+        let q_at = q as usize;
+        if token.get(q_at).is_some_and(|a| a.partition == q) && (q_at == 0 || token[q_at - 1].partition < q) {
+            return Some(token[q_at].offset);
+        }
+        let at = token.partition_point(|a| a.partition < q);
+        token.get(at).filter(|a| a.partition == q).map(|a| a.offset)
     }
 }
 
@@ -85,10 +145,11 @@ pub fn judge_range(
     opts: &LossOptions,
 ) -> Result<LossReport, AuditError> {
     let started = Instant::now();
-    let base = reconstruct(store, log, from, false)?;
+    // One probe for both the base and the read (each costs round trips to every partition).
+    let probe = log.probe()?;
+    let base = reconstruct_at(store, log, &probe, from, false)?;
     let starts: BTreeMap<u32, i64> =
         log.owned().iter().map(|&p| (p, base.applier.partition(p).next_offset)).collect();
-    let probe = log.probe()?;
     let until = until_for(&base.applier, log, &probe, to)?;
     let partitions = log.partitions();
     let mut parts: BTreeMap<u32, PartitionRecords> =
@@ -121,6 +182,7 @@ fn judge_partitions(
 ) -> Result<(Vec<Tally>, u64), AuditError> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, parts.len().max(1));
     let parts: Vec<(&u32, &PartitionRecords)> = parts.iter().collect();
+    let dues = &Dues::new(placed);
     let results: Vec<Result<(Vec<Tally>, u64), AuditError>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
@@ -129,7 +191,7 @@ fn judge_partitions(
                     let mut tallies = vec![Tally::default(); placed.len()];
                     let mut replayed = 0;
                     for (&q, recs) in mine {
-                        replayed += judge_partition(base, q, recs, placed, &mut tallies)?;
+                        replayed += judge_partition(base, q, recs, (placed, dues), &mut tallies)?;
                     }
                     Ok((tallies, replayed))
                 })
@@ -156,23 +218,33 @@ fn judge_partition(
     base: &Applier,
     q: u32,
     recs: &PartitionRecords,
-    placed: &[Placed],
+    (placed, dues): (&[Placed], &Dues),
     tallies: &mut [Tally],
 ) -> Result<u64, AuditError> {
     if recs.records.is_empty() && base.usage(q).holders() == 0 {
         return Ok(0); // no holder there, ever: nothing to match
     }
-    let mut due: Vec<(usize, usize)> =
-        placed.iter().enumerate().map(|(i, pl)| (recs.judged_before(q, pl), i)).collect();
+    let mut near = 0;
+    let mut due: Vec<(usize, usize)> = (0..placed.len())
+        .map(|i| {
+            near = recs.judged_before(q, dues, i, near);
+            (near, i)
+        })
+        .collect();
     // Nearly in order already (placements are by log time): a stable sort runs through it.
     due.sort_by_key(|&(at, _)| at);
     let mut state = base.extract(&[q]);
     let mut matches = Vec::new();
     let mut judge = |state: &Applier, i: usize| {
         // Cheap skip: the partition holds nothing in the placement's keyspace (yet).
-        if state.usage(q).uses(&placed[i].keyspace) {
-            placed[i].matches_into(state, &mut matches);
-            tallies[i].add(placed[i].holder, &matches);
+        let pl = &placed[i];
+        if state.usage(q).uses(&pl.keyspace) {
+            if pl.partition == q {
+                pl.matches_into(state, &mut matches);
+            } else {
+                pl.best_into(state, &mut matches);
+            }
+            tallies[i].add(pl.holder, &matches);
         }
     };
     let mut next = due.iter().peekable();
@@ -186,4 +258,22 @@ fn judge_partition(
         judge(&state, i);
     }
     Ok(recs.records.len() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_from;
+
+    /// `first_from` is `partition_point` from any starting point, forward, backward or far.
+    #[test]
+    fn first_from_is_partition_point_from_anywhere() {
+        let v: Vec<i64> = (0..40).map(|i| i / 3 * 2).collect();
+        for x in -1..=80 {
+            let want = v.partition_point(|&y| y < x);
+            for near in 0..=v.len() + 2 {
+                assert_eq!(first_from(&v, near, |&y| y < x), want, "x {x} near {near}");
+            }
+        }
+        assert_eq!(first_from(&[] as &[i64], 3, |&y| y < 1), 0);
+    }
 }

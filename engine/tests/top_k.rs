@@ -6,7 +6,9 @@
 //!
 //! `PREFIXLOG_TOPK_SEEDS=N` runs N seeds (default 40).
 
-use prefixlog_engine::{BlockHashes, EngineConfig, HolderKey, Keyspace, KeyspaceId, MatchOptions, Tier};
+use prefixlog_engine::{
+    BlockHashes, EngineConfig, HolderKey, HolderMatch, Keyspace, KeyspaceId, MatchOptions, Tier,
+};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -103,11 +105,18 @@ fn options(rng: &mut ChaCha8Rng, w: &World, tiers: bool) -> MatchOptions {
 fn check_world(seed: u64, workers: u64, tiers: bool) {
     let w = world(seed, workers, tiers);
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xabc);
+    let mut best_answered = 0;
     for q in 0..60 {
         let mut query = w.chains[rng.random_range(0..w.chains.len())].clone();
         if rng.random_bool(0.3) {
             query.extend(chain(&mut rng, &[]));
         }
+        best_answered += usize::from(check_best_holders(
+            &w.ks,
+            &query,
+            tiers,
+            &format!("seed {seed} workers {workers} query {q}"),
+        ));
         let mut opts = options(&mut rng, &w, tiers);
         let all = w.ks.match_chain(&query, &opts);
         let ks: Vec<usize> =
@@ -122,6 +131,29 @@ fn check_world(seed: u64, workers: u64, tiers: bool) {
             );
         }
     }
+    if !tiers {
+        assert!(best_answered > 0, "seed {seed} workers {workers}: the best-holders walk never answered");
+    }
+}
+
+/// `best_holders_into` is the all-holders answer's entries at its best depth (every tie), or
+/// declines: always with holders off the GPU, and never on a GPU-only keyspace with an answer
+/// the walk's budget allows (checked: it answered at least once per GPU-only world).
+fn check_best_holders(ks: &Keyspace, query: &[u64], tiers: bool, what: &str) -> bool {
+    let all = ks.match_chain(query, &MatchOptions::default());
+    let best = all.first().map_or(0, |m| m.depth);
+    let mut got = all.clone(); // whatever is in the buffer is replaced
+    let answered = ks.best_holders_into(query, &mut got);
+    if answered {
+        let want: Vec<HolderMatch> = all.iter().filter(|m| m.depth == best).cloned().collect();
+        assert_eq!(got, want, "{what}: best holders {query:?}");
+    } else {
+        assert!(got.is_empty(), "{what}: declined with entries left");
+    }
+    if tiers && ks.holder_summaries().iter().any(|h| h.key.tier != Tier::Gpu) {
+        assert!(!answered, "{what}: answered with holders off the GPU");
+    }
+    answered
 }
 
 fn seeds() -> u64 {

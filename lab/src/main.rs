@@ -13,6 +13,7 @@
 //! - `bench-shards`: memory per replica with N shards, fan-out Match latency vs unsharded.
 //! - `bench-fleet`: one replica under a fleet's load (2,048 workers publishing, gateways at
 //!   1,024 queries in flight): apply vs raw consume, query latency, lag, CPU per 1,000 queries.
+//! - `bench-rounds`: a replica process's RSS over rounds of new content (is memory released?).
 //! - `load-http`: an HTTP/1.1 load generator (closed or open loop) for side-by-side `/query`
 //!   comparisons with other indexers (`tests/upstream/bench_dynamo.py`).
 //!
@@ -26,6 +27,7 @@ mod bench_env;
 mod bench_fleet;
 mod bench_ingest;
 mod bench_restart;
+mod bench_rounds;
 mod bench_shards;
 mod client_thread;
 mod demo;
@@ -71,6 +73,9 @@ enum Cmd {
     /// One replica under a fleet's load: workers publishing at full speed while gateways keep
     /// queries in flight; apply vs raw consume, query latency, lag, CPU per 1,000 queries.
     BenchFleet(bench_fleet::Args),
+    /// A replica process's RSS after each of several hours of new content (the workers' caches
+    /// evicting the hour before): is memory released?
+    BenchRounds(bench_rounds::Args),
     /// Post request bodies to an HTTP endpoint, closed loop or at a fixed rate, and report
     /// queries/s and latency quantiles (one JSON line on stdout).
     LoadHttp(load_http::Args),
@@ -95,6 +100,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::BenchRestart(a) => rt.block_on(bench_restart::run(a)),
         Cmd::BenchShards(a) => rt.block_on(bench_shards::run(a)),
         Cmd::BenchFleet(a) => rt.block_on(bench_fleet::run(a)),
+        Cmd::BenchRounds(a) => rt.block_on(bench_rounds::run(a)),
         Cmd::LoadHttp(a) => rt.block_on(load_http::run(a)),
     };
     process::finish(result)

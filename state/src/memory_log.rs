@@ -67,6 +67,14 @@ impl MemoryLog {
         part.low += n as i64;
     }
 
+    /// Partition `p`'s retained records as `(offset, log time, value)`, in offset order (for
+    /// tests' reference models).
+    pub fn records_of(&self, p: u32) -> Vec<(i64, LogTime, Vec<u8>)> {
+        let log = self.log.lock();
+        let part = &log[p as usize];
+        part.records.iter().enumerate().map(|(i, (t, v))| (part.low + i as i64, *t, v.clone())).collect()
+    }
+
     /// The next offset of every partition.
     pub fn ends(&self) -> Vec<i64> {
         self.log.lock().iter().map(|p| p.low + p.records.len() as i64).collect()

@@ -12,7 +12,7 @@ mod walk;
 
 use crate::keyspace::Keyspace;
 use crate::types::{HolderMatch, MatchDetail, MatchOptions, Tier};
-use top::TOP;
+use top::{Cut, TOP};
 use walk::{Filter, SCRATCH};
 
 impl Keyspace {
@@ -81,7 +81,7 @@ impl Keyspace {
         if let Some(k) = opts.top_k {
             let done = TOP.with(|s| {
                 let s = &mut *s.borrow_mut();
-                if !self.match_top::<false>(locals, &filter, k, s) {
+                if !self.match_top::<false>(locals, &filter, Cut::First(k), s) {
                     return false;
                 }
                 out.extend(s.found.iter().map(|&(h, depth)| {
@@ -111,6 +111,26 @@ impl Keyspace {
         })
     }
 
+    /// Every holder at the best depth `locals` reaches (all the ties, ordered by key), where
+    /// every holder is on the GPU and no filter applies; the top-k walk answers it without
+    /// crediting every holder. `false` (and `out` left empty) where the keyspace has holders
+    /// off the GPU or the walk gave up: [`Self::match_chain_into`] must answer.
+    pub fn best_holders_into(&self, locals: &[u64], out: &mut Vec<HolderMatch>) -> bool {
+        out.clear();
+        if self.holders.off_gpu() > 0 {
+            return false;
+        }
+        let filter = Filter { lane: None, candidates: None, exclude_gapped: false, tiers: None };
+        TOP.with(|s| {
+            let s = &mut *s.borrow_mut();
+            if !self.match_top::<false>(locals, &filter, Cut::BestDepth, s) {
+                return false;
+            }
+            out.extend(s.found.iter().map(|&(h, depth)| self.result(h, depth)));
+            true
+        })
+    }
+
     /// The tier path's answer from the `top_k` best slots only, where the query asks for a few
     /// by depth (no intervals, no tier weights) and the top-k walk answers (`top`).
     fn top_slots(&self, locals: &[u64], opts: &MatchOptions, f: &Filter, out: &mut Vec<HolderMatch>) -> bool {
@@ -119,7 +139,7 @@ impl Keyspace {
         };
         TOP.with(|s| {
             let s = &mut *s.borrow_mut();
-            let answered = self.match_top::<true>(locals, f, k, s);
+            let answered = self.match_top::<true>(locals, f, Cut::First(k), s);
             if answered {
                 self.top_slots_into(opts, f, s, out);
             }

@@ -28,6 +28,15 @@ use smallvec::SmallVec;
 /// Member lists up to this long are scanned by holder index instead of binary-searched by key.
 const SCAN_MEMBERS: usize = 16;
 
+/// Where the top-k walk stops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Cut {
+    /// After the first `k` holders.
+    First(usize),
+    /// After every holder at the best depth (all the ties, however many).
+    BestDepth,
+}
+
 /// One stage of a query's path: its first run and the depth its stretch reaches.
 #[derive(Clone, Copy)]
 pub(crate) struct Stage {
@@ -107,14 +116,14 @@ impl Keyspace {
         counted.iter().any(|(h, key)| self.is_member(run, *h, key))
     }
 
-    /// The `k` best holders (with `BY_SLOT`: slot leaders) and their depths into `s.found`,
-    /// best first. `false` if the walk gave up (see the module doc): `s.found` is then
-    /// meaningless and the one-pass walk must answer.
+    /// The best holders (with `BY_SLOT`: slot leaders) as `cut` says, and their depths, into
+    /// `s.found`, best first. `false` if the walk gave up (see the module doc): `s.found` is
+    /// then meaningless and the one-pass walk must answer.
     pub(crate) fn match_top<const BY_SLOT: bool>(
         &self,
         locals: &[u64],
         f: &Filter,
-        k: usize,
+        cut: Cut,
         s: &mut TopScratch,
     ) -> bool {
         s.found.clear();
@@ -157,9 +166,14 @@ impl Keyspace {
                     m.holder
                 };
                 s.found.push((found, stage.end));
-                if s.found.len() == k {
+                if cut == Cut::First(s.found.len()) {
                     return true;
                 }
+            }
+            // Every holder at a stage's depth is a member of that stage: the first stage that
+            // found anyone found every holder at the best depth.
+            if cut == Cut::BestDepth && !s.found.is_empty() {
+                return true;
             }
         }
         true

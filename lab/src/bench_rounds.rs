@@ -1,0 +1,224 @@
+//! `prefixlog-lab bench-rounds`: is memory released? (issue 51: Dynamo's frontend grows from
+//! 425 to 1,582 MiB over five rounds of the same load and never gives it back, dynamo#11933).
+//!
+//! One replica, a separate `prefixlog serve` process so that its RSS is its own (the broker,
+//! the publisher and the gateways stay in this process), is fed `--rounds` hours of the trace
+//! workload: every hour new content (fresh block hashes) that the simulated workers' LRU caches
+//! take in by evicting the hour before, so the index holds about one hour's worth at any time.
+//! After each hour is applied (a query carrying the publisher's token is answered), the
+//! gateways send `--queries` queries, and the replica's RSS is read from `/proc`. The run
+//! ends with one line: `rounds: RSS after round N X.XXx round 1 (max X.XXx), ...`.
+
+use crate::bench_env::{token, workload_queries, BenchLog};
+use crate::client_thread::ClientThread;
+use crate::stream_bench::{drive, Until};
+use anyhow::Context;
+use prefixlog::fleet_records::{fleet_records, FleetRecord, WorkloadArgs};
+use prefixlog_proto::v1::{prefix_index_client::PrefixIndexClient, MatchRequest, PartitionOffset};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub log: crate::bench_env::BenchLogArgs,
+    #[command(flatten)]
+    pub workload: WorkloadArgs,
+    /// Hours of load, each of new content.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(2..=24))]
+    pub rounds: u64,
+    /// Gateway queries after each round is applied.
+    #[arg(long, default_value_t = 50_000)]
+    pub queries: usize,
+    /// Queries the gateways keep in flight.
+    #[arg(long, default_value_t = 256)]
+    pub in_flight: usize,
+    /// The replica binary (default: `prefixlog` beside this program).
+    #[arg(long, env = "PREFIXLOG_BIN")]
+    pub replica_bin: Option<PathBuf>,
+}
+
+/// What one round left behind.
+struct Round {
+    records: usize,
+    apply_secs: f64,
+    rss_mib: f64,
+    queries_per_sec: f64,
+}
+
+pub async fn run(a: Args) -> anyhow::Result<()> {
+    let bin = replica_bin(a.replica_bin.as_deref())?;
+    let client = ClientThread::start()?;
+    let env = BenchLog::start(&a.log, "prefixlog.bench-rounds").await?;
+    let rounds = a.rounds as usize;
+    let records = fleet_records(&a.workload, rounds)?;
+    let hours = by_hour(&records, rounds);
+    let queries = workload_queries(&a.workload, Some(8))?;
+    let data = tempfile::tempdir()?;
+    let replica = Replica::start(&bin, &env, data.path())?;
+    println!(
+        "rounds: {} workers, {} hours of new content, {} records; replica {} (pid {}); {} queries per round, {} in flight",
+        a.workload.workers,
+        rounds,
+        records.len(),
+        bin.display(),
+        replica.child.id(),
+        a.queries,
+        a.in_flight
+    );
+    let mut done = Vec::new();
+    let mut from = 0usize;
+    for hour in hours {
+        let t = Instant::now();
+        let landed = env.publish(items_of(hour, from)).await?;
+        from += hour.len();
+        replica.wait_for(&landed_token(&landed), &queries[0]).await?;
+        let apply_secs = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        let (ep, qs) = (replica.endpoint.clone(), queries.clone());
+        let driven = client.run(drive(ep, qs, a.in_flight, 8, Until::Asked(a.queries))).await??;
+        anyhow::ensure!(driven.failed == 0, "{} of {} queries failed", driven.failed, a.queries);
+        let queries_per_sec = driven.answered as f64 / t.elapsed().as_secs_f64();
+        let rss_mib = replica.rss_mib()?;
+        println!(
+            "round {}: {} records applied in {apply_secs:.2} s, {queries_per_sec:.0} queries/s, RSS {rss_mib:.1} MiB",
+            done.len() + 1,
+            hour.len()
+        );
+        done.push(Round { records: hour.len(), apply_secs, rss_mib, queries_per_sec });
+    }
+    drop(replica);
+    env.finish().await;
+    print_table(&done);
+    Ok(())
+}
+
+fn print_table(done: &[Round]) {
+    let first = done[0].rss_mib;
+    println!("\n| round | records | applied in (s) | queries/s | RSS (MiB) | RSS / round 1 |\n|---:|---:|---:|---:|---:|---:|");
+    for (i, r) in done.iter().enumerate() {
+        println!(
+            "| {} | {} | {:.2} | {:.0} | {:.1} | {:.2} |",
+            i + 1,
+            r.records,
+            r.apply_secs,
+            r.queries_per_sec,
+            r.rss_mib,
+            r.rss_mib / first
+        );
+    }
+    let last = done.last().expect("at least two rounds");
+    let max = done.iter().map(|r| r.rss_mib / first).fold(0.0, f64::max);
+    println!(
+        "\nrounds: RSS after round {} {:.2}x round 1 (max {max:.2}x), {:.1} MiB after round 1",
+        done.len(),
+        last.rss_mib / first,
+        first
+    );
+}
+
+/// The records of each hour of trace time (the workload repeats the trace hour by hour).
+fn by_hour(records: &[FleetRecord], rounds: usize) -> Vec<&[FleetRecord]> {
+    const HOUR_MS: u64 = 3_600_000;
+    let mut out = Vec::with_capacity(rounds);
+    let mut rest = records;
+    for h in 1..rounds as u64 {
+        let n = rest.partition_point(|r| r.time_ms < h * HOUR_MS);
+        let (this, after) = rest.split_at(n);
+        out.push(this);
+        rest = after;
+    }
+    out.push(rest);
+    out
+}
+
+/// `(worker, log time, record)` of `records`, the `from`-th record of the run first.
+fn items_of(records: &[FleetRecord], from: usize) -> Vec<(u64, i64, Vec<u8>)> {
+    records.iter().enumerate().map(|(i, r)| (r.worker, 1_000 + (from + i) as i64, r.value.clone())).collect()
+}
+
+fn landed_token(landed: &[prefixlog_state::Landed]) -> Vec<PartitionOffset> {
+    token(landed).into_iter().map(|t| PartitionOffset { partition: t.partition, offset: t.offset }).collect()
+}
+
+fn replica_bin(given: Option<&Path>) -> anyhow::Result<PathBuf> {
+    let bin = match given {
+        Some(b) => b.to_path_buf(),
+        None => std::env::current_exe()?.with_file_name("prefixlog"),
+    };
+    anyhow::ensure!(
+        bin.is_file(),
+        "no replica binary at {} (build it: cargo build --release -p prefixlog, or pass --replica-bin)",
+        bin.display()
+    );
+    Ok(bin)
+}
+
+/// A `prefixlog serve` child process on free loopback ports, killed when dropped.
+struct Replica {
+    child: Child,
+    endpoint: String,
+}
+
+impl Replica {
+    fn start(bin: &Path, env: &BenchLog, data: &Path) -> anyhow::Result<Self> {
+        let [grpc, admin, peer] = [free_port()?, free_port()?, free_port()?];
+        let child = Command::new(bin)
+            .arg("serve")
+            .args(["--brokers", &env.spec.kafka.brokers, "--topic", &env.spec.topic])
+            .args(["--partitions", &env.spec.partitions.to_string()])
+            .arg("--data-dir")
+            .arg(data)
+            .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
+            .args(["--admin-addr", &format!("127.0.0.1:{admin}")])
+            .args(["--peer-addr", &format!("127.0.0.1:{peer}")])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        Ok(Self { child, endpoint: format!("http://127.0.0.1:{grpc}") })
+    }
+
+    /// Waits until the replica answers a query carrying `token` (it has applied everything the
+    /// token names), for up to ten minutes.
+    async fn wait_for(&self, token: &[PartitionOffset], probe: &MatchRequest) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(600);
+        let req = MatchRequest { min_offsets: token.to_vec(), timeout_us: 1_000_000, ..probe.clone() };
+        loop {
+            anyhow::ensure!(Instant::now() < deadline, "the replica did not apply the round in 10 minutes");
+            let Ok(mut c) = PrefixIndexClient::connect(self.endpoint.clone()).await else {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            };
+            match c.r#match(req.clone()).await {
+                Ok(_) => return Ok(()),
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    }
+
+    /// The replica's resident set, from `/proc/PID/status`.
+    fn rss_mib(&self) -> anyhow::Result<f64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
+        let kb: f64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .context("no VmRSS in /proc/PID/status")?;
+        Ok(kb / 1024.0)
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
