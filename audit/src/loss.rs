@@ -7,7 +7,7 @@
 //! names: [`crate::loss_judge`]). [`judge_record`] judges one placement against a state as it
 //! is (`--follow`, [`crate::loss_follow`]).
 
-use prefixlog_engine::{HolderKey, HolderMatch, KeyspaceId, MatchOptions, Tier};
+use prefixlog_engine::{HolderKey, HolderMatch, Keyspace, KeyspaceId, MatchOptions, Tier};
 use prefixlog_state::record::{decode, is_placement, Op};
 use prefixlog_state::Applier;
 use prefixlog_state::NextOffset;
@@ -201,13 +201,18 @@ impl Placed {
         out
     }
 
-    /// [`Self::matches`] into a caller's buffer (cleared first): the judge matches every
-    /// placement once per partition, and reusing one buffer spares an allocation each.
+    /// [`Self::matches`] into a caller's buffer (cleared first).
     pub fn matches_into(&self, applier: &Applier, out: &mut Vec<HolderMatch>) {
         out.clear();
         if let Some(ks) = applier.engine().keyspace(&self.keyspace) {
-            ks.read().match_chain_into(&self.locals, &MatchOptions::default(), out);
+            self.matches_in(&ks.read(), out);
         }
+    }
+
+    /// The prompt matched against every holder of `ks` (the placement's keyspace), into a
+    /// caller's buffer: the judge matches every placement once per partition.
+    pub fn matches_in(&self, ks: &Keyspace, out: &mut Vec<HolderMatch>) {
+        ks.match_chain_into(&self.locals, &MatchOptions::default(), out);
     }
 
     /// What the tally needs from a partition that cannot hold the chosen worker (a worker's
@@ -215,12 +220,9 @@ impl Placed {
     /// best per tier. Where every holder is on the GPU (the best per tier is the best), the
     /// engine's best-holders walk answers without crediting every holder; otherwise the full
     /// match.
-    pub fn best_into(&self, applier: &Applier, out: &mut Vec<HolderMatch>) {
-        out.clear();
-        let Some(ks) = applier.engine().keyspace(&self.keyspace) else { return };
-        let ks = ks.read();
+    pub fn best_in(&self, ks: &Keyspace, out: &mut Vec<HolderMatch>) {
         if !ks.best_holders_into(&self.locals, out) {
-            ks.match_chain_into(&self.locals, &MatchOptions::default(), out);
+            self.matches_in(ks, out);
         }
     }
 
@@ -274,7 +276,9 @@ impl Tally {
     /// Every worker holding the best depth, ascending, each once (taken: the tally keeps none).
     pub fn take_best_workers(&mut self) -> Vec<u64> {
         let mut w = std::mem::take(&mut self.best_workers);
-        w.sort_unstable();
+        // Stable on purpose: the list is a few sorted runs (each partition's best holders come
+        // in key order), which the stable sort merges instead of sorting from scratch.
+        w.sort();
         w.dedup();
         w
     }

@@ -17,9 +17,10 @@
 
 use crate::loss::{LossOptions, LossReport, Placed, Tally};
 use crate::reconstruct::{reconstruct_at, until_for, AuditError, Point};
+use prefixlog_engine::{HolderMatch, KeyspaceId, SharedKeyspace};
 use prefixlog_snapshot::CheckpointStore;
 use prefixlog_state::{Applier, LogSource, NextOffset};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
 /// One record of the range; its value is a span of its partition's `bytes`.
@@ -89,6 +90,8 @@ fn first_from<T>(v: &[T], near: usize, before: impl Fn(&T) -> bool) -> usize {
 /// per placement and partition, the judge's largest cost at 64 partitions).
 struct Dues {
     keys: Vec<DueKey>,
+    /// The placements' keyspaces, each once.
+    keyspaces: Vec<KeyspaceId>,
     /// Every placement's token, one after the other, each ordered by partition.
     tokens: Vec<NextOffset>,
 }
@@ -99,25 +102,34 @@ struct DueKey {
     log_time: u64,
     /// The placement's token: a span of [`Dues::tokens`].
     token: std::ops::Range<usize>,
+    /// Its keyspace: an index into [`Dues::keyspaces`].
+    keyspace: usize,
 }
 
 impl Dues {
     fn new(placed: &[Placed]) -> Self {
         let mut tokens = Vec::with_capacity(placed.iter().map(|p| p.answered_at.len()).sum());
+        let mut keyspaces: Vec<KeyspaceId> = Vec::new();
+        let mut index: HashMap<&KeyspaceId, usize> = HashMap::new();
         let keys = placed
             .iter()
             .map(|pl| {
                 let start = tokens.len();
                 tokens.extend_from_slice(&pl.answered_at);
+                let keyspace = *index.entry(&pl.keyspace).or_insert_with(|| {
+                    keyspaces.push(pl.keyspace.clone());
+                    keyspaces.len() - 1
+                });
                 DueKey {
                     partition: pl.partition,
                     offset: pl.offset,
                     log_time: pl.log_time,
                     token: start..tokens.len(),
+                    keyspace,
                 }
             })
             .collect();
-        Self { keys, tokens }
+        Self { keys, keyspaces, tokens }
     }
 
     /// [`Placed::answered_on`] of placement `i`.
@@ -234,30 +246,55 @@ fn judge_partition(
     // Nearly in order already (placements are by log time): a stable sort runs through it.
     due.sort_by_key(|&(at, _)| at);
     let mut state = base.extract(&[q]);
-    let mut matches = Vec::new();
-    let mut judge = |state: &Applier, i: usize| {
-        // Cheap skip: the partition holds nothing in the placement's keyspace (yet).
-        let pl = &placed[i];
-        if state.usage(q).uses(&pl.keyspace) {
-            if pl.partition == q {
-                pl.matches_into(state, &mut matches);
-            } else {
-                pl.best_into(state, &mut matches);
-            }
-            tallies[i].add(pl.holder, &matches);
-        }
-    };
+    let mut judge = Judge { placed, dues, q, cells: Vec::new(), matches: Vec::new() };
     let mut next = due.iter().peekable();
     for (k, r) in recs.records.iter().enumerate() {
+        if next.peek().is_some_and(|(at, _)| *at <= k) {
+            judge.resolve(&state);
+        }
         while let Some(&(_, i)) = next.next_if(|(at, _)| *at <= k) {
-            judge(&state, i);
+            judge.judge(i, &mut tallies[i]);
         }
         state.apply(q, r.offset, r.log_time, recs.value(r)).map_err(prefixlog_state::LogError::new)?;
     }
+    judge.resolve(&state);
     for &(_, i) in next {
-        judge(&state, i);
+        judge.judge(i, &mut tallies[i]);
     }
     Ok(recs.records.len() as u64)
+}
+
+/// One partition's judging between two applied records: the placements' keyspaces as the
+/// state has them (looked up once per stretch of placements judged at the same record, not
+/// once per placement), and one match buffer.
+struct Judge<'a> {
+    placed: &'a [Placed],
+    dues: &'a Dues,
+    q: u32,
+    /// Per keyspace of [`Dues::keyspaces`], the state's keyspace, if it has it.
+    cells: Vec<Option<SharedKeyspace>>,
+    matches: Vec<HolderMatch>,
+}
+
+impl Judge<'_> {
+    /// Looks the keyspaces up in `state` as it is now.
+    fn resolve(&mut self, state: &Applier) {
+        self.cells.clear();
+        self.cells.extend(self.dues.keyspaces.iter().map(|k| state.engine().keyspace(k)));
+    }
+
+    /// Adds placement `i`'s match on this partition to its tally: the full match where the
+    /// chosen worker lives, the best holders elsewhere ([`Placed::best_in`]).
+    fn judge(&mut self, i: usize, tally: &mut Tally) {
+        let Some(cell) = &self.cells[self.dues.keys[i].keyspace] else { return };
+        let (pl, ks) = (&self.placed[i], cell.read());
+        if pl.partition == self.q {
+            pl.matches_in(&ks, &mut self.matches);
+        } else {
+            pl.best_in(&ks, &mut self.matches);
+        }
+        tally.add(pl.holder, &self.matches);
+    }
 }
 
 #[cfg(test)]

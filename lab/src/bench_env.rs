@@ -122,7 +122,19 @@ pub fn workload_queries(
     workload: &prefixlog::fleet_records::WorkloadArgs,
     top_k: Option<u32>,
 ) -> anyhow::Result<std::sync::Arc<[MatchRequest]>> {
+    let mut hours = workload_queries_by_hour(workload, top_k, 1)?;
+    Ok(hours.swap_remove(0))
+}
+
+/// [`workload_queries`] of each of `hours` hours of the workload (the trace repeated with new
+/// content each hour, as `fleet_records(workload, hours)` publishes it).
+pub fn workload_queries_by_hour(
+    workload: &prefixlog::fleet_records::WorkloadArgs,
+    top_k: Option<u32>,
+    hours: usize,
+) -> anyhow::Result<Vec<std::sync::Arc<[MatchRequest]>>> {
     let trace = load_trace(std::path::Path::new(&workload.trace))?;
+    let trace = if hours > 1 { prefixlog_workload::trace::repeat_hours(&trace, hours) } else { trace };
     let cfg = FleetConfig {
         workers: workload.workers,
         capacity_blocks: workload.capacity,
@@ -132,7 +144,7 @@ pub fn workload_queries(
     };
     let ks = prefixlog::fleet_records::keyspace();
     let keyspace = Keyspace { model: ks.model.clone(), block_size: ks.block_size, hash_scheme: ks.scheme };
-    Ok(generate(&trace, &cfg)
+    let all: Vec<MatchRequest> = generate(&trace, &cfg)
         .into_iter()
         .filter_map(|s| match s {
             Step::Match { locals } => Some(MatchRequest {
@@ -143,5 +155,8 @@ pub fn workload_queries(
             }),
             _ => None,
         })
-        .collect())
+        .collect();
+    // Every hour has the same requests (one Match per request and copy), in time order.
+    let per_hour = all.len().div_ceil(hours.max(1)).max(1);
+    Ok(all.chunks(per_hour).map(std::sync::Arc::from).collect())
 }
