@@ -196,6 +196,6 @@ impl Phase {
 }
 
 /// `(worker, log time, record)` of `records`, the `from`-th record of the run first.
-fn items_of(records: &[FleetRecord], from: usize) -> Vec<(u64, i64, Vec<u8>)> {
+pub(crate) fn items_of(records: &[FleetRecord], from: usize) -> Vec<(u64, i64, Vec<u8>)> {
     records.iter().enumerate().map(|(i, r)| (r.worker, 1_000 + (from + i) as i64, r.value.clone())).collect()
 }

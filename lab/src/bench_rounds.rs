@@ -11,6 +11,7 @@
 //! ends with one line: `rounds: RSS after round N X.XXx round 1 (max X.XXx), ...`.
 
 use crate::bench_env::{token, workload_queries_by_hour, BenchLog};
+use crate::bench_fleet::items_of;
 use crate::client_thread::ClientThread;
 use crate::stream_bench::{drive, Until};
 use anyhow::Context;
@@ -137,11 +138,6 @@ fn by_hour(records: &[FleetRecord], rounds: usize) -> Vec<&[FleetRecord]> {
     }
     out.push(rest);
     out
-}
-
-/// `(worker, log time, record)` of `records`, the `from`-th record of the run first.
-fn items_of(records: &[FleetRecord], from: usize) -> Vec<(u64, i64, Vec<u8>)> {
-    records.iter().enumerate().map(|(i, r)| (r.worker, 1_000 + (from + i) as i64, r.value.clone())).collect()
 }
 
 fn landed_token(landed: &[prefixlog_state::Landed]) -> Vec<PartitionOffset> {
