@@ -249,44 +249,47 @@ fn judge_partition(
     let mut judge = Judge { placed, dues, q, cells: Vec::new(), matches: Vec::new() };
     let mut next = due.iter().peekable();
     for (k, r) in recs.records.iter().enumerate() {
-        if next.peek().is_some_and(|(at, _)| *at <= k) {
-            judge.resolve(&state);
-        }
+        judge.new_stretch();
         while let Some(&(_, i)) = next.next_if(|(at, _)| *at <= k) {
-            judge.judge(i, &mut tallies[i]);
+            judge.judge(&state, i, &mut tallies[i]);
         }
         state.apply(q, r.offset, r.log_time, recs.value(r)).map_err(prefixlog_state::LogError::new)?;
     }
-    judge.resolve(&state);
+    judge.new_stretch();
     for &(_, i) in next {
-        judge.judge(i, &mut tallies[i]);
+        judge.judge(&state, i, &mut tallies[i]);
     }
     Ok(recs.records.len() as u64)
 }
 
 /// One partition's judging between two applied records: the placements' keyspaces as the
-/// state has them (looked up once per stretch of placements judged at the same record, not
-/// once per placement), and one match buffer.
+/// state has them (each looked up at most once per stretch of placements judged at the same
+/// record, not once per placement), and one match buffer.
 struct Judge<'a> {
     placed: &'a [Placed],
     dues: &'a Dues,
     q: u32,
-    /// Per keyspace of [`Dues::keyspaces`], the state's keyspace, if it has it.
-    cells: Vec<Option<SharedKeyspace>>,
+    /// Per keyspace of [`Dues::keyspaces`], the state's keyspace (`Some(None)`: the state has
+    /// none), once looked up in this stretch.
+    cells: Vec<Option<Option<SharedKeyspace>>>,
     matches: Vec<HolderMatch>,
 }
 
 impl Judge<'_> {
-    /// Looks the keyspaces up in `state` as it is now.
-    fn resolve(&mut self, state: &Applier) {
+    /// A record was applied: every keyspace is looked up again when next needed.
+    fn new_stretch(&mut self) {
         self.cells.clear();
-        self.cells.extend(self.dues.keyspaces.iter().map(|k| state.engine().keyspace(k)));
+        self.cells.resize(self.dues.keyspaces.len(), None);
     }
 
-    /// Adds placement `i`'s match on this partition to its tally: the full match where the
-    /// chosen worker lives, the best holders elsewhere ([`Placed::best_in`]).
-    fn judge(&mut self, i: usize, tally: &mut Tally) {
-        let Some(cell) = &self.cells[self.dues.keys[i].keyspace] else { return };
+    /// Adds placement `i`'s match on this partition, in `state` as it is now, to its tally:
+    /// the full match where the chosen worker lives, the best holders elsewhere
+    /// ([`Placed::best_in`]).
+    fn judge(&mut self, state: &Applier, i: usize, tally: &mut Tally) {
+        let k = self.dues.keys[i].keyspace;
+        let keyspaces = &self.dues.keyspaces;
+        let cell = self.cells[k].get_or_insert_with(|| state.engine().keyspace(&keyspaces[k]));
+        let Some(cell) = cell else { return };
         let (pl, ks) = (&self.placed[i], cell.read());
         if pl.partition == self.q {
             pl.matches_in(&ks, &mut self.matches);

@@ -4,7 +4,7 @@
 //! as of its log time elsewhere) and matching the prompt against every holder. The judge
 //! applies each partition once and asks only for the best holders where the chosen worker
 //! cannot be; both must give the same decisions, ties (more than the top-k walk returns),
-//! tiers, removals and stale tokens included.
+//! tiers, two keyspaces, removals and stale tokens included.
 
 use prefixlog_audit::{judge_range, Decision, LossOptions, Placed, Point, Tally};
 use prefixlog_engine::{partition_of, HolderKey, KeyspaceId};
@@ -14,8 +14,9 @@ use prefixlog_state::{Applier, BlockHashes, KvOp, Lifecycle, NextOffset, StateSe
 
 const PARTITIONS: u32 = 3;
 
-fn ks() -> KeyspaceId {
-    KeyspaceId::new("m", 16, 1)
+/// Two models, so that placements of several keyspaces are judged side by side.
+fn ks(model: u64) -> KeyspaceId {
+    KeyspaceId::new(if model == 0 { "m" } else { "n" }, 16, 1)
 }
 
 /// splitmix64: a seeded, dependency-free generator.
@@ -59,7 +60,8 @@ fn random_log(seed: u64, workers: u64, tiered: bool) -> MemoryLog {
                 let locals = prompt(&mut rng);
                 let blocks = locals.iter().map(|&l| BlockHashes::from((w * 1_000 + l, l))).collect();
                 let op = KvOp::Stored { tier, lane: 0, parent_ext: None, blocks };
-                log.push(w, time, encode_kv_events(&ks(), w, 0, 1, seq[w as usize], false, &[op]));
+                let model = u64::from(rng.below(4) == 0);
+                log.push(w, time, encode_kv_events(&ks(model), w, 0, 1, seq[w as usize], false, &[op]));
             }
             6 if rng.below(4) == 0 => {
                 log.push(w, time, encode_lifecycle(w, &Lifecycle::Removed));
@@ -73,7 +75,9 @@ fn random_log(seed: u64, workers: u64, tiered: bool) -> MemoryLog {
                     ends.iter().enumerate().map(|(p, &o)| NextOffset::new(p as u32, o)).collect()
                 };
                 let holder = HolderKey::new(w, 0, 0);
-                let value = encode_placement_with_policy(&ks(), holder, &prompt(&mut rng), &token, "gw", "p");
+                let model = u64::from(rng.below(4) == 0);
+                let value =
+                    encode_placement_with_policy(&ks(model), holder, &prompt(&mut rng), &token, "gw", "p");
                 log.push(w, time, value);
             }
         }

@@ -47,6 +47,9 @@ struct Round {
     records: usize,
     apply_secs: f64,
     rss_mib: f64,
+    /// The anonymous part of it (heap and stacks: what the index's growth shows in, without
+    /// the binary's and libraries' pages).
+    anon_mib: f64,
     queries_per_sec: f64,
 }
 
@@ -56,11 +59,12 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     let env = BenchLog::start(&a.log, "prefixlog.bench-rounds").await?;
     let rounds = a.rounds as usize;
     let records = fleet_records(&a.workload, rounds)?;
-    let hours = by_hour(&records, rounds);
+    let period = prefixlog_workload::repeat_period_ms(&prefixlog_workload::load_trace(&a.workload.trace)?);
+    let hours = by_hour(&records, rounds, period);
     let queries = workload_queries_by_hour(&a.workload, Some(8), rounds)?;
     anyhow::ensure!(queries.len() == rounds, "{} hours of queries for {rounds} rounds", queries.len());
     let data = tempfile::tempdir()?;
-    let replica = Replica::start(&bin, &env, data.path())?;
+    let mut replica = Replica::start(&bin, &env, data.path())?;
     println!(
         "rounds: {} workers, {} hours of new content, {} records; replica {} (pid {}); {} queries per round, {} in flight",
         a.workload.workers,
@@ -87,13 +91,13 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         let driven = client.run(drive(ep, qs, a.in_flight, 8, Until::Asked(a.queries))).await??;
         anyhow::ensure!(driven.failed == 0, "{} of {} queries failed", driven.failed, a.queries);
         let queries_per_sec = driven.answered as f64 / t.elapsed().as_secs_f64();
-        let rss_mib = replica.rss_mib()?;
+        let (rss_mib, anon_mib) = (replica.status_mib("VmRSS")?, replica.status_mib("RssAnon")?);
         println!(
-            "round {}: {} records applied in {apply_secs:.2} s, {queries_per_sec:.0} queries/s, RSS {rss_mib:.1} MiB",
+            "round {}: {} records applied in {apply_secs:.2} s, {queries_per_sec:.0} queries/s, RSS {rss_mib:.1} MiB (anonymous {anon_mib:.1})",
             done.len() + 1,
             hour.len()
         );
-        done.push(Round { records: hour.len(), apply_secs, rss_mib, queries_per_sec });
+        done.push(Round { records: hour.len(), apply_secs, rss_mib, anon_mib, queries_per_sec });
     }
     drop(replica);
     env.finish().await;
@@ -103,35 +107,41 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
 
 fn print_table(done: &[Round]) {
     let first = done[0].rss_mib;
-    println!("\n| round | records | applied in (s) | queries/s | RSS (MiB) | RSS / round 1 |\n|---:|---:|---:|---:|---:|---:|");
+    let first_anon = done[0].anon_mib;
+    println!(
+        "\n| round | records | applied in (s) | queries/s | RSS (MiB) | RSS / round 1 | anonymous / round 1 |\n|---:|---:|---:|---:|---:|---:|---:|"
+    );
     for (i, r) in done.iter().enumerate() {
         println!(
-            "| {} | {} | {:.2} | {:.0} | {:.1} | {:.2} |",
+            "| {} | {} | {:.2} | {:.0} | {:.1} | {:.2} | {:.2} |",
             i + 1,
             r.records,
             r.apply_secs,
             r.queries_per_sec,
             r.rss_mib,
-            r.rss_mib / first
+            r.rss_mib / first,
+            r.anon_mib / first_anon
         );
     }
     let last = done.last().expect("at least two rounds");
     let max = done.iter().map(|r| r.rss_mib / first).fold(0.0, f64::max);
+    let max_anon = done.iter().map(|r| r.anon_mib / first_anon).fold(0.0, f64::max);
     println!(
-        "\nrounds: RSS after round {} {:.2}x round 1 (max {max:.2}x), {:.1} MiB after round 1",
+        "\nrounds: RSS after round {} {:.2}x round 1 (max {max:.2}x), {:.1} MiB after round 1; anonymous {:.2}x (max {max_anon:.2}x)",
         done.len(),
         last.rss_mib / first,
-        first
+        first,
+        last.anon_mib / first_anon
     );
 }
 
-/// The records of each hour of trace time (the workload repeats the trace hour by hour).
-fn by_hour(records: &[FleetRecord], rounds: usize) -> Vec<&[FleetRecord]> {
-    const HOUR_MS: u64 = 3_600_000;
+/// The records of each repetition of the trace (`period` ms of trace time apart:
+/// `repeat_period_ms`, an hour for the bundled trace).
+fn by_hour(records: &[FleetRecord], rounds: usize, period: u64) -> Vec<&[FleetRecord]> {
     let mut out = Vec::with_capacity(rounds);
     let mut rest = records;
     for h in 1..rounds as u64 {
-        let n = rest.partition_point(|r| r.time_ms < h * HOUR_MS);
+        let n = rest.partition_point(|r| r.time_ms < h * period);
         let (this, after) = rest.split_at(n);
         out.push(this);
         rest = after;
@@ -165,7 +175,11 @@ struct Replica {
 
 impl Replica {
     fn start(bin: &Path, env: &BenchLog, data: &Path) -> anyhow::Result<Self> {
-        let [grpc, admin, peer] = [free_port()?, free_port()?, free_port()?];
+        // Three distinct free ports, held until just before the replica binds them.
+        let held = [free_port()?, free_port()?, free_port()?];
+        let port = |l: &TcpListener| l.local_addr().map(|a| a.port());
+        let (grpc, admin, peer) = (port(&held[0])?, port(&held[1])?, port(&held[2])?);
+        drop(held);
         let child = Command::new(bin)
             .arg("serve")
             .args(["--brokers", &env.spec.kafka.brokers, "--topic", &env.spec.topic])
@@ -183,11 +197,16 @@ impl Replica {
     }
 
     /// Waits until the replica answers a query carrying `token` (it has applied everything the
-    /// token names), for up to ten minutes.
-    async fn wait_for(&self, token: &[PartitionOffset], probe: &MatchRequest) -> anyhow::Result<()> {
+    /// token names), for up to ten minutes; fails at once if the replica exited.
+    async fn wait_for(&mut self, token: &[PartitionOffset], probe: &MatchRequest) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(600);
         let req = MatchRequest { min_offsets: token.to_vec(), timeout_us: 1_000_000, ..probe.clone() };
         loop {
+            if let Some(status) = self.child.try_wait()? {
+                anyhow::bail!(
+                    "the replica exited ({status}) before applying the round; its log is on stderr"
+                );
+            }
             anyhow::ensure!(Instant::now() < deadline, "the replica did not apply the round in 10 minutes");
             let Ok(mut c) = PrefixIndexClient::connect(self.endpoint.clone()).await else {
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -200,15 +219,15 @@ impl Replica {
         }
     }
 
-    /// The replica's resident set, from `/proc/PID/status`.
-    fn rss_mib(&self) -> anyhow::Result<f64> {
+    /// A field of the replica's `/proc/PID/status` (`VmRSS`, `RssAnon`), in MiB.
+    fn status_mib(&self, field: &str) -> anyhow::Result<f64> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
         let kb: f64 = status
             .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
             .and_then(|v| v.split_whitespace().next())
             .and_then(|v| v.parse().ok())
-            .context("no VmRSS in /proc/PID/status")?;
+            .with_context(|| format!("no {field} in /proc/PID/status"))?;
         Ok(kb / 1024.0)
     }
 }
@@ -220,6 +239,7 @@ impl Drop for Replica {
     }
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+/// A listener on a free loopback port (the port is free again once it is dropped).
+fn free_port() -> anyhow::Result<TcpListener> {
+    Ok(TcpListener::bind("127.0.0.1:0")?)
 }

@@ -22,7 +22,7 @@ pub mod trace;
 
 pub use fleet::{Event, Fleet};
 pub use prefixlog_ids::BlockHashes;
-pub use trace::{expand_request, load_trace, repeat_hours, TraceRequest};
+pub use trace::{expand_request, load_trace, repeat_hours, repeat_period_ms, TraceRequest};
 
 /// Shape of the simulated fleet and of the trace expansion.
 #[derive(Clone, Debug)]

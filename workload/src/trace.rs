@@ -30,16 +30,20 @@ pub fn load_trace(path: &Path) -> anyhow::Result<Vec<TraceRequest>> {
     Ok(out)
 }
 
+/// How far apart [`repeat_hours`] starts the repetitions (ms): a whole number of hours (one
+/// for the bundled trace), so that time never goes backwards across a boundary.
+pub fn repeat_period_ms(trace: &[TraceRequest]) -> u64 {
+    let end = trace.iter().map(|r| r.timestamp_ms).max().map_or(0, |t| t + 1);
+    end.div_ceil(3_600_000).max(1) * 3_600_000
+}
+
 /// The trace `hours` times back to back (a repetition per hour for a trace of at most an hour;
 /// longer traces are spaced by whole hours), each with fresh
 /// content (block ids moved past every earlier repetition's), as a fleet that serves new
 /// conversations every hour: the log grows with the hours, the resident state stays bounded
 /// by the workers' capacity.
 pub fn repeat_hours(trace: &[TraceRequest], hours: usize) -> Vec<TraceRequest> {
-    // Each repetition starts a whole number of hours after the previous one (one hour for the
-    // bundled trace), so time never goes backwards across a boundary.
-    let end = trace.iter().map(|r| r.timestamp_ms).max().map_or(0, |t| t + 1);
-    let period = end.div_ceil(3_600_000).max(1) * 3_600_000;
+    let period = repeat_period_ms(trace);
     let span = trace.iter().flat_map(|r| r.hash_ids.iter()).max().map_or(0, |m| m + 1);
     (0..hours.max(1) as u64)
         .flat_map(|h| {
