@@ -20,6 +20,8 @@
 //!   hole in the log is made of.
 //! - [`reader`]: [`LogReader`], the one consumer: offset order, gaps and out-of-range offsets
 //!   become [`reader::Discontinuity`], never a silent reset.
+//! - [`leader_watch`]: after a broker failure, the reader looks the leaders up every 10 ms, so
+//!   it follows a newly elected leader as fast as a publisher does.
 //! - [`apply_log`]: applying the log up to a fixed target (audits, repairs, benchmarks).
 //! - [`publisher`]: idempotent keyed producer; `prefixlog_ids::Landed::token` gives consistency tokens.
 //! - [`affinity`]: [`CpuSet`], pinning the ingest thread (and its consumer's threads) to CPUs.
@@ -32,6 +34,7 @@ pub mod connect;
 pub mod continuity;
 pub mod dead_letter;
 pub mod embedded;
+pub mod leader_watch;
 pub mod log_spec;
 pub mod probe;
 pub mod publisher;

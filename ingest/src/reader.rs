@@ -27,6 +27,7 @@
 //! (confluentinc/librdkafka#5573, `rd_kafka_assignment_partition_stopped: Assertion
 //! rktp->rktp_started failed`): two re-assignments in a row did that.
 
+use crate::leader_watch::{LeaderHunt, LeaderWatch, HUNT_EVERY};
 use crate::log_spec::{close_in_background, ClientRole, LogSpec};
 use prefixlog_ids::NextOffset;
 use rdkafka::config::ClientConfig;
@@ -38,6 +39,9 @@ use std::collections::VecDeque;
 use std::ffi::{CStr, CString};
 use std::fmt;
 use std::time::{Duration, Instant};
+
+/// The reader's consumer: its context follows broker failures ([`crate::leader_watch`]).
+type ReaderConsumer = BaseConsumer<LeaderWatch>;
 
 /// How often `poll` compares the expected offsets with the fetched high watermarks (a lock per
 /// partition, no broker round trip; the broker is asked only when one is beyond its log).
@@ -143,7 +147,7 @@ pub enum Read<'a> {
 
 /// A consumer over some partitions of a log, with continuity checks.
 pub struct LogReader {
-    consumer: BaseConsumer,
+    consumer: ReaderConsumer,
     /// What [`LogReader::reopen`] creates a consumer from.
     config: ClientConfig,
     topic: String,
@@ -154,6 +158,8 @@ pub struct LogReader {
     reopen: bool,
     /// When `poll` last compared the expected offsets with the fetched high watermarks.
     end_checked: Instant,
+    /// Looking the leaders up after a broker failure ([`crate::leader_watch`]).
+    hunt: LeaderHunt,
 }
 
 /// Where each partition stands. Kept apart from the consumer so that `poll` can update it while
@@ -173,7 +179,7 @@ struct Positions {
 impl Positions {
     /// Assigns every partition that is read and not halted, at its expected offset: once per
     /// consumer (module doc).
-    fn assign(&self, consumer: &BaseConsumer, topic: &str) -> Result<(), KafkaError> {
+    fn assign(&self, consumer: &ReaderConsumer, topic: &str) -> Result<(), KafkaError> {
         let mut tpl = TopicPartitionList::new();
         for (p, e) in self.expected.iter().enumerate() {
             if let (Some(o), false) = (e, self.halted[p]) {
@@ -183,7 +189,7 @@ impl Positions {
         consumer.assign(&tpl)
     }
 
-    fn halt(&mut self, consumer: &BaseConsumer, topic: &str, d: Discontinuity) -> Discontinuity {
+    fn halt(&mut self, consumer: &ReaderConsumer, topic: &str, d: Discontinuity) -> Discontinuity {
         if let Err(e) = self.stop(consumer, topic, d.partition) {
             tracing::warn!(partition = d.partition, error = %e, "could not stop fetching a discontinuous partition");
         }
@@ -193,7 +199,7 @@ impl Positions {
     /// Stops fetching one partition. A pause, not a new assignment (module doc; re-assigning
     /// would also drop every other partition's prefetched records: a bounded replay halts each
     /// partition at its end). Records of it already queued are skipped by `poll`.
-    fn stop(&mut self, consumer: &BaseConsumer, topic: &str, partition: u32) -> Result<(), KafkaError> {
+    fn stop(&mut self, consumer: &ReaderConsumer, topic: &str, partition: u32) -> Result<(), KafkaError> {
         self.halted[partition as usize] = true;
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition(topic, partition as i32);
@@ -203,7 +209,7 @@ impl Positions {
     /// Whether a running partition expects an offset beyond the high watermark of the last
     /// fetch response for it (none yet: not known, not beyond). Its records up to the expected
     /// offset were fetched, so in a log that still holds them the watermark is at least there.
-    fn beyond_fetched_end(&self, consumer: &BaseConsumer, topic: &CStr) -> bool {
+    fn beyond_fetched_end(&self, consumer: &ReaderConsumer, topic: &CStr) -> bool {
         self.expected.iter().enumerate().any(|(p, e)| match (e, self.halted[p]) {
             (Some(exp), false) => fetched_high_watermark(consumer, topic, p as i32).is_some_and(|h| *exp > h),
             _ => false,
@@ -217,7 +223,7 @@ impl Positions {
     /// `auto.offset.reset=error`.)
     fn locate_out_of_range(
         &mut self,
-        consumer: &BaseConsumer,
+        consumer: &ReaderConsumer,
         topic: &str,
     ) -> Result<Option<Discontinuity>, KafkaError> {
         // Every partition is asked even when one query fails, and every one found is halted:
@@ -259,7 +265,7 @@ impl Positions {
 /// The high watermark of `partition` that the last fetch response for it carried: librdkafka's
 /// cache, no broker round trip (the rdkafka crate wraps only the round-trip query). `None`
 /// before the first response.
-fn fetched_high_watermark(consumer: &BaseConsumer, topic: &CStr, partition: i32) -> Option<i64> {
+fn fetched_high_watermark(consumer: &ReaderConsumer, topic: &CStr, partition: i32) -> Option<i64> {
     let (mut low, mut high) = (-1_i64, -1_i64);
     // SAFETY: the client handle lives as long as `consumer`, `topic` is NUL-terminated, and the
     // out-pointers are locals; the call only reads the partition's cached offsets under its lock.
@@ -310,7 +316,7 @@ impl LogReader {
             KafkaError::ClientCreation(format!("topic name {:?} holds a NUL byte", spec.topic))
         })?;
         let config = spec.client_config(role);
-        let consumer: BaseConsumer = config.create()?;
+        let consumer: ReaderConsumer = config.create_with_context(LeaderWatch::default())?;
         let mut expected = vec![None; spec.partitions as usize];
         for NextOffset { partition, offset } in start {
             if let Some(e) = expected.get_mut(partition as usize) {
@@ -321,7 +327,8 @@ impl LogReader {
         let pos = Positions { expected, halted, found: VecDeque::new(), unlocated: false };
         pos.assign(&consumer, &spec.topic)?;
         let (topic, end_checked) = (spec.topic.clone(), Instant::now());
-        Ok(Self { consumer, config, topic, topic_c, pos, reopen: false, end_checked })
+        let hunt = LeaderHunt::new();
+        Ok(Self { consumer, config, topic, topic_c, pos, reopen: false, end_checked, hunt })
     }
 
     /// Replaces the consumer by one assigned at every running partition's expected offset;
@@ -329,7 +336,7 @@ impl LogReader {
     /// old one is closed in the background ([`close_in_background`]: a close waits until
     /// librdkafka has left, about 0.1 s, which the records behind it need not wait for).
     fn reopen(&mut self) -> Result<(), KafkaError> {
-        let consumer: BaseConsumer = self.config.create()?;
+        let consumer: ReaderConsumer = self.config.create_with_context(LeaderWatch::default())?;
         self.pos.assign(&consumer, &self.topic)?;
         let old = std::mem::replace(&mut self.consumer, consumer);
         close_in_background(old, "log-reader");
@@ -363,6 +370,23 @@ impl LogReader {
             self.pos.halted[partition as usize] = false;
             self.pos.found.retain(|d| d.partition != partition);
             self.reopen = true;
+        }
+    }
+
+    /// After a broker failure, looks the leaders up when a lookup is due, and returns how long
+    /// this poll may wait for a record: no longer than until the next lookup.
+    fn follow_leaders(&mut self, timeout: Duration) -> Duration {
+        let now = Instant::now();
+        let last_failure = self.consumer.context().last_failure();
+        if self.hunt.due(last_failure, now) {
+            self.hunt.look_up(&self.consumer, &self.topic, now);
+        } else if !self.hunt.hunting(last_failure, now) {
+            self.hunt.settle();
+        }
+        if self.hunt.due(last_failure, now + HUNT_EVERY) {
+            timeout.min(HUNT_EVERY)
+        } else {
+            timeout
         }
     }
 
@@ -402,6 +426,7 @@ impl LogReader {
                 }
             }
         }
+        let timeout = self.follow_leaders(timeout);
         let deadline = Instant::now() + timeout;
         let (consumer, topic, pos) = (&self.consumer, self.topic.as_str(), &mut self.pos);
         loop {
