@@ -2,68 +2,112 @@
 //!
 //! When the broker leading a partition goes away, a publisher finds the new leader within a few
 //! milliseconds of its election (it has records waiting, so librdkafka keeps asking), and its
-//! writes are acked there. A consumer with nothing waiting learns of the election only from
-//! librdkafka's own scan of leaderless partitions, once a second. A gateway that wrote and
-//! then asks with the acked offsets as its token waits for every replica through that second:
-//! a blind routing decision (issue 48, docs/operations.md "Broker failover").
+//! writes are acked there. A consumer with nothing waiting may learn of the election only from
+//! librdkafka's own scan of leaderless partitions, once a second. A gateway that wrote and then
+//! asks with the acked offsets as its token waits for every replica meanwhile: a blind routing
+//! decision (issue 48, docs/operations.md "When a partition's leader moves").
 //!
-//! [`LeaderWatch`] is the reader's client context: it notes when librdkafka reports a broker
-//! connection failed. From then on [`LeaderHunt`] looks the topic's leaders up every
-//! [`HUNT_EVERY`] (a metadata request, which updates the consumer's own leader cache, so the
-//! fetcher moves to the new leader with it) until [`HUNT_AFTER_FAILURE`] has passed since the
-//! last failure and the last lookup found every partition led by a broker the cluster lists.
-//! Outside failures it costs nothing.
+//! [`LeaderWatch`] is the reader's client context: it notes each broker connection librdkafka
+//! reports failed (a failed reconnect: a dropped connection alone is not reported), and which
+//! broker it was. From then on [`LeaderHunt`] looks the topic's leaders up (a metadata request,
+//! which updates the consumer's own leader cache, so the fetcher moves to the new leader with
+//! it) every [`HUNT_EVERY`], and every [`HUNT_EVERY_LATER`] once a hunt has lasted
+//! [`HUNT_FAST_FOR`], for as long as a partition the reader reads has no leader, a leader the
+//! cluster does not list, or a leader that failed within [`FAILED_BROKER_FOR`] (Kafka keeps a
+//! crashed broker listed, and leading, until it fences it), and for [`HUNT_AFTER_FAILURE`]
+//! after any failure. Outside failures it sends nothing.
 
 use parking_lot::Mutex;
 use rdkafka::client::ClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// How often the leaders are looked up while hunting: a new leader is followed within this
-/// (plus one round trip), below a gateway's usual 20 ms query deadline.
+/// How often the leaders are looked up at first: a new leader is followed within this (plus a
+/// round trip), below a gateway's usual 20 ms query deadline.
 pub const HUNT_EVERY: Duration = Duration::from_millis(10);
 
-/// How long after the last broker failure the hunt goes on, even when every partition seems
-/// led: a broker that dropped its connections may still be listed (Kafka fences it only after
-/// its session timeout) and lose its leadership a moment later.
+/// How long a hunt looks up every [`HUNT_EVERY`]; after that, every [`HUNT_EVERY_LATER`]. Long
+/// enough for an election after a crash: the controller fences a crashed broker and moves its
+/// partitions after its session timeout (9 s by default in KRaft).
+pub const HUNT_FAST_FOR: Duration = Duration::from_secs(30);
+
+/// How often a hunt that has lasted [`HUNT_FAST_FOR`] looks up.
+pub const HUNT_EVERY_LATER: Duration = Duration::from_millis(100);
+
+/// How long after any broker failure the hunt goes on, even when every partition read seems
+/// well led.
 pub const HUNT_AFTER_FAILURE: Duration = Duration::from_millis(500);
+
+/// How long a broker that failed counts as failed while it still leads a partition read: as
+/// long as librdkafka suppresses repeating the same connection error (30 s).
+pub const FAILED_BROKER_FOR: Duration = Duration::from_secs(30);
 
 /// The longest one lookup may hold the reader's thread (a cluster that does not answer at all
 /// gives nothing to read either).
 pub const LOOKUP_TIMEOUT: Duration = Duration::from_millis(20);
 
-/// The reader's client context: logs what librdkafka reports, as the default context does, and
-/// keeps when a broker connection last failed.
-#[derive(Default)]
+/// The broker failures a reader has seen: when the last one was, and per broker id the last
+/// time it failed. Shared by the contexts of a reader's successive consumers.
+#[derive(Debug, Default)]
+struct Failures {
+    last: Option<Instant>,
+    brokers: Vec<(i32, Instant)>,
+}
+
+/// The reader's client context: logs what librdkafka reports, at warn (as the probe's context
+/// does; the default context logged at error), and keeps the broker failures.
+#[derive(Clone, Default)]
 pub struct LeaderWatch {
-    last_failure: Mutex<Option<Instant>>,
+    failures: Arc<Mutex<Failures>>,
 }
 
 impl LeaderWatch {
+    /// A context for a reader's next consumer that remembers this one's failures.
+    pub fn successor(&self) -> Self {
+        self.clone()
+    }
+
     /// When librdkafka last reported a failed broker connection.
     pub fn last_failure(&self) -> Option<Instant> {
-        *self.last_failure.lock()
+        self.failures.lock().last
+    }
+
+    /// Whether broker `id` failed within [`FAILED_BROKER_FOR`] before `now`.
+    pub fn failed_recently(&self, id: i32, now: Instant) -> bool {
+        self.failures
+            .lock()
+            .brokers
+            .iter()
+            .any(|&(b, at)| b == id && now.saturating_duration_since(at) < FAILED_BROKER_FOR)
+    }
+
+    fn note_failure(&self, reason: &str) {
+        let now = Instant::now();
+        let mut f = self.failures.lock();
+        f.last = Some(now);
+        if let Some(id) = broker_id(reason) {
+            f.brokers.retain(|&(b, _)| b != id);
+            f.brokers.push((id, now));
+        }
     }
 }
 
-/// The failures after which a partition's leader may have moved.
-fn is_broker_failure(code: RDKafkaErrorCode) -> bool {
-    matches!(
-        code,
-        RDKafkaErrorCode::BrokerTransportFailure
-            | RDKafkaErrorCode::AllBrokersDown
-            | RDKafkaErrorCode::BrokerNotAvailable
-            | RDKafkaErrorCode::LeaderNotAvailable
-            | RDKafkaErrorCode::NotLeaderForPartition
-    )
+/// The broker id librdkafka names at the start of a connection error:
+/// `127.0.0.1:32817/1: Connect to ... failed` (a bootstrap address, `host:port/bootstrap`, has
+/// none).
+fn broker_id(reason: &str) -> Option<i32> {
+    let (name, _) = reason.split_once(": ")?;
+    name.rsplit_once('/')?.1.parse().ok()
 }
 
 impl ClientContext for LeaderWatch {
     fn error(&self, error: KafkaError, reason: &str) {
         tracing::warn!(target: "librdkafka", error = %error, "{reason}");
-        if error.rdkafka_error_code().is_some_and(is_broker_failure) {
-            *self.last_failure.lock() = Some(Instant::now());
+        let code = error.rdkafka_error_code();
+        if matches!(code, Some(RDKafkaErrorCode::BrokerTransportFailure | RDKafkaErrorCode::AllBrokersDown)) {
+            self.note_failure(reason);
         }
     }
 }
@@ -71,24 +115,20 @@ impl ClientContext for LeaderWatch {
 impl ConsumerContext for LeaderWatch {}
 
 /// Whether, and when, the reader looks the topic's leaders up (module doc).
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct LeaderHunt {
+    /// When this hunt began (`None`: no hunt).
+    began: Option<Instant>,
     last_lookup: Option<Instant>,
-    /// The last lookup found a partition without a leader the cluster lists.
+    /// The last lookup found a partition read that is not well led.
     unled: bool,
-    /// Lookups made, for the log line that ends a hunt.
+    /// Lookups made in this hunt, for the log line that ends it.
     lookups: u64,
-}
-
-impl Default for LeaderHunt {
-    fn default() -> Self {
-        Self::new()
-    }
 }
 
 impl LeaderHunt {
     pub fn new() -> Self {
-        Self { last_lookup: None, unled: false, lookups: 0 }
+        Self::default()
     }
 
     /// Whether the leaders are being hunted at `now`, given the last broker failure.
@@ -96,42 +136,64 @@ impl LeaderHunt {
         self.unled || last_failure.is_some_and(|f| now.saturating_duration_since(f) < HUNT_AFTER_FAILURE)
     }
 
+    /// The time between lookups at `now`: [`HUNT_EVERY`], then [`HUNT_EVERY_LATER`].
+    pub fn interval(&self, now: Instant) -> Duration {
+        match self.began {
+            Some(b) if now.saturating_duration_since(b) >= HUNT_FAST_FOR => HUNT_EVERY_LATER,
+            _ => HUNT_EVERY,
+        }
+    }
+
     /// Whether a lookup is due at `now`, given the last broker failure.
     pub fn due(&self, last_failure: Option<Instant>, now: Instant) -> bool {
         self.hunting(last_failure, now)
-            && self.last_lookup.is_none_or(|l| now.saturating_duration_since(l) >= HUNT_EVERY)
+            && self.last_lookup.is_none_or(|l| now.saturating_duration_since(l) >= self.interval(now))
     }
 
     /// Looks `topic`'s leaders up: librdkafka takes the answer into the consumer's leader
-    /// cache, which is the point. A failed lookup keeps the hunt going.
-    pub fn look_up<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, topic: &str, now: Instant) {
-        if self.lookups == 0 {
+    /// cache, which is the point. `reads`: whether the reader reads a partition. A failed
+    /// lookup keeps the hunt going.
+    pub fn look_up(
+        &mut self,
+        consumer: &BaseConsumer<LeaderWatch>,
+        topic: &str,
+        reads: impl Fn(u32) -> bool,
+        now: Instant,
+    ) {
+        if self.began.is_none() {
             tracing::info!(
                 topic,
                 "a broker connection failed: looking the topic's leaders up every {HUNT_EVERY:?}"
             );
+            self.began = Some(now);
+        } else if self.interval(now) != self.interval(self.last_lookup.unwrap_or(now)) {
+            tracing::warn!(
+                topic,
+                "partitions read still without a reachable leader after {HUNT_FAST_FOR:?}: looking up every {HUNT_EVERY_LATER:?}"
+            );
         }
         self.last_lookup = Some(now);
         self.lookups += 1;
-        let unled = match consumer.fetch_metadata(Some(topic), LOOKUP_TIMEOUT) {
+        let watch = consumer.context();
+        self.unled = match consumer.fetch_metadata(Some(topic), LOOKUP_TIMEOUT) {
             Ok(md) => {
                 let listed: Vec<i32> = md.brokers().iter().map(|b| b.id()).collect();
-                md.topics()
-                    .iter()
-                    .flat_map(|t| t.partitions())
-                    .any(|p| p.leader() < 0 || !listed.contains(&p.leader()))
+                md.topics().iter().flat_map(|t| t.partitions()).any(|p| {
+                    let led = p.leader() >= 0 && listed.contains(&p.leader());
+                    reads(p.id() as u32) && (!led || watch.failed_recently(p.leader(), now))
+                })
             }
             Err(_) => true,
         };
-        self.unled = unled;
     }
 
     /// Ends a hunt (logs how many lookups it took); call when [`Self::hunting`] is false.
     pub fn settle(&mut self) {
-        if self.lookups > 0 {
+        if let Some(began) = self.began.take() {
             tracing::info!(
                 lookups = self.lookups,
-                "every partition has a listed leader: leader lookups stopped"
+                secs = began.elapsed().as_secs_f64(),
+                "every partition read has a reachable leader: leader lookups stopped"
             );
             self.lookups = 0;
             self.last_lookup = None;
@@ -144,25 +206,44 @@ mod tests {
     use super::*;
 
     #[test]
-    fn hunts_only_after_a_broker_failure_and_at_most_every_hunt_every() {
+    fn hunts_only_after_a_broker_failure_and_at_most_every_interval() {
         let t = Instant::now();
         let hunt = LeaderHunt::new();
         assert!(!hunt.due(None, t), "no failure, no lookup");
         assert!(hunt.due(Some(t), t));
         assert!(!hunt.due(Some(t), t + HUNT_AFTER_FAILURE), "a failure long past");
-        let mut hunt = LeaderHunt { last_lookup: Some(t), unled: false, lookups: 1 };
+        let mut hunt = LeaderHunt { began: Some(t), last_lookup: Some(t), unled: false, lookups: 1 };
         assert!(!hunt.due(Some(t), t + HUNT_EVERY / 2), "too soon after the last lookup");
         assert!(hunt.due(Some(t), t + HUNT_EVERY));
         hunt.unled = true;
-        assert!(hunt.due(None, t + HUNT_AFTER_FAILURE * 2), "a partition without a listed leader");
+        let late = t + HUNT_FAST_FOR * 3;
+        hunt.last_lookup = Some(late);
+        assert!(!hunt.due(None, late + HUNT_EVERY), "a long hunt looks up less often");
+        assert!(hunt.due(None, late + HUNT_EVERY_LATER), "a partition without a reachable leader");
     }
 
     #[test]
-    fn broker_failures_are_noted_other_errors_not() {
+    fn broker_failures_are_noted_with_the_broker_other_errors_not() {
         let watch = LeaderWatch::default();
-        watch.error(KafkaError::Global(RDKafkaErrorCode::SSL), "handshake failed");
+        watch.error(KafkaError::Global(RDKafkaErrorCode::SSL), "127.0.0.1:1/1: handshake failed");
         assert!(watch.last_failure().is_none());
-        watch.error(KafkaError::Global(RDKafkaErrorCode::BrokerTransportFailure), "Connection refused");
+        watch.error(
+            KafkaError::Global(RDKafkaErrorCode::BrokerTransportFailure),
+            "127.0.0.1:32817/3: Connect to ipv4#127.0.0.1:32817 failed: Connection refused",
+        );
+        let now = Instant::now();
         assert!(watch.last_failure().is_some());
+        assert!(watch.failed_recently(3, now));
+        assert!(!watch.failed_recently(1, now));
+        assert!(!watch.failed_recently(3, now + FAILED_BROKER_FOR));
+        assert!(watch.successor().failed_recently(3, now), "a reopened consumer remembers");
+    }
+
+    #[test]
+    fn the_broker_id_is_read_from_librdkafka_s_reason() {
+        assert_eq!(broker_id("127.0.0.1:32817/1: Connect to ipv4#127.0.0.1:32817 failed"), Some(1));
+        assert_eq!(broker_id("b-2.kafka:9096/2: Disconnected"), Some(2));
+        assert_eq!(broker_id("127.0.0.1:45159/bootstrap: Connect failed"), None);
+        assert_eq!(broker_id("1/1 brokers are down"), None);
     }
 }

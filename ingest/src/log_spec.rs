@@ -74,7 +74,7 @@ impl KafkaConnection {
         cc.set("bootstrap.servers", &self.brokers)
             // A partition that lost its leader is looked up again after 100 ms, then backing off
             // up to this (librdkafka's default is 1 s): a leader elected after a long outage is
-            // found within 250 ms, not up to a second later (docs/operations.md, broker failover).
+            // found within 250 ms, not up to a second later (a replica's reader also looks leaders up itself after a failure: `leader_watch`).
             .set("retry.backoff.max.ms", RETRY_BACKOFF_MAX_MS);
         match role {
             ClientRole::Reader | ClientRole::Replayer | ClientRole::UncommittedReader => {

@@ -27,7 +27,7 @@
 //! (confluentinc/librdkafka#5573, `rd_kafka_assignment_partition_stopped: Assertion
 //! rktp->rktp_started failed`): two re-assignments in a row did that.
 
-use crate::leader_watch::{LeaderHunt, LeaderWatch, HUNT_EVERY};
+use crate::leader_watch::{LeaderHunt, LeaderWatch};
 use crate::log_spec::{close_in_background, ClientRole, LogSpec};
 use prefixlog_ids::NextOffset;
 use rdkafka::config::ClientConfig;
@@ -336,7 +336,8 @@ impl LogReader {
     /// old one is closed in the background ([`close_in_background`]: a close waits until
     /// librdkafka has left, about 0.1 s, which the records behind it need not wait for).
     fn reopen(&mut self) -> Result<(), KafkaError> {
-        let consumer: ReaderConsumer = self.config.create_with_context(LeaderWatch::default())?;
+        let watch = self.consumer.context().successor();
+        let consumer: ReaderConsumer = self.config.create_with_context(watch)?;
         self.pos.assign(&consumer, &self.topic)?;
         let old = std::mem::replace(&mut self.consumer, consumer);
         close_in_background(old, "log-reader");
@@ -379,12 +380,16 @@ impl LogReader {
         let now = Instant::now();
         let last_failure = self.consumer.context().last_failure();
         if self.hunt.due(last_failure, now) {
-            self.hunt.look_up(&self.consumer, &self.topic, now);
+            let pos = &self.pos;
+            let reads =
+                |p: u32| pos.expected.get(p as usize).is_some_and(|e| e.is_some()) && !pos.halted[p as usize];
+            self.hunt.look_up(&self.consumer, &self.topic, reads, now);
         } else if !self.hunt.hunting(last_failure, now) {
             self.hunt.settle();
         }
-        if self.hunt.due(last_failure, now + HUNT_EVERY) {
-            timeout.min(HUNT_EVERY)
+        let interval = self.hunt.interval(now);
+        if self.hunt.due(last_failure, now + interval) {
+            timeout.min(interval)
         } else {
             timeout
         }
