@@ -40,9 +40,10 @@ pub const HUNT_EVERY_LATER: Duration = Duration::from_millis(100);
 /// well led.
 pub const HUNT_AFTER_FAILURE: Duration = Duration::from_millis(500);
 
-/// How long a broker that failed counts as failed while it still leads a partition read: as
-/// long as librdkafka suppresses repeating the same connection error (30 s).
-pub const FAILED_BROKER_FOR: Duration = Duration::from_secs(30);
+/// How long a broker that failed counts as failed while it still leads a partition read:
+/// longer than librdkafka suppresses repeating the same connection error (30 s), so a dead
+/// broker that keeps failing stays counted between its reports.
+pub const FAILED_BROKER_FOR: Duration = Duration::from_secs(45);
 
 /// The longest one lookup may hold the reader's thread (a cluster that does not answer at all
 /// gives nothing to read either).
@@ -114,6 +115,38 @@ impl ClientContext for LeaderWatch {
 
 impl ConsumerContext for LeaderWatch {}
 
+/// What one lookup says of the partitions a reader reads.
+#[derive(Debug, PartialEq, Eq)]
+enum Unled {
+    /// A partition read has no leader, one the cluster does not list, or one that failed
+    /// recently.
+    Some,
+    /// The answer lacks a partition read.
+    Unknown,
+    /// Every partition read is well led.
+    None,
+}
+
+/// Sorts one topic's `(partition, leader)` pairs from a metadata answer: `listed` are the
+/// brokers it lists, `reads` the partitions read, `failed` the brokers that failed recently.
+fn unled(leaders: &[(u32, i32)], listed: &[i32], reads: &[u32], failed: impl Fn(i32) -> bool) -> Unled {
+    let mut missing = false;
+    for p in reads {
+        match leaders.iter().find(|(q, _)| q == p) {
+            None => missing = true,
+            Some(&(_, leader)) if leader < 0 || !listed.contains(&leader) || failed(leader) => {
+                return Unled::Some
+            }
+            Some(_) => {}
+        }
+    }
+    if missing {
+        Unled::Unknown
+    } else {
+        Unled::None
+    }
+}
+
 /// Whether, and when, the reader looks the topic's leaders up (module doc).
 #[derive(Debug, Default)]
 pub struct LeaderHunt {
@@ -151,40 +184,59 @@ impl LeaderHunt {
     }
 
     /// Looks `topic`'s leaders up: librdkafka takes the answer into the consumer's leader
-    /// cache, which is the point. `reads`: whether the reader reads a partition. A failed
-    /// lookup keeps the hunt going.
+    /// cache, which is the point. `reads`: the partitions the reader reads. A lookup that
+    /// fails or answers without a partition read keeps the hunt going while the last failure is
+    /// recent (within [`FAILED_BROKER_FOR`]): a healthy cluster slower than [`LOOKUP_TIMEOUT`]
+    /// does not keep it up.
     pub fn look_up(
         &mut self,
         consumer: &BaseConsumer<LeaderWatch>,
         topic: &str,
-        reads: impl Fn(u32) -> bool,
+        reads: &[u32],
         now: Instant,
     ) {
-        if self.began.is_none() {
-            tracing::info!(
-                topic,
-                "a broker connection failed: looking the topic's leaders up every {HUNT_EVERY:?}"
-            );
-            self.began = Some(now);
-        } else if self.interval(now) != self.interval(self.last_lookup.unwrap_or(now)) {
-            tracing::warn!(
-                topic,
-                "partitions read still without a reachable leader after {HUNT_FAST_FOR:?}: looking up every {HUNT_EVERY_LATER:?}"
-            );
-        }
+        let watch = consumer.context();
+        let last_failure = watch.last_failure();
+        self.begin(topic, last_failure, now);
         self.last_lookup = Some(now);
         self.lookups += 1;
-        let watch = consumer.context();
+        let recent = last_failure.is_some_and(|f| now.saturating_duration_since(f) < FAILED_BROKER_FOR);
         self.unled = match consumer.fetch_metadata(Some(topic), LOOKUP_TIMEOUT) {
-            Ok(md) => {
+            Ok(md) => md.topics().iter().any(|t| {
                 let listed: Vec<i32> = md.brokers().iter().map(|b| b.id()).collect();
-                md.topics().iter().flat_map(|t| t.partitions()).any(|p| {
-                    let led = p.leader() >= 0 && listed.contains(&p.leader());
-                    reads(p.id() as u32) && (!led || watch.failed_recently(p.leader(), now))
-                })
-            }
-            Err(_) => true,
+                let leaders: Vec<(u32, i32)> =
+                    t.partitions().iter().map(|p| (p.id() as u32, p.leader())).collect();
+                match unled(&leaders, &listed, reads, |b| watch.failed_recently(b, now)) {
+                    Unled::Some => true,
+                    Unled::Unknown => recent,
+                    Unled::None => t.error().is_some() && recent,
+                }
+            }),
+            Err(_) => recent,
         };
+    }
+
+    /// Starts a hunt, or starts its fast lookups again when a failure came after they ended.
+    fn begin(&mut self, topic: &str, last_failure: Option<Instant>, now: Instant) {
+        match self.began {
+            None => {
+                tracing::info!(
+                    topic,
+                    "a broker connection failed: looking the topic's leaders up every {HUNT_EVERY:?}"
+                );
+                self.began = Some(now);
+            }
+            Some(b) => {
+                if last_failure.is_some_and(|f| f > b + HUNT_FAST_FOR) {
+                    self.began = last_failure;
+                } else if self.interval(now) != self.interval(self.last_lookup.unwrap_or(now)) {
+                    tracing::warn!(
+                        topic,
+                        "partitions read still without a reachable leader after {HUNT_FAST_FOR:?}: looking up every {HUNT_EVERY_LATER:?}"
+                    );
+                }
+            }
+        }
     }
 
     /// Ends a hunt (logs how many lookups it took); call when [`Self::hunting`] is false.
@@ -237,6 +289,31 @@ mod tests {
         assert!(!watch.failed_recently(1, now));
         assert!(!watch.failed_recently(3, now + FAILED_BROKER_FOR));
         assert!(watch.successor().failed_recently(3, now), "a reopened consumer remembers");
+    }
+
+    #[test]
+    fn a_partition_read_is_unled_without_a_listed_healthy_leader() {
+        let reads = [0, 1];
+        let healthy = |_: i32| false;
+        let leaders = [(0, 1), (1, 2), (2, -1)];
+        assert_eq!(unled(&leaders, &[1, 2], &reads, healthy), Unled::None, "partition 2 is not read");
+        assert_eq!(unled(&leaders, &[1], &reads, healthy), Unled::Some, "broker 2 unlisted");
+        assert_eq!(unled(&[(0, 1), (1, -1)], &[1, 2], &reads, healthy), Unled::Some, "no leader");
+        assert_eq!(unled(&leaders, &[1, 2], &reads, |b| b == 1), Unled::Some, "broker 1 failed");
+        assert_eq!(unled(&[(0, 1)], &[1, 2], &reads, healthy), Unled::Unknown, "partition 1 missing");
+    }
+
+    #[test]
+    fn a_failure_after_the_fast_lookups_starts_them_again() {
+        let t = Instant::now();
+        let mut hunt =
+            LeaderHunt { began: Some(t), last_lookup: Some(t + HUNT_FAST_FOR), unled: true, lookups: 9 };
+        let later = t + HUNT_FAST_FOR * 2;
+        assert_eq!(hunt.interval(later), HUNT_EVERY_LATER);
+        hunt.begin("t", Some(later), later);
+        assert_eq!(hunt.interval(later), HUNT_EVERY, "a new failure: fast again");
+        hunt.begin("t", Some(t), later + HUNT_FAST_FOR);
+        assert_eq!(hunt.interval(later + HUNT_FAST_FOR), HUNT_EVERY_LATER, "an old failure does not");
     }
 
     #[test]

@@ -381,9 +381,11 @@ impl LogReader {
         let last_failure = self.consumer.context().last_failure();
         if self.hunt.due(last_failure, now) {
             let pos = &self.pos;
-            let reads =
-                |p: u32| pos.expected.get(p as usize).is_some_and(|e| e.is_some()) && !pos.halted[p as usize];
-            self.hunt.look_up(&self.consumer, &self.topic, reads, now);
+            let reads: Vec<u32> = (0..pos.expected.len())
+                .filter(|&p| pos.expected[p].is_some() && pos.halted.get(p) == Some(&false))
+                .map(|p| p as u32)
+                .collect();
+            self.hunt.look_up(&self.consumer, &self.topic, &reads, now);
         } else if !self.hunt.hunting(last_failure, now) {
             self.hunt.settle();
         }
