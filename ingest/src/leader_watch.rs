@@ -21,6 +21,7 @@ use parking_lot::Mutex;
 use rdkafka::client::ClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -62,12 +63,20 @@ struct Failures {
 #[derive(Clone, Default)]
 pub struct LeaderWatch {
     failures: Arc<Mutex<Failures>>,
+    /// Failures noted so far: what the reader checks on every poll, without a lock or a clock,
+    /// to know that nothing happened since its hunt last ended.
+    count: Arc<AtomicU64>,
 }
 
 impl LeaderWatch {
     /// A context for a reader's next consumer that remembers this one's failures.
     pub fn successor(&self) -> Self {
         self.clone()
+    }
+
+    /// Broker failures noted so far.
+    pub fn failure_count(&self) -> u64 {
+        self.count.load(Ordering::Acquire)
     }
 
     /// When librdkafka last reported a failed broker connection.
@@ -92,6 +101,7 @@ impl LeaderWatch {
             f.brokers.retain(|&(b, _)| b != id);
             f.brokers.push((id, now));
         }
+        self.count.fetch_add(1, Ordering::Release);
     }
 }
 
@@ -157,11 +167,20 @@ pub struct LeaderHunt {
     unled: bool,
     /// Lookups made in this hunt, for the log line that ends it.
     lookups: u64,
+    /// [`LeaderWatch::failure_count`] when the last hunt ended (or none began): while it is
+    /// unchanged and no hunt is on, [`Self::quiet`] holds.
+    settled_at: u64,
 }
 
 impl LeaderHunt {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// No hunt is on and no failure came since the last one ended: nothing to do (the check
+    /// every poll makes, one atomic load).
+    pub fn quiet(&self, failure_count: u64) -> bool {
+        self.began.is_none() && !self.unled && failure_count == self.settled_at
     }
 
     /// Whether the leaders are being hunted at `now`, given the last broker failure.
@@ -240,7 +259,9 @@ impl LeaderHunt {
     }
 
     /// Ends a hunt (logs how many lookups it took); call when [`Self::hunting`] is false.
-    pub fn settle(&mut self) {
+    /// `failure_count`: [`LeaderWatch::failure_count`], read before `hunting` was asked.
+    pub fn settle(&mut self, failure_count: u64) {
+        self.settled_at = failure_count;
         if let Some(began) = self.began.take() {
             tracing::info!(
                 lookups = self.lookups,
@@ -261,10 +282,13 @@ mod tests {
     fn hunts_only_after_a_broker_failure_and_at_most_every_interval() {
         let t = Instant::now();
         let hunt = LeaderHunt::new();
+        assert!(hunt.quiet(0));
+        assert!(!hunt.quiet(1), "a failure came");
         assert!(!hunt.due(None, t), "no failure, no lookup");
         assert!(hunt.due(Some(t), t));
         assert!(!hunt.due(Some(t), t + HUNT_AFTER_FAILURE), "a failure long past");
-        let mut hunt = LeaderHunt { began: Some(t), last_lookup: Some(t), unled: false, lookups: 1 };
+        let mut hunt =
+            LeaderHunt { began: Some(t), last_lookup: Some(t), unled: false, lookups: 1, settled_at: 0 };
         assert!(!hunt.due(Some(t), t + HUNT_EVERY / 2), "too soon after the last lookup");
         assert!(hunt.due(Some(t), t + HUNT_EVERY));
         hunt.unled = true;
@@ -272,6 +296,9 @@ mod tests {
         hunt.last_lookup = Some(late);
         assert!(!hunt.due(None, late + HUNT_EVERY), "a long hunt looks up less often");
         assert!(hunt.due(None, late + HUNT_EVERY_LATER), "a partition without a reachable leader");
+        hunt.unled = false;
+        hunt.settle(3);
+        assert!(hunt.quiet(3), "settled after the third failure");
     }
 
     #[test]
@@ -279,12 +306,14 @@ mod tests {
         let watch = LeaderWatch::default();
         watch.error(KafkaError::Global(RDKafkaErrorCode::SSL), "127.0.0.1:1/1: handshake failed");
         assert!(watch.last_failure().is_none());
+        assert_eq!(watch.failure_count(), 0);
         watch.error(
             KafkaError::Global(RDKafkaErrorCode::BrokerTransportFailure),
             "127.0.0.1:32817/3: Connect to ipv4#127.0.0.1:32817 failed: Connection refused",
         );
         let now = Instant::now();
         assert!(watch.last_failure().is_some());
+        assert_eq!(watch.successor().failure_count(), 1, "counted, and shared with a successor");
         assert!(watch.failed_recently(3, now));
         assert!(!watch.failed_recently(1, now));
         assert!(!watch.failed_recently(3, now + FAILED_BROKER_FOR));
@@ -306,8 +335,13 @@ mod tests {
     #[test]
     fn a_failure_after_the_fast_lookups_starts_them_again() {
         let t = Instant::now();
-        let mut hunt =
-            LeaderHunt { began: Some(t), last_lookup: Some(t + HUNT_FAST_FOR), unled: true, lookups: 9 };
+        let mut hunt = LeaderHunt {
+            began: Some(t),
+            last_lookup: Some(t + HUNT_FAST_FOR),
+            unled: true,
+            lookups: 9,
+            settled_at: 0,
+        };
         let later = t + HUNT_FAST_FOR * 2;
         assert_eq!(hunt.interval(later), HUNT_EVERY_LATER);
         hunt.begin("t", Some(later), later);

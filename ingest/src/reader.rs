@@ -377,6 +377,10 @@ impl LogReader {
     /// After a broker failure, looks the leaders up when a lookup is due, and returns how long
     /// this poll may wait for a record: no longer than until the next lookup.
     fn follow_leaders(&mut self, timeout: Duration) -> Duration {
+        let failures = self.consumer.context().failure_count();
+        if self.hunt.quiet(failures) {
+            return timeout; // every poll of a healthy cluster: no clock, no lock
+        }
         let now = Instant::now();
         let last_failure = self.consumer.context().last_failure();
         if self.hunt.due(last_failure, now) {
@@ -387,7 +391,7 @@ impl LogReader {
                 .collect();
             self.hunt.look_up(&self.consumer, &self.topic, &reads, now);
         } else if !self.hunt.hunting(last_failure, now) {
-            self.hunt.settle();
+            self.hunt.settle(failures);
         }
         let interval = self.hunt.interval(now);
         if self.hunt.due(last_failure, now + interval) {
