@@ -13,13 +13,11 @@
 use crate::bench_env::{token, workload_queries_by_hour, BenchLog};
 use crate::bench_fleet::items_of;
 use crate::client_thread::ClientThread;
+use crate::replica_process::{replica_bin, ReplicaProcess};
 use crate::stream_bench::{drive, Until};
-use anyhow::Context;
 use prefixlog::fleet_records::{fleet_records, FleetRecord, WorkloadArgs};
-use prefixlog_proto::v1::{prefix_index_client::PrefixIndexClient, MatchRequest, PartitionOffset};
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use prefixlog_proto::v1::PartitionOffset;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 #[derive(clap::Args)]
@@ -64,7 +62,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     let queries = workload_queries_by_hour(&a.workload, Some(8), rounds)?;
     anyhow::ensure!(queries.len() == rounds, "{} hours of queries for {rounds} rounds", queries.len());
     let data = tempfile::tempdir()?;
-    let mut replica = Replica::start(&bin, &env, data.path())?;
+    let mut replica = ReplicaProcess::start(&bin, &env, data.path(), &[])?;
     println!(
         "rounds: {} workers, {} hours of new content, {} records; replica {} (pid {}); {} queries per round, {} in flight",
         a.workload.workers,
@@ -84,7 +82,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         let landed =
             prefixlog::publish_trace::publish_by_worker(&env.publisher, items_of(hour, from)).await?;
         from += hour.len();
-        replica.wait_for(&landed_token(&landed), &queries[0]).await?;
+        replica.wait_for(&landed_token(&landed), &queries[0], Duration::from_secs(600)).await?;
         let apply_secs = t.elapsed().as_secs_f64();
         let t = Instant::now();
         let (ep, qs) = (replica.endpoint.clone(), queries.clone());
@@ -150,96 +148,6 @@ fn by_hour(records: &[FleetRecord], rounds: usize, period: u64) -> Vec<&[FleetRe
     out
 }
 
-fn landed_token(landed: &[prefixlog_state::Landed]) -> Vec<PartitionOffset> {
+pub(crate) fn landed_token(landed: &[prefixlog_state::Landed]) -> Vec<PartitionOffset> {
     token(landed).into_iter().map(|t| PartitionOffset { partition: t.partition, offset: t.offset }).collect()
-}
-
-fn replica_bin(given: Option<&Path>) -> anyhow::Result<PathBuf> {
-    let bin = match given {
-        Some(b) => b.to_path_buf(),
-        None => std::env::current_exe()?.with_file_name("prefixlog"),
-    };
-    anyhow::ensure!(
-        bin.is_file(),
-        "no replica binary at {} (build it: cargo build --release -p prefixlog, or pass --replica-bin)",
-        bin.display()
-    );
-    Ok(bin)
-}
-
-/// A `prefixlog serve` child process on free loopback ports, killed when dropped.
-struct Replica {
-    child: Child,
-    endpoint: String,
-}
-
-impl Replica {
-    fn start(bin: &Path, env: &BenchLog, data: &Path) -> anyhow::Result<Self> {
-        // Three distinct free ports, held until just before the replica binds them.
-        let held = [free_port()?, free_port()?, free_port()?];
-        let port = |l: &TcpListener| l.local_addr().map(|a| a.port());
-        let (grpc, admin, peer) = (port(&held[0])?, port(&held[1])?, port(&held[2])?);
-        drop(held);
-        let child = Command::new(bin)
-            .arg("serve")
-            .args(["--brokers", &env.spec.kafka.brokers, "--topic", &env.spec.topic])
-            .args(["--partitions", &env.spec.partitions.to_string()])
-            .arg("--data-dir")
-            .arg(data)
-            .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
-            .args(["--admin-addr", &format!("127.0.0.1:{admin}")])
-            .args(["--peer-addr", &format!("127.0.0.1:{peer}")])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .spawn()
-            .with_context(|| format!("starting {}", bin.display()))?;
-        Ok(Self { child, endpoint: format!("http://127.0.0.1:{grpc}") })
-    }
-
-    /// Waits until the replica answers a query carrying `token` (it has applied everything the
-    /// token names), for up to ten minutes; fails at once if the replica exited.
-    async fn wait_for(&mut self, token: &[PartitionOffset], probe: &MatchRequest) -> anyhow::Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(600);
-        let req = MatchRequest { min_offsets: token.to_vec(), timeout_us: 1_000_000, ..probe.clone() };
-        loop {
-            if let Some(status) = self.child.try_wait()? {
-                anyhow::bail!(
-                    "the replica exited ({status}) before applying the round; its log is on stderr"
-                );
-            }
-            anyhow::ensure!(Instant::now() < deadline, "the replica did not apply the round in 10 minutes");
-            let Ok(mut c) = PrefixIndexClient::connect(self.endpoint.clone()).await else {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            };
-            match c.r#match(req.clone()).await {
-                Ok(_) => return Ok(()),
-                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-            }
-        }
-    }
-
-    /// A field of the replica's `/proc/PID/status` (`VmRSS`, `RssAnon`), in MiB.
-    fn status_mib(&self, field: &str) -> anyhow::Result<f64> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
-        let kb: f64 = status
-            .lines()
-            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|v| v.parse().ok())
-            .with_context(|| format!("no {field} in /proc/PID/status"))?;
-        Ok(kb / 1024.0)
-    }
-}
-
-impl Drop for Replica {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A listener on a free loopback port (the port is free again once it is dropped).
-fn free_port() -> anyhow::Result<TcpListener> {
-    Ok(TcpListener::bind("127.0.0.1:0")?)
 }

@@ -14,11 +14,14 @@
 //! - `bench-fleet`: one replica under a fleet's load (2,048 workers publishing, gateways at
 //!   1,024 queries in flight): apply vs raw consume, query latency, lag, CPU per 1,000 queries.
 //! - `bench-rounds`: a replica process's RSS over rounds of new content (is memory released?).
+//! - `bench-scale`: a replica process holding a fleet past Dynamo's INDEXER_BENCH (224,000
+//!   effective workers): memory per holder-block, closed- and open-loop query latency.
 //! - `load-http`: an HTTP/1.1 load generator (closed or open loop) for side-by-side `/query`
 //!   comparisons with other indexers (`tests/upstream/bench_dynamo.py`).
 //!
 //! Modules: [`bench_env`] (what the Kafka benchmarks share: a topic, a publisher, replicas),
-//! [`client_thread`] (the measuring client's own thread),
+//! [`client_thread`] (the measuring client's own thread), [`replica_process`] (a replica as a
+//! process of its own),
 //! one module per benchmark, [`stream_bench`] (the `MatchStream` half of `bench-query`), and
 //! [`demo`].
 
@@ -28,11 +31,13 @@ mod bench_fleet;
 mod bench_ingest;
 mod bench_restart;
 mod bench_rounds;
+mod bench_scale;
 mod bench_shards;
 mod client_thread;
 mod demo;
 mod load_http;
 mod query_bench;
+mod replica_process;
 mod stream_bench;
 
 use clap::{Parser, Subcommand};
@@ -76,6 +81,9 @@ enum Cmd {
     /// A replica process's RSS after each of several hours of new content (the workers' caches
     /// evicting the hour before): is memory released?
     BenchRounds(bench_rounds::Args),
+    /// A replica process holding a fleet past Dynamo's INDEXER_BENCH (e.g. 224,000 effective
+    /// workers): memory per holder-block, closed-loop queries/s, open-loop latency quantiles.
+    BenchScale(bench_scale::Args),
     /// Post request bodies to an HTTP endpoint, closed loop or at a fixed rate, and report
     /// queries/s and latency quantiles (one JSON line on stdout).
     LoadHttp(load_http::Args),
@@ -101,6 +109,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::BenchShards(a) => rt.block_on(bench_shards::run(a)),
         Cmd::BenchFleet(a) => rt.block_on(bench_fleet::run(a)),
         Cmd::BenchRounds(a) => rt.block_on(bench_rounds::run(a)),
+        Cmd::BenchScale(a) => rt.block_on(bench_scale::run(a)),
         Cmd::LoadHttp(a) => rt.block_on(load_http::run(a)),
     };
     process::finish(result)

@@ -150,6 +150,78 @@ pub async fn drive(
     Ok(all)
 }
 
+/// What an open loop ([`drive_at`]) got.
+pub struct OpenLoop {
+    /// Latency from when each query was sent.
+    pub driven: Driven,
+    /// How late each query was sent after it was due (the client's timer: tokio's has 1 ms
+    /// resolution, so queries leave in bursts of up to a millisecond's worth), sorted.
+    pub late: Vec<Duration>,
+}
+
+/// Offers `rate` queries/s for `length` over `streams` streams (open loop): query i is due
+/// i / rate s after the start and is sent then, whatever is still in flight, so a replica
+/// that falls behind shows it in the latencies, not in fewer queries asked. Latency counts
+/// from the send; how late the client's timer sent each query is reported apart. Run on the
+/// client thread.
+pub async fn drive_at(
+    endpoint: String,
+    queries: Arc<[MatchRequest]>,
+    rate: f64,
+    length: Duration,
+    streams: usize,
+) -> anyhow::Result<OpenLoop> {
+    anyhow::ensure!(rate > 0.0 && streams > 0, "an open loop needs a rate and a stream");
+    let ch = Endpoint::from_shared(endpoint)?.tcp_nodelay(true).connect().await?;
+    let muxes: Vec<Arc<StreamMux>> = (0..streams).map(|_| Arc::new(StreamMux::new(ch.clone()))).collect();
+    let total = (rate * length.as_secs_f64()) as usize;
+    let (mut all, mut late) = (Driven::default(), Vec::with_capacity(total.min(MAX_SAMPLES)));
+    let mut set = tokio::task::JoinSet::new();
+    let mut tick = tokio::time::interval(Duration::from_micros(500));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let start = tokio::time::Instant::now();
+    let mut asked = 0usize;
+    while asked < total {
+        tick.tick().await;
+        let due_by_now = ((start.elapsed().as_secs_f64() * rate) as usize).min(total);
+        for i in asked..due_by_now {
+            let due = start + Duration::from_secs_f64(i as f64 / rate);
+            let (mux, q) = (muxes[i % streams].clone(), queries[i % queries.len()].clone());
+            let sent = tokio::time::Instant::now();
+            if late.len() < MAX_SAMPLES {
+                late.push(sent - due);
+            }
+            set.spawn(async move {
+                let ok = mux.ask(q, sent + Duration::from_secs(30)).await.is_ok();
+                (ok, sent.elapsed())
+            });
+        }
+        asked = asked.max(due_by_now);
+        while let Some(r) = set.try_join_next() {
+            tally(&mut all, r);
+        }
+    }
+    while let Some(r) = set.join_next().await {
+        tally(&mut all, r);
+    }
+    all.latencies.sort_unstable();
+    late.sort_unstable();
+    Ok(OpenLoop { driven: all, late })
+}
+
+/// Counts one open-loop query's outcome.
+fn tally(all: &mut Driven, r: Result<(bool, Duration), tokio::task::JoinError>) {
+    match r {
+        Ok((true, latency)) => {
+            all.answered += 1;
+            if all.latencies.len() < MAX_SAMPLES {
+                all.latencies.push(latency);
+            }
+        }
+        _ => all.failed += 1,
+    }
+}
+
 /// Run time of every thread of this process but the bench client's.
 fn replica_cpu() -> Duration {
     let mut ns = 0u64;

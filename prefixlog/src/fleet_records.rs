@@ -23,6 +23,18 @@ pub struct WorkloadArgs {
     /// Disjoint interleaved copies of the trace.
     #[arg(long, env = "PREFIXLOG_WORKLOAD_COPIES", default_value_t = 1)]
     pub copies: usize,
+    /// Identical copies of each simulated worker: every event of worker `w` is also published
+    /// for workers `w + k × workers`, k < this (Dynamo's INDEXER_BENCH `-d`, its worker
+    /// duplication factor). Effective workers: workers × worker copies.
+    #[arg(long, env = "PREFIXLOG_WORKLOAD_WORKER_COPIES", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub worker_copies: u64,
+}
+
+impl WorkloadArgs {
+    /// Distinct worker ids the records name: workers × worker copies.
+    pub fn effective_workers(&self) -> u64 {
+        self.workers as u64 * self.worker_copies
+    }
 }
 
 /// One encoded record: (worker, value, blocks it carries, trace time of its request).
@@ -48,7 +60,7 @@ pub fn fleet_records(a: &WorkloadArgs, hours: usize) -> anyhow::Result<Vec<Fleet
         copies: a.copies,
         seed: 1,
     };
-    let mut seq = vec![0u64; a.workers];
+    let mut seq = vec![0u64; a.effective_workers() as usize];
     let ks = keyspace();
     let mut out = Vec::new();
     // generate() emits one Match per (request, copy) before that request's events.
@@ -70,9 +82,55 @@ pub fn fleet_records(a: &WorkloadArgs, hours: usize) -> anyhow::Result<Vec<Fleet
                 continue;
             }
         };
-        seq[w as usize] += 1;
-        let value = encode_kv_events(&ks, u64::from(w), 0, 1, seq[w as usize], false, &[op]);
-        out.push(FleetRecord { worker: u64::from(w), value, blocks, time_ms });
+        for copy in 0..a.worker_copies {
+            let worker = u64::from(w) + copy * a.workers as u64;
+            seq[worker as usize] += 1;
+            let value =
+                encode_kv_events(&ks, worker, 0, 1, seq[worker as usize], false, std::slice::from_ref(&op));
+            out.push(FleetRecord { worker, value, blocks, time_ms });
+        }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prefixlog_state::record::{decode, Op};
+
+    fn args(worker_copies: u64) -> WorkloadArgs {
+        WorkloadArgs {
+            trace: concat!(env!("CARGO_MANIFEST_DIR"), "/../data/mooncake/conversation_trace.jsonl").into(),
+            workers: 8,
+            capacity: 256,
+            stretch: 1,
+            copies: 1,
+            worker_copies,
+        }
+    }
+
+    /// Dynamo's `-d`: every record of worker w again for w + 8, w + 16, each copy with its
+    /// own sequence, the same events.
+    #[test]
+    fn worker_copies_repeat_each_record_for_distinct_workers() {
+        let (one, three) = (fleet_records(&args(1), 1).unwrap(), fleet_records(&args(3), 1).unwrap());
+        assert_eq!(three.len(), 3 * one.len());
+        assert_eq!(args(3).effective_workers(), 24);
+        let events = |r: &FleetRecord| match decode(Some(&r.value), 0, 1, 1 << 20).unwrap() {
+            Op::KvEvents { worker, seq, events, .. } => (worker, seq, events),
+            _ => panic!("a KV events record"),
+        };
+        let mut next_seq = [1u64; 24];
+        for (i, base) in one.iter().enumerate() {
+            let (w, _, base_events) = events(base);
+            for copy in 0..3 {
+                let r = &three[3 * i + copy as usize];
+                let (worker, seq, evs) = events(r);
+                assert_eq!((worker, r.worker, r.blocks), (w + 8 * copy, w + 8 * copy, base.blocks));
+                assert_eq!(seq, next_seq[worker as usize], "each effective worker's own sequence");
+                next_seq[worker as usize] += 1;
+                assert_eq!(evs, base_events);
+            }
+        }
+    }
 }

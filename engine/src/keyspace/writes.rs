@@ -328,7 +328,7 @@ impl Keyspace {
             return Some(b);
         }
         let b = self.trie.by_ext(ext)?;
-        self.trie.runs[self.trie.run_of(b)].member(h).map(|_| b)
+        self.member_pos(self.trie.run_of(b), h).map(|_| b)
     }
 
     /// The block `ext` names for another tier's event-fed holder of `key`'s slot: a store's
@@ -353,7 +353,7 @@ impl Keyspace {
         if let Some(p) = prev.filter(|&p| p > 1) {
             if self.holders.at(h).overrides.is_empty() && self.trie.blocks.meta(p - 1).ext() == Some(ext) {
                 let b = p - 1;
-                return self.trie.runs[self.trie.run_of(b)].member(h).map(|_| b);
+                return self.member_pos(self.trie.run_of(b), h).map(|_| b);
             }
         }
         self.resolve(h, ext)
