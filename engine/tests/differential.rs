@@ -27,6 +27,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 const PARTITIONS: u32 = 3;
 const WORKERS: u64 = 5;
+/// Block locals are drawn from `1..LOCALS`: few, so chains share prefixes.
+const LOCALS: u64 = 5;
 
 fn cfg() -> EngineConfig {
     EngineConfig {
@@ -65,12 +67,16 @@ struct Gen {
     /// Holders on every storage tier (half of them off the GPU), and queries that order,
     /// restrict and weigh tiers.
     tiers: bool,
+    /// Worker ids drawn from `0..workers` ([`WORKERS`] but in the crowded test).
+    workers: u64,
+    /// Block locals drawn from `1..locals` ([`LOCALS`] but in the crowded test).
+    locals: u64,
 }
 
 impl Gen {
     fn key(&mut self) -> HolderKey {
         let key = HolderKey::new(
-            self.rng.random_range(0..WORKERS),
+            self.rng.random_range(0..self.workers),
             self.rng.random_range(0..2),
             self.rng.random_range(0..2),
         );
@@ -99,7 +105,7 @@ impl Gen {
     }
 
     fn local(&mut self) -> u64 {
-        self.rng.random_range(1..5)
+        self.rng.random_range(1..self.locals)
     }
 
     /// A random held path of the holder, if it holds any.
@@ -133,7 +139,7 @@ impl Gen {
     fn options(&mut self) -> MatchOptions {
         let candidates = self.rng.random_bool(0.2).then(|| {
             // Any order, duplicates allowed (the engine sorts unsorted lists).
-            (0..self.rng.random_range(0..4)).map(|_| self.rng.random_range(0..WORKERS + 1)).collect()
+            (0..self.rng.random_range(0..4)).map(|_| self.rng.random_range(0..self.workers + 1)).collect()
         });
         let (tiers, tier_weights) = self.tier_options();
         MatchOptions {
@@ -217,7 +223,17 @@ fn generate(seed: u64, steps: usize) -> Vec<Step> {
 }
 
 fn generate_with(seed: u64, steps: usize, long: bool) -> Vec<Step> {
-    generate_gen(Gen { rng: ChaCha8Rng::seed_from_u64(seed), t: 1000, long, tiers: false }, steps)
+    generate_gen(
+        Gen {
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            t: 1000,
+            long,
+            tiers: false,
+            workers: WORKERS,
+            locals: LOCALS,
+        },
+        steps,
+    )
 }
 
 fn generate_gen(mut g: Gen, steps: usize) -> Vec<Step> {
@@ -347,12 +363,45 @@ fn tiered_holders_match_reference_model() {
     let seeds: u64 =
         std::env::var("PREFIXLOG_DIFF_TIER_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(400);
     for seed in 0..seeds {
-        let g = Gen { rng: ChaCha8Rng::seed_from_u64(70_000 + seed), t: 1000, long: false, tiers: true };
+        let g = Gen {
+            rng: ChaCha8Rng::seed_from_u64(70_000 + seed),
+            t: 1000,
+            long: false,
+            tiers: true,
+            workers: WORKERS,
+            locals: LOCALS,
+        };
         let stream = generate_gen(g, 250);
         if let Err(e) = run(&stream, None) {
             let fails = |s: &[Step]| run(s, None).is_err();
             let min = shrink_within(shrink(stream, fails), |s: &mut Step| &mut s.queries, fails);
             panic!("tier seed {seed}: {e}\n\nshrunk to {} steps:\n{}", min.len(), to_rust(&min));
+        }
+    }
+}
+
+/// Crowded runs: 64 workers × 2 dp ranks × 2 lanes over two block locals, so the first
+/// blocks are held by more than 64 holders at once and the engine finds a holder among a
+/// run's members by key (`Keyspace::member_pos`) rather than by a scan: stores that restamp,
+/// removals from the middle of a long list, splits that copy it.
+#[test]
+fn crowded_runs_match_reference_model() {
+    let seeds: u64 =
+        std::env::var("PREFIXLOG_DIFF_CROWD_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(4);
+    for seed in 0..seeds {
+        let g = Gen {
+            rng: ChaCha8Rng::seed_from_u64(90_000 + seed),
+            t: 1000,
+            long: false,
+            tiers: false,
+            workers: 48,
+            locals: 3,
+        };
+        let stream = generate_gen(g, 2500);
+        if let Err(e) = run(&stream, None) {
+            let fails = |s: &[Step]| run(s, None).is_err();
+            let min = shrink_within(shrink(stream, fails), |s: &mut Step| &mut s.queries, fails);
+            panic!("crowded seed {seed}: {e}\n\nshrunk to {} steps:\n{}", min.len(), to_rust(&min));
         }
     }
 }
