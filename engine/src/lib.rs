@@ -82,6 +82,11 @@ pub use persist::rebuild::RebuildError;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing {
     pub use crate::trie::set_max_run_for_test;
+
+    /// Member lookups so far (process-wide) that searched a long member list by key.
+    pub fn keyed_member_lookups() -> u64 {
+        crate::keyspace::members::KEYED_LOOKUPS.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 pub use types::{
     partition_of, ApplyError, BlockHashes, EngineConfig, HolderKey, HolderMatch, InvalidStoreReason,

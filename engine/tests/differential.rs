@@ -383,18 +383,21 @@ fn tiered_holders_match_reference_model() {
 /// Crowded runs: 64 workers × 2 dp ranks × 2 lanes over two block locals, so the first
 /// blocks are held by more than 64 holders at once and the engine finds a holder among a
 /// run's members by key (`Keyspace::member_pos`) rather than by a scan: stores that restamp,
-/// removals from the middle of a long list, splits that copy it.
+/// removals from the middle of a long list, splits that copy it; with tiers too (a holder
+/// key's last field). Fails if no lookup took the keyed path.
 #[test]
 fn crowded_runs_match_reference_model() {
     let seeds: u64 =
         std::env::var("PREFIXLOG_DIFF_CROWD_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(4);
+    let before = prefixlog_engine::testing::keyed_member_lookups();
     for seed in 0..seeds {
+        let tiers = seed % 2 == 1;
         let g = Gen {
             rng: ChaCha8Rng::seed_from_u64(90_000 + seed),
             t: 1000,
             long: false,
-            tiers: false,
-            workers: 48,
+            tiers,
+            workers: 64,
             locals: 3,
         };
         let stream = generate_gen(g, 2500);
@@ -404,6 +407,8 @@ fn crowded_runs_match_reference_model() {
             panic!("crowded seed {seed}: {e}\n\nshrunk to {} steps:\n{}", min.len(), to_rust(&min));
         }
     }
+    let keyed = prefixlog_engine::testing::keyed_member_lookups() - before;
+    assert!(keyed >= 100, "only {keyed} member lookups searched a list of more than 64 by key");
 }
 
 /// Long chains (stores and placements of hundreds of blocks, tail-first stretch removals):

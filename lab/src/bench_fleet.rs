@@ -19,7 +19,7 @@
 
 use crate::bench_env::{bench_options, workload_queries, BenchLog};
 use crate::client_thread::ClientThread;
-use crate::stream_bench::{drive, Driven, Until};
+use crate::stream_bench::{drive, drive_at, Driven, Until};
 use prefixlog::fleet_records::{fleet_records, FleetRecord, WorkloadArgs};
 use prefixlog_proto::v1::MatchRequest;
 use prefixlog_workload::quantile::quantile_us;
@@ -48,6 +48,13 @@ pub struct Args {
     /// The gateways ask for the k best workers only (default: every worker holding a prefix).
     #[arg(long)]
     pub top_k: Option<u32>,
+    /// The gateways offer this many queries/s (open loop: each query sent when due, whatever
+    /// is in flight) instead of keeping `--in-flight` going; `--streams` 0 sends unary calls.
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// The replica keeps two copies of every keyspace (`serve --query-copy`).
+    #[arg(long)]
+    pub query_copy: bool,
 }
 
 pub async fn run(a: Args) -> anyhow::Result<()> {
@@ -69,6 +76,9 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         if a.streams == 0 { "unary Match".to_string() } else { format!("{} MatchStream streams", a.streams) },
         a.top_k.map(|k| format!(", top_k {k}")).unwrap_or_default()
     );
+    if let Some(rate) = a.rate {
+        println!("gateways: open loop at {rate} queries/s instead of {} in flight", a.in_flight);
+    }
     let t = Instant::now();
     // Fails if the broker's retention dropped any of it (the embedded broker keeps 5 MiB or
     // 100,000 records per partition): raw consume must read the same records.
@@ -78,7 +88,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     // Before the second hour lands: retention may drop the first once the replica has it.
     let raw = crate::bench_ingest::raw_consume(&env, first.len(), blocks(first), a.log.partitions)?;
 
-    let node = env.node(bench_options()).await?;
+    let node = env.node(prefixlog_node::NodeOptions { query_copy: a.query_copy, ..bench_options() }).await?;
     let applied = || {
         let s = node.status();
         s.records_applied.load(Ordering::Acquire) + s.records_skipped.load(Ordering::Acquire)
@@ -148,8 +158,14 @@ async fn under_load(
 ) -> anyhow::Result<Phase> {
     let stop = Arc::new(AtomicBool::new(false));
     let gateways = {
-        let (ep, qs, stop) = (node.endpoint(), queries.clone(), stop.clone());
-        client.run(drive(ep, qs, a.in_flight, a.streams, Until::Stopped(stop)))
+        let (ep, qs, stop, (rate, in_flight, streams)) =
+            (node.endpoint(), queries.clone(), stop.clone(), (a.rate, a.in_flight, a.streams));
+        client.run(async move {
+            match rate {
+                Some(rate) => Ok(drive_at(ep, qs, rate, Until::Stopped(stop), streams).await?.driven),
+                None => drive(ep, qs, in_flight, streams, Until::Stopped(stop)).await,
+            }
+        })
     };
     let sampling = async {
         let (t, status) = (Instant::now(), node.status());
@@ -177,9 +193,10 @@ impl Phase {
         println!("| {name}: gateway queries answered (failed) | {} ({}) |", r.answered, r.failed);
         println!("| {name}: gateway queries/s | {:.0} |", r.answered as f64 / secs.max(1e-9));
         println!(
-            "| {name}: Match p50 / p99 (µs) | {:.0} / {:.0} |",
+            "| {name}: Match p50 / p99 / p99.9 (µs) | {:.0} / {:.0} / {:.0} |",
             quantile_us(&r.latencies, 0.5),
-            quantile_us(&r.latencies, 0.99)
+            quantile_us(&r.latencies, 0.99),
+            quantile_us(&r.latencies, 0.999)
         );
         let mut lag = self.lag.clone();
         lag.sort_unstable();

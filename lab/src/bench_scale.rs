@@ -1,26 +1,31 @@
 //! `prefixlog-lab bench-scale`: one replica holding a fleet past Dynamo's INDEXER_BENCH (issue
 //! 51). Its method: the conversation trace on `--workers` simulated workers, `--copies`
 //! disjoint copies of the trace (Dynamo's `--trace-duplication-factor`), and every worker
-//! `--worker-copies` times under distinct ids (its `-d`): 1,000 workers × 32 copies × 7 =
-//! 224,000 effective workers, Dynamo's largest row.
+//! `--worker-copies` times under distinct ids (its `-d`). Dynamo's largest row, 224,000
+//! effective workers (1,000 workers per trace copy × 32 copies × 7), is `--workers 32000
+//! --copies 32 --worker-copies 7` (effective workers = workers × worker copies).
 //!
 //! The whole log is published first; then a replica, a separate `prefixlog serve` process so
-//! that its RSS and CPU are its own, applies it from the start. Then, against the caught-up
-//! replica:
-//! - what it holds: holder-blocks, engine heap bytes per holder-block, RSS (and its anonymous
-//!   part);
+//! that its RSS and CPU are its own (checkpoints off unless `--checkpoints`, so that none
+//! lands inside a measured phase), applies it from the start:
+//! - while it applies, an open loop offers `--rate` queries/s for `--seconds`;
+//! - what the caught-up replica holds: holder-blocks, the engine's trie heap per
+//!   holder-block, RSS (and its anonymous part);
 //! - closed loop, `--in-flight` queries over `--streams` `MatchStream` streams: queries/s,
 //!   latency quantiles, replica CPU per query;
-//! - open loop, `--rate` queries/s offered for `--seconds`: latency counted from when each
-//!   query was due.
+//! - caught up, the open loop again for `--caught-up-seconds`.
 //!
+//! An open loop's latency is reported from each query's send and from when it was due (the
+//! client's timer included), and as the replica's own service time (its
+//! `prefixlog_query_latency_seconds` histogram: from the decoded request to its answer).
 //! It ends with one line: `scale: N effective workers, N holder-blocks, X bytes/holder-block,
-//! RSS X MiB; closed loop N in flight X queries/s; open loop X/s p99 X us p99.9 X us`.
+//! RSS X MiB; closed loop ...; open loop X/s p99 X us (in the replica <= X us), while applying
+//! p99 X us (in the replica <= X us)`.
 
 use crate::bench_env::{workload_queries, BenchLog};
 use crate::bench_rounds::landed_token;
 use crate::client_thread::ClientThread;
-use crate::replica_process::{bucket_quantile, histogram, replica_bin, ReplicaProcess};
+use crate::replica_process::{bucket_quantile, histogram, replica_bin, samples, ReplicaProcess};
 use crate::stream_bench::{drive, drive_at, Driven, OpenLoop, Until};
 use prefixlog::fleet_records::{fleet_records, WorkloadArgs};
 use prefixlog_workload::quantile::quantile_us;
@@ -45,9 +50,15 @@ pub struct Args {
     /// Open loop: queries offered per second.
     #[arg(long, default_value_t = 10_000.0)]
     pub rate: f64,
-    /// Open loop: seconds offered.
+    /// Open loop while the replica applies: seconds offered (from when it first answers).
     #[arg(long, default_value_t = 10)]
     pub seconds: u64,
+    /// Open loop against the caught-up replica: seconds offered.
+    #[arg(long, default_value_t = 10)]
+    pub caught_up_seconds: u64,
+    /// Let the replica take checkpoints (its defaults) while it applies and is measured.
+    #[arg(long)]
+    pub checkpoints: bool,
     /// The gateways ask for the k best workers; 0: every worker holding a prefix.
     #[arg(long, default_value_t = 8)]
     pub top_k: u32,
@@ -96,20 +107,31 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
 
     let data = tempfile::tempdir()?;
     let t = Instant::now();
-    let mut replica = ReplicaProcess::start(&bin, &env, data.path(), &a.replica_arg)?;
+    let mut replica_args: Vec<String> = a.replica_arg.clone();
+    if !a.checkpoints {
+        replica_args.extend(["--checkpoint-interval=0s".into(), "--checkpoint-records=0".into()]);
+    }
+    let mut replica = ReplicaProcess::start(&bin, &env, data.path(), &replica_args)?;
     let limit = Duration::from_secs(a.apply_limit_secs);
     // Answering (its keyspace exists) long before it has applied the log.
     replica.wait_for(&[], &queries[0], limit).await?;
     let (ep, qs) = (replica.endpoint.clone(), queries.clone());
-    let length = Duration::from_secs(a.seconds);
+    let asked = |secs: u64| Until::Asked((a.rate * secs as f64) as usize);
     let before = replica.metrics()?;
     let open_from = t.elapsed().as_secs_f64();
     let token = landed_token(&landed);
     let (applying, applied_at) = tokio::join!(
-        client.run(drive_at(ep.clone(), qs.clone(), a.rate, length, streams)),
+        client.run(drive_at(ep.clone(), qs.clone(), a.rate, asked(a.seconds), streams)),
         replica.wait_applied(&token, limit)
     );
-    let applying = OpenPhase::new(applying??, &before, &replica.metrics()?);
+    let after = replica.metrics()?;
+    let applying = OpenPhase::new(applying??, &before, &after);
+    let holder_blocks = |page: &str| samples(page, "prefixlog_holder_blocks").next().map_or(0.0, |(_, v)| v);
+    println!(
+        "while applying: the open loop ran from {:.0} to {:.0} holder-blocks applied",
+        holder_blocks(&before),
+        holder_blocks(&after)
+    );
     let apply_secs = (applied_at? - t).as_secs_f64();
     if apply_secs < open_from + a.seconds as f64 {
         println!(
@@ -134,13 +156,13 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     );
 
     client.run(drive(ep.clone(), qs.clone(), a.in_flight, streams, Until::Asked(a.queries / 10))).await??;
-    let (cpu, t) = (replica.cpu(), Instant::now());
+    let (cpu, t) = (replica.cpu()?, Instant::now());
     let closed =
         client.run(drive(ep.clone(), qs.clone(), a.in_flight, streams, Until::Asked(a.queries))).await??;
     let closed_secs = t.elapsed().as_secs_f64();
-    let cpu_us = replica.cpu().saturating_sub(cpu).as_secs_f64() * 1e6 / closed.answered.max(1) as f64;
+    let cpu_us = replica.cpu()?.saturating_sub(cpu).as_secs_f64() * 1e6 / closed.answered.max(1) as f64;
     let before = replica.metrics()?;
-    let open = client.run(drive_at(ep, qs, a.rate, length, streams)).await??;
+    let open = client.run(drive_at(ep, qs, a.rate, asked(a.caught_up_seconds), streams)).await??;
     let caught_up = OpenPhase::new(open, &before, &replica.metrics()?);
     drop(replica);
     env.finish().await;
@@ -194,9 +216,12 @@ fn report(
     println!("\n| measure | value |\n|---|---:|");
     println!("| effective workers | {} |", a.workload.effective_workers());
     println!("| resident holder-blocks | {:.0} |", held.holder_blocks);
-    println!("| engine heap bytes per holder-block | {per_block:.1} |");
+    println!("| engine trie heap bytes per holder-block (holder tables not counted) | {per_block:.1} |");
     println!("| replica RSS / anonymous (MiB) | {:.1} / {:.1} |", held.rss_mib, held.anon_mib);
-    println!("| closed loop, {} in flight: queries/s | {closed_qps:.0} |", a.in_flight);
+    println!(
+        "| closed loop, {} in flight (the replica serves 32 per stream at once): queries/s | {closed_qps:.0} |",
+        a.in_flight
+    );
     let [p50, p99, p999] = q(closed);
     println!("| closed loop: p50 / p99 / p99.9 (µs) | {p50:.0} / {p99:.0} / {p999:.0} |");
     println!("| closed loop: replica CPU per query (µs) | {cpu_us:.1} |");
@@ -205,6 +230,8 @@ fn report(
         println!("| open loop at {}/s {name}: queries answered | {} |", a.rate, open.answered);
         let [p50, p99, p999] = q(open);
         println!("| {name}: p50 / p99 / p99.9, sent to answered (µs) | {p50:.0} / {p99:.0} / {p999:.0} |");
+        let [d50, d99, d999] = QUANTILES.map(|x| quantile_us(&p.open.from_due, x));
+        println!("| {name}: p50 / p99 / p99.9, due to answered (µs) | {d50:.0} / {d99:.0} / {d999:.0} |");
         let [s50, s99, s999] = p.server_us;
         println!("| {name}: in the replica, p50 / p99 / p99.9 at most (µs, its histogram's bucket) | {s50:.0} / {s99:.0} / {s999:.0} |");
         let [w50, w99, w999] = p.lock_wait_us;

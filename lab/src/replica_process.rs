@@ -123,16 +123,18 @@ impl ReplicaProcess {
         Ok(kb / 1024.0)
     }
 
-    /// The replica's CPU time so far: the run time of its live threads
-    /// (`/proc/PID/task/*/schedstat`, nanoseconds).
-    pub(crate) fn cpu(&self) -> Duration {
-        let mut ns = 0u64;
-        let tasks = std::fs::read_dir(format!("/proc/{}/task", self.child.id()));
-        for t in tasks.into_iter().flatten().flatten() {
-            let stat = std::fs::read_to_string(t.path().join("schedstat")).unwrap_or_default();
-            ns += stat.split_whitespace().next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-        }
-        Duration::from_nanos(ns)
+    /// The replica's CPU time so far, user and system, of every thread it ever ran
+    /// (`/proc/PID/stat`: threads that exited are counted too), in USER_HZ ticks (100/s on
+    /// Linux), so to 10 ms.
+    pub(crate) fn cpu(&self) -> anyhow::Result<Duration> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))?;
+        // After the command name (in parentheses, which may hold spaces): field 3 onwards.
+        let rest = stat.rsplit_once(')').context("no command name in /proc/PID/stat")?.1;
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let ticks =
+            |i: usize| fields.get(i).and_then(|v| v.parse::<u64>().ok()).context("a short /proc/PID/stat");
+        // utime and stime: fields 14 and 15, the 12th and 13th after the command name.
+        Ok(Duration::from_millis((ticks(11)? + ticks(12)?) * 10))
     }
 
     /// The replica's admin `/metrics` page.
@@ -156,7 +158,7 @@ impl ReplicaProcess {
 }
 
 /// The samples of metric `name` on a `/metrics` page: (labels, value).
-fn samples<'a>(page: &'a str, name: &'a str) -> impl Iterator<Item = (&'a str, f64)> + 'a {
+pub(crate) fn samples<'a>(page: &'a str, name: &'a str) -> impl Iterator<Item = (&'a str, f64)> + 'a {
     page.lines().filter_map(move |l| {
         let rest = l.strip_prefix(name)?;
         let (labels, value) = match rest.strip_prefix('{') {
@@ -167,17 +169,22 @@ fn samples<'a>(page: &'a str, name: &'a str) -> impl Iterator<Item = (&'a str, f
     })
 }
 
-/// A histogram's cumulative bucket counts on a `/metrics` page: (upper bound, count), in the
-/// page's order (ascending bounds, `+Inf` last).
+/// A histogram's cumulative bucket counts on a `/metrics` page, summed over its series:
+/// (upper bound, count), ascending bounds, `+Inf` last.
 pub(crate) fn histogram(page: &str, name: &str) -> Vec<(f64, f64)> {
     let bucket = format!("{name}_bucket");
-    samples(page, &bucket)
-        .filter_map(|(labels, count)| {
-            let le = labels.split(',').find_map(|kv| kv.trim().strip_prefix("le="))?.trim_matches('"');
-            let bound = if le == "+Inf" { f64::INFINITY } else { le.parse().ok()? };
-            Some((bound, count))
-        })
-        .collect()
+    let mut sums: Vec<(f64, f64)> = Vec::new();
+    for (labels, count) in samples(page, &bucket) {
+        let Some(le) = labels.split(',').find_map(|kv| kv.trim().strip_prefix("le=")) else { continue };
+        let le = le.trim_matches('"');
+        let Ok(bound) = (if le == "+Inf" { Ok(f64::INFINITY) } else { le.parse::<f64>() }) else { continue };
+        match sums.iter_mut().find(|(b, _)| *b == bound) {
+            Some(s) => s.1 += count,
+            None => sums.push((bound, count)),
+        }
+    }
+    sums.sort_by(|a, b| a.0.total_cmp(&b.0));
+    sums
 }
 
 /// The upper bound of the bucket holding the `q`-quantile of the observations made between
@@ -219,6 +226,11 @@ mod tests {
         assert_eq!(samples(PAGE, "prefixlog_holder_blocks").next(), Some(("shard=\"all\"", 42.0)));
         let after = histogram(PAGE, "lat");
         assert_eq!(after, vec![(0.00001, 10.0), (0.00002, 90.0), (f64::INFINITY, 100.0)]);
+        // Two series: summed per bound.
+        let two = format!(
+            "{PAGE}lat_bucket{{shard=\"1\",le=\"0.00001\"}} 5\nlat_bucket{{shard=\"1\",le=\"+Inf\"}} 7\n"
+        );
+        assert_eq!(histogram(&two, "lat"), vec![(0.00001, 15.0), (0.00002, 90.0), (f64::INFINITY, 107.0)]);
         let before = vec![(0.00001, 10.0), (0.00002, 10.0), (f64::INFINITY, 10.0)];
         // 90 new observations, all in the second bucket or above: 80 there, 10 above.
         assert_eq!(bucket_quantile(&before, &after, 0.5), Some(0.00002));

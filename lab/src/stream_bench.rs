@@ -154,68 +154,85 @@ pub async fn drive(
 pub struct OpenLoop {
     /// Latency from when each query was sent.
     pub driven: Driven,
+    /// Latency from when each query was due (what a gateway whose request arrived then would
+    /// see, the client's own delays included), sorted.
+    pub from_due: Vec<Duration>,
     /// How late each query was sent after it was due (the client's timer: tokio's has 1 ms
     /// resolution, so queries leave in bursts of up to a millisecond's worth), sorted.
     pub late: Vec<Duration>,
 }
 
-/// Offers `rate` queries/s for `length` over `streams` streams (open loop): query i is due
-/// i / rate s after the start and is sent then, whatever is still in flight, so a replica
-/// that falls behind shows it in the latencies, not in fewer queries asked. Latency counts
-/// from the send; how late the client's timer sent each query is reported apart. Run on the
-/// client thread.
+/// Offers `rate` queries/s until `until` (open loop): query i is due i / rate s after the
+/// start and is sent then, whatever is still in flight, so a replica that falls behind shows
+/// it in the latencies, not in fewer queries asked. Over `streams` `MatchStream` streams, or
+/// as unary `Match` calls with `streams` = 0. Latency counts from the send; how late the
+/// client's timer sent each query is reported apart. Run on the client thread.
 pub async fn drive_at(
     endpoint: String,
     queries: Arc<[MatchRequest]>,
     rate: f64,
-    length: Duration,
+    until: Until,
     streams: usize,
 ) -> anyhow::Result<OpenLoop> {
-    anyhow::ensure!(rate > 0.0 && streams > 0, "an open loop needs a rate and a stream");
+    anyhow::ensure!(rate > 0.0, "an open loop needs a rate");
     let ch = Endpoint::from_shared(endpoint)?.tcp_nodelay(true).connect().await?;
     let muxes: Vec<Arc<StreamMux>> = (0..streams).map(|_| Arc::new(StreamMux::new(ch.clone()))).collect();
-    let total = (rate * length.as_secs_f64()) as usize;
-    let (mut all, mut late) = (Driven::default(), Vec::with_capacity(total.min(MAX_SAMPLES)));
+    let unary = PrefixIndexClient::new(ch);
+    let (mut all, mut late, mut from_due) = (Driven::default(), Vec::new(), Vec::new());
     let mut set = tokio::task::JoinSet::new();
     let mut tick = tokio::time::interval(Duration::from_micros(500));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let start = tokio::time::Instant::now();
     let mut asked = 0usize;
-    while asked < total {
+    while !until.done(asked) {
         tick.tick().await;
-        let due_by_now = ((start.elapsed().as_secs_f64() * rate) as usize).min(total);
-        for i in asked..due_by_now {
+        let due_by_now = (start.elapsed().as_secs_f64() * rate) as usize;
+        for i in (asked..due_by_now).take_while(|&i| !until.done(i)) {
             let due = start + Duration::from_secs_f64(i as f64 / rate);
-            let (mux, q) = (muxes[i % streams].clone(), queries[i % queries.len()].clone());
+            let q = queries[i % queries.len()].clone();
             let sent = tokio::time::Instant::now();
             if late.len() < MAX_SAMPLES {
                 late.push(sent - due);
             }
-            set.spawn(async move {
-                let ok = mux.ask(q, sent + Duration::from_secs(30)).await.is_ok();
-                (ok, sent.elapsed())
-            });
+            asked = i + 1;
+            let deadline = sent + Duration::from_secs(30);
+            match muxes.get(i % streams.max(1)).cloned() {
+                Some(mux) => {
+                    set.spawn(
+                        async move { (mux.ask(q, deadline).await.is_ok(), sent.elapsed(), due.elapsed()) },
+                    )
+                }
+                None => {
+                    let mut c = unary.clone();
+                    set.spawn(async move { (c.r#match(q).await.is_ok(), sent.elapsed(), due.elapsed()) })
+                }
+            };
         }
-        asked = asked.max(due_by_now);
         while let Some(r) = set.try_join_next() {
-            tally(&mut all, r);
+            tally(&mut all, &mut from_due, r);
         }
     }
     while let Some(r) = set.join_next().await {
-        tally(&mut all, r);
+        tally(&mut all, &mut from_due, r);
     }
     all.latencies.sort_unstable();
     late.sort_unstable();
-    Ok(OpenLoop { driven: all, late })
+    from_due.sort_unstable();
+    Ok(OpenLoop { driven: all, from_due, late })
 }
 
-/// Counts one open-loop query's outcome.
-fn tally(all: &mut Driven, r: Result<(bool, Duration), tokio::task::JoinError>) {
+/// Counts one open-loop query's outcome: (answered, from sent, from due).
+fn tally(
+    all: &mut Driven,
+    from_due: &mut Vec<Duration>,
+    r: Result<(bool, Duration, Duration), tokio::task::JoinError>,
+) {
     match r {
-        Ok((true, latency)) => {
+        Ok((true, latency, since_due)) => {
             all.answered += 1;
             if all.latencies.len() < MAX_SAMPLES {
                 all.latencies.push(latency);
+                from_due.push(since_due);
             }
         }
         _ => all.failed += 1,

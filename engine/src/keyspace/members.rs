@@ -16,8 +16,15 @@ use crate::trie::{Member, Segment};
 
 /// Member lists up to this long are searched front to back: over 512 contiguous bytes a scan
 /// is as fast as a binary search that looks up each probed member's card (`engine-bench` at
-/// 256 and 2,048 workers measured no difference from the scan alone).
+/// 256 and 2,048 workers measured no difference from the scan alone). A longer list is
+/// searched by key, which trusts its order: a list left unsorted by damage (a dangling member
+/// whose slot a holder of another key took) could hide a member from the search, as it
+/// already could from a match; the scrub reports such a list (`check::scrub`).
 const SCANNED_MEMBERS: usize = 64;
+
+/// Lookups that took the keyed path: tests assert theirs reach it.
+#[cfg(any(test, feature = "testing"))]
+pub(crate) static KEYED_LOOKUPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 impl Keyspace {
     /// Where holder `h` is among run `r`'s members. Members are in strictly increasing holder
@@ -30,11 +37,24 @@ impl Keyspace {
         if members.len() <= SCANNED_MEMBERS {
             return members.iter().position(|m| m.holder == h);
         }
-        let key = self.holders.card(h).key();
-        let at = members.partition_point(|m| self.holders.card(m.holder).key() < key);
-        let found = members.get(at).is_some_and(|m| m.holder == h).then_some(at);
+        #[cfg(any(test, feature = "testing"))]
+        KEYED_LOOKUPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let found = self.member_slot(r, h).ok();
         debug_assert_eq!(found, members.iter().position(|m| m.holder == h), "members in key order");
         found
+    }
+
+    /// Where holder `h` is among run `r`'s members (`Ok`), or where it would go in key order
+    /// (`Err`): one binary search by key.
+    #[inline]
+    fn member_slot(&self, r: u32, h: u32) -> Result<usize, usize> {
+        let members = &self.trie.runs[r].members;
+        let key = self.holders.card(h).key();
+        let at = members.partition_point(|m| self.holders.card(m.holder).key() < key);
+        match members.get(at) {
+            Some(m) if m.holder == h => Ok(at),
+            _ => Err(at),
+        }
     }
 
     /// Whether holder `h` holds run `r` with `stamp`.
@@ -62,13 +82,14 @@ impl Keyspace {
         }
         let r = self.trie.run_of(first);
         debug_assert_eq!((self.trie.runs[r].start, self.trie.runs[r].len), (first, count));
-        if let Some(pos) = self.member_pos(r, h) {
-            self.trie.runs[r].members[pos].stamp = stamp;
-            return 0;
-        }
-        let key = self.holders.card(h).key();
-        let holders = &self.holders;
-        let at = self.trie.runs[r].members.partition_point(|m| holders.card(m.holder).key() < key);
+        let at = match self.member_slot(r, h) {
+            Ok(pos) => {
+                self.trie.runs[r].members[pos].stamp = stamp;
+                return 0;
+            }
+            Err(at) => at,
+        };
+        debug_assert!(self.trie.runs[r].members.iter().all(|m| m.holder != h), "members in key order");
         self.trie.runs[r].members.insert(at, Member { holder: h, stamp });
         self.trie.holders_changed(r);
         let inferred = !self.holders.at(h).fed;

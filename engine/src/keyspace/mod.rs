@@ -23,7 +23,7 @@ mod departures;
 #[cfg(any(test, feature = "testing"))]
 mod faults;
 pub(crate) mod holders;
-mod members;
+pub(crate) mod members;
 pub(crate) mod store_check;
 mod writes;
 
