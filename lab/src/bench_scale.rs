@@ -25,7 +25,9 @@
 use crate::bench_env::{workload_queries, BenchLog};
 use crate::bench_rounds::landed_token;
 use crate::client_thread::ClientThread;
-use crate::replica_process::{bucket_quantile, histogram, replica_bin, samples, ReplicaProcess};
+use crate::replica_process::{
+    bucket_quantile, histogram, metrics_page, replica_bin, samples, ReplicaProcess,
+};
 use crate::stream_bench::{drive, drive_at, Driven, OpenLoop, Until};
 use prefixlog::fleet_records::{fleet_records, WorkloadArgs};
 use prefixlog_workload::quantile::quantile_us;
@@ -120,11 +122,14 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     let before = replica.metrics()?;
     let open_from = t.elapsed().as_secs_f64();
     let token = landed_token(&landed);
-    let (applying, applied_at) = tokio::join!(
-        client.run(drive_at(ep.clone(), qs.clone(), a.rate, asked(a.seconds), streams)),
-        replica.wait_applied(&token, limit)
-    );
-    let after = replica.metrics()?;
+    let admin = replica.admin_port();
+    let loop_then_scrape = async {
+        let open = client.run(drive_at(ep.clone(), qs.clone(), a.rate, asked(a.seconds), streams)).await;
+        // Scraped the moment the loop ends, whether or not the apply has.
+        (open, metrics_page(admin))
+    };
+    let ((applying, after), applied_at) = tokio::join!(loop_then_scrape, replica.wait_applied(&token, limit));
+    let after = after?;
     let applying = OpenPhase::new(applying??, &before, &after);
     let holder_blocks = |page: &str| samples(page, "prefixlog_holder_blocks").next().map_or(0.0, |(_, v)| v);
     println!(

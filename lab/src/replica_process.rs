@@ -139,12 +139,12 @@ impl ReplicaProcess {
 
     /// The replica's admin `/metrics` page.
     pub(crate) fn metrics(&self) -> anyhow::Result<String> {
-        let mut s = TcpStream::connect(("127.0.0.1", self.admin_port))?;
-        s.set_read_timeout(Some(Duration::from_secs(10)))?;
-        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
-        let mut body = String::new();
-        s.read_to_string(&mut body)?;
-        Ok(body)
+        metrics_page(self.admin_port)
+    }
+
+    /// The replica's admin port.
+    pub(crate) fn admin_port(&self) -> u16 {
+        self.admin_port
     }
 
     /// The value of one gauge on the replica's admin `/metrics` (its first sample, labels
@@ -155,6 +155,16 @@ impl ReplicaProcess {
             .map(|(_, v)| v)
             .with_context(|| format!("no {name} on the replica's /metrics"))
     }
+}
+
+/// The `/metrics` page of the admin port on loopback `port`.
+pub(crate) fn metrics_page(port: u16) -> anyhow::Result<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
+    let mut body = String::new();
+    s.read_to_string(&mut body)?;
+    Ok(body)
 }
 
 /// The samples of metric `name` on a `/metrics` page: (labels, value).
