@@ -45,10 +45,16 @@ impl Keyspace {
     }
 
     /// Where holder `h` is among run `r`'s members (`Ok`), or where it would go in key order
-    /// (`Err`): one binary search by key.
+    /// (`Err`): one binary search by key (a short list is scanned first, as in
+    /// [`Self::member_pos`]).
     #[inline]
     fn member_slot(&self, r: u32, h: u32) -> Result<usize, usize> {
         let members = &self.trie.runs[r].members;
+        if members.len() <= SCANNED_MEMBERS {
+            if let Some(pos) = members.iter().position(|m| m.holder == h) {
+                return Ok(pos);
+            }
+        }
         let key = self.holders.card(h).key();
         let at = members.partition_point(|m| self.holders.card(m.holder).key() < key);
         match members.get(at) {
