@@ -21,11 +21,15 @@ compared; CPU per query is the server's CPU over every query sent in the closed 
     PREFIXLOG_BIN=... PREFIXLOG_LAB_BIN=... "$(bash tests/upstream/venv.sh)" \
         tests/upstream/bench_dynamo.py --engines 256
 
-The last line is `vs dynamo.indexer: queries/s X.XXx, p99 X.XXx, RSS X.XXx, events/s X.XXx,
-answers differ N of M` (prefixlog over dynamo.indexer), then, with the load generator,
-`vs dynamo.indexer (load-http): queries/s X.XXx, p99 at N/s X.XXx, CPU/query X.XXx, RSS X.XXx,
-CPU/event X.XXx` (CPU/event: CPU per block absorbed while the engines published; the Python
-engines set the pace of events/s, so that is what the events' cost can be compared by).
+Without the load generator the last line is `vs dynamo.indexer: queries/s X.XXx, p99 X.XXx, RSS
+X.XXx, events/s X.XXx, answers differ N of M` (prefixlog over dynamo.indexer; the Python
+client's figures and the paced publishers' events/s). With it, that line is labelled `(python
+client)`, then comes `vs dynamo.indexer (load-http): queries/s X.XXx, p99 at N/s X.XXx,
+CPU/query X.XXx, RSS X.XXx, CPU/event X.XXx` (CPU/event: CPU per block absorbed while the paced
+engines published), then the unpaced absorb rounds (`bench_absorb.py`, `--absorb-rounds`: each
+side alone, the publishers' frames made ahead of time), and last the issue's line again, from
+the load generator's queries/s, p99 at the same offered rate and RSS, and the absorb rounds'
+events/s (each side's fastest round).
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ sys.path.insert(0, str(HERE.parent.parent / "python"))
 
 from conftest import Replica, free_port, metric, wait_for  # noqa: E402
 from test_dynamo_http import Side, Upstream, vllm_events  # noqa: E402
+from bench_absorb import ABSORB_MODEL, COPY_STRIDE, Frames, absorb  # noqa: E402
 
 TRACE = HERE.parent.parent / "data" / "mooncake" / "conversation_trace.jsonl"
 MODEL = "bench"
@@ -294,7 +299,36 @@ def speed_by_load_gen(lab: str, sides: list, bodies: list[bytes], a) -> dict:
         os.unlink(bodies_file)
 
 
-def query_bodies(reqs: list[list[int]], m: int, bs: int, seed: int) -> list[bytes]:
+def absorb_rounds(ke, reqs, n: int, bs: int, rounds: int, copies: int, sides: dict) -> dict:
+    """`bench_absorb`: each round new blocks (copies of the trace no round sent, named
+    as the paced run names blocks: one engine hash per token block) on new engines, the sides
+    one after the other, the order alternating between rounds; per side the fastest round."""
+    best: dict = {}
+    for r in range(rounds):
+        frames = Frames(ke, reqs, n, bs, HASH_BASE, witness=MARK_ID - 100 - r, copies=copies,
+                        first_copy=r * copies)
+        order = ["dynamo", "prefixlog"] if r % 2 == 0 else ["prefixlog", "dynamo"]
+        for name in order:
+            side, proc, others = sides[name]
+            m = absorb(side, proc, frames, n, bs, probe=MARK_ID - 1 - r,
+                       extra_procs=others, worker_base=20_000 + r * n)
+            extra = f", broker process {m['others_cpu_s'] / m['blocks'] * 1e6:.2f}" if others else ""
+            print(f"absorb round {r + 1}, {name:>9}: {m['blocks']:,} blocks in {m['seconds']:.2f} s "
+                  f"({m['eps']:,.0f}/s; queued while it was stopped, sent in {m['send_seconds']:.2f} s), CPU per 1,000 blocks "
+                  f"{m['cpu_s'] / m['blocks'] * 1e6:.2f} ms{extra}", flush=True)
+            if name not in best or m["eps"] > best[name]["eps"]:
+                best[name] = m
+    # Both sides were sent the same events: they must answer alike.
+    (real, _, _), (ours, _, _) = sides["dynamo"], sides["prefixlog"]
+    sent = [[h + c * COPY_STRIDE for h in r] for c in range(rounds * copies) for r in reqs]
+    bodies = query_bodies(sent, 300, bs, seed=11, model=ABSORB_MODEL)
+    settle(real, ours, bodies)
+    best["differ"], best["queries"] = sum(1 for b in bodies if ask(real, b) != ask(ours, b)), len(bodies)
+    print(f"absorbed events: {len(bodies) - best['differ']} of {len(bodies)} queries answered the same", flush=True)
+    return best
+
+
+def query_bodies(reqs: list[list[int]], m: int, bs: int, seed: int, model: str = MODEL) -> list[bytes]:
     """`m` prompts: trace requests chosen at random, half of them with a new suffix block."""
     rnd = random.Random(seed)
     out = []
@@ -302,7 +336,7 @@ def query_bodies(reqs: list[list[int]], m: int, bs: int, seed: int) -> list[byte
         ids = list(rnd.choice(reqs))
         if k % 2:
             ids = ids[: rnd.randint(1, len(ids))] + [MARK_ID + 1 + k]
-        out.append(json.dumps({"token_ids": prompt(ids, bs), "model_name": MODEL}).encode())
+        out.append(json.dumps({"token_ids": prompt(ids, bs), "model_name": model}).encode())
     return out
 
 
@@ -398,12 +432,14 @@ def run(engines: int, queries: int, clients: int, bs: int, limit: int | None, se
         nonempty = sum(1 for a in d["answers"] if a and a[0] == 200 and a[1].get("scores"))
         print(f"answers: {len(bodies) - diff} of {len(bodies)} equal; {nonempty} name at least one worker")
         ratio = lambda a, b: a / b if b else float("nan")  # noqa: E731
-        print(f"vs dynamo.indexer: queries/s {ratio(o['qps'], d['qps']):.2f}x, p99 {ratio(o['p99'], d['p99']):.2f}x, "
+        lab = lab_binary(speed.load_gen) if speed is not None else None
+        # With the load generator its line (the last) is the issue's; this one is the Python client's.
+        label = " (python client)" if lab else ""
+        print(f"vs dynamo.indexer{label}: queries/s {ratio(o['qps'], d['qps']):.2f}x, p99 {ratio(o['p99'], d['p99']):.2f}x, "
               f"RSS {ratio(o['rss'], d['rss']):.2f}x, events/s {ratio(o['eps'], d['eps']):.2f}x, "
               f"answers differ {diff} of {len(bodies)}")
         if speed is None:
             return res
-        lab = lab_binary(speed.load_gen)
         if lab is None:
             print("no prefixlog-lab for load-http (--load-gen, PREFIXLOG_LAB_BIN): speed measured by the Python client only")
             return res
@@ -416,6 +452,18 @@ def run(engines: int, queries: int, clients: int, bs: int, limit: int | None, se
               f"RSS {ratio(o['closed']['rss'], d['closed']['rss']):.2f}x, "
               f"CPU/event {ratio(res['prefixlog']['event_cpu_ms_per_k'], res['dynamo']['event_cpu_ms_per_k']):.2f}x")
         res["load_http"] = fast
+        if speed.absorb_rounds:
+            res["absorb"] = absorb_rounds(ke, reqs, engines, bs, speed.absorb_rounds, speed.absorb_copies,
+                                          {"dynamo": (real, Proc(up.proc.pid), ()),
+                                           "prefixlog": (ours, Proc(replica.proc.pid),
+                                                         (Proc(broker.proc.pid),) if broker else ())})
+        a = res.get("absorb", {})
+        eps = ratio(a["prefixlog"]["eps"], a["dynamo"]["eps"]) if a else ratio(o["eps"], d["eps"])
+        print(f"vs dynamo.indexer: queries/s {ratio(fast['prefixlog']['closed']['qps'], fast['dynamo']['closed']['qps']):.2f}x, "
+              f"p99 {ratio(fast['prefixlog']['open']['p99_us'], fast['dynamo']['open']['p99_us']):.2f}x, "
+              f"RSS {ratio(fast['prefixlog']['closed']['rss'], fast['dynamo']['closed']['rss']):.2f}x, "
+              f"events/s {eps:.2f}x, answers differ {diff + a.get('differ', 0)} of {len(bodies) + a.get('queries', 0)}")
+        res["differ"] = diff + a.get("differ", 0)
         return res
     finally:
         for e in started:
@@ -436,6 +484,10 @@ def main():
     ap.add_argument("--load-gen", default=None, help="prefixlog-lab binary for load-http (default: found)")
     ap.add_argument("--connections", type=int, default=64, help="load-http connections")
     ap.add_argument("--seconds", type=float, default=10.0, help="load-http counted seconds per run")
+    ap.add_argument("--absorb-rounds", type=int, default=2,
+                    help="rounds of the unpaced absorb measurement (bench_absorb.py; 0: none), with the load generator")
+    ap.add_argument("--absorb-copies", type=int, default=4,
+                    help="copies of the trace (other blocks) each absorb round sends, for a longer measure")
     ap.add_argument("--open-fraction", type=float, default=0.5,
                     help="open-loop offered rate as a fraction of dynamo.indexer's saturated queries/s")
     a = ap.parse_args()

@@ -451,6 +451,23 @@ def test_pinned_differences(pair, processes):
                           for b in ev["event"]["data"]["stored"]["blocks"] if b["tokens_hash"] == dynamo_hashes(T[:4], signed=False)[0]}
     assert names(real) == {(3, 5101), (4, 5101)}
     assert names(ours) == {(3, 5101), (4, 6101)}
+    # 2b. So upstream cannot find a continuation worker 4 stores from its own name of that block
+    #     (its parent 6101): it logs "Failed to find parent block; skipping store operation"
+    #     and credits worker 4 with the first block only. prefixlog credits what worker 4 stored.
+    #     (vLLM names blocks with a per-process seed unless PYTHONHASHSEED is set: two engines
+    #     may well name the same tokens differently.) Worker 4's marker, stored after, says its
+    #     continuation was processed on both sides.
+    e.send(e.stored([5102], 5101, T[4:8]))
+    f.send(f.stored([6102], 6101, T[4:8]))
+    f.send(f.stored([6199], None, [77] * BS))
+    ask8 = {"token_ids": T[:8], "model_name": MODEL}
+    marker = {"token_ids": [77] * BS, "model_name": MODEL}
+    for side in (real, ours):
+        wait_for(f"{side.name}: worker 3's continuation and worker 4's marker",
+                 lambda: (scores(side.call("POST", "/query", ask8)) or {}).get("3") == {"0": 8}
+                 and "4" in (scores(side.call("POST", "/query", marker)) or {}), 20)
+    assert scores(real.call("POST", "/query", ask8)) == {"3": {"0": 8}, "4": {"0": 4}}
+    assert scores(ours.call("POST", "/query", ask8)) == {"3": {"0": 8}, "4": {"0": 8}}
     # 3. A registered rank is the rank its events are filed under; upstream files a batch under
     #    the rank it carries (here an engine of rank 0 registered as rank 1).
     g = Engine(ke, 5, 1, batch_dp=0)

@@ -19,7 +19,7 @@
 //!   or in host memory, `disk` the prefix on any tier (upstream's cumulative counts).
 
 use super::reader::{Meta, QueryError, Reader, StateAt};
-use super::wire::{score_response, Holder, QueryByHashRequest, QueryRequest, ScoreResponse, TierDepths};
+use super::wire::{Holder, QueryByHashRequest, QueryRequest, ScoreAnswer, TierDepths};
 use super::{DEFAULT_ROUTING_GROUP, META_ROUTING_GROUP};
 use super::{META_BLOCK_SIZE, META_MODEL};
 use parking_lot::Mutex;
@@ -27,7 +27,7 @@ use prefixlog_engine::scheme::{dynamo_block_hashes, dynamo_seed, SCHEME_DYNAMO_B
 use prefixlog_engine::{KeyspaceId, Tier};
 use prefixlog_proto::v1::match_request::Prompt;
 use prefixlog_proto::v1::{BlockHashes, TokenIds, WorkerScore};
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 /// The tiers a Dynamo answer counts, in preference order (upstream: device, host-pinned,
@@ -75,12 +75,12 @@ pub(super) struct IndexerCache(Mutex<HashMap<IndexerName, (StateAt, Arc<Indexer>
 type IndexerName = (String, String);
 
 impl Reader {
-    pub async fn query(&self, req: QueryRequest) -> Result<ScoreResponse, QueryError> {
+    pub async fn query(&self, req: QueryRequest) -> Result<ScoreAnswer, QueryError> {
         self.ready()?;
         let ix = self.indexer(&req.model_name, &req.routing_group)?;
-        let Some(bs) = ix.block_size else { return Ok(ScoreResponse::default()) };
+        let Some(bs) = ix.block_size else { return Ok(ScoreAnswer::default()) };
         let (lora, salt) = (req.lora_name.unwrap_or_default(), req.cache_salt.unwrap_or_default());
-        let mut depths = BTreeMap::new();
+        let mut depths = Vec::new();
         for ks in &ix.keyspaces {
             let prompt = match ks.scheme {
                 SCHEME_DYNAMO_BLOCK => {
@@ -98,17 +98,17 @@ impl Reader {
                 self.merge(&mut depths, ks, prompt, &ix.members).await?;
             }
         }
-        Ok(score_response(&depths.into_iter().collect::<Vec<_>>(), bs))
+        Ok(ScoreAnswer::new(depths, bs))
     }
 
-    pub async fn query_by_hash(&self, req: QueryByHashRequest) -> Result<ScoreResponse, QueryError> {
+    pub async fn query_by_hash(&self, req: QueryByHashRequest) -> Result<ScoreAnswer, QueryError> {
         if req.cache_salt.is_some() {
             return Err(QueryError::SaltedHashes);
         }
         self.ready()?;
         let ix = self.indexer(&req.model_name, &req.routing_group)?;
-        let Some(bs) = ix.block_size else { return Ok(ScoreResponse::default()) };
-        let mut depths = BTreeMap::new();
+        let Some(bs) = ix.block_size else { return Ok(ScoreAnswer::default()) };
+        let mut depths = Vec::new();
         for ks in ix.keyspaces.iter().filter(|k| k.scheme == SCHEME_DYNAMO_BLOCK) {
             // i64 on the wire, the same 64 bits as the u64 locals the keyspace holds.
             let local: Vec<u64> = req.block_hashes.iter().map(|&h| h as u64).collect();
@@ -116,24 +116,25 @@ impl Reader {
                 self.merge(&mut depths, ks, Prompt::Hashes(BlockHashes { local }), &ix.members).await?;
             }
         }
-        Ok(score_response(&depths.into_iter().collect::<Vec<_>>(), bs))
+        Ok(ScoreAnswer::new(depths, bs))
     }
 
-    /// Matches `prompt` in `ks` and keeps, per holder of the group, the longer of this match
-    /// and what `depths` has.
+    /// Matches `prompt` in `ks` and adds each holder of the group's depths ([`ScoreAnswer::new`]
+    /// keeps the longer of a holder's two).
     async fn merge(
         &self,
-        depths: &mut BTreeMap<Holder, TierDepths>,
+        depths: &mut Vec<(Holder, TierDepths)>,
         ks: &KeyspaceId,
         prompt: Prompt,
         members: &GroupMembers,
     ) -> Result<(), QueryError> {
         let scores = self.scores(ks, prompt, &TIERS).await?;
-        for s in scores.iter().filter(|s| members.contains(s.worker)) {
-            let d = tier_depths(s);
-            let e = depths.entry((s.worker, s.dp_rank)).or_default();
-            *e = e.max(d);
-        }
+        depths.extend(
+            scores
+                .iter()
+                .filter(|s| members.contains(s.worker))
+                .map(|s| ((s.worker, s.dp_rank), tier_depths(s))),
+        );
         Ok(())
     }
 

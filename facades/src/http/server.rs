@@ -16,7 +16,10 @@ use super::reader::{QueryError, Reader};
 use super::register::{RegisterError, Registrar};
 use super::registration::Registration;
 use super::wire::UnregisterRequest;
-use super::wire::{json, ok, ErrorBody, PeerRequest, QueryByHashRequest, QueryRequest, RegisterRequest};
+use super::wire::{
+    json, json_sized, ok, ErrorBody, PeerRequest, QueryByHashRequest, QueryRequest, RegisterRequest,
+    ScoreAnswer,
+};
 use super::workers::{WorkerInfo, WorkersQuery};
 use super::{Dialect, MAX_BODY_BYTES};
 use crate::metrics::FacadeMetrics;
@@ -110,7 +113,7 @@ async fn query_tokens(
         Err(e) => return app.rejected("query", e),
     };
     let r = app.reader.query(req).await;
-    app.respond("query", r)
+    app.respond_score("query", r)
 }
 
 async fn query_hashes(
@@ -122,7 +125,7 @@ async fn query_hashes(
         Err(e) => return app.rejected("query_by_hash", e),
     };
     let r = app.reader.query_by_hash(req).await;
-    app.respond("query_by_hash", r)
+    app.respond_score("query_by_hash", r)
 }
 
 async fn query_mooncake(State(app): State<Arc<App>>, body: Bytes) -> Response {
@@ -246,6 +249,17 @@ impl App {
         match r {
             Ok(body) => json(StatusCode::OK, &body),
             Err(e) => json(e.http_status(), &ErrorBody { error: &e.to_string() }),
+        }
+    }
+
+    /// [`Self::respond`] for a score answer, into a buffer of about its size.
+    fn respond_score(&self, route: &str, r: Result<ScoreAnswer, QueryError>) -> Response {
+        match r {
+            Ok(a) => {
+                self.metrics.request(route, tonic::Code::Ok);
+                json_sized(StatusCode::OK, &a, a.json_len_hint())
+            }
+            Err(e) => self.respond::<()>(route, Err(e)),
         }
     }
 
