@@ -13,6 +13,8 @@
 //! decoder ([`super::decode_batch_general`]), so the two agree on everything this path accepts
 //! (a differential test over generated payloads in `bridge/tests/wire.rs`) and the general
 //! decoder alone decides everything else: unknown fields, malformed events, other layouts.
+//! A declared length sizes no reservation past a small cap (`RESERVE_EVENTS`,
+//! `RESERVE_ITEMS`): vectors grow with what is actually read.
 
 use super::{Batch, Event, ExtraKeys, Lookahead, Residency, Salt, Tokens};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -157,6 +159,13 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// Most events reserved ahead from a declared length: an event is hundreds of bytes in memory
+/// and one byte of header can declare one, so a hostile length must not size the reservation.
+/// Past it, the vector grows with the events actually read.
+const RESERVE_EVENTS: usize = 64;
+/// Most hashes or token ids reserved ahead from a declared length (the same reason).
+const RESERVE_ITEMS: usize = 4096;
+
 static FAST_BATCHES: AtomicU64 = AtomicU64::new(0);
 
 /// Batches this process decoded by the fast path (tests check it is taken).
@@ -179,7 +188,7 @@ fn decode_common(payload: &[u8]) -> Option<Batch> {
     }
     let ts = rd.f64()?;
     let events = rd.array_len()?;
-    let mut out = Vec::with_capacity(events);
+    let mut out = Vec::with_capacity(events.min(RESERVE_EVENTS));
     for _ in 0..events {
         out.push(event(&mut rd)?);
     }
@@ -213,7 +222,7 @@ fn once(seen: &mut u32, bit: u32) -> Option<()> {
 
 fn hashes(rd: &mut Reader<'_>) -> Option<Vec<u64>> {
     let n = rd.array_len()?;
-    let mut out = Vec::with_capacity(n);
+    let mut out = Vec::with_capacity(n.min(RESERVE_ITEMS));
     for _ in 0..n {
         out.push(rd.int()?.hash());
     }
@@ -236,7 +245,7 @@ fn stored(rd: &mut Reader<'_>, fields: usize) -> Option<Event> {
             "token_ids" => {
                 once(&mut seen, 4)?;
                 let n = rd.array_len()?;
-                let mut ids = Vec::with_capacity(n);
+                let mut ids = Vec::with_capacity(n.min(RESERVE_ITEMS));
                 for _ in 0..n {
                     ids.push(rd.int()?.u32()?);
                 }
