@@ -23,17 +23,18 @@
 //! panics on any input (property-tested in `bridge/tests/wire.rs`).
 //!
 //! msgpack is read with `rmpv` (dynamic values) rather than `rmp-serde`: both layouts, the
-//! optional positional tails, signed-or-unsigned hashes and unknown-field counting are all
-//! easier to express over a `Value` than through serde derive, and `rmpv` bounds nesting depth
-//! and preallocation, so hostile input cannot overflow the stack or allocate gigabytes. The
-//! one shape nearly every message has (vLLM's batch of map events, no optional field set) is
-//! read straight from the bytes first ([`fast`]: a `Value` per token was a quarter of the
-//! absorbing replica's CPU), and anything outside it by the general decoder.
+//! optional tails, signed-or-unsigned hashes and unknown-field counting are easier over a
+//! `Value`; `rmpv` bounds nesting depth and preallocation, and [`scan`] the count of values
+//! and events, so hostile input cannot overflow the stack or allocate gigabytes. vLLM's common
+//! batch is read straight from the bytes first ([`fast`]: a `Value` per token was a quarter
+//! of the absorbing replica's CPU).
 
 use rmpv::Value;
 
 mod fast;
+mod scan;
 pub use fast::fast_batches;
+pub use scan::{MAX_DEPTH, MAX_EVENTS, MAX_VALUES};
 
 /// A stored block's token ids.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -185,6 +186,8 @@ pub enum WireError {
     Msgpack,
     #[error("payload is not a KVEventBatch (array or map with events)")]
     NotABatch,
+    #[error("payload holds more than {MAX_VALUES} msgpack values or {MAX_EVENTS} events")]
+    TooLarge,
 }
 
 impl WireError {
@@ -194,6 +197,7 @@ impl WireError {
             WireError::SeqFrame => "seq_frame",
             WireError::Msgpack => "msgpack",
             WireError::NotABatch => "not_a_batch",
+            WireError::TooLarge => "too_large",
         }
     }
 }
@@ -214,8 +218,6 @@ pub fn decode_message<F: AsRef<[u8]>>(frames: &[F]) -> Result<Message, WireError
     })
 }
 
-/// Nesting limit passed to rmpv (it counts about two per level).
-pub const MAX_DEPTH: usize = 64;
 /// Most distinct unknown-field names a batch reports (the rest are only counted).
 pub const MAX_NAMES: usize = 16;
 /// Longest unknown-field name reported (names come from the peer).
@@ -230,9 +232,11 @@ pub fn decode_batch(payload: &[u8]) -> Result<Batch, WireError> {
 /// Decodes any payload through a `Value` tree: every layout, unknown fields counted, malformed
 /// events reported. [`decode_batch`]'s fast path must agree with it wherever it answers.
 pub fn decode_batch_general(payload: &[u8]) -> Result<Batch, WireError> {
+    if !scan::within(payload, MAX_VALUES) {
+        return Err(WireError::TooLarge);
+    }
     let mut rd = payload;
-    // Real batches nest ~6 levels (batch, events, event, extra_keys, tuple); rmpv counts two
-    // per level. The default limit (1024) overflows a 2 MiB thread stack in debug builds.
+    // Real batches nest ~6 levels; rmpv counts two per level (its 1024 overflows a 2 MiB stack).
     let v = rmpv::decode::read_value_with_max_depth(&mut rd, MAX_DEPTH).map_err(|_| WireError::Msgpack)?;
     let mut ignored = u64::from(!rd.is_empty());
     let mut names = Vec::new();
@@ -267,6 +271,9 @@ pub fn decode_batch_general(payload: &[u8]) -> Result<Batch, WireError> {
         _ => return Err(WireError::NotABatch),
     };
     let Value::Array(events) = events else { return Err(WireError::NotABatch) };
+    if events.len() > MAX_EVENTS {
+        return Err(WireError::TooLarge);
+    }
     let ts = match ts {
         Value::F64(f) => *f,
         Value::F32(f) => f64::from(*f),

@@ -6,7 +6,7 @@
 
 use prefixlog_bridge::wire::{
     decode_batch, decode_batch_general, decode_message, fast_batches, hash_of, Event, ExtraKey, ExtraKeys,
-    Lookahead, Residency, Salt, Tokens, WireError,
+    Lookahead, Residency, Salt, Tokens, WireError, MAX_EVENTS, MAX_VALUES,
 };
 use rand::{Rng, RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -489,4 +489,38 @@ fn fast_path_answers_as_the_general_decoder() {
     let taken = fast_batches() - before;
     // About one payload in eight is in the fast path's shape (whole batches of well-typed events).
     assert!(taken * 16 > seeds, "the fast path answered only {taken} of {} payloads", 2 * seeds + 4);
+}
+
+/// A payload whose encoding is small but whose decoding would not be (a byte per value or per
+/// event) is refused before it is built, on both paths; one just inside the bounds decodes.
+#[test]
+fn payloads_past_the_value_and_event_bounds_are_refused() {
+    let batch = |events: Vec<Value>| {
+        let mut p = Vec::new();
+        rmpv::encode::write_value(&mut p, &Value::Array(vec![Value::F64(1.0), Value::Array(events)]))
+            .unwrap();
+        p
+    };
+    let store = |tokens: usize| {
+        Value::Map(vec![
+            ("type".into(), "BlockStored".into()),
+            ("block_hashes".into(), Value::Array(vec![Value::from(1u8)])),
+            ("token_ids".into(), Value::Array(vec![Value::from(3u8); tokens])),
+        ])
+    };
+    let cleared = || Value::Map(vec![("type".into(), "AllBlocksCleared".into())]);
+    // A byte per event: empty arrays (the general decoder) and clears (the fast path's shape).
+    for events in [vec![Value::Array(vec![]); MAX_VALUES + 1], vec![cleared(); MAX_EVENTS + 1]] {
+        let p = batch(events);
+        assert_eq!(decode_batch(&p), Err(WireError::TooLarge));
+        assert_eq!(decode_batch_general(&p), Err(WireError::TooLarge));
+    }
+    // A byte per token.
+    let p = batch(vec![store(MAX_VALUES + 1)]);
+    assert_eq!(decode_batch(&p), Err(WireError::TooLarge));
+    // Inside both bounds: decoded, by the fast path and the general decoder alike.
+    let p = batch(vec![store(MAX_VALUES / 2), cleared()]);
+    let b = decode_batch(&p).unwrap();
+    assert_eq!(b.events.len(), 2);
+    assert_eq!(decode_batch_general(&p).unwrap(), b);
 }

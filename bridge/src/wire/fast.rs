@@ -16,7 +16,7 @@
 //! A declared length sizes no reservation past a small cap (`RESERVE_EVENTS`,
 //! `RESERVE_ITEMS`): vectors grow with what is actually read.
 
-use super::{Batch, Event, ExtraKeys, Lookahead, Residency, Salt, Tokens};
+use super::{Batch, Event, ExtraKeys, Lookahead, Residency, Salt, Tokens, MAX_EVENTS, MAX_VALUES};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A msgpack integer as marked on the wire.
@@ -50,6 +50,8 @@ impl Int {
 /// A cursor over the payload; every read is bounds-checked and `None` past the end.
 struct Reader<'a> {
     buf: &'a [u8],
+    /// Array elements declared so far: past [`MAX_VALUES`] the general decoder refuses it.
+    values: usize,
 }
 
 impl<'a> Reader<'a> {
@@ -136,7 +138,8 @@ impl<'a> Reader<'a> {
             0xdd => u32::from_be_bytes(self.be()?) as usize,
             _ => return None,
         };
-        (len <= self.buf.len()).then_some(len)
+        self.values += len;
+        (len <= self.buf.len() && self.values <= MAX_VALUES).then_some(len)
     }
 
     /// A map's length, bounded by the bytes left (every entry takes at least two).
@@ -181,13 +184,16 @@ pub(super) fn decode(payload: &[u8]) -> Option<Batch> {
 }
 
 fn decode_common(payload: &[u8]) -> Option<Batch> {
-    let mut rd = Reader { buf: payload };
+    let mut rd = Reader { buf: payload, values: 0 };
     let n = rd.array_len()?;
     if !(2..=3).contains(&n) {
         return None;
     }
     let ts = rd.f64()?;
     let events = rd.array_len()?;
+    if events > MAX_EVENTS {
+        return None; // the general decoder refuses it
+    }
     let mut out = Vec::with_capacity(events.min(RESERVE_EVENTS));
     for _ in 0..events {
         out.push(event(&mut rd)?);
