@@ -45,10 +45,28 @@ else
   BIN="$CARGO_TARGET_DIR/debug/prefixlog"
 fi
 [ -x "$BIN" ] || { echo "prefixlog binary not found or not executable: $BIN" >&2; exit 1; }
-free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-# Every listener on a free port, the peer port too: a fixed default (50152) sits in the
-# kernel's ephemeral range, where any outgoing connection on a busy machine may hold it.
-GRPC_PORT=$(free_port); ADMIN_PORT=$(free_port); PEER_PORT=$(free_port)
+# Every listener on a free port below the kernel's ephemeral range, all picked at once (none
+# twice): a port the kernel hands out (bind to 0) or one inside that range (the old fixed peer
+# default, 50152) is free only until an outgoing connection takes it, which on a busy machine
+# happened between picking it and the replica binding it ("Address already in use").
+# shellcheck disable=SC2207
+PORTS=($("$PY" - 12 <<'PYEOF'
+import random, socket, sys
+lo = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+given = set()
+while len(given) < int(sys.argv[1]):
+    p = random.randrange(max(1024, lo - 12000), lo)
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+    given.add(p)
+print(*given)
+PYEOF
+))
+free_port() { NEXT_PORT=${PORTS[0]}; PORTS=("${PORTS[@]:1}"); }
+free_port; GRPC_PORT=$NEXT_PORT; free_port; ADMIN_PORT=$NEXT_PORT; free_port; PEER_PORT=$NEXT_PORT
 LOG=$(mktemp /tmp/prefixlog-pytest.XXXXXX.log)
 "$BIN" serve --partitions 4 --tick-interval 0 --ready-lag 0 --replica-id py-test \
   --sgl-model sgl-test --sgl-block-size 2 --allow-unauthenticated-writes --grpc-addr "127.0.0.1:$GRPC_PORT" --admin-addr "127.0.0.1:$ADMIN_PORT" \
@@ -68,7 +86,7 @@ for _ in $(seq 100); do
 done
 [ -n "$BROKERS" ] || { cat "$LOG"; echo "no broker address in the serve log" >&2; exit 1; }
 TLS_DIR="$PREFIXLOG_ROOT/tests/fixtures/tls"
-TLS_GRPC_PORT=$(free_port); TLS_ADMIN_PORT=$(free_port); TLS_PEER_PORT=$(free_port)
+free_port; TLS_GRPC_PORT=$NEXT_PORT; free_port; TLS_ADMIN_PORT=$NEXT_PORT; free_port; TLS_PEER_PORT=$NEXT_PORT
 TLS_LOG=$(mktemp /tmp/prefixlog-pytest-tls.XXXXXX.log)
 "$BIN" serve --brokers "$BROKERS" --partitions 4 --tick-interval 0 --ready-lag 0 --replica-id py-tls \
   --grpc-addr "127.0.0.1:$TLS_GRPC_PORT" --admin-addr "127.0.0.1:$TLS_ADMIN_PORT" \
@@ -78,7 +96,7 @@ TLS_SERVER=$!
 # Two replicas of the same log owning one shard each (partitions p % 2 == I).
 SHARD_ADMIN_PORTS=""; SHARD_GRPC=""; SHARD_LOGS=""
 for I in 0 1; do
-  S_GRPC=$(free_port); S_ADMIN=$(free_port); S_PEER=$(free_port)
+  free_port; S_GRPC=$NEXT_PORT; free_port; S_ADMIN=$NEXT_PORT; free_port; S_PEER=$NEXT_PORT
   S_LOG=$(mktemp /tmp/prefixlog-pytest-shard$I.XXXXXX.log)
   "$BIN" serve --brokers "$BROKERS" --partitions 4 --shard "$I/2" --tick-interval 0 --ready-lag 0 \
     --replica-id "py-shard$I" --grpc-addr "127.0.0.1:$S_GRPC" --admin-addr "127.0.0.1:$S_ADMIN" \
