@@ -46,25 +46,9 @@ else
 fi
 [ -x "$BIN" ] || { echo "prefixlog binary not found or not executable: $BIN" >&2; exit 1; }
 # Every listener on a free port below the kernel's ephemeral range, all picked at once (none
-# twice): a port the kernel hands out (bind to 0) or one inside that range (the old fixed peer
-# default, 50152) is free only until an outgoing connection takes it, which on a busy machine
-# happened between picking it and the replica binding it ("Address already in use").
+# twice): scripts/free_ports.py says why.
 # shellcheck disable=SC2207
-PORTS=($("$PY" - 12 <<'PYEOF'
-import random, socket, sys
-lo = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
-given = set()
-while len(given) < int(sys.argv[1]):
-    p = random.randrange(max(1024, lo - 12000), lo)
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", p))
-        except OSError:
-            continue
-    given.add(p)
-print(*given)
-PYEOF
-))
+PORTS=($("$PY" "$PREFIXLOG_ROOT/scripts/free_ports.py" 12))
 free_port() { NEXT_PORT=${PORTS[0]}; PORTS=("${PORTS[@]:1}"); }
 free_port; GRPC_PORT=$NEXT_PORT; free_port; ADMIN_PORT=$NEXT_PORT; free_port; PEER_PORT=$NEXT_PORT
 LOG=$(mktemp /tmp/prefixlog-pytest.XXXXXX.log)

@@ -8,9 +8,7 @@ printed when the test fails (pytest shows captured output of failed tests only).
 from __future__ import annotations
 
 import os
-import random
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,6 +22,9 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT / "python"))  # prefixlog_client, from the checkout
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from free_ports import free_port  # noqa: E402,F401  (the legs' tests take it from here)
 
 
 def prefixlog_bin() -> str:
@@ -34,30 +35,6 @@ def prefixlog_bin() -> str:
     if not os.access(path, os.X_OK):
         pytest.fail(f"prefixlog binary not found at {path}: run tests/upstream/run.sh (it builds it)")
     return path
-
-
-_GIVEN: set[int] = set()
-
-
-def free_port() -> int:
-    """A port nobody listens on, below the kernel's ephemeral range and never given twice: a
-    port the kernel hands out (bind to 0) is free only until an outgoing connection takes it,
-    which on a busy machine happens between picking it and the server binding it."""
-    try:
-        lo = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
-    except OSError:
-        lo = 32768
-    while True:
-        port = random.randrange(max(1024, lo - 12000), lo)
-        if port in _GIVEN:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _GIVEN.add(port)
-        return port
 
 
 def wait_for(what: str, check, timeout: float = 60.0, interval: float = 0.05):
