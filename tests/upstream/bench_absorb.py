@@ -35,6 +35,16 @@ def block_tokens(block_id: int, bs: int) -> list[int]:
     return [block_id * bs + j + 1 for j in range(bs)]
 
 
+def stored_event(ke, ids: list[int], parent: int | None, bs: int, hash_base: int):
+    """vLLM's `BlockStored` of trace blocks `ids` (block i: engine hash `hash_base + i`, tokens
+    `block_tokens(i)`) after `parent`; the paced run's engines and the absorb frames both."""
+    return ke.BlockStored(
+        block_hashes=[hash_base + h for h in ids],
+        parent_block_hash=None if parent is None else hash_base + parent,
+        token_ids=[t for h in ids for t in block_tokens(h, bs)], block_size=bs, lora_id=None,
+        medium="GPU", lora_name=None)
+
+
 class RawEngine:
     """One engine's PUB socket (vLLM's high-water mark), sending frames made ahead of time."""
 
@@ -86,11 +96,7 @@ class Frames:
         self.witness = [self.stored([witness], None)] * n
 
     def stored(self, ids: list[int], parent: int | None) -> bytes:
-        tokens = [t for h in ids for t in block_tokens(h, self.bs)]
-        ev = self.ke.BlockStored(
-            block_hashes=[self.hash_base + h for h in ids],
-            parent_block_hash=None if parent is None else self.hash_base + parent,
-            token_ids=tokens, block_size=self.bs, lora_id=None, medium="GPU", lora_name=None)
+        ev = stored_event(self.ke, ids, parent, self.bs, self.hash_base)
         return self.enc.encode(self.ke.KVEventBatch(ts=time.time(), events=[ev]))
 
 

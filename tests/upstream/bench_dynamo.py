@@ -54,7 +54,7 @@ sys.path.insert(0, str(HERE.parent.parent / "python"))
 
 from conftest import Replica, free_port, metric, wait_for  # noqa: E402
 from test_dynamo_http import Side, Upstream, vllm_events  # noqa: E402
-from bench_absorb import ABSORB_MODEL, COPY_STRIDE, Frames, absorb  # noqa: E402
+from bench_absorb import ABSORB_MODEL, COPY_STRIDE, Frames, absorb, block_tokens, stored_event  # noqa: E402
 
 TRACE = HERE.parent.parent / "data" / "mooncake" / "conversation_trace.jsonl"
 MODEL = "bench"
@@ -66,10 +66,6 @@ def load_trace(limit: int | None = None) -> list[list[int]]:
     with open(TRACE) as f:
         reqs = [json.loads(line)["hash_ids"] for line in f if line.strip()]
     return reqs[:limit] if limit else reqs
-
-
-def block_tokens(block_id: int, bs: int) -> list[int]:
-    return [block_id * bs + j + 1 for j in range(bs)]
 
 
 def prompt(hash_ids: list[int], bs: int) -> list[int]:
@@ -94,11 +90,7 @@ class TraceEngine:
         self.pub.publish(self.ke.KVEventBatch(ts=time.time(), events=list(events)))
 
     def stored(self, ids: list[int], parent: int | None):
-        return self.ke.BlockStored(
-            block_hashes=[HASH_BASE + h for h in ids],
-            parent_block_hash=None if parent is None else HASH_BASE + parent,
-            token_ids=prompt(ids, self.bs), block_size=self.bs, lora_id=None, medium="GPU",
-            lora_name=None)
+        return stored_event(self.ke, ids, parent, self.bs, HASH_BASE)
 
     def admit(self, hash_ids: list[int]) -> int:
         """Stores the blocks of a request past its held prefix; returns the blocks stored."""
