@@ -346,3 +346,43 @@ async fn the_index_client_streams_when_asked() {
         other => panic!("{other:?}"),
     }
 }
+
+/// Forwards connections to `to`, except the first: read until the client's first HTTP/2
+/// HEADERS frame (a call is on the wire), then closed. Returns the proxy's address.
+async fn dropping_first_call(to: SocketAddr) -> SocketAddr {
+    use tokio::io::AsyncReadExt;
+    let listener = tokio::net::TcpListener::bind(any_port()).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (mut first, _) = listener.accept().await.unwrap();
+        let mut preface = [0u8; 24];
+        first.read_exact(&mut preface).await.unwrap();
+        loop {
+            let mut head = [0u8; 9];
+            first.read_exact(&mut head).await.unwrap();
+            let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+            first.read_exact(&mut vec![0u8; len]).await.unwrap();
+            if head[3] == 0x1 {
+                break drop(first);
+            }
+        }
+        while let Ok((mut client, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut replica = tokio::net::TcpStream::connect(to).await.unwrap();
+                let _ = tokio::io::copy_bidirectional(&mut client, &mut replica).await;
+            });
+        }
+    });
+    addr
+}
+
+/// Opening a stream sends no query, so an open that fails on a connection that dies under it
+/// (what a restarted replica's old connection does to the first call the channel makes on it
+/// before noticing) is tried again: the query is answered, not failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_that_fails_on_a_dead_connection_is_tried_again() {
+    let (srv, _) = server(any_port(), cfg(32, Duration::from_secs(1))).await;
+    let m = mux(dropping_first_call(srv.grpc_addr).await);
+    let r = m.ask(req(0, vec![1, 2], &[]), soon()).await.expect("answered on the second connection");
+    assert_eq!((depth(&r), m.streams_opened()), (2, 1));
+}
