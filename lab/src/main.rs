@@ -16,6 +16,8 @@
 //! - `bench-rounds`: a replica process's RSS over rounds of new content (is memory released?).
 //! - `bench-scale`: a replica process holding a fleet past Dynamo's INDEXER_BENCH (224,000
 //!   effective workers): memory per holder-block, closed- and open-loop query latency.
+//! - `bench-facades`: open-loop answer latency through gRPC, the SMG facade and the SGLang
+//!   facade at once, while a replica process ingests and once caught up.
 //! - `load-http`: an HTTP/1.1 load generator (closed or open loop) for side-by-side `/query`
 //!   comparisons with other indexers (`tests/upstream/bench_dynamo.py`).
 //!
@@ -27,6 +29,7 @@
 
 mod bench_audit;
 mod bench_env;
+mod bench_facades;
 mod bench_fleet;
 mod bench_ingest;
 mod bench_restart;
@@ -84,6 +87,9 @@ enum Cmd {
     /// A replica process holding a fleet past Dynamo's INDEXER_BENCH (e.g. 224,000 effective
     /// workers): memory per holder-block, closed-loop queries/s, open-loop latency quantiles.
     BenchScale(bench_scale::Args),
+    /// Answer latency through gRPC `MatchStream`, the SMG facade and the SGLang facade at once,
+    /// open loop, while a replica process ingests and once it has caught up.
+    BenchFacades(bench_facades::Args),
     /// Post request bodies to an HTTP endpoint, closed loop or at a fixed rate, and report
     /// queries/s and latency quantiles (one JSON line on stdout).
     LoadHttp(load_http::Args),
@@ -110,6 +116,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::BenchFleet(a) => rt.block_on(bench_fleet::run(a)),
         Cmd::BenchRounds(a) => rt.block_on(bench_rounds::run(a)),
         Cmd::BenchScale(a) => rt.block_on(bench_scale::run(a)),
+        Cmd::BenchFacades(a) => rt.block_on(bench_facades::run(a)),
         Cmd::LoadHttp(a) => rt.block_on(load_http::run(a)),
     };
     process::finish(result)

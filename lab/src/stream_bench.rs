@@ -65,6 +65,7 @@ pub async fn compare(
 }
 
 /// When a [`drive`] ends.
+#[derive(Clone)]
 pub enum Until {
     /// Once this many queries are asked.
     Asked(usize),
@@ -174,10 +175,33 @@ pub async fn drive_at(
     until: Until,
     streams: usize,
 ) -> anyhow::Result<OpenLoop> {
-    anyhow::ensure!(rate > 0.0, "an open loop needs a rate");
     let ch = Endpoint::from_shared(endpoint)?.tcp_nodelay(true).connect().await?;
     let muxes: Vec<Arc<StreamMux>> = (0..streams).map(|_| Arc::new(StreamMux::new(ch.clone()))).collect();
     let unary = PrefixIndexClient::new(ch);
+    open_loop(rate, until, |i, deadline| {
+        let q = queries[i % queries.len()].clone();
+        match muxes.get(i % streams.max(1)).cloned() {
+            Some(mux) => Box::pin(async move { mux.ask(q, deadline).await.is_ok() }),
+            None => {
+                let mut c = unary.clone();
+                Box::pin(async move { c.r#match(q).await.is_ok() })
+            }
+        }
+    })
+    .await
+}
+
+/// One query of an open loop: resolves to whether it was answered.
+pub type Asked = std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send>>;
+
+/// The open loop of [`drive_at`] over any protocol: `ask(i, deadline)` sends query number `i`
+/// when it is due (its future is spawned at once).
+pub async fn open_loop(
+    rate: f64,
+    until: Until,
+    mut ask: impl FnMut(usize, tokio::time::Instant) -> Asked,
+) -> anyhow::Result<OpenLoop> {
+    anyhow::ensure!(rate > 0.0, "an open loop needs a rate");
     let (mut all, mut late, mut from_due) = (Driven::default(), Vec::new(), Vec::new());
     let mut set = tokio::task::JoinSet::new();
     let mut tick = tokio::time::interval(Duration::from_micros(500));
@@ -189,24 +213,13 @@ pub async fn drive_at(
         let due_by_now = (start.elapsed().as_secs_f64() * rate) as usize;
         for i in (asked..due_by_now).take_while(|&i| !until.done(i)) {
             let due = start + Duration::from_secs_f64(i as f64 / rate);
-            let q = queries[i % queries.len()].clone();
             let sent = tokio::time::Instant::now();
             if late.len() < MAX_SAMPLES {
                 late.push(sent - due);
             }
             asked = i + 1;
-            let deadline = sent + Duration::from_secs(30);
-            match muxes.get(i % streams.max(1)).cloned() {
-                Some(mux) => {
-                    set.spawn(
-                        async move { (mux.ask(q, deadline).await.is_ok(), sent.elapsed(), due.elapsed()) },
-                    )
-                }
-                None => {
-                    let mut c = unary.clone();
-                    set.spawn(async move { (c.r#match(q).await.is_ok(), sent.elapsed(), due.elapsed()) })
-                }
-            };
+            let answer = ask(i, sent + Duration::from_secs(30));
+            set.spawn(async move { (answer.await, sent.elapsed(), due.elapsed()) });
         }
         while let Some(r) = set.try_join_next() {
             tally(&mut all, &mut from_due, r);

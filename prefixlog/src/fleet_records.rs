@@ -52,6 +52,17 @@ pub fn keyspace() -> KeyspaceId {
 /// The trace workload's records; `hours` > 1 repeats the trace with fresh content each hour
 /// ([`repeat_hours`]).
 pub fn fleet_records(a: &WorkloadArgs, hours: usize) -> anyhow::Result<Vec<FleetRecord>> {
+    fleet_records_in(a, hours, &keyspace(), 0)
+}
+
+/// [`fleet_records`] in keyspace `ks`, every worker id `first_worker` higher (so that the
+/// same workload in several keyspaces of one log has feeds of its own).
+pub fn fleet_records_in(
+    a: &WorkloadArgs,
+    hours: usize,
+    ks: &KeyspaceId,
+    first_worker: u64,
+) -> anyhow::Result<Vec<FleetRecord>> {
     let trace = repeat_hours(&load_trace(Path::new(&a.trace))?, hours);
     let cfg = FleetConfig {
         workers: a.workers,
@@ -61,7 +72,6 @@ pub fn fleet_records(a: &WorkloadArgs, hours: usize) -> anyhow::Result<Vec<Fleet
         seed: 1,
     };
     let mut seq = vec![0u64; a.effective_workers() as usize];
-    let ks = keyspace();
     let mut out = Vec::new();
     // generate() emits one Match per (request, copy) before that request's events.
     let mut request = 0usize;
@@ -83,10 +93,10 @@ pub fn fleet_records(a: &WorkloadArgs, hours: usize) -> anyhow::Result<Vec<Fleet
             }
         };
         for copy in 0..a.worker_copies {
-            let worker = u64::from(w) + copy * a.workers as u64;
-            seq[worker as usize] += 1;
-            let value =
-                encode_kv_events(&ks, worker, 0, 1, seq[worker as usize], false, std::slice::from_ref(&op));
+            let w = u64::from(w) + copy * a.workers as u64;
+            seq[w as usize] += 1;
+            let worker = first_worker + w;
+            let value = encode_kv_events(ks, worker, 0, 1, seq[w as usize], false, std::slice::from_ref(&op));
             out.push(FleetRecord { worker, value, blocks, time_ms });
         }
     }

@@ -32,7 +32,7 @@ mod policy_feeds;
 mod replay;
 mod report;
 pub mod routing_sim;
-mod smg;
+pub(crate) mod smg;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use offload::HostTier;

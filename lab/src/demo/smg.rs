@@ -137,17 +137,15 @@ pub async fn worker_feed(
 
 type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Match>>>>;
 
-/// One gateway's SMG connection: a `Subscribe` stream and a `Publish` stream.
-pub struct SmgGateway {
+/// One `Subscribe` stream, its queries matched to their answers by `query_id`.
+pub struct SmgSubscriber {
     queries: mpsc::Sender<Query>,
     pending: Pending,
     next_id: AtomicU64,
-    placements: mpsc::Sender<Update>,
-    counters: Arc<Counters>,
 }
 
-impl SmgGateway {
-    pub async fn connect(endpoint: &str, counters: Arc<Counters>) -> anyhow::Result<Self> {
+impl SmgSubscriber {
+    pub async fn connect(endpoint: &str) -> anyhow::Result<Self> {
         let mut c = RadixIndexClient::connect(endpoint.to_string()).await?;
         let (queries, rx) = mpsc::channel(1024);
         let mut answers = c.subscribe(ReceiverStream::new(rx)).await?.into_inner();
@@ -162,12 +160,12 @@ impl SmgGateway {
                 }
             }
         });
-        let placements = publish_stream(endpoint, counters.clone()).await?;
-        Ok(Self { queries, pending, next_id: AtomicU64::new(1), placements, counters })
+        Ok(Self { queries, pending, next_id: AtomicU64::new(1) })
     }
 
-    /// `(worker, matched blocks)` per holder, or None when no answer came within `deadline`.
-    pub async fn query(&self, locals: &[u64], deadline: Duration) -> Option<Vec<(u32, u32)>> {
+    /// The answer to a query for `locals` in the demo's keyspace, or None when none came
+    /// within `deadline` (or the stream's queue was full).
+    pub async fn ask(&self, locals: &[u64], deadline: Duration) -> Option<Match> {
         let query_id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (reply, answer) = oneshot::channel();
         self.pending.lock().insert(query_id, reply);
@@ -178,7 +176,27 @@ impl SmgGateway {
             false => None,
         };
         self.pending.lock().remove(&query_id);
-        let m = m?;
+        m
+    }
+}
+
+/// One gateway's SMG connection: a `Subscribe` stream and a `Publish` stream.
+pub struct SmgGateway {
+    subscriber: SmgSubscriber,
+    placements: mpsc::Sender<Update>,
+    counters: Arc<Counters>,
+}
+
+impl SmgGateway {
+    pub async fn connect(endpoint: &str, counters: Arc<Counters>) -> anyhow::Result<Self> {
+        let subscriber = SmgSubscriber::connect(endpoint).await?;
+        let placements = publish_stream(endpoint, counters.clone()).await?;
+        Ok(Self { subscriber, placements, counters })
+    }
+
+    /// `(worker, matched blocks)` per holder, or None when no answer came within `deadline`.
+    pub async fn query(&self, locals: &[u64], deadline: Duration) -> Option<Vec<(u32, u32)>> {
+        let m = self.subscriber.ask(locals, deadline).await?;
         Some(m.scores.iter().filter_map(|s| Some((worker_of(&s.holder)?, s.matched_blocks))).collect())
     }
 
