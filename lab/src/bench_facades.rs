@@ -36,7 +36,6 @@ use prefixlog_facades::sglang::pb::{kv_indexer_client::KvIndexerClient, MatchExt
 use prefixlog_proto::v1::{match_request::Prompt, MatchRequest};
 use prefixlog_query::tonic::transport::Endpoint;
 use prefixlog_workload::quantile::quantile_us;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -61,19 +60,15 @@ pub struct Args {
     /// How long the replica may take to apply the log, in seconds.
     #[arg(long, default_value_t = 600)]
     pub apply_limit_secs: u64,
-    /// An argument for the replica's `prefixlog serve`, repeatable (e.g. `--replica-arg=--query-copy`).
-    #[arg(long, allow_hyphen_values = true)]
-    pub replica_arg: Vec<String>,
-    /// The replica binary (default: `prefixlog` beside this program).
-    #[arg(long, env = "PREFIXLOG_BIN")]
-    pub replica_bin: Option<PathBuf>,
+    #[command(flatten)]
+    pub replica: crate::replica_process::ReplicaArgs,
 }
 
 /// The three paths, in the order they are reported.
 const PATHS: [&str; 3] = ["gRPC MatchStream", "SMG Subscribe", "SGLang MatchExternalKvPrefix"];
 
 pub async fn run(a: Args) -> anyhow::Result<()> {
-    let bin = replica_bin(a.replica_bin.as_deref())?;
+    let bin = replica_bin(a.replica.replica_bin.as_deref())?;
     let client = ClientThread::start()?;
     let env = BenchLog::start(&a.log, "prefixlog.bench-facades").await?;
     let queries = workload_queries(&a.workload, Some(8))?;
@@ -84,7 +79,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         a.workload.effective_workers(),
         items.len(),
         a.rate,
-        a.replica_arg
+        a.replica.replica_arg
     );
     let items = items.into_iter().enumerate().map(|(i, r)| (r.worker, 1_000 + i as i64, r.value)).collect();
     let landed = env.publish(items).await?;
@@ -95,7 +90,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         ["--allow-unauthenticated-writes", "--checkpoint-interval=0s", "--checkpoint-records=0"]
             .map(String::from),
     );
-    args.extend(a.replica_arg.iter().cloned());
+    args.extend(a.replica.replica_arg.iter().cloned());
     let t = Instant::now();
     let mut replica = ReplicaProcess::start(&bin, &env, data.path(), &args)?;
     let limit = Duration::from_secs(a.apply_limit_secs);

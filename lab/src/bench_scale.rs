@@ -31,7 +31,6 @@ use crate::replica_process::{
 use crate::stream_bench::{drive, drive_at, Driven, OpenLoop, Until};
 use prefixlog::fleet_records::{fleet_records, WorkloadArgs};
 use prefixlog_workload::quantile::quantile_us;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 #[derive(clap::Args)]
@@ -67,12 +66,8 @@ pub struct Args {
     /// How long the replica may take to apply the log, in seconds.
     #[arg(long, default_value_t = 1800)]
     pub apply_limit_secs: u64,
-    /// An argument for the replica's `prefixlog serve`, repeatable (e.g. `--replica-arg=--query-copy`).
-    #[arg(long, allow_hyphen_values = true)]
-    pub replica_arg: Vec<String>,
-    /// The replica binary (default: `prefixlog` beside this program).
-    #[arg(long, env = "PREFIXLOG_BIN")]
-    pub replica_bin: Option<PathBuf>,
+    #[command(flatten)]
+    pub replica: crate::replica_process::ReplicaArgs,
 }
 
 /// What the replica holds once caught up.
@@ -84,7 +79,7 @@ struct Held {
 }
 
 pub async fn run(a: Args) -> anyhow::Result<()> {
-    let bin = replica_bin(a.replica_bin.as_deref())?;
+    let bin = replica_bin(a.replica.replica_bin.as_deref())?;
     let client = ClientThread::start()?;
     let env = BenchLog::start(&a.log, "prefixlog.bench-scale").await?;
     let records = fleet_records(&a.workload, 1)?;
@@ -100,7 +95,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         a.workload.copies,
         queries.len(),
         top_k.map_or("every holder".to_string(), |k| format!("top_k {k}")),
-        a.replica_arg
+        a.replica.replica_arg
     );
     let t = Instant::now();
     let items = records.into_iter().enumerate().map(|(i, r)| (r.worker, 1_000 + i as i64, r.value)).collect();
@@ -109,7 +104,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
 
     let data = tempfile::tempdir()?;
     let t = Instant::now();
-    let mut replica_args: Vec<String> = a.replica_arg.clone();
+    let mut replica_args: Vec<String> = a.replica.replica_arg.clone();
     if !a.checkpoints {
         replica_args.extend(["--checkpoint-interval=0s".into(), "--checkpoint-records=0".into()]);
     }

@@ -1,6 +1,6 @@
 //! A replica as a separate `prefixlog serve` process, so that its RSS and CPU are its own (the
-//! broker, the publisher and the gateways stay in the benchmark's process): `bench-rounds` and
-//! `bench-scale`.
+//! broker, the publisher and the gateways stay in the benchmark's process): `bench-rounds`,
+//! `bench-scale` and `bench-facades`.
 
 use crate::bench_env::BenchLog;
 use anyhow::Context;
@@ -12,6 +12,17 @@ use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+/// The replica process's flags of the benchmarks that start one.
+#[derive(clap::Args)]
+pub(crate) struct ReplicaArgs {
+    /// An argument for the replica's `prefixlog serve`, repeatable (e.g. `--replica-arg=--query-copy`).
+    #[arg(long, allow_hyphen_values = true)]
+    pub(crate) replica_arg: Vec<String>,
+    /// The replica binary (default: `prefixlog` beside this program).
+    #[arg(long, env = "PREFIXLOG_BIN")]
+    pub(crate) replica_bin: Option<PathBuf>,
+}
 
 /// The replica binary: `given`, or `prefixlog` beside this program.
 pub(crate) fn replica_bin(given: Option<&Path>) -> anyhow::Result<PathBuf> {
